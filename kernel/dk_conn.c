@@ -1,0 +1,272 @@
+/*
+ * dk_conn: reading the connection file a frontend hands the kernel.
+ *
+ * The file is written by jupyter_client (or by a person, for a kernel started by
+ * hand), so every field is checked and every refusal names the file, the field
+ * and what was expected: a kernel that cannot start is debugged from that one
+ * line in the frontend's log.
+ *
+ * Strict where a mistake is a security or connectivity problem, lenient where
+ * clients differ:
+ *   - "key" must be present (a string, "" to disable signing): a missing key
+ *     silently turning authentication off would be the wrong default;
+ *   - with a non-empty key, "signature_scheme" must be "hmac-sha256" (the only
+ *     scheme current clients write); with an empty key it is not used;
+ *   - ports are JSON integers 1-65535; a decimal string ("5555") is accepted too,
+ *     since hand-written files and some launchers quote them. Port 0 ("pick
+ *     one") is refused: the kernel cannot report a chosen port back;
+ *   - "transport" defaults to "tcp" (as ipykernel does) and must be tcp or ipc;
+ *     "kernel_name" is optional.
+ *
+ * The ipc endpoint is "ipc://IP-PORT", the IP field being a path prefix: the
+ * same name jupyter_client computes, so both sides meet at the same socket file.
+ */
+#include "dk_conn.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Bigger than any real connection file by far; stops a wrong -f argument
+ * (a dataset, a device) from being read whole into memory. */
+#define CONN_MAX_BYTES (1024 * 1024)
+
+static const char *const channel_names[DK_CHAN_COUNT] = {
+    "shell", "iopub", "stdin", "control", "hb",
+};
+
+static const char *const port_fields[DK_CHAN_COUNT] = {
+    "shell_port", "iopub_port", "stdin_port", "control_port", "hb_port",
+};
+
+const char *dk_channel_name(dk_channel_t ch)
+{
+    if ((int) ch < 0 || ch >= DK_CHAN_COUNT)
+        return "unknown";
+    return channel_names[ch];
+}
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || errlen == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* A port from an integer or a decimal string; -1 if neither or out of range. */
+static int port_value(const json_t *j)
+{
+    long long v;
+    if (json_is_integer(j)) {
+        v = json_integer_value(j);
+    } else if (json_is_string(j)) {
+        const char *s = json_string_value(j);
+        size_t n = json_string_length(j);
+        if (n == 0 || n > 5)
+            return -1;
+        v = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (s[i] < '0' || s[i] > '9')
+                return -1;
+            v = v * 10 + (s[i] - '0');
+        }
+    } else {
+        return -1;
+    }
+    return (v >= 1 && v <= 65535) ? (int) v : -1;
+}
+
+/* Copy string field FIELD of OBJ into DST (DSTLEN bytes). Returns 0, 1 if the
+ * field is absent (DST untouched), or -1 with ERR written. */
+static int get_string(const json_t *obj, const char *field, char *dst, size_t dstlen,
+                      const char *src, char *err, size_t errlen)
+{
+    json_t *j = json_object_get(obj, field);
+    if (!j)
+        return 1;
+    if (!json_is_string(j)) {
+        set_err(err, errlen, "%s: \"%s\" must be a string", src, field);
+        return -1;
+    }
+    size_t n = json_string_length(j);
+    if (n >= dstlen || memchr(json_string_value(j), '\0', n)) {
+        set_err(err, errlen, "%s: \"%s\" is too long (%zu bytes, at most %zu)", src, field, n,
+                dstlen - 1);
+        return -1;
+    }
+    memcpy(dst, json_string_value(j), n + 1);
+    return 0;
+}
+
+static int parse_named(const char *text, size_t len, const char *src, dk_conn_t *out,
+                       char *err, size_t errlen)
+{
+    dk_conn_t conn;
+    memset(&conn, 0, sizeof conn);
+    if (out)
+        memset(out, 0, sizeof *out);
+    if (!out || (!text && len > 0)) {
+        set_err(err, errlen, "%s: nothing to parse", src);
+        return -1;
+    }
+
+    json_error_t jerr;
+    json_t *root = json_loadb(text ? text : "", len, JSON_DECODE_ANY, &jerr);
+    if (!root) {
+        set_err(err, errlen, "%s: not valid JSON (%s, line %d column %d)", src, jerr.text,
+                jerr.line, jerr.column);
+        return -1;
+    }
+    int rc = -1;
+    if (!json_is_object(root)) {
+        set_err(err, errlen, "%s: expected a JSON object with the ports, ip and key", src);
+        goto done;
+    }
+
+    strcpy(conn.transport, "tcp");
+    if (get_string(root, "transport", conn.transport, sizeof conn.transport, src, err,
+                   errlen) < 0)
+        goto done;
+    if (strcmp(conn.transport, "tcp") != 0 && strcmp(conn.transport, "ipc") != 0) {
+        set_err(err, errlen, "%s: \"transport\" is \"%s\", expected \"tcp\" or \"ipc\"", src,
+                conn.transport);
+        goto done;
+    }
+
+    int got = get_string(root, "ip", conn.ip, sizeof conn.ip, src, err, errlen);
+    if (got < 0)
+        goto done;
+    if (got > 0 || conn.ip[0] == '\0') {
+        set_err(err, errlen, "%s: missing \"ip\" (the address to bind, e.g. \"127.0.0.1\"%s)",
+                src, strcmp(conn.transport, "ipc") == 0 ? ", or the ipc path prefix" : "");
+        goto done;
+    }
+
+    for (int ch = 0; ch < DK_CHAN_COUNT; ch++) {
+        json_t *j = json_object_get(root, port_fields[ch]);
+        if (!j) {
+            set_err(err, errlen, "%s: missing \"%s\" (an integer port 1-65535)", src,
+                    port_fields[ch]);
+            goto done;
+        }
+        conn.ports[ch] = port_value(j);
+        if (conn.ports[ch] < 0) {
+            char *shown = json_dumps(j, JSON_ENCODE_ANY | JSON_COMPACT);
+            set_err(err, errlen, "%s: \"%s\" is %.40s, expected an integer port 1-65535", src,
+                    port_fields[ch], shown ? shown : "not a port");
+            free(shown);
+            goto done;
+        }
+    }
+
+    json_t *key = json_object_get(root, "key");
+    if (!key) {
+        set_err(err, errlen,
+                "%s: missing \"key\" (the HMAC key; write \"key\": \"\" to disable signing)",
+                src);
+        goto done;
+    }
+    if (!json_is_string(key)) {
+        set_err(err, errlen, "%s: \"key\" must be a string", src);
+        goto done;
+    }
+    conn.key_len = json_string_length(key);
+
+    json_t *scheme = json_object_get(root, "signature_scheme");
+    if (scheme && !json_is_string(scheme)) {
+        set_err(err, errlen, "%s: \"signature_scheme\" must be a string", src);
+        goto done;
+    }
+    if (conn.key_len > 0 &&
+        (!scheme || strcmp(json_string_value(scheme), "hmac-sha256") != 0)) {
+        set_err(err, errlen,
+                "%s: \"signature_scheme\" is %s%.40s%s, expected \"hmac-sha256\" (the only "
+                "scheme this kernel signs with)", src, scheme ? "\"" : "",
+                scheme ? json_string_value(scheme) : "missing", scheme ? "\"" : "");
+        goto done;
+    }
+
+    if (get_string(root, "kernel_name", conn.kernel_name, sizeof conn.kernel_name, src, err,
+                   errlen) < 0)
+        goto done;
+
+    conn.key = malloc(conn.key_len + 1);
+    if (!conn.key) {
+        set_err(err, errlen, "%s: out of memory", src);
+        goto done;
+    }
+    memcpy(conn.key, json_string_value(key), conn.key_len + 1);
+    *out = conn;
+    rc = 0;
+done:
+    json_decref(root);
+    return rc;
+}
+
+int dk_conn_parse(const char *text, size_t len, dk_conn_t *out, char *err, size_t errlen)
+{
+    return parse_named(text, len, "connection file", out, err, errlen);
+}
+
+int dk_conn_load(const char *path, dk_conn_t *out, char *err, size_t errlen)
+{
+    if (out)
+        memset(out, 0, sizeof *out);
+    if (!path) {
+        set_err(err, errlen, "no connection file given (start the kernel with -f FILE)");
+        return -1;
+    }
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        set_err(err, errlen, "cannot open connection file '%s': %s", path, strerror(errno));
+        return -1;
+    }
+    char *text = malloc(CONN_MAX_BYTES + 1);
+    size_t len = text ? fread(text, 1, CONN_MAX_BYTES + 1, f) : 0;
+    bool read_error = !text || ferror(f);
+    int saved = errno;
+    fclose(f);
+
+    char src[512];
+    snprintf(src, sizeof src, "connection file '%s'", path);
+    int rc = -1;
+    if (read_error)
+        set_err(err, errlen, "cannot read %s: %s", src, text ? strerror(saved) : "out of memory");
+    else if (len > CONN_MAX_BYTES)
+        set_err(err, errlen, "%s is larger than %d bytes: not a connection file", src,
+                CONN_MAX_BYTES);
+    else
+        rc = parse_named(text, len, src, out, err, errlen);
+    free(text);
+    return rc;
+}
+
+void dk_conn_clear(dk_conn_t *conn)
+{
+    if (!conn)
+        return;
+    if (conn->key) {
+        explicit_bzero(conn->key, conn->key_len);   /* a plain memset may be elided */
+        free(conn->key);
+    }
+    memset(conn, 0, sizeof *conn);
+}
+
+char *dk_conn_endpoint(const dk_conn_t *conn, dk_channel_t ch, char *buf, size_t buflen)
+{
+    if (!conn || !buf || (int) ch < 0 || ch >= DK_CHAN_COUNT)
+        return NULL;
+    bool ipc = strcmp(conn->transport, "ipc") == 0;
+    int n = snprintf(buf, buflen, ipc ? "%s://%s-%d" : "%s://%s:%d", conn->transport, conn->ip,
+                     conn->ports[ch]);
+    if (n < 0 || (size_t) n >= buflen)
+        return NULL;
+    return buf;
+}

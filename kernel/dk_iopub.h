@@ -1,0 +1,54 @@
+/*
+ * dk_iopub: the one place that sends on the IOPub socket.
+ *
+ * Several threads publish: the shell thread (status, execute_input, results,
+ * display data from Python), the control thread (status around control requests),
+ * and the output reader (stream messages from fd 1/2). A ZeroMQ socket must not be
+ * used by two threads at once, so every send goes through this object, which holds
+ * a mutex around signing and sending. A PUB socket never blocks on send (it drops
+ * at the high-water mark), so the lock is only ever held for the time of a send.
+ *
+ * The design card suggested an inproc PUSH/PULL fan-in to a publisher thread; a
+ * fan-in fair-queues between its producers, so two messages sent one after the
+ * other from two threads could reach the frontend in the other order (a stream
+ * chunk after the `idle` that followed it). The mutex gives one total order.
+ *
+ * The publisher also keeps the "current parent": the header of the shell request
+ * being handled, which stream and display messages are attributed to.
+ */
+#ifndef DK_IOPUB_H
+#define DK_IOPUB_H
+
+#include "dk_wire.h"
+
+typedef struct dk_iopub_t dk_iopub_t;
+
+/* Wrap PUB (borrowed; the caller closes it after destroying this). SIGNER is
+ * borrowed. SESSION is the kernel's session id, copied. NULL on allocation failure. */
+dk_iopub_t *dk_iopub_new(zsock_t *pub, const dk_signer_t *signer, const char *session);
+void dk_iopub_destroy(dk_iopub_t **self_p);
+
+/* Set the current parent header, as compact JSON text (copied). NULL means {}. */
+void dk_iopub_set_parent(dk_iopub_t *self, const char *parent_json);
+
+/* Copy of the current parent header text (malloc'd, caller frees). */
+char *dk_iopub_parent(dk_iopub_t *self);
+
+/* Publish MSG_TYPE with CONTENT_JSON (compact JSON object text). METADATA_JSON may
+ * be NULL ({}). PARENT_JSON NULL means the current parent. BUFFERS may be NULL/0
+ * and are copied. Returns 0, or -1 if the message could not be built. */
+int dk_iopub_publish_text(dk_iopub_t *self, const char *msg_type, const char *content_json,
+                          const char *metadata_json, const char *parent_json,
+                          zframe_t *const *buffers, size_t n_buffers);
+
+/* Same with CONTENT a JSON object (borrowed). */
+int dk_iopub_publish(dk_iopub_t *self, const char *msg_type, json_t *content,
+                     const char *parent_json);
+
+/* Publish {"execution_state": STATE} under PARENT_JSON (NULL = current). */
+int dk_iopub_status(dk_iopub_t *self, const char *state, const char *parent_json);
+
+/* The session id (borrowed) and signer (borrowed), for building other messages. */
+const char *dk_iopub_session(const dk_iopub_t *self);
+
+#endif

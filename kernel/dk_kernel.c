@@ -1,0 +1,608 @@
+/*
+ * dk_kernel: sockets, threads and request dispatch.
+ *
+ * The main thread loops on the shell socket. Each request is decoded (signature
+ * and replay checked before any JSON is parsed), announced with status busy,
+ * handled, followed by a flush of the cell's output, the reply, and status idle,
+ * so a client that waits for idle has everything. Python requests go to
+ * dk_python; kernel_info is answered from C.
+ *
+ * Interrupts are signals: the control thread turns interrupt_request into a
+ * SIGINT for the main thread (pthread_kill), where Python's own handler raises
+ * KeyboardInterrupt; a bare flag would not wake time.sleep or a blocking read.
+ * Every other thread blocks all signals, so a SIGINT sent to the process (signal
+ * mode, a terminal) reaches the main thread too. A SIGINT that lands between
+ * cells is consumed before the next one runs.
+ *
+ * Shutdown is answered on control and then ends the process within a bounded
+ * time even if a cell ignores the interrupt: the main thread exits cleanly when
+ * it can, and the control thread exits the process itself when it does not.
+ */
+#include "dk_kernel.h"
+#include "dk_python.h"
+
+#include <Python.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SHUTDOWN_GRACE_MS 600
+#define DK_HISTORY_IDLE_MS 200
+
+struct dk_kernel_t {
+    dk_conn_t conn;
+    dk_signer_t *signer;
+    dk_replay_t *replay;
+    char session[40];
+    zsock_t *shell, *control, *stdin_sock, *iopub_sock, *hb;
+    dk_iopub_t *iopub;
+    dk_stream_t *stream;
+    dk_magic_registry_t *magics;
+    pthread_t main_tid, control_tid, hb_tid;
+    atomic_bool executing;
+    atomic_bool shutting_down;
+    int wake[2];                 /* control -> main: shutdown requested */
+    json_t *kernel_info;         /* kernel_info_reply content */
+    dk_msg_t *request;           /* shell request being handled (main thread) */
+};
+
+static dk_kernel_t *current_kernel;
+static int log_fd = 2;
+
+dk_kernel_t *dk_kernel_current(void) { return current_kernel; }
+dk_iopub_t *dk_kernel_iopub(dk_kernel_t *self) { return self->iopub; }
+dk_stream_t *dk_kernel_stream(dk_kernel_t *self) { return self->stream; }
+dk_magic_registry_t *dk_kernel_magics(dk_kernel_t *self) { return self->magics; }
+bool dk_kernel_shutting_down(dk_kernel_t *self) { return atomic_load(&self->shutting_down); }
+
+void dk_log(const char *fmt, ...)
+{
+    char line[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if ((size_t)n > sizeof line - 2)
+        n = sizeof line - 2;
+    line[n++] = '\n';
+    dprintf(log_fd, "[distkernel] %.*s", n, line);
+}
+
+/* ---- replies ---------------------------------------------------------------- */
+
+static char *reply_type_for(const char *request_type)
+{
+    size_t n = strlen(request_type);
+    const char *suffix = "_request";
+    size_t s = strlen(suffix);
+    char *out = malloc(n + 2);
+    if (!out)
+        return NULL;
+    if (n > s && strcmp(request_type + n - s, suffix) == 0) {
+        memcpy(out, request_type, n - s);
+        strcpy(out + n - s, "_reply");
+    } else {
+        strcpy(out, request_type);
+    }
+    return out;
+}
+
+/* Send REPLY_TYPE with CONTENT_JSON to the peer that sent REQ on SOCK. */
+static void send_reply_text(dk_kernel_t *k, zsock_t *sock, dk_msg_t *req, const char *reply_type,
+                            const char *content_json)
+{
+    json_t *header = dk_header_new(reply_type, k->session, "kernel");
+    char *header_text = json_dumps(header, JSON_COMPACT);
+    char *parent_text = json_dumps(req->header, JSON_COMPACT);
+    const char *parts[4] = {header_text, parent_text, "{}", content_json};
+    size_t lens[4];
+    for (int i = 0; i < 4; i++)
+        lens[i] = parts[i] ? strlen(parts[i]) : 0;
+    zmsg_t *msg = NULL;
+    if (header_text && parent_text)
+        msg = dk_wire_encode_raw(k->signer, req->idents, req->n_idents, parts, lens, NULL, 0);
+    if (!msg || zmsg_send(&msg, sock) != 0)
+        dk_log("could not send %s", reply_type);
+    zmsg_destroy(&msg);
+    free(header_text);
+    free(parent_text);
+    json_decref(header);
+}
+
+static void send_reply(dk_kernel_t *k, zsock_t *sock, dk_msg_t *req, const char *reply_type,
+                       json_t *content)
+{
+    char *text = json_dumps(content, JSON_COMPACT);
+    if (text)
+        send_reply_text(k, sock, req, reply_type, text);
+    free(text);
+}
+
+/* Receive and decode one message from SOCK; NULL (logged) if it is refused. */
+static dk_msg_t *recv_msg(dk_kernel_t *k, zsock_t *sock, const char *channel)
+{
+    zmsg_t *raw = zmsg_recv(sock);
+    if (!raw)
+        return NULL;
+    char err[256];
+    dk_msg_t *msg = dk_wire_decode_zmsg(k->signer, k->replay, raw, err, sizeof err);
+    if (!msg)
+        dk_log("dropped a message on %s: %s", channel, err);
+    zmsg_destroy(&raw);
+    return msg;
+}
+
+/* ---- kernel_info ------------------------------------------------------------ */
+
+static json_t *build_kernel_info(void)
+{
+    const char *pyver = dk_python_version();
+    char banner[256];
+    snprintf(banner, sizeof banner,
+             "distkernel %s: Python %s through IPython, with %%%%distributed for multi-GPU cells\n",
+             DK_VERSION, pyver);
+    return json_pack("{s:s, s:s, s:s, s:s, s:{s:s, s:s, s:s, s:s, s:s, s:s, s:{s:s, s:i}},"
+                     " s:s, s:[{s:s, s:s}], s:b}",
+                     "status", "ok", "protocol_version", DK_PROTOCOL_VERSION,
+                     "implementation", "distkernel", "implementation_version", DK_VERSION,
+                     "language_info", "name", "python", "version", pyver, "mimetype",
+                     "text/x-python", "file_extension", ".py", "pygments_lexer", "ipython3",
+                     "nbconvert_exporter", "python", "codemirror_mode", "name", "ipython",
+                     "version", 3, "banner", banner, "help_links", "text", "Python Reference",
+                     "url", "https://docs.python.org/3/", "debugger", 0);
+}
+
+/* ---- shutdown --------------------------------------------------------------- */
+
+static atomic_bool exiting;
+
+/* End the process. CLEAN (main thread only, GIL held) saves history first. */
+static void exit_process(dk_kernel_t *k, bool clean) __attribute__((noreturn));
+static void exit_process(dk_kernel_t *k, bool clean)
+{
+    atomic_store(&exiting, true);
+    if (clean)
+        dk_python_shutdown();
+    if (k->stream)
+        dk_stream_flush(k->stream);
+    /* Give ZeroMQ's I/O thread a moment to put the last reply and status on the
+     * wire: _exit drops whatever is still queued. */
+    struct timespec ts = {0, 30 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    _exit(0);
+}
+
+static void *control_main(void *arg);
+static void *hb_main(void *arg);
+
+/* ---- execute ---------------------------------------------------------------- */
+
+void dk_exec_error(dk_exec_t *ex, const char *ename, const char *evalue, json_t *traceback)
+{
+    if (ex->error)
+        return;
+    json_t *tb = traceback ? json_deep_copy(traceback) : json_array();
+    ex->error = json_pack("{s:s, s:s, s:o}", "ename", ename, "evalue", evalue, "traceback", tb);
+    dk_stream_flush(ex->kernel->stream);
+    dk_iopub_publish(ex->kernel->iopub, "error", ex->error, NULL);
+}
+
+void dk_exec_result(dk_exec_t *ex, json_t *data)
+{
+    if (ex->silent)
+        return;
+    json_t *content = json_pack("{s:i, s:O, s:{}}", "execution_count", ex->execution_count,
+                                "data", data, "metadata");
+    dk_stream_flush(ex->kernel->stream);
+    dk_iopub_publish(ex->kernel->iopub, "execute_result", content, NULL);
+    json_decref(content);
+}
+
+/* Run a native-magic cell; returns the reply content text. */
+static char *execute_native(dk_kernel_t *k, dk_magic_call_t *call, const char *code, bool silent,
+                            bool store_history, const char *user_expr)
+{
+    dk_exec_t ex = {.kernel = k, .silent = silent};
+    ex.execution_count = dk_python_native_begin(code, silent, store_history);
+    dk_magic_run(call, &ex);
+    if (PyErr_Occurred()) {
+        /* A handler interrupted while in Python code. */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        const char *name = type ? ((PyTypeObject *)type)->tp_name : "Error";
+        PyObject *s = value ? PyObject_Str(value) : NULL;
+        const char *msg = s ? PyUnicode_AsUTF8(s) : "";
+        dk_exec_error(&ex, name, msg ? msg : "", NULL);
+        Py_XDECREF(s);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        PyErr_Clear();
+    }
+    char *reply = dk_python_native_finish(ex.execution_count, ex.error, user_expr);
+    json_decref(ex.error);
+    return reply;
+}
+
+static char *handle_execute(dk_kernel_t *k, dk_msg_t *req, const char *content_text)
+{
+    const char *code = json_string_value(json_object_get(req->content, "code"));
+    dk_magic_call_t call;
+    if (code && dk_magic_parse(k->magics, code, &call)) {
+        bool silent = json_is_true(json_object_get(req->content, "silent"));
+        json_t *sh = json_object_get(req->content, "store_history");
+        bool store_history = sh ? json_is_true(sh) : !silent;
+        char *user_expr = json_dumps(json_object_get(req->content, "user_expressions")
+                                         ? json_object_get(req->content, "user_expressions")
+                                         : json_object(),
+                                     JSON_COMPACT | JSON_ENCODE_ANY);
+        char *reply = execute_native(k, &call, code, silent, store_history && !silent,
+                                     user_expr ? user_expr : "{}");
+        free(user_expr);
+        dk_magic_call_clear(&call);
+        return reply;
+    }
+    return dk_python_handle("execute_request", content_text, NULL, 0);
+}
+
+/* After a failed cell with stop_on_error, answer what is already queued on shell
+ * with status "aborted", as ipykernel does, instead of running it. */
+static void abort_queued(dk_kernel_t *k)
+{
+    zpoller_t *poller = zpoller_new(k->shell, NULL);
+    while (zpoller_wait(poller, 0) == k->shell) {
+        dk_msg_t *req = recv_msg(k, k->shell, "shell");
+        if (!req)
+            continue;
+        char *parent = json_dumps(req->header, JSON_COMPACT);
+        char *reply_type = reply_type_for(req->msg_type);
+        dk_iopub_status(k->iopub, "busy", parent);
+        if (strstr(req->msg_type, "_request"))
+            send_reply_text(k, k->shell, req, reply_type, "{\"status\":\"aborted\"}");
+        dk_iopub_status(k->iopub, "idle", parent);
+        free(parent);
+        free(reply_type);
+        dk_msg_destroy(&req);
+    }
+    zpoller_destroy(&poller);
+}
+
+static bool is_python_request(const char *t)
+{
+    static const char *types[] = {"complete_request", "inspect_request", "is_complete_request",
+                                  "history_request", "comm_info_request", NULL};
+    for (int i = 0; types[i]; i++)
+        if (strcmp(t, types[i]) == 0)
+            return true;
+    return false;
+}
+
+static bool is_comm_message(const char *t)
+{
+    return strcmp(t, "comm_open") == 0 || strcmp(t, "comm_msg") == 0 ||
+           strcmp(t, "comm_close") == 0;
+}
+
+static void handle_shell(dk_kernel_t *k, dk_msg_t *req)
+{
+    const char *t = req->msg_type;
+    bool known = strcmp(t, "kernel_info_request") == 0 || strcmp(t, "execute_request") == 0 ||
+                 is_python_request(t) || is_comm_message(t);
+    if (!known) {
+        dk_log("ignored a shell message of unknown type '%s'", t);
+        return;
+    }
+    char *parent = json_dumps(req->header, JSON_COMPACT);
+    dk_stream_flush(k->stream);
+    dk_iopub_set_parent(k->iopub, parent);
+    dk_iopub_status(k->iopub, "busy", NULL);
+    k->request = req;
+
+    char *reply_type = reply_type_for(t);
+    char *reply = NULL;
+    bool stop_on_error = false;
+    if (strcmp(t, "kernel_info_request") == 0) {
+        reply = json_dumps(k->kernel_info, JSON_COMPACT);
+    } else {
+        char *content_text = json_dumps(req->content, JSON_COMPACT);
+        if (strcmp(t, "execute_request") == 0) {
+            json_t *soe = json_object_get(req->content, "stop_on_error");
+            stop_on_error = soe ? json_is_true(soe) : true;
+            dk_python_discard_interrupt();
+            atomic_store(&k->executing, true);
+            reply = handle_execute(k, req, content_text);
+            atomic_store(&k->executing, false);
+            dk_python_discard_interrupt();
+        } else {
+            reply = dk_python_handle(t, content_text ? content_text : "{}", req->buffers,
+                                     req->n_buffers);
+        }
+        free(content_text);
+    }
+    dk_stream_flush(k->stream);
+    if (reply) {
+        send_reply_text(k, k->shell, req, reply_type, reply);
+        if (stop_on_error && strstr(reply, "\"status\":\"error\""))
+            abort_queued(k);
+    }
+    dk_iopub_status(k->iopub, "idle", NULL);
+    k->request = NULL;
+    free(reply);
+    free(reply_type);
+    free(parent);
+}
+
+/* ---- stdin ------------------------------------------------------------------ */
+
+char *dk_kernel_input(dk_kernel_t *k, const char *prompt, bool password)
+{
+    if (!k->request) {
+        PyErr_SetString(PyExc_RuntimeError, "input() outside of a request");
+        return NULL;
+    }
+    dk_stream_flush(k->stream);
+    json_t *content = json_pack("{s:s, s:b}", "prompt", prompt, "password", password);
+    json_t *header = dk_header_new("input_request", k->session, "kernel");
+    zmsg_t *msg = dk_wire_encode(k->signer, k->request->idents, k->request->n_idents, header,
+                                 k->request->header, NULL, content, NULL, 0);
+    json_decref(content);
+    json_decref(header);
+    /* Drop a stale input_reply left by an earlier, interrupted request. */
+    zpoller_t *poller = zpoller_new(k->stdin_sock, NULL);
+    while (zpoller_wait(poller, 0) == k->stdin_sock) {
+        zmsg_t *stale = zmsg_recv(k->stdin_sock);
+        zmsg_destroy(&stale);
+    }
+    if (!msg || zmsg_send(&msg, k->stdin_sock) != 0) {
+        zmsg_destroy(&msg);
+        zpoller_destroy(&poller);
+        PyErr_SetString(PyExc_EOFError, "could not send input_request");
+        return NULL;
+    }
+    char *answer = NULL;
+    for (;;) {
+        void *which;
+        Py_BEGIN_ALLOW_THREADS
+        which = zpoller_wait(poller, 100);
+        Py_END_ALLOW_THREADS
+        if (PyErr_CheckSignals() < 0)
+            break;
+        if (atomic_load(&k->shutting_down)) {
+            PyErr_SetString(PyExc_EOFError, "the kernel is shutting down");
+            break;
+        }
+        if (which != k->stdin_sock)
+            continue;
+        dk_msg_t *reply = recv_msg(k, k->stdin_sock, "stdin");
+        if (!reply)
+            continue;
+        if (strcmp(reply->msg_type, "input_reply") == 0) {
+            const char *value = json_string_value(json_object_get(reply->content, "value"));
+            answer = strdup(value ? value : "");
+            dk_msg_destroy(&reply);
+            break;
+        }
+        dk_log("ignored a '%s' on stdin", reply->msg_type);
+        dk_msg_destroy(&reply);
+    }
+    zpoller_destroy(&poller);
+    return answer;
+}
+
+/* ---- control and heartbeat threads -------------------------------------------- */
+
+static void handle_control(dk_kernel_t *k, dk_msg_t *req)
+{
+    const char *t = req->msg_type;
+    char *parent = json_dumps(req->header, JSON_COMPACT);
+    char *reply_type = reply_type_for(t);
+    dk_iopub_status(k->iopub, "busy", parent);
+    if (strcmp(t, "kernel_info_request") == 0) {
+        send_reply(k, k->control, req, reply_type, k->kernel_info);
+    } else if (strcmp(t, "interrupt_request") == 0) {
+        if (atomic_load(&k->executing))
+            pthread_kill(k->main_tid, SIGINT);
+        send_reply_text(k, k->control, req, reply_type, "{\"status\":\"ok\"}");
+    } else if (strcmp(t, "shutdown_request") == 0) {
+        bool restart = json_is_true(json_object_get(req->content, "restart"));
+        json_t *content = json_pack("{s:s, s:b}", "status", "ok", "restart", restart);
+        send_reply(k, k->control, req, reply_type, content);
+        dk_iopub_publish(k->iopub, "shutdown_reply", content, parent);
+        json_decref(content);
+        dk_iopub_status(k->iopub, "idle", parent);
+        atomic_store(&k->shutting_down, true);
+        char c = 1;
+        ssize_t w = write(k->wake[1], &c, 1);
+        (void)w;
+        if (atomic_load(&k->executing))
+            pthread_kill(k->main_tid, SIGINT);
+        /* The main thread exits cleanly when the cell gives way; if it does not
+         * within the grace, end the process from here. */
+        struct timespec ts = {0, SHUTDOWN_GRACE_MS * 1000L * 1000L};
+        nanosleep(&ts, NULL);
+        if (atomic_load(&exiting)) {
+            /* The main thread is saving history; it gets one more grace. */
+            nanosleep(&ts, NULL);
+            _exit(0);
+        }
+        dk_log("a cell did not stop within %d ms of shutdown; exiting", SHUTDOWN_GRACE_MS);
+        exit_process(k, false);
+    } else {
+        dk_log("ignored a control message of unknown type '%s'", t);
+    }
+    dk_iopub_status(k->iopub, "idle", parent);
+    free(reply_type);
+    free(parent);
+}
+
+static void block_all_signals(void)
+{
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL);
+}
+
+static void *control_main(void *arg)
+{
+    dk_kernel_t *k = arg;
+    block_all_signals();
+    for (;;) {
+        dk_msg_t *req = recv_msg(k, k->control, "control");
+        if (!req) {
+            if (zsys_interrupted || errno == ETERM)
+                break;
+            continue;
+        }
+        handle_control(k, req);
+        dk_msg_destroy(&req);
+    }
+    return NULL;
+}
+
+static void *hb_main(void *arg)
+{
+    dk_kernel_t *k = arg;
+    block_all_signals();
+    void *sock = zsock_resolve(k->hb);
+    for (;;) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, sock, 0) < 0) {
+            zmq_msg_close(&m);
+            if (errno == ETERM)
+                break;
+            continue;
+        }
+        int more = zmq_msg_more(&m);
+        zmq_msg_send(&m, sock, more ? ZMQ_SNDMORE : 0);
+        zmq_msg_close(&m);
+    }
+    return NULL;
+}
+
+/* ---- setup and main loop ---------------------------------------------------- */
+
+static zsock_t *bind_socket(dk_kernel_t *k, int type, dk_channel_t ch, char *err, size_t errlen)
+{
+    char endpoint[512];
+    zsock_t *s = zsock_new(type);
+    if (!s) {
+        snprintf(err, errlen, "cannot create the %s socket", dk_channel_name(ch));
+        return NULL;
+    }
+    zsock_set_linger(s, 1000);
+    if (type == ZMQ_ROUTER)
+        zsock_set_router_handover(s, 1);
+    dk_conn_endpoint(&k->conn, ch, endpoint, sizeof endpoint);
+    if (zsock_bind(s, "%s", endpoint) < 0) {
+        snprintf(err, errlen, "cannot bind the %s channel to %s: %s (is another kernel using it?)",
+                 dk_channel_name(ch), endpoint, zmq_strerror(zmq_errno()));
+        zsock_destroy(&s);
+        return NULL;
+    }
+    return s;
+}
+
+dk_kernel_t *dk_kernel_new(dk_conn_t *conn, char *err, size_t errlen)
+{
+    dk_kernel_t *k = calloc(1, sizeof *k);
+    if (!k) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    k->conn = *conn;
+    memset(conn, 0, sizeof *conn);
+    k->main_tid = pthread_self();
+    zuuid_t *uuid = zuuid_new();
+    snprintf(k->session, sizeof k->session, "%s", zuuid_str_canonical(uuid));
+    zuuid_destroy(&uuid);
+    k->signer = dk_signer_new(k->conn.key, k->conn.key_len);
+    k->replay = dk_replay_new(DK_REPLAY_HISTORY);
+    k->magics = dk_magic_registry_new();
+    k->kernel_info = build_kernel_info();
+    if (!k->signer || !k->replay || !k->magics || !k->kernel_info ||
+        pipe2(k->wake, O_CLOEXEC | O_NONBLOCK) < 0) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    /* Threads and ZeroMQ's own I/O threads inherit this mask: only the main
+     * thread takes signals. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    if (!(k->shell = bind_socket(k, ZMQ_ROUTER, DK_CHAN_SHELL, err, errlen)) ||
+        !(k->control = bind_socket(k, ZMQ_ROUTER, DK_CHAN_CONTROL, err, errlen)) ||
+        !(k->stdin_sock = bind_socket(k, ZMQ_ROUTER, DK_CHAN_STDIN, err, errlen)) ||
+        !(k->iopub_sock = bind_socket(k, ZMQ_PUB, DK_CHAN_IOPUB, err, errlen)) ||
+        !(k->hb = bind_socket(k, ZMQ_REP, DK_CHAN_HB, err, errlen))) {
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        return NULL;
+    }
+    k->iopub = dk_iopub_new(k->iopub_sock, k->signer, k->session);
+    k->stream = dk_stream_new(k->iopub, err, errlen);
+    if (!k->iopub || !k->stream) {
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        return NULL;
+    }
+    log_fd = dk_stream_log_fd(k->stream);
+    current_kernel = k;
+    pthread_create(&k->hb_tid, NULL, hb_main, k);
+    pthread_create(&k->control_tid, NULL, control_main, k);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return k;
+}
+
+void dk_kernel_run(dk_kernel_t *k)
+{
+    char err[1024];
+    if (dk_python_start(k, err, sizeof err) < 0) {
+        dk_log("cannot start Python: %s", err);
+        _exit(1);
+    }
+    /* Announced once Python is up rather than at bind time: a frontend's
+     * subscription, made as it launches us, has joined by now. */
+    dk_iopub_status(k->iopub, "starting", "{}");
+    zmq_pollitem_t items[2] = {{zsock_resolve(k->shell), 0, ZMQ_POLLIN, 0},
+                               {NULL, k->wake[0], ZMQ_POLLIN, 0}};
+    bool history_pending = false;
+    for (;;) {
+        int rc;
+        Py_BEGIN_ALLOW_THREADS
+        rc = zmq_poll(items, 2, history_pending ? DK_HISTORY_IDLE_MS : -1);
+        Py_END_ALLOW_THREADS
+        if (rc == 0 && history_pending) {
+            dk_python_write_history();
+            history_pending = false;
+            continue;
+        }
+        if (rc < 0) {
+            /* EINTR: a SIGINT between cells. Consume it here. */
+            dk_python_discard_interrupt();
+            continue;
+        }
+        if (atomic_load(&k->shutting_down))
+            break;
+        if (items[0].revents & ZMQ_POLLIN) {
+            dk_msg_t *req = recv_msg(k, k->shell, "shell");
+            if (req) {
+                handle_shell(k, req);
+                dk_msg_destroy(&req);
+                history_pending = dk_python_history_pending();
+            }
+        }
+        if (atomic_load(&k->shutting_down))
+            break;
+    }
+    exit_process(k, true);
+}

@@ -1,0 +1,403 @@
+/*
+ * dk_python: the embedded interpreter, the `_distkernel` built-in module, and the
+ * calls into the glue object (python/distkernel/_kernel.py).
+ *
+ * The interpreter is the one the kernel was built against (a meson option), and
+ * sys.executable names that interpreter, not this binary, so subprocess and
+ * multiprocessing start a real Python. Python installs its SIGINT handler during
+ * initialisation; nothing in C installs one before it.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "dk_python.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static PyObject *glue;   /* the distkernel._kernel.Kernel instance */
+
+const char *dk_python_version(void)
+{
+    static char version[32];
+    if (!version[0]) {
+        const char *v = Py_GetVersion();
+        size_t n = strcspn(v, " ");
+        if (n >= sizeof version)
+            n = sizeof version - 1;
+        memcpy(version, v, n);
+    }
+    return version;
+}
+
+/* ---- the _distkernel module --------------------------------------------------- */
+
+static PyObject *py_publish(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"msg_type", "content", "metadata", "buffers", NULL};
+    const char *msg_type, *content, *metadata = NULL;
+    PyObject *buffers = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "ss|zO", names, &msg_type, &content, &metadata,
+                                     &buffers))
+        return NULL;
+    zframe_t *frames[64];
+    size_t n = 0;
+    if (buffers != Py_None) {
+        PyObject *seq = PySequence_Fast(buffers, "buffers must be a sequence of bytes");
+        if (!seq)
+            return NULL;
+        Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
+        if (len > 64) {
+            Py_DECREF(seq);
+            PyErr_SetString(PyExc_ValueError, "at most 64 buffers per message");
+            return NULL;
+        }
+        for (Py_ssize_t i = 0; i < len; i++) {
+            Py_buffer view;
+            if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, i), &view, PyBUF_SIMPLE) < 0) {
+                for (size_t j = 0; j < n; j++)
+                    zframe_destroy(&frames[j]);
+                Py_DECREF(seq);
+                return NULL;
+            }
+            frames[n++] = zframe_new(view.buf, (size_t)view.len);
+            PyBuffer_Release(&view);
+        }
+        Py_DECREF(seq);
+    }
+    dk_kernel_t *k = dk_kernel_current();
+    if (strcmp(msg_type, "stream") != 0)
+        dk_stream_flush(dk_kernel_stream(k));
+    int rc = dk_iopub_publish_text(dk_kernel_iopub(k), msg_type, content, metadata, NULL, frames,
+                                   n);
+    for (size_t j = 0; j < n; j++)
+        zframe_destroy(&frames[j]);
+    if (rc < 0) {
+        PyErr_Format(PyExc_ValueError, "could not publish a %s message", msg_type);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_stream_write(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "stream_write(which, text)");
+        return NULL;
+    }
+    long which = PyLong_AsLong(args[0]);
+    if (which == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t len;
+    const char *text = PyUnicode_AsUTF8AndSize(args[1], &len);
+    if (!text)
+        return NULL;
+    if (len > 0)
+        dk_stream_write(dk_kernel_stream(dk_kernel_current()),
+                        which == 2 ? DK_STDERR : DK_STDOUT, text, (size_t)len);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_flush(PyObject *self, PyObject *unused)
+{
+    /* Kept under the GIL: a flush never waits long (non-blocking reads and a
+     * PUB send), and releasing the GIL here would hand it to IPython's history
+     * thread in the middle of every cell. */
+    dk_stream_flush(dk_kernel_stream(dk_kernel_current()));
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_input_request(PyObject *self, PyObject *args)
+{
+    const char *prompt;
+    int password = 0;
+    if (!PyArg_ParseTuple(args, "s|p", &prompt, &password))
+        return NULL;
+    char *answer = dk_kernel_input(dk_kernel_current(), prompt, password);
+    if (!answer)
+        return NULL;
+    PyObject *out = PyUnicode_DecodeUTF8(answer, (Py_ssize_t)strlen(answer), "replace");
+    free(answer);
+    return out;
+}
+
+static PyObject *py_parent(PyObject *self, PyObject *unused)
+{
+    char *p = dk_iopub_parent(dk_kernel_iopub(dk_kernel_current()));
+    if (!p)
+        return PyErr_NoMemory();
+    PyObject *out = PyUnicode_FromString(p);
+    free(p);
+    return out;
+}
+
+static PyObject *py_session(PyObject *self, PyObject *unused)
+{
+    return PyUnicode_FromString(dk_iopub_session(dk_kernel_iopub(dk_kernel_current())));
+}
+
+static PyObject *py_native_magics(PyObject *self, PyObject *unused)
+{
+    dk_magic_registry_t *reg = dk_kernel_magics(dk_kernel_current());
+    PyObject *out = PyList_New(0);
+    for (size_t i = 0; out && i < dk_magic_count(reg); i++) {
+        const dk_magic_t *m = dk_magic_at(reg, i);
+        PyObject *t = Py_BuildValue("(sss)", m->name, m->kind == DK_MAGIC_CELL ? "cell" : "line",
+                                    m->doc ? m->doc : "");
+        if (!t || PyList_Append(out, t) < 0) {
+            Py_XDECREF(t);
+            Py_CLEAR(out);
+            break;
+        }
+        Py_DECREF(t);
+    }
+    return out;
+}
+
+/* A native magic called from Python code (get_ipython().run_cell_magic(...)):
+ * its error becomes a Python exception in the calling cell. */
+static PyObject *py_run_native_magic(PyObject *self, PyObject *args)
+{
+    const char *name, *line, *cell = NULL;
+    int count;
+    if (!PyArg_ParseTuple(args, "ssiz", &name, &line, &count, &cell))
+        return NULL;
+    dk_kernel_t *k = dk_kernel_current();
+    const dk_magic_t *m =
+        dk_magic_find(dk_kernel_magics(k), name, cell ? DK_MAGIC_CELL : DK_MAGIC_LINE);
+    if (!m) {
+        PyErr_Format(PyExc_LookupError, "no native magic %s%s", cell ? "%%" : "%", name);
+        return NULL;
+    }
+    dk_magic_call_t call = {.magic = m, .args = (char *)line, .body = (char *)(cell ? cell : "")};
+    dk_exec_t ex = {.kernel = k, .execution_count = count};
+    dk_magic_run(&call, &ex);
+    if (PyErr_Occurred()) {
+        json_decref(ex.error);
+        return NULL;
+    }
+    if (ex.error) {
+        PyErr_Format(PyExc_RuntimeError, "%s: %s",
+                     json_string_value(json_object_get(ex.error, "ename")),
+                     json_string_value(json_object_get(ex.error, "evalue")));
+        json_decref(ex.error);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_log(PyObject *self, PyObject *args)
+{
+    const char *text;
+    if (!PyArg_ParseTuple(args, "s", &text))
+        return NULL;
+    dk_log("%s", text);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"log", py_log, METH_VARARGS, "log(text): write a line to the kernel's log (its stderr)."},
+    {"publish", (PyCFunction)(void (*)(void))py_publish, METH_VARARGS | METH_KEYWORDS,
+     "publish(msg_type, content_json, metadata_json=None, buffers=None): send on IOPub "
+     "under the current parent."},
+    {"stream_write", (PyCFunction)(void (*)(void))py_stream_write, METH_FASTCALL,
+     "stream_write(fd, text): append text to the cell's stdout (1) or stderr (2)."},
+    {"flush", py_flush, METH_NOARGS, "flush(): publish buffered output now."},
+    {"input_request", py_input_request, METH_VARARGS,
+     "input_request(prompt, password=False): ask the frontend for a line."},
+    {"parent", py_parent, METH_NOARGS, "parent(): the current parent header (JSON)."},
+    {"session", py_session, METH_NOARGS, "session(): the kernel's session id."},
+    {"native_magics", py_native_magics, METH_NOARGS,
+     "native_magics(): [(name, 'line'|'cell', doc)] handled by the kernel in C."},
+    {"run_native_magic", py_run_native_magic, METH_VARARGS,
+     "run_native_magic(name, line, execution_count, cell_or_None)"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_distkernel",
+                                        "The distkernel kernel, seen from Python.", -1,
+                                        module_methods, NULL, NULL, NULL, NULL};
+
+static PyObject *init_module(void)
+{
+    return PyModule_Create(&module_def);
+}
+
+/* ---- interpreter -------------------------------------------------------------- */
+
+/* Log the pending Python exception, with its traceback, to the kernel's log
+ * (not to sys.stderr, which is the cell's output), and clear it. */
+static void log_python_error(const char *what)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    PyObject *text = NULL;
+    PyObject *mod = PyImport_ImportModule("traceback");
+    if (mod && type) {
+        PyObject *lines = PyObject_CallMethod(mod, "format_exception", "(OOO)", type,
+                                              value ? value : Py_None, tb ? tb : Py_None);
+        PyObject *empty = PyUnicode_FromString("");
+        if (lines && empty)
+            text = PyUnicode_Join(empty, lines);
+        Py_XDECREF(lines);
+        Py_XDECREF(empty);
+    }
+    Py_XDECREF(mod);
+    const char *msg = text ? PyUnicode_AsUTF8(text) : NULL;
+    dk_log("%s failed:\n%s", what, msg ? msg : "(no traceback)");
+    Py_XDECREF(text);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    PyErr_Clear();
+}
+
+int dk_python_start(dk_kernel_t *k, char *err, size_t errlen)
+{
+    if (PyImport_AppendInittab("_distkernel", init_module) < 0) {
+        snprintf(err, errlen, "cannot register the _distkernel module");
+        return -1;
+    }
+    PyConfig config;
+    PyConfig_InitPythonConfig(&config);
+    config.install_signal_handlers = 1;
+    config.parse_argv = 0;
+    PyStatus st = PyConfig_SetBytesString(&config, &config.program_name, DK_PYTHON_EXE);
+    if (!PyStatus_Exception(st))
+        st = PyConfig_SetBytesString(&config, &config.executable, DK_PYTHON_EXE);
+    if (!PyStatus_Exception(st)) {
+        char *argv[] = {""};
+        st = PyConfig_SetBytesArgv(&config, 1, argv);
+    }
+    if (!PyStatus_Exception(st))
+        st = Py_InitializeFromConfig(&config);
+    PyConfig_Clear(&config);
+    if (PyStatus_Exception(st)) {
+        snprintf(err, errlen, "%s", st.err_msg ? st.err_msg : "Py_InitializeFromConfig failed");
+        return -1;
+    }
+    const char *dir = getenv("DISTKERNEL_GLUE_DIR");
+    if (!dir || !*dir)
+        dir = DK_GLUE_DIR;
+    PyObject *path = PySys_GetObject("path");
+    PyObject *d = PyUnicode_FromString(dir);
+    if (!path || !d || PyList_Insert(path, 0, d) < 0) {
+        Py_XDECREF(d);
+        snprintf(err, errlen, "cannot extend sys.path");
+        return -1;
+    }
+    Py_DECREF(d);
+    PyObject *mod = PyImport_ImportModule("distkernel._kernel");
+    if (mod) {
+        glue = PyObject_CallMethod(mod, "Kernel", NULL);
+        Py_DECREF(mod);
+    }
+    if (!glue) {
+        log_python_error("cannot load the kernel's Python glue");
+        snprintf(err, errlen, "cannot load distkernel._kernel from %s (see the log above)", dir);
+        return -1;
+    }
+    (void)k;
+    return 0;
+}
+
+/* Call glue.METHOD(*args) expecting str (or None); returns malloc'd UTF-8. */
+static char *call_text(const char *method, PyObject *args)
+{
+    if (!args)
+        return NULL;
+    PyObject *fn = PyObject_GetAttrString(glue, method);
+    PyObject *res = fn ? PyObject_Call(fn, args, NULL) : NULL;
+    Py_XDECREF(fn);
+    Py_DECREF(args);
+    if (!res) {
+        log_python_error(method);
+        json_t *c = json_pack("{s:s, s:s, s:s, s:[]}", "status", "error", "ename",
+                              "InternalError", "evalue",
+                              "distkernel's Python glue failed; see the kernel log",
+                              "traceback");
+        char *text = json_dumps(c, JSON_COMPACT);
+        json_decref(c);
+        return text;
+    }
+    char *out = NULL;
+    if (res != Py_None) {
+        const char *s = PyUnicode_AsUTF8(res);
+        if (s)
+            out = strdup(s);
+        else
+            log_python_error(method);
+    }
+    Py_DECREF(res);
+    return out;
+}
+
+char *dk_python_handle(const char *msg_type, const char *content_json, zframe_t *const *buffers,
+                       size_t n_buffers)
+{
+    PyObject *bufs = PyList_New((Py_ssize_t)n_buffers);
+    for (size_t i = 0; bufs && i < n_buffers; i++)
+        PyList_SET_ITEM(bufs, (Py_ssize_t)i,
+                        PyBytes_FromStringAndSize((const char *)zframe_data(buffers[i]),
+                                                  (Py_ssize_t)zframe_size(buffers[i])));
+    if (!bufs)
+        return NULL;
+    return call_text("handle", Py_BuildValue("(ssN)", msg_type, content_json, bufs));
+}
+
+int dk_python_native_begin(const char *code, bool silent, bool store_history)
+{
+    PyObject *res = PyObject_CallMethod(glue, "native_begin", "(sii)", code, (int)silent,
+                                        (int)store_history);
+    if (!res) {
+        log_python_error("native_begin");
+        return 0;
+    }
+    int count = (int)PyLong_AsLong(res);
+    Py_DECREF(res);
+    return count;
+}
+
+char *dk_python_native_finish(int execution_count, json_t *error,
+                              const char *user_expressions_json)
+{
+    char *error_text = error ? json_dumps(error, JSON_COMPACT) : NULL;
+    char *out = call_text("native_finish", Py_BuildValue("(izs)", execution_count, error_text,
+                                                        user_expressions_json));
+    free(error_text);
+    return out;
+}
+
+bool dk_python_history_pending(void)
+{
+    PyObject *res = PyObject_CallMethod(glue, "history_pending", NULL);
+    if (!res) {
+        log_python_error("history_pending");
+        return false;
+    }
+    bool pending = PyObject_IsTrue(res) == 1;
+    Py_DECREF(res);
+    return pending;
+}
+
+void dk_python_write_history(void)
+{
+    PyObject *res = PyObject_CallMethod(glue, "write_history", NULL);
+    if (!res)
+        log_python_error("write_history");
+    Py_XDECREF(res);
+}
+
+void dk_python_discard_interrupt(void)
+{
+    if (PyErr_CheckSignals() < 0)
+        PyErr_Clear();
+}
+
+void dk_python_shutdown(void)
+{
+    PyObject *res = PyObject_CallMethod(glue, "shutdown", NULL);
+    if (!res)
+        log_python_error("shutdown");
+    Py_XDECREF(res);
+}

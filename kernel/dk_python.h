@@ -1,0 +1,55 @@
+/*
+ * dk_python: the embedded CPython and the glue that runs cells through IPython.
+ *
+ * The kernel calls into one Python object, distkernel._kernel.Kernel, with JSON
+ * text in and JSON text out: the C side owns the protocol, Python owns what only
+ * IPython can do (running code, completion, inspection, history, comms). Python
+ * reaches back into the kernel through the built-in module `_distkernel`
+ * (publishing, streams, stdin, native magics).
+ *
+ * Every function here is called from the main thread with the GIL held.
+ */
+#ifndef DK_PYTHON_H
+#define DK_PYTHON_H
+
+#include "dk_kernel.h"
+
+/* The interpreter's version ("3.11.2"), usable before dk_python_start. */
+const char *dk_python_version(void);
+
+/* Start the interpreter, import the glue and create the shell, registering the
+ * kernel's native magics with IPython. Leaves the GIL held by the caller. Returns
+ * -1 with a reason in ERR. */
+int dk_python_start(dk_kernel_t *k, char *err, size_t errlen);
+
+/* Handle one shell request of MSG_TYPE with CONTENT_JSON (and BUFFERS, for comm
+ * messages). Returns the reply content as malloc'd JSON text, or NULL when the
+ * request has no reply (comm messages). A failure inside the glue is logged and
+ * answered with an error reply naming it. */
+char *dk_python_handle(const char *msg_type, const char *content_json,
+                       zframe_t *const *buffers, size_t n_buffers);
+
+/* For a cell handled by a native magic: count it and record it in history as
+ * IPython would, and publish execute_input unless SILENT. Returns the execution
+ * count the cell runs under. */
+int dk_python_native_begin(const char *code, bool silent, bool store_history);
+
+/* The execute_reply content for a native-magic cell: ERROR (borrowed, may be NULL)
+ * from dk_exec_error, USER_EXPRESSIONS_JSON evaluated as a Python cell's would be. */
+char *dk_python_native_finish(int execution_count, json_t *error,
+                              const char *user_expressions_json);
+
+/* Run a pending SIGINT's Python handler and drop the KeyboardInterrupt, so an
+ * interrupt that arrived between cells does not hit the next one. */
+void dk_python_discard_interrupt(void);
+
+/* Whether cells ran whose history is not yet written, and: write it now (in
+ * IPython's saving thread). The kernel writes history once it has been idle
+ * for DK_HISTORY_IDLE_MS, so the write never competes with a reply. */
+bool dk_python_history_pending(void);
+void dk_python_write_history(void);
+
+/* Save history and run the shell's exit hooks before the process exits. */
+void dk_python_shutdown(void);
+
+#endif

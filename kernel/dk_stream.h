@@ -1,0 +1,47 @@
+/*
+ * dk_stream: the cell's stdout and stderr, from Python and from fd 1 and 2.
+ *
+ * Python's sys.stdout/sys.stderr write into a per-stream buffer here; fd 1 and 2
+ * are replaced by pipes whose bytes (C extensions, `!cmd`, subprocesses) land in
+ * the same buffers. A reader thread always drains the pipes, without the GIL, so a
+ * 1 MB printf from C while the GIL is held never blocks. Buffers are published as
+ * `stream` messages at most every DK_STREAM_INTERVAL_MS, as soon as they hold
+ * DK_STREAM_CHUNK bytes, and whenever the kernel flushes (before every reply,
+ * display message and input_request): many writes make few messages.
+ *
+ * Python writes first drain the pipes, so `print(); os.system("echo"); print()`
+ * keeps its order whenever the child's output has reached the pipe.
+ */
+#ifndef DK_STREAM_H
+#define DK_STREAM_H
+
+#include "dk_iopub.h"
+
+#include <stddef.h>
+
+#define DK_STREAM_INTERVAL_MS 50
+#define DK_STREAM_CHUNK 65536
+
+typedef enum { DK_STDOUT = 0, DK_STDERR = 1 } dk_stream_name_t;
+
+typedef struct dk_stream_t dk_stream_t;
+
+/* Start capturing: fd 1 and 2 become pipes drained by a reader thread; output is
+ * published on IOPUB (borrowed) under its current parent. Returns NULL on failure
+ * with a reason in ERR. The original fd 2 is dup'ed first: dk_stream_log_fd gives
+ * it, for the kernel's own log lines. */
+dk_stream_t *dk_stream_new(dk_iopub_t *iopub, char *err, size_t errlen);
+
+/* Stop the reader, publish what is left, restore fd 1 and 2. */
+void dk_stream_destroy(dk_stream_t **self_p);
+
+/* Append LEN bytes of text written by Python to stream NAME. Thread-safe. */
+void dk_stream_write(dk_stream_t *self, dk_stream_name_t name, const char *buf, size_t len);
+
+/* Flush C stdio, drain the pipes and publish both buffers now. Thread-safe. */
+void dk_stream_flush(dk_stream_t *self);
+
+/* The kernel's original stderr, for its own log. */
+int dk_stream_log_fd(const dk_stream_t *self);
+
+#endif

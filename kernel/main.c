@@ -1,0 +1,69 @@
+/*
+ * distkernel: a Jupyter kernel for Python, written in C.
+ *
+ *     distkernel -f CONNECTION_FILE
+ *
+ * Started by a Jupyter frontend through its kernelspec (kernel.json).
+ */
+#include "dk_conn.h"
+#include "dk_kernel.h"
+
+#include <czmq.h>
+#include <stdio.h>
+#include <string.h>
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: distkernel -f CONNECTION_FILE\n"
+            "\n"
+            "A Jupyter kernel for Python notebooks, with %%%%distributed to run a cell as\n"
+            "torch.distributed ranks. Frontends start it through its kernelspec:\n"
+            "pick \"distkernel\" in Jupyter, or `jupyter console --kernel distkernel`.\n");
+}
+
+int main(int argc, char **argv)
+{
+    /* CZMQ would install SIGINT/SIGTERM handlers of its own on first use; the
+     * interpreter's handler must be the one that sees SIGINT. */
+    zsys_handler_set(NULL);
+
+    const char *conn_path = NULL;
+    for (int i = 1; i < argc; i++) {
+        if ((strcmp(argv[i], "-f") == 0 || strcmp(argv[i], "--connection-file") == 0) &&
+            i + 1 < argc) {
+            conn_path = argv[++i];
+        } else if (strncmp(argv[i], "--connection-file=", 18) == 0) {
+            conn_path = argv[i] + 18;
+        } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            usage(stdout);
+            return 0;
+        } else if (strcmp(argv[i], "--version") == 0) {
+            printf("distkernel %s\n", DK_VERSION);
+            return 0;
+        } else {
+            fprintf(stderr, "distkernel: unknown argument '%s'\n", argv[i]);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!conn_path) {
+        fprintf(stderr, "distkernel: no connection file given (-f FILE)\n");
+        usage(stderr);
+        return 2;
+    }
+
+    char err[1024];
+    dk_conn_t conn;
+    if (dk_conn_load(conn_path, &conn, err, sizeof err) < 0) {
+        fprintf(stderr, "distkernel: %s\n", err);
+        return 1;
+    }
+    dk_kernel_t *kernel = dk_kernel_new(&conn, err, sizeof err);
+    if (!kernel) {
+        fprintf(stderr, "distkernel: %s\n", err);
+        dk_conn_clear(&conn);
+        return 1;
+    }
+    dk_kernel_run(kernel);
+}

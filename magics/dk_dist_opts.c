@@ -1,0 +1,301 @@
+/*
+ * dk_dist_opts: parsing and validating distributed options. See the header.
+ *
+ * The grammar is deliberately small (no expressions): an option's value is known
+ * when the cell is submitted, and a typo must be caught before eight processes
+ * start and claim eight GPUs.
+ */
+#include "dk_dist_opts.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+const char dk_dist_doc[] =
+    "%%distributed [option=value ...]\n"
+    "\n"
+    "Run the cell as torch.distributed ranks on this node, one process per GPU (or per\n"
+    "CPU rank), and show every rank's output, labelled, as it is written.\n"
+    "\n"
+    "Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,\n"
+    "MASTER_ADDR and a free MASTER_PORT, so `dist.init_process_group()` works as under\n"
+    "torchrun; bind your GPU with `torch.cuda.set_device(int(os.environ['LOCAL_RANK']))`.\n"
+    "Functions, classes and values the cell uses that earlier cells defined are sent to\n"
+    "every rank; modules are imported again there. Changes ranks make to their\n"
+    "variables do not come back; each rank's last expression value does.\n"
+    "\n"
+    "Options:\n"
+    "  num_accelerators=N   GPUs (one rank each); default: every GPU of the node.\n"
+    "                       Deprecated alias: gpus=N.\n"
+    "  accelerator_type=T   the GPUs the job needs, as GPU_<n>x<MODEL> (GPU_8xH100,\n"
+    "                       GPU_1xA10); the job fails before starting if the node has\n"
+    "                       other GPUs. Deprecated alias: gpu_type=MODEL (H100, A10, B300).\n"
+    "  num_processes=N      run N CPU ranks instead (backend gloo), e.g. on a machine\n"
+    "                       without GPUs.\n"
+    "  timeout=SECONDS      end every rank after this long (default 10800, 3 hours);\n"
+    "                       timeout=None for no limit.\n"
+    "  output=all|rank0     show every rank's output (default), or rank 0's only; the\n"
+    "                       full output of every rank is always in its log file.\n"
+    "  result=NAME          store the per-rank results (a list) in variable NAME.\n"
+    "  check=True           run the NCCL preflight check across the GPUs first.\n"
+    "\n"
+    "Interrupting the cell, its timeout, a failing rank, and shutting down or\n"
+    "restarting the kernel end every rank. The first rank to fail is the root cause\n"
+    "shown as the cell's error, with a summary of every rank's fate.\n"
+    "\n"
+    "The same options work on the decorator:\n"
+    "    from distkernel import distributed   # or serverless_gpu / databricks.air\n"
+    "    @distributed(num_processes=2)\n"
+    "    def train(epochs): ...\n"
+    "    results = train.distributed(3)        # one entry per rank\n";
+
+static const char accepted[] =
+    "accepted options: num_accelerators, accelerator_type, num_processes, timeout, output, "
+    "result, check (and the deprecated gpus, gpu_type)";
+
+/* One `name=value` token; VALUE is unquoted. Returns the position after it, NULL
+ * at the end, or sets ERR. */
+static const char *next_token(const char *p, char *name, size_t nlen, char *value, size_t vlen,
+                              bool *quoted, char *err, size_t errlen)
+{
+    while (*p && isspace((unsigned char)*p))
+        p++;
+    if (!*p)
+        return NULL;
+    size_t n = 0;
+    const char *start = p;
+    while (*p && (isalnum((unsigned char)*p) || *p == '_')) {
+        if (n + 1 < nlen)
+            name[n++] = *p;
+        p++;
+    }
+    name[n] = '\0';
+    if (n == 0 || *p != '=') {
+        const char *end = start;
+        while (*end && !isspace((unsigned char)*end))
+            end++;
+        snprintf(err, errlen, "expected name=value, got '%.*s'; %s", (int)(end - start), start,
+                 accepted);
+        return (const char *)-1;
+    }
+    p++;
+    size_t v = 0;
+    *quoted = false;
+    if (*p == '"' || *p == '\'') {
+        char q = *p++;
+        *quoted = true;
+        while (*p && *p != q) {
+            if (*p == '\\' && p[1])
+                p++;
+            if (v + 1 < vlen)
+                value[v++] = *p;
+            p++;
+        }
+        if (*p != q) {
+            snprintf(err, errlen, "option %s: unterminated quoted value", name);
+            return (const char *)-1;
+        }
+        p++;
+    } else {
+        while (*p && !isspace((unsigned char)*p)) {
+            if (v + 1 < vlen)
+                value[v++] = *p;
+            p++;
+        }
+    }
+    value[v] = '\0';
+    return p;
+}
+
+static int parse_count(const char *name, const char *value, int *out, char *err, size_t errlen)
+{
+    char *end;
+    errno = 0;
+    long n = strtol(value, &end, 10);
+    if (!*value || *end || errno || n < 1 || n > 4096) {
+        snprintf(err, errlen, "%s must be a positive whole number, got '%s'", name, value);
+        return -1;
+    }
+    *out = (int)n;
+    return 0;
+}
+
+static bool valid_model(const char *m)
+{
+    if (!*m || strlen(m) >= 32)
+        return false;
+    for (; *m; m++)
+        if (!isalnum((unsigned char)*m))
+            return false;
+    return true;
+}
+
+static void upper(char *s)
+{
+    for (; *s; s++)
+        *s = (char)toupper((unsigned char)*s);
+}
+
+static void add_warning(dk_dist_opts_t *o, const char *text)
+{
+    size_t used = strlen(o->warnings);
+    snprintf(o->warnings + used, sizeof o->warnings - used, "%s%s", used ? "\n" : "", text);
+}
+
+int dk_dist_opts_parse(const char *args, dk_dist_opts_t *o, char *err, size_t errlen)
+{
+    memset(o, 0, sizeof *o);
+    o->timeout_s = DK_DEFAULT_TIMEOUT_S;
+    bool seen_accel = false, seen_type = false;
+    char name[64], value[256];
+    bool quoted;
+    const char *p = args ? args : "";
+    for (;;) {
+        p = next_token(p, name, sizeof name, value, sizeof value, &quoted, err, errlen);
+        if (!p)
+            break;
+        if (p == (const char *)-1)
+            return -1;
+        if (strcmp(name, "num_accelerators") == 0 || strcmp(name, "gpus") == 0) {
+            if (seen_accel) {
+                snprintf(err, errlen, "num_accelerators is given twice (gpus is its old name)");
+                return -1;
+            }
+            seen_accel = true;
+            if (strcmp(name, "gpus") == 0)
+                add_warning(o, "FutureWarning: gpus= is deprecated; use num_accelerators=");
+            if (parse_count(name, value, &o->num_accelerators, err, errlen) < 0)
+                return -1;
+        } else if (strcmp(name, "accelerator_type") == 0 || strcmp(name, "gpu_type") == 0) {
+            if (seen_type) {
+                snprintf(err, errlen, "accelerator_type is given twice (gpu_type is its old name)");
+                return -1;
+            }
+            seen_type = true;
+            if (strcmp(name, "gpu_type") == 0) {
+                add_warning(o, "FutureWarning: gpu_type= is deprecated; use "
+                               "accelerator_type=GPU_<n>x<MODEL>");
+                char model[32];
+                snprintf(model, sizeof model, "%.31s", value);
+                upper(model);
+                if (strlen(value) >= sizeof model || !valid_model(model)) {
+                    snprintf(err, errlen, "gpu_type must be a GPU model such as H100, A10 or "
+                                          "B300, got '%s'", value);
+                    return -1;
+                }
+                snprintf(o->accelerator_model, sizeof o->accelerator_model, "%s", model);
+            } else {
+                char buf[256];
+                snprintf(buf, sizeof buf, "%s", value);
+                upper(buf);
+                char *x = strchr(buf, 'X');
+                char *end = NULL;
+                long n = 0;
+                if (strncmp(buf, "GPU_", 4) == 0 && x) {
+                    errno = 0;
+                    n = strtol(buf + 4, &end, 10);
+                }
+                if (!x || end != x || n < 1 || n > 4096 || !valid_model(x + 1)) {
+                    snprintf(err, errlen, "accelerator_type must look like GPU_<n>x<MODEL> "
+                                          "(GPU_1xA10, GPU_8xH100, GPU_8xB300), got '%s'", value);
+                    return -1;
+                }
+                o->accelerator_count = (int)n;
+                snprintf(o->accelerator_model, sizeof o->accelerator_model, "%.31s", x + 1);
+            }
+        } else if (strcmp(name, "num_processes") == 0) {
+            if (parse_count(name, value, &o->num_processes, err, errlen) < 0)
+                return -1;
+        } else if (strcmp(name, "timeout") == 0) {
+            if (!quoted && strcmp(value, "None") == 0) {
+                o->timeout_s = 0;
+            } else {
+                char *end;
+                errno = 0;
+                double t = strtod(value, &end);
+                if (quoted || !*value || *end || errno || !(t > 0) || !isfinite(t)) {
+                    snprintf(err, errlen, "timeout must be a number of seconds greater than 0, "
+                                          "or None for no limit, got '%s'", value);
+                    return -1;
+                }
+                o->timeout_s = t;
+            }
+        } else if (strcmp(name, "output") == 0) {
+            if (strcmp(value, "all") == 0)
+                o->output = DK_OUTPUT_ALL;
+            else if (strcmp(value, "rank0") == 0)
+                o->output = DK_OUTPUT_RANK0;
+            else {
+                snprintf(err, errlen, "output must be all or rank0, got '%s'", value);
+                return -1;
+            }
+        } else if (strcmp(name, "result") == 0) {
+            bool ident = (isalpha((unsigned char)value[0]) || value[0] == '_') &&
+                         strlen(value) < sizeof o->result_name;
+            for (const char *c = value; ident && *c; c++)
+                ident = isalnum((unsigned char)*c) || *c == '_';
+            if (!ident) {
+                snprintf(err, errlen, "result must be a Python variable name, got '%s'", value);
+                return -1;
+            }
+            snprintf(o->result_name, sizeof o->result_name, "%s", value);
+        } else if (strcmp(name, "check") == 0) {
+            if (strcmp(value, "True") == 0 || strcmp(value, "true") == 0)
+                o->check = true;
+            else if (strcmp(value, "False") == 0 || strcmp(value, "false") == 0)
+                o->check = false;
+            else {
+                snprintf(err, errlen, "check must be True or False, got '%s'", value);
+                return -1;
+            }
+        } else {
+            snprintf(err, errlen, "unknown option '%s'; %s", name, accepted);
+            return -1;
+        }
+    }
+    if (o->num_processes && (o->num_accelerators || o->accelerator_model[0])) {
+        snprintf(err, errlen, "num_processes runs CPU ranks and cannot be combined with "
+                              "num_accelerators or accelerator_type");
+        return -1;
+    }
+    if (o->num_accelerators && o->accelerator_count &&
+        o->num_accelerators != o->accelerator_count) {
+        snprintf(err, errlen, "num_accelerators=%d contradicts accelerator_type=GPU_%dx%s",
+                 o->num_accelerators, o->accelerator_count, o->accelerator_model);
+        return -1;
+    }
+    if (!o->num_accelerators && o->accelerator_count)
+        o->num_accelerators = o->accelerator_count;
+    return 0;
+}
+
+void dk_accelerator_model(const char *device_name, char *out, size_t outlen)
+{
+    /* Longest names first, so "H200" is not read as "H20" and "A100" not as "A10". */
+    static const char *models[] = {"GB200", "GB300", "B200", "B300", "H200", "H100", "H800",
+                                   "H20",  "A100",  "A800", "A10G", "A10",  "A30",  "A40",
+                                   "A6000", "L40S", "L40",  "L4",   "T4",   "V100", NULL};
+    out[0] = '\0';
+    if (!device_name)
+        return;
+    char upper_name[256];
+    snprintf(upper_name, sizeof upper_name, "%s", device_name);
+    upper(upper_name);
+    for (int i = 0; models[i]; i++) {
+        const char *hit = strstr(upper_name, models[i]);
+        while (hit) {
+            size_t n = strlen(models[i]);
+            bool left = hit == upper_name || !isalnum((unsigned char)hit[-1]);
+            bool right = !isalnum((unsigned char)hit[n]);
+            if (left && right) {
+                snprintf(out, outlen, "%s", models[i]);
+                return;
+            }
+            hit = strstr(hit + 1, models[i]);
+        }
+    }
+}

@@ -1,0 +1,50 @@
+/*
+ * dk_dist_opts: the options of %%distributed and of the @distributed decorator.
+ *
+ * Both spell options the same way, `name=value` separated by blanks:
+ *
+ *     %%distributed num_accelerators=8 accelerator_type=GPU_8xH100 timeout=3600
+ *     %%distributed num_processes=2 output=rank0 result=losses
+ *
+ * (the decorator's keyword arguments are turned into this text). Values are
+ * integers, numbers, None, True/False, bare words or quoted strings. The names of
+ * the managed platform's older API, `gpus` and `gpu_type`, are accepted with a
+ * deprecation warning, as that platform does. Everything is validated here,
+ * before anything starts; an error names the option, the value, and what is
+ * accepted.
+ */
+#ifndef DK_DIST_OPTS_H
+#define DK_DIST_OPTS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#define DK_DEFAULT_TIMEOUT_S 10800.0
+
+typedef enum { DK_OUTPUT_ALL = 0, DK_OUTPUT_RANK0 } dk_output_mode_t;
+
+typedef struct {
+    int num_accelerators;       /* 0: not given (every GPU of the node) */
+    char accelerator_model[32]; /* "H100", "" if not given */
+    int accelerator_count;      /* n of GPU_<n>x<MODEL>, 0 if not given */
+    int num_processes;          /* CPU ranks; 0: not given */
+    double timeout_s;           /* 0: no timeout (timeout=None) */
+    dk_output_mode_t output;
+    char result_name[128];      /* "" : results not stored under a name */
+    bool check;                 /* run the NCCL preflight check first */
+    char warnings[512];         /* deprecation warnings, "" if none */
+} dk_dist_opts_t;
+
+/* Parse ARGS into OUT (which it initialises with the defaults). Returns 0, or -1
+ * with a message for the user in ERR. */
+int dk_dist_opts_parse(const char *args, dk_dist_opts_t *out, char *err, size_t errlen);
+
+/* Map a CUDA device name ("NVIDIA H100 80GB HBM3", "NVIDIA A10", "NVIDIA L4") to
+ * the platform's model name ("H100", "A10", "L4"); writes "" when it is not one
+ * that is known. */
+void dk_accelerator_model(const char *device_name, char *out, size_t outlen);
+
+/* The help text of %%distributed (what `%%distributed?` shows). */
+extern const char dk_dist_doc[];
+
+#endif

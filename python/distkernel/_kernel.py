@@ -1,0 +1,432 @@
+"""The glue between distkernel's C core and IPython.
+
+The C side owns the protocol: sockets, signatures, busy/idle, replies, output
+capture and interrupts. It calls `Kernel.handle(msg_type, content_json, buffers)`
+for the requests only IPython can answer and sends back the JSON text this
+returns. Python reaches the kernel through the built-in module `_distkernel`.
+
+Comm support (ipywidgets) reuses ipykernel's Comm and CommManager, which expect
+an ipykernel Kernel object; a small stand-in is built the first time a comm is
+used, so starting the kernel does not pay for importing ipykernel.
+"""
+
+import base64
+import builtins
+import datetime
+import getpass as _getpass_module
+import io
+import json
+import math
+import os
+import sys
+
+import _distkernel
+
+
+def _defer_terminal_import():
+    """IPython's package __init__ imports its terminal front end (prompt_toolkit,
+    the debugger: ~40% of the kernel's start-up) for `IPython.embed`, which a
+    kernel never uses. Stand in for that one module until something really asks
+    for it; then the real one is imported and takes its place."""
+    import importlib
+    import types
+
+    name = "IPython.terminal.embed"
+    if name in sys.modules:
+        return
+
+    class _Deferred(types.ModuleType):
+        def __getattr__(self, attr):
+            if attr.startswith("__"):
+                raise AttributeError(attr)
+            if sys.modules.get(name) is self:
+                del sys.modules[name]
+            return getattr(importlib.import_module(name), attr)
+
+    stub = _Deferred(name)
+    stub.embed = lambda *a, **kw: importlib.import_module(name).embed(*a, **kw)
+    sys.modules[name] = stub
+
+
+_defer_terminal_import()
+
+from IPython.core import page, payloadpage  # noqa: E402
+from IPython.core.displayhook import DisplayHook  # noqa: E402
+from IPython.core.displaypub import DisplayPublisher  # noqa: E402
+from IPython.core.error import StdinNotImplementedError  # noqa: E402
+from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
+
+
+# ---- JSON --------------------------------------------------------------------
+
+def _default(obj):
+    if isinstance(obj, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(obj)).decode("ascii")
+    if isinstance(obj, (datetime.datetime, datetime.date)):
+        return obj.isoformat()
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    return repr(obj)
+
+
+def _finite(obj):
+    """Replace NaN and infinities (not JSON) with None, as a last resort."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {str(k): _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def dumps(obj):
+    try:
+        return json.dumps(obj, default=_default, ensure_ascii=False, allow_nan=False,
+                          separators=(",", ":"))
+    except ValueError:
+        return json.dumps(_finite(json.loads(json.dumps(obj, default=_default))),
+                          default=_default, ensure_ascii=False, separators=(",", ":"))
+
+
+def publish(msg_type, content, metadata=None, buffers=None):
+    _distkernel.publish(msg_type, dumps(content),
+                        dumps(metadata) if metadata else None, buffers)
+
+
+# ---- output streams ------------------------------------------------------------
+
+class OutStream(io.TextIOBase):
+    """sys.stdout / sys.stderr of a cell: text goes to the kernel's stream buffer,
+    which coalesces it with what reaches fd 1 and 2 and publishes it."""
+
+    def __init__(self, fd, name):
+        super().__init__()
+        self._fd = fd
+        self._name = name
+
+    name = property(lambda self: self._name)
+    encoding = "utf-8"
+    errors = "replace"
+
+    def writable(self):
+        return True
+
+    def readable(self):
+        return False
+
+    def isatty(self):
+        return False
+
+    def fileno(self):
+        return self._fd
+
+    def write(self, text):
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        _distkernel.stream_write(self._fd, text)
+        return len(text)
+
+    def flush(self):
+        _distkernel.flush()
+
+
+# ---- display -----------------------------------------------------------------
+
+class KernelDisplayPublisher(DisplayPublisher):
+    def publish(self, data, metadata=None, source=None, *, transient=None, update=False, **kw):
+        content = {"data": data, "metadata": metadata or {}, "transient": transient or {}}
+        publish("update_display_data" if update else "display_data", content)
+
+    def clear_output(self, wait=False):
+        publish("clear_output", {"wait": bool(wait)})
+
+
+class KernelDisplayHook(DisplayHook):
+    """Turns a cell's last value into an execute_result."""
+
+    def start_displayhook(self):
+        self._content = {"execution_count": None, "data": {}, "metadata": {}}
+
+    def write_output_prompt(self):
+        self._content["execution_count"] = self.prompt_count
+
+    def write_format_data(self, format_dict, md_dict=None):
+        self._content["data"] = format_dict
+        self._content["metadata"] = md_dict or {}
+
+    def finish_displayhook(self):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if self._content["data"]:
+            publish("execute_result", self._content)
+        self._content = None
+
+
+class KernelShell(InteractiveShell):
+    display_pub_class = KernelDisplayPublisher
+    displayhook_class = KernelDisplayHook
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.last_error = None
+        self._comm_kernel = None
+
+    def init_hooks(self):
+        super().init_hooks()
+        # `obj?` and friends come back as a "page" payload, as in ipykernel.
+        self.set_hook("show_in_pager", page.as_hook(payloadpage.page), 99)
+
+    def _showtraceback(self, etype, evalue, stb):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        content = {"traceback": stb, "ename": str(etype.__name__), "evalue": str(evalue)}
+        publish("error", content)
+        self.last_error = content
+
+    def ask_exit(self, keep_kernel=False):
+        self.exit_now = True
+        self.payload_manager.write_payload({"source": "ask_exit", "keepkernel": keep_kernel})
+
+    def set_next_input(self, text, replace=False):
+        self.payload_manager.write_payload(
+            {"source": "set_next_input", "text": text, "replace": replace})
+
+    @property
+    def kernel(self):
+        """An ipykernel-compatible kernel object, for code that expects one
+        (ipywidgets: get_ipython().kernel.comm_manager)."""
+        if self._comm_kernel is None:
+            from distkernel import _comms
+            self._comm_kernel = _comms.make_kernel(self)
+        return self._comm_kernel
+
+
+# ---- the object the C side calls ------------------------------------------------
+
+class Kernel:
+    def __init__(self):
+        sys.stdout = OutStream(1, "<stdout>")
+        sys.stderr = OutStream(2, "<stderr>")
+        if "MPLBACKEND" not in os.environ:
+            import importlib.util
+            if importlib.util.find_spec("matplotlib_inline") is not None:
+                os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+        self.shell = KernelShell.instance()
+        self._tune_history()
+        self.allow_stdin = False
+        builtins.input = self.raw_input
+        _getpass_module.getpass = self.getpass
+        self._register_native_magics()
+        self.handlers = {
+            "execute_request": self.execute,
+            "complete_request": self.complete,
+            "inspect_request": self.inspect,
+            "is_complete_request": self.is_complete,
+            "history_request": self.history,
+            "comm_info_request": self.comm_info,
+            "comm_open": lambda c, b: self.comm_message("comm_open", c, b),
+            "comm_msg": lambda c, b: self.comm_message("comm_msg", c, b),
+            "comm_close": lambda c, b: self.comm_message("comm_close", c, b),
+        }
+
+    def _tune_history(self):
+        """History is written by IPython's saving thread after every cell. With
+        SQLite's default synchronous=FULL each write waits for an fsync, and the
+        thread holds the GIL long enough to show in every reply. synchronous=OFF
+        (this connection only; the file is unchanged) still survives a crash of
+        the kernel, which is what history needs."""
+        hm = self.shell.history_manager
+        try:
+            hm.db.execute("PRAGMA synchronous=OFF")
+        except Exception:
+            pass
+        # IPython wakes its saving thread from inside run_cell, and the thread's
+        # write then competes for the GIL with the reply (~1.5 ms a cell). The
+        # kernel instead wakes it once it has been idle for a moment
+        # (DK_HISTORY_IDLE_MS): a person never runs cells that fast, so history
+        # is on disk as promptly as before, and a burst of cells (nbconvert, a
+        # client loop) is written in one go.
+        self._history_cache_size = hm.db_cache_size
+        hm.db_cache_size = sys.maxsize
+
+    def history_pending(self):
+        hm = self.shell.history_manager
+        return len(hm.db_input_cache) > self._history_cache_size
+
+    def write_history(self):
+        """Called by the kernel when it has been idle a moment after a cell."""
+        hm = self.shell.history_manager
+        if self.history_pending() and hm.save_thread is not None:
+            hm.save_flag.set()
+
+    def _register_native_magics(self):
+        shell = self.shell
+        for name, kind, doc in _distkernel.native_magics():
+            if kind == "cell":
+                def magic(line, cell, _name=name):
+                    _distkernel.run_native_magic(_name, line, shell.execution_count, cell)
+            else:
+                def magic(line, _name=name):
+                    _distkernel.run_native_magic(_name, line, shell.execution_count, None)
+            magic.__name__ = name
+            magic.__doc__ = doc
+            shell.register_magic_function(magic, magic_kind=kind, magic_name=name)
+
+    def handle(self, msg_type, content_json, buffers):
+        content = json.loads(content_json)
+        reply = self.handlers[msg_type](content, buffers)
+        return None if reply is None else dumps(reply)
+
+    # -- stdin --
+
+    def raw_input(self, prompt=""):
+        if not self.allow_stdin:
+            raise StdinNotImplementedError(
+                "input() was called, but this frontend does not support input requests.")
+        value = _distkernel.input_request(str(prompt), False)
+        if value == "\x04":
+            raise EOFError
+        return value
+
+    def getpass(self, prompt="Password: ", stream=None):
+        if not self.allow_stdin:
+            raise StdinNotImplementedError(
+                "getpass() was called, but this frontend does not support input requests.")
+        return _distkernel.input_request(str(prompt), True)
+
+    # -- execute --
+
+    def execute(self, c, buffers):
+        shell = self.shell
+        code = c.get("code", "")
+        silent = bool(c.get("silent", False))
+        store_history = bool(c.get("store_history", not silent)) and not silent
+        self.allow_stdin = bool(c.get("allow_stdin", False))
+        if not silent:
+            publish("execute_input", {"code": code, "execution_count": shell.execution_count})
+        shell.last_error = None
+        try:
+            result = shell.run_cell(code, store_history=store_history, silent=silent)
+        finally:
+            self.allow_stdin = False
+        count = shell.execution_count - 1 if store_history else shell.execution_count
+        if result.success:
+            reply = {"status": "ok", "execution_count": count,
+                     "user_expressions": shell.user_expressions(c.get("user_expressions") or {})}
+        else:
+            err = shell.last_error or {
+                "ename": type(result.error_in_exec or result.error_before_exec).__name__,
+                "evalue": str(result.error_in_exec or result.error_before_exec),
+                "traceback": []}
+            reply = {"status": "error", "execution_count": count, "user_expressions": {}, **err}
+        reply["payload"] = shell.payload_manager.read_payload()
+        shell.payload_manager.clear_payload()
+        return reply
+
+    def native_begin(self, code, silent, store_history):
+        shell = self.shell
+        count = shell.execution_count
+        if store_history:
+            shell.history_manager.store_inputs(count, code, code)
+        if not silent:
+            publish("execute_input", {"code": code, "execution_count": count})
+        if store_history:
+            shell.execution_count += 1
+        return count
+
+    def native_finish(self, count, error_json, user_expressions_json):
+        if error_json:
+            return dumps({"status": "error", "execution_count": count, "payload": [],
+                          "user_expressions": {}, **json.loads(error_json)})
+        expressions = json.loads(user_expressions_json) or {}
+        return dumps({"status": "ok", "execution_count": count, "payload": [],
+                      "user_expressions": self.shell.user_expressions(expressions)})
+
+    # -- introspection --
+
+    def complete(self, c, buffers):
+        from IPython.core.completer import provisionalcompleter, rectify_completions
+        code = c.get("code", "")
+        pos = c.get("cursor_pos")
+        pos = len(code) if pos is None else pos
+        with provisionalcompleter():
+            completions = list(rectify_completions(
+                code, self.shell.Completer.completions(code, pos)))
+        if completions:
+            start, end = completions[0].start, completions[0].end
+        else:
+            start = end = pos
+        return {
+            "status": "ok",
+            "matches": [comp.text for comp in completions],
+            "cursor_start": start,
+            "cursor_end": end,
+            "metadata": {"_jupyter_types_experimental": [
+                {"start": comp.start, "end": comp.end, "text": comp.text,
+                 "type": comp.type, "signature": comp.signature} for comp in completions]},
+        }
+
+    def inspect(self, c, buffers):
+        from IPython.utils.tokenutil import token_at_cursor
+        code = c.get("code", "")
+        pos = c.get("cursor_pos")
+        pos = len(code) if pos is None else pos
+        name = token_at_cursor(code, pos)
+        try:
+            data = self.shell.object_inspect_mime(name, detail_level=c.get("detail_level", 0))
+            if not self.shell.enable_html_pager:
+                data.pop("text/html", None)
+            found = True
+        except KeyError:
+            data, found = {}, False
+        return {"status": "ok", "found": found, "data": data, "metadata": {}}
+
+    def is_complete(self, c, buffers):
+        status, indent = self.shell.input_transformer_manager.check_complete(c.get("code", ""))
+        reply = {"status": status}
+        if status == "incomplete":
+            reply["indent"] = " " * (indent or 0)
+        return reply
+
+    def history(self, c, buffers):
+        hm = self.shell.history_manager
+        kind = c.get("hist_access_type", "tail")
+        raw, output = c.get("raw", True), c.get("output", False)
+        if kind == "tail":
+            hist = hm.get_tail(c.get("n", 10), raw=raw, output=output, include_latest=True)
+        elif kind == "range":
+            hist = hm.get_range(c.get("session", 0), c.get("start", 0), c.get("stop"),
+                                raw=raw, output=output)
+        elif kind == "search":
+            hist = hm.search(c.get("pattern", "*"), raw=raw, output=output, n=c.get("n"),
+                             unique=c.get("unique", False))
+        else:
+            return {"status": "error", "ename": "ValueError",
+                    "evalue": f"unknown hist_access_type {kind!r}: use tail, range or search",
+                    "traceback": [], "history": []}
+        # IPython numbers the running session 0 in get_range; clients expect the
+        # session number that tail and search report.
+        current = hm.session_number
+        return {"status": "ok", "history": [
+            (current if entry[0] == 0 else entry[0], *entry[1:]) for entry in hist]}
+
+    # -- comms --
+
+    def comm_info(self, c, buffers):
+        kernel = self.shell._comm_kernel
+        comms = kernel.comm_manager.comms if kernel is not None else {}
+        target = c.get("target_name")
+        return {"status": "ok", "comms": {
+            comm_id: {"target_name": comm.target_name} for comm_id, comm in comms.items()
+            if target is None or comm.target_name == target}}
+
+    def comm_message(self, msg_type, c, buffers):
+        self.shell.kernel.handle_comm(msg_type, c, buffers)
+
+    def shutdown(self):
+        try:
+            self.shell.history_manager.db_cache_size = self._history_cache_size
+            self.shell.atexit_operations()
+        except Exception:
+            pass

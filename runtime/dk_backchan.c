@@ -1,0 +1,595 @@
+/*
+ * dk_backchan: accepting, authenticating and serving rank connections.
+ *
+ * Anyone who can reach the socket can connect (the 0700 directory limits that
+ * to our own user), so a connection earns nothing until its HELLO verifies: it
+ * is sent a fresh nonce, and until then it may hold at most one HELLO-sized
+ * frame of memory. Only after the MAC checks out is anything in the body
+ * looked at. The first valid HELLO for a rank claims that rank for the rest of
+ * the job; a second claim, an unknown rank, a bad MAC, an oversized frame or a
+ * message out of protocol closes the connection with a warning. At most
+ * PENDING_MAX connections may wait for their HELLO at once, so idle
+ * connections cannot exhaust our descriptors.
+ *
+ * Every descriptor is non-blocking and each connection has its own input and
+ * output state, so a slow reader of a large payload or a peer trickling a
+ * frame byte by byte holds up nobody. The payload is kept once; each rank's
+ * output is a small header (nonce, length, MAC, type, rank) plus a pointer into
+ * that copy, sent with sendmsg(MSG_NOSIGNAL) so a vanished reader is an error
+ * code, not a SIGPIPE to the host.
+ *
+ * The MAC of a PAYLOAD frame covers the whole payload and differs per
+ * connection (the nonce), so it is computed once per rank when its HELLO
+ * arrives: about a quarter second per rank for 500 MB, during which this loop
+ * does nothing else. Ranks are waiting for exactly that payload at that moment,
+ * so nothing useful is delayed.
+ *
+ * Warnings are capped: a local process looping on connect must not flood the
+ * notebook.
+ */
+#include "dk_backchan.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <openssl/core_names.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/params.h>
+#include <openssl/rand.h>
+
+#define PENDING_MAX 64
+#define READ_BUDGET ((size_t) 4 << 20)     /* bytes per connection per poll turn */
+#define ACCEPT_BUDGET 32                   /* connections accepted per poll turn */
+#define WARNINGS_MAX 20
+#define BODY_HEAD 5                        /* u8 type | u32 rank */
+#define FRAME_MIN (DK_BC_MAC_LEN + BODY_HEAD)
+#define SOCKET_NAME "bc.sock"
+
+typedef struct {
+    int fd;                 /* -1: free slot */
+    int rank;               /* -1 until a valid HELLO */
+    bool done;              /* RESULT or ERROR received */
+    bool delivering;        /* PAYLOAD frame queued, not yet reported written */
+    unsigned char nonce[DK_BC_NONCE_LEN];
+    uint32_t seq_in;
+    /* input: a 4-byte length, then a frame of that many bytes */
+    unsigned char len_buf[4];
+    size_t len_have;
+    unsigned char *frame;
+    size_t frame_len, frame_have;
+    /* output: a small head (nonce and/or frame header), then a borrowed body */
+    unsigned char head[DK_BC_NONCE_LEN + 4 + FRAME_MIN];
+    size_t head_len, head_off;
+    const unsigned char *body;
+    size_t body_len, body_off;
+} conn_t;
+
+struct dk_backchan_t {
+    int world_size;
+    dk_backchan_sink_t sink;
+    char *dir;
+    char *path;
+    int listen_fd;
+    unsigned char key[DK_BC_KEY_LEN];
+    char key_hex[DK_BC_KEY_LEN * 2 + 1];
+    EVP_MAC *mac;
+    unsigned char *payload;
+    size_t payload_len;
+    bool *claimed;          /* per rank: a connection has said HELLO for it */
+    conn_t *conns;
+    size_t nconns;
+    size_t *polled;         /* conn slot of each pollfd entry after the listener */
+    bool polled_listener;
+    unsigned warnings;
+};
+
+static void warn(dk_backchan_t *self, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void warn(dk_backchan_t *self, const char *fmt, ...)
+{
+    if (self->warnings > WARNINGS_MAX || !self->sink.on_warning)
+        return;
+    char text[512];
+    if (self->warnings++ == WARNINGS_MAX) {
+        snprintf(text, sizeof text,
+                 "back channel: further problems with connections are not reported");
+    } else {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(text, sizeof text, fmt, ap);
+        va_end(ap);
+    }
+    self->sink.on_warning(self->sink.data, text);
+}
+
+static void put_be32(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char) (v >> 24);
+    p[1] = (unsigned char) (v >> 16);
+    p[2] = (unsigned char) (v >> 8);
+    p[3] = (unsigned char) v;
+}
+
+static uint32_t get_be32(const unsigned char *p)
+{
+    return (uint32_t) p[0] << 24 | (uint32_t) p[1] << 16 | (uint32_t) p[2] << 8 | p[3];
+}
+
+/* MAC = HMAC-SHA256(key, nonce | u32 seq | head | tail); head and tail are the
+ * body in at most two pieces, so a PAYLOAD frame is never assembled in memory. */
+static bool frame_mac(dk_backchan_t *self, const unsigned char *nonce, uint32_t seq,
+                      const unsigned char *head, size_t head_len, const unsigned char *tail,
+                      size_t tail_len, unsigned char out[DK_BC_MAC_LEN])
+{
+    char digest[] = "SHA256";
+    OSSL_PARAM params[] = {
+        OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
+        OSSL_PARAM_construct_end(),
+    };
+    unsigned char seq_be[4];
+    put_be32(seq_be, seq);
+    size_t out_len = 0;
+    EVP_MAC_CTX *ctx = EVP_MAC_CTX_new(self->mac);
+    bool ok = ctx && EVP_MAC_init(ctx, self->key, sizeof self->key, params) &&
+              EVP_MAC_update(ctx, nonce, DK_BC_NONCE_LEN) && EVP_MAC_update(ctx, seq_be, 4) &&
+              EVP_MAC_update(ctx, head, head_len) &&
+              (tail_len == 0 || EVP_MAC_update(ctx, tail, tail_len)) &&
+              EVP_MAC_final(ctx, out, &out_len, DK_BC_MAC_LEN) && out_len == DK_BC_MAC_LEN;
+    EVP_MAC_CTX_free(ctx);
+    return ok;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Setup and teardown                                                        */
+
+/* A fresh 0700 directory whose socket path fits in sun_path: under $TMPDIR, or
+ * under /tmp when $TMPDIR is too long for a Unix socket. */
+static char *make_dir(char *err, size_t errlen)
+{
+    const char *bases[2] = {getenv("TMPDIR"), "/tmp"};
+    for (int i = 0; i < 2; i++) {
+        const char *base = bases[i];
+        if (!base || !*base)
+            continue;
+        size_t need = strlen(base) + sizeof "/distkernel-bc-XXXXXX/" SOCKET_NAME;
+        if (need > sizeof ((struct sockaddr_un *) 0)->sun_path)
+            continue;
+        char *dir = malloc(need);
+        if (!dir)
+            break;
+        snprintf(dir, need, "%s/distkernel-bc-XXXXXX", base);
+        if (mkdtemp(dir))
+            return dir;
+        snprintf(err, errlen, "cannot create the back-channel directory in %s: %s", base,
+                 strerror(errno));
+        free(dir);
+        return NULL;
+    }
+    snprintf(err, errlen, "cannot create the back-channel directory: no usable temporary "
+             "directory ($TMPDIR is unset, too long for a socket path, or /tmp is missing)");
+    return NULL;
+}
+
+static bool listen_on(dk_backchan_t *self, char *err, size_t errlen)
+{
+    struct sockaddr_un addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sun_family = AF_UNIX;
+    snprintf(addr.sun_path, sizeof addr.sun_path, "%s", self->path);
+    self->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (self->listen_fd < 0 || bind(self->listen_fd, (struct sockaddr *) &addr, sizeof addr) != 0 ||
+        listen(self->listen_fd, 128) != 0) {
+        snprintf(err, errlen, "cannot listen on the back-channel socket %s: %s", self->path,
+                 strerror(errno));
+        return false;
+    }
+    return true;
+}
+
+dk_backchan_t *dk_backchan_new(int world_size, const void *payload, size_t payload_len,
+                               const dk_backchan_sink_t *sink, char *err, size_t errlen)
+{
+    dk_backchan_t *self = calloc(1, sizeof *self);
+    if (!self) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    self->listen_fd = -1;
+    self->world_size = world_size;
+    self->sink = *sink;
+    self->nconns = (size_t) world_size + PENDING_MAX;
+    self->claimed = calloc((size_t) world_size, sizeof *self->claimed);
+    self->conns = calloc(self->nconns, sizeof *self->conns);
+    self->polled = calloc(self->nconns, sizeof *self->polled);
+    self->mac = EVP_MAC_fetch(NULL, "HMAC", NULL);
+    if (payload_len > 0)
+        self->payload = malloc(payload_len);
+    if (!self->claimed || !self->conns || !self->polled || (payload_len > 0 && !self->payload)) {
+        snprintf(err, errlen, "out of memory (payload of %zu bytes)", payload_len);
+        goto fail;
+    }
+    if (!self->mac || RAND_bytes(self->key, sizeof self->key) != 1) {
+        snprintf(err, errlen, "OpenSSL cannot provide HMAC-SHA256 or random bytes for the "
+                 "back-channel key");
+        goto fail;
+    }
+    for (size_t i = 0; i < self->nconns; i++)
+        self->conns[i].fd = -1;
+    if (payload_len > 0)
+        memcpy(self->payload, payload, payload_len);
+    self->payload_len = payload_len;
+    for (size_t i = 0; i < sizeof self->key; i++)
+        snprintf(self->key_hex + 2 * i, 3, "%02x", self->key[i]);
+
+    if (!(self->dir = make_dir(err, errlen)))
+        goto fail;
+    size_t plen = strlen(self->dir) + sizeof "/" SOCKET_NAME;
+    if (!(self->path = malloc(plen))) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    snprintf(self->path, plen, "%s/%s", self->dir, SOCKET_NAME);
+    if (!listen_on(self, err, errlen))
+        goto fail;
+    return self;
+fail:
+    dk_backchan_destroy(&self);
+    return NULL;
+}
+
+static void conn_close(conn_t *c)
+{
+    if (c->fd >= 0)
+        close(c->fd);
+    free(c->frame);
+    memset(c, 0, sizeof *c);
+    c->fd = -1;
+    c->rank = -1;
+}
+
+void dk_backchan_close_all(dk_backchan_t *self)
+{
+    for (size_t i = 0; i < self->nconns; i++)
+        conn_close(&self->conns[i]);
+    if (self->listen_fd >= 0)
+        close(self->listen_fd);
+    self->listen_fd = -1;
+}
+
+void dk_backchan_destroy(dk_backchan_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    dk_backchan_t *self = *self_p;
+    if (self->conns)
+        dk_backchan_close_all(self);
+    else if (self->listen_fd >= 0)
+        close(self->listen_fd);
+    if (self->path)
+        unlink(self->path);
+    if (self->dir)
+        rmdir(self->dir);
+    OPENSSL_cleanse(self->key, sizeof self->key);
+    OPENSSL_cleanse(self->key_hex, sizeof self->key_hex);
+    EVP_MAC_free(self->mac);
+    free(self->payload);
+    free(self->claimed);
+    free(self->conns);
+    free(self->polled);
+    free(self->path);
+    free(self->dir);
+    free(self);
+    *self_p = NULL;
+}
+
+const char *dk_backchan_path(const dk_backchan_t *self)
+{
+    return self->path;
+}
+
+const char *dk_backchan_key_hex(const dk_backchan_t *self)
+{
+    return self->key_hex;
+}
+
+size_t dk_backchan_max_fds(const dk_backchan_t *self)
+{
+    return self->nconns + 1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Writing                                                                   */
+
+static bool conn_has_output(const conn_t *c)
+{
+    return c->head_off < c->head_len || c->body_off < c->body_len;
+}
+
+static void conn_write(dk_backchan_t *self, conn_t *c)
+{
+    while (conn_has_output(c)) {
+        struct iovec iov[2] = {
+            {c->head + c->head_off, c->head_len - c->head_off},
+            {(void *) (c->body + c->body_off), c->body_len - c->body_off},
+        };
+        struct msghdr msg;
+        memset(&msg, 0, sizeof msg);
+        msg.msg_iov = iov[0].iov_len ? iov : iov + 1;
+        msg.msg_iovlen = iov[0].iov_len ? 2 : 1;
+        ssize_t n = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        if (n < 0) {
+            conn_close(c);      /* the peer went away; its exit tells the story */
+            return;
+        }
+        size_t sent = (size_t) n;
+        size_t from_head = c->head_len - c->head_off < sent ? c->head_len - c->head_off : sent;
+        c->head_off += from_head;
+        c->body_off += sent - from_head;
+    }
+    c->head_off = c->head_len = 0;
+    if (c->delivering) {
+        c->delivering = false;
+        if (self->sink.on_delivered)
+            self->sink.on_delivered(self->sink.data, c->rank);
+    }
+}
+
+/* Queue the PAYLOAD frame for C's rank (sequence 0: our first frame). */
+static bool queue_payload(dk_backchan_t *self, conn_t *c)
+{
+    unsigned char body_head[BODY_HEAD];
+    body_head[0] = DK_BC_PAYLOAD;
+    put_be32(body_head + 1, (uint32_t) c->rank);
+    unsigned char mac[DK_BC_MAC_LEN];
+    if (!frame_mac(self, c->nonce, 0, body_head, sizeof body_head, self->payload,
+                   self->payload_len, mac))
+        return false;
+    if (c->head_off > 0) {      /* never in practice: the nonce went before the HELLO came */
+        memmove(c->head, c->head + c->head_off, c->head_len - c->head_off);
+        c->head_len -= c->head_off;
+        c->head_off = 0;
+    }
+    unsigned char *h = c->head + c->head_len;
+    put_be32(h, (uint32_t) (FRAME_MIN + self->payload_len));
+    memcpy(h + 4, mac, sizeof mac);
+    memcpy(h + 4 + DK_BC_MAC_LEN, body_head, sizeof body_head);
+    c->head_len += 4 + FRAME_MIN;
+    c->body = self->payload;
+    c->body_len = self->payload_len;
+    c->body_off = 0;
+    c->delivering = true;
+    return true;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Reading                                                                   */
+
+static void refuse(dk_backchan_t *self, conn_t *c, const char *why)
+{
+    if (c->rank < 0)
+        warn(self, "back channel: refused a connection: %s", why);
+    else
+        warn(self, "back channel: closed rank %d's connection: %s", c->rank, why);
+    conn_close(c);
+}
+
+/* A whole frame has arrived in c->frame: verify, then act. */
+static void conn_frame(dk_backchan_t *self, conn_t *c)
+{
+    const unsigned char *body = c->frame + DK_BC_MAC_LEN;
+    size_t body_len = c->frame_len - DK_BC_MAC_LEN;
+    unsigned char expected[DK_BC_MAC_LEN];
+    if (!frame_mac(self, c->nonce, c->seq_in, body, body_len, NULL, 0, expected) ||
+        CRYPTO_memcmp(expected, c->frame, DK_BC_MAC_LEN) != 0) {
+        refuse(self, c, "a message did not verify (it was not signed with this job's key)");
+        return;
+    }
+    c->seq_in++;
+    int type = body[0];
+    uint32_t rank = get_be32(body + 1);
+    char why[160];
+
+    if (c->rank < 0) {
+        if (type != DK_BC_HELLO) {
+            refuse(self, c, "its first message was not a HELLO");
+        } else if (rank >= (uint32_t) self->world_size) {
+            snprintf(why, sizeof why, "its HELLO named rank %u, but this job has ranks 0 to %d",
+                     rank, self->world_size - 1);
+            refuse(self, c, why);
+        } else if (self->claimed[rank]) {
+            snprintf(why, sizeof why, "its HELLO named rank %u, which is already connected",
+                     rank);
+            refuse(self, c, why);
+        } else {
+            self->claimed[rank] = true;
+            c->rank = (int) rank;
+            if (!queue_payload(self, c))
+                refuse(self, c, "OpenSSL could not sign the payload");
+            else
+                conn_write(self, c);
+        }
+        return;
+    }
+    if (rank != (uint32_t) c->rank)
+        refuse(self, c, "a message named another rank");
+    else if (type != DK_BC_RESULT && type != DK_BC_ERROR)
+        refuse(self, c, "it sent a message of an unexpected type");
+    else if (c->done)
+        refuse(self, c, "it sent a second result");
+    else {
+        c->done = true;
+        if (self->sink.on_message)
+            self->sink.on_message(self->sink.data, c->rank, type == DK_BC_ERROR,
+                                  body + BODY_HEAD, body_len - BODY_HEAD);
+    }
+}
+
+/* A frame's length has arrived: check it against what this connection may
+ * send before allocating anything. */
+static bool conn_frame_start(dk_backchan_t *self, conn_t *c)
+{
+    uint32_t len = get_be32(c->len_buf);
+    char why[160];
+    if (c->rank < 0 && len != FRAME_MIN) {
+        snprintf(why, sizeof why, "its first message (%u bytes) is not a HELLO", len);
+        refuse(self, c, why);
+        return false;
+    }
+    if (len < FRAME_MIN || len - FRAME_MIN > DK_BC_PAYLOAD_MAX) {
+        snprintf(why, sizeof why, "a message of %u bytes is outside the protocol's limits "
+                 "(%d bytes to 1 GiB)", len, FRAME_MIN);
+        refuse(self, c, why);
+        return false;
+    }
+    if (!(c->frame = malloc(len))) {
+        refuse(self, c, "out of memory for its message");
+        return false;
+    }
+    c->frame_len = len;
+    c->frame_have = 0;
+    return true;
+}
+
+/* Read until EAGAIN, EOF or BUDGET bytes. */
+static void conn_read(dk_backchan_t *self, conn_t *c, size_t budget)
+{
+    while (c->fd >= 0 && budget > 0) {
+        unsigned char *dst;
+        size_t want;
+        if (!c->frame) {
+            dst = c->len_buf + c->len_have;
+            want = sizeof c->len_buf - c->len_have;
+        } else {
+            dst = c->frame + c->frame_have;
+            want = c->frame_len - c->frame_have;
+        }
+        if (want > budget)
+            want = budget;
+        ssize_t n = recv(c->fd, dst, want, MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        if (n <= 0) {
+            conn_close(c);      /* EOF or reset: a rank's end is judged by its exit */
+            return;
+        }
+        budget -= (size_t) n;
+        if (!c->frame) {
+            c->len_have += (size_t) n;
+            if (c->len_have == sizeof c->len_buf && !conn_frame_start(self, c))
+                return;
+        } else if ((c->frame_have += (size_t) n) == c->frame_len) {
+            conn_frame(self, c);
+            if (c->fd < 0)
+                return;
+            free(c->frame);
+            c->frame = NULL;
+            c->len_have = 0;
+        }
+    }
+}
+
+static void accept_all(dk_backchan_t *self)
+{
+    for (int k = 0; k < ACCEPT_BUDGET && self->listen_fd >= 0; k++) {
+        int fd = accept4(self->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0 && errno == EINTR)
+            continue;
+        if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+            /* A listener we cannot accept from stays readable forever; stop. */
+            warn(self, "back channel: out of file descriptors (%s); no further ranks can "
+                 "connect", strerror(errno));
+            close(self->listen_fd);
+            self->listen_fd = -1;
+            return;
+        }
+        if (fd < 0)
+            return;
+        conn_t *slot = NULL;
+        size_t pending = 0;
+        for (size_t i = 0; i < self->nconns; i++) {
+            conn_t *c = &self->conns[i];
+            if (c->fd < 0 && !slot)
+                slot = c;
+            else if (c->fd >= 0 && c->rank < 0)
+                pending++;
+        }
+        if (!slot || pending >= PENDING_MAX) {
+            close(fd);
+            warn(self, "back channel: refused a connection: %zu connections are already "
+                 "waiting to say HELLO", pending);
+            continue;
+        }
+        conn_close(slot);
+        slot->fd = fd;
+        slot->rank = -1;
+        if (RAND_bytes(slot->nonce, sizeof slot->nonce) != 1) {
+            refuse(self, slot, "OpenSSL could not make a nonce");
+            continue;
+        }
+        memcpy(slot->head, slot->nonce, sizeof slot->nonce);
+        slot->head_len = sizeof slot->nonce;
+        conn_write(self, slot);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Polling                                                                   */
+
+size_t dk_backchan_poll_fill(dk_backchan_t *self, struct pollfd *fds)
+{
+    size_t n = 0;
+    self->polled_listener = self->listen_fd >= 0;
+    if (self->polled_listener)
+        fds[n++] = (struct pollfd) {.fd = self->listen_fd, .events = POLLIN};
+    size_t k = 0;
+    for (size_t i = 0; i < self->nconns; i++) {
+        conn_t *c = &self->conns[i];
+        if (c->fd < 0)
+            continue;
+        short events = POLLIN;
+        if (conn_has_output(c))
+            events |= POLLOUT;
+        fds[n++] = (struct pollfd) {.fd = c->fd, .events = events};
+        self->polled[k++] = i;
+    }
+    return n;
+}
+
+void dk_backchan_poll_handle(dk_backchan_t *self, const struct pollfd *fds, size_t n)
+{
+    size_t first = self->polled_listener ? 1 : 0;
+    for (size_t i = first; i < n; i++) {
+        conn_t *c = &self->conns[self->polled[i - first]];
+        short re = fds[i].revents;
+        if (c->fd < 0 || c->fd != fds[i].fd || re == 0)
+            continue;
+        if (re & POLLOUT)
+            conn_write(self, c);
+        if (c->fd >= 0 && (re & (POLLIN | POLLHUP | POLLERR)))
+            conn_read(self, c, READ_BUDGET);
+    }
+    if (first && (fds[0].revents & POLLIN))
+        accept_all(self);
+}
+
+void dk_backchan_drain(dk_backchan_t *self)
+{
+    for (size_t i = 0; i < self->nconns; i++) {
+        if (self->conns[i].fd >= 0)
+            conn_read(self, &self->conns[i], SIZE_MAX);
+    }
+}

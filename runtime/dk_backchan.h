@@ -1,0 +1,75 @@
+/*
+ * dk_backchan: the runtime's end of the authenticated back channel.
+ *
+ * Internal to the runtime (dk_job drives it from its poll loop); the wire
+ * protocol is specified in dk_job.h. The channel owns a listening Unix socket in
+ * a fresh 0700 directory, the job's key, one copy of the payload, and every
+ * connection. It never blocks: the job's loop polls the descriptors that
+ * dk_backchan_poll_fill lists and hands the results to dk_backchan_poll_handle.
+ */
+#ifndef DK_BACKCHAN_H
+#define DK_BACKCHAN_H
+
+#include <poll.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum {
+    DK_BC_HELLO = 1,
+    DK_BC_PAYLOAD = 2,
+    DK_BC_RESULT = 3,
+    DK_BC_ERROR = 4,
+};
+
+#define DK_BC_KEY_LEN 32
+#define DK_BC_NONCE_LEN 32
+#define DK_BC_MAC_LEN 32
+/* Largest payload one frame may carry, either way. A peer announcing more is
+ * disconnected before anything is allocated. */
+#define DK_BC_PAYLOAD_MAX ((size_t) 1 << 30)
+
+typedef struct {
+    void *data;
+    /* RANK's PAYLOAD frame has been written in full. */
+    void (*on_delivered)(void *data, int rank);
+    /* RANK sent RESULT (IS_ERROR false) or ERROR; BYTES valid during the call. */
+    void (*on_message)(void *data, int rank, bool is_error, const void *bytes, size_t len);
+    /* A refused or dropped connection, in words for the user. */
+    void (*on_warning)(void *data, const char *text);
+} dk_backchan_sink_t;
+
+typedef struct dk_backchan_t dk_backchan_t;
+
+/* Create the directory, the listening socket and the key, and copy PAYLOAD.
+ * SINK is copied. Returns NULL with a reason in ERR. */
+dk_backchan_t *dk_backchan_new(int world_size, const void *payload, size_t payload_len,
+                               const dk_backchan_sink_t *sink, char *err, size_t errlen);
+
+/* Close every descriptor, remove the socket and its directory, wipe the key. */
+void dk_backchan_destroy(dk_backchan_t **self_p);
+
+/* The socket's path and the key as 64 hex digits (borrowed). */
+const char *dk_backchan_path(const dk_backchan_t *self);
+const char *dk_backchan_key_hex(const dk_backchan_t *self);
+
+/* Most pollfd entries dk_backchan_poll_fill can write. */
+size_t dk_backchan_max_fds(const dk_backchan_t *self);
+
+/* Write the descriptors to poll into FDS; returns how many. */
+size_t dk_backchan_poll_fill(dk_backchan_t *self, struct pollfd *fds);
+
+/* Act on the poll results for the N entries last filled: accept, read, write.
+ * Reads are budgeted per connection so that one busy peer cannot starve the
+ * loop. */
+void dk_backchan_poll_handle(dk_backchan_t *self, const struct pollfd *fds, size_t n);
+
+/* Read everything already received on every connection, without a budget:
+ * called when a rank has exited, so its last frames are seen before its exit
+ * is judged. */
+void dk_backchan_drain(dk_backchan_t *self);
+
+/* Stop listening and close every connection (the job has ended). */
+void dk_backchan_close_all(dk_backchan_t *self);
+
+#endif

@@ -1,0 +1,899 @@
+/*
+ * dk_job: one distributed job, from fork to the last reaped rank.
+ *
+ * dk_job_start does everything that can fail before any rank exists matters
+ * (log files, the back channel, the port, the environments) and then forks the
+ * ranks from the calling thread (PR_SET_PDEATHSIG follows that thread). From
+ * then on a single runtime thread owns the job and runs one poll loop, in the
+ * manner of Redis's ae: every descriptor is non-blocking, every event is
+ * handled to completion, and time-based work (the job's timeout, the kill
+ * escalation, the drain window) is a deadline that bounds the poll timeout.
+ * Because one thread owns all state, the only locking is for what other threads
+ * read: the end, the root cause, per-rank facts, and the cancel request, which
+ * reaches the loop as a byte on a wake pipe.
+ *
+ * Judging a rank. A rank's exit is seen on its pidfd and collected with
+ * waitpid(pid, WNOHANG) (never waitpid(-1): the host has other children).
+ * Before the exit is judged, its pipes and the back channel are drained, so a
+ * RESULT sent just before exit is never mistaken for "exited without a
+ * result", and its last output precedes its state change. Then:
+ *   - it had already failed (sent ERROR before the runtime signalled it): FAILED;
+ *   - it exited 0 with a RESULT: DONE, even if it was being stopped;
+ *   - the runtime had signalled it: STOPPED (a Python rank answers SIGINT with
+ *     a KeyboardInterrupt ERROR; that is our doing, not a failure);
+ *   - otherwise (non-zero exit, signal, no RESULT): FAILED.
+ * The first failure is the root cause and starts the stop: SIGINT to the
+ * process group of every rank not yet reaped, SIGTERM after the grace, SIGKILL
+ * after another. A rank that has already sent its RESULT or ERROR is spared the
+ * SIGINT (it is past its code and exiting; interrupting its cleanup would only
+ * blur its exit status) but not the later two, so a rank that hangs after
+ * reporting still ends. Cancel and the timeout start the same stop; whichever
+ * stop comes first decides how the job ends, and a failure seen after the stop
+ * began is recorded on its rank but is not a root cause (it is most likely an
+ * echo: a peer losing its NCCL connection to the rank that failed).
+ *
+ * Ending. The job ends when every rank is reaped and its pipes reached EOF. A
+ * grandchild can inherit the pipes and outlive its rank; its output is still
+ * relayed, but only for DRAIN_S after the last rank is reaped, so a stray
+ * background process never keeps a cell running.
+ *
+ * Output goes to the sink and to rank-N.log as it is read, stdout and stderr
+ * into the same file in arrival order. A log that cannot be written (full
+ * disk) is reported once and abandoned; the relay goes on.
+ */
+#include "dk_job.h"
+
+#include "dk_backchan.h"
+#include "dk_spawn.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <openssl/rand.h>
+
+extern char **environ;
+
+#define DEFAULT_GRACE_S 2.0
+#define DRAIN_S 1.0                         /* pipes held open by a grandchild */
+#define WORLD_MAX 65536
+#define PIPE_BUDGET ((size_t) 1 << 20)      /* bytes per pipe per poll turn */
+#define REAP_DRAIN_BUDGET ((size_t) 16 << 20)
+#define NO_PIDFD_TICK_MS 50                 /* kernels before 5.3: poll waitpid */
+#define ENV_VARS 19
+
+typedef struct {
+    pid_t pid;
+    int pidfd;
+    int pipe_fd[2];         /* read ends of stdout, stderr; -1 at EOF */
+    int log_fd;             /* -1 once a write failed */
+    char *log_path;
+    bool reaped;
+    bool signalled;         /* the runtime has sent its group a stop signal */
+    bool got_result;
+    bool reported;          /* sent RESULT or ERROR */
+    bool failed;            /* failed on its own, before any stop signal */
+    /* guarded by job->lock */
+    dk_rank_state_t state;
+    int exit_code;
+    int term_signal;
+} rank_t;
+
+struct dk_job_t {
+    dk_sink_t sink;
+    int world_size;
+    double timeout_s, grace_s;
+    rank_t *ranks;
+    dk_backchan_t *chan;
+    char *log_dir;
+    int master_port;
+    int wake[2];
+    pthread_t thread;
+
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    bool cancel_requested;  /* guarded */
+    bool ended;             /* guarded */
+    dk_job_end_t end;       /* guarded */
+    int root_cause;         /* guarded */
+
+    /* runtime thread only */
+    struct pollfd *fds;
+    int *slot_rank;         /* for each pollfd after the back channel's: rank and */
+    int *slot_kind;         /* which descriptor (0 stdout, 1 stderr, 2 pidfd) */
+    size_t max_fds;
+    double started_at;
+    dk_job_end_t stop_reason;
+    double stop_at;
+    int kill_stage;         /* 0 none sent, 1 SIGINT, 2 SIGTERM, 3 SIGKILL */
+    int unreaped;
+    double last_reap_at;
+    bool drain_cut;         /* cancel during the drain window: stop waiting */
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
+}
+
+static void warn(dk_job_t *job, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void warn(dk_job_t *job, const char *fmt, ...)
+{
+    if (!job->sink.on_warning)
+        return;
+    char text[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    job->sink.on_warning(job->sink.data, text);
+}
+
+static void close_fd(int *fd)
+{
+    if (*fd >= 0)
+        close(*fd);
+    *fd = -1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Rank states and the stop                                                  */
+
+static void set_state(dk_job_t *job, int r, dk_rank_state_t state)
+{
+    rank_t *rk = &job->ranks[r];
+    pthread_mutex_lock(&job->lock);
+    rk->state = state;
+    int code = rk->exit_code, sig = rk->term_signal;
+    pthread_mutex_unlock(&job->lock);
+    if (job->sink.on_state)
+        job->sink.on_state(job->sink.data, r, state, code, sig);
+}
+
+static void signal_ranks(dk_job_t *job, int sig)
+{
+    for (int r = 0; r < job->world_size; r++) {
+        rank_t *rk = &job->ranks[r];
+        if (rk->reaped)
+            continue;       /* its pid, and so its group id, may belong to another now */
+        if (sig == SIGINT && rk->reported)
+            continue;       /* past its code and on its way out: let it exit cleanly */
+        killpg(rk->pid, sig);
+        rk->signalled = true;
+    }
+}
+
+static void begin_stop(dk_job_t *job, dk_job_end_t reason)
+{
+    if (job->stop_reason != DK_END_NONE)
+        return;
+    job->stop_reason = reason;
+    job->stop_at = now_s();
+    job->kill_stage = 1;
+    signal_ranks(job, SIGINT);
+}
+
+/* Rank R failed on its own: the first such failure is the root cause. */
+static void note_failure(dk_job_t *job, int r)
+{
+    rank_t *rk = &job->ranks[r];
+    if (rk->signalled || rk->failed)
+        return;
+    rk->failed = true;
+    if (job->stop_reason != DK_END_NONE)
+        return;             /* the stop already has its cause; this may be its echo */
+    pthread_mutex_lock(&job->lock);
+    job->root_cause = r;
+    pthread_mutex_unlock(&job->lock);
+    begin_stop(job, DK_END_FAILED);
+}
+
+static void escalate(dk_job_t *job)
+{
+    double t = now_s();
+    if (job->stop_reason == DK_END_NONE && job->timeout_s > 0 &&
+        t >= job->started_at + job->timeout_s)
+        begin_stop(job, DK_END_TIMEOUT);
+    if (job->kill_stage == 1 && t >= job->stop_at + job->grace_s) {
+        job->kill_stage = 2;
+        signal_ranks(job, SIGTERM);
+    }
+    if (job->kill_stage == 2 && t >= job->stop_at + 2 * job->grace_s) {
+        job->kill_stage = 3;
+        signal_ranks(job, SIGKILL);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Back-channel events                                                       */
+
+static void bc_delivered(void *data, int r)
+{
+    dk_job_t *job = data;
+    if (job->ranks[r].state == DK_RANK_STARTING && !job->ranks[r].reaped)
+        set_state(job, r, DK_RANK_RUNNING);
+}
+
+static void bc_message(void *data, int r, bool is_error, const void *bytes, size_t len)
+{
+    dk_job_t *job = data;
+    job->ranks[r].reported = true;
+    if (!is_error)
+        job->ranks[r].got_result = true;
+    if (job->sink.on_message)
+        job->sink.on_message(job->sink.data, r, is_error, bytes, len);
+    if (is_error)
+        note_failure(job, r);
+}
+
+static void bc_warning(void *data, const char *text)
+{
+    dk_job_t *job = data;
+    if (job->sink.on_warning)
+        job->sink.on_warning(job->sink.data, text);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Output                                                                    */
+
+static void log_bytes(dk_job_t *job, int r, const char *buf, size_t n)
+{
+    rank_t *rk = &job->ranks[r];
+    while (rk->log_fd >= 0 && n > 0) {
+        ssize_t w = write(rk->log_fd, buf, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            warn(job, "cannot write rank %d's log file %s (%s); its output is still shown "
+                 "but no longer saved there", r, rk->log_path,
+                 w < 0 ? strerror(errno) : "nothing was written");
+            close_fd(&rk->log_fd);
+            return;
+        }
+        buf += w;
+        n -= (size_t) w;
+    }
+}
+
+/* Read pipe WHICH of rank R until EAGAIN, EOF or BUDGET bytes. */
+static void drain_pipe(dk_job_t *job, int r, int which, size_t budget)
+{
+    rank_t *rk = &job->ranks[r];
+    char buf[65536];
+    while (rk->pipe_fd[which] >= 0 && budget > 0) {
+        ssize_t n = read(rk->pipe_fd[which], buf, sizeof buf);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        if (n <= 0) {
+            close_fd(&rk->pipe_fd[which]);
+            return;
+        }
+        log_bytes(job, r, buf, (size_t) n);
+        if (job->sink.on_output)
+            job->sink.on_output(job->sink.data, r, which + 1, buf, (size_t) n);
+        budget -= (size_t) n < budget ? (size_t) n : budget;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Exits                                                                     */
+
+/* Collect rank R if it has exited, and judge it (see the top of the file). */
+static void reap(dk_job_t *job, int r)
+{
+    rank_t *rk = &job->ranks[r];
+    int status = 0;
+    pid_t got;
+    do
+        got = waitpid(rk->pid, &status, WNOHANG);
+    while (got < 0 && errno == EINTR);
+    if (got == 0)
+        return;
+    bool known = got == rk->pid;
+
+    drain_pipe(job, r, 0, REAP_DRAIN_BUDGET);
+    drain_pipe(job, r, 1, REAP_DRAIN_BUDGET);
+    dk_backchan_drain(job->chan);
+
+    rk->reaped = true;
+    close_fd(&rk->pidfd);
+    job->unreaped--;
+    job->last_reap_at = now_s();
+    bool clean = known && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    pthread_mutex_lock(&job->lock);
+    rk->exit_code = known && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    rk->term_signal = known && WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    pthread_mutex_unlock(&job->lock);
+    if (!known)
+        warn(job, "rank %d (pid %d) was collected by another part of this program "
+             "(waitpid(-1)?); how it ended is unknown", r, (int) rk->pid);
+
+    if (rk->failed) {
+        set_state(job, r, DK_RANK_FAILED);
+    } else if ((clean || !known) && rk->got_result) {
+        set_state(job, r, DK_RANK_DONE);
+    } else if (rk->signalled) {
+        set_state(job, r, DK_RANK_STOPPED);
+    } else {
+        set_state(job, r, DK_RANK_FAILED);
+        note_failure(job, r);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* The runtime thread                                                        */
+
+static bool pipes_open(const dk_job_t *job)
+{
+    for (int r = 0; r < job->world_size; r++) {
+        if (job->ranks[r].pipe_fd[0] >= 0 || job->ranks[r].pipe_fd[1] >= 0)
+            return true;
+    }
+    return false;
+}
+
+static bool finished(const dk_job_t *job)
+{
+    if (job->unreaped > 0)
+        return false;
+    return !pipes_open(job) || job->drain_cut || now_s() >= job->last_reap_at + DRAIN_S;
+}
+
+/* Keep the earliest of the deadlines offered (NEXT < 0: none yet). */
+static void earliest(double *next, double t)
+{
+    if (*next < 0 || t < *next)
+        *next = t;
+}
+
+static int poll_timeout_ms(const dk_job_t *job)
+{
+    double next = -1;
+    if (job->stop_reason == DK_END_NONE && job->timeout_s > 0)
+        earliest(&next, job->started_at + job->timeout_s);
+    if (job->kill_stage >= 1 && job->kill_stage < 3)
+        earliest(&next, job->stop_at + job->kill_stage * job->grace_s);
+    if (job->unreaped == 0)
+        earliest(&next, job->last_reap_at + DRAIN_S);
+    int ms = -1;
+    if (next >= 0) {
+        double wait = (next - now_s()) * 1000.0 + 1;   /* +1: never wake just before */
+        ms = wait <= 0 ? 0 : wait > 60000 ? 60000 : (int) wait;
+    }
+    for (int r = 0; r < job->world_size; r++) {
+        if (!job->ranks[r].reaped && job->ranks[r].pidfd < 0 && (ms < 0 || ms > NO_PIDFD_TICK_MS))
+            ms = NO_PIDFD_TICK_MS;
+    }
+    return ms;
+}
+
+static void handle_wake(dk_job_t *job)
+{
+    char buf[64];
+    while (read(job->wake[0], buf, sizeof buf) > 0)
+        ;
+    pthread_mutex_lock(&job->lock);
+    bool cancel = job->cancel_requested;
+    pthread_mutex_unlock(&job->lock);
+    if (!cancel)
+        return;
+    if (job->unreaped > 0)
+        begin_stop(job, DK_END_CANCELLED);
+    else
+        job->drain_cut = true;      /* every rank has ended already: only stop waiting */
+}
+
+static void loop_once(dk_job_t *job)
+{
+    struct pollfd *fds = job->fds;
+    size_t n = 0;
+    fds[n++] = (struct pollfd) {.fd = job->wake[0], .events = POLLIN};
+    size_t bc_first = n;
+    size_t bc_n = dk_backchan_poll_fill(job->chan, fds + n);
+    n += bc_n;
+    size_t own_first = n;
+    for (int r = 0; r < job->world_size; r++) {
+        rank_t *rk = &job->ranks[r];
+        int want[3] = {rk->pipe_fd[0], rk->pipe_fd[1], rk->reaped ? -1 : rk->pidfd};
+        for (int kind = 0; kind < 3; kind++) {
+            if (want[kind] < 0)
+                continue;
+            job->slot_rank[n - own_first] = r;
+            job->slot_kind[n - own_first] = kind;
+            fds[n++] = (struct pollfd) {.fd = want[kind], .events = POLLIN};
+        }
+    }
+
+    int rc = poll(fds, (nfds_t) n, poll_timeout_ms(job));
+    if (rc > 0) {
+        if (fds[0].revents)
+            handle_wake(job);
+        /* Back channel first: a RESULT must be in before its sender's exit. */
+        dk_backchan_poll_handle(job->chan, fds + bc_first, bc_n);
+        for (size_t i = own_first; i < n; i++) {
+            int r = job->slot_rank[i - own_first], kind = job->slot_kind[i - own_first];
+            if (!fds[i].revents)
+                continue;
+            if (kind < 2 && job->ranks[r].pipe_fd[kind] == fds[i].fd)
+                drain_pipe(job, r, kind, PIPE_BUDGET);
+            else if (kind == 2 && !job->ranks[r].reaped)
+                reap(job, r);
+        }
+    }
+    for (int r = 0; r < job->world_size; r++) {
+        if (!job->ranks[r].reaped && job->ranks[r].pidfd < 0)
+            reap(job, r);
+    }
+    escalate(job);
+}
+
+static void *job_thread(void *arg)
+{
+    dk_job_t *job = arg;
+    for (int r = 0; r < job->world_size; r++)
+        set_state(job, r, DK_RANK_STARTING);
+    while (!finished(job))
+        loop_once(job);
+
+    for (int r = 0; r < job->world_size; r++) {
+        close_fd(&job->ranks[r].pipe_fd[0]);
+        close_fd(&job->ranks[r].pipe_fd[1]);
+        close_fd(&job->ranks[r].log_fd);
+    }
+    dk_backchan_close_all(job->chan);
+
+    pthread_mutex_lock(&job->lock);
+    /* With no stop, every rank was judged DONE (any other verdict starts one). */
+    job->end = job->stop_reason == DK_END_NONE ? DK_END_OK : job->stop_reason;
+    job->ended = true;
+    pthread_cond_broadcast(&job->cond);
+    pthread_mutex_unlock(&job->lock);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Start                                                                     */
+
+/* mkdir -p, private to the user: logs can hold anything a cell prints. */
+static bool make_dirs(const char *path, char *err, size_t errlen)
+{
+    char *p = strdup(path);
+    if (!p) {
+        snprintf(err, errlen, "out of memory");
+        return false;
+    }
+    for (char *s = p + 1;; s++) {
+        bool last = *s == '\0';
+        if (*s != '/' && !last)
+            continue;
+        *s = '\0';
+        if (mkdir(p, 0700) != 0 && errno != EEXIST) {
+            snprintf(err, errlen, "cannot create the log directory %s: %s", p, strerror(errno));
+            free(p);
+            return false;
+        }
+        if (last)
+            break;
+        *s = '/';
+    }
+    free(p);
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        snprintf(err, errlen, "the log directory %s is not a directory", path);
+        return false;
+    }
+    return true;
+}
+
+static char *fresh_log_dir(char *err, size_t errlen)
+{
+    const char *base = getenv("TMPDIR");
+    if (!base || !*base)
+        base = "/tmp";
+    size_t len = strlen(base) + sizeof "/distkernel-job-XXXXXX";
+    char *dir = malloc(len);
+    if (!dir) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    snprintf(dir, len, "%s/distkernel-job-XXXXXX", base);
+    if (!mkdtemp(dir)) {
+        snprintf(err, errlen, "cannot create a log directory in %s: %s", base, strerror(errno));
+        free(dir);
+        return NULL;
+    }
+    return dir;
+}
+
+static bool check_spec(const dk_job_spec_t *spec, char *err, size_t errlen)
+{
+    if (!spec)
+        snprintf(err, errlen, "no job description was given");
+    else if (spec->world_size < 1 || spec->world_size > WORLD_MAX)
+        snprintf(err, errlen, "world_size is %d; it must be between 1 and %d",
+                 spec->world_size, WORLD_MAX);
+    else if (!spec->rank_exe || !*spec->rank_exe)
+        snprintf(err, errlen, "no rank executable was given");
+    else if (spec->payload_len > 0 && !spec->payload)
+        snprintf(err, errlen, "payload_len is %zu but payload is NULL", spec->payload_len);
+    else if (spec->payload_len > DK_BC_PAYLOAD_MAX)
+        snprintf(err, errlen, "the payload is %zu bytes; a job can carry at most 1 GiB to its "
+                 "ranks (pass large data through files instead)", spec->payload_len);
+    else
+        return true;
+    return false;
+}
+
+static void job_free(dk_job_t *job)
+{
+    for (int r = 0; job->ranks && r < job->world_size; r++) {
+        rank_t *rk = &job->ranks[r];
+        close_fd(&rk->pidfd);
+        close_fd(&rk->pipe_fd[0]);
+        close_fd(&rk->pipe_fd[1]);
+        close_fd(&rk->log_fd);
+        free(rk->log_path);
+    }
+    dk_backchan_destroy(&job->chan);
+    close_fd(&job->wake[0]);
+    close_fd(&job->wake[1]);
+    pthread_mutex_destroy(&job->lock);
+    pthread_cond_destroy(&job->cond);
+    free(job->ranks);
+    free(job->fds);
+    free(job->slot_rank);
+    free(job->slot_kind);
+    free(job->log_dir);
+    free(job);
+}
+
+/* Start failed after some ranks were forked: end them, leave nothing behind. */
+static void kill_started(dk_job_t *job)
+{
+    for (int r = 0; r < job->world_size; r++) {
+        rank_t *rk = &job->ranks[r];
+        if (rk->pid > 0 && !rk->reaped) {
+            killpg(rk->pid, SIGKILL);
+            waitpid(rk->pid, NULL, 0);
+            rk->reaped = true;
+        }
+    }
+}
+
+static bool open_logs(dk_job_t *job, char *err, size_t errlen)
+{
+    for (int r = 0; r < job->world_size; r++) {
+        rank_t *rk = &job->ranks[r];
+        size_t len = strlen(job->log_dir) + 32;
+        if (!(rk->log_path = malloc(len))) {
+            snprintf(err, errlen, "out of memory");
+            return false;
+        }
+        snprintf(rk->log_path, len, "%s/rank-%d.log", job->log_dir, r);
+        rk->log_fd = open(rk->log_path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
+        if (rk->log_fd < 0) {
+            snprintf(err, errlen, "cannot create rank %d's log file %s: %s", r, rk->log_path,
+                     strerror(errno));
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Fork rank R with the torch.distributed (torchrun-compatible) environment. */
+static bool start_rank(dk_job_t *job, int r, const char *program, char *const argv[],
+                       const char *const *base, const char *run_id, char *err, size_t errlen)
+{
+    rank_t *rk = &job->ranks[r];
+    int n = job->world_size;
+    char vars[ENV_VARS][128];
+    const char *set[ENV_VARS + 2];
+    size_t k = 0;
+#define SETF(...) (snprintf(vars[k], sizeof vars[k], __VA_ARGS__), set[k] = vars[k], k++)
+    SETF("RANK=%d", r);
+    SETF("LOCAL_RANK=%d", r);
+    SETF("WORLD_SIZE=%d", n);
+    SETF("LOCAL_WORLD_SIZE=%d", n);
+    SETF("GROUP_RANK=0");
+    SETF("ROLE_RANK=%d", r);
+    SETF("ROLE_NAME=default");
+    SETF("GROUP_WORLD_SIZE=1");
+    SETF("ROLE_WORLD_SIZE=%d", n);
+    SETF("MASTER_ADDR=127.0.0.1");
+    SETF("MASTER_PORT=%d", job->master_port);
+    SETF("TORCHELASTIC_RUN_ID=%s", run_id);
+    SETF("TORCHELASTIC_RESTART_COUNT=0");
+    SETF("TORCHELASTIC_MAX_RESTARTS=0");
+    SETF("DISTKERNEL_BC_KEY=%s", dk_backchan_key_hex(job->chan));
+    if (!dk_spawn_env_get(base, "OMP_NUM_THREADS"))
+        SETF("OMP_NUM_THREADS=1");
+#undef SETF
+    /* Paths can be long: these two point at strings that outlive the call. */
+    char *bc = NULL, *log = NULL;
+    if (asprintf(&bc, "DISTKERNEL_BC=%s", dk_backchan_path(job->chan)) < 0)
+        bc = NULL;
+    if (asprintf(&log, "DISTKERNEL_LOG=%s", rk->log_path) < 0)
+        log = NULL;
+    char **env = NULL;
+    if (bc && log) {
+        set[k++] = bc;
+        set[k++] = log;
+        env = dk_spawn_env_build(base, set, k);
+    }
+    free(bc);
+    free(log);
+    if (!env) {
+        snprintf(err, errlen, "out of memory building rank %d's environment", r);
+        return false;
+    }
+
+    dk_spawned_t sp;
+    char why[512];
+    int rc = dk_spawn(program, argv, env, &sp, why, sizeof why);
+    dk_spawn_env_free(env);
+    if (rc != 0) {
+        snprintf(err, errlen, "cannot start rank %d: %s", r, why);
+        return false;
+    }
+    rk->pid = sp.pid;
+    rk->pidfd = sp.pidfd;
+    rk->pipe_fd[0] = sp.out_fd;
+    rk->pipe_fd[1] = sp.err_fd;
+    job->unreaped++;
+    return true;
+}
+
+static bool start_thread(dk_job_t *job, char *err, size_t errlen)
+{
+    /* The runtime thread takes no signals: the host's SIGINT belongs to its main
+     * thread (Python's handler expects it there). */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = pthread_create(&job->thread, NULL, job_thread, job);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
+        snprintf(err, errlen, "cannot start the runtime thread: %s", strerror(rc));
+        return false;
+    }
+    return true;
+}
+
+static dk_job_t *job_alloc(const dk_job_spec_t *spec, const dk_sink_t *sink)
+{
+    dk_job_t *job = calloc(1, sizeof *job);
+    if (!job)
+        return NULL;
+    job->wake[0] = job->wake[1] = -1;
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&job->cond, &attr);
+    pthread_condattr_destroy(&attr);
+    pthread_mutex_init(&job->lock, NULL);
+    if (sink)
+        job->sink = *sink;
+    job->world_size = spec->world_size;
+    job->timeout_s = spec->timeout_s;
+    job->grace_s = spec->grace_s > 0 ? spec->grace_s : DEFAULT_GRACE_S;
+    job->root_cause = -1;
+    job->ranks = calloc((size_t) spec->world_size, sizeof *job->ranks);
+    if (!job->ranks) {
+        job_free(job);
+        return NULL;
+    }
+    for (int r = 0; r < spec->world_size; r++) {
+        rank_t *rk = &job->ranks[r];
+        rk->pid = -1;
+        rk->pidfd = rk->pipe_fd[0] = rk->pipe_fd[1] = rk->log_fd = -1;
+        rk->exit_code = -1;
+    }
+    return job;
+}
+
+dk_job_t *dk_job_start(const dk_job_spec_t *spec, const dk_sink_t *sink, char *err,
+                       size_t errlen)
+{
+    char scratch[1];
+    if (!err || errlen == 0) {
+        err = scratch;
+        errlen = sizeof scratch;
+    }
+    if (!check_spec(spec, err, errlen))
+        return NULL;
+    dk_job_t *job = job_alloc(spec, sink);
+    if (!job) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    char *program = dk_spawn_find_program(spec->rank_exe, err, errlen);
+    if (!program)
+        goto fail;
+
+    if (spec->log_dir) {
+        if (!make_dirs(spec->log_dir, err, errlen) || !(job->log_dir = strdup(spec->log_dir)))
+            goto fail;
+    } else if (!(job->log_dir = fresh_log_dir(err, errlen))) {
+        goto fail;
+    }
+    dk_backchan_sink_t bcsink = {job, bc_delivered, bc_message, bc_warning};
+    job->chan = dk_backchan_new(spec->world_size, spec->payload, spec->payload_len, &bcsink,
+                                err, errlen);
+    if (!job->chan || (job->master_port = dk_spawn_free_port(err, errlen)) < 0)
+        goto fail;
+    unsigned char id[16];
+    char run_id[2 * sizeof id + 1];
+    if (RAND_bytes(id, sizeof id) != 1) {
+        snprintf(err, errlen, "OpenSSL cannot provide random bytes for TORCHELASTIC_RUN_ID");
+        goto fail;
+    }
+    for (size_t i = 0; i < sizeof id; i++)
+        snprintf(run_id + 2 * i, 3, "%02x", id[i]);
+    if (pipe2(job->wake, O_CLOEXEC | O_NONBLOCK) != 0) {
+        snprintf(err, errlen, "cannot create the runtime's wake pipe: %s", strerror(errno));
+        goto fail;
+    }
+    job->max_fds = 1 + dk_backchan_max_fds(job->chan) + 3 * (size_t) spec->world_size;
+    job->fds = calloc(job->max_fds, sizeof *job->fds);
+    job->slot_rank = calloc(3 * (size_t) spec->world_size, sizeof *job->slot_rank);
+    job->slot_kind = calloc(3 * (size_t) spec->world_size, sizeof *job->slot_kind);
+    if (!job->fds || !job->slot_rank || !job->slot_kind) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    if (!open_logs(job, err, errlen))
+        goto fail;
+
+    char *default_argv[2] = {program, NULL};
+    char *const *argv = spec->rank_argv ? (char *const *) spec->rank_argv : default_argv;
+    const char *const *base = spec->env ? spec->env : (const char *const *) environ;
+    job->started_at = now_s();
+    for (int r = 0; r < spec->world_size; r++) {
+        if (!start_rank(job, r, program, argv, base, run_id, err, errlen))
+            goto fail;
+    }
+    if (!start_thread(job, err, errlen))
+        goto fail;
+    free(program);
+    return job;
+
+fail:
+    kill_started(job);
+    free(program);
+    job_free(job);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The handle                                                                */
+
+bool dk_job_wait(dk_job_t *job, int timeout_ms)
+{
+    struct timespec deadline;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    if (timeout_ms > 0) {
+        deadline.tv_sec += timeout_ms / 1000;
+        deadline.tv_nsec += (long) (timeout_ms % 1000) * 1000000L;
+        if (deadline.tv_nsec >= 1000000000L) {
+            deadline.tv_sec++;
+            deadline.tv_nsec -= 1000000000L;
+        }
+    }
+    pthread_mutex_lock(&job->lock);
+    while (!job->ended) {
+        if (timeout_ms < 0)
+            pthread_cond_wait(&job->cond, &job->lock);
+        else if (pthread_cond_timedwait(&job->cond, &job->lock, &deadline) == ETIMEDOUT)
+            break;
+    }
+    bool ended = job->ended;
+    pthread_mutex_unlock(&job->lock);
+    return ended;
+}
+
+void dk_job_cancel(dk_job_t *job)
+{
+    pthread_mutex_lock(&job->lock);
+    bool ended = job->ended;
+    if (!ended)
+        job->cancel_requested = true;
+    pthread_mutex_unlock(&job->lock);
+    if (!ended) {
+        char byte = 1;
+        ssize_t n = write(job->wake[1], &byte, 1);     /* full pipe: already woken */
+        (void) n;
+    }
+}
+
+dk_job_end_t dk_job_end(dk_job_t *job)
+{
+    pthread_mutex_lock(&job->lock);
+    dk_job_end_t end = job->ended ? job->end : DK_END_NONE;
+    pthread_mutex_unlock(&job->lock);
+    return end;
+}
+
+int dk_job_root_cause(dk_job_t *job)
+{
+    pthread_mutex_lock(&job->lock);
+    int r = job->root_cause;
+    pthread_mutex_unlock(&job->lock);
+    return r;
+}
+
+static bool rank_ok(const dk_job_t *job, int rank)
+{
+    return job && rank >= 0 && rank < job->world_size;
+}
+
+dk_rank_state_t dk_job_rank_state(dk_job_t *job, int rank)
+{
+    if (!rank_ok(job, rank))
+        return DK_RANK_STARTING;
+    pthread_mutex_lock(&job->lock);
+    dk_rank_state_t state = job->ranks[rank].state;
+    pthread_mutex_unlock(&job->lock);
+    return state;
+}
+
+int dk_job_rank_exit_code(dk_job_t *job, int rank)
+{
+    if (!rank_ok(job, rank))
+        return -1;
+    pthread_mutex_lock(&job->lock);
+    int code = job->ranks[rank].exit_code;
+    pthread_mutex_unlock(&job->lock);
+    return code;
+}
+
+int dk_job_rank_signal(dk_job_t *job, int rank)
+{
+    if (!rank_ok(job, rank))
+        return 0;
+    pthread_mutex_lock(&job->lock);
+    int sig = job->ranks[rank].term_signal;
+    pthread_mutex_unlock(&job->lock);
+    return sig;
+}
+
+int dk_job_rank_pid(dk_job_t *job, int rank)
+{
+    return rank_ok(job, rank) ? (int) job->ranks[rank].pid : -1;
+}
+
+const char *dk_job_log_dir(dk_job_t *job)
+{
+    return job->log_dir;
+}
+
+int dk_job_master_port(dk_job_t *job)
+{
+    return job->master_port;
+}
+
+void dk_job_destroy(dk_job_t **job_p)
+{
+    if (!job_p || !*job_p)
+        return;
+    dk_job_t *job = *job_p;
+    dk_job_cancel(job);
+    dk_job_wait(job, -1);
+    pthread_join(job->thread, NULL);
+    job_free(job);
+    *job_p = NULL;
+}

@@ -1,0 +1,136 @@
+/*
+ * dk_job: run one distributed job as N rank processes on this node.
+ *
+ * This is the embeddable runtime: it knows processes, pipes and signals, and
+ * nothing of Jupyter. A host (the kernel, a CLI, a test) describes a job, passes
+ * a sink of callbacks, and gets a handle to wait on or cancel.
+ *
+ * Each rank is the rank executable started with fork+exec from the calling
+ * thread (which must outlive the job: PR_SET_PDEATHSIG follows the thread that
+ * forked), in a process group of its own, with PR_SET_PDEATHSIG(SIGKILL) so no
+ * rank outlives its host, its stdout and stderr on pipes the runtime always
+ * drains, and every other descriptor closed.
+ *
+ * Back channel. The runtime listens on a Unix socket in a fresh 0700 directory
+ * and gives every rank its path and a per-job random key (environment variables
+ * DISTKERNEL_BC and DISTKERNEL_BC_KEY, 64 hex digits). On each connection the
+ * runtime first writes a 32-byte random nonce. After that, every frame in both
+ * directions is
+ *     u32 length (big endian, of what follows) | 32-byte MAC | body
+ *     MAC  = HMAC-SHA256(key, nonce | u32 seq | body)
+ *     body = u8 type | u32 rank | payload
+ * where seq counts the frames sent by that side on that connection from 0. A frame
+ * whose MAC does not verify ends the connection (and is reported as a warning):
+ * only a process that was given the key, on this connection, can speak.
+ * Types: 1 HELLO (rank -> runtime, empty payload), 2 PAYLOAD (runtime -> rank: the
+ * job's payload bytes), 3 RESULT (rank -> runtime: opaque bytes, the rank's value),
+ * 4 ERROR (rank -> runtime: opaque bytes, a description of the rank's exception).
+ * A rank sends exactly one RESULT or ERROR and then exits.
+ *
+ * A rank has failed when it sends ERROR, exits non-zero, dies by a signal, or
+ * exits without a RESULT. The first failure observed is the root cause; the
+ * runtime then ends every other rank: SIGINT, and after GRACE SIGTERM, and after
+ * GRACE SIGKILL, each sent to the rank's whole process group. Cancel (interrupt,
+ * shutdown) and the timeout end ranks the same way.
+ *
+ * Threads: one runtime thread per job polls the listening socket, the
+ * connections, the pipes, one pidfd per rank, and a wake pipe. Sink callbacks are
+ * called from that thread, never concurrently with each other.
+ */
+#ifndef DK_JOB_H
+#define DK_JOB_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef enum {
+    DK_RANK_STARTING = 0,  /* forked, not yet connected */
+    DK_RANK_RUNNING,       /* connected and received its payload */
+    DK_RANK_DONE,          /* sent RESULT and exited 0 */
+    DK_RANK_FAILED,        /* sent ERROR, or exited non-zero / by signal / without result */
+    DK_RANK_STOPPED        /* ended by the runtime (another rank failed, cancel, timeout) */
+} dk_rank_state_t;
+
+typedef enum {
+    DK_END_NONE = 0,       /* still running */
+    DK_END_OK,             /* every rank DONE */
+    DK_END_FAILED,         /* a rank failed (root cause: first_failed_rank) */
+    DK_END_CANCELLED,      /* dk_job_cancel */
+    DK_END_TIMEOUT         /* the job's timeout passed */
+} dk_job_end_t;
+
+typedef struct {
+    void *data;
+    /* Bytes a rank wrote to fd 1 or 2 (FD), in order per rank and fd, as read. */
+    void (*on_output)(void *data, int rank, int fd, const char *bytes, size_t len);
+    /* A rank changed state. For FAILED/STOPPED, EXIT_CODE (-1 if by signal) and
+     * TERM_SIGNAL (0 if none) say how the process ended, when it has. */
+    void (*on_state)(void *data, int rank, dk_rank_state_t state, int exit_code,
+                     int term_signal);
+    /* A rank sent RESULT (IS_ERROR false) or ERROR (true). The bytes are only
+     * valid during the call. */
+    void (*on_message)(void *data, int rank, bool is_error, const void *bytes, size_t len);
+    /* Something the user should know that is not a rank's output (a refused
+     * back-channel connection, a log file that cannot be written). */
+    void (*on_warning)(void *data, const char *text);
+} dk_sink_t;
+
+typedef struct {
+    int world_size;             /* >= 1 */
+    const char *rank_exe;       /* the program each rank runs */
+    const char *const *rank_argv; /* argv for it (NULL: just the program name) */
+    /* The base environment (NULL: the host's `environ` at start). The runtime
+     * adds RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK=0,
+     * ROLE_RANK, ROLE_NAME=default, GROUP_WORLD_SIZE=1, ROLE_WORLD_SIZE,
+     * MASTER_ADDR=127.0.0.1, MASTER_PORT (a port free at start),
+     * TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT=0, TORCHELASTIC_MAX_RESTARTS=0,
+     * OMP_NUM_THREADS=1 unless set, DISTKERNEL_BC, DISTKERNEL_BC_KEY,
+     * DISTKERNEL_LOG (the rank's log file). */
+    const char *const *env;
+    const void *payload;        /* sent to every rank in PAYLOAD (copied) */
+    size_t payload_len;
+    double timeout_s;           /* <= 0: none */
+    double grace_s;             /* between SIGINT, SIGTERM, SIGKILL; <= 0: 2.0 */
+    const char *log_dir;        /* rank-N.log files go here (created if missing);
+                                   NULL: a fresh directory under $TMPDIR */
+} dk_job_spec_t;
+
+typedef struct dk_job_t dk_job_t;
+
+/* Start the job. Returns NULL with a reason in ERR when nothing could be started
+ * (then no process exists). Copies everything it needs from SPEC and SINK. */
+dk_job_t *dk_job_start(const dk_job_spec_t *spec, const dk_sink_t *sink, char *err,
+                       size_t errlen);
+
+/* Wait up to TIMEOUT_MS (-1: forever) for the job to end: every rank exited and
+ * reaped and every callback delivered. Returns true when it has ended. */
+bool dk_job_wait(dk_job_t *job, int timeout_ms);
+
+/* End every rank (SIGINT, SIGTERM, SIGKILL with the grace between). Returns at
+ * once; dk_job_wait tells when it is over. The end becomes DK_END_CANCELLED
+ * unless the job had already ended otherwise. Thread-safe. */
+void dk_job_cancel(dk_job_t *job);
+
+/* How the job ended (DK_END_NONE while running). */
+dk_job_end_t dk_job_end(dk_job_t *job);
+
+/* The rank whose failure was observed first, or -1. */
+int dk_job_root_cause(dk_job_t *job);
+
+/* Per-rank facts, valid after the job ended. */
+dk_rank_state_t dk_job_rank_state(dk_job_t *job, int rank);
+int dk_job_rank_exit_code(dk_job_t *job, int rank);     /* -1 if by signal */
+int dk_job_rank_signal(dk_job_t *job, int rank);        /* 0 if none */
+int dk_job_rank_pid(dk_job_t *job, int rank);
+
+/* The directory holding rank-N.log (borrowed). */
+const char *dk_job_log_dir(dk_job_t *job);
+
+/* The MASTER_PORT given to the ranks. */
+int dk_job_master_port(dk_job_t *job);
+
+/* Cancel if still running, wait for the end, join the runtime thread, remove the
+ * back-channel directory (not the logs), free. Sets *JOB_P to NULL. */
+void dk_job_destroy(dk_job_t **job_p);
+
+#endif

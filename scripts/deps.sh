@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Install what distkernel needs to build, run and be tested, from Debian 12's
+# packages. Run as root (or with sudo available). Safe to run again.
+set -euo pipefail
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+
+PKGS=(
+  # build
+  meson ninja-build pkg-config gcc clang
+  libzmq3-dev libczmq-dev libssl-dev libjansson-dev libcurl4-openssl-dev
+  python3-dev
+  # the Python the kernel embeds
+  python3-ipython python3-cloudpickle python3-ipykernel python3-ipywidgets
+  # tests and the headless notebook run
+  libcriterion-dev python3-pytest python3-pytest-timeout python3-psutil python3-zmq
+  python3-jupyter-client python3-jupyter-kernel-test python3-nbclient python3-nbconvert
+  python3-nbformat jupyter-nbconvert python3-tqdm python3-torch
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "distkernel: installing ${missing[*]}"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi

@@ -1,0 +1,80 @@
+"""
+Fixtures for the end-to-end tests: where the installed kernel is, a kernel shared by
+the tests of a module, a fresh kernel for tests that end it, and raw sockets on it.
+
+The kernel under test is the one `meson install` put under DISTKERNEL_PREFIX (default
+/work/main/prefix); JUPYTER_PATH is pointed there for the whole session, subprocesses
+(nbconvert, jupyter execute) included.
+"""
+import os
+
+import pytest
+import zmq
+
+import support
+
+if support.KERNEL_NAME == "distkernel":
+    os.environ["JUPYTER_PATH"] = os.pathsep.join(
+        p for p in [str(support.JUPYTER_DATA), os.environ.get("JUPYTER_PATH", "")] if p)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def kernelspec_installed():
+    """Fail every test with one clear message when there is no kernel to test."""
+    if support.KERNEL_NAME != "distkernel":
+        return None
+    spec = support.KERNELSPEC_DIR / "kernel.json"
+    if not spec.is_file():
+        pytest.fail(
+            f"no distkernel kernelspec at {spec}.\n"
+            f"Build and install the kernel first:\n"
+            f"  meson setup build --prefix={support.PREFIX} && ninja -C build && meson install -C build\n"
+            f"or point DISTKERNEL_PREFIX at the prefix you installed into.",
+            pytrace=False)
+    return spec
+
+
+@pytest.fixture(scope="module")
+def kernel(kernelspec_installed):
+    """One kernel for all the tests of a module that leave it usable."""
+    k = support.Kernel.start()
+    yield k
+    k.stop()
+
+
+@pytest.fixture
+def fresh_kernel(kernelspec_installed):
+    """A kernel of its own, for tests that interrupt, restart or end it."""
+    k = support.Kernel.start()
+    yield k
+    k.kc.stop_channels()
+    try:
+        k.km.shutdown_kernel(now=True)
+    except Exception:
+        pass
+
+
+@pytest.fixture
+def raw_shell(kernel):
+    ch = support.RawChannel(kernel.connection_info(), "shell")
+    yield ch
+    ch.close()
+
+
+@pytest.fixture
+def raw_control(kernel):
+    ch = support.RawChannel(kernel.connection_info(), "control")
+    yield ch
+    ch.close()
+
+
+@pytest.fixture
+def heartbeat(kernel):
+    """A REQ socket on the kernel's heartbeat port."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.REQ)
+    sock.linger = 0
+    sock.connect(support.endpoint(kernel.connection_info(), "hb"))
+    yield sock
+    sock.close(0)
+    ctx.term()

@@ -1,0 +1,378 @@
+"""
+What the end-to-end tests share: a started kernel with a client that sorts what it
+receives by request, and a bare ZeroMQ socket that signs (or mis-signs) by hand.
+
+jupyter_client's BlockingKernelClient hands back messages in arrival order, whatever
+request they answer. Tests that have two requests in flight (stop_on_error, comms,
+interrupts) need them by parent instead, so `Kernel` pumps the client's queues into
+per-parent buffers and stamps each message with the time it arrived, which is how the
+output tests tell "flushed while the cell ran" from "flushed at the end".
+
+`RawChannel` exists for the abuse tests: jupyter_client refuses to send a badly signed
+or malformed message, so those frames are built and signed here with hmac/hashlib.
+
+Set DISTKERNEL_E2E_KERNEL=python3 to run the suite against ipykernel, which is how the
+tests themselves were checked; the default, and what CI runs, is distkernel.
+"""
+import datetime
+import hashlib
+import hmac
+import json
+import os
+import pathlib
+import queue
+import struct
+import time
+import uuid
+import zlib
+
+import zmq
+from jupyter_client import KernelManager
+
+KERNEL_NAME = os.environ.get("DISTKERNEL_E2E_KERNEL", "distkernel")
+PREFIX = pathlib.Path(os.environ.get("DISTKERNEL_PREFIX", "/work/main/prefix")).resolve()
+JUPYTER_DATA = PREFIX / "share" / "jupyter"
+KERNELSPEC_DIR = JUPYTER_DATA / "kernels" / "distkernel"
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+PYTHON = "/usr/bin/python3"  # Debian's, which has the Jupyter stack
+DELIM = b"<IDS|MSG>"
+
+
+class NoReply(AssertionError):
+    """The kernel did not answer in time."""
+
+
+class Execution:
+    """One execute_request: its shell reply and every iopub message it caused,
+    from status busy to status idle, each stamped with `received_at`."""
+
+    def __init__(self, msg_id, sent_at, reply, messages):
+        self.msg_id = msg_id
+        self.sent_at = sent_at
+        self.reply = reply
+        self.messages = messages
+
+    @property
+    def content(self):
+        return self.reply["content"]
+
+    @property
+    def status(self):
+        return self.reply["content"]["status"]
+
+    @property
+    def outputs(self):
+        """iopub messages other than status and execute_input."""
+        return [m for m in self.messages if m["msg_type"] not in ("status", "execute_input")]
+
+    def of_type(self, *msg_types):
+        return [m for m in self.messages if m["msg_type"] in msg_types]
+
+    def streams(self, name):
+        return [m for m in self.of_type("stream") if m["content"]["name"] == name]
+
+    @property
+    def stdout(self):
+        return "".join(m["content"]["text"] for m in self.streams("stdout"))
+
+    @property
+    def stderr(self):
+        return "".join(m["content"]["text"] for m in self.streams("stderr"))
+
+    @property
+    def result(self):
+        """The text/plain of the execute_result, or None if there was none."""
+        results = self.of_type("execute_result")
+        return results[-1]["content"]["data"].get("text/plain") if results else None
+
+    def describe(self):
+        lines = [f"reply: {self.content}"]
+        for m in self.messages:
+            lines.append(f"  iopub {m['msg_type']}: {str(m['content'])[:300]}")
+        return "\n".join(lines)
+
+
+class Kernel:
+    """A started kernel (KernelManager `km`) and a BlockingKernelClient `kc` on it."""
+
+    def __init__(self, km, kc):
+        self.km = km
+        self.kc = kc
+        self._iopub = {}  # parent msg_id -> [msg, ...] in arrival order
+        self._replies = {}  # (channel, parent msg_id) -> msg
+
+    @classmethod
+    def start(cls, kernel_name=KERNEL_NAME, ready_timeout=30, **launch):
+        """Start a kernel; LAUNCH goes to KernelManager.start_kernel (e.g. stderr=file)."""
+        km = KernelManager(kernel_name=kernel_name)
+        km.start_kernel(**launch)
+        kc = km.client()
+        kc.start_channels()
+        try:
+            kc.wait_for_ready(timeout=ready_timeout)
+        except Exception:
+            kc.stop_channels()
+            km.shutdown_kernel(now=True)
+            raise
+        return cls(km, kc)
+
+    def stop(self):
+        self.kc.stop_channels()
+        try:
+            if self.km.has_kernel:
+                self.km.shutdown_kernel(now=False)
+        except Exception:
+            self.km.shutdown_kernel(now=True)
+
+    @property
+    def pid(self):
+        return self.km.provisioner.process.pid
+
+    @property
+    def process(self):
+        """The subprocess.Popen of the kernel."""
+        return self.km.provisioner.process
+
+    def connection_info(self):
+        return self.km.get_connection_info(session=False)
+
+    # -- sending -------------------------------------------------------------
+    def send(self, msg_type, content=None, channel="shell", metadata=None):
+        """Send a request on shell or control; returns its msg_id."""
+        chan = {"shell": self.kc.shell_channel, "control": self.kc.control_channel}[channel]
+        msg = self.kc.session.msg(msg_type, content if content is not None else {}, metadata=metadata)
+        chan.send(msg)
+        return msg["header"]["msg_id"]
+
+    def start_execute(self, code, **kw):
+        """Send an execute_request without waiting; returns its msg_id."""
+        return self.kc.execute(code, **kw)
+
+    def execute(self, code, timeout=30, **kw):
+        """Execute CODE and return the Execution once the kernel is idle again."""
+        sent_at = time.monotonic()
+        msg_id = self.kc.execute(code, **kw)
+        return self.finish(msg_id, timeout=timeout, sent_at=sent_at)
+
+    def finish(self, msg_id, timeout=30, sent_at=None, reply=None):
+        """Wait for the reply (unless already given as REPLY) and the idle of MSG_ID."""
+        reply = reply or self.reply(msg_id, timeout=timeout)
+        messages = self.iopub_until_idle(msg_id, timeout=timeout)
+        return Execution(msg_id, sent_at, reply, messages)
+
+    # -- receiving -----------------------------------------------------------
+    def _get(self, channel, timeout):
+        getter = {
+            "shell": self.kc.get_shell_msg,
+            "control": self.kc.get_control_msg,
+            "iopub": self.kc.get_iopub_msg,
+            "stdin": self.kc.get_stdin_msg,
+        }[channel]
+        msg = getter(timeout=max(timeout, 0))
+        msg["received_at"] = time.monotonic()
+        return msg
+
+    def reply(self, msg_id, channel="shell", timeout=30):
+        """The reply to MSG_ID on CHANNEL; replies to other requests are kept for later.
+        iopub is pumped meanwhile, so iopub arrival times stay accurate."""
+        key = (channel, msg_id)
+        deadline = time.monotonic() + timeout
+        while not self.replied(msg_id, channel):
+            if time.monotonic() >= deadline:
+                raise NoReply(f"no {channel} reply to {msg_id} within {timeout} s")
+            self.pump_iopub(min(0.005, max(deadline - time.monotonic(), 0)))
+        return self._replies.pop(key)
+
+    def replied(self, msg_id, channel="shell"):
+        """Whether the reply to MSG_ID has arrived already (does not wait)."""
+        while True:
+            try:
+                msg = self._get(channel, 0)
+            except queue.Empty:
+                break
+            self._replies[(channel, msg["parent_header"].get("msg_id"))] = msg
+        return (channel, msg_id) in self._replies
+
+    def pump_iopub(self, timeout):
+        """Receive one iopub message into the buffers; False if none came in TIMEOUT s."""
+        try:
+            msg = self._get("iopub", timeout)
+        except queue.Empty:
+            return False
+        self._iopub.setdefault(msg["parent_header"].get("msg_id"), []).append(msg)
+        return True
+
+    def iopub_for(self, msg_id):
+        """The iopub messages received so far whose parent is MSG_ID (a live list)."""
+        return self._iopub.setdefault(msg_id, [])
+
+    def iopub_until_idle(self, msg_id, timeout=30):
+        """Every iopub message with parent MSG_ID up to and including status idle."""
+        deadline = time.monotonic() + timeout
+        msgs = self.iopub_for(msg_id)
+        while not any(_is_idle(m) for m in msgs):
+            if not self.pump_iopub(deadline - time.monotonic()) and time.monotonic() >= deadline:
+                got = [m["msg_type"] for m in msgs]
+                raise NoReply(f"no status idle for {msg_id} within {timeout} s; got {got}")
+        end = next(i for i, m in enumerate(msgs) if _is_idle(m))
+        return list(msgs[: end + 1])
+
+    def wait_iopub(self, predicate, timeout=10):
+        """The first iopub message (of any parent) for which PREDICATE holds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for msgs in self._iopub.values():
+                for m in msgs:
+                    if predicate(m):
+                        return m
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise NoReply(f"no matching iopub message within {timeout} s")
+            self.pump_iopub(remaining)
+
+    def wait_iopub_type(self, msg_id, msg_type, timeout=10):
+        return self.wait_iopub(
+            lambda m: m["msg_type"] == msg_type and m["parent_header"].get("msg_id") == msg_id,
+            timeout,
+        )
+
+    def wait_running(self, msg_id, settle=0.3, timeout=10):
+        """Block until the cell of MSG_ID has started (execute_input seen), then SETTLE s."""
+        self.wait_iopub_type(msg_id, "execute_input", timeout)
+        time.sleep(settle)
+
+    def stdin_request(self, timeout=10):
+        """The next message on stdin (an input_request), pumping iopub meanwhile."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self._get("stdin", 0)
+            except queue.Empty:
+                pass
+            if time.monotonic() >= deadline:
+                raise NoReply(f"no input_request on stdin within {timeout} s")
+            self.pump_iopub(0.005)
+
+    def restart_now(self):
+        """Last resort after a failed test left a cell running: kill and restart."""
+        self.km.restart_kernel(now=True)
+        self.kc.wait_for_ready(timeout=30)
+
+
+def _is_idle(msg):
+    return msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle"
+
+
+# -- raw frames -----------------------------------------------------------------
+
+
+def endpoint(conn, channel):
+    port = conn[f"{channel}_port"]
+    if conn["transport"] == "ipc":
+        return f"ipc://{conn['ip']}-{port}"
+    return f"{conn['transport']}://{conn['ip']}:{port}"
+
+
+def sign(key, parts):
+    """Hex HMAC-SHA256 of PARTS (the four JSON frames), as the spec defines it."""
+    if not key:
+        return b""
+    mac = hmac.new(key, digestmod=hashlib.sha256)
+    for p in parts:
+        mac.update(p)
+    return mac.hexdigest().encode()
+
+
+def jbytes(obj):
+    return json.dumps(obj).encode()
+
+
+def new_header(msg_type, session):
+    return {
+        "msg_id": uuid.uuid4().hex,
+        "username": "e2e",
+        "session": session,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "msg_type": msg_type,
+        "version": "5.3",
+    }
+
+
+class RawChannel:
+    """A bare DEALER socket on the kernel's shell or control ROUTER."""
+
+    def __init__(self, conn, channel):
+        key = conn["key"]
+        self.key = key.encode() if isinstance(key, str) else key
+        self.session = uuid.uuid4().hex
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.linger = 0
+        self.sock.connect(endpoint(conn, channel))
+
+    def close(self):
+        self.sock.close(0)
+        self.ctx.term()
+
+    def frames(self, msg_type, content=None, header=None):
+        """A correctly signed message as a list of frames; returns (msg_id, frames)."""
+        header = header or new_header(msg_type, self.session)
+        parts = [jbytes(header), b"{}", b"{}", jbytes(content if content is not None else {})]
+        return header["msg_id"], [DELIM, sign(self.key, parts)] + parts
+
+    def send_frames(self, frames):
+        self.sock.send_multipart(frames)
+
+    def request(self, msg_type, content=None):
+        msg_id, frames = self.frames(msg_type, content)
+        self.send_frames(frames)
+        return msg_id
+
+    def recv(self, timeout):
+        """The next multipart message, or None if nothing came within TIMEOUT s."""
+        if self.sock.poll(int(timeout * 1000), zmq.POLLIN):
+            return self.sock.recv_multipart()
+        return None
+
+    def parse(self, frames):
+        """Split, verify and decode a message the kernel sent."""
+        i = frames.index(DELIM)
+        sig, parts = frames[i + 1], frames[i + 2 : i + 6]
+        assert hmac.compare_digest(sig, sign(self.key, parts)), "kernel's signature is wrong"
+        header, parent, metadata, content = (json.loads(p) for p in parts)
+        return {"header": header, "parent_header": parent, "metadata": metadata,
+                "content": content, "msg_type": header["msg_type"]}
+
+    def reply_to(self, msg_id, timeout=10):
+        """The reply whose parent is MSG_ID; anything else received first is an error."""
+        frames = self.recv(timeout)
+        if frames is None:
+            raise NoReply(f"no reply to {msg_id} within {timeout} s")
+        msg = self.parse(frames)
+        assert msg["parent_header"].get("msg_id") == msg_id, (
+            f"expected the reply to {msg_id}, got {msg['msg_type']} for "
+            f"{msg['parent_header'].get('msg_id')}: {msg['content']}")
+        return msg
+
+
+def parse_any(frames, key):
+    """Decode a signed message from raw frames (iopub: topic frames come first)."""
+    i = frames.index(DELIM)
+    parts = frames[i + 2 : i + 6]
+    assert hmac.compare_digest(frames[i + 1], sign(key, parts)), "kernel's signature is wrong"
+    header, parent, metadata, content = (json.loads(p) for p in parts)
+    return {"header": header, "parent_header": parent, "metadata": metadata,
+            "content": content, "msg_type": header["msg_type"]}
+
+
+def tiny_png(width=2, height=2, rgb=(200, 30, 30)):
+    """A valid PNG image, built from bytes so the tests need no image library."""
+
+    def chunk(tag, data):
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
+
+    rows = b"".join(b"\x00" + bytes(rgb) * width for _ in range(height))
+    return (b"\x89PNG\r\n\x1a\n"
+            + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(rows))
+            + chunk(b"IEND", b""))

@@ -1,0 +1,389 @@
+/*
+ * fake_rank: the rank side of the back channel (runtime/dk_job.h), in C, so the
+ * runtime can be tested without Python or torch.
+ *
+ * It is written from the header's protocol text, independently of the
+ * runtime's own code, so a misreading on either side shows up as a failed
+ * test rather than as two matching bugs.
+ *
+ * The behaviour comes from the environment: FAKE_MODE for every rank, or
+ * FAKE_MODE_<rank> for one rank. Modes:
+ *   result           HELLO, read PAYLOAD, RESULT "rank=R len=N sha256=HEX", exit 0
+ *   error            ... ERROR "boom on rank R", exit 1
+ *   error_hang       ... ERROR "boom on rank R", then sleep 60 s instead of exiting
+ *   exit3            ... exit 3 without a result
+ *   segv             ... die by SIGSEGV
+ *   no_result        ... exit 0 without a result
+ *   sleep            ... print "sleeping", sleep FAKE_SLEEP_S (60) seconds, then as result
+ *   interruptible    ... as sleep, but SIGINT sends ERROR "KeyboardInterrupt" and exits 1
+ *                    (what a Python rank does)
+ *   ignore_signals   ... ignore SIGINT and SIGTERM, print "sleeping", sleep forever
+ *   forge_mac        first a connection whose HELLO carries a wrong MAC; then as result
+ *   bad_rank         first a connection whose HELLO names rank WORLD_SIZE; then as result
+ *   duplicate_hello  after its own HELLO, a second connection with a valid HELLO for
+ *                    the same rank; then as result on the first
+ *   oversize         ... announce a 2 GiB frame, then exit 0
+ *   print_lots       print FAKE_LINES (1000) numbered lines to stdout and to stderr,
+ *                    alternating, then as result
+ *   grandchild       leave a child holding stdout and stderr for 30 s ("GRANDCHILD pid"),
+ *                    then as result
+ * With FAKE_PRINT_ENV set it first prints "ENV NAME=value" for the variables the
+ * runtime sets, and facts about how it was started (open fds, stdin, signal
+ * mask, process group).
+ */
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <openssl/core_names.h>
+#include <openssl/evp.h>
+#include <openssl/params.h>
+
+enum { HELLO = 1, PAYLOAD = 2, RESULT = 3, ERROR = 4 };
+
+static unsigned char key[32];
+static int rank, world_size;
+
+static void die(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    dprintf(2, "fake_rank: ");
+    vdprintf(2, fmt, ap);
+    dprintf(2, "\n");
+    va_end(ap);
+    exit(99);
+}
+
+static void be32(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char) (v >> 24);
+    p[1] = (unsigned char) (v >> 16);
+    p[2] = (unsigned char) (v >> 8);
+    p[3] = (unsigned char) v;
+}
+
+static uint32_t rd32(const unsigned char *p)
+{
+    return (uint32_t) p[0] << 24 | (uint32_t) p[1] << 16 | (uint32_t) p[2] << 8 | p[3];
+}
+
+static void mac(const unsigned char *nonce, uint32_t seq, const unsigned char *body,
+                size_t body_len, unsigned char out[32])
+{
+    EVP_MAC *m = EVP_MAC_fetch(NULL, "HMAC", NULL);
+    EVP_MAC_CTX *ctx = EVP_MAC_CTX_new(m);
+    char digest[] = "SHA256";
+    OSSL_PARAM params[] = {
+        OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
+        OSSL_PARAM_construct_end(),
+    };
+    unsigned char s[4];
+    be32(s, seq);
+    size_t len = 0;
+    if (!EVP_MAC_init(ctx, key, sizeof key, params) || !EVP_MAC_update(ctx, nonce, 32) ||
+        !EVP_MAC_update(ctx, s, 4) || !EVP_MAC_update(ctx, body, body_len) ||
+        !EVP_MAC_final(ctx, out, &len, 32))
+        die("HMAC failed");
+    EVP_MAC_CTX_free(ctx);
+    EVP_MAC_free(m);
+}
+
+static void write_all(int fd, const void *buf, size_t n)
+{
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            die("write: %s", strerror(errno));
+        p += w;
+        n -= (size_t) w;
+    }
+}
+
+/* Read N bytes; false at EOF before any byte. */
+static bool read_all(int fd, void *buf, size_t n)
+{
+    char *p = buf;
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, p + got, n - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0 && errno == ECONNRESET)
+            r = 0;
+        if (r < 0)
+            die("read: %s", strerror(errno));
+        if (r == 0) {
+            if (got == 0)
+                return false;
+            die("EOF inside a frame");
+        }
+        got += (size_t) r;
+    }
+    return true;
+}
+
+typedef struct {
+    int fd;
+    unsigned char nonce[32];
+    uint32_t seq_out, seq_in;
+} conn_t;
+
+static conn_t connect_bc(void)
+{
+    const char *path = getenv("DISTKERNEL_BC");
+    if (!path)
+        die("DISTKERNEL_BC is not set");
+    conn_t c = {0};
+    c.fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path);
+    if (connect(c.fd, (struct sockaddr *) &addr, sizeof addr) != 0)
+        die("connect %s: %s", path, strerror(errno));
+    if (!read_all(c.fd, c.nonce, 32))
+        die("no nonce");
+    return c;
+}
+
+static void send_frame(conn_t *c, int type, uint32_t r, const void *payload, size_t len,
+                       bool forge)
+{
+    size_t body_len = 5 + len;
+    unsigned char *frame = malloc(4 + 32 + body_len);
+    be32(frame, (uint32_t) (32 + body_len));
+    unsigned char *body = frame + 36;
+    body[0] = (unsigned char) type;
+    be32(body + 1, r);
+    if (len)
+        memcpy(body + 5, payload, len);
+    mac(c->nonce, c->seq_out++, body, body_len, frame + 4);
+    if (forge)
+        frame[4] ^= 0x01;
+    write_all(c->fd, frame, 4 + 32 + body_len);
+    free(frame);
+}
+
+/* Receive one frame; returns its payload (malloc'd) and length. */
+static unsigned char *recv_frame(conn_t *c, int *type, size_t *len)
+{
+    unsigned char h[4];
+    if (!read_all(c->fd, h, 4))
+        die("the runtime closed the back channel");
+    uint32_t n = rd32(h);
+    if (n < 37)
+        die("short frame");
+    unsigned char *frame = malloc(n);
+    if (!frame || !read_all(c->fd, frame, n))
+        die("cannot read a frame of %u bytes", n);
+    unsigned char expect[32];
+    mac(c->nonce, c->seq_in++, frame + 32, n - 32, expect);
+    if (memcmp(expect, frame, 32) != 0)
+        die("the runtime's frame did not verify");
+    *type = frame[32];
+    if (rd32(frame + 33) != (uint32_t) rank)
+        die("frame for another rank");
+    *len = n - 37;
+    memmove(frame, frame + 37, *len);
+    return frame;
+}
+
+/* Wait until the runtime closes C (it refused it). */
+static void expect_closed(conn_t *c)
+{
+    unsigned char b;
+    if (read_all(c->fd, &b, 1))
+        die("the runtime did not close a connection it should have refused");
+    close(c->fd);
+}
+
+static void print_facts(void)
+{
+    static const char *names[] = {
+        "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+        "ROLE_NAME", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+        "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+        "OMP_NUM_THREADS", "DISTKERNEL_BC", "DISTKERNEL_LOG", "FAKE_EXTRA",
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        const char *v = getenv(names[i]);
+        dprintf(1, "ENV %s=%s\n", names[i], v ? v : "(unset)");
+    }
+    const char *k = getenv("DISTKERNEL_BC_KEY");
+    dprintf(1, "KEYLEN %zu\n", k ? strlen(k) : 0);
+
+    DIR *d = opendir("/proc/self/fd");
+    int own = dirfd(d);
+    dprintf(1, "FDS");
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] != '.' && atoi(e->d_name) != own)
+            dprintf(1, " %s", e->d_name);
+    }
+    dprintf(1, "\n");
+    closedir(d);
+
+    char target[256] = "";
+    ssize_t n = readlink("/proc/self/fd/0", target, sizeof target - 1);
+    target[n > 0 ? n : 0] = '\0';
+    dprintf(1, "STDIN %s\n", target);
+
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    while (f && fgets(line, sizeof line, f)) {
+        if (!strncmp(line, "SigBlk:", 7) || !strncmp(line, "SigIgn:", 7))
+            dprintf(1, "%s", line);
+    }
+    if (f)
+        fclose(f);
+    dprintf(1, "PGID %d PID %d\n", (int) getpgrp(), (int) getpid());
+}
+
+static void hex(const unsigned char *in, size_t n, char *out)
+{
+    for (size_t i = 0; i < n; i++)
+        sprintf(out + 2 * i, "%02x", in[i]);
+}
+
+static volatile sig_atomic_t interrupted;
+
+static void on_sigint(int sig)
+{
+    (void) sig;
+    interrupted = 1;
+}
+
+/* Sleep S seconds, or until SIGINT when it is caught. */
+static void sleep_s(double s)
+{
+    struct timespec ts = {(time_t) s, (long) ((s - (double) (time_t) s) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR && !interrupted)
+        ;
+}
+
+int main(void)
+{
+    const char *rank_s = getenv("RANK"), *ws = getenv("WORLD_SIZE");
+    const char *key_hex = getenv("DISTKERNEL_BC_KEY");
+    if (!rank_s || !ws || !key_hex || strlen(key_hex) != 64)
+        die("RANK, WORLD_SIZE or DISTKERNEL_BC_KEY missing");
+    rank = atoi(rank_s);
+    world_size = atoi(ws);
+    for (int i = 0; i < 32; i++) {
+        unsigned v;
+        sscanf(key_hex + 2 * i, "%2x", &v);
+        key[i] = (unsigned char) v;
+    }
+    char var[64];
+    snprintf(var, sizeof var, "FAKE_MODE_%d", rank);
+    const char *mode = getenv(var) ? getenv(var) : getenv("FAKE_MODE");
+    if (!mode)
+        mode = "result";
+    if (!strcmp(mode, "ignore_signals")) {
+        signal(SIGINT, SIG_IGN);
+        signal(SIGTERM, SIG_IGN);
+    }
+    if (getenv("FAKE_PRINT_ENV"))
+        print_facts();
+
+    if (!strcmp(mode, "forge_mac") || !strcmp(mode, "bad_rank")) {
+        conn_t bad = connect_bc();
+        bool forge = !strcmp(mode, "forge_mac");
+        send_frame(&bad, HELLO, forge ? (uint32_t) rank : (uint32_t) world_size, NULL, 0, forge);
+        expect_closed(&bad);
+        dprintf(1, "refused as expected\n");
+    }
+
+    conn_t c = connect_bc();
+    send_frame(&c, HELLO, (uint32_t) rank, NULL, 0, false);
+    int type;
+    size_t len;
+    unsigned char *payload = recv_frame(&c, &type, &len);
+    if (type != PAYLOAD)
+        die("expected PAYLOAD, got type %d", type);
+    unsigned char digest[32];
+    unsigned int dlen = 0;
+    EVP_Digest(payload, len, digest, &dlen, EVP_sha256(), NULL);
+    free(payload);
+    char digest_hex[65];
+    hex(digest, 32, digest_hex);
+
+    if (!strcmp(mode, "duplicate_hello")) {
+        conn_t dup = connect_bc();
+        send_frame(&dup, HELLO, (uint32_t) rank, NULL, 0, false);
+        expect_closed(&dup);
+        dprintf(1, "refused as expected\n");
+    } else if (!strcmp(mode, "error") || !strcmp(mode, "error_hang")) {
+        char text[64];
+        int n = snprintf(text, sizeof text, "boom on rank %d", rank);
+        send_frame(&c, ERROR, (uint32_t) rank, text, (size_t) n, false);
+        if (!strcmp(mode, "error_hang"))
+            sleep_s(60);
+        return 1;
+    } else if (!strcmp(mode, "exit3")) {
+        return 3;
+    } else if (!strcmp(mode, "no_result")) {
+        return 0;
+    } else if (!strcmp(mode, "segv")) {
+        struct rlimit none = {0, 0};
+        setrlimit(RLIMIT_CORE, &none);
+        signal(SIGSEGV, SIG_DFL);
+        raise(SIGSEGV);
+        return 98;
+    } else if (!strcmp(mode, "oversize")) {
+        unsigned char h[4];
+        be32(h, 0x80000000u);
+        write_all(c.fd, h, 4);
+        expect_closed(&c);
+        return 0;
+    } else if (!strcmp(mode, "sleep") || !strcmp(mode, "interruptible")) {
+        if (!strcmp(mode, "interruptible")) {
+            struct sigaction sa = {.sa_handler = on_sigint};
+            sigaction(SIGINT, &sa, NULL);
+        }
+        dprintf(1, "sleeping\n");
+        sleep_s(getenv("FAKE_SLEEP_S") ? atof(getenv("FAKE_SLEEP_S")) : 60);
+        if (interrupted) {
+            static const char text[] = "KeyboardInterrupt";
+            send_frame(&c, ERROR, (uint32_t) rank, text, sizeof text - 1, false);
+            return 1;
+        }
+    } else if (!strcmp(mode, "ignore_signals")) {
+        dprintf(1, "sleeping\n");
+        for (;;)
+            pause();
+    } else if (!strcmp(mode, "print_lots")) {
+        int lines = getenv("FAKE_LINES") ? atoi(getenv("FAKE_LINES")) : 1000;
+        for (int i = 0; i < lines; i++) {
+            dprintf(1, "out %d\n", i);
+            dprintf(2, "err %d\n", i);
+        }
+    } else if (!strcmp(mode, "grandchild")) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            close(c.fd);
+            sleep_s(30);
+            _exit(0);
+        }
+        dprintf(1, "GRANDCHILD %d\n", (int) pid);
+    }
+
+    char result[160];
+    int n = snprintf(result, sizeof result, "rank=%d len=%zu sha256=%s", rank, len, digest_hex);
+    send_frame(&c, RESULT, (uint32_t) rank, result, (size_t) n, false);
+    close(c.fd);
+    return 0;
+}

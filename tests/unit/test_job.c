@@ -1,0 +1,777 @@
+/*
+ * Running a job of rank processes (runtime/dk_job.h), with fake_rank as the
+ * rank executable: it speaks the back channel and misbehaves on request
+ * (FAKE_MODE, FAKE_MODE_<rank>; see fake_rank.c).
+ *
+ * Each test runs in its own process (criterion), so the recorder below is a
+ * plain global; it has a lock because the sink is called from the runtime
+ * thread while a test may be looking.
+ */
+#include <criterion/criterion.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <openssl/evp.h>
+
+#include "dk_job.h"
+
+#ifndef FAKE_RANK
+#error "FAKE_RANK (the path of fake_rank) must be defined"
+#endif
+
+#define MAXR 8
+#define MAXSTATES 16
+#define GRACE 0.3
+
+/* ------------------------------------------------------------------------ */
+/* Recording what the sink is told                                           */
+
+typedef struct {
+    char *buf;
+    size_t len;
+} bytes_t;
+
+static struct {
+    pthread_mutex_t lock;
+    bytes_t out[MAXR][3];           /* [rank][fd] */
+    dk_rank_state_t states[MAXR][MAXSTATES];
+    int nstates[MAXR];
+    int state_code[MAXR], state_signal[MAXR];
+    bytes_t msg[MAXR];
+    bool msg_error[MAXR];
+    int nmsg[MAXR];
+    char warnings[64][1024];
+    int nwarnings;
+    double first_error_at;
+} rec = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
+}
+
+static void append(bytes_t *b, const void *data, size_t len)
+{
+    b->buf = realloc(b->buf, b->len + len + 1);
+    memcpy(b->buf + b->len, data, len);
+    b->len += len;
+    b->buf[b->len] = '\0';
+}
+
+static void on_output(void *data, int rank, int fd, const char *bytes, size_t len)
+{
+    (void) data;
+    cr_assert(rank >= 0 && rank < MAXR && (fd == 1 || fd == 2));
+    pthread_mutex_lock(&rec.lock);
+    append(&rec.out[rank][fd], bytes, len);
+    pthread_mutex_unlock(&rec.lock);
+}
+
+static void on_state(void *data, int rank, dk_rank_state_t state, int code, int sig)
+{
+    (void) data;
+    pthread_mutex_lock(&rec.lock);
+    if (rec.nstates[rank] < MAXSTATES)
+        rec.states[rank][rec.nstates[rank]++] = state;
+    rec.state_code[rank] = code;
+    rec.state_signal[rank] = sig;
+    pthread_mutex_unlock(&rec.lock);
+}
+
+static void on_message(void *data, int rank, bool is_error, const void *bytes, size_t len)
+{
+    (void) data;
+    pthread_mutex_lock(&rec.lock);
+    rec.msg[rank].len = 0;
+    append(&rec.msg[rank], bytes, len);
+    rec.msg_error[rank] = is_error;
+    rec.nmsg[rank]++;
+    if (is_error && rec.first_error_at == 0)
+        rec.first_error_at = now_s();
+    pthread_mutex_unlock(&rec.lock);
+}
+
+static void on_warning(void *data, const char *text)
+{
+    (void) data;
+    pthread_mutex_lock(&rec.lock);
+    if (rec.nwarnings < 64)
+        snprintf(rec.warnings[rec.nwarnings++], sizeof rec.warnings[0], "%s", text);
+    pthread_mutex_unlock(&rec.lock);
+}
+
+static const dk_sink_t sink = {NULL, on_output, on_state, on_message, on_warning};
+
+static bool output_has(int rank, int fd, const char *needle)
+{
+    pthread_mutex_lock(&rec.lock);
+    bool found = rec.out[rank][fd].buf && strstr(rec.out[rank][fd].buf, needle);
+    pthread_mutex_unlock(&rec.lock);
+    return found;
+}
+
+static void wait_output(int rank, const char *needle)
+{
+    for (int i = 0; i < 1000 && !output_has(rank, 1, needle); i++)
+        usleep(10000);
+    cr_assert(output_has(rank, 1, needle), "rank %d never printed \"%s\"", rank, needle);
+}
+
+static bool warned(const char *needle)
+{
+    pthread_mutex_lock(&rec.lock);
+    bool found = false;
+    for (int i = 0; i < rec.nwarnings && !found; i++)
+        found = strstr(rec.warnings[i], needle) != NULL;
+    pthread_mutex_unlock(&rec.lock);
+    return found;
+}
+
+/* The value fake_rank printed for NAME ("ENV NAME=value"), in a static buffer. */
+static const char *env_of(int rank, const char *name)
+{
+    static char value[512];
+    char key[128];
+    snprintf(key, sizeof key, "ENV %s=", name);
+    const char *at = rec.out[rank][1].buf ? strstr(rec.out[rank][1].buf, key) : NULL;
+    cr_assert_not_null(at, "rank %d did not print %s", rank, name);
+    at += strlen(key);
+    size_t n = strcspn(at, "\n");
+    snprintf(value, sizeof value, "%.*s", (int) n, at);
+    return value;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Starting jobs                                                             */
+
+static char log_dir[256];
+
+static void make_log_dir(void)
+{
+    snprintf(log_dir, sizeof log_dir, "/tmp/dk-test-job-XXXXXX");
+    cr_assert_not_null(mkdtemp(log_dir));
+}
+
+static void remove_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.')
+            continue;
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        unlink(path);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+/* Environment for the ranks: a minimal base plus the test's own settings. */
+static const char *env[32];
+
+static void set_env(const char *const *extra)
+{
+    size_t n = 0;
+    env[n++] = "PATH=/usr/bin:/bin";
+    for (size_t i = 0; extra && extra[i] && n < 31; i++)
+        env[n++] = extra[i];
+    env[n] = NULL;
+}
+
+static dk_job_spec_t spec_for(int world_size, const char *const *extra)
+{
+    set_env(extra);
+    if (!log_dir[0])
+        make_log_dir();
+    dk_job_spec_t spec = {
+        .world_size = world_size,
+        .rank_exe = FAKE_RANK,
+        .env = env,
+        .grace_s = GRACE,
+        .log_dir = log_dir,
+    };
+    return spec;
+}
+
+static dk_job_t *start(const dk_job_spec_t *spec)
+{
+    char err[512] = "";
+    dk_job_t *job = dk_job_start(spec, &sink, err, sizeof err);
+    cr_assert_not_null(job, "dk_job_start failed: %s", err);
+    return job;
+}
+
+static dk_job_t *run(int world_size, const char *const *extra)
+{
+    dk_job_spec_t spec = spec_for(world_size, extra);
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 20000), "the job did not end");
+    return job;
+}
+
+static void finish(dk_job_t **job)
+{
+    dk_job_destroy(job);
+    if (log_dir[0])
+        remove_dir(log_dir);
+    log_dir[0] = '\0';
+}
+
+static int count_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n - 1;   /* the directory's own descriptor */
+}
+
+static void sha256_hex(const void *data, size_t len, char out[65])
+{
+    unsigned char d[32];
+    unsigned int n = 0;
+    EVP_Digest(data, len, d, &n, EVP_sha256(), NULL);
+    for (int i = 0; i < 32; i++)
+        sprintf(out + 2 * i, "%02x", d[i]);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Results                                                                   */
+
+Test(job, all_ranks_return_results_and_a_large_payload_arrives_intact, .timeout = 60)
+{
+    size_t len = 50u << 20;
+    unsigned char *payload = malloc(len);
+    uint32_t x = 2463534242u;
+    for (size_t i = 0; i < len; i++) {
+        x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+        payload[i] = (unsigned char) x;
+    }
+    char digest[65];
+    sha256_hex(payload, len, digest);
+
+    dk_job_spec_t spec = spec_for(4, NULL);
+    spec.payload = payload;
+    spec.payload_len = len;
+    dk_job_t *job = start(&spec);
+    free(payload);                  /* the job made its own copy */
+    cr_assert(dk_job_wait(job, 50000));
+
+    cr_assert_eq(dk_job_end(job), DK_END_OK);
+    cr_assert_eq(dk_job_root_cause(job), -1);
+    for (int r = 0; r < 4; r++) {
+        char expected[160];
+        snprintf(expected, sizeof expected, "rank=%d len=%zu sha256=%s", r, len, digest);
+        cr_assert_eq(rec.nmsg[r], 1);
+        cr_assert_not(rec.msg_error[r]);
+        cr_assert_str_eq(rec.msg[r].buf, expected);
+        cr_assert_eq(dk_job_rank_state(job, r), DK_RANK_DONE);
+        cr_assert_eq(dk_job_rank_exit_code(job, r), 0);
+        cr_assert_eq(dk_job_rank_signal(job, r), 0);
+    }
+    finish(&job);
+}
+
+Test(job, each_rank_goes_starting_running_done)
+{
+    dk_job_t *job = run(2, NULL);
+    for (int r = 0; r < 2; r++) {
+        cr_assert_eq(rec.nstates[r], 3);
+        cr_assert_eq(rec.states[r][0], DK_RANK_STARTING);
+        cr_assert_eq(rec.states[r][1], DK_RANK_RUNNING);
+        cr_assert_eq(rec.states[r][2], DK_RANK_DONE);
+        cr_assert_eq(rec.state_code[r], 0);
+    }
+    finish(&job);
+}
+
+Test(job, an_empty_payload_is_delivered)
+{
+    dk_job_t *job = run(1, NULL);
+    cr_assert_eq(dk_job_end(job), DK_END_OK);
+    cr_assert(strstr(rec.msg[0].buf, "len=0 sha256=e3b0c442") != NULL);
+    finish(&job);
+}
+
+/* ------------------------------------------------------------------------ */
+/* How ranks are started                                                     */
+
+Test(job, ranks_get_the_torch_distributed_environment)
+{
+    const char *extra[] = {"FAKE_PRINT_ENV=1", "FAKE_EXTRA=kept", "RANK=99", NULL};
+    dk_job_t *job = run(3, extra);
+    cr_assert_eq(dk_job_end(job), DK_END_OK);
+    char port[16], run_id[64];
+    snprintf(port, sizeof port, "%d", dk_job_master_port(job));
+    snprintf(run_id, sizeof run_id, "%s", env_of(0, "TORCHELASTIC_RUN_ID"));
+    cr_assert_eq(strlen(run_id), 32);
+    cr_assert_eq(strspn(run_id, "0123456789abcdef"), 32);
+    for (int r = 0; r < 3; r++) {
+        char rs[8], log[512];
+        snprintf(rs, sizeof rs, "%d", r);
+        snprintf(log, sizeof log, "%s/rank-%d.log", log_dir, r);
+        cr_assert_str_eq(env_of(r, "RANK"), rs);
+        cr_assert_str_eq(env_of(r, "LOCAL_RANK"), rs);
+        cr_assert_str_eq(env_of(r, "ROLE_RANK"), rs);
+        cr_assert_str_eq(env_of(r, "WORLD_SIZE"), "3");
+        cr_assert_str_eq(env_of(r, "LOCAL_WORLD_SIZE"), "3");
+        cr_assert_str_eq(env_of(r, "ROLE_WORLD_SIZE"), "3");
+        cr_assert_str_eq(env_of(r, "GROUP_RANK"), "0");
+        cr_assert_str_eq(env_of(r, "GROUP_WORLD_SIZE"), "1");
+        cr_assert_str_eq(env_of(r, "ROLE_NAME"), "default");
+        cr_assert_str_eq(env_of(r, "MASTER_ADDR"), "127.0.0.1");
+        cr_assert_str_eq(env_of(r, "MASTER_PORT"), port);
+        cr_assert_str_eq(env_of(r, "TORCHELASTIC_RUN_ID"), run_id);
+        cr_assert_str_eq(env_of(r, "TORCHELASTIC_RESTART_COUNT"), "0");
+        cr_assert_str_eq(env_of(r, "TORCHELASTIC_MAX_RESTARTS"), "0");
+        cr_assert_str_eq(env_of(r, "OMP_NUM_THREADS"), "1");
+        cr_assert_str_eq(env_of(r, "DISTKERNEL_LOG"), log);
+        cr_assert_str_eq(env_of(r, "FAKE_EXTRA"), "kept");
+        cr_assert(strstr(rec.out[r][1].buf, "KEYLEN 64\n") != NULL);
+    }
+    cr_assert_gt(dk_job_master_port(job), 0);
+    finish(&job);
+}
+
+Test(job, omp_num_threads_is_kept_when_the_host_sets_it)
+{
+    const char *extra[] = {"FAKE_PRINT_ENV=1", "OMP_NUM_THREADS=7", NULL};
+    dk_job_t *job = run(1, extra);
+    cr_assert_str_eq(env_of(0, "OMP_NUM_THREADS"), "7");
+    finish(&job);
+}
+
+Test(job, a_rank_starts_with_only_stdio_open_default_signals_and_its_own_group)
+{
+    /* Give the host state a rank must not inherit: a blocked and an ignored
+     * signal, and a descriptor without close-on-exec. */
+    sigset_t block;
+    sigemptyset(&block);
+    sigaddset(&block, SIGUSR1);
+    pthread_sigmask(SIG_BLOCK, &block, NULL);
+    signal(SIGUSR2, SIG_IGN);
+    int stray = open("/dev/null", O_RDONLY);
+    cr_assert_geq(stray, 0);
+
+    const char *extra[] = {"FAKE_PRINT_ENV=1", NULL};
+    dk_job_t *job = run(1, extra);
+    const char *out = rec.out[0][1].buf;
+    cr_assert(strstr(out, "FDS 0 1 2\n") != NULL, "%s", out);
+    cr_assert(strstr(out, "STDIN /dev/null\n") != NULL, "%s", out);
+    cr_assert(strstr(out, "SigBlk:\t0000000000000000\n") != NULL, "%s", out);
+    cr_assert(strstr(out, "SigIgn:\t0000000000000000\n") != NULL, "%s", out);
+    char pg[64];
+    snprintf(pg, sizeof pg, "PGID %d PID %d\n", dk_job_rank_pid(job, 0), dk_job_rank_pid(job, 0));
+    cr_assert(strstr(out, pg) != NULL, "%s", out);
+    close(stray);
+    finish(&job);
+}
+
+Test(job, a_missing_executable_is_an_error_and_starts_nothing)
+{
+    int before = count_fds();
+    dk_job_spec_t spec = spec_for(2, NULL);
+    spec.rank_exe = "/nonexistent/rank";
+    char err[512] = "";
+    cr_assert_null(dk_job_start(&spec, &sink, err, sizeof err));
+    cr_assert(strstr(err, "/nonexistent/rank") && strstr(err, "No such file"), "%s", err);
+    cr_assert_eq(count_fds(), before);
+    remove_dir(log_dir);
+}
+
+Test(job, a_bad_description_is_an_error)
+{
+    char err[512] = "";
+    dk_job_spec_t spec = {.world_size = 0, .rank_exe = FAKE_RANK};
+    cr_assert_null(dk_job_start(&spec, &sink, err, sizeof err));
+    cr_assert(strstr(err, "world_size") != NULL, "%s", err);
+
+    static const char byte = 0;
+    spec.world_size = 1;
+    spec.payload = &byte;
+    spec.payload_len = (size_t) 2 << 30;
+    cr_assert_null(dk_job_start(&spec, &sink, err, sizeof err));
+    cr_assert(strstr(err, "1 GiB") != NULL, "%s", err);
+}
+
+Test(job, two_jobs_at_once_get_different_master_ports)
+{
+    dk_job_spec_t spec = spec_for(1, NULL);
+    dk_job_t *a = start(&spec);
+    dk_job_t *b = start(&spec);
+    cr_assert_neq(dk_job_master_port(a), dk_job_master_port(b));
+    cr_assert(dk_job_wait(a, 20000));
+    cr_assert(dk_job_wait(b, 20000));
+    dk_job_destroy(&a);
+    finish(&b);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Failures                                                                  */
+
+Test(job, an_error_on_one_rank_is_the_root_cause_and_the_others_are_stopped)
+{
+    const char *extra[] = {"FAKE_MODE=sleep", "FAKE_MODE_1=error", NULL};
+    dk_job_t *job = run(3, extra);
+    cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    cr_assert_eq(dk_job_root_cause(job), 1);
+    cr_assert(rec.msg_error[1]);
+    cr_assert_str_eq(rec.msg[1].buf, "boom on rank 1");
+    cr_assert_eq(dk_job_rank_state(job, 1), DK_RANK_FAILED);
+    cr_assert_eq(dk_job_rank_exit_code(job, 1), 1);
+    for (int r = 0; r < 3; r += 2) {
+        cr_assert_eq(dk_job_rank_state(job, r), DK_RANK_STOPPED);
+        cr_assert_eq(dk_job_rank_signal(job, r), SIGINT);
+        cr_assert_eq(rec.states[r][rec.nstates[r] - 1], DK_RANK_STOPPED);
+    }
+    finish(&job);
+}
+
+Test(job, a_non_zero_exit_is_a_failure_with_its_code)
+{
+    const char *extra[] = {"FAKE_MODE=sleep", "FAKE_MODE_0=exit3", NULL};
+    dk_job_t *job = run(2, extra);
+    cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    cr_assert_eq(dk_job_root_cause(job), 0);
+    cr_assert_eq(dk_job_rank_state(job, 0), DK_RANK_FAILED);
+    cr_assert_eq(dk_job_rank_exit_code(job, 0), 3);
+    cr_assert_eq(dk_job_rank_signal(job, 0), 0);
+    cr_assert_eq(rec.state_code[0], 3);
+    cr_assert_eq(dk_job_rank_state(job, 1), DK_RANK_STOPPED);
+    finish(&job);
+}
+
+Test(job, a_crash_is_reported_with_its_signal)
+{
+    const char *extra[] = {"FAKE_MODE=segv", NULL};
+    dk_job_t *job = run(1, extra);
+    cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    cr_assert_eq(dk_job_root_cause(job), 0);
+    cr_assert_eq(dk_job_rank_state(job, 0), DK_RANK_FAILED);
+    cr_assert_eq(dk_job_rank_exit_code(job, 0), -1);
+    cr_assert_eq(dk_job_rank_signal(job, 0), SIGSEGV);
+    cr_assert_eq(rec.state_code[0], -1);
+    cr_assert_eq(rec.state_signal[0], SIGSEGV);
+    finish(&job);
+}
+
+Test(job, exiting_without_a_result_is_a_failure)
+{
+    const char *extra[] = {"FAKE_MODE=no_result", NULL};
+    dk_job_t *job = run(1, extra);
+    cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    cr_assert_eq(dk_job_rank_state(job, 0), DK_RANK_FAILED);
+    cr_assert_eq(dk_job_rank_exit_code(job, 0), 0);
+    cr_assert_eq(rec.nmsg[0], 0);
+    finish(&job);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Ending ranks                                                              */
+
+Test(job, cancel_stops_every_rank)
+{
+    const char *extra[] = {"FAKE_MODE=sleep", NULL};
+    dk_job_spec_t spec = spec_for(2, extra);
+    dk_job_t *job = start(&spec);
+    wait_output(0, "sleeping");
+    wait_output(1, "sleeping");
+    cr_assert_eq(dk_job_end(job), DK_END_NONE);
+    double t0 = now_s();
+    dk_job_cancel(job);
+    cr_assert(dk_job_wait(job, 20000));
+    cr_assert_lt(now_s() - t0, GRACE, "SIGINT alone should end these ranks");
+    cr_assert_eq(dk_job_end(job), DK_END_CANCELLED);
+    cr_assert_eq(dk_job_root_cause(job), -1);
+    for (int r = 0; r < 2; r++) {
+        cr_assert_eq(dk_job_rank_state(job, r), DK_RANK_STOPPED);
+        cr_assert_eq(dk_job_rank_signal(job, r), SIGINT);
+    }
+    finish(&job);
+}
+
+Test(job, ranks_that_answer_sigint_with_an_error_are_stopped_not_failed)
+{
+    const char *extra[] = {"FAKE_MODE=interruptible", NULL};
+    dk_job_spec_t spec = spec_for(2, extra);
+    dk_job_t *job = start(&spec);
+    wait_output(0, "sleeping");
+    wait_output(1, "sleeping");
+    dk_job_cancel(job);
+    cr_assert(dk_job_wait(job, 20000));
+    cr_assert_eq(dk_job_end(job), DK_END_CANCELLED);
+    cr_assert_eq(dk_job_root_cause(job), -1);
+    for (int r = 0; r < 2; r++) {
+        cr_assert(rec.msg_error[r]);
+        cr_assert_str_eq(rec.msg[r].buf, "KeyboardInterrupt");
+        cr_assert_eq(dk_job_rank_state(job, r), DK_RANK_STOPPED);
+        cr_assert_eq(dk_job_rank_exit_code(job, r), 1);
+    }
+    finish(&job);
+}
+
+Test(job, a_rank_that_ignores_sigint_and_sigterm_is_killed_within_three_graces)
+{
+    const char *extra[] = {"FAKE_MODE=ignore_signals", NULL};
+    dk_job_spec_t spec = spec_for(1, extra);
+    dk_job_t *job = start(&spec);
+    wait_output(0, "sleeping");
+    double t0 = now_s();
+    dk_job_cancel(job);
+    cr_assert(dk_job_wait(job, 20000));
+    double took = now_s() - t0;
+    cr_assert_geq(took, 2 * GRACE - 0.05, "SIGKILL came early: %.3f s", took);
+    cr_assert_lt(took, 3 * GRACE, "the job took %.3f s to end", took);
+    cr_assert_eq(dk_job_rank_state(job, 0), DK_RANK_STOPPED);
+    cr_assert_eq(dk_job_rank_signal(job, 0), SIGKILL);
+    finish(&job);
+}
+
+Test(job, a_failure_kills_a_rank_that_ignores_signals)
+{
+    /* Rank 1 ignores the stop signals; rank 0 fails as soon as it has its
+     * payload, perhaps before rank 1 has started: either way the job ends. */
+    const char *extra[] = {"FAKE_MODE_0=error", "FAKE_MODE_1=ignore_signals", NULL};
+    dk_job_t *job = run(2, extra);
+    cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    cr_assert_eq(dk_job_root_cause(job), 0);
+    cr_assert_lt(now_s() - rec.first_error_at, 3 * GRACE + 0.2);
+    cr_assert_eq(dk_job_rank_state(job, 1), DK_RANK_STOPPED);
+    finish(&job);
+}
+
+Test(job, a_rank_that_hangs_after_its_error_is_terminated_not_interrupted)
+{
+    /* SIGINT is for ranks still running code; one that has reported is given
+     * the grace to exit and then SIGTERM. */
+    const char *extra[] = {"FAKE_MODE=error_hang", NULL};
+    double t0 = now_s();
+    dk_job_t *job = run(1, extra);
+    cr_assert_lt(now_s() - t0, 3 * GRACE + 1.0);
+    cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    cr_assert_eq(dk_job_root_cause(job), 0);
+    cr_assert_eq(dk_job_rank_state(job, 0), DK_RANK_FAILED);
+    cr_assert_eq(dk_job_rank_signal(job, 0), SIGTERM);
+    finish(&job);
+}
+
+Test(job, the_timeout_stops_every_rank)
+{
+    const char *extra[] = {"FAKE_MODE=sleep", NULL};
+    dk_job_spec_t spec = spec_for(2, extra);
+    spec.timeout_s = 0.5;
+    double t0 = now_s();
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 20000));
+    cr_assert_geq(now_s() - t0, 0.5);
+    cr_assert_eq(dk_job_end(job), DK_END_TIMEOUT);
+    cr_assert_eq(dk_job_root_cause(job), -1);
+    for (int r = 0; r < 2; r++)
+        cr_assert_eq(dk_job_rank_state(job, r), DK_RANK_STOPPED);
+    finish(&job);
+}
+
+Test(job, destroy_leaves_no_rank_process_behind)
+{
+    const char *extra[] = {"FAKE_MODE=sleep", NULL};
+    dk_job_spec_t spec = spec_for(3, extra);
+    dk_job_t *job = start(&spec);
+    int pids[3];
+    for (int r = 0; r < 3; r++)
+        pids[r] = dk_job_rank_pid(job, r);
+    finish(&job);
+    cr_assert_null(job);
+    for (int r = 0; r < 3; r++) {
+        errno = 0;
+        cr_assert_eq(kill(pids[r], 0), -1);
+        cr_assert_eq(errno, ESRCH, "rank %d (pid %d) is still there", r, pids[r]);
+    }
+}
+
+Test(job, a_grandchild_holding_the_pipes_does_not_hold_the_job)
+{
+    const char *extra[] = {"FAKE_MODE=grandchild", NULL};
+    double t0 = now_s();
+    dk_job_t *job = run(1, extra);
+    cr_assert_lt(now_s() - t0, 5.0);
+    cr_assert_eq(dk_job_end(job), DK_END_OK);
+    const char *at = strstr(rec.out[0][1].buf, "GRANDCHILD ");
+    cr_assert_not_null(at);
+    kill(atoi(at + strlen("GRANDCHILD ")), SIGKILL);
+    finish(&job);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The back channel                                                          */
+
+Test(job, a_forged_mac_is_refused_with_a_warning_and_the_job_completes)
+{
+    const char *extra[] = {"FAKE_MODE_0=forge_mac", NULL};
+    dk_job_t *job = run(2, extra);
+    cr_assert_eq(dk_job_end(job), DK_END_OK);
+    cr_assert(output_has(0, 1, "refused as expected"));
+    cr_assert(warned("did not verify"));
+    finish(&job);
+}
+
+Test(job, a_second_hello_for_a_connected_rank_is_refused)
+{
+    const char *extra[] = {"FAKE_MODE=duplicate_hello", NULL};
+    dk_job_t *job = run(1, extra);
+    cr_assert_eq(dk_job_end(job), DK_END_OK);
+    cr_assert(output_has(0, 1, "refused as expected"));
+    cr_assert(warned("already connected"));
+    finish(&job);
+}
+
+Test(job, a_hello_for_a_rank_outside_the_job_is_refused)
+{
+    const char *extra[] = {"FAKE_MODE=bad_rank", NULL};
+    dk_job_t *job = run(2, extra);
+    cr_assert_eq(dk_job_end(job), DK_END_OK);
+    cr_assert(warned("named rank 2, but this job has ranks 0 to 1"));
+    finish(&job);
+}
+
+Test(job, an_oversized_frame_is_refused_before_it_is_read)
+{
+    const char *extra[] = {"FAKE_MODE=oversize", NULL};
+    dk_job_t *job = run(1, extra);
+    cr_assert(warned("outside the protocol's limits"));
+    cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    cr_assert_eq(dk_job_rank_state(job, 0), DK_RANK_FAILED);
+    finish(&job);
+}
+
+Test(job, the_socket_directory_is_removed)
+{
+    const char *extra[] = {"FAKE_PRINT_ENV=1", NULL};
+    dk_job_t *job = run(1, extra);
+    char path[512];
+    snprintf(path, sizeof path, "%s", env_of(0, "DISTKERNEL_BC"));
+    struct stat st;
+    char *slash = strrchr(path, '/');
+    *slash = '\0';
+    cr_assert_eq(stat(path, &st), 0);
+    cr_assert_eq(st.st_mode & 0777, 0700);
+    finish(&job);
+    cr_assert_eq(stat(path, &st), -1, "%s is still there", path);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Output                                                                    */
+
+/* Every "TAG i" line of TEXT, in order, is numbered 0..N-1. */
+static void expect_numbered(const char *text, const char *tag, int n)
+{
+    int next = 0;
+    size_t tlen = strlen(tag);
+    for (const char *line = text; line && *line;) {
+        const char *end = strchr(line, '\n');
+        cr_assert_not_null(end);
+        if (strncmp(line, tag, tlen) == 0 && line[tlen] == ' ') {
+            cr_assert_eq(atoi(line + tlen + 1), next, "expected %s %d, found %.*s", tag, next,
+                         (int) (end - line), line);
+            next++;
+        }
+        line = end + 1;
+    }
+    cr_assert_eq(next, n);
+}
+
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "cannot open %s", path);
+    bytes_t b = {0};
+    char chunk[65536];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0)
+        append(&b, chunk, n);
+    fclose(f);
+    *len = b.len;
+    return b.buf;
+}
+
+Test(job, output_is_relayed_in_order_and_kept_in_the_log)
+{
+    const char *extra[] = {"FAKE_MODE=print_lots", "FAKE_LINES=5000", NULL};
+    dk_job_t *job = run(2, extra);
+    cr_assert_eq(dk_job_end(job), DK_END_OK);
+    for (int r = 0; r < 2; r++) {
+        expect_numbered(rec.out[r][1].buf, "out", 5000);
+        expect_numbered(rec.out[r][2].buf, "err", 5000);
+        char path[512];
+        snprintf(path, sizeof path, "%s/rank-%d.log", dk_job_log_dir(job), r);
+        size_t len;
+        char *log = read_file(path, &len);
+        cr_assert_eq(len, rec.out[r][1].len + rec.out[r][2].len);
+        expect_numbered(log, "out", 5000);
+        expect_numbered(log, "err", 5000);
+        free(log);
+    }
+    finish(&job);
+}
+
+Test(job, a_log_that_cannot_be_written_is_reported_once_and_output_still_flows)
+{
+    make_log_dir();
+    char link[512];
+    snprintf(link, sizeof link, "%s/rank-0.log", log_dir);
+    cr_assert_eq(symlink("/dev/full", link), 0);
+    const char *extra[] = {"FAKE_MODE=print_lots", "FAKE_LINES=200", NULL};
+    dk_job_t *job = run(1, extra);
+    cr_assert_eq(dk_job_end(job), DK_END_OK);
+    expect_numbered(rec.out[0][1].buf, "out", 200);
+    expect_numbered(rec.out[0][2].buf, "err", 200);
+    cr_assert_eq(rec.nwarnings, 1);
+    cr_assert(warned("rank 0's log file") && warned("No space left"), "%s", rec.warnings[0]);
+    finish(&job);
+}
+
+Test(job, without_a_log_dir_logs_go_to_a_fresh_directory)
+{
+    dk_job_spec_t spec = spec_for(1, NULL);
+    spec.log_dir = NULL;
+    remove_dir(log_dir);
+    log_dir[0] = '\0';
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 20000));
+    char path[512];
+    snprintf(path, sizeof path, "%s/rank-0.log", dk_job_log_dir(job));
+    cr_assert_eq(access(path, F_OK), 0);
+    snprintf(log_dir, sizeof log_dir, "%s", dk_job_log_dir(job));
+    finish(&job);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Resources                                                                 */
+
+Test(job, no_descriptor_is_leaked)
+{
+    int before = count_fds();
+    const char *extra[] = {"FAKE_MODE_0=forge_mac", "FAKE_MODE_1=print_lots", NULL};
+    dk_job_t *job = run(3, extra);
+    finish(&job);
+
+    const char *sleepers[] = {"FAKE_MODE=sleep", NULL};
+    dk_job_spec_t spec = spec_for(2, sleepers);
+    job = start(&spec);
+    finish(&job);           /* destroyed while running */
+    cr_assert_eq(count_fds(), before);
+}
