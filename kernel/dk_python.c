@@ -10,6 +10,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "dk_distributed.h"
 #include "dk_python.h"
 
 #include <stdlib.h>
@@ -196,6 +197,8 @@ static PyObject *py_log(PyObject *self, PyObject *args)
 }
 
 static PyMethodDef module_methods[] = {
+    {"run_job", dk_distributed_run_job, METH_VARARGS,
+     "run_job(options_text, payload) -> (results, log_dir): run a pickled job as ranks."},
     {"log", py_log, METH_VARARGS, "log(text): write a line to the kernel's log (its stderr)."},
     {"publish", (PyCFunction)(void (*)(void))py_publish, METH_VARARGS | METH_KEYWORDS,
      "publish(msg_type, content_json, metadata_json=None, buffers=None): send on IOPub "

@@ -272,30 +272,3 @@ int dk_dist_opts_parse(const char *args, dk_dist_opts_t *o, char *err, size_t er
         o->num_accelerators = o->accelerator_count;
     return 0;
 }
-
-void dk_accelerator_model(const char *device_name, char *out, size_t outlen)
-{
-    /* Longest names first, so "H200" is not read as "H20" and "A100" not as "A10". */
-    static const char *models[] = {"GB200", "GB300", "B200", "B300", "H200", "H100", "H800",
-                                   "H20",  "A100",  "A800", "A10G", "A10",  "A30",  "A40",
-                                   "A6000", "L40S", "L40",  "L4",   "T4",   "V100", NULL};
-    out[0] = '\0';
-    if (!device_name)
-        return;
-    char upper_name[256];
-    snprintf(upper_name, sizeof upper_name, "%s", device_name);
-    upper(upper_name);
-    for (int i = 0; models[i]; i++) {
-        const char *hit = strstr(upper_name, models[i]);
-        while (hit) {
-            size_t n = strlen(models[i]);
-            bool left = hit == upper_name || !isalnum((unsigned char)hit[-1]);
-            bool right = !isalnum((unsigned char)hit[n]);
-            if (left && right) {
-                snprintf(out, outlen, "%s", models[i]);
-                return;
-            }
-            hit = strstr(hit + 1, models[i]);
-        }
-    }
-}

@@ -39,11 +39,6 @@ typedef struct {
  * with a message for the user in ERR. */
 int dk_dist_opts_parse(const char *args, dk_dist_opts_t *out, char *err, size_t errlen);
 
-/* Map a CUDA device name ("NVIDIA H100 80GB HBM3", "NVIDIA A10", "NVIDIA L4") to
- * the platform's model name ("H100", "A10", "L4"); writes "" when it is not one
- * that is known. */
-void dk_accelerator_model(const char *device_name, char *out, size_t outlen);
-
 /* The help text of %%distributed (what `%%distributed?` shows). */
 extern const char dk_dist_doc[];
 

@@ -212,6 +212,8 @@ class Kernel:
             import importlib.util
             if importlib.util.find_spec("matplotlib_inline") is not None:
                 os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+        from distkernel import _compat
+        _compat.install()
         self.shell = KernelShell.instance()
         self._tune_history()
         self.allow_stdin = False

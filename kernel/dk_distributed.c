@@ -1,0 +1,748 @@
+/*
+ * dk_distributed: running a cell or a function as N ranks. See the header.
+ *
+ * A run is three parties. The runtime thread calls the sink: output bytes go
+ * through one line assembler per rank and stream (dk_lines), finished lines
+ * become "[rank N] ..." text in the cell's stdout or stderr (coalesced by
+ * dk_stream), and a line being redrawn with '\r' (a progress bar) becomes a
+ * display of its own, updated in place, one per rank, so bars never turn into
+ * thousands of lines nor fight over one line. The main thread waits with the GIL
+ * released, wakes every WAIT_SLICE_MS to honour an interrupt or a shutdown
+ * (which cancel the job), refreshes the status display, and, once every rank has
+ * exited, builds the result or the root-cause error. A mutex guards what both
+ * threads touch.
+ */
+#include "dk_distributed.h"
+#include "dk_dist_opts.h"
+#include "dk_gpu.h"
+#include "dk_job.h"
+#include "dk_kernel.h"
+#include "dk_lines.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define WAIT_SLICE_MS 50
+#define STATUS_EVERY_MS 1000
+#define PROGRESS_EVERY_MS 100
+#define PARTIAL_SHOWN_AFTER_MS 300
+#define KILL_GRACE_S 2.0
+
+typedef struct run_t run_t;
+
+typedef struct {
+    run_t *run;
+    int rank;
+    int fd;                     /* 1 or 2 */
+    dk_lines_t *lines;
+    bool progress_open;         /* a progress display exists for this stream */
+    bool progress_dirty;        /* newer text than the display shows */
+    char *progress_text;
+    long long progress_sent_ms;
+    long long partial_since_ms; /* an unfinished line is waiting, since */
+    char display_id[80];
+    int displays;               /* progress displays opened so far */
+} slot_t;
+
+typedef struct {
+    dk_rank_state_t state;
+    int exit_code, term_signal;
+    void *message;              /* RESULT or ERROR bytes */
+    size_t message_len;
+    bool is_error;
+    int gpu_index;              /* NVML index, -1 for CPU ranks */
+    int pid;
+} rank_info_t;
+
+struct run_t {
+    dk_kernel_t *kernel;
+    dk_dist_opts_t opts;
+    int world;
+    bool gpu;
+    char what[160];             /* "2 CPU ranks (gloo)", "8 × NVIDIA H100" */
+    char run_id[24];
+    dk_job_t *job;
+    pthread_mutex_t lock;
+    slot_t *slots;              /* world * 2 */
+    rank_info_t *ranks;
+    bool status_dirty;
+    bool status_shown;          /* the status display exists */
+    long long t0_ms;
+    bool interrupted, shutdown;
+};
+
+static long long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static const char *signal_name(int sig)
+{
+    static const struct { int sig; const char *name; } names[] = {
+        {SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},   {SIGQUIT, "SIGQUIT"}, {SIGILL, "SIGILL"},
+        {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},
+        {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"}, {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
+        {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"}, {SIGXCPU, "SIGXCPU"},
+        {SIGXFSZ, "SIGXFSZ"}, {SIGSYS, "SIGSYS"},   {0, NULL}};
+    for (int i = 0; names[i].name; i++)
+        if (names[i].sig == sig)
+            return names[i].name;
+    return "a signal";
+}
+
+/* ---- sink: runs on the runtime thread ------------------------------------------ */
+
+static void publish_progress_locked(slot_t *s)
+{
+    if (!s->progress_text)
+        return;
+    char label[600];
+    snprintf(label, sizeof label, "[rank %d] ", s->rank);
+    size_t n = strlen(label) + strlen(s->progress_text) + 1;
+    char *text = malloc(n);
+    if (!text)
+        return;
+    snprintf(text, n, "%s%s", label, s->progress_text);
+    json_t *content = json_pack("{s:{s:s}, s:{}, s:{s:s}}", "data", "text/plain", text,
+                                "metadata", "transient", "display_id", s->display_id);
+    dk_stream_flush(dk_kernel_stream(s->run->kernel));
+    dk_iopub_publish(dk_kernel_iopub(s->run->kernel),
+                     s->progress_open ? "update_display_data" : "display_data", content, NULL);
+    json_decref(content);
+    free(text);
+    s->progress_open = true;
+    s->progress_dirty = false;
+    s->progress_sent_ms = now_ms();
+}
+
+static void open_progress_locked(slot_t *s)
+{
+    snprintf(s->display_id, sizeof s->display_id, "distkernel-%s-r%d-fd%d-%d", s->run->run_id,
+             s->rank, s->fd, s->displays++);
+    publish_progress_locked(s);
+}
+
+/* A rank's unfinished line is shown in place of its own (a display updated in
+ * place) when it is being redrawn ('\r', a progress bar), or when it has stayed
+ * unfinished for PARTIAL_SHOWN_AFTER_MS ("Epoch 1... " before a long step). A
+ * line that is merely arriving in pieces is printed once, whole. */
+static void on_line(void *data, dk_lines_event_t kind, const char *text, size_t len)
+{
+    slot_t *s = data;
+    if (kind == DK_PROGRESS) {
+        bool redraw = s->progress_text && strncmp(text, s->progress_text,
+                                                  strlen(s->progress_text)) != 0;
+        free(s->progress_text);
+        s->progress_text = strndup(text, len);
+        if (!s->partial_since_ms)
+            s->partial_since_ms = now_ms();
+        if (s->progress_open) {
+            if (now_ms() - s->progress_sent_ms >= PROGRESS_EVERY_MS)
+                publish_progress_locked(s);
+            else
+                s->progress_dirty = true;
+        } else if (redraw) {
+            open_progress_locked(s);
+        }
+        return;
+    }
+    s->partial_since_ms = 0;
+    if (s->progress_open) {
+        /* The redrawn line is finished (a bar at 100%): it stays where it was
+         * drawn, in its final state, instead of being printed again. */
+        free(s->progress_text);
+        s->progress_text = strndup(text, len);
+        publish_progress_locked(s);
+        s->progress_open = false;
+        free(s->progress_text);
+        s->progress_text = NULL;
+        return;
+    }
+    free(s->progress_text);
+    s->progress_text = NULL;
+    char label[32];
+    int ln = snprintf(label, sizeof label, "[rank %d] ", s->rank);
+    char *line = malloc((size_t)ln + len + 2);
+    if (!line)
+        return;
+    memcpy(line, label, (size_t)ln);
+    memcpy(line + ln, text, len);
+    line[(size_t)ln + len] = '\n';
+    dk_stream_write(dk_kernel_stream(s->run->kernel), s->fd == 2 ? DK_STDERR : DK_STDOUT, line,
+                    (size_t)ln + len + 1);
+    free(line);
+}
+
+static void sink_output(void *data, int rank, int fd, const char *bytes, size_t len)
+{
+    run_t *run = data;
+    if (run->opts.output == DK_OUTPUT_RANK0 && rank != 0)
+        return;   /* still in the rank's log file */
+    pthread_mutex_lock(&run->lock);
+    slot_t *s = &run->slots[rank * 2 + (fd == 2)];
+    dk_lines_feed(s->lines, bytes, len, on_line, s);
+    pthread_mutex_unlock(&run->lock);
+}
+
+static void sink_state(void *data, int rank, dk_rank_state_t state, int exit_code, int term_signal)
+{
+    run_t *run = data;
+    pthread_mutex_lock(&run->lock);
+    run->ranks[rank].state = state;
+    run->ranks[rank].exit_code = exit_code;
+    run->ranks[rank].term_signal = term_signal;
+    run->status_dirty = true;
+    pthread_mutex_unlock(&run->lock);
+}
+
+static void sink_message(void *data, int rank, bool is_error, const void *bytes, size_t len)
+{
+    run_t *run = data;
+    void *copy = malloc(len ? len : 1);
+    if (!copy)
+        return;
+    memcpy(copy, bytes, len);
+    pthread_mutex_lock(&run->lock);
+    free(run->ranks[rank].message);
+    run->ranks[rank].message = copy;
+    run->ranks[rank].message_len = len;
+    run->ranks[rank].is_error = is_error;
+    pthread_mutex_unlock(&run->lock);
+}
+
+static void sink_warning(void *data, const char *text)
+{
+    run_t *run = data;
+    char line[1024];
+    int n = snprintf(line, sizeof line, "[distkernel] %s\n", text);
+    if (n > (int)sizeof line - 1)
+        n = (int)sizeof line - 1;
+    dk_stream_write(dk_kernel_stream(run->kernel), DK_STDERR, line, (size_t)n);
+}
+
+/* ---- status display: main thread ---------------------------------------------- */
+
+static const char *state_word(dk_rank_state_t st)
+{
+    switch (st) {
+    case DK_RANK_STARTING: return "starting";
+    case DK_RANK_RUNNING: return "running";
+    case DK_RANK_DONE: return "done";
+    case DK_RANK_FAILED: return "failed";
+    case DK_RANK_STOPPED: return "stopped";
+    }
+    return "?";
+}
+
+static void publish_status(run_t *run, const char *headline)
+{
+    double elapsed = (double)(now_ms() - run->t0_ms) / 1000.0;
+    size_t cap = 512 + (size_t)run->world * 96;
+    char *text = malloc(cap);
+    if (!text)
+        return;
+    size_t n = 0;
+    n += (size_t)snprintf(text + n, cap - n, "distributed: %s · %.1f s%s%s\n", run->what, elapsed,
+                          headline ? " · " : "", headline ? headline : "");
+    pthread_mutex_lock(&run->lock);
+    for (int r = 0; r < run->world && n < cap; r++) {
+        rank_info_t *ri = &run->ranks[r];
+        n += (size_t)snprintf(text + n, cap - n, "%srank %d %s", r ? " · " : "  ", r,
+                              state_word(ri->state));
+        if (run->gpu && ri->gpu_index >= 0 && ri->state == DK_RANK_RUNNING && ri->pid > 0) {
+            unsigned long long used = dk_gpu_process_memory(ri->gpu_index, ri->pid);
+            if (used && n < cap)
+                n += (size_t)snprintf(text + n, cap - n, " (GPU %.1f GiB)",
+                                      (double)used / (1024.0 * 1024.0 * 1024.0));
+        }
+    }
+    run->status_dirty = false;
+    pthread_mutex_unlock(&run->lock);
+    if (n < cap)
+        n += (size_t)snprintf(text + n, cap - n, "\n  logs: %s", dk_job_log_dir(run->job));
+    char display_id[64];
+    snprintf(display_id, sizeof display_id, "distkernel-%s-status", run->run_id);
+    json_t *content = json_pack("{s:{s:s}, s:{}, s:{s:s}}", "data", "text/plain", text,
+                                "metadata", "transient", "display_id", display_id);
+    dk_stream_flush(dk_kernel_stream(run->kernel));
+    dk_iopub_publish(dk_kernel_iopub(run->kernel),
+                     run->status_shown ? "update_display_data" : "display_data", content, NULL);
+    run->status_shown = true;
+    json_decref(content);
+    free(text);
+}
+
+static void flush_progress(run_t *run)
+{
+    long long now = now_ms();
+    pthread_mutex_lock(&run->lock);
+    for (int i = 0; i < run->world * 2; i++) {
+        slot_t *s = &run->slots[i];
+        if (s->progress_open && s->progress_dirty)
+            publish_progress_locked(s);
+        else if (!s->progress_open && s->progress_text && s->partial_since_ms &&
+                 now - s->partial_since_ms >= PARTIAL_SHOWN_AFTER_MS)
+            open_progress_locked(s);
+    }
+    pthread_mutex_unlock(&run->lock);
+}
+
+/* ---- devices and the job -------------------------------------------------------- */
+
+/* Decide how many ranks and where, from the options and the node; -1 with ERR. */
+static int plan(run_t *run, char *err, size_t errlen)
+{
+    const dk_dist_opts_t *o = &run->opts;
+    if (o->num_processes) {
+        run->world = o->num_processes;
+        run->gpu = false;
+        snprintf(run->what, sizeof run->what, "%d CPU rank%s", run->world,
+                 run->world == 1 ? "" : "s");
+        return 0;
+    }
+    dk_gpu_list_t gpus;
+    dk_gpu_discover(&gpus);
+    if (gpus.count == 0) {
+        snprintf(err, errlen,
+                 "no GPU on this node (%s). To run CPU ranks instead, give num_processes=N, "
+                 "for example: %%%%distributed num_processes=2",
+                 gpus.why_none);
+        return -1;
+    }
+    if (o->num_accelerators > gpus.count) {
+        snprintf(err, errlen, "num_accelerators=%d asks for more GPUs than this node has: %d × %s",
+                 o->num_accelerators, gpus.count, gpus.gpus[0].name);
+        return -1;
+    }
+    if (o->accelerator_model[0]) {
+        for (int i = 0; i < gpus.count; i++) {
+            if (strcmp(gpus.gpus[i].model, o->accelerator_model) != 0) {
+                snprintf(err, errlen,
+                         "accelerator_type asks for %s GPUs, but this node has %d × %s (%s)",
+                         o->accelerator_model, gpus.count, gpus.gpus[i].name,
+                         gpus.gpus[i].model[0] ? gpus.gpus[i].model : "unknown model");
+                return -1;
+            }
+        }
+    }
+    run->world = o->num_accelerators ? o->num_accelerators : gpus.count;
+    run->gpu = true;
+    snprintf(run->what, sizeof run->what, "%d × %s", run->world, gpus.gpus[0].name);
+    for (int r = 0; r < run->world; r++)
+        run->ranks[r].gpu_index = gpus.gpus[r].index;
+    return 0;
+}
+
+static void run_free(run_t *run)
+{
+    if (!run)
+        return;
+    dk_job_destroy(&run->job);
+    for (int i = 0; run->slots && i < run->world * 2; i++) {
+        dk_lines_destroy(&run->slots[i].lines);
+        free(run->slots[i].progress_text);
+    }
+    for (int r = 0; run->ranks && r < run->world; r++)
+        free(run->ranks[r].message);
+    free(run->slots);
+    free(run->ranks);
+    pthread_mutex_destroy(&run->lock);
+    free(run);
+}
+
+static const char *rank_exe(void)
+{
+    const char *exe = getenv("DISTKERNEL_RANK_EXE");
+    return exe && *exe ? exe : DK_RANK_EXE;
+}
+
+/* Parse, plan and start. Returns NULL with a Python exception set. */
+static run_t *run_start(dk_kernel_t *k, const char *options, const void *payload, size_t len)
+{
+    run_t *run = calloc(1, sizeof *run);
+    if (!run) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    pthread_mutex_init(&run->lock, NULL);
+    run->kernel = k;
+    char err[1024];
+    if (dk_dist_opts_parse(options, &run->opts, err, sizeof err) < 0) {
+        PyErr_SetString(PyExc_ValueError, err);
+        run_free(run);
+        return NULL;
+    }
+    size_t cap = run->opts.num_processes > DK_GPU_MAX ? (size_t)run->opts.num_processes
+                                                      : DK_GPU_MAX;
+    run->ranks = calloc(cap, sizeof *run->ranks);
+    if (!run->ranks || plan(run, err, sizeof err) < 0) {
+        if (run->ranks)
+            PyErr_SetString(PyExc_RuntimeError, err);
+        else
+            PyErr_NoMemory();
+        run_free(run);
+        return NULL;
+    }
+    if (!run->gpu)
+        for (int r = 0; r < run->world; r++)
+            run->ranks[r].gpu_index = -1;
+    if (run->opts.warnings[0]) {
+        char line[600];
+        int n = snprintf(line, sizeof line, "%s\n", run->opts.warnings);
+        dk_stream_write(dk_kernel_stream(k), DK_STDERR, line, (size_t)n);
+    }
+    run->slots = calloc((size_t)run->world * 2, sizeof *run->slots);
+    if (!run->slots) {
+        PyErr_NoMemory();
+        run_free(run);
+        return NULL;
+    }
+    unsigned char id[8];
+    FILE *ur = fopen("/dev/urandom", "rb");
+    if (!ur || fread(id, 1, sizeof id, ur) != sizeof id)
+        memset(id, 0x5a, sizeof id);
+    if (ur)
+        fclose(ur);
+    for (int i = 0; i < 8; i++)
+        snprintf(run->run_id + 2 * i, 3, "%02x", id[i]);
+    for (int i = 0; i < run->world * 2; i++) {
+        slot_t *s = &run->slots[i];
+        s->run = run;
+        s->rank = i / 2;
+        s->fd = i % 2 + 1;
+        s->lines = dk_lines_new(0);
+        if (!s->lines) {
+            PyErr_NoMemory();
+            run_free(run);
+            return NULL;
+        }
+    }
+    dk_job_spec_t spec = {
+        .world_size = run->world,
+        .rank_exe = rank_exe(),
+        .payload = payload,
+        .payload_len = len,
+        .timeout_s = run->opts.timeout_s,
+        .grace_s = KILL_GRACE_S,
+    };
+    dk_sink_t sink = {.data = run, .on_output = sink_output, .on_state = sink_state,
+                      .on_message = sink_message, .on_warning = sink_warning};
+    run->job = dk_job_start(&spec, &sink, err, sizeof err);
+    if (!run->job) {
+        PyErr_Format(PyExc_RuntimeError, "could not start the ranks: %s", err);
+        run_free(run);
+        return NULL;
+    }
+    for (int r = 0; r < run->world; r++)
+        run->ranks[r].pid = dk_job_rank_pid(run->job, r);
+    run->t0_ms = now_ms();
+    publish_status(run, NULL);
+    return run;
+}
+
+/* Wait for the end, honouring interrupts and shutdown. GIL held on entry/exit. */
+static void run_wait(run_t *run)
+{
+    long long last_status = now_ms();
+    for (;;) {
+        bool done;
+        Py_BEGIN_ALLOW_THREADS
+        done = dk_job_wait(run->job, WAIT_SLICE_MS);
+        Py_END_ALLOW_THREADS
+        if (done)
+            break;
+        if (PyErr_CheckSignals() < 0) {
+            PyErr_Clear();
+            if (!run->interrupted) {
+                run->interrupted = true;
+                dk_job_cancel(run->job);
+                char line[] = "[distkernel] interrupted: ending every rank\n";
+                dk_stream_write(dk_kernel_stream(run->kernel), DK_STDERR, line, sizeof line - 1);
+            }
+        }
+        if (!run->shutdown && dk_kernel_shutting_down(run->kernel)) {
+            run->shutdown = true;
+            dk_job_cancel(run->job);
+        }
+        flush_progress(run);
+        if (run->status_dirty || now_ms() - last_status >= STATUS_EVERY_MS) {
+            publish_status(run, run->interrupted ? "ending ranks" : NULL);
+            last_status = now_ms();
+        }
+    }
+    /* The runtime thread is done: finish half-written lines from here. */
+    for (int i = 0; i < run->world * 2; i++) {
+        slot_t *s = &run->slots[i];
+        dk_lines_finish(s->lines, on_line, s);
+        if (s->progress_dirty)
+            publish_progress_locked(s);
+    }
+    for (int r = 0; r < run->world; r++) {
+        run->ranks[r].state = dk_job_rank_state(run->job, r);
+        run->ranks[r].exit_code = dk_job_rank_exit_code(run->job, r);
+        run->ranks[r].term_signal = dk_job_rank_signal(run->job, r);
+    }
+    dk_stream_flush(dk_kernel_stream(run->kernel));
+}
+
+/* ---- outcome ---------------------------------------------------------------- */
+
+/* The fate of rank R in a few words. */
+static void describe_rank(run_t *run, int r, int root, char *out, size_t outlen)
+{
+    rank_info_t *ri = &run->ranks[r];
+    if (ri->state == DK_RANK_DONE) {
+        snprintf(out, outlen, "rank %d: finished", r);
+    } else if (ri->state == DK_RANK_STOPPED) {
+        if (root >= 0)
+            snprintf(out, outlen, "rank %d: ended by distkernel after rank %d failed", r, root);
+        else
+            snprintf(out, outlen, "rank %d: ended by distkernel (%s)", r,
+                     run->interrupted ? "interrupted"
+                     : run->shutdown  ? "kernel shutting down"
+                                      : "timeout");
+    } else if (ri->is_error && ri->message) {
+        json_t *e = json_loadb(ri->message, ri->message_len, 0, NULL);
+        snprintf(out, outlen, "rank %d: raised %s: %s", r,
+                 e ? json_string_value(json_object_get(e, "ename")) : "an exception",
+                 e ? json_string_value(json_object_get(e, "evalue")) : "");
+        json_decref(e);
+    } else if (ri->term_signal) {
+        snprintf(out, outlen, "rank %d: killed by signal %d (%s)%s", r, ri->term_signal,
+                 signal_name(ri->term_signal),
+                 ri->term_signal == SIGKILL ? ", often the out-of-memory killer (see dmesg)" : "");
+    } else if (ri->exit_code > 0) {
+        snprintf(out, outlen, "rank %d: exited with code %d before returning a result", r,
+                 ri->exit_code);
+    } else {
+        snprintf(out, outlen, "rank %d: exited without returning a result", r);
+    }
+    if (root == r)
+        snprintf(out + strlen(out), outlen - strlen(out), "   <- root cause (first failure)");
+}
+
+/* The error of a run that did not end OK: {ename, evalue, traceback}. */
+static json_t *run_error(run_t *run)
+{
+    dk_job_end_t end = dk_job_end(run->job);
+    int root = end == DK_END_FAILED ? dk_job_root_cause(run->job) : -1;
+    json_t *tb = json_array();
+    char ename[128] = "DistributedError", evalue[1024] = "";
+    if (end == DK_END_CANCELLED) {
+        snprintf(ename, sizeof ename, "%s", run->shutdown ? "KernelShutdown" : "KeyboardInterrupt");
+        snprintf(evalue, sizeof evalue, "%s: every rank was ended",
+                 run->shutdown ? "the kernel is shutting down" : "interrupted");
+    } else if (end == DK_END_TIMEOUT) {
+        snprintf(ename, sizeof ename, "TimeoutError");
+        snprintf(evalue, sizeof evalue,
+                 "the job ran past timeout=%g s and every rank was ended; give a larger "
+                 "timeout= or timeout=None",
+                 run->opts.timeout_s);
+    } else if (root >= 0) {
+        rank_info_t *ri = &run->ranks[root];
+        json_t *e = ri->is_error && ri->message ? json_loadb(ri->message, ri->message_len, 0, NULL)
+                                                : NULL;
+        if (e) {
+            snprintf(ename, sizeof ename, "%s", json_string_value(json_object_get(e, "ename")));
+            snprintf(evalue, sizeof evalue, "[rank %d] %s", root,
+                     json_string_value(json_object_get(e, "evalue")));
+            char head[128];
+            snprintf(head, sizeof head, "Rank %d failed first (root cause):", root);
+            json_array_append_new(tb, json_string(head));
+            json_t *lines = json_object_get(e, "traceback");
+            size_t i;
+            json_t *line;
+            json_array_foreach(lines, i, line) json_array_append(tb, line);
+            json_decref(e);
+        } else {
+            char fate[512];
+            describe_rank(run, root, -1, fate, sizeof fate);
+            snprintf(ename, sizeof ename, "%s", ri->term_signal ? "RankKilled" : "RankExited");
+            snprintf(evalue, sizeof evalue, "%s", fate);
+        }
+    }
+    json_array_append_new(tb, json_string(""));
+    json_array_append_new(tb, json_string("Ranks:"));
+    for (int r = 0; r < run->world; r++) {
+        char fate[640];
+        describe_rank(run, r, root, fate, sizeof fate);
+        char line[700];
+        snprintf(line, sizeof line, "  %s", fate);
+        json_array_append_new(tb, json_string(line));
+    }
+    char logs[1200];
+    snprintf(logs, sizeof logs, "Full output of every rank: %s/rank-N.log", dk_job_log_dir(run->job));
+    json_array_append_new(tb, json_string(logs));
+    return json_pack("{s:s, s:s, s:o}", "ename", ename, "evalue", evalue, "traceback", tb);
+}
+
+/* Every rank's value bytes, as a list (None where a rank sent none). */
+static PyObject *run_results(run_t *run)
+{
+    PyObject *list = PyList_New(run->world);
+    for (int r = 0; list && r < run->world; r++) {
+        rank_info_t *ri = &run->ranks[r];
+        PyObject *item = ri->message && !ri->is_error
+                             ? PyBytes_FromStringAndSize(ri->message, (Py_ssize_t)ri->message_len)
+                             : Py_NewRef(Py_None);
+        if (!item) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, r, item);
+    }
+    return list;
+}
+
+static PyObject *glue_call(const char *fn, const char *fmt, ...)
+{
+    PyObject *mod = PyImport_ImportModule("distkernel._dist");
+    if (!mod)
+        return NULL;
+    PyObject *callable = PyObject_GetAttrString(mod, fn);
+    Py_DECREF(mod);
+    if (!callable)
+        return NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    PyObject *args = Py_VaBuildValue(fmt, ap);
+    va_end(ap);
+    PyObject *res = args ? PyObject_CallObject(callable, args) : NULL;
+    Py_XDECREF(args);
+    Py_DECREF(callable);
+    return res;
+}
+
+/* Report the pending Python exception as the cell's error. */
+static void exec_error_from_python(dk_exec_t *ex)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    PyObject *s = value ? PyObject_Str(value) : NULL;
+    const char *msg = s ? PyUnicode_AsUTF8(s) : NULL;
+    dk_exec_error(ex, type ? ((PyTypeObject *)type)->tp_name : "Error", msg ? msg : "", NULL);
+    PyErr_Clear();
+    Py_XDECREF(s);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+}
+
+/* %%distributed: the handler dk_magic calls with the cell's exec context. */
+static int distributed_magic(void *host, const char *args, const char *body)
+{
+    dk_exec_t *ex = host;
+    PyObject *payload = glue_call("prepare_cell", "(s)", body);
+    if (!payload) {
+        exec_error_from_python(ex);
+        return -1;
+    }
+    char *p;
+    Py_ssize_t len;
+    if (PyBytes_AsStringAndSize(payload, &p, &len) < 0) {
+        Py_DECREF(payload);
+        exec_error_from_python(ex);
+        return -1;
+    }
+    run_t *run = run_start(ex->kernel, args, p, (size_t)len);
+    Py_DECREF(payload);
+    if (!run) {
+        exec_error_from_python(ex);
+        return -1;
+    }
+    run_wait(run);
+    int rc = 0;
+    if (dk_job_end(run->job) == DK_END_OK) {
+        publish_status(run, "finished");
+        PyObject *results = run_results(run);
+        PyObject *bundle = results ? glue_call("finish_cell", "(Ns)", results,
+                                               run->opts.result_name)
+                                   : NULL;
+        if (!bundle) {
+            exec_error_from_python(ex);
+            rc = -1;
+        } else if (bundle != Py_None) {
+            PyObject *text = glue_call("dumps", "(O)", bundle);
+            json_t *data = text ? json_loads(PyUnicode_AsUTF8(text), 0, NULL) : NULL;
+            if (data)
+                dk_exec_result(ex, data);
+            json_decref(data);
+            Py_XDECREF(text);
+            PyErr_Clear();
+        }
+        Py_XDECREF(bundle);
+    } else {
+        publish_status(run, run->interrupted ? "interrupted" : "failed");
+        json_t *e = run_error(run);
+        dk_exec_error(ex, json_string_value(json_object_get(e, "ename")),
+                      json_string_value(json_object_get(e, "evalue")),
+                      json_object_get(e, "traceback"));
+        json_decref(e);
+        rc = -1;
+    }
+    run_free(run);
+    return rc;
+}
+
+PyObject *dk_distributed_run_job(PyObject *self, PyObject *args)
+{
+    const char *options;
+    Py_buffer payload;
+    if (!PyArg_ParseTuple(args, "sy*", &options, &payload))
+        return NULL;
+    run_t *run = run_start(dk_kernel_current(), options, payload.buf, (size_t)payload.len);
+    PyBuffer_Release(&payload);
+    if (!run)
+        return NULL;
+    run_wait(run);
+    PyObject *out = NULL;
+    dk_job_end_t end = dk_job_end(run->job);
+    if (end == DK_END_OK) {
+        publish_status(run, "finished");
+        PyObject *results = run_results(run);
+        if (results)
+            out = Py_BuildValue("(Ns)", results, dk_job_log_dir(run->job));
+    } else {
+        publish_status(run, run->interrupted ? "interrupted" : "failed");
+        json_t *e = run_error(run);
+        PyObject *tb = PyList_New(0);
+        size_t i;
+        json_t *line;
+        json_array_foreach(json_object_get(e, "traceback"), i, line)
+        {
+            PyObject *s = PyUnicode_FromString(json_string_value(line));
+            if (s) {
+                PyList_Append(tb, s);
+                Py_DECREF(s);
+            }
+        }
+        PyObject *res = glue_call("raise_error", "(ssN)",
+                                  json_string_value(json_object_get(e, "ename")),
+                                  json_string_value(json_object_get(e, "evalue")), tb);
+        Py_XDECREF(res);   /* raise_error raises: res is NULL with the exception set */
+        json_decref(e);
+    }
+    run_free(run);
+    return out;
+}
+
+static const dk_magic_t distributed_cell_magic = {
+    .name = "distributed",
+    .kind = DK_MAGIC_CELL,
+    .doc = dk_dist_doc,
+    .run = distributed_magic,
+};
+
+void dk_distributed_register(dk_magic_registry_t *reg)
+{
+    dk_magic_register(reg, &distributed_cell_magic);
+}

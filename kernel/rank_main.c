@@ -1,0 +1,57 @@
+/*
+ * distkernel-rank: one rank of a distributed job.
+ *
+ * Started by the runtime (runtime/dk_job.c) with the rank's environment; it
+ * embeds the same CPython as the kernel and runs distkernel._rank.main(), which
+ * talks to the kernel over the back channel. stdout and stderr are unbuffered,
+ * so what the rank prints reaches the notebook as it is printed.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdlib.h>
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    PyConfig config;
+    PyConfig_InitPythonConfig(&config);
+    config.buffered_stdio = 0;
+    config.parse_argv = 0;
+    PyStatus st = PyConfig_SetBytesString(&config, &config.program_name, DK_PYTHON_EXE);
+    if (!PyStatus_Exception(st))
+        st = PyConfig_SetBytesString(&config, &config.executable, DK_PYTHON_EXE);
+    if (!PyStatus_Exception(st)) {
+        char *args[] = {"distkernel-rank"};
+        st = PyConfig_SetBytesArgv(&config, 1, args);
+    }
+    if (!PyStatus_Exception(st))
+        st = Py_InitializeFromConfig(&config);
+    PyConfig_Clear(&config);
+    if (PyStatus_Exception(st))
+        Py_ExitStatusException(st);
+
+    const char *dir = getenv("DISTKERNEL_GLUE_DIR");
+    PyObject *path = PySys_GetObject("path");
+    PyObject *d = PyUnicode_FromString(dir && *dir ? dir : DK_GLUE_DIR);
+    if (path && d)
+        PyList_Insert(path, 0, d);
+    Py_XDECREF(d);
+
+    int rc = 1;
+    PyObject *mod = PyImport_ImportModule("distkernel._rank");
+    PyObject *res = mod ? PyObject_CallMethod(mod, "main", NULL) : NULL;
+    if (res) {
+        rc = (int)PyLong_AsLong(res);
+        Py_DECREF(res);
+    } else if (PyErr_ExceptionMatches(PyExc_SystemExit)) {
+        PyErr_Print();   /* exits with the SystemExit's code */
+    } else {
+        PyErr_Print();
+    }
+    Py_XDECREF(mod);
+    if (Py_FinalizeEx() < 0 && rc == 0)
+        rc = 120;
+    return rc;
+}

@@ -1,0 +1,67 @@
+"""The rank side of the runtime's back channel (see runtime/dk_job.h).
+
+Every frame is  u32 length | 32-byte MAC | body,  MAC = HMAC-SHA256(key, nonce |
+u32 seq | body),  body = u8 type | u32 rank | payload. The nonce is what the
+runtime writes first on the connection; seq counts this side's frames.
+"""
+
+import hashlib
+import hmac
+import socket
+import struct
+
+HELLO, PAYLOAD, RESULT, ERROR = 1, 2, 3, 4
+MAX_FRAME = 1 << 30
+
+
+class BackChannelError(Exception):
+    pass
+
+
+class BackChannel:
+    def __init__(self, path, key, rank):
+        self.key = key
+        self.rank = rank
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(path)
+        self.nonce = self._recv_exact(32)
+        self.send_seq = 0
+        self.recv_seq = 0
+
+    def _recv_exact(self, n):
+        chunks, left = [], n
+        while left:
+            chunk = self.sock.recv(min(left, 1 << 20))
+            if not chunk:
+                raise BackChannelError("the kernel closed the back channel")
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+
+    def _mac(self, seq, body):
+        h = hmac.new(self.key, digestmod=hashlib.sha256)
+        h.update(self.nonce)
+        h.update(struct.pack(">I", seq))
+        h.update(body)
+        return h.digest()
+
+    def send(self, kind, payload=b""):
+        body = struct.pack(">BI", kind, self.rank) + bytes(payload)
+        mac = self._mac(self.send_seq, body)
+        self.send_seq += 1
+        self.sock.sendall(struct.pack(">I", len(mac) + len(body)) + mac + body)
+
+    def recv(self):
+        (length,) = struct.unpack(">I", self._recv_exact(4))
+        if length < 37 or length > MAX_FRAME:
+            raise BackChannelError(f"bad frame length {length}")
+        mac = self._recv_exact(32)
+        body = self._recv_exact(length - 32)
+        if not hmac.compare_digest(mac, self._mac(self.recv_seq, body)):
+            raise BackChannelError("a frame from the kernel failed authentication")
+        self.recv_seq += 1
+        kind, rank = struct.unpack(">BI", body[:5])
+        return kind, body[5:]
+
+    def close(self):
+        self.sock.close()

@@ -1,0 +1,80 @@
+"""The kernel side of %%distributed in Python: what only Python can do.
+
+The C side (kernel/dk_distributed.c) parses options, checks devices, runs the
+ranks and relays their output; it calls here to pickle what the cell needs
+before any rank starts, and to turn the ranks' pickled values into the cell's
+result.
+"""
+
+import ast
+
+import cloudpickle
+from IPython.core.interactiveshell import InteractiveShell
+
+from distkernel._api import DistributedError
+from distkernel._kernel import dumps  # noqa: F401  (used by the C side)
+
+# Names IPython keeps in the namespace for itself; never sent.
+_IPYTHON_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "_", "__", "___", "_i", "_ii",
+                  "_iii", "_ih", "_oh", "_dh"}
+
+
+def _used_names(code):
+    tree = ast.parse(code, "<distributed-cell>")
+    return {node.id for node in ast.walk(tree)
+            if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Load, ast.Del))}
+
+
+def prepare_cell(code):
+    """The payload for a %%distributed cell: its code and the notebook's values
+    of the names it reads, each pickled on its own so that one that cannot be
+    sent is named before any rank starts."""
+    import sys
+
+    shell = InteractiveShell.instance()
+    ns = shell.user_ns
+    hidden = shell.user_ns_hidden
+    try:
+        wanted = _used_names(code)
+    except SyntaxError as exc:
+        raise SyntaxError(f"the cell is not valid Python: {exc.msg} (line {exc.lineno})") from None
+    names = {}
+    for name in sorted(wanted):
+        if name not in ns or name in _IPYTHON_NAMES or (name in hidden and ns[name] is hidden[name]):
+            continue
+        if name.startswith("_i") and name[2:].isdigit() or name.startswith("_") and name[1:].isdigit():
+            continue
+        try:
+            names[name] = cloudpickle.dumps(ns[name], protocol=5)
+        except Exception as exc:
+            raise TypeError(
+                f"the notebook variable {name!r} cannot be sent to the ranks "
+                f"({type(exc).__name__}: {exc}). Create or load it inside the cell instead."
+            ) from None
+    return cloudpickle.dumps({"kind": "cell", "code": code, "names": names,
+                              "sys_path": list(sys.path)}, protocol=5)
+
+
+def finish_cell(results, result_name):
+    """Unpickle every rank's value; store the list under RESULT_NAME if given;
+    return the cell's result bundle, or None when every value is None."""
+    values = [cloudpickle.loads(blob) if blob is not None else None for blob in results]
+    shell = InteractiveShell.instance()
+    if result_name:
+        shell.user_ns[result_name] = values
+    if all(v is None for v in values):
+        return None
+    lines = []
+    for rank, value in enumerate(values):
+        text = shell.display_formatter.format(value)[0].get("text/plain", repr(value))
+        lines.append(f"rank {rank}: {text}")
+    return {"text/plain": "\n".join(lines)}
+
+
+def raise_error(ename, evalue, traceback_lines):
+    """Raise the outcome of a failed run inside the notebook's Python."""
+    if ename == "KeyboardInterrupt":
+        raise KeyboardInterrupt(evalue)
+    if ename == "TimeoutError":
+        raise TimeoutError(evalue)
+    raise DistributedError(ename, evalue, traceback_lines)

@@ -1,0 +1,92 @@
+"""What one rank process runs (started by distkernel-rank).
+
+It connects to the kernel's back channel, receives the job (a cell with the
+notebook names it uses, or a function with its arguments, pickled with
+cloudpickle), runs it as this rank, and sends back the value or the error.
+"""
+
+import ast
+import linecache
+import os
+import sys
+import traceback
+
+import cloudpickle
+
+from distkernel import _backchannel as bc
+
+CELL_FILE = "<distributed-cell>"
+
+
+def _run_cell(code, namespace):
+    linecache.cache[CELL_FILE] = (len(code), None, code.splitlines(True), CELL_FILE)
+    tree = ast.parse(code, CELL_FILE)
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    exec(compile(tree, CELL_FILE, "exec"), namespace)
+    if last is not None:
+        return eval(compile(last, CELL_FILE, "eval"), namespace)
+    return None
+
+
+def _error_payload(exc):
+    import json
+    lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    # Drop this file's own frames: the user's code starts at the cell.
+    return json.dumps({"ename": type(exc).__name__, "evalue": str(exc),
+                       "traceback": [line.rstrip("\n") for line in lines]}).encode()
+
+
+def main():
+    path = os.environ.pop("DISTKERNEL_BC")
+    key = bytes.fromhex(os.environ.pop("DISTKERNEL_BC_KEY"))
+    rank = int(os.environ["RANK"])
+    channel = bc.BackChannel(path, key, rank)
+    channel.send(bc.HELLO)
+    kind, payload = channel.recv()
+    if kind != bc.PAYLOAD:
+        raise bc.BackChannelError(f"expected the job, got frame type {kind}")
+    from distkernel import _compat
+    _compat.install()
+    main_ns = sys.modules["__main__"].__dict__
+    try:
+        job = cloudpickle.loads(payload)
+        del payload
+        for entry in job.get("sys_path", []):
+            if entry not in sys.path:
+                sys.path.append(entry)
+        if job["kind"] == "cell":
+            for name, blob in job["names"].items():
+                main_ns[name] = cloudpickle.loads(blob)
+            value = _run_cell(job["code"], main_ns)
+        else:
+            value = job["fn"](*job["args"], **job["kwargs"])
+    except BaseException as exc:  # noqa: B902 - KeyboardInterrupt and SystemExit too
+        if isinstance(exc, SystemExit) and exc.code in (None, 0):
+            value = None
+        else:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            channel.send(bc.ERROR, _error_payload(exc))
+            channel.close()
+            return 130 if isinstance(exc, KeyboardInterrupt) else 1
+    try:
+        blob = cloudpickle.dumps(value, protocol=5)
+    except Exception as exc:
+        blob = cloudpickle.dumps(_Unpicklable(repr(value), f"{type(exc).__name__}: {exc}"))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    channel.send(bc.RESULT, blob)
+    channel.close()
+    return 0
+
+
+class _Unpicklable:
+    """Stands in for a rank's value that could not be pickled."""
+
+    def __init__(self, text, why):
+        self.text, self.why = text, why
+
+    def __repr__(self):
+        return f"{self.text}  (not picklable: {self.why})"
