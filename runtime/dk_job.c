@@ -1,7 +1,7 @@
 /*
  * dk_job: one distributed job, from fork to the last reaped rank.
  *
- * dk_job_start does everything that can fail before any rank exists matters
+ * dk_job_start does everything that can fail before any rank exists
  * (log files, the back channel, the port, the environments) and then forks the
  * ranks from the calling thread (PR_SET_PDEATHSIG follows that thread). From
  * then on a single runtime thread owns the job and runs one poll loop, in the
@@ -420,6 +420,8 @@ static void loop_once(dk_job_t *job)
     }
 
     int rc = poll(fds, (nfds_t) n, poll_timeout_ms(job));
+    if (rc < 0 && errno != EINTR)
+        usleep(10000);      /* ENOMEM: retry soon rather than spin */
     if (rc > 0) {
         if (fds[0].revents)
             handle_wake(job);
