@@ -18,7 +18,9 @@
 #include "dk_job.h"
 #include "dk_kernel.h"
 #include "dk_lines.h"
+#include "dk_tracking.h"
 
+#include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -27,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define WAIT_SLICE_MS 50
 #define STATUS_EVERY_MS 1000
@@ -75,7 +78,13 @@ struct run_t {
     bool status_shown;          /* the status display exists */
     long long t0_ms;
     bool interrupted, shutdown;
+    const char *kind;           /* "cell" or "function" */
+    char device[128];           /* "NVIDIA H100 80GB HBM3" or "cpu" */
+    char model[32];
+    dk_tracked_run_t tracked;
 };
+
+extern char **environ;
 
 static long long now_ms(void)
 {
@@ -306,6 +315,7 @@ static int plan(run_t *run, char *err, size_t errlen)
         run->gpu = false;
         snprintf(run->what, sizeof run->what, "%d CPU rank%s", run->world,
                  run->world == 1 ? "" : "s");
+        snprintf(run->device, sizeof run->device, "cpu");
         return 0;
     }
     dk_gpu_list_t gpus;
@@ -336,6 +346,8 @@ static int plan(run_t *run, char *err, size_t errlen)
     run->world = o->num_accelerators ? o->num_accelerators : gpus.count;
     run->gpu = true;
     snprintf(run->what, sizeof run->what, "%d × %s", run->world, gpus.gpus[0].name);
+    snprintf(run->device, sizeof run->device, "%s", gpus.gpus[0].name);
+    snprintf(run->model, sizeof run->model, "%s", gpus.gpus[0].model);
     for (int r = 0; r < run->world; r++)
         run->ranks[r].gpu_index = gpus.gpus[r].index;
     return 0;
@@ -358,6 +370,145 @@ static void run_free(run_t *run)
     free(run);
 }
 
+static void note_line(run_t *run, const char *note)
+{
+    if (!note[0])
+        return;
+    char line[1200];
+    int n = snprintf(line, sizeof line, "%s\n", note);
+    if (n > (int)sizeof line - 1)
+        n = (int)sizeof line - 1;
+    dk_stream_write(dk_kernel_stream(run->kernel), DK_STDERR, line, (size_t)n);
+}
+
+/* The notebook's active MLflow run id, if its Python has one (malloc'd). */
+static char *active_parent_run(void)
+{
+    PyObject *mod = PyImport_ImportModule("distkernel._dist");
+    PyObject *res = mod ? PyObject_CallMethod(mod, "active_mlflow_run", NULL) : NULL;
+    Py_XDECREF(mod);
+    char *out = NULL;
+    if (res && PyUnicode_Check(res))
+        out = strdup(PyUnicode_AsUTF8(res));
+    Py_XDECREF(res);
+    PyErr_Clear();
+    return out;
+}
+
+/* Create the MLflow run; returns the ranks' environment (the kernel's, plus
+ * the run's variables) or NULL for the kernel's own. */
+static char **begin_tracking(run_t *run)
+{
+    char *parent = active_parent_run();
+    dk_tracking_request_t req = {.opts = &run->opts, .world_size = run->world, .gpu = run->gpu,
+                                 .device = run->device, .accelerator_model = run->model,
+                                 .kind = run->kind, .parent_run_id = parent};
+    char note[1200];
+    dk_tracking_begin(&req, &run->tracked, note, sizeof note);
+    free(parent);
+    note_line(run, note);
+    if (!run->tracked.active)
+        return NULL;
+    static char vars[3][1400];
+    snprintf(vars[0], sizeof vars[0], "MLFLOW_TRACKING_URI=%s", run->tracked.tracking_uri);
+    snprintf(vars[1], sizeof vars[1], "MLFLOW_RUN_ID=%s", run->tracked.run_id);
+    snprintf(vars[2], sizeof vars[2], "MLFLOW_EXPERIMENT_ID=%s", run->tracked.experiment_id);
+    size_t n = 0;
+    while (environ[n])
+        n++;
+    char **env = calloc(n + 4, sizeof *env);
+    if (!env)
+        return NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(environ[i], "MLFLOW_TRACKING_URI=", 20) != 0 &&
+            strncmp(environ[i], "MLFLOW_RUN_ID=", 14) != 0 &&
+            strncmp(environ[i], "MLFLOW_EXPERIMENT_ID=", 21) != 0)
+            env[k++] = environ[i];
+    for (int i = 0; i < 3; i++)
+        env[k++] = vars[i];
+    env[k] = NULL;
+    return env;
+}
+
+static void end_tracking(run_t *run, const char *status)
+{
+    char note[1200];
+    dk_tracking_end(&run->tracked, status, note, sizeof note);
+    note_line(run, note);
+}
+
+static void publish_run_link(run_t *run)
+{
+    char *html = NULL;
+    const char *url = run->tracked.url;
+    size_t n = strlen(url) * 2 + strlen(run->tracked.run_name) + 200;
+    html = malloc(n);
+    if (!html)
+        return;
+    snprintf(html, n, "MLflow run <a href=\"%s\" target=\"_blank\">%s</a>", url,
+             run->tracked.run_name);
+    char text[2400];
+    snprintf(text, sizeof text, "MLflow run %s: %s", run->tracked.run_name, url);
+    json_t *content = json_pack("{s:{s:s, s:s}, s:{}, s:{}}", "data", "text/plain", text,
+                                "text/html", html, "metadata", "transient");
+    dk_stream_flush(dk_kernel_stream(run->kernel));
+    dk_iopub_publish(dk_kernel_iopub(run->kernel), "display_data", content, NULL);
+    json_decref(content);
+    free(html);
+}
+
+static const char *final_status(run_t *run)
+{
+    switch (dk_job_end(run->job)) {
+    case DK_END_OK: return "FINISHED";
+    case DK_END_FAILED: return "FAILED";
+    default: return "KILLED";
+    }
+}
+
+/* Where a run's rank-N.log files go: DISTKERNEL_LOG_DIR (default
+ * $TMPDIR/distkernel-logs-UID), one folder per kernel, one per run inside. Only
+ * the last KEEP_RUN_LOGS runs of a kernel are kept, so a long session does not
+ * fill the disk with logs nobody will read. */
+#define KEEP_RUN_LOGS 20
+
+static void remove_run_logs(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            if (strncmp(e->d_name, "rank-", 5) != 0)
+                continue;
+            char path[4200];
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            unlink(path);
+        }
+        closedir(d);
+    }
+    rmdir(dir);
+}
+
+static void next_log_dir(const char *run_id, char *out, size_t outlen)
+{
+    static char kept[KEEP_RUN_LOGS][4096];
+    static unsigned long runs;
+    const char *root = getenv("DISTKERNEL_LOG_DIR");
+    const char *tmp = getenv("TMPDIR");
+    char base[3000];
+    if (root && *root)
+        snprintf(base, sizeof base, "%s", root);
+    else
+        snprintf(base, sizeof base, "%s/distkernel-logs-%u", tmp && *tmp ? tmp : "/tmp",
+                 (unsigned)getuid());
+    snprintf(out, outlen, "%s/kernel-%d/run-%04lu-%s", base, (int)getpid(), ++runs, run_id);
+    char *slot = kept[runs % KEEP_RUN_LOGS];
+    if (slot[0])
+        remove_run_logs(slot);
+    snprintf(slot, sizeof kept[0], "%s", out);
+}
+
 static const char *rank_exe(void)
 {
     const char *exe = getenv("DISTKERNEL_RANK_EXE");
@@ -365,7 +516,8 @@ static const char *rank_exe(void)
 }
 
 /* Parse, plan and start. Returns NULL with a Python exception set. */
-static run_t *run_start(dk_kernel_t *k, const char *options, const void *payload, size_t len)
+static run_t *run_start(dk_kernel_t *k, const char *kind, const char *options,
+                        const void *payload, size_t len)
 {
     run_t *run = calloc(1, sizeof *run);
     if (!run) {
@@ -374,11 +526,17 @@ static run_t *run_start(dk_kernel_t *k, const char *options, const void *payload
     }
     pthread_mutex_init(&run->lock, NULL);
     run->kernel = k;
+    run->kind = kind;
     char err[1024];
     if (dk_dist_opts_parse(options, &run->opts, err, sizeof err) < 0) {
         PyErr_SetString(PyExc_ValueError, err);
         run_free(run);
         return NULL;
+    }
+    if (run->opts.warnings[0]) {
+        char line[600];
+        int n = snprintf(line, sizeof line, "%s\n", run->opts.warnings);
+        dk_stream_write(dk_kernel_stream(k), DK_STDERR, line, (size_t)n);
     }
     size_t cap = run->opts.num_processes > DK_GPU_MAX ? (size_t)run->opts.num_processes
                                                       : DK_GPU_MAX;
@@ -394,11 +552,6 @@ static run_t *run_start(dk_kernel_t *k, const char *options, const void *payload
     if (!run->gpu)
         for (int r = 0; r < run->world; r++)
             run->ranks[r].gpu_index = -1;
-    if (run->opts.warnings[0]) {
-        char line[600];
-        int n = snprintf(line, sizeof line, "%s\n", run->opts.warnings);
-        dk_stream_write(dk_kernel_stream(k), DK_STDERR, line, (size_t)n);
-    }
     run->slots = calloc((size_t)run->world * 2, sizeof *run->slots);
     if (!run->slots) {
         PyErr_NoMemory();
@@ -425,7 +578,12 @@ static run_t *run_start(dk_kernel_t *k, const char *options, const void *payload
             return NULL;
         }
     }
+    char **env = begin_tracking(run);
+    char log_dir[4096];
+    next_log_dir(run->run_id, log_dir, sizeof log_dir);
     dk_job_spec_t spec = {
+        .log_dir = log_dir,
+        .env = (const char *const *)env,
         .world_size = run->world,
         .rank_exe = rank_exe(),
         .payload = payload,
@@ -436,7 +594,9 @@ static run_t *run_start(dk_kernel_t *k, const char *options, const void *payload
     dk_sink_t sink = {.data = run, .on_output = sink_output, .on_state = sink_state,
                       .on_message = sink_message, .on_warning = sink_warning};
     run->job = dk_job_start(&spec, &sink, err, sizeof err);
+    free(env);
     if (!run->job) {
+        end_tracking(run, "FAILED");
         PyErr_Format(PyExc_RuntimeError, "could not start the ranks: %s", err);
         run_free(run);
         return NULL;
@@ -445,6 +605,8 @@ static run_t *run_start(dk_kernel_t *k, const char *options, const void *payload
         run->ranks[r].pid = dk_job_rank_pid(run->job, r);
     run->t0_ms = now_ms();
     publish_status(run, NULL);
+    if (run->tracked.active)
+        publish_run_link(run);
     return run;
 }
 
@@ -490,6 +652,7 @@ static void run_wait(run_t *run)
         run->ranks[r].exit_code = dk_job_rank_exit_code(run->job, r);
         run->ranks[r].term_signal = dk_job_rank_signal(run->job, r);
     }
+    end_tracking(run, final_status(run));
     dk_stream_flush(dk_kernel_stream(run->kernel));
 }
 
@@ -653,7 +816,7 @@ static int distributed_magic(void *host, const char *args, const char *body)
         exec_error_from_python(ex);
         return -1;
     }
-    run_t *run = run_start(ex->kernel, args, p, (size_t)len);
+    run_t *run = run_start(ex->kernel, "cell", args, p, (size_t)len);
     Py_DECREF(payload);
     if (!run) {
         exec_error_from_python(ex);
@@ -699,7 +862,8 @@ PyObject *dk_distributed_run_job(PyObject *self, PyObject *args)
     Py_buffer payload;
     if (!PyArg_ParseTuple(args, "sy*", &options, &payload))
         return NULL;
-    run_t *run = run_start(dk_kernel_current(), options, payload.buf, (size_t)payload.len);
+    run_t *run = run_start(dk_kernel_current(), "function", options, payload.buf,
+                           (size_t)payload.len);
     PyBuffer_Release(&payload);
     if (!run)
         return NULL;
@@ -710,7 +874,8 @@ PyObject *dk_distributed_run_job(PyObject *self, PyObject *args)
         publish_status(run, "finished");
         PyObject *results = run_results(run);
         if (results)
-            out = Py_BuildValue("(Ns)", results, dk_job_log_dir(run->job));
+            out = Py_BuildValue("(Nss)", results, dk_job_log_dir(run->job),
+                                run->tracked.active ? run->tracked.url : "");
     } else {
         publish_status(run, run->interrupted ? "interrupted" : "failed");
         json_t *e = run_error(run);

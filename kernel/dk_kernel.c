@@ -21,6 +21,7 @@
 #include "dk_kernel.h"
 #include "dk_distributed.h"
 #include "dk_python.h"
+#include "dk_tracking.h"
 
 #include <Python.h>
 #include <errno.h>
@@ -173,6 +174,7 @@ static void exit_process(dk_kernel_t *k, bool clean) __attribute__((noreturn));
 static void exit_process(dk_kernel_t *k, bool clean)
 {
     atomic_store(&exiting, true);
+    dk_tracking_shutdown();
     if (clean)
         dk_python_shutdown();
     if (k->stream)
@@ -194,6 +196,12 @@ void dk_exec_error(dk_exec_t *ex, const char *ename, const char *evalue, json_t 
     if (ex->error)
         return;
     json_t *tb = traceback ? json_deep_copy(traceback) : json_array();
+    if (json_array_size(tb) == 0) {
+        /* Frontends that show only the traceback must still show something. */
+        char line[2048];
+        snprintf(line, sizeof line, "%s: %s", ename, evalue);
+        json_array_append_new(tb, json_string(line));
+    }
     ex->error = json_pack("{s:s, s:s, s:o}", "ename", ename, "evalue", evalue, "traceback", tb);
     dk_stream_flush(ex->kernel->stream);
     dk_iopub_publish(ex->kernel->iopub, "error", ex->error, NULL);
@@ -434,6 +442,7 @@ static void handle_control(dk_kernel_t *k, dk_msg_t *req)
         nanosleep(&ts, NULL);
         if (atomic_load(&exiting)) {
             /* The main thread is saving history; it gets one more grace. */
+            dk_tracking_shutdown();
             nanosleep(&ts, NULL);
             _exit(0);
         }

@@ -42,6 +42,14 @@ const char dk_dist_doc[] =
     "                       full output of every rank is always in its log file.\n"
     "  result=NAME          store the per-rank results (a list) in variable NAME.\n"
     "  check=True           run the NCCL preflight check across the GPUs first.\n"
+    "  experiment=NAME      the MLflow experiment of the run (default: $MLFLOW_EXPERIMENT_NAME,\n"
+    "                       $MLFLOW_EXPERIMENT_ID, else one named after the notebook).\n"
+    "  run_name=NAME        the MLflow run's name (default: generated).\n"
+    "  tracking=False       do not record the run in MLflow.\n"
+    "\n"
+    "Every run is an MLflow run (MLFLOW_TRACKING_URI, or a local server when the\n"
+    "`mlflow` command is installed): its link is shown, ranks log into it through\n"
+    "MLFLOW_RUN_ID, and its final status is FINISHED, FAILED or KILLED.\n"
     "\n"
     "Interrupting the cell, its timeout, a failing rank, and shutting down or\n"
     "restarting the kernel end every rank. The first rank to fail is the root cause\n"
@@ -55,7 +63,7 @@ const char dk_dist_doc[] =
 
 static const char accepted[] =
     "accepted options: num_accelerators, accelerator_type, num_processes, timeout, output, "
-    "result, check (and the deprecated gpus, gpu_type)";
+    "result, check, experiment, run_name, tracking (and the deprecated gpus, gpu_type)";
 
 /* One `name=value` token; VALUE is unquoted. Returns the position after it, NULL
  * at the end, or sets ERR. */
@@ -117,7 +125,8 @@ static int parse_count(const char *name, const char *value, int *out, char *err,
     errno = 0;
     long n = strtol(value, &end, 10);
     if (!*value || *end || errno || n < 1 || n > 4096) {
-        snprintf(err, errlen, "%s must be a positive whole number, got '%s'", name, value);
+        snprintf(err, errlen, "%s must be a positive whole number (1 to 4096), got '%s'", name,
+                 value);
         return -1;
     }
     *out = (int)n;
@@ -150,8 +159,9 @@ int dk_dist_opts_parse(const char *args, dk_dist_opts_t *o, char *err, size_t er
 {
     memset(o, 0, sizeof *o);
     o->timeout_s = DK_DEFAULT_TIMEOUT_S;
+    o->tracking = true;
     bool seen_accel = false, seen_type = false;
-    char name[64], value[256];
+    char name[64], value[1024];
     bool quoted;
     const char *p = args ? args : "";
     for (;;) {
@@ -243,6 +253,23 @@ int dk_dist_opts_parse(const char *args, dk_dist_opts_t *o, char *err, size_t er
                 return -1;
             }
             snprintf(o->result_name, sizeof o->result_name, "%s", value);
+        } else if (strcmp(name, "experiment") == 0 || strcmp(name, "run_name") == 0) {
+            char *dst = name[0] == 'e' ? o->experiment : o->run_name;
+            if (!value[0] || strlen(value) >= sizeof o->experiment) {
+                snprintf(err, errlen, "%s must be a non-empty name of at most %zu characters",
+                         name, sizeof o->experiment - 1);
+                return -1;
+            }
+            snprintf(dst, sizeof o->experiment, "%s", value);
+        } else if (strcmp(name, "tracking") == 0) {
+            if (strcmp(value, "True") == 0 || strcmp(value, "true") == 0)
+                o->tracking = true;
+            else if (strcmp(value, "False") == 0 || strcmp(value, "false") == 0)
+                o->tracking = false;
+            else {
+                snprintf(err, errlen, "tracking must be True or False, got '%s'", value);
+                return -1;
+            }
         } else if (strcmp(name, "check") == 0) {
             if (strcmp(value, "True") == 0 || strcmp(value, "true") == 0)
                 o->check = true;

@@ -32,6 +32,9 @@ typedef struct {
     dk_output_mode_t output;
     char result_name[128];      /* "" : results not stored under a name */
     bool check;                 /* run the NCCL preflight check first */
+    bool tracking;              /* record the run in MLflow (default true) */
+    char experiment[256];       /* MLflow experiment name, "" : the default */
+    char run_name[256];         /* MLflow run name, "" : a generated one */
     char warnings[512];         /* deprecation warnings, "" if none */
 } dk_dist_opts_t;
 

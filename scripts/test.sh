@@ -1,18 +1,47 @@
 #!/usr/bin/env bash
 # Run every test of distkernel on this machine: install what is needed, build,
 # the C unit tests (criterion, through meson), then the end-to-end suite that
-# drives the installed kernel with jupyter_client, jupyter_kernel_test and nbconvert.
+# drives the installed kernel with jupyter_client, jupyter_kernel_test and
+# nbconvert; then all of it again against an AddressSanitizer +
+# UndefinedBehaviorSanitizer build, which must report nothing.
+#
+#   scripts/test.sh              everything
+#   SANITIZE=0 scripts/test.sh   skip the sanitizer pass
+#   scripts/test.sh -k distributed   (extra arguments go to pytest)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
 
-BUILD=${BUILD:-build-test}
-export BUILD PREFIX=${PREFIX:-$PWD/$BUILD/prefix}
-scripts/build.sh
+units() {        # BUILD
+  echo "== C unit tests ($1) =="
+  meson test -C "$1" --print-errorlogs
+}
+end_to_end() {   # PREFIX [pytest args]
+  local prefix=$1
+  shift
+  echo "== end-to-end tests ($prefix) =="
+  DISTKERNEL_PREFIX=$prefix /usr/bin/python3 -m pytest tests/e2e -q -p no:cacheprovider "$@"
+}
 
-echo "== C unit tests =="
-meson test -C "$BUILD" --print-errorlogs
+BUILD=build-test PREFIX=$PWD/build-test/prefix scripts/build.sh
+units build-test
+end_to_end "$PWD/build-test/prefix" "$@"
 
-echo "== end-to-end tests =="
-export DISTKERNEL_PREFIX="$PREFIX"
-/usr/bin/python3 -m pytest tests/e2e -q -p no:cacheprovider -o junit_family=xunit2 "$@"
+if [ "${SANITIZE:-1}" != 0 ]; then
+  echo "== the same, under AddressSanitizer + UndefinedBehaviorSanitizer =="
+  reports=$(mktemp -d)
+  BUILD=build-asan PREFIX=$PWD/build-asan/prefix scripts/build.sh \
+    -Db_sanitize=address,undefined -Db_lundef=false
+  export UBSAN_OPTIONS="print_stacktrace=1:log_path=$reports/ubsan"
+  ASAN_OPTIONS="detect_leaks=1:log_path=$reports/asan" units build-asan
+  # The kernel and its ranks embed CPython, which is not instrumented and keeps
+  # its memory until the process ends, so leak checking is for the C units.
+  ASAN_OPTIONS="detect_leaks=0:log_path=$reports/asan" end_to_end "$PWD/build-asan/prefix" "$@"
+  if compgen -G "$reports/*" > /dev/null; then
+    echo "== sanitizer reports =="
+    cat "$reports"/*
+    echo "FAILED: the sanitizers reported the errors above" >&2
+    exit 1
+  fi
+  echo "sanitizers: no report"
+fi

@@ -29,7 +29,8 @@ class DistributedError(RuntimeError):
 
 
 class DistributedResult(list):
-    """The value of every rank, in rank order. `log_dir` holds rank-N.log files."""
+    """The value of every rank, in rank order. `log_dir` holds rank-N.log files;
+    `run_url` is the run's MLflow page (None when tracking is off)."""
 
     log_dir = None
     run_url = None
@@ -111,10 +112,11 @@ class DistributedFunction:
         import cloudpickle
 
         payload = _function_payload(self._fn, args, kwargs)
-        results, log_dir = _distkernel.run_job(_option_text(self._options), payload)
+        results, log_dir, run_url = _distkernel.run_job(_option_text(self._options), payload)
         out = DistributedResult(
             cloudpickle.loads(blob) if blob is not None else None for blob in results)
         out.log_dir = log_dir
+        out.run_url = run_url or None
         return out
 
 

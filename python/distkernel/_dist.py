@@ -71,6 +71,24 @@ def finish_cell(results, result_name):
     return {"text/plain": "\n".join(lines)}
 
 
+def active_mlflow_run():
+    """The run id of the notebook's active MLflow run, if it has one: a
+    distributed run becomes its child. MLFLOW_RUN_ID set in the kernel counts,
+    as MLflow's client resumes that run."""
+    import os
+    import sys
+
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is not None:
+        try:
+            run = mlflow.active_run()
+            if run is not None:
+                return run.info.run_id
+        except Exception:
+            pass
+    return os.environ.get("MLFLOW_RUN_ID") or None
+
+
 def raise_error(ename, evalue, traceback_lines):
     """Raise the outcome of a failed run inside the notebook's Python."""
     if ename == "KeyboardInterrupt":

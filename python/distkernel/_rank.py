@@ -32,13 +32,25 @@ def _run_cell(code, namespace):
 
 def _error_payload(exc):
     import json
-    lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
     # Drop this file's own frames: the user's code starts at the cell.
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    lines = traceback.format_exception(type(exc), exc, tb)
     return json.dumps({"ename": type(exc).__name__, "evalue": str(exc),
                        "traceback": [line.rstrip("\n") for line in lines]}).encode()
 
 
 def main():
+    try:
+        return _main()
+    except KeyboardInterrupt:
+        # Stopped before the user's code ran (another rank failed first, or the
+        # cell was interrupted): nothing of ours is worth a traceback.
+        return 130
+
+
+def _main():
     path = os.environ.pop("DISTKERNEL_BC")
     key = bytes.fromhex(os.environ.pop("DISTKERNEL_BC_KEY"))
     rank = int(os.environ["RANK"])

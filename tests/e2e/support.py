@@ -376,3 +376,171 @@ def tiny_png(width=2, height=2, rgb=(200, 30, 30)):
             + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
             + chunk(b"IDAT", zlib.compress(rows))
             + chunk(b"IEND", b""))
+
+
+# -- distributed runs ------------------------------------------------------------
+#
+# Helpers for the %%distributed / @distributed tests: rank processes are found as
+# descendants of the kernel (psutil) or, once the kernel is gone, by the
+# TORCHELASTIC_RUN_ID in their environment (/proc/PID/environ).
+
+import re as _re  # noqa: E402
+import threading as _threading  # noqa: E402
+
+RANK_LINE = _re.compile(r"^\[rank (\d+)\] ?(.*)$")
+
+
+def rank_lines(text):
+    """{rank: [line, ...]} of the "[rank N] ..." lines of TEXT, label removed."""
+    out = {}
+    for line in text.splitlines():
+        m = RANK_LINE.match(line)
+        if m:
+            out.setdefault(int(m.group(1)), []).append(m.group(2))
+    return out
+
+
+def status_displays(execution):
+    """The display_data/update_display_data messages of the run's status line."""
+    return [m for m in execution.of_type("display_data", "update_display_data")
+            if m["content"]["data"].get("text/plain", "").startswith("distributed:")]
+
+
+def log_dir(execution):
+    """The log directory the status display of EXECUTION names, or None."""
+    for m in status_displays(execution):
+        found = _re.search(r"logs: (\S+)", m["content"]["data"]["text/plain"])
+        if found:
+            return pathlib.Path(found.group(1))
+    return None
+
+
+def descendants(pid):
+    """Every living-or-zombie descendant of PID (psutil.Process objects)."""
+    import psutil
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def describe_processes(procs):
+    import psutil
+    out = []
+    for p in procs:
+        try:
+            out.append(f"{p.pid} {p.status()} {' '.join(p.cmdline())[:120]}")
+        except psutil.Error:
+            out.append(f"{p.pid} (gone)")
+    return out
+
+
+def wait_no_descendants(pid, timeout=5.0):
+    """Wait until PID has no descendant at all (a zombie counts); returns what is
+    left after TIMEOUT s, as text lines ([] when none)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = descendants(pid)
+        if not left or time.monotonic() >= deadline:
+            return describe_processes(left)
+        time.sleep(0.05)
+
+
+def processes_with_env(name, value):
+    """PIDs of living processes whose environment has NAME=VALUE (zombies have
+    none, so they are not counted)."""
+    needle = f"{name}={value}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if needle in env:
+            found.append(int(entry))
+    return found
+
+
+def alive(pid):
+    """Whether PID is a running process (a zombie is not)."""
+    import psutil
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_gone(pids, timeout):
+    """Wait until none of PIDS is alive; returns the ones still alive."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [p for p in pids if alive(p)]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.05)
+
+
+class ChildWatcher:
+    """Samples the descendants of a process while a block runs; `seen` holds every
+    PID observed. Used to show that no rank was started."""
+
+    def __init__(self, pid, interval=0.01):
+        self.pid = pid
+        self.interval = interval
+        self.seen = set()
+        self._stop = _threading.Event()
+        self._thread = _threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.seen.update(p.pid for p in descendants(self.pid))
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.seen.update(p.pid for p in descendants(self.pid))
+        return False
+
+
+# Put at the top of a rank's code: every rank announces itself on stdout, so a test
+# knows when ranks run and which processes (PID, TORCHELASTIC_RUN_ID) to look for.
+ANNOUNCE = ("import os as _os\n"
+            "print(f\"READY pid={_os.getpid()} run={_os.environ['TORCHELASTIC_RUN_ID']}\", "
+            "flush=True)\n")
+_ANNOUNCED = _re.compile(r"^\[rank (\d+)\] READY pid=(\d+) run=(\S+)$", _re.M)
+
+
+def announced(kernel, msg_id):
+    """{rank: (pid, run_id)} from the READY lines received so far for MSG_ID."""
+    text = "".join(m["content"]["text"] for m in kernel.iopub_for(msg_id)
+                   if m["msg_type"] == "stream")
+    return {int(r): (int(pid), run) for r, pid, run in _ANNOUNCED.findall(text)}
+
+
+def wait_announced(kernel, msg_id, world=2, timeout=60):
+    """Wait until all WORLD ranks of MSG_ID printed their READY line."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = announced(kernel, msg_id)
+        if len(got) >= world:
+            return got
+        if kernel.replied(msg_id):
+            raise AssertionError(f"the cell ended before every rank was ready: {got}")
+        if time.monotonic() >= deadline:
+            raise NoReply(f"only {sorted(got)} of {world} ranks were ready within {timeout} s")
+        kernel.pump_iopub(0.05)
+
+
+def json_value(kernel, expr, timeout=30):
+    """The value of the Python expression EXPR in the kernel, through JSON."""
+    r = kernel.execute(f"import json as _json\nprint(_json.dumps({expr}))", timeout=timeout)
+    assert r.status == "ok", r.describe()
+    return json.loads(r.stdout)

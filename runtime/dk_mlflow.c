@@ -1,0 +1,765 @@
+/*
+ * dk_mlflow: MLflow's tracking REST API over libcurl. See dk_mlflow.h.
+ *
+ * One libcurl easy handle per client, so consecutive calls reuse the
+ * connection (a local server answers in well under a millisecond; opening a
+ * connection per call is most of the cost). Every call goes through
+ * request(), which owns the three things that keep a bad server from hurting
+ * a run:
+ *   - a per-attempt timeout (CURLOPT_TIMEOUT_MS, connect included);
+ *   - a bounded number of retries, only for what may pass on its own
+ *     (connection errors, timeouts, 5xx, 429), with a short backoff;
+ *   - a cap on the size of an answer.
+ * So a call takes at most (retries + 1) * timeout plus the backoff.
+ *
+ * Retrying a POST that timed out may apply it twice (two runs created): MLflow's
+ * own client takes the same risk, and a stray empty run is better than a
+ * missing one.
+ *
+ * Credentials go to libcurl only (CURLOPT_USERNAME/PASSWORD, an Authorization
+ * header, or the URI's user:password@ which libcurl reads itself). Messages
+ * name the server by `shown`, the URI with its userinfo removed, and every
+ * message is scrubbed of each secret before the caller sees it.
+ */
+#include "dk_mlflow.h"
+
+#include <ctype.h>
+#include <curl/curl.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#define API "/api/2.0/mlflow/"
+#define MAX_ANSWER (4u << 20)       /* bytes; MLflow's answers here are a few KB */
+#define PARAMS_PER_BATCH 100        /* MLflow's limit per log-batch call */
+
+struct dk_mlflow_t {
+    CURL *curl;
+    struct curl_slist *headers;
+    char *base;             /* the URI as given, no trailing '/': libcurl reads user:pw@ */
+    char *shown;            /* the same without user:password@, for messages */
+    char *secrets[3];       /* token, password, the URI's userinfo: scrubbed from messages */
+    long timeout_ms;
+    int retries;
+    char curl_error[CURL_ERROR_SIZE];
+    char *answer;           /* the body of the last answer, NUL-terminated */
+    size_t answer_len;
+    bool answer_too_big;
+};
+
+/* ------------------------------------------------------------------------ */
+/* Small helpers                                                            */
+
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static CURLcode curl_init_rc;
+
+static void curl_init(void)
+{
+    curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || errlen == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+static void copy_str(char *out, size_t outlen, const char *s)
+{
+    if (out && outlen)
+        snprintf(out, outlen, "%s", s ? s : "");
+}
+
+/* Replace every occurrence of SECRET in the NUL-terminated BUF (of capacity
+ * CAP) by "***". */
+static void scrub(char *buf, size_t cap, const char *secret)
+{
+    if (!buf || cap == 0 || !secret || !*secret || !strstr(buf, secret))
+        return;
+    size_t slen = strlen(secret), o = 0;
+    char *out = malloc(cap);
+    if (!out) {
+        buf[0] = '\0';   /* better no message than one with a password */
+        return;
+    }
+    for (const char *p = buf; *p && o + 1 < cap;) {
+        if (strncmp(p, secret, slen) == 0) {
+            for (const char *r = "***"; *r && o + 1 < cap; r++)
+                out[o++] = *r;
+            p += slen;
+        } else {
+            out[o++] = *p++;
+        }
+    }
+    out[o] = '\0';
+    memcpy(buf, out, o + 1);
+    free(out);
+}
+
+/* Where the userinfo of URI ends: the '@' inside its authority, or NULL. */
+static const char *userinfo_at(const char *uri, const char **authority)
+{
+    const char *scheme_end = strstr(uri, "://");
+    *authority = scheme_end ? scheme_end + 3 : uri;
+    size_t authlen = strcspn(*authority, "/?#");
+    const char *at = NULL;
+    for (const char *p = *authority; p < *authority + authlen; p++)
+        if (*p == '@')
+            at = p;   /* the last one: '@' may appear unescaped in a password */
+    return at;
+}
+
+/* URI without user:password@ and without trailing '/' (malloc'd). */
+static char *strip_uri(const char *uri)
+{
+    const char *authority;
+    const char *at = userinfo_at(uri, &authority);
+    size_t head = (size_t) (authority - uri);
+    const char *rest = at ? at + 1 : authority;
+    size_t restlen = strlen(rest);
+    while (restlen > 0 && rest[restlen - 1] == '/')
+        restlen--;
+    char *out = malloc(head + restlen + 1);
+    if (!out)
+        return NULL;
+    memcpy(out, uri, head);
+    memcpy(out + head, rest, restlen);
+    out[head + restlen] = '\0';
+    return out;
+}
+
+/* The JSON string for a param or tag value, as MLflow's Python client would
+ * write it (str(value)): numbers in their shortest form, True/False/None. */
+static char *value_string(json_t *v)
+{
+    char buf[64];
+    switch (json_typeof(v)) {
+    case JSON_STRING:
+        return strdup(json_string_value(v));
+    case JSON_INTEGER:
+        snprintf(buf, sizeof buf, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+        return strdup(buf);
+    case JSON_REAL: {
+        double d = json_real_value(v);
+        snprintf(buf, sizeof buf, "%.15g", d);
+        if (strtod(buf, NULL) != d)
+            snprintf(buf, sizeof buf, "%.17g", d);
+        if (isfinite(d) && !strpbrk(buf, ".e"))
+            strncat(buf, ".0", sizeof buf - strlen(buf) - 1);
+        return strdup(buf);
+    }
+    case JSON_TRUE:
+        return strdup("True");
+    case JSON_FALSE:
+        return strdup("False");
+    case JSON_NULL:
+        return strdup("None");
+    default:
+        return json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+    }
+}
+
+/* Append {key, value} to the array LIST, value turned into a string. */
+static int append_pair(json_t *list, const char *key, json_t *value)
+{
+    char *s = value_string(value);
+    if (!s)
+        return -1;
+    json_t *pair = json_pack("{s:s, s:s}", "key", key, "value", s);
+    free(s);
+    return pair ? json_array_append_new(list, pair) : -1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Bodies and error answers (pure; tested on their own)                     */
+
+json_t *dk_mlflow_body_create_run(const char *experiment_id, const char *run_name, json_t *tags,
+                                  long long start_ms)
+{
+    json_t *list = json_array();
+    json_t *body = json_object();
+    if (!list || !body)
+        goto fail;
+    const char *key;
+    json_t *value;
+    if (json_is_object(tags))
+        json_object_foreach(tags, key, value) {
+            if (run_name && strcmp(key, "mlflow.runName") == 0)
+                continue;   /* RUN_NAME wins: the server rejects two different names */
+            if (append_pair(list, key, value) != 0)
+                goto fail;
+        }
+    if (run_name && json_array_append_new(list, json_pack("{s:s, s:s}", "key", "mlflow.runName",
+                                                          "value", run_name)) != 0)
+        goto fail;
+    if (json_object_set_new(body, "experiment_id", json_string(experiment_id)) != 0
+        || (run_name && json_object_set_new(body, "run_name", json_string(run_name)) != 0)
+        || json_object_set_new(body, "start_time", json_integer(start_ms)) != 0
+        || json_object_set_new(body, "tags", list) != 0)
+        goto fail_body;
+    return body;
+fail:
+    json_decref(list);
+fail_body:
+    json_decref(body);
+    return NULL;
+}
+
+json_t *dk_mlflow_body_log_params(const char *run_id, json_t *params, size_t first, size_t count)
+{
+    json_t *list = json_array();
+    json_t *body = json_pack("{s:s, s:[], s:[]}", "run_id", run_id, "metrics", "tags");
+    if (!list || !body)
+        goto fail;
+    size_t i = 0;
+    const char *key;
+    json_t *value;
+    if (json_is_object(params))
+        json_object_foreach(params, key, value) {
+            if (i >= first && i - first < count && append_pair(list, key, value) != 0)
+                goto fail;
+            i++;
+        }
+    if (json_object_set_new(body, "params", list) != 0) {
+        json_decref(body);
+        return NULL;
+    }
+    return body;
+fail:
+    json_decref(list);
+    json_decref(body);
+    return NULL;
+}
+
+json_t *dk_mlflow_body_update_run(const char *run_id, const char *status, long long end_ms)
+{
+    json_t *body = json_pack("{s:s, s:s}", "run_id", run_id, "status", status);
+    if (body && end_ms > 0 && json_object_set_new(body, "end_time", json_integer(end_ms)) != 0) {
+        json_decref(body);
+        return NULL;
+    }
+    return body;
+}
+
+/* Copy at most LEN bytes of S into OUT as one printable line. */
+static void one_line(char *out, size_t outlen, const char *s, size_t len)
+{
+    if (!out || outlen == 0)
+        return;
+    size_t o = 0;
+    bool space = false;
+    for (size_t i = 0; i < len && s[i] && o + 1 < outlen; i++) {
+        unsigned char c = (unsigned char) s[i];
+        if (isspace(c) || c < 0x20 || c == 0x7f) {
+            space = o > 0;
+            continue;
+        }
+        if (space && o + 2 < outlen)
+            out[o++] = ' ';
+        space = false;
+        out[o++] = (char) c;
+    }
+    out[o] = '\0';
+}
+
+void dk_mlflow_parse_error(const char *body, size_t len, char *code, size_t codelen, char *msg,
+                           size_t msglen)
+{
+    copy_str(code, codelen, "");
+    copy_str(msg, msglen, "");
+    if (!body || len == 0)
+        return;
+    json_t *root = json_loadb(body, len, 0, NULL);
+    json_t *c = json_object_get(root, "error_code");
+    json_t *m = json_object_get(root, "message");
+    if (json_is_object(root) && (json_is_string(c) || json_is_string(m))) {
+        if (json_is_string(c))
+            one_line(code, codelen, json_string_value(c), json_string_length(c));
+        if (json_is_string(m))
+            one_line(msg, msglen, json_string_value(m), json_string_length(m));
+    } else {
+        /* Not MLflow's (a proxy's HTML page, a plain-text 502): its first words
+         * are still the best hint there is. */
+        one_line(msg, msglen < 201 ? msglen : 201, body, len);
+    }
+    json_decref(root);
+}
+
+void dk_mlflow_run_url(const char *tracking_uri, const char *experiment_id, const char *run_id,
+                       char *out, size_t outlen)
+{
+    char *base = strip_uri(tracking_uri ? tracking_uri : "");
+    if (out && outlen)
+        snprintf(out, outlen, "%s/#/experiments/%s/runs/%s", base ? base : "",
+                 experiment_id ? experiment_id : "", run_id ? run_id : "");
+    free(base);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The client                                                                */
+
+static size_t on_answer(char *data, size_t size, size_t n, void *userdata)
+{
+    dk_mlflow_t *self = userdata;
+    size_t len = size * n;
+    if (self->answer_len + len > MAX_ANSWER) {
+        self->answer_too_big = true;
+        return 0;   /* CURLE_WRITE_ERROR */
+    }
+    char *grown = realloc(self->answer, self->answer_len + len + 1);
+    if (!grown)
+        return 0;
+    self->answer = grown;
+    memcpy(self->answer + self->answer_len, data, len);
+    self->answer_len += len;
+    self->answer[self->answer_len] = '\0';
+    return len;
+}
+
+dk_mlflow_t *dk_mlflow_new(const dk_mlflow_config_t *cfg, char *err, size_t errlen)
+{
+    const char *uri = cfg ? cfg->tracking_uri : NULL;
+    if (!uri || !*uri) {
+        set_err(err, errlen, "MLflow: no tracking URI (set MLFLOW_TRACKING_URI to the tracking "
+                             "server, e.g. http://127.0.0.1:5000)");
+        return NULL;
+    }
+    char *shown = strip_uri(uri);
+    const char *authority;
+    bool http = strncasecmp(uri, "http://", 7) == 0 || strncasecmp(uri, "https://", 8) == 0;
+    const char *at = userinfo_at(uri, &authority);
+    const char *host = at ? at + 1 : authority;
+    if (!shown || !http || strcspn(host, "/?#") == 0) {
+        set_err(err, errlen,
+                "MLflow: the tracking URI \"%s\" is not an http:// or https:// address of a "
+                "tracking server (file and database stores are reached through one: "
+                "mlflow server --backend-store-uri ...)",
+                shown ? shown : "");
+        free(shown);
+        return NULL;
+    }
+    pthread_once(&curl_once, curl_init);
+    dk_mlflow_t *self = calloc(1, sizeof *self);
+    if (!self || curl_init_rc != CURLE_OK || !(self->curl = curl_easy_init())) {
+        set_err(err, errlen, "MLflow: could not start libcurl (out of memory?)");
+        free(shown);
+        free(self);
+        return NULL;
+    }
+    self->shown = shown;
+    self->base = strdup(uri);
+    size_t baselen = strlen(self->base);
+    while (baselen > 0 && self->base[baselen - 1] == '/')
+        self->base[--baselen] = '\0';
+    self->timeout_ms = (long) ((cfg->timeout_s > 0 ? cfg->timeout_s : 5.0) * 1000.0);
+    if (self->timeout_ms < 1)
+        self->timeout_ms = 1;
+    self->retries = cfg->retries < 0 ? 2 : cfg->retries;
+
+    /* MLflow's client: basic when a user and a password are set, else bearer. */
+    bool basic = cfg->username && *cfg->username && cfg->password && *cfg->password;
+    bool bearer = !basic && cfg->token && *cfg->token;
+    self->headers = curl_slist_append(NULL, "Content-Type: application/json");
+    self->headers = curl_slist_append(self->headers, "Accept: application/json");
+    /* No "Expect: 100-continue" wait before a larger POST body: servers that
+     * do not answer it cost a second per call. */
+    self->headers = curl_slist_append(self->headers, "Expect:");
+    if (bearer) {
+        size_t n = strlen(cfg->token) + sizeof "Authorization: Bearer ";
+        char *h = malloc(n);
+        if (h) {
+            snprintf(h, n, "Authorization: Bearer %s", cfg->token);
+            self->headers = curl_slist_append(self->headers, h);
+            free(h);
+        }
+        self->secrets[0] = strdup(cfg->token);
+    }
+    if (basic)
+        self->secrets[1] = strdup(cfg->password);
+    if (at) {
+        const char *colon = memchr(authority, ':', (size_t) (at - authority));
+        if (colon && at - colon > 1)
+            self->secrets[2] = strndup(colon + 1, (size_t) (at - colon - 1));
+    }
+
+    CURL *c = self->curl;
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, self->timeout_ms);
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, self->timeout_ms);
+    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, self->curl_error);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_answer);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, self);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, self->headers);
+    curl_easy_setopt(c, CURLOPT_USERAGENT, "distkernel-mlflow/1");
+    if (basic) {
+        curl_easy_setopt(c, CURLOPT_HTTPAUTH, (long) CURLAUTH_BASIC);
+        curl_easy_setopt(c, CURLOPT_USERNAME, cfg->username);
+        curl_easy_setopt(c, CURLOPT_PASSWORD, cfg->password);
+    }
+    if (cfg->insecure_tls) {
+        curl_easy_setopt(c, CURLOPT_SSL_VERIFYPEER, 0L);
+        curl_easy_setopt(c, CURLOPT_SSL_VERIFYHOST, 0L);
+    }
+    if (!self->base || !self->headers) {
+        set_err(err, errlen, "MLflow: out of memory");
+        dk_mlflow_destroy(&self);
+        return NULL;
+    }
+    return self;
+}
+
+void dk_mlflow_destroy(dk_mlflow_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    dk_mlflow_t *self = *self_p;
+    if (self->curl)
+        curl_easy_cleanup(self->curl);
+    curl_slist_free_all(self->headers);
+    for (int i = 0; i < 3; i++)
+        free(self->secrets[i]);
+    free(self->base);
+    free(self->shown);
+    free(self->answer);
+    free(self);
+    *self_p = NULL;
+}
+
+/* Would another attempt of a call that ended with RC / HTTP STATUS help? */
+static bool worth_retrying(CURLcode rc, long status)
+{
+    switch (rc) {
+    case CURLE_OK:
+        return status >= 500 || status == 429;
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_COULDNT_RESOLVE_PROXY:
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_OPERATION_TIMEDOUT:
+    case CURLE_SEND_ERROR:
+    case CURLE_RECV_ERROR:
+    case CURLE_GOT_NOTHING:
+    case CURLE_PARTIAL_FILE:
+    case CURLE_HTTP2:
+    case CURLE_HTTP2_STREAM:
+        return true;
+    default:
+        return false;
+    }
+}
+
+static void backoff(int attempt)
+{
+    long ms = attempt == 0 ? 100 : attempt == 1 ? 300 : 1000;
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+}
+
+/* ERR = "MLflow at <server>: DOING failed[ after N attempts]: <why>", scrubbed of
+ * every secret. */
+static void fail(dk_mlflow_t *self, char *err, size_t errlen, const char *doing, int attempts,
+                 const char *fmt, ...)
+{
+    if (!err || errlen == 0)
+        return;
+    char why[1024], tries[32] = "";
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    if (attempts > 1)
+        snprintf(tries, sizeof tries, " after %d attempts", attempts);
+    snprintf(err, errlen, "MLflow at %s: %s failed%s: %s", self->shown, doing, tries, why);
+    for (int i = 0; i < 3; i++)
+        scrub(err, errlen, self->secrets[i]);
+}
+
+/* Why an HTTP STATUS answer failed, from its body; CODE gets MLflow's error_code. */
+static void http_failure(dk_mlflow_t *self, long status, char *code, size_t codelen, char *why,
+                         size_t whylen)
+{
+    char msg[512];
+    dk_mlflow_parse_error(self->answer, self->answer_len, code, codelen, msg, sizeof msg);
+    char hint[300] = "";
+    const char *location = NULL;
+    if (status == 401 || status == 403) {
+        snprintf(hint, sizeof hint, "; check MLFLOW_TRACKING_TOKEN or "
+                                    "MLFLOW_TRACKING_USERNAME/PASSWORD");
+    } else if (status == 404 && !*code) {
+        snprintf(hint, sizeof hint, "; is this the address of an MLflow tracking server?");
+    } else if (status >= 300 && status < 400
+               && curl_easy_getinfo(self->curl, CURLINFO_REDIRECT_URL, &location) == CURLE_OK
+               && location) {
+        char *shown = strip_uri(location);
+        snprintf(hint, sizeof hint, "; the server redirects to %s: set the tracking URI to "
+                                    "where MLflow is", shown ? shown : "elsewhere");
+        free(shown);
+    }
+    snprintf(why, whylen, "HTTP %ld%s%s%s%s%s", status, *code ? " " : "", code,
+             *msg ? ": " : "", msg, hint);
+}
+
+/* Call METHOD ("GET" or "POST") on API PATH (with QUERY, already encoded, or
+ * NULL) sending BODY (POST). On a 2xx answer, returns 0 and *REPLY (new
+ * reference, NULL for an empty answer). Otherwise -1, with CODE set to
+ * MLflow's error_code ("" if none) and ERR saying what DOING met. */
+static int request(dk_mlflow_t *self, const char *method, const char *path, const char *query,
+                   json_t *body, json_t **reply, char *code, size_t codelen, const char *doing,
+                   char *err, size_t errlen)
+{
+    *reply = NULL;
+    copy_str(code, codelen, "");
+    size_t urllen = strlen(self->base) + strlen(API) + strlen(path) + 2
+                    + (query ? strlen(query) : 0);
+    char *url = malloc(urllen);
+    char *payload = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    if (!url || (body && !payload)) {
+        fail(self, err, errlen, doing, 1, "out of memory");
+        free(url);
+        free(payload);
+        return -1;
+    }
+    snprintf(url, urllen, "%s" API "%s%s%s", self->base, path, query ? "?" : "",
+             query ? query : "");
+    CURL *c = self->curl;
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    if (strcmp(method, "POST") == 0) {
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, payload ? payload : "{}");
+        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long) strlen(payload ? payload : "{}"));
+    } else {
+        curl_easy_setopt(c, CURLOPT_HTTPGET, 1L);
+    }
+
+    CURLcode rc;
+    long status;
+    int attempts = 0;
+    for (;;) {
+        self->answer_len = 0;
+        self->answer_too_big = false;
+        self->curl_error[0] = '\0';
+        rc = curl_easy_perform(c);
+        attempts++;
+        status = 0;
+        if (rc == CURLE_OK)
+            curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+        if (attempts > self->retries || !worth_retrying(rc, status))
+            break;
+        backoff(attempts - 1);
+    }
+    /* libcurl does not copy POSTFIELDS: unhook the body before freeing it. */
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, NULL);
+    free(payload);
+    free(url);
+
+    if (rc != CURLE_OK) {
+        if (self->answer_too_big)
+            fail(self, err, errlen, doing, attempts, "the answer was larger than %u MiB",
+                 MAX_ANSWER >> 20);
+        else if (rc == CURLE_OPERATION_TIMEDOUT)
+            fail(self, err, errlen, doing, attempts, "no answer within %.3g s",
+                 (double) self->timeout_ms / 1000.0);
+        else
+            fail(self, err, errlen, doing, attempts, "%s",
+                 self->curl_error[0] ? self->curl_error : curl_easy_strerror(rc));
+        return -1;
+    }
+    if (status < 200 || status > 299) {
+        char why[1024];
+        http_failure(self, status, code, codelen, why, sizeof why);
+        fail(self, err, errlen, doing, attempts, "%s", why);
+        return -1;
+    }
+    if (self->answer_len == 0)
+        return 0;
+    *reply = json_loadb(self->answer, self->answer_len, 0, NULL);
+    if (!*reply) {
+        fail(self, err, errlen, doing, attempts, "the answer is not JSON; is this the address "
+                                                 "of an MLflow tracking server?");
+        return -1;
+    }
+    return 0;
+}
+
+/* Copy the id V (a string, or an integer as old servers wrote them) to OUT.
+ * 0, or -1 when V is no id or does not fit. */
+static int copy_id(json_t *v, char *out, size_t outlen)
+{
+    if (json_is_integer(v)) {
+        int n = snprintf(out, outlen, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+        return n > 0 && (size_t) n < outlen ? 0 : -1;
+    }
+    if (!json_is_string(v) || json_string_length(v) == 0 || json_string_length(v) >= outlen)
+        return -1;
+    copy_str(out, outlen, json_string_value(v));
+    return 0;
+}
+
+/* Look NAME up: 1 found (id written), 0 absent, -1 error. */
+static int lookup_experiment(dk_mlflow_t *self, const char *name, char *id, size_t idlen,
+                             char *err, size_t errlen)
+{
+    char doing[300], code[64];
+    snprintf(doing, sizeof doing, "looking up experiment \"%s\"", name);
+    char *escaped = curl_easy_escape(self->curl, name, 0);
+    size_t qlen = (escaped ? strlen(escaped) : 0) + sizeof "experiment_name=";
+    char *query = escaped ? malloc(qlen) : NULL;
+    if (!query) {
+        curl_free(escaped);
+        fail(self, err, errlen, doing, 1, "out of memory");
+        return -1;
+    }
+    snprintf(query, qlen, "experiment_name=%s", escaped);
+    curl_free(escaped);
+    json_t *reply;
+    int rc = request(self, "GET", "experiments/get-by-name", query, NULL, &reply, code,
+                     sizeof code, doing, err, errlen);
+    free(query);
+    if (rc != 0)
+        return strcmp(code, "RESOURCE_DOES_NOT_EXIST") == 0 ? 0 : -1;
+    int found = 1;
+    json_t *experiment = json_object_get(reply, "experiment");
+    json_t *stage = json_object_get(experiment, "lifecycle_stage");
+    if (copy_id(json_object_get(experiment, "experiment_id"), id, idlen) != 0) {
+        fail(self, err, errlen, doing, 1, "the answer has no experiment id");
+        found = -1;
+    } else if (json_is_string(stage) && strcmp(json_string_value(stage), "deleted") == 0) {
+        fail(self, err, errlen, doing, 1, "the experiment (id %s) is deleted: restore it "
+                                          "(mlflow experiments restore --experiment-id %s) or "
+                                          "choose another name", id, id);
+        found = -1;
+    }
+    json_decref(reply);
+    return found;
+}
+
+int dk_mlflow_experiment(dk_mlflow_t *self, const char *name, char *id, size_t idlen, char *err,
+                         size_t errlen)
+{
+    if (!self || !name || !*name || !id || idlen == 0) {
+        set_err(err, errlen, "MLflow: no experiment name given");
+        return -1;
+    }
+    int found = lookup_experiment(self, name, id, idlen, err, errlen);
+    if (found != 0)
+        return found > 0 ? 0 : -1;
+
+    char doing[300], code[64];
+    snprintf(doing, sizeof doing, "creating experiment \"%s\"", name);
+    json_t *body = json_pack("{s:s}", "name", name);
+    json_t *reply;
+    int rc = request(self, "POST", "experiments/create", NULL, body, &reply, code, sizeof code,
+                     doing, err, errlen);
+    json_decref(body);
+    if (rc != 0) {
+        /* Someone created it between our lookup and our create: use theirs. */
+        if (strcmp(code, "RESOURCE_ALREADY_EXISTS") != 0)
+            return -1;
+        found = lookup_experiment(self, name, id, idlen, err, errlen);
+        if (found == 0)
+            fail(self, err, errlen, doing, 1, "the server says it both exists "
+                                              "(RESOURCE_ALREADY_EXISTS) and does not "
+                                              "(RESOURCE_DOES_NOT_EXIST)");
+        return found > 0 ? 0 : -1;
+    }
+    rc = copy_id(json_object_get(reply, "experiment_id"), id, idlen);
+    json_decref(reply);
+    if (rc != 0)
+        fail(self, err, errlen, doing, 1, "the answer has no experiment id");
+    return rc;
+}
+
+int dk_mlflow_create_run(dk_mlflow_t *self, const char *experiment_id, const char *run_name,
+                         json_t *tags, long long start_ms, char *run_id, size_t run_id_len,
+                         char *err, size_t errlen)
+{
+    if (!self || !experiment_id || !run_id || run_id_len == 0) {
+        set_err(err, errlen, "MLflow: creating the run failed: no experiment given");
+        return -1;
+    }
+    char doing[300], code[64];
+    snprintf(doing, sizeof doing, "creating the run in experiment %s", experiment_id);
+    json_t *body = dk_mlflow_body_create_run(experiment_id, run_name, tags, start_ms);
+    if (!body) {
+        fail(self, err, errlen, doing, 1, "out of memory");
+        return -1;
+    }
+    json_t *reply;
+    int rc = request(self, "POST", "runs/create", NULL, body, &reply, code, sizeof code, doing,
+                     err, errlen);
+    json_decref(body);
+    if (rc != 0)
+        return -1;
+    json_t *info = json_object_get(json_object_get(reply, "run"), "info");
+    rc = copy_id(json_object_get(info, "run_id"), run_id, run_id_len);
+    if (rc != 0)    /* servers before MLflow 1.0 only wrote run_uuid */
+        rc = copy_id(json_object_get(info, "run_uuid"), run_id, run_id_len);
+    json_decref(reply);
+    if (rc != 0)
+        fail(self, err, errlen, doing, 1, "the answer has no run id");
+    return rc;
+}
+
+int dk_mlflow_log_params(dk_mlflow_t *self, const char *run_id, json_t *params, char *err,
+                         size_t errlen)
+{
+    if (!self || !run_id) {
+        set_err(err, errlen, "MLflow: logging the run's parameters failed: no run given");
+        return -1;
+    }
+    const char *doing = "logging the run's parameters";
+    size_t n = json_is_object(params) ? json_object_size(params) : 0;
+    char code[64];
+    for (size_t first = 0; first < n; first += PARAMS_PER_BATCH) {
+        json_t *body = dk_mlflow_body_log_params(run_id, params, first, PARAMS_PER_BATCH);
+        if (!body) {
+            fail(self, err, errlen, doing, 1, "out of memory");
+            return -1;
+        }
+        json_t *reply;
+        int rc = request(self, "POST", "runs/log-batch", NULL, body, &reply, code, sizeof code,
+                         doing, err, errlen);
+        json_decref(body);
+        json_decref(reply);
+        if (rc != 0)
+            return -1;
+    }
+    return 0;
+}
+
+int dk_mlflow_update_run(dk_mlflow_t *self, const char *run_id, const char *status,
+                         long long end_ms, char *err, size_t errlen)
+{
+    static const char *known[] = {"RUNNING", "SCHEDULED", "FINISHED", "FAILED", "KILLED"};
+    bool ok = false;
+    for (size_t i = 0; status && i < sizeof known / sizeof known[0]; i++)
+        ok = ok || strcmp(status, known[i]) == 0;
+    if (!self || !run_id || !ok) {
+        set_err(err, errlen, "MLflow: setting the run's status failed: \"%s\" is not one of "
+                             "RUNNING, SCHEDULED, FINISHED, FAILED, KILLED",
+                status ? status : "(none)");
+        return -1;
+    }
+    char doing[64], code[64];
+    snprintf(doing, sizeof doing, "setting the run's status to %s", status);
+    json_t *body = dk_mlflow_body_update_run(run_id, status, end_ms);
+    if (!body) {
+        fail(self, err, errlen, doing, 1, "out of memory");
+        return -1;
+    }
+    json_t *reply;
+    int rc = request(self, "POST", "runs/update", NULL, body, &reply, code, sizeof code, doing,
+                     err, errlen);
+    json_decref(body);
+    json_decref(reply);
+    return rc;
+}

@@ -1,0 +1,91 @@
+/*
+ * dk_mlflow: a client for MLflow's tracking REST API (2.0), in C.
+ *
+ * Every distributed run is an MLflow run. The runtime creates it before the
+ * ranks start (they log into it through MLFLOW_RUN_ID), and writes its final
+ * status after every rank has exited, so that the true outcome wins over the
+ * FINISHED a rank's MLflow client writes at exit.
+ *
+ * A tracking server that is down, slow or failing must never fail or stall a
+ * run: every request has a bounded timeout (seconds), connection errors and 5xx
+ * answers are retried a bounded number of times with a short backoff, and the
+ * caller gets an error value it turns into one warning line.
+ *
+ * Credentials (bearer token, basic user and password, or user:password in the
+ * URI) are sent, never written into an error message or a link.
+ *
+ * Endpoints used (all under /api/2.0/mlflow/, JSON bodies):
+ *   GET  experiments/get-by-name?experiment_name=   RESOURCE_DOES_NOT_EXIST if absent
+ *   POST experiments/create {name}                  RESOURCE_ALREADY_EXISTS on a race
+ *   POST runs/create {experiment_id, run_name, start_time, tags:[{key,value}]}
+ *   POST runs/log-batch {run_id, metrics, params:[{key,value}], tags}
+ *   POST runs/update {run_id, status, end_time}
+ * Errors come back as HTTP 4xx/5xx with {"error_code": "...", "message": "..."}.
+ *
+ * Not thread-safe: one client per thread (a libcurl easy handle inside).
+ */
+#ifndef DK_MLFLOW_H
+#define DK_MLFLOW_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef struct {
+    const char *tracking_uri;   /* "http://host:port" (path prefix allowed); required */
+    const char *token;          /* MLFLOW_TRACKING_TOKEN: bearer; NULL if none */
+    const char *username;       /* MLFLOW_TRACKING_USERNAME / PASSWORD: basic; NULL if none */
+    const char *password;
+    bool insecure_tls;          /* MLFLOW_TRACKING_INSECURE_TLS: skip certificate checks */
+    double timeout_s;           /* per attempt, connect included; <= 0: 5 */
+    int retries;                /* extra attempts on connection errors and 5xx; < 0: 2 */
+} dk_mlflow_config_t;
+
+typedef struct dk_mlflow_t dk_mlflow_t;
+
+/* A client for CFG (copied). NULL with a reason in ERR when the URI is not an
+ * http(s) URI. */
+dk_mlflow_t *dk_mlflow_new(const dk_mlflow_config_t *cfg, char *err, size_t errlen);
+void dk_mlflow_destroy(dk_mlflow_t **self_p);
+
+/* The id of experiment NAME, created if absent; a create that loses a race
+ * (RESOURCE_ALREADY_EXISTS) looks the name up again. Returns 0, or -1 with ERR. */
+int dk_mlflow_experiment(dk_mlflow_t *self, const char *name, char *id, size_t idlen, char *err,
+                         size_t errlen);
+
+/* Create a run in EXPERIMENT_ID named RUN_NAME with TAGS (a JSON object of string
+ * values, borrowed; may be NULL), start time START_MS (ms since the epoch).
+ * mlflow.runName is added to the tags. Writes the run id. 0, or -1 with ERR. */
+int dk_mlflow_create_run(dk_mlflow_t *self, const char *experiment_id, const char *run_name,
+                         json_t *tags, long long start_ms, char *run_id, size_t run_id_len,
+                         char *err, size_t errlen);
+
+/* Log PARAMS (a JSON object; values are turned into strings) in log-batch
+ * calls of at most 100 params each. 0, or -1 with ERR. */
+int dk_mlflow_log_params(dk_mlflow_t *self, const char *run_id, json_t *params, char *err,
+                         size_t errlen);
+
+/* Set the run's status ("FINISHED", "FAILED", "KILLED", "RUNNING") and end
+ * time END_MS (0: none). 0, or -1 with ERR. */
+int dk_mlflow_update_run(dk_mlflow_t *self, const char *run_id, const char *status,
+                         long long end_ms, char *err, size_t errlen);
+
+/* The run's page: "<uri>/#/experiments/<experiment_id>/runs/<run_id>", with any
+ * user:password@ removed from the URI. */
+void dk_mlflow_run_url(const char *tracking_uri, const char *experiment_id, const char *run_id,
+                       char *out, size_t outlen);
+
+/* ---- the pieces above, exposed for tests ---- */
+
+/* The JSON bodies the calls send (new references). */
+json_t *dk_mlflow_body_create_run(const char *experiment_id, const char *run_name, json_t *tags,
+                                  long long start_ms);
+json_t *dk_mlflow_body_log_params(const char *run_id, json_t *params, size_t first, size_t count);
+json_t *dk_mlflow_body_update_run(const char *run_id, const char *status, long long end_ms);
+
+/* Read an MLflow error body ({"error_code", "message"}) of LEN bytes: writes the
+ * code (or "" when the body is not one) and a message. */
+void dk_mlflow_parse_error(const char *body, size_t len, char *code, size_t codelen, char *msg,
+                           size_t msglen);
+
+#endif

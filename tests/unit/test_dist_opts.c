@@ -1,0 +1,549 @@
+/*
+ * The options of %%distributed and @distributed (magics/dk_dist_opts.h).
+ *
+ * Each test is one rule of the option language: what a value form means, what
+ * the deprecated names do, how options combine, and that every mistake is
+ * caught before launch with a message naming the option and what it accepts.
+ */
+#include <criterion/criterion.h>
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "dk_dist_opts.h"
+
+static dk_dist_opts_t opts;
+static char err[512];
+
+/* Parse ARGS, expecting success and no error text. */
+static void ok(const char *args)
+{
+    err[0] = '\0';
+    int rc = dk_dist_opts_parse(args, &opts, err, sizeof err);
+    cr_assert_eq(rc, 0, "rejected \"%s\": %s", args ? args : "(null)", err);
+}
+
+/* Parse ARGS, expecting an error whose text holds every one of the NULL-ended
+ * substrings that follow. */
+static void fails(const char *args, ...)
+{
+    err[0] = '\0';
+    int rc = dk_dist_opts_parse(args, &opts, err, sizeof err);
+    cr_assert_eq(rc, -1, "accepted \"%s\"", args);
+    cr_assert_neq(err[0], '\0', "no message for \"%s\"", args);
+    va_list ap;
+    va_start(ap, args);
+    for (const char *want = va_arg(ap, const char *); want; want = va_arg(ap, const char *))
+        cr_assert_not_null(strstr(err, want), "\"%s\": message \"%s\" lacks \"%s\"", args, err,
+                           want);
+    va_end(ap);
+}
+
+/* The defaults every parse starts from. */
+static void expect_defaults(void)
+{
+    cr_assert_eq(opts.num_accelerators, 0);
+    cr_assert_str_eq(opts.accelerator_model, "");
+    cr_assert_eq(opts.accelerator_count, 0);
+    cr_assert_eq(opts.num_processes, 0);
+    cr_assert_float_eq(opts.timeout_s, 10800.0, 1e-9);
+    cr_assert_eq(opts.output, DK_OUTPUT_ALL);
+    cr_assert_str_eq(opts.result_name, "");
+    cr_assert_not(opts.check);
+    cr_assert_str_eq(opts.warnings, "");
+}
+
+/* ---- defaults and empty input ---- */
+
+Test(defaults, empty_args_give_the_defaults)
+{
+    ok("");
+    expect_defaults();
+}
+
+Test(defaults, null_args_give_the_defaults)
+{
+    ok(NULL);
+    expect_defaults();
+}
+
+Test(defaults, blanks_only_give_the_defaults)
+{
+    ok("  \t  \n ");
+    expect_defaults();
+}
+
+Test(defaults, timeout_defaults_to_three_hours)
+{
+    ok("num_processes=2");
+    cr_assert_float_eq(opts.timeout_s, DK_DEFAULT_TIMEOUT_S, 1e-9);
+    cr_assert_float_eq(DK_DEFAULT_TIMEOUT_S, 10800.0, 1e-9);
+}
+
+Test(defaults, output_defaults_to_all_ranks)
+{
+    ok("num_processes=2");
+    cr_assert_eq(opts.output, DK_OUTPUT_ALL);
+}
+
+Test(defaults, a_parse_resets_what_an_earlier_parse_set)
+{
+    ok("gpus=2 result=r output=rank0 timeout=5 check=True");
+    ok("");
+    expect_defaults();
+}
+
+/* ---- each option and its value forms ---- */
+
+Test(values, num_accelerators_takes_an_integer)
+{
+    ok("num_accelerators=8");
+    cr_assert_eq(opts.num_accelerators, 8);
+    cr_assert_str_eq(opts.warnings, "");
+}
+
+Test(values, num_processes_takes_an_integer)
+{
+    ok("num_processes=2");
+    cr_assert_eq(opts.num_processes, 2);
+    cr_assert_eq(opts.num_accelerators, 0);
+}
+
+Test(values, integers_may_be_quoted)
+{
+    ok("num_processes='3'");
+    cr_assert_eq(opts.num_processes, 3);
+    ok("num_accelerators=\"4\"");
+    cr_assert_eq(opts.num_accelerators, 4);
+}
+
+Test(values, timeout_takes_whole_seconds)
+{
+    ok("timeout=3600");
+    cr_assert_float_eq(opts.timeout_s, 3600.0, 1e-9);
+}
+
+Test(values, timeout_takes_fractional_seconds)
+{
+    ok("timeout=1.5");
+    cr_assert_float_eq(opts.timeout_s, 1.5, 1e-9);
+}
+
+Test(values, timeout_none_means_no_limit)
+{
+    ok("timeout=None");
+    cr_assert_float_eq(opts.timeout_s, 0.0, 1e-12);
+}
+
+Test(values, output_all_and_rank0)
+{
+    ok("output=rank0");
+    cr_assert_eq(opts.output, DK_OUTPUT_RANK0);
+    ok("output=all");
+    cr_assert_eq(opts.output, DK_OUTPUT_ALL);
+}
+
+Test(values, output_may_be_quoted_either_way)
+{
+    ok("output='rank0'");
+    cr_assert_eq(opts.output, DK_OUTPUT_RANK0);
+    ok("output=\"rank0\"");
+    cr_assert_eq(opts.output, DK_OUTPUT_RANK0);
+}
+
+Test(values, result_takes_an_identifier)
+{
+    ok("result=losses");
+    cr_assert_str_eq(opts.result_name, "losses");
+    ok("result=_r2");
+    cr_assert_str_eq(opts.result_name, "_r2");
+}
+
+Test(values, result_may_be_quoted_either_way)
+{
+    ok("result='per_rank'");
+    cr_assert_str_eq(opts.result_name, "per_rank");
+    ok("result=\"per_rank\"");
+    cr_assert_str_eq(opts.result_name, "per_rank");
+}
+
+Test(values, check_takes_true_and_false)
+{
+    ok("check=True");
+    cr_assert(opts.check);
+    ok("check=False");
+    cr_assert_not(opts.check);
+}
+
+Test(values, accelerator_type_gives_count_and_model)
+{
+    ok("accelerator_type=GPU_8xH100");
+    cr_assert_eq(opts.accelerator_count, 8);
+    cr_assert_str_eq(opts.accelerator_model, "H100");
+    cr_assert_str_eq(opts.warnings, "");
+}
+
+Test(values, accelerator_type_alone_sets_num_accelerators)
+{
+    ok("accelerator_type=GPU_8xH100");
+    cr_assert_eq(opts.num_accelerators, 8);
+    ok("accelerator_type=GPU_1xA10");
+    cr_assert_eq(opts.num_accelerators, 1);
+    cr_assert_str_eq(opts.accelerator_model, "A10");
+}
+
+Test(values, accelerator_type_is_case_insensitive)
+{
+    ok("accelerator_type=gpu_8xh100");
+    cr_assert_eq(opts.accelerator_count, 8);
+    cr_assert_str_eq(opts.accelerator_model, "H100");
+    ok("accelerator_type=Gpu_2XB300");
+    cr_assert_eq(opts.accelerator_count, 2);
+    cr_assert_str_eq(opts.accelerator_model, "B300");
+}
+
+Test(values, accelerator_type_may_be_quoted_either_way)
+{
+    ok("accelerator_type='GPU_8xH100'");
+    cr_assert_eq(opts.accelerator_count, 8);
+    cr_assert_str_eq(opts.accelerator_model, "H100");
+    ok("accelerator_type=\"GPU_4xA100\"");
+    cr_assert_eq(opts.accelerator_count, 4);
+    cr_assert_str_eq(opts.accelerator_model, "A100");
+}
+
+Test(values, accelerator_type_agreeing_with_num_accelerators_is_fine)
+{
+    ok("num_accelerators=8 accelerator_type=GPU_8xH100");
+    cr_assert_eq(opts.num_accelerators, 8);
+    cr_assert_eq(opts.accelerator_count, 8);
+}
+
+Test(values, options_combine_in_any_order_and_spacing)
+{
+    ok("  result=r   timeout=60\toutput=rank0 num_processes=4  check=False ");
+    cr_assert_eq(opts.num_processes, 4);
+    cr_assert_float_eq(opts.timeout_s, 60.0, 1e-9);
+    cr_assert_eq(opts.output, DK_OUTPUT_RANK0);
+    cr_assert_str_eq(opts.result_name, "r");
+    cr_assert_not(opts.check);
+}
+
+Test(values, a_backslash_escapes_the_quote_inside_a_quoted_value)
+{
+    /* The escaped quote does not end the value: it reaches output's check,
+     * which rejects the odd value by name, instead of a syntax error. */
+    fails("output='ra\\'nk0'", "output", "all", "rank0", "ra'nk0", NULL);
+    ok("result='r\\_1'");
+    cr_assert_str_eq(opts.result_name, "r_1");
+}
+
+/* ---- the managed platform's older names ---- */
+
+Test(aliases, gpus_is_num_accelerators_with_a_warning)
+{
+    ok("gpus=8");
+    cr_assert_eq(opts.num_accelerators, 8);
+    cr_assert_not_null(strstr(opts.warnings, "gpus"), "warnings: %s", opts.warnings);
+    cr_assert_not_null(strstr(opts.warnings, "deprecated"), "warnings: %s", opts.warnings);
+    cr_assert_not_null(strstr(opts.warnings, "num_accelerators"), "warnings: %s", opts.warnings);
+}
+
+Test(aliases, gpu_type_is_the_model_with_a_warning)
+{
+    ok("gpu_type=H100");
+    cr_assert_str_eq(opts.accelerator_model, "H100");
+    cr_assert_eq(opts.accelerator_count, 0);
+    cr_assert_eq(opts.num_accelerators, 0);
+    cr_assert_not_null(strstr(opts.warnings, "gpu_type"), "warnings: %s", opts.warnings);
+    cr_assert_not_null(strstr(opts.warnings, "deprecated"), "warnings: %s", opts.warnings);
+    cr_assert_not_null(strstr(opts.warnings, "accelerator_type"), "warnings: %s", opts.warnings);
+}
+
+Test(aliases, gpu_type_is_case_insensitive_and_may_be_quoted)
+{
+    ok("gpu_type=\"h100\"");
+    cr_assert_str_eq(opts.accelerator_model, "H100");
+    ok("gpu_type='a10'");
+    cr_assert_str_eq(opts.accelerator_model, "A10");
+}
+
+Test(aliases, both_old_names_give_both_warnings)
+{
+    ok("gpus=8 gpu_type=H100");
+    cr_assert_eq(opts.num_accelerators, 8);
+    cr_assert_str_eq(opts.accelerator_model, "H100");
+    cr_assert_not_null(strstr(opts.warnings, "gpus="), "warnings: %s", opts.warnings);
+    cr_assert_not_null(strstr(opts.warnings, "gpu_type="), "warnings: %s", opts.warnings);
+    cr_assert_not_null(strchr(opts.warnings, '\n'), "one warning per line: %s", opts.warnings);
+}
+
+Test(aliases, new_names_give_no_warning)
+{
+    ok("num_accelerators=8 accelerator_type=GPU_8xH100 timeout=None output=all result=r");
+    cr_assert_str_eq(opts.warnings, "");
+}
+
+/* ---- options that contradict each other ---- */
+
+Test(conflicts, num_accelerators_contradicting_accelerator_type)
+{
+    fails("num_accelerators=4 accelerator_type=GPU_8xH100", "num_accelerators",
+          "accelerator_type", "4", "GPU_8xH100", NULL);
+}
+
+Test(conflicts, gpus_contradicting_accelerator_type)
+{
+    fails("gpus=2 accelerator_type=GPU_8xH100", "accelerator_type", NULL);
+}
+
+Test(conflicts, num_processes_with_num_accelerators)
+{
+    fails("num_processes=2 num_accelerators=2", "num_processes", "num_accelerators", NULL);
+}
+
+Test(conflicts, num_processes_with_accelerator_type)
+{
+    fails("num_processes=2 accelerator_type=GPU_2xH100", "num_processes", "accelerator_type",
+          NULL);
+}
+
+Test(conflicts, num_processes_with_gpu_type)
+{
+    fails("gpu_type=H100 num_processes=2", "num_processes", NULL);
+}
+
+Test(conflicts, gpus_and_num_accelerators_together)
+{
+    fails("gpus=8 num_accelerators=8", "num_accelerators", "gpus", NULL);
+}
+
+Test(conflicts, num_accelerators_twice)
+{
+    fails("num_accelerators=8 num_accelerators=4", "num_accelerators", NULL);
+}
+
+Test(conflicts, gpu_type_and_accelerator_type_together)
+{
+    fails("gpu_type=H100 accelerator_type=GPU_8xH100", "accelerator_type", "gpu_type", NULL);
+}
+
+/* ---- bad values: each message names the option and what it accepts ---- */
+
+Test(bad_values, num_accelerators_zero)
+{
+    fails("num_accelerators=0", "num_accelerators", "positive whole number", "'0'", NULL);
+}
+
+Test(bad_values, num_accelerators_negative)
+{
+    fails("num_accelerators=-1", "num_accelerators", "positive whole number", "'-1'", NULL);
+}
+
+Test(bad_values, num_accelerators_not_a_number)
+{
+    fails("num_accelerators=eight", "num_accelerators", "positive whole number", "'eight'", NULL);
+    fails("num_accelerators=8.0", "num_accelerators", "positive whole number", NULL);
+    fails("num_accelerators=8x", "num_accelerators", "positive whole number", NULL);
+    fails("num_accelerators=''", "num_accelerators", "positive whole number", NULL);
+}
+
+Test(bad_values, num_accelerators_past_the_integer_range)
+{
+    fails("num_accelerators=99999999999999999999", "num_accelerators", NULL);
+}
+
+Test(bad_values, gpus_error_uses_the_name_the_user_wrote)
+{
+    fails("gpus=0", "gpus", "positive whole number", NULL);
+}
+
+Test(bad_values, num_processes_zero_negative_and_words)
+{
+    fails("num_processes=0", "num_processes", "positive whole number", NULL);
+    fails("num_processes=-3", "num_processes", "positive whole number", NULL);
+    fails("num_processes=two", "num_processes", "positive whole number", NULL);
+    fails("num_processes=None", "num_processes", "positive whole number", NULL);
+    fails("num_processes=True", "num_processes", "positive whole number", NULL);
+}
+
+Test(bad_values, num_processes_past_the_integer_range)
+{
+    fails("num_processes=99999999999999999999", "num_processes", NULL);
+}
+
+Test(bad_values, huge_rank_count_names_the_limit)
+{
+    /* 5000 is a positive whole number: the message must say what the limit is,
+     * or the user is told their (valid-looking) value is not a number. */
+    fails("num_processes=5000", "num_processes", "4096", NULL);
+    fails("num_accelerators=5000", "num_accelerators", "4096", NULL);
+}
+
+Test(bad_values, rank_count_limit_is_inclusive)
+{
+    ok("num_processes=4096");
+    cr_assert_eq(opts.num_processes, 4096);
+    ok("num_processes=1");
+    cr_assert_eq(opts.num_processes, 1);
+}
+
+Test(bad_values, timeout_zero)
+{
+    fails("timeout=0", "timeout", "seconds", "None", "'0'", NULL);
+}
+
+Test(bad_values, timeout_negative)
+{
+    fails("timeout=-5", "timeout", "seconds", "None", NULL);
+}
+
+Test(bad_values, timeout_words_infinity_and_nan)
+{
+    fails("timeout=forever", "timeout", "None", NULL);
+    fails("timeout=inf", "timeout", "None", NULL);
+    fails("timeout=nan", "timeout", "None", NULL);
+    fails("timeout=1e999", "timeout", "None", NULL);
+    fails("timeout=10s", "timeout", "None", NULL);
+}
+
+Test(bad_values, timeout_none_must_be_bare)
+{
+    fails("timeout='None'", "timeout", "None", NULL);
+    fails("timeout=none", "timeout", "None", NULL);
+}
+
+Test(bad_values, timeout_quoted_number_is_a_string)
+{
+    fails("timeout=\"60\"", "timeout", NULL);
+}
+
+Test(bad_values, output_other_than_all_or_rank0)
+{
+    fails("output=rank1", "output", "all", "rank0", "'rank1'", NULL);
+    fails("output=ALL", "output", "all", "rank0", NULL);
+    fails("output=", "output", "all", "rank0", NULL);
+}
+
+Test(bad_values, result_must_be_an_identifier)
+{
+    fails("result=1abc", "result", "variable name", "'1abc'", NULL);
+    fails("result=a-b", "result", "variable name", NULL);
+    fails("result='two words'", "result", "variable name", NULL);
+    fails("result=a.b", "result", "variable name", NULL);
+    fails("result=", "result", "variable name", NULL);
+}
+
+Test(bad_values, result_name_too_long)
+{
+    char args[256];
+    memset(args, 0, sizeof args);
+    strcpy(args, "result=");
+    memset(args + 7, 'a', 200);
+    fails(args, "result", "variable name", NULL);
+}
+
+Test(bad_values, check_other_than_true_or_false)
+{
+    fails("check=yes", "check", "True", "False", NULL);
+    fails("check=1", "check", "True", "False", NULL);
+}
+
+Test(bad_values, accelerator_type_without_the_gpu_prefix)
+{
+    fails("accelerator_type=H100", "accelerator_type", "GPU_<n>x<MODEL>", "GPU_8xH100", "'H100'",
+          NULL);
+}
+
+Test(bad_values, accelerator_type_malformed)
+{
+    fails("accelerator_type=GPU_xH100", "accelerator_type", "GPU_<n>x<MODEL>", NULL);
+    fails("accelerator_type=GPU_8H100", "accelerator_type", "GPU_<n>x<MODEL>", NULL);
+    fails("accelerator_type=GPU_8x", "accelerator_type", "GPU_<n>x<MODEL>", NULL);
+    fails("accelerator_type=GPU_8x-H100", "accelerator_type", "GPU_<n>x<MODEL>", NULL);
+    fails("accelerator_type=GPU_ 8xH100", "accelerator_type", NULL);
+    fails("accelerator_type=", "accelerator_type", "GPU_<n>x<MODEL>", NULL);
+}
+
+Test(bad_values, accelerator_type_count_out_of_bounds)
+{
+    fails("accelerator_type=GPU_0xH100", "accelerator_type", "GPU_<n>x<MODEL>", NULL);
+    fails("accelerator_type=GPU_-1xH100", "accelerator_type", "GPU_<n>x<MODEL>", NULL);
+    fails("accelerator_type=GPU_99999999999999999999xH100", "accelerator_type", NULL);
+}
+
+Test(bad_values, gpu_type_must_be_a_model_name)
+{
+    fails("gpu_type=GPU_8xH100", "gpu_type", "H100", NULL);
+    fails("gpu_type=", "gpu_type", "H100", NULL);
+    fails("gpu_type='H 100'", "gpu_type", "H100", NULL);
+}
+
+/* ---- unknown options and malformed text ---- */
+
+Test(syntax, unknown_option_lists_the_accepted_ones)
+{
+    fails("num_gpus=8", "num_gpus", "num_accelerators", "accelerator_type", "num_processes",
+          "timeout", "output", "result", NULL);
+}
+
+Test(syntax, option_names_are_case_sensitive)
+{
+    fails("NUM_PROCESSES=2", "NUM_PROCESSES", "num_processes", NULL);
+}
+
+Test(syntax, token_without_equals_sign)
+{
+    fails("num_processes", "num_processes", "name=value", NULL);
+    fails("num_processes=2 verbose", "verbose", "name=value", NULL);
+}
+
+Test(syntax, token_without_a_name)
+{
+    fails("=2", "name=value", NULL);
+    fails("-n 2", "name=value", NULL);
+}
+
+Test(syntax, blanks_around_the_equals_sign_are_not_accepted)
+{
+    fails("num_processes = 2", "num_processes", "name=value", NULL);
+}
+
+Test(syntax, python_style_commas_are_rejected)
+{
+    fails("num_processes=2, timeout=5", "num_processes", NULL);
+}
+
+Test(syntax, unterminated_single_quote)
+{
+    fails("result='abc", "result", "unterminated", NULL);
+}
+
+Test(syntax, unterminated_double_quote)
+{
+    fails("output=\"rank0 timeout=5", "output", "unterminated", NULL);
+}
+
+Test(syntax, error_in_a_later_option_is_still_reported)
+{
+    fails("num_processes=2 timeout=5 output=some", "output", NULL);
+}
+
+Test(syntax, help_text_documents_every_option)
+{
+    const char *names[] = {"num_accelerators", "accelerator_type", "num_processes", "timeout",
+                           "output", "result", "check", "gpus", "gpu_type", "None", "rank0",
+                           "10800", NULL};
+    for (int i = 0; names[i]; i++)
+        cr_assert_not_null(strstr(dk_dist_doc, names[i]), "help lacks %s", names[i]);
+}
+
+Test(syntax, error_message_is_truncated_not_overflowed)
+{
+    char small[16];
+    memset(small, 'x', sizeof small);
+    int rc = dk_dist_opts_parse("nonsense_option=1", &opts, small, sizeof small);
+    cr_assert_eq(rc, -1);
+    cr_assert_eq(strlen(small), sizeof small - 1);
+}
