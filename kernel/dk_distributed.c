@@ -82,6 +82,8 @@ struct run_t {
     char device[128];           /* "NVIDIA H100 80GB HBM3" or "cpu" */
     char model[32];
     dk_tracked_run_t tracked;
+    char *batch;                /* labelled lines of one sink_output call */
+    size_t batch_len, batch_cap;
 };
 
 extern char **environ;
@@ -109,6 +111,16 @@ static const char *signal_name(int sig)
 
 /* ---- sink: runs on the runtime thread ------------------------------------------ */
 
+/* Hand the batch of finished lines of slot S to the cell's stream. */
+static void flush_batch(slot_t *s)
+{
+    run_t *run = s->run;
+    if (run->batch_len)
+        dk_stream_append(dk_kernel_stream(run->kernel), s->fd == 2 ? DK_STDERR : DK_STDOUT,
+                         run->batch, run->batch_len);
+    run->batch_len = 0;
+}
+
 static void publish_progress_locked(slot_t *s)
 {
     if (!s->progress_text)
@@ -122,6 +134,7 @@ static void publish_progress_locked(slot_t *s)
     snprintf(text, n, "%s%s", label, s->progress_text);
     json_t *content = json_pack("{s:{s:s}, s:{}, s:{s:s}}", "data", "text/plain", text,
                                 "metadata", "transient", "display_id", s->display_id);
+    flush_batch(s);
     dk_stream_flush(dk_kernel_stream(s->run->kernel));
     dk_iopub_publish(dk_kernel_iopub(s->run->kernel),
                      s->progress_open ? "update_display_data" : "display_data", content, NULL);
@@ -177,18 +190,27 @@ static void on_line(void *data, dk_lines_event_t kind, const char *text, size_t 
     }
     free(s->progress_text);
     s->progress_text = NULL;
+    /* Collected into the run's batch, handed to the stream once per read. */
+    run_t *run = s->run;
     char label[32];
     int ln = snprintf(label, sizeof label, "[rank %d] ", s->rank);
-    char *line = malloc((size_t)ln + len + 2);
-    if (!line)
-        return;
-    memcpy(line, label, (size_t)ln);
-    memcpy(line + ln, text, len);
-    line[(size_t)ln + len] = '\n';
-    dk_stream_write(dk_kernel_stream(s->run->kernel), s->fd == 2 ? DK_STDERR : DK_STDOUT, line,
-                    (size_t)ln + len + 1);
-    free(line);
+    size_t need = run->batch_len + (size_t)ln + len + 1;
+    if (need > run->batch_cap) {
+        size_t cap = run->batch_cap ? run->batch_cap : 4096;
+        while (cap < need)
+            cap *= 2;
+        char *p = realloc(run->batch, cap);
+        if (!p)
+            return;
+        run->batch = p;
+        run->batch_cap = cap;
+    }
+    memcpy(run->batch + run->batch_len, label, (size_t)ln);
+    memcpy(run->batch + run->batch_len + (size_t)ln, text, len);
+    run->batch[need - 1] = '\n';
+    run->batch_len = need;
 }
+
 
 static void sink_output(void *data, int rank, int fd, const char *bytes, size_t len)
 {
@@ -198,6 +220,7 @@ static void sink_output(void *data, int rank, int fd, const char *bytes, size_t 
     pthread_mutex_lock(&run->lock);
     slot_t *s = &run->slots[rank * 2 + (fd == 2)];
     dk_lines_feed(s->lines, bytes, len, on_line, s);
+    flush_batch(s);
     pthread_mutex_unlock(&run->lock);
 }
 
@@ -366,6 +389,7 @@ static void run_free(run_t *run)
         free(run->ranks[r].message);
     free(run->slots);
     free(run->ranks);
+    free(run->batch);
     pthread_mutex_destroy(&run->lock);
     free(run);
 }
@@ -579,6 +603,13 @@ static run_t *run_start(dk_kernel_t *k, const char *kind, const char *options,
         }
     }
     char **env = begin_tracking(run);
+    if (PyErr_CheckSignals() < 0) {
+        /* Interrupted while the run was being recorded: start nothing. */
+        free(env);
+        end_tracking(run, "KILLED");
+        run_free(run);
+        return NULL;
+    }
     char log_dir[4096];
     next_log_dir(run->run_id, log_dir, sizeof log_dir);
     dk_job_spec_t spec = {
@@ -644,6 +675,7 @@ static void run_wait(run_t *run)
     for (int i = 0; i < run->world * 2; i++) {
         slot_t *s = &run->slots[i];
         dk_lines_finish(s->lines, on_line, s);
+        flush_batch(s);
         if (s->progress_dirty)
             publish_progress_locked(s);
     }

@@ -463,11 +463,32 @@ static void block_all_signals(void)
     pthread_sigmask(SIG_BLOCK, &all, NULL);
 }
 
+/* The frontend's process, when it told us (jupyter_client sets JPY_PARENT_PID),
+ * or 0. A kernel whose frontend died without shutting it down (killed, crashed)
+ * would otherwise run on forever, holding its ranks and their GPUs. */
+static pid_t parent_pid(void)
+{
+    const char *p = getenv("JPY_PARENT_PID");
+    long pid = p ? strtol(p, NULL, 10) : 0;
+    return pid > 1 && getppid() == (pid_t)pid ? (pid_t)pid : 0;
+}
+
 static void *control_main(void *arg)
 {
     dk_kernel_t *k = arg;
     block_all_signals();
+    pid_t parent = parent_pid();
+    zpoller_t *poller = zpoller_new(k->control, NULL);
     for (;;) {
+        if (zpoller_wait(poller, 1000) != k->control) {
+            if (zpoller_terminated(poller))
+                break;
+            if (parent && getppid() != parent) {
+                dk_log("the frontend (pid %d) is gone; exiting", (int)parent);
+                exit_process(k, false);
+            }
+            continue;
+        }
         dk_msg_t *req = recv_msg(k, k->control, "control");
         if (!req) {
             if (zsys_interrupted || errno == ETERM)
@@ -477,6 +498,7 @@ static void *control_main(void *arg)
         handle_control(k, req);
         dk_msg_destroy(&req);
     }
+    zpoller_destroy(&poller);
     return NULL;
 }
 

@@ -270,6 +270,16 @@ void dk_stream_write(dk_stream_t *self, dk_stream_name_t name, const char *buf, 
     pthread_mutex_unlock(&self->lock);
 }
 
+void dk_stream_append(dk_stream_t *self, dk_stream_name_t name, const char *buf, size_t len)
+{
+    pthread_mutex_lock(&self->lock);
+    buf_append(&self->buf[name], buf, len);
+    if (self->buf[name].len >= DK_STREAM_CHUNK)
+        publish_locked(self, name);
+    mark_pending_locked(self);
+    pthread_mutex_unlock(&self->lock);
+}
+
 void dk_stream_flush(dk_stream_t *self)
 {
     fflush(stdout);

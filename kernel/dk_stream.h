@@ -38,6 +38,12 @@ void dk_stream_destroy(dk_stream_t **self_p);
 /* Append LEN bytes of text written by Python to stream NAME. Thread-safe. */
 void dk_stream_write(dk_stream_t *self, dk_stream_name_t name, const char *buf, size_t len);
 
+/* Append LEN bytes of text from elsewhere (rank output relayed by the kernel).
+ * Unlike dk_stream_write it does not first drain fd 1/2: their order relative to
+ * another process's output means nothing, and a relay of many lines would pay
+ * two read() calls per call. Thread-safe. */
+void dk_stream_append(dk_stream_t *self, dk_stream_name_t name, const char *buf, size_t len);
+
 /* Flush C stdio, drain the pipes and publish both buffers now. Thread-safe. */
 void dk_stream_flush(dk_stream_t *self);
 

@@ -134,6 +134,67 @@ static bool server_alive(const char *uri)
     return ok;
 }
 
+/* ---- the server's guard ------------------------------------------------------
+ *
+ * `mlflow server` runs its web server as children of its own, which would
+ * outlive a kernel that is SIGKILLed (PR_SET_PDEATHSIG reaches only the direct
+ * child). So the kernel's child is a guard: it leads a process group, starts
+ * the server in it, and when the kernel goes away (its PDEATHSIG) or asks it to
+ * stop (SIGTERM), ends the whole group: SIGTERM, then SIGKILL. It runs in the
+ * forked child of a threaded process, so it uses async-signal-safe calls only.
+ */
+static volatile sig_atomic_t guard_stop;
+
+static void guard_on_term(int sig)
+{
+    (void)sig;
+    guard_stop = 1;
+}
+
+static void guard_main(pid_t kernel, char *exe, char *const argv[], int log, const char *log_path)
+    __attribute__((noreturn));
+static void guard_main(pid_t kernel, char *exe, char *const argv[], int log, const char *log_path)
+{
+    setpgid(0, 0);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = guard_on_term;
+    sigaction(SIGTERM, &sa, NULL);
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    if (getppid() != kernel)
+        _exit(0);
+    pid_t srv = fork();
+    if (srv == 0) {
+        signal(SIGTERM, SIG_DFL);
+        int devnull = open("/dev/null", O_RDONLY);
+        if (devnull >= 0)
+            dup2(devnull, 0);
+        if (log >= 0) {
+            dup2(log, 1);
+            dup2(log, 2);
+        }
+        execv(exe, argv);
+        _exit(127);
+    }
+    int status = 0;
+    while (!guard_stop) {
+        pid_t r = waitpid(srv, &status, 0);
+        if (r == srv)
+            _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);   /* the server ended itself */
+    }
+    kill(-getpgrp(), SIGTERM);   /* the server and its workers (and this guard: handled) */
+    struct timespec tick = {0, 50 * 1000 * 1000};
+    for (int i = 0; i < 60 && waitpid(srv, &status, WNOHANG) == 0; i++)
+        nanosleep(&tick, NULL);
+    unlink(log_path);
+    signal(SIGTERM, SIG_DFL);
+    kill(-getpgrp(), SIGKILL);   /* whatever is left, this guard included */
+    _exit(0);
+}
+
 /* Start `mlflow server` on a free loopback port with MLflow's own default
  * store in the notebook's directory; NULL when mlflow is not installed. */
 static const char *start_server(char *note, size_t notelen)
@@ -160,26 +221,10 @@ static const char *start_server(char *note, size_t notelen)
     int log = open(log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     char *argv[] = {mlflow, "server", "--backend-store-uri", store, "--host", "127.0.0.1",
                     "--port", port_s, NULL};
-    pid_t parent = getpid();
+    pid_t kernel = getpid();
     pid_t pid = fork();
-    if (pid == 0) {
-        setpgid(0, 0);
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(127);
-        sigset_t none;
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        int devnull = open("/dev/null", O_RDONLY);
-        if (devnull >= 0)
-            dup2(devnull, 0);
-        if (log >= 0) {
-            dup2(log, 1);
-            dup2(log, 2);
-        }
-        execv(mlflow, argv);
-        _exit(127);
-    }
+    if (pid == 0)
+        guard_main(kernel, mlflow, argv, log, log_path);
     if (log >= 0)
         close(log);
     free(mlflow);
@@ -215,14 +260,14 @@ void dk_tracking_shutdown(void)
     pid_t pid = __atomic_exchange_n(&server.pid, 0, __ATOMIC_SEQ_CST);
     if (pid <= 0)
         return;
-    killpg(pid, SIGTERM);
-    for (int i = 0; i < 20; i++) {
+    kill(pid, SIGTERM);   /* the guard ends the server's whole group */
+    for (int i = 0; i < 80; i++) {
         if (waitpid(pid, NULL, WNOHANG) == pid)
             return;
         struct timespec ts = {0, 50 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
-    killpg(pid, SIGKILL);
+    kill(-pid, SIGKILL);
     waitpid(pid, NULL, 0);
 }
 

@@ -3,21 +3,30 @@
  *
  * Started by the runtime (runtime/dk_job.c) with the rank's environment; it
  * embeds the same CPython as the kernel and runs distkernel._rank.main(), which
- * talks to the kernel over the back channel. stdout and stderr are unbuffered,
- * so what the rank prints reaches the notebook as it is printed.
+ * talks to the kernel over the back channel (and decides how the rank's
+ * output is buffered).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <signal.h>
 #include <stdlib.h>
 
 int main(int argc, char **argv)
 {
     (void)argc;
     (void)argv;
+    /* A rank stopped while Python is still starting (another rank failed at
+     * once, the cell was interrupted) would print a "Fatal Python error" in the
+     * cell. SIGINT stays blocked until distkernel._rank is about to run the
+     * user's code; one that came meanwhile is delivered then, and ends the
+     * rank quietly. SIGTERM and SIGKILL, which follow, are not blocked. */
+    sigset_t sigint;
+    sigemptyset(&sigint);
+    sigaddset(&sigint, SIGINT);
+    sigprocmask(SIG_BLOCK, &sigint, NULL);
     PyConfig config;
     PyConfig_InitPythonConfig(&config);
-    config.buffered_stdio = 0;
     config.parse_argv = 0;
     PyStatus st = PyConfig_SetBytesString(&config, &config.program_name, DK_PYTHON_EXE);
     if (!PyStatus_Exception(st))

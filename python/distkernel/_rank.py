@@ -50,7 +50,51 @@ def main():
         return 130
 
 
+FLUSH_INTERVAL = 0.02
+
+
+def _buffer_output():
+    """A rank's stdout and stderr are pipes to the kernel. Unbuffered or
+    line-buffered, every print() is a write() (and the kernel wakes for each):
+    a rank printing fast spends most of its time there. Block-buffered, a line
+    could wait for a long time. So they are buffered in blocks and flushed
+    every FLUSH_INTERVAL by a thread, before the rank reports, and before
+    os._exit; what a crash can take with it is at most the last FLUSH_INTERVAL
+    of output."""
+    import io
+    import threading
+    import time
+
+    for name in ("stdout", "stderr"):
+        old = getattr(sys, name)
+        raw = io.FileIO(old.fileno(), "w", closefd=False)
+        setattr(sys, name, io.TextIOWrapper(io.BufferedWriter(raw, 1 << 16),
+                                            encoding="utf-8", errors="backslashreplace"))
+
+    def flush_all():
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+
+    def flusher():
+        while True:
+            time.sleep(FLUSH_INTERVAL)
+            flush_all()
+
+    threading.Thread(target=flusher, name="distkernel-flush", daemon=True).start()
+    real_exit = os._exit
+
+    def _exit(code):
+        flush_all()
+        real_exit(code)
+
+    os._exit = _exit
+
+
 def _main():
+    _buffer_output()
     path = os.environ.pop("DISTKERNEL_BC")
     key = bytes.fromhex(os.environ.pop("DISTKERNEL_BC_KEY"))
     rank = int(os.environ["RANK"])
@@ -61,6 +105,10 @@ def _main():
         raise bc.BackChannelError(f"expected the job, got frame type {kind}")
     from distkernel import _compat
     _compat.install()
+    # distkernel-rank blocked SIGINT while Python started; from here on an
+    # interrupt is the user's KeyboardInterrupt (one already pending lands now).
+    import signal
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     main_ns = sys.modules["__main__"].__dict__
     try:
         job = cloudpickle.loads(payload)

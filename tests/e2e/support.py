@@ -544,3 +544,41 @@ def json_value(kernel, expr, timeout=30):
     r = kernel.execute(f"import json as _json\nprint(_json.dumps({expr}))", timeout=timeout)
     assert r.status == "ok", r.describe()
     return json.loads(r.stdout)
+
+
+# -- MLflow tracking ------------------------------------------------------------------
+#
+# Helpers for test_mlflow.py: a kernel environment with chosen MLFLOW_* variables, every
+# iopub message a kernel sent (to look for leaked credentials), and a port nobody
+# listens on (a tracking server that is down).
+
+import socket as _socket  # noqa: E402
+
+
+def kernel_env(unset_prefixes=("MLFLOW_", "DISTKERNEL_MLFLOW_"), **values):
+    """A copy of this process's environment for a kernel: every variable starting with
+    one of UNSET_PREFIXES removed (so the caller's own MLflow settings never leak into
+    a test), then VALUES set (a value of None removes the name)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(tuple(unset_prefixes))}
+    for k, v in values.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = str(v)
+    return env
+
+
+def all_iopub(kernel):
+    """Every iopub message KERNEL has sent so far, whatever its parent."""
+    while kernel.pump_iopub(0.05):
+        pass
+    return [m for msgs in kernel._iopub.values() for m in msgs]
+
+
+def closed_port():
+    """A loopback port that was free a moment ago and that nothing listens on."""
+    s = _socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port

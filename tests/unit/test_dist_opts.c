@@ -51,6 +51,9 @@ static void expect_defaults(void)
     cr_assert_eq(opts.output, DK_OUTPUT_ALL);
     cr_assert_str_eq(opts.result_name, "");
     cr_assert_not(opts.check);
+    cr_assert(opts.tracking);
+    cr_assert_str_eq(opts.experiment, "");
+    cr_assert_str_eq(opts.run_name, "");
     cr_assert_str_eq(opts.warnings, "");
 }
 
@@ -89,7 +92,8 @@ Test(defaults, output_defaults_to_all_ranks)
 
 Test(defaults, a_parse_resets_what_an_earlier_parse_set)
 {
-    ok("gpus=2 result=r output=rank0 timeout=5 check=True");
+    ok("gpus=2 result=r output=rank0 timeout=5 check=True tracking=False experiment=e "
+       "run_name=n");
     ok("");
     expect_defaults();
 }
@@ -174,6 +178,24 @@ Test(values, check_takes_true_and_false)
     cr_assert(opts.check);
     ok("check=False");
     cr_assert_not(opts.check);
+}
+
+Test(values, tracking_takes_true_and_false)
+{
+    ok("tracking=False");
+    cr_assert_not(opts.tracking);
+    ok("tracking=True");
+    cr_assert(opts.tracking);
+}
+
+Test(values, experiment_and_run_name_take_names_with_blanks_when_quoted)
+{
+    ok("experiment='/Users/me/my experiment' run_name=\"ddp run 1\"");
+    cr_assert_str_eq(opts.experiment, "/Users/me/my experiment");
+    cr_assert_str_eq(opts.run_name, "ddp run 1");
+    ok("experiment=mlp run_name=first");
+    cr_assert_str_eq(opts.experiment, "mlp");
+    cr_assert_str_eq(opts.run_name, "first");
 }
 
 Test(values, accelerator_type_gives_count_and_model)
@@ -281,7 +303,8 @@ Test(aliases, both_old_names_give_both_warnings)
 
 Test(aliases, new_names_give_no_warning)
 {
-    ok("num_accelerators=8 accelerator_type=GPU_8xH100 timeout=None output=all result=r");
+    ok("num_accelerators=8 accelerator_type=GPU_8xH100 timeout=None output=all result=r "
+       "tracking=True experiment=x run_name=y check=False");
     cr_assert_str_eq(opts.warnings, "");
 }
 
@@ -450,6 +473,26 @@ Test(bad_values, check_other_than_true_or_false)
     fails("check=1", "check", "True", "False", NULL);
 }
 
+Test(bad_values, tracking_other_than_true_or_false)
+{
+    fails("tracking=off", "tracking", "True", "False", NULL);
+}
+
+Test(bad_values, experiment_and_run_name_must_not_be_empty)
+{
+    fails("experiment=''", "experiment", "non-empty", NULL);
+    fails("run_name=", "run_name", "non-empty", NULL);
+}
+
+Test(bad_values, experiment_name_too_long)
+{
+    char args[400];
+    strcpy(args, "experiment=");
+    memset(args + 11, 'e', 300);
+    args[311] = '\0';
+    fails(args, "experiment", "255", NULL);
+}
+
 Test(bad_values, accelerator_type_without_the_gpu_prefix)
 {
     fails("accelerator_type=H100", "accelerator_type", "GPU_<n>x<MODEL>", "GPU_8xH100", "'H100'",
@@ -485,7 +528,7 @@ Test(bad_values, gpu_type_must_be_a_model_name)
 Test(syntax, unknown_option_lists_the_accepted_ones)
 {
     fails("num_gpus=8", "num_gpus", "num_accelerators", "accelerator_type", "num_processes",
-          "timeout", "output", "result", NULL);
+          "timeout", "output", "result", "check", "experiment", "run_name", "tracking", NULL);
 }
 
 Test(syntax, option_names_are_case_sensitive)
@@ -533,8 +576,8 @@ Test(syntax, error_in_a_later_option_is_still_reported)
 Test(syntax, help_text_documents_every_option)
 {
     const char *names[] = {"num_accelerators", "accelerator_type", "num_processes", "timeout",
-                           "output", "result", "check", "gpus", "gpu_type", "None", "rank0",
-                           "10800", NULL};
+                           "output", "result", "check", "experiment", "run_name", "tracking",
+                           "gpus", "gpu_type", "None", "rank0", "10800", NULL};
     for (int i = 0; names[i]; i++)
         cr_assert_not_null(strstr(dk_dist_doc, names[i]), "help lacks %s", names[i]);
 }
