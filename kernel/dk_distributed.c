@@ -13,7 +13,9 @@
  * threads touch.
  */
 #include "dk_distributed.h"
+#include "dk_check.h"
 #include "dk_dist_opts.h"
+#include "dk_nccl.h"
 #include "dk_gpu.h"
 #include "dk_job.h"
 #include "dk_kernel.h"
@@ -539,6 +541,44 @@ static const char *rank_exe(void)
     return exe && *exe ? exe : DK_RANK_EXE;
 }
 
+/* check=True: the NCCL preflight check before any rank starts. Returns -1 with
+ * a Python exception set when the job must not start. */
+static int preflight(run_t *run)
+{
+    dk_stream_t *stream = dk_kernel_stream(run->kernel);
+    if (!run->gpu) {
+        static const char line[] = "check=True: CPU ranks, no GPU to check\n";
+        dk_stream_write(stream, DK_STDERR, line, sizeof line - 1);
+        return 0;
+    }
+    bool interrupted;
+    char err[1024];
+    json_t *report = dk_check_run(NULL, &interrupted, err, sizeof err);
+    if (!report) {
+        if (interrupted)
+            PyErr_SetString(PyExc_KeyboardInterrupt, "interrupted during the GPU check");
+        else
+            PyErr_Format(PyExc_RuntimeError, "the NCCL preflight check could not run: %s", err);
+        return -1;
+    }
+    const char *verdict = json_string_value(json_object_get(report, "verdict"));
+    char *text = dk_nccl_report_text(report);
+    if (text) {
+        dk_stream_write(stream, DK_STDOUT, text, strlen(text));
+        free(text);
+    }
+    int rc = 0;
+    if (verdict && strcmp(verdict, "failed") == 0) {
+        const char *summary = json_string_value(json_object_get(report, "summary"));
+        PyErr_Format(PyExc_RuntimeError,
+                     "the NCCL preflight check failed (%s); no rank was started",
+                     summary ? summary : "see the report above");
+        rc = -1;
+    }
+    json_decref(report);
+    return rc;
+}
+
 /* Parse, plan and start. Returns NULL with a Python exception set. */
 static run_t *run_start(dk_kernel_t *k, const char *kind, const char *options,
                         const void *payload, size_t len)
@@ -576,6 +616,10 @@ static run_t *run_start(dk_kernel_t *k, const char *kind, const char *options,
     if (!run->gpu)
         for (int r = 0; r < run->world; r++)
             run->ranks[r].gpu_index = -1;
+    if (run->opts.check && preflight(run) < 0) {
+        run_free(run);
+        return NULL;
+    }
     run->slots = calloc((size_t)run->world * 2, sizeof *run->slots);
     if (!run->slots) {
         PyErr_NoMemory();

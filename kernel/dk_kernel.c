@@ -19,6 +19,7 @@
  * it can, and the control thread exits the process itself when it does not.
  */
 #include "dk_kernel.h"
+#include "dk_check.h"
 #include "dk_distributed.h"
 #include "dk_python.h"
 #include "dk_tracking.h"
@@ -562,8 +563,10 @@ dk_kernel_t *dk_kernel_new(dk_conn_t *conn, char *err, size_t errlen)
     k->signer = dk_signer_new(k->conn.key, k->conn.key_len);
     k->replay = dk_replay_new(DK_REPLAY_HISTORY);
     k->magics = dk_magic_registry_new();
-    if (k->magics)
+    if (k->magics) {
         dk_distributed_register(k->magics);
+        dk_check_register(k->magics);
+    }
     k->kernel_info = build_kernel_info();
     if (!k->signer || !k->replay || !k->magics || !k->kernel_info ||
         pipe2(k->wake, O_CLOEXEC | O_NONBLOCK) < 0) {

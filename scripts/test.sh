@@ -16,16 +16,17 @@ units() {        # BUILD
   echo "== C unit tests ($1) =="
   meson test -C "$1" --print-errorlogs
 }
-end_to_end() {   # PREFIX [pytest args]
-  local prefix=$1
-  shift
+end_to_end() {   # BUILD PREFIX [pytest args]
+  local build=$1 prefix=$2
+  shift 2
   echo "== end-to-end tests ($prefix) =="
-  DISTKERNEL_PREFIX=$prefix /usr/bin/python3 -m pytest tests/e2e -q -p no:cacheprovider "$@"
+  DISTKERNEL_PREFIX=$prefix DISTKERNEL_FAKE_CUDA=$build/tests/unit \
+    /usr/bin/python3 -m pytest tests/e2e -q -p no:cacheprovider "$@"
 }
 
 BUILD=build-test PREFIX=$PWD/build-test/prefix scripts/build.sh
 units build-test
-end_to_end "$PWD/build-test/prefix" "$@"
+end_to_end build-test "$PWD/build-test/prefix" "$@"
 
 if [ "${SANITIZE:-1}" != 0 ]; then
   echo "== the same, under AddressSanitizer + UndefinedBehaviorSanitizer =="
@@ -36,7 +37,7 @@ if [ "${SANITIZE:-1}" != 0 ]; then
   ASAN_OPTIONS="detect_leaks=1:log_path=$reports/asan" units build-asan
   # The kernel and its ranks embed CPython, which is not instrumented and keeps
   # its memory until the process ends, so leak checking is for the C units.
-  ASAN_OPTIONS="detect_leaks=0:log_path=$reports/asan" end_to_end "$PWD/build-asan/prefix" "$@"
+  ASAN_OPTIONS="detect_leaks=0:log_path=$reports/asan" end_to_end build-asan "$PWD/build-asan/prefix" "$@"
   if compgen -G "$reports/*" > /dev/null; then
     echo "== sanitizer reports =="
     cat "$reports"/*

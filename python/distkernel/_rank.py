@@ -63,7 +63,6 @@ def _buffer_output():
     of output."""
     import io
     import threading
-    import time
 
     for name in ("stdout", "stderr"):
         old = getattr(sys, name)
@@ -78,12 +77,24 @@ def _buffer_output():
             except Exception:
                 pass
 
+    stop = threading.Event()
+
     def flusher():
-        while True:
-            time.sleep(FLUSH_INTERVAL)
+        while not stop.wait(FLUSH_INTERVAL):
             flush_all()
 
-    threading.Thread(target=flusher, name="distkernel-flush", daemon=True).start()
+    thread = threading.Thread(target=flusher, name="distkernel-flush", daemon=True)
+    thread.start()
+
+    def stop_flusher():
+        # Before the interpreter finalizes: a daemon thread caught holding a
+        # stream's lock then makes Python abort ("could not acquire lock").
+        stop.set()
+        thread.join(1.0)
+        flush_all()
+
+    import atexit
+    atexit.register(stop_flusher)
     real_exit = os._exit
 
     def _exit(code):
