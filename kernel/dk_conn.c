@@ -21,6 +21,7 @@
  * The ipc endpoint is "ipc://IP-PORT", the IP field being a path prefix: the
  * same name jupyter_client computes, so both sides meet at the same socket file.
  */
+#include "dk_err.h"
 #include "dk_conn.h"
 
 #include <errno.h>
@@ -50,15 +51,6 @@ const char *dk_channel_name(dk_channel_t ch)
     return channel_names[ch];
 }
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* A port from an integer or a decimal string; -1 if neither or out of range. */
 static int port_value(const json_t *j)
@@ -92,12 +84,12 @@ static int get_string(const json_t *obj, const char *field, char *dst, size_t ds
     if (!j)
         return 1;
     if (!json_is_string(j)) {
-        set_err(err, errlen, "%s: \"%s\" must be a string", src, field);
+        dk_set_err(err, errlen, "%s: \"%s\" must be a string", src, field);
         return -1;
     }
     size_t n = json_string_length(j);
     if (n >= dstlen || memchr(json_string_value(j), '\0', n)) {
-        set_err(err, errlen, "%s: \"%s\" is too long (%zu bytes, at most %zu)", src, field, n,
+        dk_set_err(err, errlen, "%s: \"%s\" is too long (%zu bytes, at most %zu)", src, field, n,
                 dstlen - 1);
         return -1;
     }
@@ -113,20 +105,20 @@ static int parse_named(const char *text, size_t len, const char *src, dk_conn_t 
     if (out)
         memset(out, 0, sizeof *out);
     if (!out || (!text && len > 0)) {
-        set_err(err, errlen, "%s: nothing to parse", src);
+        dk_set_err(err, errlen, "%s: nothing to parse", src);
         return -1;
     }
 
     json_error_t jerr;
     json_t *root = json_loadb(text ? text : "", len, JSON_DECODE_ANY, &jerr);
     if (!root) {
-        set_err(err, errlen, "%s: not valid JSON (%s, line %d column %d)", src, jerr.text,
+        dk_set_err(err, errlen, "%s: not valid JSON (%s, line %d column %d)", src, jerr.text,
                 jerr.line, jerr.column);
         return -1;
     }
     int rc = -1;
     if (!json_is_object(root)) {
-        set_err(err, errlen, "%s: expected a JSON object with the ports, ip and key", src);
+        dk_set_err(err, errlen, "%s: expected a JSON object with the ports, ip and key", src);
         goto done;
     }
 
@@ -135,7 +127,7 @@ static int parse_named(const char *text, size_t len, const char *src, dk_conn_t 
                    errlen) < 0)
         goto done;
     if (strcmp(conn.transport, "tcp") != 0 && strcmp(conn.transport, "ipc") != 0) {
-        set_err(err, errlen, "%s: \"transport\" is \"%s\", expected \"tcp\" or \"ipc\"", src,
+        dk_set_err(err, errlen, "%s: \"transport\" is \"%s\", expected \"tcp\" or \"ipc\"", src,
                 conn.transport);
         goto done;
     }
@@ -144,7 +136,7 @@ static int parse_named(const char *text, size_t len, const char *src, dk_conn_t 
     if (got < 0)
         goto done;
     if (got > 0 || conn.ip[0] == '\0') {
-        set_err(err, errlen, "%s: missing \"ip\" (the address to bind, e.g. \"127.0.0.1\"%s)",
+        dk_set_err(err, errlen, "%s: missing \"ip\" (the address to bind, e.g. \"127.0.0.1\"%s)",
                 src, strcmp(conn.transport, "ipc") == 0 ? ", or the ipc path prefix" : "");
         goto done;
     }
@@ -152,14 +144,14 @@ static int parse_named(const char *text, size_t len, const char *src, dk_conn_t 
     for (int ch = 0; ch < DK_CHAN_COUNT; ch++) {
         json_t *j = json_object_get(root, port_fields[ch]);
         if (!j) {
-            set_err(err, errlen, "%s: missing \"%s\" (an integer port 1-65535)", src,
+            dk_set_err(err, errlen, "%s: missing \"%s\" (an integer port 1-65535)", src,
                     port_fields[ch]);
             goto done;
         }
         conn.ports[ch] = port_value(j);
         if (conn.ports[ch] < 0) {
             char *shown = json_dumps(j, JSON_ENCODE_ANY | JSON_COMPACT);
-            set_err(err, errlen, "%s: \"%s\" is %.40s, expected an integer port 1-65535", src,
+            dk_set_err(err, errlen, "%s: \"%s\" is %.40s, expected an integer port 1-65535", src,
                     port_fields[ch], shown ? shown : "not a port");
             free(shown);
             goto done;
@@ -168,25 +160,25 @@ static int parse_named(const char *text, size_t len, const char *src, dk_conn_t 
 
     json_t *key = json_object_get(root, "key");
     if (!key) {
-        set_err(err, errlen,
+        dk_set_err(err, errlen,
                 "%s: missing \"key\" (the HMAC key; write \"key\": \"\" to disable signing)",
                 src);
         goto done;
     }
     if (!json_is_string(key)) {
-        set_err(err, errlen, "%s: \"key\" must be a string", src);
+        dk_set_err(err, errlen, "%s: \"key\" must be a string", src);
         goto done;
     }
     conn.key_len = json_string_length(key);
 
     json_t *scheme = json_object_get(root, "signature_scheme");
     if (scheme && !json_is_string(scheme)) {
-        set_err(err, errlen, "%s: \"signature_scheme\" must be a string", src);
+        dk_set_err(err, errlen, "%s: \"signature_scheme\" must be a string", src);
         goto done;
     }
     if (conn.key_len > 0 &&
         (!scheme || strcmp(json_string_value(scheme), "hmac-sha256") != 0)) {
-        set_err(err, errlen,
+        dk_set_err(err, errlen,
                 "%s: \"signature_scheme\" is %s%.40s%s, expected \"hmac-sha256\" (the only "
                 "scheme this kernel signs with)", src, scheme ? "\"" : "",
                 scheme ? json_string_value(scheme) : "missing", scheme ? "\"" : "");
@@ -199,7 +191,7 @@ static int parse_named(const char *text, size_t len, const char *src, dk_conn_t 
 
     conn.key = malloc(conn.key_len + 1);
     if (!conn.key) {
-        set_err(err, errlen, "%s: out of memory", src);
+        dk_set_err(err, errlen, "%s: out of memory", src);
         goto done;
     }
     memcpy(conn.key, json_string_value(key), conn.key_len + 1);
@@ -220,12 +212,12 @@ int dk_conn_load(const char *path, dk_conn_t *out, char *err, size_t errlen)
     if (out)
         memset(out, 0, sizeof *out);
     if (!path) {
-        set_err(err, errlen, "no connection file given (start the kernel with -f FILE)");
+        dk_set_err(err, errlen, "no connection file given (start the kernel with -f FILE)");
         return -1;
     }
     FILE *f = fopen(path, "rb");
     if (!f) {
-        set_err(err, errlen, "cannot open connection file '%s': %s", path, strerror(errno));
+        dk_set_err(err, errlen, "cannot open connection file '%s': %s", path, strerror(errno));
         return -1;
     }
     char *text = malloc(CONN_MAX_BYTES + 1);
@@ -238,9 +230,9 @@ int dk_conn_load(const char *path, dk_conn_t *out, char *err, size_t errlen)
     snprintf(src, sizeof src, "connection file '%s'", path);
     int rc = -1;
     if (read_error)
-        set_err(err, errlen, "cannot read %s: %s", src, text ? strerror(saved) : "out of memory");
+        dk_set_err(err, errlen, "cannot read %s: %s", src, text ? strerror(saved) : "out of memory");
     else if (len > CONN_MAX_BYTES)
-        set_err(err, errlen, "%s is larger than %d bytes: not a connection file", src,
+        dk_set_err(err, errlen, "%s is larger than %d bytes: not a connection file", src,
                 CONN_MAX_BYTES);
     else
         rc = parse_named(text, len, src, out, err, errlen);

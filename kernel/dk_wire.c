@@ -30,6 +30,7 @@
  * the public API, never after verification) is kept as its SHA-256, marked so it
  * cannot collide with a verbatim key.
  */
+#include "dk_err.h"
 #include "dk_wire.h"
 
 #include <pthread.h>
@@ -282,15 +283,6 @@ bool dk_replay_check_and_add(dk_replay_t *self, const char *sig, size_t sig_len)
 
 static const char *const part_names[4] = {"header", "parent_header", "metadata", "content"};
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static bool frame_is_delim(const void *data, size_t len)
 {
@@ -329,12 +321,12 @@ static json_t *parse_part(const void *data, size_t len, const char *name, char *
     json_error_t jerr;
     json_t *j = json_loadb(data ? data : "", len, JSON_DECODE_ANY, &jerr);
     if (!j) {
-        set_err(err, errlen, "refused message: %s frame is not valid JSON (%s, at byte %d)",
+        dk_set_err(err, errlen, "refused message: %s frame is not valid JSON (%s, at byte %d)",
                 name, jerr.text, jerr.position);
         return NULL;
     }
     if (!json_is_object(j)) {
-        set_err(err, errlen, "refused message: %s frame is %s, expected a JSON object", name,
+        dk_set_err(err, errlen, "refused message: %s frame is %s, expected a JSON object", name,
                 json_kind(j));
         json_decref(j);
         return NULL;
@@ -366,21 +358,21 @@ dk_msg_t *dk_wire_decode(const dk_signer_t *signer, dk_replay_t *replay,
                          char *err, size_t errlen)
 {
     if (n_frames > 0 && (!frames || !lens)) {
-        set_err(err, errlen, "refused message: no frame data was given");
+        dk_set_err(err, errlen, "refused message: no frame data was given");
         return NULL;
     }
     size_t delim = 0;
     while (delim < n_frames && !frame_is_delim(frames[delim], lens[delim]))
         delim++;
     if (delim == n_frames) {
-        set_err(err, errlen,
+        dk_set_err(err, errlen,
                 "refused message: no \"" DK_DELIM "\" delimiter frame among its %zu frames "
                 "(not a Jupyter message)", n_frames);
         return NULL;
     }
     size_t after = n_frames - delim - 1;
     if (after < 5) {
-        set_err(err, errlen,
+        dk_set_err(err, errlen,
                 "refused message: %zu frames after the delimiter, expected at least 5 "
                 "(signature, header, parent_header, metadata, content)", after);
         return NULL;
@@ -393,20 +385,20 @@ dk_msg_t *dk_wire_decode(const dk_signer_t *signer, dk_replay_t *replay,
 
     if (dk_signer_enabled(signer)) {
         if (sig_len != DK_SIG_HEX_LEN || !is_lower_hex(sig, sig_len)) {
-            set_err(err, errlen,
+            dk_set_err(err, errlen,
                     "refused message: malformed signature (%zu bytes, expected %d lowercase "
                     "hex digits of HMAC-SHA256)", sig_len, DK_SIG_HEX_LEN);
             return NULL;
         }
         if (!dk_signer_verify(signer, parts, part_lens, 4, sig, sig_len)) {
-            set_err(err, errlen,
+            dk_set_err(err, errlen,
                     "refused message: invalid signature (the message was altered or signed "
                     "with another key; check the connection file's key)");
             return NULL;
         }
         /* Only after verification: forged messages must not fill the history. */
         if (replay && !dk_replay_check_and_add(replay, sig, sig_len)) {
-            set_err(err, errlen,
+            dk_set_err(err, errlen,
                     "refused message: duplicate signature (a replay of a message already "
                     "received)");
             return NULL;
@@ -415,7 +407,7 @@ dk_msg_t *dk_wire_decode(const dk_signer_t *signer, dk_replay_t *replay,
 
     dk_msg_t *msg = calloc(1, sizeof *msg);
     if (!msg) {
-        set_err(err, errlen, "refused message: out of memory");
+        dk_set_err(err, errlen, "refused message: out of memory");
         return NULL;
     }
     json_t **slots[4] = {&msg->header, &msg->parent, &msg->metadata, &msg->content};
@@ -429,7 +421,7 @@ dk_msg_t *dk_wire_decode(const dk_signer_t *signer, dk_replay_t *replay,
     json_t *msg_id = json_object_get(msg->header, "msg_id");
     json_t *msg_type = json_object_get(msg->header, "msg_type");
     if (!json_is_string(msg_id) || !json_is_string(msg_type)) {
-        set_err(err, errlen, "refused message: header has no string \"%s\"",
+        dk_set_err(err, errlen, "refused message: header has no string \"%s\"",
                 json_is_string(msg_id) ? "msg_type" : "msg_id");
         dk_msg_destroy(&msg);
         return NULL;
@@ -440,7 +432,7 @@ dk_msg_t *dk_wire_decode(const dk_signer_t *signer, dk_replay_t *replay,
     msg->idents = copy_frames(frames, lens, delim);
     msg->buffers = copy_frames(frames + delim + 6, lens + delim + 6, n_buffers);
     if ((delim && !msg->idents) || (n_buffers && !msg->buffers)) {
-        set_err(err, errlen, "refused message: out of memory");
+        dk_set_err(err, errlen, "refused message: out of memory");
         dk_msg_destroy(&msg);
         return NULL;
     }
@@ -453,7 +445,7 @@ dk_msg_t *dk_wire_decode_zmsg(const dk_signer_t *signer, dk_replay_t *replay, zm
                               char *err, size_t errlen)
 {
     if (!raw) {
-        set_err(err, errlen, "refused message: no message");
+        dk_set_err(err, errlen, "refused message: no message");
         return NULL;
     }
     size_t n = zmsg_size(raw);
@@ -461,7 +453,7 @@ dk_msg_t *dk_wire_decode_zmsg(const dk_signer_t *signer, dk_replay_t *replay, zm
     size_t *lens = calloc(n ? n : 1, sizeof *lens);
     dk_msg_t *msg = NULL;
     if (!frames || !lens) {
-        set_err(err, errlen, "refused message: out of memory");
+        dk_set_err(err, errlen, "refused message: out of memory");
     } else {
         size_t i = 0;
         for (zframe_t *f = zmsg_first(raw); f && i < n; f = zmsg_next(raw), i++) {

@@ -21,6 +21,7 @@
  * name the server by `shown`, the URI with its userinfo removed, and every
  * message is scrubbed of each secret before the caller sees it.
  */
+#include "dk_err.h"
 #include "dk_mlflow.h"
 
 #include <ctype.h>
@@ -63,15 +64,6 @@ static void curl_init(void)
     curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
 }
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static void copy_str(char *out, size_t outlen, const char *s)
 {
@@ -329,7 +321,7 @@ dk_mlflow_t *dk_mlflow_new(const dk_mlflow_config_t *cfg, char *err, size_t errl
 {
     const char *uri = cfg ? cfg->tracking_uri : NULL;
     if (!uri || !*uri) {
-        set_err(err, errlen, "MLflow: no tracking URI (set MLFLOW_TRACKING_URI to the tracking "
+        dk_set_err(err, errlen, "MLflow: no tracking URI (set MLFLOW_TRACKING_URI to the tracking "
                              "server, e.g. http://127.0.0.1:5000)");
         return NULL;
     }
@@ -339,7 +331,7 @@ dk_mlflow_t *dk_mlflow_new(const dk_mlflow_config_t *cfg, char *err, size_t errl
     const char *at = userinfo_at(uri, &authority);
     const char *host = at ? at + 1 : authority;
     if (!shown || !http || strcspn(host, "/?#") == 0) {
-        set_err(err, errlen,
+        dk_set_err(err, errlen,
                 "MLflow: the tracking URI \"%s\" is not an http:// or https:// address of a "
                 "tracking server (file and database stores are reached through one: "
                 "mlflow server --backend-store-uri ...)",
@@ -350,7 +342,7 @@ dk_mlflow_t *dk_mlflow_new(const dk_mlflow_config_t *cfg, char *err, size_t errl
     pthread_once(&curl_once, curl_init);
     dk_mlflow_t *self = calloc(1, sizeof *self);
     if (!self || curl_init_rc != CURLE_OK || !(self->curl = curl_easy_init())) {
-        set_err(err, errlen, "MLflow: could not start libcurl (out of memory?)");
+        dk_set_err(err, errlen, "MLflow: could not start libcurl (out of memory?)");
         free(shown);
         free(self);
         return NULL;
@@ -411,7 +403,7 @@ dk_mlflow_t *dk_mlflow_new(const dk_mlflow_config_t *cfg, char *err, size_t errl
         curl_easy_setopt(c, CURLOPT_SSL_VERIFYHOST, 0L);
     }
     if (!self->base || !self->headers) {
-        set_err(err, errlen, "MLflow: out of memory");
+        dk_set_err(err, errlen, "MLflow: out of memory");
         dk_mlflow_destroy(&self);
         return NULL;
     }
@@ -646,7 +638,7 @@ int dk_mlflow_experiment(dk_mlflow_t *self, const char *name, char *id, size_t i
                          size_t errlen)
 {
     if (!self || !name || !*name || !id || idlen == 0) {
-        set_err(err, errlen, "MLflow: no experiment name given");
+        dk_set_err(err, errlen, "MLflow: no experiment name given");
         return -1;
     }
     int found = lookup_experiment(self, name, id, idlen, err, errlen);
@@ -683,7 +675,7 @@ int dk_mlflow_create_run(dk_mlflow_t *self, const char *experiment_id, const cha
                          char *err, size_t errlen)
 {
     if (!self || !experiment_id || !run_id || run_id_len == 0) {
-        set_err(err, errlen, "MLflow: creating the run failed: no experiment given");
+        dk_set_err(err, errlen, "MLflow: creating the run failed: no experiment given");
         return -1;
     }
     char doing[300], code[64];
@@ -713,7 +705,7 @@ int dk_mlflow_log_params(dk_mlflow_t *self, const char *run_id, json_t *params, 
                          size_t errlen)
 {
     if (!self || !run_id) {
-        set_err(err, errlen, "MLflow: logging the run's parameters failed: no run given");
+        dk_set_err(err, errlen, "MLflow: logging the run's parameters failed: no run given");
         return -1;
     }
     const char *doing = "logging the run's parameters";
@@ -744,7 +736,7 @@ int dk_mlflow_update_run(dk_mlflow_t *self, const char *run_id, const char *stat
     for (size_t i = 0; status && i < sizeof known / sizeof known[0]; i++)
         ok = ok || strcmp(status, known[i]) == 0;
     if (!self || !run_id || !ok) {
-        set_err(err, errlen, "MLflow: setting the run's status failed: \"%s\" is not one of "
+        dk_set_err(err, errlen, "MLflow: setting the run's status failed: \"%s\" is not one of "
                              "RUNNING, SCHEDULED, FINISHED, FAILED, KILLED",
                 status ? status : "(none)");
         return -1;
