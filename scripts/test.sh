@@ -7,6 +7,7 @@
 #
 #   scripts/test.sh              everything
 #   SANITIZE=0 scripts/test.sh   skip the sanitizer pass
+#   FUZZ=0 scripts/test.sh       skip fuzzing (FUZZ_SECONDS per target, default 60)
 #   scripts/test.sh -k distributed   (extra arguments go to pytest)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,4 +46,9 @@ if [ "${SANITIZE:-1}" != 0 ]; then
     exit 1
   fi
   echo "sanitizers: no report"
+fi
+
+if [ "${FUZZ:-1}" != 0 ]; then
+  echo "== fuzzing: each libFuzzer target for ${FUZZ_SECONDS:-60} s, after its regressions =="
+  FUZZ_SECONDS="${FUZZ_SECONDS:-60}" scripts/fuzz.sh
 fi
