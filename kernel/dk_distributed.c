@@ -86,6 +86,7 @@ struct run_t {
     dk_tracked_run_t tracked;
     char *batch;                /* labelled lines of one sink_output call */
     size_t batch_len, batch_cap;
+    unsigned long long thinned_at_start;   /* dk_stream_thinned lines, before the run */
 };
 
 extern char **environ;
@@ -123,10 +124,36 @@ static void flush_batch(slot_t *s)
     run->batch_len = 0;
 }
 
-static void publish_progress_locked(slot_t *s)
+/* Publish a display: FORCE queues it behind a frontend that is behind (the first
+ * and last states of a display must arrive); otherwise it is offered after the
+ * stream text before it, and false means IOPub was full and nothing was sent
+ * (the caller keeps it dirty and tries again). */
+static bool publish_display(run_t *run, const char *msg_type, json_t *content, bool force)
+{
+    dk_stream_t *stream = dk_kernel_stream(run->kernel);
+    dk_iopub_t *iopub = dk_kernel_iopub(run->kernel);
+    if (force) {
+        dk_stream_flush(stream);
+        dk_iopub_publish(iopub, msg_type, content, NULL);
+        return true;
+    }
+    if (!dk_stream_offer(stream))
+        return false;
+    char *text = json_dumps(content, JSON_COMPACT);
+    int rc = text ? dk_iopub_offer_text(iopub, msg_type, text) : -1;
+    free(text);
+    return rc != DK_IOPUB_FULL;
+}
+
+/* Show S's line in its progress display, opening the display if it is not open.
+ * Unforced, a full IOPub leaves it dirty for the next try (see publish_display). */
+static void publish_progress_locked(slot_t *s, bool force)
 {
     if (!s->progress_text)
         return;
+    if (!s->progress_open)
+        snprintf(s->display_id, sizeof s->display_id, "distkernel-%s-r%d-fd%d-%d",
+                 s->run->run_id, s->rank, s->fd, s->displays);
     char label[600];
     snprintf(label, sizeof label, "[rank %d] ", s->rank);
     size_t n = strlen(label) + strlen(s->progress_text) + 1;
@@ -137,21 +164,20 @@ static void publish_progress_locked(slot_t *s)
     json_t *content = json_pack("{s:{s:s}, s:{}, s:{s:s}}", "data", "text/plain", text,
                                 "metadata", "transient", "display_id", s->display_id);
     flush_batch(s);
-    dk_stream_flush(dk_kernel_stream(s->run->kernel));
-    dk_iopub_publish(dk_kernel_iopub(s->run->kernel),
-                     s->progress_open ? "update_display_data" : "display_data", content, NULL);
+    bool sent = content && publish_display(s->run, s->progress_open ? "update_display_data"
+                                                                    : "display_data",
+                                           content, force);
     json_decref(content);
     free(text);
+    if (!sent) {
+        s->progress_dirty = true;
+        return;
+    }
+    if (!s->progress_open)
+        s->displays++;
     s->progress_open = true;
     s->progress_dirty = false;
     s->progress_sent_ms = now_ms();
-}
-
-static void open_progress_locked(slot_t *s)
-{
-    snprintf(s->display_id, sizeof s->display_id, "distkernel-%s-r%d-fd%d-%d", s->run->run_id,
-             s->rank, s->fd, s->displays++);
-    publish_progress_locked(s);
 }
 
 /* A rank's unfinished line is shown in place of its own (a display updated in
@@ -170,11 +196,11 @@ static void on_line(void *data, dk_lines_event_t kind, const char *text, size_t 
             s->partial_since_ms = now_ms();
         if (s->progress_open) {
             if (now_ms() - s->progress_sent_ms >= PROGRESS_EVERY_MS)
-                publish_progress_locked(s);
+                publish_progress_locked(s, false);
             else
                 s->progress_dirty = true;
         } else if (redraw) {
-            open_progress_locked(s);
+            publish_progress_locked(s, false);
         }
         return;
     }
@@ -184,7 +210,7 @@ static void on_line(void *data, dk_lines_event_t kind, const char *text, size_t 
          * drawn, in its final state, instead of being printed again. */
         free(s->progress_text);
         s->progress_text = strndup(text, len);
-        publish_progress_locked(s);
+        publish_progress_locked(s, true);
         s->progress_open = false;
         free(s->progress_text);
         s->progress_text = NULL;
@@ -221,8 +247,17 @@ static void sink_output(void *data, int rank, int fd, const char *bytes, size_t 
         return;   /* still in the rank's log file */
     pthread_mutex_lock(&run->lock);
     slot_t *s = &run->slots[rank * 2 + (fd == 2)];
+    long long t = now_ms();
     dk_lines_feed(s->lines, bytes, len, on_line, s);
     flush_batch(s);
+    /* Time spent waiting for a slow frontend (dk_stream's backpressure) is not
+     * time a rank left its line unfinished: that would show every line cut at
+     * a read boundary as a "progress" display. */
+    long long stalled = now_ms() - t;
+    if (stalled >= WAIT_SLICE_MS)
+        for (int i = 0; i < run->world * 2; i++)
+            if (run->slots[i].partial_since_ms)
+                run->slots[i].partial_since_ms += stalled;
     pthread_mutex_unlock(&run->lock);
 }
 
@@ -276,7 +311,9 @@ static const char *state_word(dk_rank_state_t st)
     return "?";
 }
 
-static void publish_status(run_t *run, const char *headline)
+/* The run's status display. FORCE: the first and last states, which must arrive;
+ * the updates in between are skipped while a frontend is behind. */
+static void publish_status(run_t *run, const char *headline, bool force)
 {
     double elapsed = (double)(now_ms() - run->t0_ms) / 1000.0;
     size_t cap = 512 + (size_t)run->world * 96;
@@ -306,10 +343,11 @@ static void publish_status(run_t *run, const char *headline)
     snprintf(display_id, sizeof display_id, "distkernel-%s-status", run->run_id);
     json_t *content = json_pack("{s:{s:s}, s:{}, s:{s:s}}", "data", "text/plain", text,
                                 "metadata", "transient", "display_id", display_id);
-    dk_stream_flush(dk_kernel_stream(run->kernel));
-    dk_iopub_publish(dk_kernel_iopub(run->kernel),
-                     run->status_shown ? "update_display_data" : "display_data", content, NULL);
-    run->status_shown = true;
+    if (publish_display(run, run->status_shown ? "update_display_data" : "display_data", content,
+                        force || !run->status_shown))
+        run->status_shown = true;
+    else
+        run->status_dirty = true;
     json_decref(content);
     free(text);
 }
@@ -321,10 +359,10 @@ static void flush_progress(run_t *run)
     for (int i = 0; i < run->world * 2; i++) {
         slot_t *s = &run->slots[i];
         if (s->progress_open && s->progress_dirty)
-            publish_progress_locked(s);
+            publish_progress_locked(s, false);
         else if (!s->progress_open && s->progress_text && s->partial_since_ms &&
                  now - s->partial_since_ms >= PARTIAL_SHOWN_AFTER_MS)
-            open_progress_locked(s);
+            publish_progress_locked(s, false);
     }
     pthread_mutex_unlock(&run->lock);
 }
@@ -678,8 +716,14 @@ static run_t *run_start(dk_kernel_t *k, const char *kind, const char *options,
     }
     for (int r = 0; r < run->world; r++)
         run->ranks[r].pid = dk_job_rank_pid(run->job, r);
+    /* A frontend too slow for the ranks is shown less, and told where it all is. */
+    unsigned long long bytes;
+    dk_stream_thinned(dk_kernel_stream(run->kernel), &run->thinned_at_start, &bytes);
+    char hint[4200];
+    snprintf(hint, sizeof hint, "; every rank's full output is in %s", dk_job_log_dir(run->job));
+    dk_stream_set_thin_hint(dk_kernel_stream(run->kernel), hint);
     run->t0_ms = now_ms();
-    publish_status(run, NULL);
+    publish_status(run, NULL, true);
     if (run->tracked.active)
         publish_run_link(run);
     return run;
@@ -711,7 +755,7 @@ static void run_wait(run_t *run)
         }
         flush_progress(run);
         if (run->status_dirty || now_ms() - last_status >= STATUS_EVERY_MS) {
-            publish_status(run, run->interrupted ? "ending ranks" : NULL);
+            publish_status(run, run->interrupted ? "ending ranks" : NULL, false);
             last_status = now_ms();
         }
     }
@@ -721,7 +765,7 @@ static void run_wait(run_t *run)
         dk_lines_finish(s->lines, on_line, s);
         flush_batch(s);
         if (s->progress_dirty)
-            publish_progress_locked(s);
+            publish_progress_locked(s, true);
     }
     for (int r = 0; r < run->world; r++) {
         run->ranks[r].state = dk_job_rank_state(run->job, r);
@@ -729,7 +773,20 @@ static void run_wait(run_t *run)
         run->ranks[r].term_signal = dk_job_rank_signal(run->job, r);
     }
     end_tracking(run, final_status(run));
-    dk_stream_flush(dk_kernel_stream(run->kernel));
+    dk_stream_t *stream = dk_kernel_stream(run->kernel);
+    dk_stream_flush(stream);
+    unsigned long long lines, bytes;
+    dk_stream_thinned(stream, &lines, &bytes);
+    if (lines > run->thinned_at_start) {
+        char line[4400];
+        int n = snprintf(line, sizeof line,
+                         "[distkernel] output thinned: %llu lines of this run were not shown "
+                         "here; every rank's full output is in %s/rank-N.log\n",
+                         lines - run->thinned_at_start, dk_job_log_dir(run->job));
+        dk_stream_write(stream, DK_STDERR, line, n < (int)sizeof line ? (size_t)n : sizeof line - 1);
+        dk_stream_flush(stream);
+    }
+    dk_stream_set_thin_hint(stream, NULL);
 }
 
 /* ---- outcome ---------------------------------------------------------------- */
@@ -901,7 +958,7 @@ static int distributed_magic(void *host, const char *args, const char *body)
     run_wait(run);
     int rc = 0;
     if (dk_job_end(run->job) == DK_END_OK) {
-        publish_status(run, "finished");
+        publish_status(run, "finished", true);
         PyObject *results = run_results(run);
         PyObject *bundle = results ? glue_call("finish_cell", "(Ns)", results,
                                                run->opts.result_name)
@@ -920,7 +977,7 @@ static int distributed_magic(void *host, const char *args, const char *body)
         }
         Py_XDECREF(bundle);
     } else {
-        publish_status(run, run->interrupted ? "interrupted" : "failed");
+        publish_status(run, run->interrupted ? "interrupted" : "failed", true);
         json_t *e = run_error(run);
         dk_exec_error(ex, json_string_value(json_object_get(e, "ename")),
                       json_string_value(json_object_get(e, "evalue")),
@@ -947,13 +1004,13 @@ PyObject *dk_distributed_run_job(PyObject *self, PyObject *args)
     PyObject *out = NULL;
     dk_job_end_t end = dk_job_end(run->job);
     if (end == DK_END_OK) {
-        publish_status(run, "finished");
+        publish_status(run, "finished", true);
         PyObject *results = run_results(run);
         if (results)
             out = Py_BuildValue("(Nss)", results, dk_job_log_dir(run->job),
                                 run->tracked.active ? run->tracked.url : "");
     } else {
-        publish_status(run, run->interrupted ? "interrupted" : "failed");
+        publish_status(run, run->interrupted ? "interrupted" : "failed", true);
         json_t *e = run_error(run);
         PyObject *tb = PyList_New(0);
         size_t i;

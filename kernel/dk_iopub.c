@@ -4,9 +4,22 @@
  */
 #include "dk_iopub.h"
 
+#include <errno.h>
+#include <signal.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#define FLUSH_EVERY_MS 2          /* retry of a queue the socket refused */
+#define DESTROY_FLUSH_MS 1000     /* what the queue gets at exit before it is dropped */
+
+typedef struct queued_t {
+    zmsg_t *msg;
+    size_t bytes;
+    struct queued_t *next;
+} queued_t;
 
 struct dk_iopub_t {
     zsock_t *pub;
@@ -14,7 +27,105 @@ struct dk_iopub_t {
     char *session;
     char *parent;           /* current parent header, JSON text */
     pthread_mutex_t lock;
+    pthread_cond_t wake;    /* the queue became non-empty, or stopping */
+    queued_t *head, *tail;  /* refused messages, oldest first */
+    size_t queued, queued_bytes;
+    unsigned long long dropped;
+    bool stopping, flusher_running;
+    pthread_t flusher;
 };
+
+/* Hand MSG to the socket without waiting. Returns 0 (sent; MSG is destroyed) or
+ * DK_IOPUB_FULL (refused at the high-water mark; MSG is untouched). A socket
+ * refuses a message only on its first frame, so the rest never waits. Lock held. */
+static int send_now_locked(dk_iopub_t *self, zmsg_t **msg_p)
+{
+    zmsg_t *msg = *msg_p;
+    size_t n = zmsg_size(msg);
+    zframe_t *frame = zmsg_first(msg);
+    for (size_t i = 0; frame; i++, frame = zmsg_next(msg)) {
+        int flags = ZFRAME_REUSE | (i + 1 < n ? ZFRAME_MORE : 0) | (i == 0 ? ZFRAME_DONTWAIT : 0);
+        if (zframe_send(&frame, self->pub, flags) != 0) {
+            if (i == 0 && (errno == EAGAIN || zmq_errno() == EAGAIN))
+                return DK_IOPUB_FULL;
+            break;   /* the socket is closing; the message is lost with it */
+        }
+    }
+    zmsg_destroy(msg_p);
+    return 0;
+}
+
+/* Send what the queue holds, oldest first, until the socket refuses. Lock held. */
+static void flush_locked(dk_iopub_t *self)
+{
+    while (self->head) {
+        queued_t *q = self->head;
+        if (send_now_locked(self, &q->msg) == DK_IOPUB_FULL)
+            return;
+        self->head = q->next;
+        if (!self->head)
+            self->tail = NULL;
+        self->queued--;
+        self->queued_bytes -= q->bytes;
+        free(q);
+    }
+}
+
+/* Queue MSG behind the others. Past DK_IOPUB_QUEUE_MAX it is dropped, unless it
+ * is one the frontend waits for (ALWAYS: status, a cell's result or error), which
+ * are small and one or two a request. Lock held. */
+static void enqueue_locked(dk_iopub_t *self, zmsg_t **msg_p, bool always)
+{
+    size_t bytes = zmsg_content_size(*msg_p);
+    queued_t *q = malloc(sizeof *q);
+    if (!q || (!always && self->queued_bytes + bytes > DK_IOPUB_QUEUE_MAX)) {
+        free(q);
+        self->dropped++;
+        zmsg_destroy(msg_p);
+        return;
+    }
+    q->msg = *msg_p;
+    *msg_p = NULL;
+    q->bytes = bytes;
+    q->next = NULL;
+    if (self->tail)
+        self->tail->next = q;
+    else
+        self->head = q;
+    self->tail = q;
+    self->queued++;
+    self->queued_bytes += bytes;
+    pthread_cond_signal(&self->wake);
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)ms * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void *flusher_main(void *arg)
+{
+    dk_iopub_t *self = arg;
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL);
+    pthread_mutex_lock(&self->lock);
+    while (!self->stopping) {
+        if (!self->head) {
+            pthread_cond_wait(&self->wake, &self->lock);
+            continue;
+        }
+        flush_locked(self);
+        if (self->head) {
+            pthread_mutex_unlock(&self->lock);
+            sleep_ms(FLUSH_EVERY_MS);
+            pthread_mutex_lock(&self->lock);
+        }
+    }
+    pthread_mutex_unlock(&self->lock);
+    return NULL;
+}
 
 dk_iopub_t *dk_iopub_new(zsock_t *pub, const dk_signer_t *signer, const char *session)
 {
@@ -26,10 +137,23 @@ dk_iopub_t *dk_iopub_new(zsock_t *pub, const dk_signer_t *signer, const char *se
     self->session = strdup(session);
     self->parent = strdup("{}");
     pthread_mutex_init(&self->lock, NULL);
+    pthread_cond_init(&self->wake, NULL);
     if (!self->session || !self->parent) {
         dk_iopub_destroy(&self);
         return NULL;
     }
+    /* Refuse at the high-water mark instead of dropping (see the header), and keep
+     * that mark low: what a frontend has not read yet is memory here and delay
+     * there, and stream messages are up to DK_STREAM_BUF_MAX bytes. ZeroMQ reads
+     * the mark when a frontend connects, which is after this. */
+    zsock_set_sndhwm(pub, DK_IOPUB_HWM);
+    int one = 1;
+    zmq_setsockopt(zsock_resolve(pub), ZMQ_XPUB_NODROP, &one, sizeof one);
+    if (pthread_create(&self->flusher, NULL, flusher_main, self) != 0) {
+        dk_iopub_destroy(&self);
+        return NULL;
+    }
+    self->flusher_running = true;
     return self;
 }
 
@@ -38,6 +162,27 @@ void dk_iopub_destroy(dk_iopub_t **self_p)
     if (!self_p || !*self_p)
         return;
     dk_iopub_t *self = *self_p;
+    if (self->flusher_running) {
+        pthread_mutex_lock(&self->lock);
+        self->stopping = true;
+        pthread_cond_signal(&self->wake);
+        pthread_mutex_unlock(&self->lock);
+        pthread_join(self->flusher, NULL);
+    }
+    /* The last messages (the idle after shutdown_reply) get a moment to leave. */
+    for (int waited = 0;; waited += FLUSH_EVERY_MS) {
+        flush_locked(self);
+        if (!self->head || waited >= DESTROY_FLUSH_MS)
+            break;
+        sleep_ms(FLUSH_EVERY_MS);
+    }
+    while (self->head) {
+        queued_t *q = self->head;
+        self->head = q->next;
+        zmsg_destroy(&q->msg);
+        free(q);
+    }
+    pthread_cond_destroy(&self->wake);
     pthread_mutex_destroy(&self->lock);
     free(self->session);
     free(self->parent);
@@ -69,9 +214,10 @@ const char *dk_iopub_session(const dk_iopub_t *self)
     return self->session;
 }
 
-int dk_iopub_publish_text(dk_iopub_t *self, const char *msg_type, const char *content_json,
-                          const char *metadata_json, const char *parent_json,
-                          zframe_t *const *buffers, size_t n_buffers)
+/* Build and send one message. OFFER: refuse rather than queue (stream output). */
+static int publish(dk_iopub_t *self, const char *msg_type, const char *content_json,
+                   const char *metadata_json, const char *parent_json,
+                   zframe_t *const *buffers, size_t n_buffers, bool offer)
 {
     json_t *header = dk_header_new(msg_type, self->session, "kernel");
     char *header_text = header ? json_dumps(header, JSON_COMPACT) : NULL;
@@ -89,13 +235,54 @@ int dk_iopub_publish_text(dk_iopub_t *self, const char *msg_type, const char *co
         lens[i] = strlen(parts[i]);
     zmsg_t *msg = dk_wire_encode_raw(self->signer, &topic, 1, parts, lens, buffers, n_buffers);
     int rc = -1;
-    if (msg)
-        rc = zmsg_send(&msg, self->pub);
+    if (msg) {
+        flush_locked(self);
+        if (!self->head && send_now_locked(self, &msg) == 0)
+            rc = DK_IOPUB_SENT;
+        else if (offer)
+            rc = DK_IOPUB_FULL;
+        else {
+            bool always = strcmp(msg_type, "status") == 0 || strcmp(msg_type, "error") == 0 ||
+                          strcmp(msg_type, "execute_result") == 0 ||
+                          strcmp(msg_type, "execute_input") == 0;
+            enqueue_locked(self, &msg, always);
+            rc = 0;
+        }
+    }
     pthread_mutex_unlock(&self->lock);
     zmsg_destroy(&msg);
     zframe_destroy(&topic);
     free(header_text);
-    return rc == 0 ? 0 : -1;
+    return rc;
+}
+
+int dk_iopub_publish_text(dk_iopub_t *self, const char *msg_type, const char *content_json,
+                          const char *metadata_json, const char *parent_json,
+                          zframe_t *const *buffers, size_t n_buffers)
+{
+    return publish(self, msg_type, content_json, metadata_json, parent_json, buffers,
+                   n_buffers, false);
+}
+
+int dk_iopub_offer_text(dk_iopub_t *self, const char *msg_type, const char *content_json)
+{
+    return publish(self, msg_type, content_json, NULL, NULL, NULL, 0, true);
+}
+
+size_t dk_iopub_queued(dk_iopub_t *self)
+{
+    pthread_mutex_lock(&self->lock);
+    size_t n = self->queued;
+    pthread_mutex_unlock(&self->lock);
+    return n;
+}
+
+unsigned long long dk_iopub_dropped(dk_iopub_t *self)
+{
+    pthread_mutex_lock(&self->lock);
+    unsigned long long n = self->dropped;
+    pthread_mutex_unlock(&self->lock);
+    return n;
 }
 
 int dk_iopub_publish(dk_iopub_t *self, const char *msg_type, json_t *content,

@@ -5,8 +5,20 @@
  * display data from Python), the control thread (status around control requests),
  * and the output reader (stream messages from fd 1/2). A ZeroMQ socket must not be
  * used by two threads at once, so every send goes through this object, which holds
- * a mutex around signing and sending. A PUB socket never blocks on send (it drops
- * at the high-water mark), so the lock is only ever held for the time of a send.
+ * a mutex around signing and sending.
+ *
+ * A frontend that reads IOPub slower than the kernel writes (nbclient behind a
+ * flood of rank output) fills its queue in the socket. A plain PUB socket then
+ * drops silently, and what it drops may be the `idle` the frontend waits for, so
+ * the socket is set to refuse instead (ZMQ_XPUB_NODROP) and every send is
+ * non-blocking. What a full queue refuses depends on the message:
+ * - dk_iopub_offer_text (stream output) is refused and returns DK_IOPUB_FULL; the
+ *   caller keeps the text, waits, or thins it and says so (dk_stream);
+ * - every other message (status, results, displays, comms) is queued here, in
+ *   order, and a flusher thread hands the queue to the socket as the frontend
+ *   reads. Nothing blocks: the control thread answers while IOPub is full.
+ * The queue is bounded (DK_IOPUB_QUEUE_MAX bytes); past that a message is dropped
+ * and counted, which only a frontend that stopped reading altogether can cause.
  *
  * The design card suggested an inproc PUSH/PULL fan-in to a publisher thread; a
  * fan-in fair-queues between its producers, so two messages sent one after the
@@ -20,6 +32,9 @@
 #define DK_IOPUB_H
 
 #include "dk_wire.h"
+
+#define DK_IOPUB_QUEUE_MAX (64u << 20)
+#define DK_IOPUB_HWM 100   /* messages in a frontend's queue before it counts as full */
 
 typedef struct dk_iopub_t dk_iopub_t;
 
@@ -40,6 +55,19 @@ char *dk_iopub_parent(dk_iopub_t *self);
 int dk_iopub_publish_text(dk_iopub_t *self, const char *msg_type, const char *content_json,
                           const char *metadata_json, const char *parent_json,
                           zframe_t *const *buffers, size_t n_buffers);
+
+/* Results of dk_iopub_offer_text. */
+enum { DK_IOPUB_SENT = 0, DK_IOPUB_FULL = 1 };
+
+/* Like dk_iopub_publish_text with the current parent, for output that may be
+ * held back: sends now and returns DK_IOPUB_SENT, or returns DK_IOPUB_FULL and
+ * sends nothing when a frontend's queue is full or older messages still wait
+ * (order is kept). -1 if the message could not be built. */
+int dk_iopub_offer_text(dk_iopub_t *self, const char *msg_type, const char *content_json);
+
+/* Messages waiting in the queue, and messages dropped because it was full. */
+size_t dk_iopub_queued(dk_iopub_t *self);
+unsigned long long dk_iopub_dropped(dk_iopub_t *self);
 
 /* Same with CONTENT a JSON object (borrowed). */
 int dk_iopub_publish(dk_iopub_t *self, const char *msg_type, json_t *content,

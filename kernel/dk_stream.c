@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stdbool.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,9 +21,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#define BACKPRESSURE_MS 500   /* how long writers wait for a full IOPub before thinning */
+#define RETRY_EVERY_MS 2       /* between offers while IOPub is full */
+
 typedef struct {
     char *data;
     size_t len, cap;
+    unsigned long long thin_lines, thin_bytes;   /* thinned, not yet said */
 } buf_t;
 
 struct dk_stream_t {
@@ -35,6 +40,11 @@ struct dk_stream_t {
     long long deadline_ms;   /* 0 = nothing pending */
     int stopping;
     pthread_t reader;
+    long long full_since_ms; /* IOPub refused the last offer, since; 0 = it took it */
+    long long offered_ms;    /* time of the last refused offer */
+    bool thinning;           /* waited BACKPRESSURE_MS already; drop until IOPub takes */
+    char *thin_hint;         /* where the full output is, for the notice */
+    unsigned long long thinned_lines, thinned_bytes;   /* totals */
 };
 
 static const char *stream_names[2] = {"stdout", "stderr"};
@@ -63,25 +73,76 @@ static int buf_append(buf_t *b, const char *data, size_t len)
     return 0;
 }
 
-/* Publish the complete-UTF-8 part of buffer I; keep an incomplete tail. Lock held. */
-static void publish_locked(dk_stream_t *self, int i)
+static void format_size(char *out, size_t outlen, unsigned long long bytes)
+{
+    if (bytes >= 1000000)
+        snprintf(out, outlen, "%.1f MB", (double)bytes / 1e6);
+    else if (bytes >= 1000)
+        snprintf(out, outlen, "%.1f kB", (double)bytes / 1e3);
+    else
+        snprintf(out, outlen, "%llu bytes", bytes);
+}
+
+/* The notice that takes the place of thinned output in stream I (malloc'd). */
+static char *thin_notice(const dk_stream_t *self, const buf_t *b)
+{
+    char size[32];
+    format_size(size, sizeof size, b->thin_bytes);
+    const char *hint = self->thin_hint ? self->thin_hint : "; that output was not saved";
+    size_t n = 256 + strlen(hint);
+    char *text = malloc(n);
+    if (text)
+        snprintf(text, n, "[distkernel] output thinned: %llu line%s (%s) not shown here "
+                 "because the frontend was not reading fast enough%s\n",
+                 b->thin_lines, b->thin_lines == 1 ? "" : "s", size, hint);
+    return text;
+}
+
+/* Publish the complete-UTF-8 part of buffer I, keeping an incomplete tail, with
+ * the notice of output thinned before it. FORCE queues the message in IOPub when
+ * a frontend is behind (nothing is lost: the kernel is about to reply or display);
+ * otherwise it is offered, and a full IOPub leaves the text where it is. Returns
+ * false if IOPub refused it. Lock held. */
+static bool publish_locked(dk_stream_t *self, int i, bool force)
 {
     buf_t *b = &self->buf[i];
-    if (b->len == 0)
-        return;
-    size_t n = dk_utf8_complete_prefix(b->data, b->len);
-    if (n == 0)
-        return;
+    size_t n = b->len ? dk_utf8_complete_prefix(b->data, b->len) : 0;
+    if (n == 0 && !b->thin_bytes)
+        return true;
+    if (!force && self->full_since_ms && now_ms() - self->offered_ms < RETRY_EVERY_MS)
+        return false;
+    char *notice = b->thin_bytes ? thin_notice(self, b) : NULL;
+    size_t notice_len = notice ? strlen(notice) : 0;
     size_t text_len;
-    char *text = dk_utf8_sanitize(b->data, n, &text_len);
-    if (text) {
-        json_t *content = json_pack("{s:s, s:s%}", "name", stream_names[i], "text", text,
-                                    text_len);
-        if (content)
-            dk_iopub_publish(self->iopub, "stream", content, NULL);
+    char *text = dk_utf8_sanitize(b->data ? b->data : "", n, &text_len);
+    char *both = text ? malloc(notice_len + text_len + 1) : NULL;
+    char *content_text = NULL;
+    if (both) {
+        memcpy(both, notice ? notice : "", notice_len);
+        memcpy(both + notice_len, text, text_len);
+        json_t *content = json_pack("{s:s, s:s%}", "name", stream_names[i], "text", both,
+                                    notice_len + text_len);
+        content_text = content ? json_dumps(content, JSON_COMPACT) : NULL;
         json_decref(content);
-        free(text);
     }
+    free(notice);
+    free(text);
+    free(both);
+    if (!content_text)
+        return true;   /* out of memory: the text stays and is tried again */
+    int rc = force ? dk_iopub_publish_text(self->iopub, "stream", content_text, NULL, NULL,
+                                           NULL, 0)
+                   : dk_iopub_offer_text(self->iopub, "stream", content_text);
+    free(content_text);
+    if (rc == DK_IOPUB_FULL) {
+        self->offered_ms = now_ms();
+        if (!self->full_since_ms)
+            self->full_since_ms = self->offered_ms;
+        return false;
+    }
+    self->full_since_ms = 0;
+    self->thinning = false;
+    b->thin_lines = b->thin_bytes = 0;
     memmove(b->data, b->data + n, b->len - n);
     b->len -= n;
     /* Shrink a buffer a flood grew, so idle memory returns to its usual size. */
@@ -92,11 +153,69 @@ static void publish_locked(dk_stream_t *self, int i)
             b->cap = DK_STREAM_CHUNK;
         }
     }
+    return true;
+}
+
+/* Drop the finished lines of buffer I (all of it if none is finished), counted
+ * for the notice that will stand in their place. Lock held. */
+static void thin_locked(dk_stream_t *self, int i)
+{
+    buf_t *b = &self->buf[i];
+    size_t drop = 0, lines = 0;
+    for (size_t k = 0; k < b->len; k++)
+        if (b->data[k] == '\n') {
+            drop = k + 1;
+            lines++;
+        }
+    if (drop == 0) {
+        drop = dk_utf8_complete_prefix(b->data, b->len);
+        lines = 1;
+    }
+    b->thin_lines += lines;
+    b->thin_bytes += drop;
+    self->thinned_lines += lines;
+    self->thinned_bytes += drop;
+    memmove(b->data, b->data + drop, b->len - drop);
+    b->len -= drop;
+    self->thinning = true;
+}
+
+/* Backpressure: before LEN more bytes go into buffer I, it must stay under
+ * DK_STREAM_BUF_MAX. While IOPub refuses (a frontend behind), the writer waits,
+ * up to BACKPRESSURE_MS per episode: a rank blocks on its pipe, Python on its
+ * write. A frontend that does not catch up in that time is not waited for again
+ * until it does: what does not fit is thinned, and the notice says so. Lock held;
+ * released while waiting. */
+static void make_room_locked(dk_stream_t *self, int i, size_t len)
+{
+    buf_t *b = &self->buf[i];
+    while (b->len && b->len + len > DK_STREAM_BUF_MAX) {
+        if (publish_locked(self, i, false))
+            return;
+        if (self->thinning || now_ms() - self->full_since_ms >= BACKPRESSURE_MS) {
+            thin_locked(self, i);
+            return;
+        }
+        pthread_mutex_unlock(&self->lock);
+        struct timespec ts = {0, RETRY_EVERY_MS * 1000000L};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&self->lock);
+    }
+}
+
+/* Add LEN bytes to buffer I, publishing a full chunk. Lock held. */
+static void add_locked(dk_stream_t *self, int i, const char *data, size_t len)
+{
+    make_room_locked(self, i, len);
+    buf_append(&self->buf[i], data, len);
+    if (self->buf[i].len >= DK_STREAM_CHUNK)
+        publish_locked(self, i, false);
 }
 
 static void mark_pending_locked(dk_stream_t *self)
 {
-    if (self->deadline_ms == 0 && (self->buf[0].len || self->buf[1].len)) {
+    if (self->deadline_ms == 0 && (self->buf[0].len || self->buf[1].len ||
+                                   self->buf[0].thin_bytes || self->buf[1].thin_bytes)) {
         self->deadline_ms = now_ms() + DK_STREAM_INTERVAL_MS;
         char c = 1;
         ssize_t w = write(self->wake[1], &c, 1);
@@ -112,9 +231,7 @@ static void drain_locked(dk_stream_t *self)
         for (;;) {
             ssize_t n = read(self->pipe_rd[i], chunk, sizeof chunk);
             if (n > 0) {
-                buf_append(&self->buf[i], chunk, (size_t)n);
-                if (self->buf[i].len >= DK_STREAM_CHUNK)
-                    publish_locked(self, i);
+                add_locked(self, i, chunk, (size_t)n);
                 continue;
             }
             if (n < 0 && errno == EINTR)
@@ -124,10 +241,11 @@ static void drain_locked(dk_stream_t *self)
     }
 }
 
-static void publish_all_locked(dk_stream_t *self)
+/* Publish both buffers (FORCE: see publish_locked). Lock held. */
+static void publish_all_locked(dk_stream_t *self, bool force)
 {
-    publish_locked(self, 0);
-    publish_locked(self, 1);
+    publish_locked(self, 0, force);
+    publish_locked(self, 1, force);
     self->deadline_ms = 0;
     mark_pending_locked(self);  /* an incomplete UTF-8 tail stays pending */
 }
@@ -167,7 +285,7 @@ static void *reader_main(void *arg)
             mark_pending_locked(self);
         }
         if (self->deadline_ms && now_ms() >= self->deadline_ms)
-            publish_all_locked(self);
+            publish_all_locked(self, false);
         pthread_mutex_unlock(&self->lock);
     }
     return NULL;
@@ -252,6 +370,7 @@ void dk_stream_destroy(dk_stream_t **self_p)
         close(self->pipe_rd[i]);
         free(self->buf[i].data);
     }
+    free(self->thin_hint);
     close(self->wake[0]);
     close(self->wake[1]);
     pthread_mutex_destroy(&self->lock);
@@ -263,9 +382,7 @@ void dk_stream_write(dk_stream_t *self, dk_stream_name_t name, const char *buf, 
 {
     pthread_mutex_lock(&self->lock);
     drain_locked(self);
-    buf_append(&self->buf[name], buf, len);
-    if (self->buf[name].len >= DK_STREAM_CHUNK)
-        publish_locked(self, name);
+    add_locked(self, name, buf, len);
     mark_pending_locked(self);
     pthread_mutex_unlock(&self->lock);
 }
@@ -273,9 +390,7 @@ void dk_stream_write(dk_stream_t *self, dk_stream_name_t name, const char *buf, 
 void dk_stream_append(dk_stream_t *self, dk_stream_name_t name, const char *buf, size_t len)
 {
     pthread_mutex_lock(&self->lock);
-    buf_append(&self->buf[name], buf, len);
-    if (self->buf[name].len >= DK_STREAM_CHUNK)
-        publish_locked(self, name);
+    add_locked(self, name, buf, len);
     mark_pending_locked(self);
     pthread_mutex_unlock(&self->lock);
 }
@@ -286,7 +401,32 @@ void dk_stream_flush(dk_stream_t *self)
     fflush(stderr);
     pthread_mutex_lock(&self->lock);
     drain_locked(self);
-    publish_all_locked(self);
+    publish_all_locked(self, true);
+    pthread_mutex_unlock(&self->lock);
+}
+
+bool dk_stream_offer(dk_stream_t *self)
+{
+    pthread_mutex_lock(&self->lock);
+    bool ok = publish_locked(self, 0, false) && publish_locked(self, 1, false);
+    pthread_mutex_unlock(&self->lock);
+    return ok;
+}
+
+void dk_stream_set_thin_hint(dk_stream_t *self, const char *hint)
+{
+    char *copy = hint ? strdup(hint) : NULL;
+    pthread_mutex_lock(&self->lock);
+    free(self->thin_hint);
+    self->thin_hint = copy;
+    pthread_mutex_unlock(&self->lock);
+}
+
+void dk_stream_thinned(dk_stream_t *self, unsigned long long *lines, unsigned long long *bytes)
+{
+    pthread_mutex_lock(&self->lock);
+    *lines = self->thinned_lines;
+    *bytes = self->thinned_bytes;
     pthread_mutex_unlock(&self->lock);
 }
 

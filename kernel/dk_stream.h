@@ -9,6 +9,14 @@
  * DK_STREAM_CHUNK bytes, and whenever the kernel flushes (before every reply,
  * display message and input_request): many writes make few messages.
  *
+ * When a frontend reads IOPub slower than output comes (dk_iopub refuses the
+ * offer), a buffer grows to DK_STREAM_BUF_MAX and then its writers wait: a rank
+ * blocks on its pipe, Python on its write. After BACKPRESSURE_MS (dk_stream.c)
+ * the kernel stops waiting for that frontend: finished lines that do not fit are
+ * dropped and counted, and the next text published starts with a notice saying
+ * how much was not shown and where the full output is (dk_stream_set_thin_hint).
+ * Kernel memory stays bounded and nothing the frontend is shown is out of order.
+ *
  * Python writes first drain the pipes, so `print(); os.system("echo"); print()`
  * keeps its order whenever the child's output has reached the pipe.
  */
@@ -17,10 +25,12 @@
 
 #include "dk_iopub.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #define DK_STREAM_INTERVAL_MS 50
 #define DK_STREAM_CHUNK 65536
+#define DK_STREAM_BUF_MAX (4 * DK_STREAM_CHUNK)
 
 typedef enum { DK_STDOUT = 0, DK_STDERR = 1 } dk_stream_name_t;
 
@@ -46,6 +56,19 @@ void dk_stream_append(dk_stream_t *self, dk_stream_name_t name, const char *buf,
 
 /* Flush C stdio, drain the pipes and publish both buffers now. Thread-safe. */
 void dk_stream_flush(dk_stream_t *self);
+
+/* Publish both buffers now if IOPub takes them, without draining the pipes or
+ * queueing; false if a frontend is behind and text is still waiting. For what
+ * may be skipped when IOPub is full (a progress update), so that it never
+ * overtakes the text before it. Thread-safe. */
+bool dk_stream_offer(dk_stream_t *self);
+
+/* Where the full output is while output may be thinned, as the end of the notice
+ * ("; every rank's full output is in DIR"); NULL for none. Copied. */
+void dk_stream_set_thin_hint(dk_stream_t *self, const char *hint);
+
+/* Lines and bytes thinned since the kernel started. */
+void dk_stream_thinned(dk_stream_t *self, unsigned long long *lines, unsigned long long *bytes);
 
 /* The kernel's original stderr, for its own log. */
 int dk_stream_log_fd(const dk_stream_t *self);

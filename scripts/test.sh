@@ -22,12 +22,24 @@ end_to_end() {   # BUILD PREFIX [pytest args]
   shift 2
   echo "== end-to-end tests ($prefix) =="
   DISTKERNEL_PREFIX=$prefix DISTKERNEL_FAKE_CUDA=$build/tests/unit \
+    DISTKERNEL_FIGURES_DIR=$build/figures \
     /usr/bin/python3 -m pytest tests/e2e -q -p no:cacheprovider "$@"
+}
+figures() {      # BUILD: what the reliability tests measured, for the README
+  echo "== figures ($1) =="
+  for f in "$1"/figures/*.json; do
+    [ -e "$f" ] && /usr/bin/python3 -c \
+      'import json, sys; print(sys.argv[2] + ":", json.dumps(json.load(open(sys.argv[1]))))' \
+      "$f" "$(basename "$f" .json)"
+  done
+  return 0
 }
 
 BUILD=build-test PREFIX=$PWD/build-test/prefix scripts/build.sh
 units build-test
+rm -rf build-test/figures
 end_to_end build-test "$PWD/build-test/prefix" "$@"
+figures build-test
 
 if [ "${SANITIZE:-1}" != 0 ]; then
   echo "== the same, under AddressSanitizer + UndefinedBehaviorSanitizer =="
@@ -38,7 +50,13 @@ if [ "${SANITIZE:-1}" != 0 ]; then
   ASAN_OPTIONS="detect_leaks=1:log_path=$reports/asan" units build-asan
   # The kernel and its ranks embed CPython, which is not instrumented and keeps
   # its memory until the process ends, so leak checking is for the C units.
-  ASAN_OPTIONS="detect_leaks=0:log_path=$reports/asan" end_to_end build-asan "$PWD/build-asan/prefix" "$@"
+  # Timing figures under the sanitizers mean nothing: the flood test then checks
+  # that every probe is answered, not how fast, and the soak runs a quarter size.
+  rm -rf build-asan/figures
+  ASAN_OPTIONS="detect_leaks=0:log_path=$reports/asan" DISTKERNEL_SANITIZED=1 \
+    DISTKERNEL_SOAK_SCALE=${DISTKERNEL_SOAK_SCALE:-0.25} \
+    end_to_end build-asan "$PWD/build-asan/prefix" "$@"
+  figures build-asan
   if compgen -G "$reports/*" > /dev/null; then
     echo "== sanitizer reports =="
     cat "$reports"/*
