@@ -63,6 +63,7 @@ typedef struct {
     bool is_error;
     int gpu_index;              /* NVML index, -1 for CPU ranks */
     int pid;
+    bool got_cell;              /* reached RUNNING: its cell or function was delivered */
 } rank_info_t;
 
 struct run_t {
@@ -266,6 +267,8 @@ static void sink_state(void *data, int rank, dk_rank_state_t state, int exit_cod
     run_t *run = data;
     pthread_mutex_lock(&run->lock);
     run->ranks[rank].state = state;
+    if (state == DK_RANK_RUNNING)
+        run->ranks[rank].got_cell = true;
     run->ranks[rank].exit_code = exit_code;
     run->ranks[rank].term_signal = term_signal;
     run->status_dirty = true;
@@ -795,6 +798,10 @@ static void run_wait(run_t *run)
 static void describe_rank(run_t *run, int r, int root, char *out, size_t outlen)
 {
     rank_info_t *ri = &run->ranks[r];
+    /* A rank that died before its cell was delivered never ran the user's code:
+     * the cause is in how it starts (its environment, sitecustomize, a broken
+     * install), which is worth saying. */
+    const char *when = ri->got_cell ? "" : " during start-up, before it received the cell";
     if (ri->state == DK_RANK_DONE) {
         snprintf(out, outlen, "rank %d: finished", r);
     } else if (ri->state == DK_RANK_STOPPED) {
@@ -805,6 +812,11 @@ static void describe_rank(run_t *run, int r, int root, char *out, size_t outlen)
                      run->interrupted ? "interrupted"
                      : run->shutdown  ? "kernel shutting down"
                                       : "timeout");
+        /* SIGKILL is the last step of the stop (SIGINT, SIGTERM, SIGKILL): say so,
+         * since it explains the wait and means the rank's own cleanup never ran. */
+        if (ri->term_signal == SIGKILL)
+            snprintf(out + strlen(out), outlen - strlen(out),
+                     "; it outlived SIGINT and SIGTERM and was killed with SIGKILL");
     } else if (ri->is_error && ri->message) {
         json_t *e = json_loadb(ri->message, ri->message_len, 0, NULL);
         snprintf(out, outlen, "rank %d: raised %s: %s", r,
@@ -812,14 +824,14 @@ static void describe_rank(run_t *run, int r, int root, char *out, size_t outlen)
                  e ? json_string_value(json_object_get(e, "evalue")) : "");
         json_decref(e);
     } else if (ri->term_signal) {
-        snprintf(out, outlen, "rank %d: killed by signal %d (%s)%s", r, ri->term_signal,
-                 signal_name(ri->term_signal),
+        snprintf(out, outlen, "rank %d: killed by signal %d (%s)%s%s", r, ri->term_signal,
+                 signal_name(ri->term_signal), when,
                  ri->term_signal == SIGKILL ? ", often the out-of-memory killer (see dmesg)" : "");
     } else if (ri->exit_code > 0) {
-        snprintf(out, outlen, "rank %d: exited with code %d before returning a result", r,
-                 ri->exit_code);
+        snprintf(out, outlen, "rank %d: exited with code %d%s", r, ri->exit_code,
+                 ri->got_cell ? " before returning a result" : when);
     } else {
-        snprintf(out, outlen, "rank %d: exited without returning a result", r);
+        snprintf(out, outlen, "rank %d: exited without returning a result%s", r, when);
     }
     if (root == r)
         snprintf(out + strlen(out), outlen - strlen(out), "   <- root cause (first failure)");

@@ -12,6 +12,7 @@
  *   error            ... ERROR "boom on rank R", exit 1
  *   error_hang       ... ERROR "boom on rank R", then sleep 60 s instead of exiting
  *   exit3            ... exit 3 without a result
+ *   exit3_at_start   exit 3 before connecting to the back channel (no HELLO)
  *   segv             ... die by SIGSEGV
  *   no_result        ... exit 0 without a result
  *   sleep            ... print "sleeping", sleep FAKE_SLEEP_S (60) seconds, then as result
@@ -298,6 +299,8 @@ int main(void)
     }
     if (getenv("FAKE_PRINT_ENV"))
         print_facts();
+    if (!strcmp(mode, "exit3_at_start"))
+        return 3;
 
     if (!strcmp(mode, "forge_mac") || !strcmp(mode, "bad_rank")) {
         conn_t bad = connect_bc();

@@ -461,6 +461,23 @@ Test(job, a_non_zero_exit_is_a_failure_with_its_code)
     finish(&job);
 }
 
+/* The kernel tells "exited during start-up, before it received the cell" from
+ * "exited before returning a result" by whether the rank was ever RUNNING: a rank
+ * that never got its payload must never be reported RUNNING. */
+Test(job, a_rank_exiting_before_it_connects_is_never_running)
+{
+    const char *extra[] = {"FAKE_MODE=sleep", "FAKE_MODE_1=exit3_at_start", NULL};
+    dk_job_t *job = run(2, extra);
+    cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    cr_assert_eq(dk_job_root_cause(job), 1);
+    cr_assert_eq(dk_job_rank_exit_code(job, 1), 3);
+    cr_assert_eq(rec.nstates[1], 2);
+    cr_assert_eq(rec.states[1][0], DK_RANK_STARTING);
+    cr_assert_eq(rec.states[1][1], DK_RANK_FAILED);
+    cr_assert_eq(dk_job_rank_state(job, 0), DK_RANK_STOPPED);
+    finish(&job);
+}
+
 Test(job, a_crash_is_reported_with_its_signal)
 {
     const char *extra[] = {"FAKE_MODE=segv", NULL};
