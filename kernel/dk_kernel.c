@@ -304,6 +304,26 @@ static bool is_comm_message(const char *t)
            strcmp(t, "comm_close") == 0;
 }
 
+/* The reply content for a request whose fields have the wrong JSON types (WHY
+ * from dk_wire_check_content): status "error", nothing of the request run. With
+ * ERROR_OUT, the same error (without status) for iopub is returned there too. */
+static char *refusal_text(const char *why, json_t **error_out)
+{
+    char line[512];
+    snprintf(line, sizeof line, "TypeError: %s", why);
+    json_t *error = json_pack("{s:s, s:s, s:[s]}", "ename", "TypeError", "evalue", why,
+                              "traceback", line);
+    json_t *c = json_deep_copy(error);
+    json_object_set_new(c, "status", json_string("error"));
+    char *text = c ? json_dumps(c, JSON_COMPACT) : NULL;
+    json_decref(c);
+    if (error_out)
+        *error_out = error;
+    else
+        json_decref(error);
+    return text;
+}
+
 static void handle_shell(dk_kernel_t *k, dk_msg_t *req)
 {
     const char *t = req->msg_type;
@@ -311,6 +331,16 @@ static void handle_shell(dk_kernel_t *k, dk_msg_t *req)
                  is_python_request(t) || is_comm_message(t);
     if (!known) {
         dk_log("ignored a shell message of unknown type '%s'", t);
+        return;
+    }
+    /* Check the content's types before anything of the request runs: the glue
+     * used to read them with Python's truthiness (silent: "no" ran silently)
+     * and failed only after the cell had run (user_expressions: [...] ran the
+     * code, then answered "InternalError"). */
+    char why[256];
+    bool well_typed = dk_wire_check_content(t, req->content, why, sizeof why);
+    if (!well_typed && is_comm_message(t)) {
+        dk_log("ignored a %s: %s", t, why);     /* not a request: nobody to answer */
         return;
     }
     char *parent = json_dumps(req->header, JSON_COMPACT);
@@ -322,7 +352,18 @@ static void handle_shell(dk_kernel_t *k, dk_msg_t *req)
     char *reply_type = reply_type_for(t);
     char *reply = NULL;
     bool stop_on_error = false;
-    if (strcmp(t, "kernel_info_request") == 0) {
+    if (!well_typed) {
+        /* stop_on_error stays false: the request ran nothing, and its own
+         * stop_on_error may be the field that is wrong, so what is queued
+         * behind it is not aborted. */
+        dk_log("refused a %s: %s", t, why);
+        json_t *error = NULL;
+        reply = refusal_text(why, &error);
+        /* Frontends show a cell's error from iopub, not from the reply. */
+        if (error && strcmp(t, "execute_request") == 0)
+            dk_iopub_publish(k->iopub, "error", error, NULL);
+        json_decref(error);
+    } else if (strcmp(t, "kernel_info_request") == 0) {
         reply = json_dumps(k->kernel_info, JSON_COMPACT);
     } else {
         char *content_text = json_dumps(req->content, JSON_COMPACT);
@@ -397,13 +438,20 @@ char *dk_kernel_input(dk_kernel_t *k, const char *prompt, bool password)
         dk_msg_t *reply = recv_msg(k, k->stdin_sock, "stdin");
         if (!reply)
             continue;
-        if (strcmp(reply->msg_type, "input_reply") == 0) {
+        char why[256];
+        if (strcmp(reply->msg_type, "input_reply") == 0 &&
+            !dk_wire_check_content("input_reply", reply->content, why, sizeof why)) {
+            /* A value that is not a string is not an answer: input() used to
+             * return "" for it. Keep waiting for one that is. */
+            dk_log("ignored an input_reply on stdin: %s", why);
+        } else if (strcmp(reply->msg_type, "input_reply") == 0) {
             const char *value = json_string_value(json_object_get(reply->content, "value"));
             answer = strdup(value ? value : "");
             dk_msg_destroy(&reply);
             break;
+        } else {
+            dk_log("ignored a '%s' on stdin", reply->msg_type);
         }
-        dk_log("ignored a '%s' on stdin", reply->msg_type);
         dk_msg_destroy(&reply);
     }
     zpoller_destroy(&poller);
@@ -418,8 +466,18 @@ static void handle_control(dk_kernel_t *k, dk_msg_t *req)
     char *parent = json_dumps(req->header, JSON_COMPACT);
     char *reply_type = reply_type_for(t);
     dk_iopub_status(k->iopub, "busy", parent);
+    char why[256];
     if (strcmp(t, "kernel_info_request") == 0) {
         send_reply(k, k->control, req, reply_type, k->kernel_info);
+    } else if (strcmp(t, "shutdown_request") == 0 &&
+               !dk_wire_check_content(t, req->content, why, sizeof why)) {
+        /* restart: "no" used to shut the kernel down (as restart false): a
+         * request that is not what the spec says does nothing but answer. */
+        dk_log("refused a %s: %s", t, why);
+        char *text = refusal_text(why, NULL);
+        if (text)
+            send_reply_text(k, k->control, req, reply_type, text);
+        free(text);
     } else if (strcmp(t, "interrupt_request") == 0) {
         if (atomic_load(&k->executing))
             pthread_kill(k->main_tid, SIGINT);

@@ -427,6 +427,21 @@ dk_msg_t *dk_wire_decode(const dk_signer_t *signer, dk_replay_t *replay,
         return NULL;
     }
     msg->msg_type = json_string_value(msg_type);
+    /* The other fields of a header are strings too (the spec's header schema).
+     * The kernel only echoes them, but a message whose header is not what the
+     * spec says is not a Jupyter message, so it is refused like one that lacks
+     * msg_type rather than run. Absent ones are allowed, as jupyter_client
+     * requires only msg_id and msg_type too. */
+    static const char *const header_strings[] = {"session", "username", "date", "version"};
+    for (size_t i = 0; i < sizeof header_strings / sizeof *header_strings; i++) {
+        json_t *v = json_object_get(msg->header, header_strings[i]);
+        if (v && !json_is_string(v)) {
+            dk_set_err(err, errlen, "refused message: header \"%s\" is %s, expected a string",
+                       header_strings[i], json_kind(v));
+            dk_msg_destroy(&msg);
+            return NULL;
+        }
+    }
 
     size_t n_buffers = after - 5;
     msg->idents = copy_frames(frames, lens, delim);
@@ -484,6 +499,114 @@ void dk_msg_destroy(dk_msg_t **self_p)
     json_decref(self->content);
     free(self);
     *self_p = NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Content types                                                             */
+
+/* What the messaging spec says each field of a request's content is. A field
+ * absent from the content gets the kernel's default; one that is present must
+ * have its type. NULLABLE: null stands for "absent" (jupyter_client sends None
+ * for the optional integers of history_request, and cursor_pos). */
+typedef enum { K_STRING, K_BOOL, K_INT, K_OBJECT, K_STRING_MAP } field_kind_t;
+
+enum { F_REQUIRED = 1, F_NULLABLE = 2 };
+
+typedef struct {
+    const char *name;
+    field_kind_t kind;
+    unsigned flags;
+} field_spec_t;
+
+typedef struct {
+    const char *msg_type;
+    field_spec_t fields[10];    /* ends at the first NULL name */
+} content_spec_t;
+
+static const content_spec_t content_specs[] = {
+    {"execute_request", {{"code", K_STRING, F_REQUIRED}, {"silent", K_BOOL, 0},
+                         {"store_history", K_BOOL, 0}, {"user_expressions", K_STRING_MAP, 0},
+                         {"allow_stdin", K_BOOL, 0}, {"stop_on_error", K_BOOL, 0}}},
+    {"complete_request", {{"code", K_STRING, F_REQUIRED}, {"cursor_pos", K_INT, F_NULLABLE}}},
+    {"inspect_request", {{"code", K_STRING, F_REQUIRED}, {"cursor_pos", K_INT, F_NULLABLE},
+                         {"detail_level", K_INT, 0}}},
+    {"is_complete_request", {{"code", K_STRING, F_REQUIRED}}},
+    {"history_request", {{"output", K_BOOL, 0}, {"raw", K_BOOL, 0},
+                         {"hist_access_type", K_STRING, 0}, {"session", K_INT, F_NULLABLE},
+                         {"start", K_INT, F_NULLABLE}, {"stop", K_INT, F_NULLABLE},
+                         {"n", K_INT, F_NULLABLE}, {"pattern", K_STRING, F_NULLABLE},
+                         {"unique", K_BOOL, 0}}},
+    {"comm_info_request", {{"target_name", K_STRING, F_NULLABLE}}},
+    {"shutdown_request", {{"restart", K_BOOL, 0}}},
+    {"input_reply", {{"value", K_STRING, F_REQUIRED}}},
+    {"comm_open", {{"comm_id", K_STRING, F_REQUIRED}, {"target_name", K_STRING, F_REQUIRED},
+                   {"data", K_OBJECT, 0}}},
+    {"comm_msg", {{"comm_id", K_STRING, F_REQUIRED}, {"data", K_OBJECT, 0}}},
+    {"comm_close", {{"comm_id", K_STRING, F_REQUIRED}, {"data", K_OBJECT, 0}}},
+};
+
+static const char *const kind_names[] = {
+    [K_STRING] = "a string", [K_BOOL] = "a boolean", [K_INT] = "an integer",
+    [K_OBJECT] = "an object", [K_STRING_MAP] = "an object of strings",
+};
+
+static bool has_kind(const json_t *v, field_kind_t kind)
+{
+    switch (kind) {
+    case K_STRING: return json_is_string(v);
+    case K_BOOL: return json_is_boolean(v);
+    case K_INT: return json_is_integer(v);
+    case K_OBJECT: return json_is_object(v);
+    case K_STRING_MAP: {
+        if (!json_is_object(v))
+            return false;
+        const char *key;
+        json_t *item;
+        json_object_foreach((json_t *) v, key, item) {
+            if (!json_is_string(item))
+                return false;
+        }
+        return true;
+    }
+    }
+    return false;
+}
+
+bool dk_wire_check_content(const char *msg_type, const json_t *content, char *err,
+                           size_t errlen)
+{
+    if (!msg_type)
+        return true;
+    if (!json_is_object(content)) {
+        dk_set_err(err, errlen, "%s: the content is %s, expected an object", msg_type,
+                   content ? json_kind(content) : "missing");
+        return false;
+    }
+    for (size_t i = 0; i < sizeof content_specs / sizeof *content_specs; i++) {
+        const content_spec_t *spec = &content_specs[i];
+        if (strcmp(spec->msg_type, msg_type) != 0)
+            continue;
+        for (const field_spec_t *f = spec->fields; f->name; f++) {
+            json_t *v = json_object_get(content, f->name);
+            if (!v || (json_is_null(v) && (f->flags & F_NULLABLE))) {
+                if (!v && (f->flags & F_REQUIRED)) {
+                    dk_set_err(err, errlen, "%s: \"%s\" is missing (%s is required)", msg_type,
+                               f->name, kind_names[f->kind]);
+                    return false;
+                }
+                continue;
+            }
+            if (!has_kind(v, f->kind)) {
+                dk_set_err(err, errlen, "%s: \"%s\" must be %s, not %s", msg_type, f->name,
+                           kind_names[f->kind],
+                           f->kind == K_STRING_MAP && json_is_object(v)
+                               ? "an object with other values" : json_kind(v));
+                return false;
+            }
+        }
+        return true;
+    }
+    return true;
 }
 
 /* ------------------------------------------------------------------------ */

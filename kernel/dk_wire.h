@@ -12,7 +12,8 @@
  * compare), and the signature was not seen before (replay refusal, a history of
  * DK_REPLAY_HISTORY signatures, as jupyter_client keeps). Only then are the four
  * frames parsed; each must be a JSON object and the header must carry string
- * msg_id and msg_type. Anything else is refused with a message naming the reason.
+ * msg_id and msg_type (and session, username, date, version, when present, must be
+ * strings too). Anything else is refused with a message naming the reason.
  *
  * The signer is immutable after creation and safe to share between threads. The
  * replay guard has its own lock and is safe to share too.
@@ -84,6 +85,19 @@ dk_msg_t *dk_wire_decode_zmsg(const dk_signer_t *signer, dk_replay_t *replay, zm
                               char *err, size_t errlen);
 
 void dk_msg_destroy(dk_msg_t **self_p);
+
+/* Check the JSON types of CONTENT's fields against the messaging spec for
+ * MSG_TYPE: execute, complete, inspect, is_complete, history, comm_info and
+ * shutdown requests, input_reply, comm_open, comm_msg and comm_close. A field
+ * may be absent (the kernel's default applies) unless the spec requires it
+ * (code, value, comm_id, target_name of comm_open); a present one must have the
+ * spec's type, null standing for absent only where clients send it (cursor_pos,
+ * history's session/start/stop/n/pattern, comm_info's target_name). Unknown
+ * fields and unknown msg_types pass. Returns false, with the reason in ERR
+ * ("execute_request: \"silent\" must be a boolean, not a string"), when a
+ * request must be refused before anything of it runs. */
+bool dk_wire_check_content(const char *msg_type, const json_t *content, char *err,
+                           size_t errlen);
 
 /* Build a header object for a new message: msg_id (random UUID), msg_type,
  * session, username, date (ISO 8601 UTC with microseconds), version "5.3".

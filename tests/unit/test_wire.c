@@ -422,6 +422,36 @@ Test(decode, refuses_a_header_without_msg_id)
     cr_assert_not_null(strstr(err, "msg_id"), "%s", err);
 }
 
+Test(decode, refuses_header_fields_of_another_type)
+{
+    static const char *const headers[] = {
+        "{\"msg_id\":\"1\",\"msg_type\":\"execute_request\",\"session\":5}",
+        "{\"msg_id\":\"1\",\"msg_type\":\"execute_request\",\"username\":null}",
+        "{\"msg_id\":\"1\",\"msg_type\":\"execute_request\",\"date\":[]}",
+        "{\"msg_id\":\"1\",\"msg_type\":\"execute_request\",\"version\":5.3}",
+    };
+    static const char *const names[] = {"session", "username", "date", "version"};
+    for (size_t i = 0; i < 4; i++) {
+        frames_t fr = {0};
+        char err[256];
+        push_msg(&fr, signer, headers[i], "{}", "{}", "{}");
+        cr_assert_null(decode(signer, replay, &fr, err, sizeof err), "%s", headers[i]);
+        cr_assert_not_null(strstr(err, names[i]), "%s", err);
+        cr_assert_not_null(strstr(err, "expected a string"), "%s", err);
+    }
+}
+
+Test(decode, accepts_a_header_with_only_msg_id_and_msg_type_and_unknown_fields)
+{
+    frames_t fr = {0};
+    char err[256];
+    push_msg(&fr, signer, "{\"msg_id\":\"1\",\"msg_type\":\"execute_request\",\"x\":[1,null]}",
+             "{}", "{}", "{}");
+    dk_msg_t *msg = decode(signer, replay, &fr, err, sizeof err);
+    cr_assert_not_null(msg, "%s", err);
+    dk_msg_destroy(&msg);
+}
+
 Test(decode, preserves_identities_and_buffers)
 {
     frames_t fr = {0};
@@ -624,4 +654,112 @@ Test(header, date_is_iso8601_utc_with_microseconds)
     strftime(year, sizeof year, "%Y", &tm);
     cr_assert_eq(strncmp(date, year, 4), 0, "%s", date);
     json_decref(h);
+}
+
+/* ---- content types ----------------------------------------------------------- */
+
+/* dk_wire_check_content on CONTENT (JSON text) for MSG_TYPE; the reason in ERR. */
+static bool check(const char *msg_type, const char *content, char *err, size_t errlen)
+{
+    json_error_t jerr;
+    json_t *c = json_loads(content, 0, &jerr);
+    cr_assert_not_null(c, "%s: %s", content, jerr.text);
+    err[0] = '\0';
+    bool ok = dk_wire_check_content(msg_type, c, err, errlen);
+    json_decref(c);
+    return ok;
+}
+
+#define EXECUTE(extra) \
+    "{\"code\":\"x = 1\",\"silent\":false,\"store_history\":true,\"user_expressions\":{}," \
+    "\"allow_stdin\":false,\"stop_on_error\":true" extra "}"
+
+Test(content, accepts_the_requests_jupyter_client_sends)
+{
+    char err[256];
+    cr_assert(check("execute_request", EXECUTE(""), err, sizeof err), "%s", err);
+    cr_assert(check("execute_request", "{\"code\":\"\"}", err, sizeof err), "%s", err);
+    cr_assert(check("execute_request", EXECUTE(",\"user_expressions\":{\"a\":\"1+1\"}"), err,
+                    sizeof err), "%s", err);
+    cr_assert(check("complete_request", "{\"code\":\"pri\",\"cursor_pos\":3}", err, sizeof err));
+    cr_assert(check("complete_request", "{\"code\":\"pri\",\"cursor_pos\":null}", err,
+                    sizeof err));
+    cr_assert(check("inspect_request", "{\"code\":\"len\",\"cursor_pos\":3,\"detail_level\":1}",
+                    err, sizeof err));
+    cr_assert(check("is_complete_request", "{\"code\":\"for i in x:\"}", err, sizeof err));
+    cr_assert(check("history_request", "{\"output\":false,\"raw\":true,\"hist_access_type\":"
+                    "\"range\",\"session\":0,\"start\":1,\"stop\":null,\"n\":null}", err,
+                    sizeof err), "%s", err);
+    cr_assert(check("comm_info_request", "{}", err, sizeof err));
+    cr_assert(check("comm_info_request", "{\"target_name\":null}", err, sizeof err));
+    cr_assert(check("shutdown_request", "{\"restart\":true}", err, sizeof err));
+    cr_assert(check("input_reply", "{\"value\":\"\"}", err, sizeof err));
+    cr_assert(check("comm_open", "{\"comm_id\":\"c\",\"target_name\":\"t\",\"data\":{}}", err,
+                    sizeof err));
+    cr_assert(check("comm_msg", "{\"comm_id\":\"c\",\"data\":{\"x\":[1]}}", err, sizeof err));
+}
+
+Test(content, unknown_fields_and_unknown_types_pass)
+{
+    char err[256];
+    cr_assert(check("execute_request", EXECUTE(",\"cell_id\":7,\"x\":[null]"), err, sizeof err));
+    cr_assert(check("kernel_info_request", "{\"anything\":[1,2]}", err, sizeof err));
+    cr_assert(check("no_such_request", "{\"code\":5}", err, sizeof err));
+}
+
+Test(content, refuses_execute_fields_of_another_type_naming_the_field)
+{
+    static const struct {
+        const char *content, *field, *wanted;
+    } cases[] = {
+        {EXECUTE(",\"code\":5"), "code", "must be a string, not a number"},
+        {EXECUTE(",\"code\":[\"x = 1\"]"), "code", "must be a string, not an array"},
+        {EXECUTE(",\"code\":null"), "code", "must be a string, not null"},
+        {EXECUTE(",\"silent\":\"yes\""), "silent", "must be a boolean, not a string"},
+        {EXECUTE(",\"silent\":0"), "silent", "must be a boolean, not a number"},
+        {EXECUTE(",\"store_history\":null"), "store_history", "must be a boolean"},
+        {EXECUTE(",\"allow_stdin\":\"false\""), "allow_stdin", "must be a boolean"},
+        {EXECUTE(",\"stop_on_error\":1"), "stop_on_error", "must be a boolean"},
+        {EXECUTE(",\"user_expressions\":[\"a\"]"), "user_expressions", "an object of strings"},
+        {EXECUTE(",\"user_expressions\":{\"a\":5}"), "user_expressions", "an object of strings"},
+        {"{\"silent\":false}", "code", "is missing"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char err[256];
+        cr_assert_not(check("execute_request", cases[i].content, err, sizeof err), "%s",
+                      cases[i].content);
+        cr_assert_not_null(strstr(err, cases[i].field), "%s", err);
+        cr_assert_not_null(strstr(err, cases[i].wanted), "%s", err);
+        cr_assert_eq(strncmp(err, "execute_request: ", 17), 0, "%s", err);
+    }
+}
+
+Test(content, refuses_other_requests_fields_of_another_type)
+{
+    char err[256];
+    cr_assert_not(check("complete_request", "{\"code\":\"x\",\"cursor_pos\":\"1\"}", err,
+                        sizeof err));
+    cr_assert_not(check("complete_request", "{\"code\":\"x\",\"cursor_pos\":1.0}", err,
+                        sizeof err));
+    cr_assert_not(check("inspect_request", "{\"code\":\"x\",\"detail_level\":true}", err,
+                        sizeof err));
+    cr_assert_not(check("is_complete_request", "{}", err, sizeof err));
+    cr_assert_not(check("history_request", "{\"n\":\"10\"}", err, sizeof err));
+    cr_assert_not(check("history_request", "{\"hist_access_type\":null}", err, sizeof err));
+    cr_assert_not(check("comm_info_request", "{\"target_name\":[]}", err, sizeof err));
+    cr_assert_not(check("shutdown_request", "{\"restart\":\"no\"}", err, sizeof err));
+    cr_assert_not_null(strstr(err, "restart"), "%s", err);
+    cr_assert_not(check("input_reply", "{\"value\":5}", err, sizeof err));
+    cr_assert_not(check("input_reply", "{}", err, sizeof err));
+    cr_assert_not(check("comm_msg", "{\"comm_id\":1,\"data\":{}}", err, sizeof err));
+    cr_assert_not(check("comm_open", "{\"comm_id\":\"c\",\"data\":{}}", err, sizeof err));
+}
+
+Test(content, refuses_content_that_is_not_an_object)
+{
+    char err[256];
+    json_t *a = json_array();
+    cr_assert_not(dk_wire_check_content("execute_request", a, err, sizeof err));
+    cr_assert_not(dk_wire_check_content("execute_request", NULL, err, sizeof err));
+    json_decref(a);
 }
