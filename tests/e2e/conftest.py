@@ -18,6 +18,11 @@ if support.KERNEL_NAME == "distkernel":
         p for p in [str(support.JUPYTER_DATA), os.environ.get("JUPYTER_PATH", "")] if p)
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "soak: the long soak of one kernel (test_soak.py); -m 'not soak' leaves it out")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def kernelspec_installed():
     """Fail every test with one clear message when there is no kernel to test."""
