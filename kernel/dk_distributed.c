@@ -23,6 +23,8 @@
 #include "dk_tracking.h"
 
 #include <dirent.h>
+#include <sys/stat.h>
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -51,6 +53,7 @@ typedef struct {
     char *progress_text;
     long long progress_sent_ms;
     long long partial_since_ms; /* an unfinished line is waiting, since */
+    long long caught_up_ms;     /* ... and its pipe was found empty, since */
     char display_id[80];
     int displays;               /* progress displays opened so far */
 } slot_t;
@@ -182,9 +185,11 @@ static void publish_progress_locked(slot_t *s, bool force)
 }
 
 /* A rank's unfinished line is shown in place of its own (a display updated in
- * place) when it is being redrawn ('\r', a progress bar), or when it has stayed
- * unfinished for PARTIAL_SHOWN_AFTER_MS ("Epoch 1... " before a long step). A
- * line that is merely arriving in pieces is printed once, whole. */
+ * place) when it is being redrawn ('\r', a progress bar), or when the rank has
+ * left it unfinished for PARTIAL_SHOWN_AFTER_MS ("Epoch 1... " before a long
+ * step), counted from when the kernel had read everything the rank wrote (see
+ * sink_caught_up). A line that is merely arriving in pieces, or whose rest is
+ * still in the pipe behind a flood from other ranks, is printed once, whole. */
 static void on_line(void *data, dk_lines_event_t kind, const char *text, size_t len)
 {
     slot_t *s = data;
@@ -206,6 +211,7 @@ static void on_line(void *data, dk_lines_event_t kind, const char *text, size_t 
         return;
     }
     s->partial_since_ms = 0;
+    s->caught_up_ms = 0;
     if (s->progress_open) {
         /* The redrawn line is finished (a bar at 100%): it stays where it was
          * drawn, in its final state, instead of being printed again. */
@@ -257,8 +263,18 @@ static void sink_output(void *data, int rank, int fd, const char *bytes, size_t 
     long long stalled = now_ms() - t;
     if (stalled >= WAIT_SLICE_MS)
         for (int i = 0; i < run->world * 2; i++)
-            if (run->slots[i].partial_since_ms)
-                run->slots[i].partial_since_ms += stalled;
+            if (run->slots[i].caught_up_ms)
+                run->slots[i].caught_up_ms += stalled;
+    pthread_mutex_unlock(&run->lock);
+}
+
+static void sink_caught_up(void *data, int rank, int fd)
+{
+    run_t *run = data;
+    pthread_mutex_lock(&run->lock);
+    slot_t *s = &run->slots[rank * 2 + (fd == 2)];
+    if (s->partial_since_ms && !s->caught_up_ms)
+        s->caught_up_ms = now_ms();
     pthread_mutex_unlock(&run->lock);
 }
 
@@ -363,8 +379,8 @@ static void flush_progress(run_t *run)
         slot_t *s = &run->slots[i];
         if (s->progress_open && s->progress_dirty)
             publish_progress_locked(s, false);
-        else if (!s->progress_open && s->progress_text && s->partial_since_ms &&
-                 now - s->partial_since_ms >= PARTIAL_SHOWN_AFTER_MS)
+        else if (!s->progress_open && s->progress_text && s->caught_up_ms &&
+                 now - s->caught_up_ms >= PARTIAL_SHOWN_AFTER_MS)
             publish_progress_locked(s, false);
     }
     pthread_mutex_unlock(&run->lock);
@@ -557,6 +573,79 @@ static void remove_run_logs(const char *dir)
     rmdir(dir);
 }
 
+/* Folders of kernels that have exited are kept for reading after the fact, but
+ * not for ever: the first run of a kernel removes those beyond the newest
+ * KEEP_DEAD_KERNELS that are also older than DEAD_KERNEL_AGE_S. A folder whose
+ * kernel still runs (its pid is alive) is never touched. */
+#define KEEP_DEAD_KERNELS 10
+#define DEAD_KERNEL_AGE_S (24 * 3600)
+
+typedef struct {
+    char name[64];
+    time_t mtime;
+} dead_kernel_t;
+
+static int newest_first(const void *a, const void *b)
+{
+    time_t x = ((const dead_kernel_t *)a)->mtime, y = ((const dead_kernel_t *)b)->mtime;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static void prune_dead_kernels(const char *base)
+{
+    DIR *d = opendir(base);
+    if (!d)
+        return;
+    dead_kernel_t *dead = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char *end;
+        if (strncmp(e->d_name, "kernel-", 7) != 0 || strlen(e->d_name) >= sizeof dead->name)
+            continue;
+        long pid = strtol(e->d_name + 7, &end, 10);
+        if (*end || pid <= 0 || pid == (long)getpid() || kill((pid_t)pid, 0) == 0 ||
+            errno != ESRCH)
+            continue;
+        char path[4200];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", base, e->d_name);
+        if (lstat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+            continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            dead_kernel_t *p = realloc(dead, cap * sizeof *dead);
+            if (!p)
+                break;
+            dead = p;
+        }
+        snprintf(dead[n].name, sizeof dead[n].name, "%s", e->d_name);
+        dead[n++].mtime = st.st_mtime;
+    }
+    closedir(d);
+    qsort(dead, n, sizeof *dead, newest_first);
+    time_t now = time(NULL);
+    for (size_t i = KEEP_DEAD_KERNELS; i < n; i++) {
+        if (now - dead[i].mtime < DEAD_KERNEL_AGE_S)
+            continue;
+        char dir[4200];
+        snprintf(dir, sizeof dir, "%s/%s", base, dead[i].name);
+        DIR *k = opendir(dir);
+        if (k) {
+            while ((e = readdir(k))) {
+                if (strncmp(e->d_name, "run-", 4) != 0)
+                    continue;
+                char run[4500];
+                snprintf(run, sizeof run, "%s/%s", dir, e->d_name);
+                remove_run_logs(run);
+            }
+            closedir(k);
+        }
+        rmdir(dir);
+    }
+    free(dead);
+}
+
 static void next_log_dir(const char *run_id, char *out, size_t outlen)
 {
     static char kept[KEEP_RUN_LOGS][4096];
@@ -569,6 +658,8 @@ static void next_log_dir(const char *run_id, char *out, size_t outlen)
     else
         snprintf(base, sizeof base, "%s/distkernel-logs-%u", tmp && *tmp ? tmp : "/tmp",
                  (unsigned)getuid());
+    if (runs == 0)
+        prune_dead_kernels(base);
     snprintf(out, outlen, "%s/kernel-%d/run-%04lu-%s", base, (int)getpid(), ++runs, run_id);
     char *slot = kept[runs % KEEP_RUN_LOGS];
     if (slot[0])
@@ -707,7 +798,8 @@ static run_t *run_start(dk_kernel_t *k, const char *kind, const char *options,
         .timeout_s = run->opts.timeout_s,
         .grace_s = KILL_GRACE_S,
     };
-    dk_sink_t sink = {.data = run, .on_output = sink_output, .on_state = sink_state,
+    dk_sink_t sink = {.data = run, .on_output = sink_output,
+                      .on_caught_up = sink_caught_up, .on_state = sink_state,
                       .on_message = sink_message, .on_warning = sink_warning};
     run->job = dk_job_start(&spec, &sink, err, sizeof err);
     free(env);

@@ -32,10 +32,12 @@
  * began is recorded on its rank but is not a root cause (it is most likely an
  * echo: a peer losing its NCCL connection to the rank that failed).
  *
- * Ending. The job ends when every rank is reaped and its pipes reached EOF. A
- * grandchild can inherit the pipes and outlive its rank; its output is still
- * relayed, but only for DRAIN_S after the last rank is reaped, so a stray
- * background process never keeps a cell running.
+ * Ending. The job ends when every rank is reaped and its pipes reached EOF.
+ * What a rank leaves running in its process group is SIGKILLed when the rank
+ * exits (see reap), so no process of a cell outlives it. A process that left
+ * the group (setsid, a daemon) can still hold the pipes; its output is relayed,
+ * but only for DRAIN_S after the last rank is reaped, so it never keeps a cell
+ * running.
  *
  * Output goes to the sink and to rank-N.log as it is read, stdout and stderr
  * into the same file in arrival order. A log that cannot be written (full
@@ -277,8 +279,11 @@ static void drain_pipe(dk_job_t *job, int r, int which, size_t budget)
         ssize_t n = read(rk->pipe_fd[which], buf, sizeof buf);
         if (n < 0 && errno == EINTR)
             continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            if (job->sink.on_caught_up)
+                job->sink.on_caught_up(job->sink.data, r, which + 1);
             return;
+        }
         if (n <= 0) {
             close_fd(&rk->pipe_fd[which]);
             return;
@@ -299,6 +304,18 @@ static void reap(dk_job_t *job, int r)
     rank_t *rk = &job->ranks[r];
     int status = 0;
     pid_t got;
+    /* A rank that has exited may have left children running in its process
+     * group (a background `subprocess.Popen`, a worker it never joined). They
+     * end with it: while the rank is a zombie its pid, and so the group's id,
+     * cannot be reused, so signalling the group now reaches only them. */
+    siginfo_t si;
+    memset(&si, 0, sizeof si);
+    int wrc;
+    do
+        wrc = waitid(P_PID, (id_t) rk->pid, &si, WEXITED | WNOHANG | WNOWAIT);
+    while (wrc < 0 && errno == EINTR);
+    if (wrc == 0 && si.si_pid == rk->pid)
+        kill(-rk->pid, SIGKILL);
     do
         got = waitpid(rk->pid, &status, WNOHANG);
     while (got < 0 && errno == EINTR);

@@ -73,6 +73,10 @@ typedef struct {
     /* Something the user should know that is not a rank's output (a refused
      * back-channel connection, a log file that cannot be written). */
     void (*on_warning)(void *data, const char *text);
+    /* Everything RANK has written to FD so far has been passed on (a read found
+     * the pipe empty). May be NULL. Tells a line the rank left unfinished from
+     * one whose rest is still in the pipe behind a busy reader. */
+    void (*on_caught_up)(void *data, int rank, int fd);
 } dk_sink_t;
 
 typedef struct {

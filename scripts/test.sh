@@ -53,7 +53,7 @@ if [ "${SANITIZE:-1}" != 0 ]; then
   # Timing figures under the sanitizers mean nothing: the flood test then checks
   # that every probe is answered, not how fast, and the soak runs a quarter size.
   rm -rf build-asan/figures
-  ASAN_OPTIONS="detect_leaks=0:log_path=$reports/asan" DISTKERNEL_SANITIZED=1 \
+  ASAN_OPTIONS="detect_leaks=0:quarantine_size_mb=16:log_path=$reports/asan" DISTKERNEL_SANITIZED=1 \
     DISTKERNEL_SOAK_SCALE=${DISTKERNEL_SOAK_SCALE:-0.25} \
     end_to_end build-asan "$PWD/build-asan/prefix" "$@"
   figures build-asan

@@ -7,7 +7,9 @@ streaming) and two kernels running distributed cells at once.
 Failure paths and bad options are in test_distributed_failures.py. Every run here
 uses 2 ranks (num_processes=2): the machine the suite runs on may have 2 cores.
 """
+import os
 import sys
+import time
 
 import pytest
 
@@ -568,3 +570,38 @@ def test_two_kernels_run_distributed_cells_at_the_same_time(kernel, fresh_kernel
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_log_folders_of_exited_kernels_are_pruned_to_the_newest_ten(kernelspec_installed,
+                                                                    tmp_path):
+    """A kernel's first run removes the log folders of kernels that have exited,
+    beyond the newest ten and older than a day; a live kernel's folder and the
+    newest ten stay."""
+    root = tmp_path / "logs"
+    day = 24 * 3600
+    now = time.time()
+    dead = []
+    for i in range(13):   # pids above pid_max: certainly not running
+        d = root / f"kernel-{99000000 + i}" / "run-0001-abc"
+        d.mkdir(parents=True)
+        (d / "rank-0.log").write_text("old\n")
+        age = now - (2 + i) * day
+        os.utime(d.parent, (age, age))
+        dead.append(d.parent)
+    young = root / "kernel-99000100"
+    young.mkdir()
+    live = root / f"kernel-{os.getpid()}"
+    (live / "run-0001-x").mkdir(parents=True)
+    os.utime(live, (now - 30 * day, now - 30 * day))
+    k = support.Kernel.start(env=support.kernel_env(DISTKERNEL_LOG_DIR=root))
+    try:
+        r = k.execute("%%distributed num_processes=2 tracking=False\n1", timeout=RUN)
+        assert r.status == "ok", r.describe()
+    finally:
+        k.stop()
+    left = sorted(p.name for p in root.iterdir())
+    # the young one is among the newest ten dead folders, so nine old ones stay
+    assert [d.name for d in dead[:9]] == [n for n in left if n in {d.name for d in dead}], left
+    assert young.is_dir() and live.is_dir(), left
+    ours = [n for n in left if n not in {d.name for d in dead} | {young.name, live.name}]
+    assert len(ours) == 1 and ours[0].startswith("kernel-"), left

@@ -16,8 +16,8 @@ What is proved:
   line it does show is a real line, whole, in its rank's order;
 - the kernel runs the next cell, and no rank is left.
 
-The same probes run against a reader that stops reading for a while (a frontend
-that cannot keep up): then the kernel must thin, say so, and stay bounded.
+The same probes run against a reader that stops reading for 4 s (a frontend that
+cannot keep up): then the kernel must thin, say so, and stay bounded.
 
 Figures go to flood.json in DISTKERNEL_FIGURES_DIR when that is set.
 """
@@ -295,8 +295,18 @@ def check_logs(out, tmp_dir):
         total_lines += counts[r]
     # The cell: every line, or a plain notice that it was thinned, naming the folder.
     by_rank = support.rank_lines(shown)
+    # A line a starved rank left unfinished for a while is shown in a display of
+    # its own, updated in place; its last state is the whole line.
+    displayed = {}
+    for m in reader.others:
+        if m["msg_type"] in ("display_data", "update_display_data"):
+            displayed[m["content"]["transient"]["display_id"]] = (
+                m["content"]["data"]["text/plain"])
+    in_displays = support.rank_lines("\n".join(
+        text for did, text in displayed.items() if not did.endswith("-status")))
     complete = all(
-        [int(LINE.match(l).group(1)) for l in by_rank.get(r, []) if LINE.match(l)]
+        sorted(int(LINE.match(l).group(1))
+               for l in by_rank.get(r, []) + in_displays.get(r, []) if LINE.match(l))
         == list(range(counts[r])) for r in range(RANKS))
     for r, lines in by_rank.items():
         nums = [int(LINE.match(l).group(1)) for l in lines if LINE.match(l)]
@@ -310,6 +320,7 @@ def check_logs(out, tmp_dir):
         assert thinned, "lines are missing from the cell and nothing says it was thinned"
         assert str(folder) in everything, "the thinning notice does not name the log folder"
     shown_lines = sum(len(v) for v in by_rank.values())
+    shown_lines += sum(len(v) for v in in_displays.values())
     return {"lines_printed": total_lines, "lines_shown": shown_lines,
             "complete": complete, "thinned_notice": thinned, "log_folder": str(folder)}
 
@@ -370,11 +381,15 @@ def test_flood_with_a_reader_that_keeps_up(fresh_kernel, tmp_path):
     assert_recovered(fresh_kernel)
 
 
-def test_flood_with_a_reader_that_stalls_is_thinned_and_says_so(fresh_kernel, tmp_path):
+def test_flood_with_a_reader_that_stalls_for_4_s(fresh_kernel, tmp_path):
     out = flood(fresh_kernel, pause=(2.0, 4.0))
     assert out["reply"]["content"]["status"] == "ok", out["reply"]["content"]
     logs = check_logs(out, tmp_path)
     summarise("stalled", out, logs)
+    # Ranks at full speed make far more in 4 s than IOPub holds: the kernel waits
+    # 500 ms, then thins. (Under the sanitizers the kernel itself may be slow
+    # enough that the buffers absorb the stall, and the cell is complete.)
+    assert not TIMED or logs["thinned_notice"], "a 4 s stall was absorbed without thinning"
     assert_probes(out)
     assert_recovered(fresh_kernel)
 

@@ -35,6 +35,7 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -268,11 +269,36 @@ static void on_sigint(int sig)
 }
 
 /* Sleep S seconds, or until SIGINT when it is caught. */
+/* Sleep S seconds, or until SIGINT when it is handled. SIGINT is blocked by the
+ * caller beforehand and unblocked only inside ppoll, so one that arrives just
+ * before the wait is not missed (it interrupts ppoll at once). */
 static void sleep_s(double s)
 {
     struct timespec ts = {(time_t) s, (long) ((s - (double) (time_t) s) * 1e9)};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR && !interrupted)
-        ;
+    struct timespec end;
+    clock_gettime(CLOCK_MONOTONIC, &end);
+    end.tv_sec += ts.tv_sec;
+    end.tv_nsec += ts.tv_nsec;
+    if (end.tv_nsec >= 1000000000L) {
+        end.tv_sec++;
+        end.tv_nsec -= 1000000000L;
+    }
+    sigset_t open;
+    sigprocmask(SIG_SETMASK, NULL, &open);
+    sigdelset(&open, SIGINT);
+    while (!interrupted) {
+        struct timespec now, left;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        left.tv_sec = end.tv_sec - now.tv_sec;
+        left.tv_nsec = end.tv_nsec - now.tv_nsec;
+        if (left.tv_nsec < 0) {
+            left.tv_sec--;
+            left.tv_nsec += 1000000000L;
+        }
+        if (left.tv_sec < 0)
+            return;
+        ppoll(NULL, 0, &left, &open);
+    }
 }
 
 int main(void)
@@ -354,6 +380,10 @@ int main(void)
         return 0;
     } else if (!strcmp(mode, "sleep") || !strcmp(mode, "interruptible")) {
         if (!strcmp(mode, "interruptible")) {
+            sigset_t intr;
+            sigemptyset(&intr);
+            sigaddset(&intr, SIGINT);
+            sigprocmask(SIG_BLOCK, &intr, NULL);
             struct sigaction sa = {.sa_handler = on_sigint};
             sigaction(SIGINT, &sa, NULL);
         }

@@ -58,6 +58,8 @@ static struct {
     char warnings[64][1024];
     int nwarnings;
     double first_error_at;
+    size_t caught_up_at_len[MAXR][3];   /* output length at the last on_caught_up */
+    int ncaught_up[MAXR][3];
 } rec = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static double now_s(void)
@@ -117,7 +119,17 @@ static void on_warning(void *data, const char *text)
     pthread_mutex_unlock(&rec.lock);
 }
 
-static const dk_sink_t sink = {NULL, on_output, on_state, on_message, on_warning};
+static void on_caught_up(void *data, int rank, int fd)
+{
+    (void) data;
+    cr_assert(rank >= 0 && rank < MAXR && (fd == 1 || fd == 2));
+    pthread_mutex_lock(&rec.lock);
+    rec.caught_up_at_len[rank][fd] = rec.out[rank][fd].len;
+    rec.ncaught_up[rank][fd]++;
+    pthread_mutex_unlock(&rec.lock);
+}
+
+static const dk_sink_t sink = {NULL, on_output, on_state, on_message, on_warning, on_caught_up};
 
 static bool output_has(int rank, int fd, const char *needle)
 {
@@ -704,16 +716,43 @@ Test(job, ranks_die_with_their_host)
     remove_dir(log_dir);
 }
 
-Test(job, a_grandchild_holding_the_pipes_does_not_hold_the_job)
+/* Whether PID is gone or a zombie nobody has collected yet. */
+static bool dead(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int) pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return true;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *paren = strrchr(buf, ')');
+    return paren && paren[1] == ' ' && paren[2] == 'Z';
+}
+
+/* A rank that exits leaving a child running (in its process group): the child
+ * ends with it, and does not hold the job. */
+Test(job, a_child_a_rank_leaves_running_ends_with_the_rank)
 {
     const char *extra[] = {"FAKE_MODE=grandchild", NULL};
     double t0 = now_s();
     dk_job_t *job = run(1, extra);
     cr_assert_lt(now_s() - t0, 5.0);
     cr_assert_eq(dk_job_end(job), DK_END_OK);
+    cr_assert_eq(dk_job_rank_state(job, 0), DK_RANK_DONE);
     const char *at = strstr(rec.out[0][1].buf, "GRANDCHILD ");
     cr_assert_not_null(at);
-    kill(atoi(at + strlen("GRANDCHILD ")), SIGKILL);
+    pid_t child = (pid_t) atoi(at + strlen("GRANDCHILD "));
+    bool gone = false;
+    for (int i = 0; i < 200 && !gone; i++) {
+        gone = dead(child);
+        if (!gone)
+            usleep(10000);
+    }
+    if (!gone)
+        kill(child, SIGKILL);
+    cr_assert(gone, "the rank's child %d outlived it", (int) child);
     finish(&job);
 }
 
@@ -826,6 +865,21 @@ Test(job, output_is_relayed_in_order_and_kept_in_the_log)
         expect_numbered(log, "err", 5000);
         free(log);
     }
+    finish(&job);
+}
+
+/* A rank that wrote a line and went quiet: the sink hears that everything it
+ * wrote has been passed on (what tells a rank's unfinished line from one still
+ * in the pipe). */
+Test(job, a_quiet_rank_is_reported_caught_up_after_its_output)
+{
+    const char *extra[] = {"FAKE_MODE=sleep", "FAKE_SLEEP_S=1", NULL};
+    dk_job_t *job = run(1, extra);
+    cr_assert_eq(dk_job_end(job), DK_END_OK);
+    cr_assert_str_eq(rec.out[0][1].buf, "sleeping\n");
+    cr_assert_gt(rec.ncaught_up[0][1], 0, "never told the output of rank 0 was all passed on");
+    cr_assert_eq(rec.caught_up_at_len[0][1], strlen("sleeping\n"),
+                 "caught up at %zu bytes, before the rank's line", rec.caught_up_at_len[0][1]);
     finish(&job);
 }
 
