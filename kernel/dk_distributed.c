@@ -556,21 +556,34 @@ static const char *final_status(run_t *run)
  * fill the disk with logs nobody will read. */
 #define KEEP_RUN_LOGS 20
 
-static void remove_run_logs(const char *dir)
+/* Remove the entries of DIR whose names start with PREFIX, each with REMOVE,
+ * then DIR itself (if it is empty then). */
+static void remove_dir_of(const char *dir, const char *prefix, void (*remove)(const char *))
 {
     DIR *d = opendir(dir);
     if (d) {
         struct dirent *e;
         while ((e = readdir(d))) {
-            if (strncmp(e->d_name, "rank-", 5) != 0)
+            if (strncmp(e->d_name, prefix, strlen(prefix)) != 0)
                 continue;
-            char path[4200];
+            char path[4600];
             snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-            unlink(path);
+            remove(path);
         }
         closedir(d);
     }
     rmdir(dir);
+}
+
+static void unlink_file(const char *path)
+{
+    unlink(path);
+}
+
+/* A run's folder: its rank-N.log files. */
+static void remove_run_logs(const char *dir)
+{
+    remove_dir_of(dir, "rank-", unlink_file);
 }
 
 /* Folders of kernels that have exited are kept for reading after the fact, but
@@ -630,18 +643,7 @@ static void prune_dead_kernels(const char *base)
             continue;
         char dir[4200];
         snprintf(dir, sizeof dir, "%s/%s", base, dead[i].name);
-        DIR *k = opendir(dir);
-        if (k) {
-            while ((e = readdir(k))) {
-                if (strncmp(e->d_name, "run-", 4) != 0)
-                    continue;
-                char run[4500];
-                snprintf(run, sizeof run, "%s/%s", dir, e->d_name);
-                remove_run_logs(run);
-            }
-            closedir(k);
-        }
-        rmdir(dir);
+        remove_dir_of(dir, "run-", remove_run_logs);
     }
     free(dead);
 }

@@ -584,6 +584,18 @@ static void *hb_main(void *arg)
 
 /* ---- setup and main loop ---------------------------------------------------- */
 
+#define DK_MAX_MESSAGE_MB 256
+#define DK_MAX_HEARTBEAT 65536
+
+static int max_message_bytes(void)
+{
+    const char *v = getenv("DISTKERNEL_MAX_MESSAGE_MB");
+    long mb = v && *v ? strtol(v, NULL, 10) : DK_MAX_MESSAGE_MB;
+    if (mb <= 0 || mb > 2047)
+        mb = DK_MAX_MESSAGE_MB;
+    return (int)(mb << 20);
+}
+
 static zsock_t *bind_socket(dk_kernel_t *k, int type, dk_channel_t ch, char *err, size_t errlen)
 {
     char endpoint[512];
@@ -595,6 +607,12 @@ static zsock_t *bind_socket(dk_kernel_t *k, int type, dk_channel_t ch, char *err
     zsock_set_linger(s, 1000);
     if (type == ZMQ_ROUTER)
         zsock_set_router_handover(s, 1);
+    /* A frame larger than this is not read into memory: ZeroMQ disconnects the
+     * peer that sent it. Heartbeats are a few bytes; requests get
+     * DISTKERNEL_MAX_MESSAGE_MB (default DK_MAX_MESSAGE_MB), far above any
+     * notebook's cell or comm message. */
+    if (type == ZMQ_ROUTER || type == ZMQ_REP)
+        zsock_set_maxmsgsize(s, type == ZMQ_REP ? DK_MAX_HEARTBEAT : max_message_bytes());
     dk_conn_endpoint(&k->conn, ch, endpoint, sizeof endpoint);
     if (zsock_bind(s, "%s", endpoint) < 0) {
         snprintf(err, errlen, "cannot bind the %s channel to %s: %s (is another kernel using it?)",

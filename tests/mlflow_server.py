@@ -190,6 +190,11 @@ class Handler(BaseHTTPRequestHandler):
     def send(self, status, body, ctype="application/json", extra=()):
         data = body if isinstance(body, bytes) else (
             json.dumps(body).encode() if ctype == "application/json" else body.encode())
+        # Recorded before the answer leaves: a client that reads the record right
+        # after its last answer must find that answer's status in it.
+        entry = getattr(self, "entry", None)
+        if entry is not None:
+            entry["status"] = status
         try:
             self.send_response(status)
             self.send_header("Content-Type", ctype)
@@ -208,6 +213,7 @@ class Handler(BaseHTTPRequestHandler):
     def dispatch(self, method):
         srv = self.server
         url = urllib.parse.urlsplit(self.path)
+        self.entry = None
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length > 0 else b""
         if url.path.startswith("/_test/"):
@@ -227,6 +233,7 @@ class Handler(BaseHTTPRequestHandler):
             "time": time.time(),
             "status": None,
         }
+        self.entry = entry
         with srv.store.lock:
             srv.recorded.append(entry)
             cfg = srv.config

@@ -449,17 +449,23 @@ def wait_no_descendants(pid, timeout=5.0):
 def processes_with_env(name, value):
     """PIDs of living processes whose environment has NAME=VALUE (zombies have
     none, so they are not counted)."""
-    needle = f"{name}={value}".encode()
+    return processes_with_any_env({name: [value]})
+
+
+def processes_with_any_env(wanted):
+    """PIDs of living processes whose environment has NAME=VALUE for any NAME of
+    WANTED ({name: [value, ...]}) and any of its values."""
+    needles = {f"{name}={value}".encode() for name, values in wanted.items() for value in values}
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read().split(b"\0")
+                env = set(f.read().split(b"\0"))
         except OSError:
             continue
-        if needle in env:
+        if env & needles:
             found.append(int(entry))
     return found
 

@@ -237,3 +237,40 @@ def test_dropped_messages_are_logged_to_stderr(tmp_path):
     text = log.read_text(errors="replace")
     assert "signature" in text.lower(), f"nothing about the bad signature in stderr:\n{text[-2000:]}"
     assert "frame" in text.lower(), f"nothing about the missing frames in stderr:\n{text[-2000:]}"
+
+
+@pytest.mark.timeout(60)
+def test_a_frame_over_the_size_limit_is_never_read_or_run(tmp_path):
+    """DISTKERNEL_MAX_MESSAGE_MB caps what one frame may be: a correctly signed
+    execute_request over it is not read (its sender is disconnected), so its code
+    never runs and the kernel's memory does not take it in; the same request
+    under the cap runs, so the cap is what refused it."""
+    import psutil
+    k = support.Kernel.start(env=support.kernel_env(DISTKERNEL_MAX_MESSAGE_MB=4))
+    try:
+        proc = psutil.Process(k.pid)
+        over, under = tmp_path / "over", tmp_path / "under"
+        padding = "#" + "x" * (6 << 20) + "\n"
+        raw = support.RawChannel(k.connection_info(), "shell")
+        try:
+            raw.request("execute_request", {"code": padding + make_file_code(over),
+                                            "silent": False})
+            assert_no_answer(raw, "a request over the size limit")
+        finally:
+            raw.close()
+        rss_after = proc.memory_info().rss
+        raw = support.RawChannel(k.connection_info(), "shell")
+        try:
+            assert_still_answers(raw)
+            msg_id = raw.request("execute_request", {
+                "code": "#" + "x" * (1 << 20) + "\n" + make_file_code(under), "silent": False})
+            reply = raw.reply_to(msg_id, timeout=20)
+            assert reply["content"]["status"] == "ok", reply["content"]
+        finally:
+            raw.close()
+        assert under.exists(), "a request under the size limit did not run"
+        # The shell runs requests in order: had the first been read, it ran before.
+        assert not over.exists(), "the code of a frame over the limit ran"
+        assert rss_after < 200 << 20, f"kernel RSS {rss_after >> 20} MiB"
+    finally:
+        k.stop()

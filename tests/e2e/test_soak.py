@@ -287,20 +287,8 @@ def ours(tmpdir, run_ids):
     """Living processes whose environment has this kernel's TMPDIR or one of its
     runs' TORCHELASTIC_RUN_ID: the kernel and anything it started (ranks inherit
     its environment). Zombies have no environment and are not found here."""
-    tmp_var = f"TMPDIR={tmpdir}".encode()
-    run_vars = {f"TORCHELASTIC_RUN_ID={r}".encode() for r in run_ids}
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = set(f.read().split(b"\0"))
-        except OSError:
-            continue
-        if tmp_var in env or env & run_vars:
-            found.append(int(entry))
-    return found
+    return support.processes_with_any_env({"TMPDIR": [tmpdir],
+                                           "TORCHELASTIC_RUN_ID": list(run_ids)})
 
 
 def orphans(kernel_pid, tmpdir, run_ids):

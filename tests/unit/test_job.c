@@ -716,21 +716,6 @@ Test(job, ranks_die_with_their_host)
     remove_dir(log_dir);
 }
 
-/* Whether PID is gone or a zombie nobody has collected yet. */
-static bool dead(pid_t pid)
-{
-    char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int) pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return true;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    const char *paren = strrchr(buf, ')');
-    return paren && paren[1] == ' ' && paren[2] == 'Z';
-}
-
 /* A rank that exits leaving a child running (in its process group): the child
  * ends with it, and does not hold the job. */
 Test(job, a_child_a_rank_leaves_running_ends_with_the_rank)
@@ -746,7 +731,7 @@ Test(job, a_child_a_rank_leaves_running_ends_with_the_rank)
     pid_t child = (pid_t) atoi(at + strlen("GRANDCHILD "));
     bool gone = false;
     for (int i = 0; i < 200 && !gone; i++) {
-        gone = dead(child);
+        gone = process_ended((int) child);
         if (!gone)
             usleep(10000);
     }
