@@ -13,6 +13,7 @@
 #include <time.h>
 
 #define FLUSH_EVERY_MS 2          /* retry of a queue the socket refused */
+#define FLUSH_MAX_PAUSE_MS 50     /* ... backing off to this while nothing leaves */
 #define DESTROY_FLUSH_MS 1000     /* what the queue gets at exit before it is dropped */
 
 typedef struct queued_t {
@@ -110,16 +111,22 @@ static void *flusher_main(void *arg)
     sigset_t all;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, NULL);
+    int pause_ms = FLUSH_EVERY_MS;
     pthread_mutex_lock(&self->lock);
     while (!self->stopping) {
         if (!self->head) {
             pthread_cond_wait(&self->wake, &self->lock);
             continue;
         }
+        size_t before = self->queued;
         flush_locked(self);
         if (self->head) {
+            /* A frontend that reads slowly is retried often; one that has
+             * stopped reading costs at most FLUSH_MAX_PAUSE_MS wake-ups. */
+            pause_ms = self->queued < before ? FLUSH_EVERY_MS
+                       : pause_ms * 2 > FLUSH_MAX_PAUSE_MS ? FLUSH_MAX_PAUSE_MS : pause_ms * 2;
             pthread_mutex_unlock(&self->lock);
-            sleep_ms(FLUSH_EVERY_MS);
+            sleep_ms(pause_ms);
             pthread_mutex_lock(&self->lock);
         }
     }
