@@ -980,8 +980,19 @@ static json_t *run_error(run_t *run)
         snprintf(line, sizeof line, "  %s", fate);
         json_array_append_new(tb, json_string(line));
     }
-    char logs[1200];
-    snprintf(logs, sizeof logs, "Full output of every rank: %s/rank-N.log", dk_job_log_dir(run->job));
+    char logs[1600];
+    int n = snprintf(logs, sizeof logs, "Full output of every rank: %s/rank-N.log",
+                     dk_job_log_dir(run->job));
+    /* Say which logs a full disk cut short, rather than promise every byte. */
+    const char *sep = " (cut short, the disk refused writes: rank ";
+    for (int r = 0; r < run->world && n > 0 && (size_t)n < sizeof logs - 16; r++) {
+        if (dk_job_rank_log_complete(run->job, r))
+            continue;
+        n += snprintf(logs + n, sizeof logs - (size_t)n, "%s%d", sep, r);
+        sep = ", ";
+    }
+    if (strcmp(sep, ", ") == 0 && (size_t)n < sizeof logs - 2)
+        snprintf(logs + n, sizeof logs - (size_t)n, ")");
     json_array_append_new(tb, json_string(logs));
     return json_pack("{s:s, s:s, s:o}", "ename", ename, "evalue", evalue, "traceback", tb);
 }

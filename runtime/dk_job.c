@@ -79,6 +79,7 @@ typedef struct {
     int pidfd;
     int pipe_fd[2];         /* read ends of stdout, stderr; -1 at EOF */
     int log_fd;             /* -1 once a write failed */
+    bool log_failed;        /* a write to the log failed: it is incomplete */
     char *log_path;
     bool reaped;
     bool signalled;         /* the runtime has sent its group a stop signal */
@@ -263,6 +264,9 @@ static void log_bytes(dk_job_t *job, int r, const char *buf, size_t n)
                  "but no longer saved there", r, rk->log_path,
                  w < 0 ? strerror(errno) : "nothing was written");
             close_fd(&rk->log_fd);
+            pthread_mutex_lock(&job->lock);
+            rk->log_failed = true;
+            pthread_mutex_unlock(&job->lock);
             return;
         }
         buf += w;
@@ -868,6 +872,16 @@ dk_rank_state_t dk_job_rank_state(dk_job_t *job, int rank)
     dk_rank_state_t state = job->ranks[rank].state;
     pthread_mutex_unlock(&job->lock);
     return state;
+}
+
+bool dk_job_rank_log_complete(dk_job_t *job, int rank)
+{
+    if (!rank_ok(job, rank))
+        return false;
+    pthread_mutex_lock(&job->lock);
+    bool failed = job->ranks[rank].log_failed;
+    pthread_mutex_unlock(&job->lock);
+    return !failed;
 }
 
 int dk_job_rank_exit_code(dk_job_t *job, int rank)

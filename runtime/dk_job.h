@@ -124,6 +124,8 @@ int dk_job_root_cause(dk_job_t *job);
 /* Per-rank facts, valid after the job ended. */
 dk_rank_state_t dk_job_rank_state(dk_job_t *job, int rank);
 int dk_job_rank_exit_code(dk_job_t *job, int rank);     /* -1 if by signal */
+/* False once a write to the rank's log failed (a full disk): the log is cut short. */
+bool dk_job_rank_log_complete(dk_job_t *job, int rank);
 int dk_job_rank_signal(dk_job_t *job, int rank);        /* 0 if none */
 int dk_job_rank_pid(dk_job_t *job, int rank);
 

@@ -457,3 +457,31 @@ def test_full_log_disk_is_reported_and_the_output_still_reaches_the_cell(
             assert len(kept) < len(output), f"{log} holds everything: no limit was hit"
             assert output.startswith(kept), f"{log} does not hold the start of the output"
         assert_nothing_left(k, run_ids, pids)
+
+
+@pytest.mark.timeout(180)
+def test_a_failed_run_says_which_logs_the_full_disk_cut_short(kernelspec_installed, tmp_path,
+                                                              log_disk):
+    """The error of a run whose logs could not all be written does not promise
+    "full output" there: it names the ranks whose logs were cut short."""
+    env = support.kernel_env(TMPDIR=log_disk.tmpdir, IPYTHONDIR=tmp_path / "ipython")
+    with Tracked(tmp_path, env) as k:
+        log_disk.apply(k)
+        r = k.execute("%%distributed num_processes=2 tracking=False\nimport os\n"
+                      f"for i in range({LINES}):\n"
+                      "    print(f'line {i:05d} ' + 'x' * 90)\n"
+                      "if os.environ['RANK'] == '1':\n"
+                      "    raise ValueError('after the output')\n", timeout=RUN)
+        assert r.status == "error" and r.content["ename"] == "ValueError", r.describe()
+        last = r.content["traceback"][-1]
+        assert last.startswith("Full output of every rank: "), traceback_text(r)
+        # Exactly the ranks warned about while the run went on (rank 0 may have been
+        # ended by the failure before its own log ran out of room).
+        warned = [rank for rank in (0, 1)
+                  if f"cannot write rank {rank}'s log file" in r.stderr]
+        assert 1 in warned, r.stderr
+        named = ", ".join(map(str, warned))
+        assert last.endswith(f"(cut short, the disk refused writes: rank {named})"), last
+        r = k.execute("%%distributed num_processes=2 tracking=False\n"
+                      "import os\nint(os.environ['RANK'])", timeout=RUN)
+        assert r.status == "ok" and r.result == OK_CELL_RESULT, r.describe()
