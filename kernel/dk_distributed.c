@@ -257,14 +257,12 @@ static void sink_output(void *data, int rank, int fd, const char *bytes, size_t 
     long long t = now_ms();
     dk_lines_feed(s->lines, bytes, len, on_line, s);
     flush_batch(s);
-    /* Time spent waiting for a slow frontend (dk_stream's backpressure) is not
-     * time a rank left its line unfinished: that would show every line cut at
-     * a read boundary as a "progress" display. */
-    long long stalled = now_ms() - t;
-    if (stalled >= WAIT_SLICE_MS)
+    /* While the kernel waited for a slow frontend (dk_stream's backpressure) it
+     * read no pipe, so no rank can be known to have stopped writing: each must
+     * be found caught up again before its unfinished line is shown. */
+    if (now_ms() - t >= WAIT_SLICE_MS)
         for (int i = 0; i < run->world * 2; i++)
-            if (run->slots[i].caught_up_ms)
-                run->slots[i].caught_up_ms += stalled;
+            run->slots[i].caught_up_ms = 0;
     pthread_mutex_unlock(&run->lock);
 }
 

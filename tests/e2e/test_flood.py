@@ -266,7 +266,7 @@ def flood(kernel, pause=None):
             "idle_after_reply": idle_after, "rss_before": rss_before}
 
 
-def check_logs(out, tmp_dir):
+def check_logs(out):
     """Every rank's log holds lines 0..n-1 in order, n being the rank's result."""
     reader = out["reader"]
     shown = "".join(reader.text["stdout"])
@@ -372,19 +372,19 @@ def assert_recovered(kernel):
     assert r.status == "ok" and r.result == "rank 0: 0\nrank 1: 1", r.describe()
 
 
-def test_flood_with_a_reader_that_keeps_up(fresh_kernel, tmp_path):
+def test_flood_with_a_reader_that_keeps_up(fresh_kernel):
     out = flood(fresh_kernel)
     assert out["reply"]["content"]["status"] == "ok", out["reply"]["content"]
-    logs = check_logs(out, tmp_path)
+    logs = check_logs(out)
     summarise("reader", out, logs)
     assert_probes(out)
     assert_recovered(fresh_kernel)
 
 
-def test_flood_with_a_reader_that_stalls_for_4_s(fresh_kernel, tmp_path):
+def test_flood_with_a_reader_that_stalls_for_4_s(fresh_kernel):
     out = flood(fresh_kernel, pause=(2.0, 4.0))
     assert out["reply"]["content"]["status"] == "ok", out["reply"]["content"]
-    logs = check_logs(out, tmp_path)
+    logs = check_logs(out)
     summarise("stalled", out, logs)
     # Ranks at full speed make far more in 4 s than IOPub holds: the kernel waits
     # 500 ms, then thins. (Under the sanitizers the kernel itself may be slow
