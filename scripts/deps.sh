@@ -16,6 +16,8 @@ PKGS=(
   libcriterion-dev python3-pytest python3-pytest-timeout python3-psutil python3-zmq
   python3-jupyter-client python3-jupyter-kernel-test python3-nbclient python3-nbconvert
   python3-nbformat jupyter-nbconvert python3-tqdm python3-torch
+  # ipykernel's own test modules, run against distkernel (tests/ipykernel/)
+  python3-flaky python3-debugpy
   # fuzzing (scripts/fuzz.sh): libFuzzer and the sanitizer runtimes for clang
   libclang-rt-dev
   # benchmarks (bench/): the ipyparallel %%px reference
