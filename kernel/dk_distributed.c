@@ -929,8 +929,10 @@ static void describe_rank(run_t *run, int r, int root, char *out, size_t outlen)
         snprintf(out + strlen(out), outlen - strlen(out), "   <- root cause (first failure)");
 }
 
-/* The error of a run that did not end OK: {ename, evalue, traceback}. */
-static json_t *run_error(run_t *run)
+/* The error of a run that did not end OK: {ename, evalue, traceback}. With
+ * HEADLINE, the traceback starts with "ename: evalue", for a cell's error
+ * output; a .distributed() call's exception gets its headline in Python. */
+static json_t *run_error(run_t *run, bool headline)
 {
     dk_job_end_t end = dk_job_end(run->job);
     int root = end == DK_END_FAILED ? dk_job_root_cause(run->job) : -1;
@@ -992,6 +994,17 @@ static json_t *run_error(run_t *run)
     if (strcmp(sep, ", ") == 0 && (size_t)n < sizeof logs - 2)
         snprintf(logs + n, sizeof logs - (size_t)n, ")");
     json_array_append_new(tb, json_string(logs));
+    /* The first line says what happened: some frontends (Notebook 6) show the
+     * traceback list and nothing else, not ename and evalue. Coloured as
+     * IPython colours the exception line of a traceback. */
+    const char *first = json_string_value(json_array_get(tb, 0));
+    if (headline && first && *first)
+        json_array_insert_new(tb, 0, json_string(""));
+    if (headline) {
+        char line[1400];
+        snprintf(line, sizeof line, "\x1b[0;31m%s\x1b[0m: %s", ename, evalue);
+        json_array_insert_new(tb, 0, json_string(line));
+    }
     return json_pack("{s:s, s:s, s:o}", "ename", ename, "evalue", evalue, "traceback", tb);
 }
 
@@ -1093,7 +1106,7 @@ static int distributed_magic(void *host, const char *args, const char *body)
         Py_XDECREF(bundle);
     } else {
         publish_status(run, run->interrupted ? "interrupted" : "failed", true);
-        json_t *e = run_error(run);
+        json_t *e = run_error(run, true);
         dk_exec_error(ex, json_string_value(json_object_get(e, "ename")),
                       json_string_value(json_object_get(e, "evalue")),
                       json_object_get(e, "traceback"));
@@ -1126,7 +1139,7 @@ PyObject *dk_distributed_run_job(PyObject *self, PyObject *args)
                                 run->tracked.active ? run->tracked.url : "");
     } else {
         publish_status(run, run->interrupted ? "interrupted" : "failed", true);
-        json_t *e = run_error(run);
+        json_t *e = run_error(run, false);
         PyObject *tb = PyList_New(0);
         size_t i;
         json_t *line;

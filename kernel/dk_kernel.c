@@ -266,8 +266,12 @@ static char *handle_execute(dk_kernel_t *k, dk_msg_t *req, const char *content_t
     return dk_python_handle("execute_request", content_text, NULL, 0);
 }
 
-/* After a failed cell with stop_on_error, answer what is already queued on shell
- * with status "aborted", as ipykernel does, instead of running it. */
+static void handle_shell(dk_kernel_t *k, dk_msg_t *req);
+
+/* After a failed cell with stop_on_error, answer the execute_requests already
+ * queued on shell with status "aborted", as ipykernel does, instead of running
+ * them. Every other request in the queue (kernel_info, inspect, comm_info, ...)
+ * is answered as usual, in its turn: only cells depend on the one that failed. */
 static void abort_queued(dk_kernel_t *k)
 {
     zpoller_t *poller = zpoller_new(k->shell, NULL);
@@ -275,11 +279,15 @@ static void abort_queued(dk_kernel_t *k)
         dk_msg_t *req = recv_msg(k, k->shell, "shell");
         if (!req)
             continue;
+        if (strcmp(req->msg_type, "execute_request") != 0) {
+            handle_shell(k, req);
+            dk_msg_destroy(&req);
+            continue;
+        }
         char *parent = json_dumps(req->header, JSON_COMPACT);
         char *reply_type = reply_type_for(req->msg_type);
         dk_iopub_status(k->iopub, "busy", parent);
-        if (strstr(req->msg_type, "_request"))
-            send_reply_text(k, k->shell, req, reply_type, "{\"status\":\"aborted\"}");
+        send_reply_text(k, k->shell, req, reply_type, "{\"status\":\"aborted\"}");
         dk_iopub_status(k->iopub, "idle", parent);
         free(parent);
         free(reply_type);
@@ -324,11 +332,24 @@ static char *refusal_text(const char *why, json_t **error_out)
     return text;
 }
 
+/* connect_reply: the ports of the kernel's channels (deprecated in the spec,
+ * still sent by some clients; ipykernel answers it the same way). */
+static char *connect_reply_text(dk_kernel_t *k)
+{
+    json_t *c = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i}", "status", "ok", "shell_port",
+                          k->conn.ports[DK_CHAN_SHELL], "iopub_port", k->conn.ports[DK_CHAN_IOPUB],
+                          "stdin_port", k->conn.ports[DK_CHAN_STDIN], "control_port",
+                          k->conn.ports[DK_CHAN_CONTROL], "hb_port", k->conn.ports[DK_CHAN_HB]);
+    char *text = c ? json_dumps(c, JSON_COMPACT) : NULL;
+    json_decref(c);
+    return text;
+}
+
 static void handle_shell(dk_kernel_t *k, dk_msg_t *req)
 {
     const char *t = req->msg_type;
     bool known = strcmp(t, "kernel_info_request") == 0 || strcmp(t, "execute_request") == 0 ||
-                 is_python_request(t) || is_comm_message(t);
+                 strcmp(t, "connect_request") == 0 || is_python_request(t) || is_comm_message(t);
     if (!known) {
         dk_log("ignored a shell message of unknown type '%s'", t);
         return;
@@ -365,6 +386,8 @@ static void handle_shell(dk_kernel_t *k, dk_msg_t *req)
         json_decref(error);
     } else if (strcmp(t, "kernel_info_request") == 0) {
         reply = json_dumps(k->kernel_info, JSON_COMPACT);
+    } else if (strcmp(t, "connect_request") == 0) {
+        reply = connect_reply_text(k);
     } else {
         char *content_text = json_dumps(req->content, JSON_COMPACT);
         if (strcmp(t, "execute_request") == 0) {
@@ -382,16 +405,20 @@ static void handle_shell(dk_kernel_t *k, dk_msg_t *req)
         free(content_text);
     }
     dk_stream_flush(k->stream);
+    bool abort = false;
     if (reply) {
         send_reply_text(k, k->shell, req, reply_type, reply);
-        if (stop_on_error && strstr(reply, "\"status\":\"error\""))
-            abort_queued(k);
+        abort = stop_on_error && strstr(reply, "\"status\":\"error\"");
     }
     dk_iopub_status(k->iopub, "idle", NULL);
     k->request = NULL;
     free(reply);
     free(reply_type);
     free(parent);
+    /* After this request's idle: the queued requests answered here have
+     * their own parents. */
+    if (abort)
+        abort_queued(k);
 }
 
 /* ---- stdin ------------------------------------------------------------------ */

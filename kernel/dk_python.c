@@ -108,6 +108,14 @@ static PyObject *py_flush(PyObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+static PyObject *py_fork_source(PyObject *self, PyObject *unused)
+{
+    int fds[2];
+    if (dk_stream_fork_source(dk_kernel_stream(dk_kernel_current()), fds) < 0)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(ii)", fds[0], fds[1]);
+}
+
 static PyObject *py_input_request(PyObject *self, PyObject *args)
 {
     const char *prompt;
@@ -206,6 +214,9 @@ static PyMethodDef module_methods[] = {
     {"stream_write", (PyCFunction)(void (*)(void))py_stream_write, METH_FASTCALL,
      "stream_write(fd, text): append text to the cell's stdout (1) or stderr (2)."},
     {"flush", py_flush, METH_NOARGS, "flush(): publish buffered output now."},
+    {"fork_source", py_fork_source, METH_NOARGS,
+     "fork_source() -> (stdout_fd, stderr_fd) or None: pipes for a child about to be "
+     "forked, whose output belongs to the running cell."},
     {"input_request", py_input_request, METH_VARARGS,
      "input_request(prompt, password=False): ask the frontend for a line."},
     {"parent", py_parent, METH_NOARGS, "parent(): the current parent header (JSON)."},

@@ -23,6 +23,14 @@
 
 #define BACKPRESSURE_MS 500   /* how long writers wait for a full IOPub before thinning */
 #define RETRY_EVERY_MS 2       /* between offers while IOPub is full */
+#define MAX_SOURCES 256        /* forked children with pipes of their own */
+
+/* The fd 1 and 2 of a process forked from the kernel (and of what it starts):
+ * its output belongs to the cell that was running when it was forked. */
+typedef struct {
+    int rd[2];               /* read ends; -1 once at EOF */
+    char *parent;            /* the parent header at fork time */
+} source_t;
 
 typedef struct {
     char *data;
@@ -45,6 +53,8 @@ struct dk_stream_t {
     bool thinning;           /* waited BACKPRESSURE_MS already; drop until IOPub takes */
     char *thin_hint;         /* where the full output is, for the notice */
     unsigned long long thinned_lines, thinned_bytes;   /* totals */
+    source_t sources[MAX_SOURCES];
+    int n_sources;
 };
 
 static const char *stream_names[2] = {"stdout", "stderr"};
@@ -223,6 +233,74 @@ static void mark_pending_locked(dk_stream_t *self)
     }
 }
 
+/* Publish LEN bytes a forked child wrote to stream I, under PARENT: the cell it
+ * was forked in has ended, so its output goes there and not into the running
+ * cell. Queued, not offered: a child that outlived its cell writes little, and
+ * what it wrote must not be lost. Lock held. */
+static void publish_late_locked(dk_stream_t *self, int i, const char *parent, const char *data,
+                                size_t len)
+{
+    size_t text_len;
+    char *text = dk_utf8_sanitize(data, len, &text_len);
+    json_t *content = text ? json_pack("{s:s, s:s%}", "name", stream_names[i], "text", text,
+                                       text_len)
+                           : NULL;
+    char *content_text = content ? json_dumps(content, JSON_COMPACT) : NULL;
+    if (content_text)
+        dk_iopub_publish_text(self->iopub, "stream", content_text, NULL, parent, NULL, 0);
+    free(content_text);
+    json_decref(content);
+    free(text);
+}
+
+/* Read what fd I of source S holds now. Into the running cell's buffers if the
+ * child was forked in it (its order with the cell's own output kept), else
+ * published under the child's cell. At EOF (every writer gone) the read end
+ * is closed. Lock held. */
+static void drain_source_locked(dk_stream_t *self, source_t *src, int i, const char *current)
+{
+    char chunk[16384];
+    bool same_cell = current && strcmp(current, src->parent) == 0;
+    for (;;) {
+        ssize_t n = read(src->rd[i], chunk, sizeof chunk);
+        if (n > 0) {
+            if (same_cell)
+                add_locked(self, i, chunk, (size_t)n);
+            else
+                publish_late_locked(self, i, src->parent, chunk, (size_t)n);
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n == 0) {
+            close(src->rd[i]);
+            src->rd[i] = -1;
+        }
+        break;
+    }
+}
+
+/* Drain every source; forget those whose both ends are closed. Lock held. */
+static void drain_sources_locked(dk_stream_t *self)
+{
+    if (self->n_sources == 0)
+        return;
+    char *current = dk_iopub_parent(self->iopub);
+    int kept = 0;
+    for (int s = 0; s < self->n_sources; s++) {
+        source_t *src = &self->sources[s];
+        for (int i = 0; i < 2; i++)
+            if (src->rd[i] >= 0)
+                drain_source_locked(self, src, i, current);
+        if (src->rd[0] < 0 && src->rd[1] < 0)
+            free(src->parent);
+        else
+            self->sources[kept++] = *src;
+    }
+    self->n_sources = kept;
+    free(current);
+}
+
 /* Read what the pipes hold right now into the buffers. Lock held. */
 static void drain_locked(dk_stream_t *self)
 {
@@ -239,6 +317,7 @@ static void drain_locked(dk_stream_t *self)
             break;
         }
     }
+    drain_sources_locked(self);
 }
 
 /* Publish both buffers (FORCE: see publish_locked). Lock held. */
@@ -268,10 +347,20 @@ static void *reader_main(void *arg)
             long long left = deadline - now_ms();
             timeout = left > 0 ? (int)left : 0;
         }
-        struct pollfd fds[3] = {{self->pipe_rd[0], POLLIN, 0},
-                                {self->pipe_rd[1], POLLIN, 0},
-                                {self->wake[0], POLLIN, 0}};
-        int rc = poll(fds, 3, timeout);
+        /* The sources' read ends, as they are now: a source added meanwhile
+         * wakes this thread through the wake pipe. */
+        struct pollfd fds[3 + 2 * MAX_SOURCES];
+        int nfds = 3;
+        fds[0] = (struct pollfd){self->pipe_rd[0], POLLIN, 0};
+        fds[1] = (struct pollfd){self->pipe_rd[1], POLLIN, 0};
+        fds[2] = (struct pollfd){self->wake[0], POLLIN, 0};
+        pthread_mutex_lock(&self->lock);
+        for (int s = 0; s < self->n_sources; s++)
+            for (int i = 0; i < 2; i++)
+                if (self->sources[s].rd[i] >= 0)
+                    fds[nfds++] = (struct pollfd){self->sources[s].rd[i], POLLIN, 0};
+        pthread_mutex_unlock(&self->lock);
+        int rc = poll(fds, (nfds_t)nfds, timeout);
         if (rc < 0 && errno != EINTR)
             break;
         if (fds[2].revents & POLLIN) {
@@ -279,8 +368,12 @@ static void *reader_main(void *arg)
             while (read(self->wake[0], tmp, sizeof tmp) > 0) {
             }
         }
+        bool ready = false;
+        for (int f = 0; f < nfds; f++)
+            if (f != 2 && (fds[f].revents & (POLLIN | POLLHUP)))
+                ready = true;
         pthread_mutex_lock(&self->lock);
-        if ((fds[0].revents | fds[1].revents) & (POLLIN | POLLHUP)) {
+        if (ready) {
             drain_locked(self);
             mark_pending_locked(self);
         }
@@ -351,6 +444,35 @@ fail:
     return NULL;
 }
 
+int dk_stream_fork_source(dk_stream_t *self, int write_fds[2])
+{
+    int p[2][2] = {{-1, -1}, {-1, -1}};
+    pthread_mutex_lock(&self->lock);
+    char *parent = self->n_sources < MAX_SOURCES ? dk_iopub_parent(self->iopub) : NULL;
+    if (!parent || pipe2(p[0], O_CLOEXEC) < 0 || pipe2(p[1], O_CLOEXEC) < 0) {
+        for (int i = 0; i < 2; i++)
+            if (p[i][0] >= 0) {
+                close(p[i][0]);
+                close(p[i][1]);
+            }
+        free(parent);
+        pthread_mutex_unlock(&self->lock);
+        return -1;
+    }
+    source_t *src = &self->sources[self->n_sources++];
+    src->parent = parent;
+    for (int i = 0; i < 2; i++) {
+        set_nonblock(p[i][0]);
+        src->rd[i] = p[i][0];
+        write_fds[i] = p[i][1];
+    }
+    pthread_mutex_unlock(&self->lock);
+    char c = 1;
+    ssize_t w = write(self->wake[1], &c, 1);
+    (void)w;
+    return 0;
+}
+
 void dk_stream_destroy(dk_stream_t **self_p)
 {
     if (!self_p || !*self_p)
@@ -369,6 +491,12 @@ void dk_stream_destroy(dk_stream_t **self_p)
         close(self->saved_fd[i]);
         close(self->pipe_rd[i]);
         free(self->buf[i].data);
+    }
+    for (int s = 0; s < self->n_sources; s++) {
+        for (int i = 0; i < 2; i++)
+            if (self->sources[s].rd[i] >= 0)
+                close(self->sources[s].rd[i]);
+        free(self->sources[s].parent);
     }
     free(self->thin_hint);
     close(self->wake[0]);

@@ -54,6 +54,18 @@ void dk_stream_write(dk_stream_t *self, dk_stream_name_t name, const char *buf, 
  * two read() calls per call. Thread-safe. */
 void dk_stream_append(dk_stream_t *self, dk_stream_name_t name, const char *buf, size_t len);
 
+/* Pipes for the fd 1 and 2 of a process about to be forked from the kernel
+ * (os.fork, multiprocessing, DataLoader workers): WRITE_FDS gets their write
+ * ends (O_CLOEXEC), which the child puts on fd 1 and 2 and the kernel closes
+ * once the child exists. What the child, and whatever it starts, writes there
+ * belongs to the cell running now: while that cell runs it joins the cell's
+ * output in order; once another cell runs it is published under this one, so
+ * a child that outlives its cell never writes into a later cell. The pipes
+ * close when every writer is gone. Returns -1 (nothing made) when too many
+ * forked children are alive, or without descriptors: the child then writes
+ * to the kernel's own fd 1 and 2. Thread-safe. */
+int dk_stream_fork_source(dk_stream_t *self, int write_fds[2]);
+
 /* Flush C stdio, drain the pipes and publish both buffers now. Thread-safe. */
 void dk_stream_flush(dk_stream_t *self);
 

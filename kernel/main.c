@@ -9,6 +9,7 @@
 #include "dk_kernel.h"
 
 #include <czmq.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -22,8 +23,35 @@ static void usage(FILE *out)
             "pick \"distkernel\" in Jupyter, or `jupyter console --kernel distkernel`.\n");
 }
 
+/* Do not trust the signal state we inherit. A server started in the background
+ * by a script (`jupyter notebook &`, nohup, many container entrypoints) passes
+ * SIGINT, and sometimes SIGHUP or SIGQUIT, as ignored, and may pass a blocked
+ * mask; ignored dispositions and the mask survive exec, so every process the
+ * kernel starts (`!cmd`, subprocess, multiprocessing) would inherit them too.
+ * Every ignored signal goes back to its default and the mask is emptied.
+ * SIGINT is the exception until Python is up: its default would kill the
+ * kernel, so it stays as inherited and the glue installs Python's
+ * KeyboardInterrupt handler itself (what ipykernel does too), whatever
+ * CPython's own initialisation decided from the inherited state. */
+static void reset_inherited_signals(void)
+{
+    for (int sig = 1; sig < NSIG; sig++) {
+        struct sigaction sa;
+        if (sig == SIGKILL || sig == SIGSTOP || sig == SIGINT || sigaction(sig, NULL, &sa) != 0)
+            continue;
+        if (!(sa.sa_flags & SA_SIGINFO) && sa.sa_handler == SIG_IGN) {
+            sa.sa_handler = SIG_DFL;
+            sigaction(sig, &sa, NULL);
+        }
+    }
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+}
+
 int main(int argc, char **argv)
 {
+    reset_inherited_signals();
     /* CZMQ would install SIGINT/SIGTERM handlers of its own on first use; the
      * interpreter's handler must be the one that sees SIGINT. */
     zsys_handler_set(NULL);

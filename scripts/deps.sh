@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Install what distkernel needs to build, run and be tested, from Debian 12's
-# packages. Run as root (or with sudo available). Safe to run again.
+# packages. Safe to run again; it installs only what is missing.
+#
+# Only the install needs root: as root (a fresh container, where sudo is often
+# not installed) apt-get runs as it is; as another user it runs through sudo,
+# and nothing else the scripts do is elevated.
 set -euo pipefail
-SUDO=""
-if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+SUDO=()
+if [ "$(id -u)" != 0 ]; then SUDO=(sudo); fi
 
 PKGS=(
   # build
@@ -17,7 +21,7 @@ PKGS=(
   python3-jupyter-client python3-jupyter-kernel-test python3-nbclient python3-nbconvert
   python3-nbformat jupyter-nbconvert python3-tqdm python3-torch
   # ipykernel's own test modules, run against distkernel (tests/ipykernel/)
-  python3-flaky python3-debugpy
+  python3-flaky python3-debugpy python3-matplotlib
   # fuzzing (scripts/fuzz.sh): libFuzzer and the sanitizer runtimes for clang
   libclang-rt-dev
   # benchmarks (bench/): the ipyparallel %%px reference
@@ -30,6 +34,13 @@ for p in "${PKGS[@]}"; do
 done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "distkernel: installing ${missing[*]}"
-  $SUDO apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+  if [ ${#SUDO[@]} -gt 0 ] && ! command -v sudo > /dev/null; then
+    echo "distkernel: these Debian packages are missing and installing them needs root:" >&2
+    echo "  ${missing[*]}" >&2
+    echo "run this script as root, or install sudo, or install them yourself with apt-get" >&2
+    exit 1
+  fi
+  "${SUDO[@]}" apt-get update -q
+  "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+    "${missing[@]}"
 fi

@@ -25,6 +25,21 @@ end_to_end() {   # BUILD PREFIX [pytest args]
     DISTKERNEL_FIGURES_DIR=$build/figures \
     /usr/bin/python3 -m pytest tests/e2e -q -p no:cacheprovider "$@"
 }
+ipykernel_suite() {   # PREFIX: ipykernel's own test modules, pointed at distkernel
+  echo "== ipykernel's test_message_spec, test_kernel and test_debugger against distkernel ($1) =="
+  PYTHONPATH=tests/ipykernel JUPYTER_PATH="$1/share/jupyter" \
+    /usr/bin/python3 -m pytest -q -p no:cacheprovider -p dk_ipykernel_plugin -rs --timeout 300 \
+    --pyargs ipykernel.tests.test_message_spec ipykernel.tests.test_kernel ipykernel.tests.test_debugger
+}
+sigint_ignored() {   # PREFIX: the interrupt tests again, from a shell that ignores SIGINT
+  # As when a script starts the notebook server in the background: every
+  # process it starts, the kernel included, inherits SIGINT ignored.
+  echo "== interrupt tests with SIGINT ignored by the launching shell ($1) =="
+  DISTKERNEL_PREFIX=$1 /usr/bin/python3 -c \
+    'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); os.execv(sys.argv[1], sys.argv[1:])' \
+    /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/e2e/test_interrupt.py tests/e2e/test_parity.py \
+    -k "interrupt or pdb or input"
+}
 figures() {      # BUILD: what the reliability tests measured, for the README
   echo "== figures ($1) =="
   for f in "$1"/figures/*.json; do
@@ -39,6 +54,10 @@ BUILD=build-test PREFIX=$PWD/build-test/prefix scripts/build.sh
 units build-test
 rm -rf build-test/figures
 end_to_end build-test "$PWD/build-test/prefix" "$@"
+if [ $# -eq 0 ]; then
+  ipykernel_suite "$PWD/build-test/prefix"
+  sigint_ignored "$PWD/build-test/prefix"
+fi
 figures build-test
 
 if [ "${SANITIZE:-1}" != 0 ]; then

@@ -58,7 +58,10 @@ def _option_text(options):
 def _function_payload(fn, args, kwargs):
     import cloudpickle
 
-    job = {"kind": "function", "fn": fn, "args": args, "kwargs": kwargs}
+    import sys
+
+    job = {"kind": "function", "fn": fn, "args": args, "kwargs": kwargs,
+           "sys_path": list(sys.path)}
     try:
         return cloudpickle.dumps(job, protocol=5)
     except Exception as exc:
@@ -111,13 +114,57 @@ class DistributedFunction:
                                "select the 'distkernel' kernel for this notebook") from None
         import cloudpickle
 
-        payload = _function_payload(self._fn, args, kwargs)
-        results, log_dir, run_url = _distkernel.run_job(_option_text(self._options), payload)
+        try:
+            payload = _function_payload(self._fn, args, kwargs)
+            results, log_dir, run_url = _distkernel.run_job(_option_text(self._options), payload)
+        except BaseException as exc:
+            _show_without_internal_frames(exc)
+            raise
         out = DistributedResult(
             cloudpickle.loads(blob) if blob is not None else None for blob in results)
         out.log_dir = log_dir
         out.run_url = run_url or None
         return out
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _show_without_internal_frames(exc):
+    """What the notebook shows for an error of a .distributed() call: a first
+    line that says what happened (Notebook 6 shows only the traceback list),
+    then the user's own frames; distkernel's are left out, they only say how
+    the error reached the cell. IPython renders an exception through its
+    _render_traceback_ when it has one, as it does for ipyparallel's."""
+    def render():
+        tb = _user_frames(exc.__traceback__)
+        summary = str(exc).split("\n", 1)[0]
+        headline = f"\x1b[0;31m{type(exc).__name__}\x1b[0m: {summary}"
+        try:
+            from IPython import get_ipython
+            shell = get_ipython()
+            stb = shell.InteractiveTB.structured_traceback(type(exc), exc, tb)
+        except Exception:
+            import traceback
+            stb = [line.rstrip("\n") for line in traceback.format_exception(type(exc), exc, tb)]
+        return [headline, *stb]
+
+    try:
+        exc._render_traceback_ = render
+    except AttributeError:
+        pass
+
+
+def _user_frames(tb):
+    """The traceback TB without the frames of distkernel's own modules."""
+    kept = []
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+            kept.append(tb)
+        tb = tb.tb_next
+    for this, after in zip(kept, kept[1:] + [None]):
+        this.tb_next = after
+    return kept[0] if kept else None
 
 
 def distributed(fn=None, **options):

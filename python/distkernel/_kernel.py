@@ -18,9 +18,17 @@ import io
 import json
 import math
 import os
+import signal
 import sys
+import threading
 
 import _distkernel
+
+# The process that runs the kernel. A process forked from it (multiprocessing's
+# default start method, os.fork(), DataLoader workers) has a copy of this
+# module but none of the kernel's threads, and its copy of the ZeroMQ sockets
+# must never be used: its output goes to fd 1 and 2 instead (see _in_child).
+_KERNEL_PID = os.getpid()
 
 
 def _defer_terminal_import():
@@ -90,8 +98,24 @@ def dumps(obj):
 
 
 def publish(msg_type, content, metadata=None, buffers=None):
+    if os.getpid() != _KERNEL_PID:
+        _publish_from_child(msg_type, content)
+        return
     _distkernel.publish(msg_type, dumps(content),
                         dumps(metadata) if metadata else None, buffers)
+
+
+def _publish_from_child(msg_type, content):
+    """A forked child cannot reach IOPub (the kernel's sockets are not
+    fork-safe): what it displays is shown as its plain text on stdout, which
+    reaches the running cell through fd 1 like the rest of its output."""
+    data = content.get("data") if isinstance(content, dict) else None
+    if msg_type in ("display_data", "update_display_data", "execute_result") and data:
+        text = data.get("text/plain")
+        if text:
+            sys.stdout.write(str(text) + "\n")
+    elif msg_type == "error":
+        sys.stderr.write("\n".join(content.get("traceback") or []) + "\n")
 
 
 # ---- output streams ------------------------------------------------------------
@@ -124,11 +148,73 @@ class OutStream(io.TextIOBase):
     def write(self, text):
         if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        if os.getpid() != _KERNEL_PID:
+            return _write_fd(self._fd, text)
         _distkernel.stream_write(self._fd, text)
         return len(text)
 
     def flush(self):
-        _distkernel.flush()
+        if os.getpid() == _KERNEL_PID:
+            _distkernel.flush()
+
+    def _is_master_process(self):
+        """True in the kernel's own process, False in a process forked from it
+        (the name ipykernel's OutStream uses, which code in the wild calls)."""
+        return os.getpid() == _KERNEL_PID
+
+
+def _write_fd(fd, text):
+    """Write TEXT to FD at once, whole. In a forked child fd 1 and 2 are the
+    kernel's capture pipes, so what a child prints reaches the running cell in
+    the order it was written, and nothing waits in a buffer that os._exit (or a
+    crash) would lose."""
+    data = text.encode("utf-8", "replace")
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(fd, view)
+        except InterruptedError:
+            continue
+        view = view[n:]
+    return len(text)
+
+
+_forking = threading.local()
+
+
+def _before_fork():
+    """In the kernel, before a fork: pipes of its own for the child's fd 1 and 2,
+    so that what it writes, even after its cell has ended, goes to the cell
+    that forked it (dk_stream_fork_source)."""
+    if os.getpid() == _KERNEL_PID:
+        _forking.fds = _distkernel.fork_source()
+
+
+def _after_fork_in_parent():
+    fds, _forking.fds = getattr(_forking, "fds", None), None
+    for fd in fds or ():
+        os.close(fd)
+
+
+def _in_child():
+    """After a fork: the child has no kernel threads. Its fd 1 and 2 become the
+    pipes made for it; its sys.stdout and sys.stderr (our OutStreams, or
+    anything that wraps them) write straight to fd 1 and 2 from now on
+    (OutStream.write checks the pid), and input() and getpass fail cleanly
+    instead of waiting on the kernel's stdin socket."""
+    fds, _forking.fds = getattr(_forking, "fds", None), None
+    if fds:
+        os.dup2(fds[0], 1)
+        os.dup2(fds[1], 2)
+        os.close(fds[0])
+        os.close(fds[1])
+    builtins.input = _child_input
+    _getpass_module.getpass = _child_input
+
+
+def _child_input(*args, **kwargs):
+    raise EOFError("input() in a process forked from the kernel: only the kernel's own "
+                   "process can ask the frontend for input")
 
 
 # ---- display -----------------------------------------------------------------
@@ -206,8 +292,17 @@ class KernelShell(InteractiveShell):
 
 class Kernel:
     def __init__(self):
+        # As ipykernel (through IPython's InteractiveShellApp): the working
+        # directory first, so a module next to the notebook imports, and
+        # `%cd` moves where imports look. Ranks get this sys.path too.
+        if "" not in sys.path:
+            sys.path.insert(0, "")
         sys.stdout = OutStream(1, "<stdout>")
         sys.stderr = OutStream(2, "<stderr>")
+        os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                            after_in_child=_in_child)
+        self._saved_sigint = None
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         if "MPLBACKEND" not in os.environ:
             import importlib.util
             if importlib.util.find_spec("matplotlib_inline") is not None:
@@ -220,6 +315,7 @@ class Kernel:
         builtins.input = self.raw_input
         _getpass_module.getpass = self.getpass
         self._register_native_magics()
+        self._interruptible_pdb()
         self.handlers = {
             "execute_request": self.execute,
             "complete_request": self.complete,
@@ -251,6 +347,35 @@ class Kernel:
         # client loop) is written in one go.
         self._history_cache_size = hm.db_cache_size
         hm.db_cache_size = sys.maxsize
+
+    @staticmethod
+    def _interruptible_pdb():
+        """pdb.set_trace() and breakpoint() stop at IPython's InterruptiblePdb,
+        as in ipykernel: an interrupt while it waits for a command ends the
+        cell instead of printing --KeyboardInterrupt-- and asking again, which
+        left the kernel waiting forever."""
+        import pdb
+
+        from IPython.core import debugger
+        debugger.Pdb = debugger.InterruptiblePdb
+        pdb.Pdb = debugger.InterruptiblePdb
+        pdb.set_trace = debugger.set_trace
+
+    def arm_interrupt(self):
+        """Before a cell: SIGINT raises KeyboardInterrupt, whatever handler the
+        kernel inherited (ignored, when a script started the server in the
+        background) or a cell installed. disarm_interrupt puts back a cell's
+        own handler afterwards, as ipykernel does."""
+        self._saved_sigint = signal.getsignal(signal.SIGINT)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def disarm_interrupt(self):
+        saved, self._saved_sigint = self._saved_sigint, None
+        if saved is not None and saved is not signal.default_int_handler:
+            try:
+                signal.signal(signal.SIGINT, saved)
+            except (TypeError, ValueError):
+                pass
 
     def history_pending(self):
         hm = self.shell.history_manager
@@ -308,10 +433,12 @@ class Kernel:
         if not silent:
             publish("execute_input", {"code": code, "execution_count": shell.execution_count})
         shell.last_error = None
+        self.arm_interrupt()
         try:
             result = shell.run_cell(code, store_history=store_history, silent=silent)
         finally:
             self.allow_stdin = False
+            self.disarm_interrupt()
         count = shell.execution_count - 1 if store_history else shell.execution_count
         if result.success:
             reply = {"status": "ok", "execution_count": count,
@@ -328,6 +455,7 @@ class Kernel:
 
     def native_begin(self, code, silent, store_history):
         shell = self.shell
+        self.arm_interrupt()
         count = shell.execution_count
         if store_history:
             shell.history_manager.store_inputs(count, code, code)
@@ -338,6 +466,7 @@ class Kernel:
         return count
 
     def native_finish(self, count, error_json, user_expressions_json):
+        self.disarm_interrupt()
         if error_json:
             return dumps({"status": "error", "execution_count": count, "payload": [],
                           "user_expressions": {}, **json.loads(error_json)})

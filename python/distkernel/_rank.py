@@ -124,9 +124,7 @@ def _main():
     try:
         job = cloudpickle.loads(payload)
         del payload
-        for entry in job.get("sys_path", []):
-            if entry not in sys.path:
-                sys.path.append(entry)
+        _use_kernel_sys_path(job.get("sys_path", []))
         if job["kind"] == "cell":
             for name, blob in job["names"].items():
                 main_ns[name] = cloudpickle.loads(blob)
@@ -151,6 +149,13 @@ def _main():
     channel.send(bc.RESULT, blob)
     channel.close()
     return 0
+
+
+def _use_kernel_sys_path(kernel_path):
+    """Import as the notebook does: the kernel's sys.path, in its order ('' first,
+    the working directory, which the rank shares with the kernel), then what
+    only the rank has."""
+    sys.path[:] = list(kernel_path) + [p for p in sys.path if p not in kernel_path]
 
 
 class _Unpicklable:

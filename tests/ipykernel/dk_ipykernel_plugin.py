@@ -31,6 +31,10 @@ manager.start_new_kernel = _start_distkernel
 
 # Tests about ipykernel itself, not about the behaviour of a Python kernel.
 NOT_APPLICABLE = {
+    # It checks implementation_version >= 2.1, ipykernel's own version number.
+    "test_kernel_info_request": "compares implementation_version with ipykernel's (>= 2.1)",
+    # It starts the kernel with ipykernel's --profile-dir command-line option.
+    "test_sys_path_profile_dir": "starts the kernel with ipykernel's --profile-dir argument",
 }
 
 
