@@ -58,9 +58,15 @@ def _option_text(options):
 def _function_payload(fn, args, kwargs):
     import cloudpickle
 
+    from distkernel import _cells
+
     job = {"kind": "function", "fn": fn, "args": args, "kwargs": kwargs}
     try:
-        return cloudpickle.dumps(job, protocol=5)
+        sources = {}
+        blob = _cells.dumps_with_sources(job, sources)
+        # The rank puts the sources of the notebook's cells in linecache first.
+        return cloudpickle.dumps({"kind": "function", "job": blob, "sources": sources},
+                                 protocol=5)
     except Exception as exc:
         culprit = _find_unsendable(fn, args, kwargs)
         raise TypeError(
@@ -104,6 +110,7 @@ class DistributedFunction:
         return self._fn(*args, **kwargs)
 
     def distributed(self, *args, **kwargs):
+        __tracebackhide__ = True  # IPython shows the user's frames, not ours
         try:
             import _distkernel
         except ImportError:

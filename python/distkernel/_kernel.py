@@ -21,6 +21,7 @@ import os
 import sys
 
 import _distkernel
+from distkernel import _cells
 
 
 def _defer_terminal_import():
@@ -166,6 +167,7 @@ class KernelDisplayHook(DisplayHook):
 class KernelShell(InteractiveShell):
     display_pub_class = KernelDisplayPublisher
     displayhook_class = KernelDisplayHook
+    compiler_class = _cells.CellCompiler   # cells compile as files named by hash
 
     def __init__(self, **kw):
         super().__init__(**kw)
@@ -329,6 +331,8 @@ class Kernel:
     def native_begin(self, code, silent, store_history):
         shell = self.shell
         count = shell.execution_count
+        _cells.native_cell = code
+        shell.compile.cache(code, count)
         if store_history:
             shell.history_manager.store_inputs(count, code, code)
         if not silent:
@@ -338,6 +342,7 @@ class Kernel:
         return count
 
     def native_finish(self, count, error_json, user_expressions_json):
+        _cells.native_cell = None
         if error_json:
             return dumps({"status": "error", "execution_count": count, "payload": [],
                           "user_expressions": {}, **json.loads(error_json)})
@@ -432,3 +437,4 @@ class Kernel:
             self.shell.atexit_operations()
         except Exception:
             pass
+        _cells.files.remove()
