@@ -147,3 +147,23 @@ def test_the_cell_directory_goes_at_shutdown(fresh_kernel):
     fresh_kernel.kc.stop_channels()
     fresh_kernel.km.shutdown_kernel(now=False)
     assert not os.path.exists(directory)
+
+
+def test_a_symlink_planted_where_a_cell_file_goes_is_not_followed(kernel, tmp_path):
+    from ipykernel.compiler import murmur2_x86   # an independent murmur2
+    msg = kernel.kc.session.msg("debug_request", {"type": "request", "seq": 1,
+                                                  "command": "debugInfo", "arguments": {}})
+    kernel.kc.control_channel.send(msg)
+    info = kernel.reply(msg["header"]["msg_id"], channel="control")["content"]["body"]
+    code = "def planted_here():\n    return 'the cell ran'\nprint(planted_here())\n"
+    path = f"{info['tmpFilePrefix']}{murmur2_x86(code, info['hashSeed'])}.py"
+    target = tmp_path / "victim.txt"
+    target.write_text("untouched")
+    os.symlink(target, path)
+    r = kernel.execute(code)
+    assert r.status == "ok" and r.stdout == "the cell ran\n", r.describe()
+    assert target.read_text() == "untouched"
+    st = os.lstat(path)      # the link was replaced by the cell's own file
+    assert stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()
+    with open(path, encoding="utf-8") as f:
+        assert f.read() == code
