@@ -28,6 +28,7 @@ import os
 import stat
 import sys
 import tempfile
+import threading
 import types
 
 HASH_METHOD = "Murmur2"
@@ -76,12 +77,14 @@ class CellFiles:
         self._fd = -1
         self._written = set()   # names this kernel wrote (or found as its own)
         self._warned = False
+        self._lock = threading.Lock()   # the debugger's thread writes too (dumpCell)
 
     @property
     def directory(self):
-        if self._dir is None:
-            self._open()
-        return self._dir
+        with self._lock:
+            if self._dir is None:
+                self._open()
+            return self._dir
 
     @property
     def prefix(self):

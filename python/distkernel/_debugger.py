@@ -36,6 +36,7 @@ _HIDDEN = {"__name__", "__doc__", "__package__", "__loader__", "__spec__", "__an
            "__builtins__", "__builtin__", "__display__", "get_ipython", "debugpy", "exit",
            "quit", "In", "Out", "_oh", "_dh", "_", "__", "___"}
 _HIDDEN_RE = re.compile(r"^_(\d|i)")
+_RESUMING = {"continue", "next", "stepIn", "stepOut", "stepBack", "reverseContinue", "goto"}
 
 
 def _hide_from_pydevd(thread):
@@ -248,6 +249,9 @@ class Debugger:
                                message="the debugger is not started: send initialize first")
         if local is not None:
             return local(request)
+        if command in _RESUMING and not self.stopped_threads:
+            # pydevd never answers these for a thread that is not stopped.
+            return self._reply(request, False, message="no thread is stopped")
         return self._forward(request)
 
     def do_attach(self, request):

@@ -27,6 +27,7 @@ class Debug:
     def __init__(self, kernel):
         self.k = kernel
         self.seq = 0
+        self.seen = set()    # stopped events already waited for
 
     def __call__(self, command, arguments=None, timeout=30):
         self.seq += 1
@@ -52,7 +53,9 @@ class Debug:
         assert self("configurationDone")["success"]
         msg_id = self.k.start_execute(code)
         event = self.k.wait_iopub(lambda m: m["msg_type"] == "debug_event"
-                                  and m["content"].get("event") == "stopped", timeout=30)
+                                  and m["content"].get("event") == "stopped"
+                                  and m["header"]["msg_id"] not in self.seen, timeout=30)
+        self.seen.add(event["header"]["msg_id"])
         return source, msg_id, event["content"]["body"]
 
 
@@ -173,6 +176,8 @@ def test_interrupt_while_stopped_at_a_breakpoint_is_answered(fresh_kernel):
     done = k.finish(msg_id, timeout=30)
     assert done.content["ename"] == "KeyboardInterrupt", done.describe()
     assert debug("debugInfo")["body"]["stoppedThreads"] == []
+    r = debug("continue", {"threadId": stopped["threadId"]}, timeout=5)   # nothing to continue
+    assert r["success"] is False and "no thread is stopped" in r["message"], r
     assert k.execute("print('still here')").stdout == "still here\n"
 
 
