@@ -21,7 +21,6 @@ import os
 import sys
 
 import _distkernel
-from distkernel import _cells
 
 
 def _defer_terminal_import():
@@ -56,6 +55,8 @@ from IPython.core.displayhook import DisplayHook  # noqa: E402
 from IPython.core.displaypub import DisplayPublisher  # noqa: E402
 from IPython.core.error import StdinNotImplementedError  # noqa: E402
 from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
+
+from distkernel import _cells  # noqa: E402  (imports IPython: after the deferral above)
 
 
 # ---- JSON --------------------------------------------------------------------
