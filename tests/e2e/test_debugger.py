@@ -218,3 +218,19 @@ def test_control_answers_while_a_debug_request_waits_for_the_gil(kernel):
     assert kernel.reply(debug["header"]["msg_id"], channel="control", timeout=60)["content"][
         "success"]
     assert kernel.finish(msg_id, timeout=60).status == "ok"
+
+
+def test_a_breakpoint_in_a_cell_with_leading_empty_lines_stops_on_its_line(fresh_kernel):
+    """IPython drops a cell's leading empty lines before compiling it; while
+    debugging it must not, or every line moves against the cell shown."""
+    debug = Debug(fresh_kernel)
+    debug.start()
+    code = "\n\n" + CELL
+    _, msg_id, stopped = debug.stop_in(code, 4)           # c = a + b
+    frame = debug("stackTrace", {"threadId": stopped["threadId"]})["body"]["stackFrames"][0]
+    scopes = debug("scopes", {"frameId": frame["id"]})["body"]["scopes"]
+    ref = next(s["variablesReference"] for s in scopes if s["name"] == "Locals")
+    names = {v["name"] for v in debug("variables", {"variablesReference": ref})["body"]["variables"]}
+    assert (frame["line"], names) == (4, {"a", "b"})     # before c exists
+    assert debug("continue", {"threadId": stopped["threadId"]})["success"]
+    assert fresh_kernel.finish(msg_id).status == "ok"
