@@ -14,6 +14,10 @@
  * mode, a terminal) reaches the main thread too. A SIGINT that lands between
  * cells is consumed before the next one runs.
  *
+ * debug_request (the Jupyter debugger) is Python work: control hands it to a
+ * worker thread (dk_debug) and answers it when the worker is done, so control
+ * never waits for the GIL, even while a cell holds it or sits at a breakpoint.
+ *
  * Shutdown is answered on control and then ends the process within a bounded
  * time even if a cell ignores the interrupt: the main thread exits cleanly when
  * it can, and the control thread exits the process itself when it does not.
