@@ -101,6 +101,12 @@ def test_debug_info_names_cell_files_as_the_kernel_does(kernel):
     assert Debug(kernel)("dumpCell", {"code": code})["body"]["sourcePath"] == expected
     kernel.execute(code)
     assert kernel.execute("print(named_by_hash.__code__.co_filename)").stdout.strip() == expected
+    # Every tail length of murmur2's 4-byte blocks, and multi-byte UTF-8.
+    for other in ["", "a", "ab", "abc", "abcd", "abcde", "ü", "日本語", "🐍\n" * 7, "x = 1\n" * 999]:
+        path = Debug(kernel)("dumpCell", {"code": other})["body"]["sourcePath"]
+        assert path == f"{info['tmpFilePrefix']}{murmur2_x86(other, info['hashSeed'])}.py", other
+        with open(path, encoding="utf-8") as f:
+            assert f.read() == other
 
 
 def test_a_debug_request_before_initialize_is_refused_and_the_kernel_goes_on(kernel):
