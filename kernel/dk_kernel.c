@@ -14,12 +14,17 @@
  * mode, a terminal) reaches the main thread too. A SIGINT that lands between
  * cells is consumed before the next one runs.
  *
+ * debug_request (the Jupyter debugger) is Python work: control hands it to a
+ * worker thread (dk_debug) and answers it when the worker is done, so control
+ * never waits for the GIL, even while a cell holds it or sits at a breakpoint.
+ *
  * Shutdown is answered on control and then ends the process within a bounded
  * time even if a cell ignores the interrupt: the main thread exits cleanly when
  * it can, and the control thread exits the process itself when it does not.
  */
 #include "dk_kernel.h"
 #include "dk_check.h"
+#include "dk_debug.h"
 #include "dk_distributed.h"
 #include "dk_python.h"
 #include "dk_tracking.h"
@@ -55,6 +60,9 @@ struct dk_kernel_t {
     atomic_bool shutting_down;
     int wake[2];                 /* control -> main: shutdown requested */
     json_t *kernel_info;         /* kernel_info_reply content */
+    json_t *kernel_info_debug;   /* the same with debugger true */
+    atomic_bool debugger;        /* debugpy found: answer with kernel_info_debug */
+    zactor_t *debug;             /* debug_request worker, from the first one on */
     dk_msg_t *request;           /* shell request being handled (main thread) */
 };
 
@@ -148,7 +156,7 @@ static dk_msg_t *recv_msg(dk_kernel_t *k, zsock_t *sock, const char *channel)
 
 /* ---- kernel_info ------------------------------------------------------------ */
 
-static json_t *build_kernel_info(void)
+static json_t *build_kernel_info(bool debugger)
 {
     const char *pyver = dk_python_version();
     char banner[256];
@@ -163,7 +171,12 @@ static json_t *build_kernel_info(void)
                      "text/x-python", "file_extension", ".py", "pygments_lexer", "ipython3",
                      "nbconvert_exporter", "python", "codemirror_mode", "name", "ipython",
                      "version", 3, "banner", banner, "help_links", "text", "Python Reference",
-                     "url", "https://docs.python.org/3/", "debugger", 0);
+                     "url", "https://docs.python.org/3/", "debugger", debugger);
+}
+
+static json_t *kernel_info(dk_kernel_t *k)
+{
+    return atomic_load(&k->debugger) ? k->kernel_info_debug : k->kernel_info;
 }
 
 /* ---- shutdown --------------------------------------------------------------- */
@@ -385,7 +398,7 @@ static void handle_shell(dk_kernel_t *k, dk_msg_t *req)
             dk_iopub_publish(k->iopub, "error", error, NULL);
         json_decref(error);
     } else if (strcmp(t, "kernel_info_request") == 0) {
-        reply = json_dumps(k->kernel_info, JSON_COMPACT);
+        reply = json_dumps(kernel_info(k), JSON_COMPACT);
     } else if (strcmp(t, "connect_request") == 0) {
         reply = connect_reply_text(k);
     } else {
@@ -405,20 +418,22 @@ static void handle_shell(dk_kernel_t *k, dk_msg_t *req)
         free(content_text);
     }
     dk_stream_flush(k->stream);
-    bool abort = false;
     if (reply) {
         send_reply_text(k, k->shell, req, reply_type, reply);
-        abort = stop_on_error && strstr(reply, "\"status\":\"error\"");
+        /* Before this request's idle, as ipykernel does: a client that waits
+         * for idle and then sends its next cell must find the queue as the
+         * failure left it, not have the new cell aborted. The requests
+         * answered meanwhile set their own parents; ours comes back after. */
+        if (stop_on_error && strstr(reply, "\"status\":\"error\"")) {
+            abort_queued(k);
+            dk_iopub_set_parent(k->iopub, parent);
+        }
     }
     dk_iopub_status(k->iopub, "idle", NULL);
     k->request = NULL;
     free(reply);
     free(reply_type);
     free(parent);
-    /* After this request's idle: the queued requests answered here have
-     * their own parents. */
-    if (abort)
-        abort_queued(k);
 }
 
 /* ---- stdin ------------------------------------------------------------------ */
@@ -495,7 +510,7 @@ static void handle_control(dk_kernel_t *k, dk_msg_t *req)
     dk_iopub_status(k->iopub, "busy", parent);
     char why[256];
     if (strcmp(t, "kernel_info_request") == 0) {
-        send_reply(k, k->control, req, reply_type, k->kernel_info);
+        send_reply(k, k->control, req, reply_type, kernel_info(k));
     } else if (strcmp(t, "shutdown_request") == 0 &&
                !dk_wire_check_content(t, req->content, why, sizeof why)) {
         /* restart: "no" used to shut the kernel down (as restart false): a
@@ -542,6 +557,36 @@ static void handle_control(dk_kernel_t *k, dk_msg_t *req)
     free(parent);
 }
 
+/* debug_request: status busy now; the worker answers, and debug_replied sends
+ * the reply and idle. Takes REQ. */
+static void handle_debug_request(dk_kernel_t *k, dk_msg_t *req)
+{
+    char *parent = json_dumps(req->header, JSON_COMPACT);
+    dk_iopub_status(k->iopub, "busy", parent);
+    if (!k->debug)
+        k->debug = dk_debug_new();
+    if (!k->debug || dk_debug_submit(k->debug, req) != 0) {
+        send_reply_text(k, k->control, req, "debug_reply",
+                        "{\"type\":\"response\",\"success\":false,"
+                        "\"message\":\"the kernel could not start its debugger thread\"}");
+        dk_iopub_status(k->iopub, "idle", parent);
+        dk_msg_destroy(&req);
+    }
+    free(parent);
+}
+
+static void debug_replied(dk_kernel_t *k)
+{
+    dk_debug_job_t *job = dk_debug_recv(k->debug);
+    if (!job)
+        return;
+    char *parent = json_dumps(job->request->header, JSON_COMPACT);
+    send_reply_text(k, k->control, job->request, "debug_reply", job->reply ? job->reply : "{}");
+    dk_iopub_status(k->iopub, "idle", parent);
+    free(parent);
+    dk_debug_job_destroy(&job);
+}
+
 static void block_all_signals(void)
 {
     sigset_t all;
@@ -565,8 +610,14 @@ static void *control_main(void *arg)
     block_all_signals();
     pid_t parent = parent_pid();
     zpoller_t *poller = zpoller_new(k->control, NULL);
+    bool polling_debug = false;
     for (;;) {
-        if (zpoller_wait(poller, 1000) != k->control) {
+        void *which = zpoller_wait(poller, 1000);
+        if (which && which == k->debug) {
+            debug_replied(k);
+            continue;
+        }
+        if (which != k->control) {
             if (zpoller_terminated(poller))
                 break;
             if (parent && getppid() != parent) {
@@ -579,6 +630,12 @@ static void *control_main(void *arg)
         if (!req) {
             if (zsys_interrupted || errno == ETERM)
                 break;
+            continue;
+        }
+        if (strcmp(req->msg_type, "debug_request") == 0) {
+            handle_debug_request(k, req);
+            if (k->debug && !polling_debug)
+                polling_debug = zpoller_add(poller, k->debug) == 0;
             continue;
         }
         handle_control(k, req);
@@ -670,8 +727,9 @@ dk_kernel_t *dk_kernel_new(dk_conn_t *conn, char *err, size_t errlen)
         dk_distributed_register(k->magics);
         dk_check_register(k->magics);
     }
-    k->kernel_info = build_kernel_info();
-    if (!k->signer || !k->replay || !k->magics || !k->kernel_info ||
+    k->kernel_info = build_kernel_info(false);
+    k->kernel_info_debug = build_kernel_info(true);
+    if (!k->signer || !k->replay || !k->magics || !k->kernel_info || !k->kernel_info_debug ||
         pipe2(k->wake, O_CLOEXEC | O_NONBLOCK) < 0) {
         snprintf(err, errlen, "out of memory");
         return NULL;
@@ -710,6 +768,7 @@ void dk_kernel_run(dk_kernel_t *k)
         dk_log("cannot start Python: %s", err);
         _exit(1);
     }
+    atomic_store(&k->debugger, dk_python_debugger_available());
     /* Announced once Python is up rather than at bind time: a frontend's
      * subscription, made as it launches us, has joined by now. */
     dk_iopub_status(k->iopub, "starting", "{}");

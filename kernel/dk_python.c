@@ -13,10 +13,12 @@
 #include "dk_distributed.h"
 #include "dk_python.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 static PyObject *glue;   /* the distkernel._kernel.Kernel instance */
+static atomic_bool ready; /* glue loaded: other threads may call in */
 
 const char *dk_python_version(void)
 {
@@ -35,11 +37,11 @@ const char *dk_python_version(void)
 
 static PyObject *py_publish(PyObject *self, PyObject *args, PyObject *kw)
 {
-    static char *names[] = {"msg_type", "content", "metadata", "buffers", NULL};
-    const char *msg_type, *content, *metadata = NULL;
+    static char *names[] = {"msg_type", "content", "metadata", "buffers", "parent", NULL};
+    const char *msg_type, *content, *metadata = NULL, *parent = NULL;
     PyObject *buffers = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "ss|zO", names, &msg_type, &content, &metadata,
-                                     &buffers))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "ss|zOz", names, &msg_type, &content, &metadata,
+                                     &buffers, &parent))
         return NULL;
     zframe_t *frames[64];
     size_t n = 0;
@@ -69,8 +71,8 @@ static PyObject *py_publish(PyObject *self, PyObject *args, PyObject *kw)
     dk_kernel_t *k = dk_kernel_current();
     if (strcmp(msg_type, "stream") != 0)
         dk_stream_flush(dk_kernel_stream(k));
-    int rc = dk_iopub_publish_text(dk_kernel_iopub(k), msg_type, content, metadata, NULL, frames,
-                                   n);
+    int rc = dk_iopub_publish_text(dk_kernel_iopub(k), msg_type, content, metadata, parent,
+                                   frames, n);
     for (size_t j = 0; j < n; j++)
         zframe_destroy(&frames[j]);
     if (rc < 0) {
@@ -209,8 +211,8 @@ static PyMethodDef module_methods[] = {
      "run_job(options_text, payload) -> (results, log_dir): run a pickled job as ranks."},
     {"log", py_log, METH_VARARGS, "log(text): write a line to the kernel's log (its stderr)."},
     {"publish", (PyCFunction)(void (*)(void))py_publish, METH_VARARGS | METH_KEYWORDS,
-     "publish(msg_type, content_json, metadata_json=None, buffers=None): send on IOPub "
-     "under the current parent."},
+     "publish(msg_type, content_json, metadata_json=None, buffers=None, parent=None): send "
+     "on IOPub under PARENT (header JSON), by default the current parent."},
     {"stream_write", (PyCFunction)(void (*)(void))py_stream_write, METH_FASTCALL,
      "stream_write(fd, text): append text to the cell's stdout (1) or stderr (2)."},
     {"flush", py_flush, METH_NOARGS, "flush(): publish buffered output now."},
@@ -312,6 +314,7 @@ int dk_python_start(dk_kernel_t *k, char *err, size_t errlen)
         return -1;
     }
     (void)k;
+    atomic_store(&ready, true);
     return 0;
 }
 
@@ -414,4 +417,42 @@ void dk_python_shutdown(void)
     if (!res)
         log_python_error("shutdown");
     Py_XDECREF(res);
+}
+
+bool dk_python_debugger_available(void)
+{
+    /* find_spec looks for the package on sys.path without importing it. */
+    PyObject *util = PyImport_ImportModule("importlib.util");
+    PyObject *spec = util ? PyObject_CallMethod(util, "find_spec", "s", "debugpy") : NULL;
+    bool found = spec && spec != Py_None;
+    if (!spec)
+        PyErr_Clear();
+    Py_XDECREF(spec);
+    Py_XDECREF(util);
+    return found;
+}
+
+char *dk_python_debug_request(const char *content_json, const char *parent_json)
+{
+    if (!atomic_load(&ready))
+        return strdup("{\"type\":\"response\",\"success\":false,"
+                      "\"message\":\"the kernel is still starting; try again\"}");
+    PyGILState_STATE gil = PyGILState_Ensure();
+    char *out = NULL;
+    PyObject *mod = PyImport_ImportModule("distkernel._debugger");
+    PyObject *res = mod ? PyObject_CallMethod(mod, "handle", "(ss)", content_json, parent_json)
+                        : NULL;
+    if (res && PyUnicode_Check(res)) {
+        const char *s = PyUnicode_AsUTF8(res);
+        out = s ? strdup(s) : NULL;
+    }
+    if (!res || !out) {
+        log_python_error("debug_request");
+        out = strdup("{\"type\":\"response\",\"success\":false,"
+                     "\"message\":\"distkernel's debugger failed; see the kernel log\"}");
+    }
+    Py_XDECREF(res);
+    Py_XDECREF(mod);
+    PyGILState_Release(gil);
+    return out;
 }

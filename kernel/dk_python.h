@@ -49,6 +49,16 @@ void dk_python_discard_interrupt(void);
 bool dk_python_history_pending(void);
 void dk_python_write_history(void);
 
+/* Whether debugpy can be imported (looked up, not imported). Main thread. */
+bool dk_python_debugger_available(void);
+
+/* Answer a debug_request (CONTENT_JSON, its header PARENT_JSON, which the
+ * debugger's events go out under) through distkernel._debugger. Unlike the
+ * rest of this file, callable from any thread: it takes the GIL itself.
+ * Returns the debug_reply content, malloc'd JSON text; never NULL except
+ * when out of memory. */
+char *dk_python_debug_request(const char *content_json, const char *parent_json);
+
 /* Save history and run the shell's exit hooks before the process exits. */
 void dk_python_shutdown(void);
 

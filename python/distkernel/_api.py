@@ -60,10 +60,17 @@ def _function_payload(fn, args, kwargs):
 
     import sys
 
-    job = {"kind": "function", "fn": fn, "args": args, "kwargs": kwargs,
-           "sys_path": list(sys.path)}
+    from distkernel import _cells
+
+    job = {"kind": "function", "fn": fn, "args": args, "kwargs": kwargs}
     try:
-        return cloudpickle.dumps(job, protocol=5)
+        sources = {}
+        blob = _cells.dumps_with_sources(job, sources)
+        # The rank puts the sources of the notebook's cells in linecache first.
+        # sys.path comes first, outside the pickled job: unpickling the
+        # function may import the notebook's own modules.
+        return cloudpickle.dumps({"kind": "function", "job": blob, "sources": sources,
+                                  "sys_path": list(sys.path)}, protocol=5)
     except Exception as exc:
         culprit = _find_unsendable(fn, args, kwargs)
         raise TypeError(

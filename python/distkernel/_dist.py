@@ -7,6 +7,7 @@ result.
 """
 
 import ast
+import linecache
 
 import cloudpickle
 from IPython.core.interactiveshell import InteractiveShell
@@ -38,6 +39,10 @@ def prepare_cell(code):
         wanted = _used_names(code)
     except SyntaxError as exc:
         raise SyntaxError(f"the cell is not valid Python: {exc.msg} (line {exc.lineno})") from None
+    from distkernel import _cells
+
+    filename, line_offset = _cells.body_location(code)
+    sources = {filename: "".join(linecache.getlines(filename))}
     names = {}
     for name in sorted(wanted):
         if name not in ns or name in _IPYTHON_NAMES or (name in hidden and ns[name] is hidden[name]):
@@ -45,14 +50,15 @@ def prepare_cell(code):
         if name.startswith("_i") and name[2:].isdigit() or name.startswith("_") and name[1:].isdigit():
             continue
         try:
-            names[name] = cloudpickle.dumps(ns[name], protocol=5)
+            names[name] = _cells.dumps_with_sources(ns[name], sources)
         except Exception as exc:
             raise TypeError(
                 f"the notebook variable {name!r} cannot be sent to the ranks "
                 f"({type(exc).__name__}: {exc}). Create or load it inside the cell instead."
             ) from None
     return cloudpickle.dumps({"kind": "cell", "code": code, "names": names,
-                              "sys_path": list(sys.path)}, protocol=5)
+                              "filename": filename, "line_offset": line_offset,
+                              "sources": sources, "sys_path": list(sys.path)}, protocol=5)
 
 
 def finish_cell(results, result_name):

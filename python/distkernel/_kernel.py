@@ -64,6 +64,8 @@ from IPython.core.displaypub import DisplayPublisher  # noqa: E402
 from IPython.core.error import StdinNotImplementedError  # noqa: E402
 from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 
+from distkernel import _cells  # noqa: E402  (imports IPython: after the deferral above)
+
 
 # ---- JSON --------------------------------------------------------------------
 
@@ -149,13 +151,30 @@ class OutStream(io.TextIOBase):
         if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
         if os.getpid() != _KERNEL_PID:
-            return _write_fd(self._fd, text)
+            return self._write_in_child(text)
         _distkernel.stream_write(self._fd, text)
         return len(text)
 
     def flush(self):
         if os.getpid() == _KERNEL_PID:
             _distkernel.flush()
+        elif self._child_tail:
+            tail, self._child_tail = self._child_tail, ""
+            _write_fd(self._fd, tail)
+
+    _child_tail = ""
+
+    def _write_in_child(self, text):
+        """In a forked child: whole lines go to fd 1 or 2 at once, each in one
+        write, so the lines of children printing side by side never mix
+        (print() writes a line's text and its newline separately). An
+        unfinished line waits for its newline or a flush."""
+        pending = self._child_tail + text
+        cut = pending.rfind("\n") + 1
+        self._child_tail = pending[cut:]
+        if cut:
+            _write_fd(self._fd, pending[:cut])
+        return len(text)
 
     def _is_master_process(self):
         """True in the kernel's own process, False in a process forked from it
@@ -164,10 +183,10 @@ class OutStream(io.TextIOBase):
 
 
 def _write_fd(fd, text):
-    """Write TEXT to FD at once, whole. In a forked child fd 1 and 2 are the
-    kernel's capture pipes, so what a child prints reaches the running cell in
-    the order it was written, and nothing waits in a buffer that os._exit (or a
-    crash) would lose."""
+    """Write TEXT to FD now, whole. In a forked child fd 1 and 2 are pipes to
+    the kernel, so what a child prints reaches its cell in the order it was
+    written, and no finished line waits in a buffer that os._exit (or a crash)
+    would lose."""
     data = text.encode("utf-8", "replace")
     view = memoryview(data)
     while view:
@@ -252,6 +271,7 @@ class KernelDisplayHook(DisplayHook):
 class KernelShell(InteractiveShell):
     display_pub_class = KernelDisplayPublisher
     displayhook_class = KernelDisplayHook
+    compiler_class = _cells.CellCompiler   # cells compile as files named by hash
 
     def __init__(self, **kw):
         super().__init__(**kw)
@@ -457,6 +477,8 @@ class Kernel:
         shell = self.shell
         self.arm_interrupt()
         count = shell.execution_count
+        _cells.native_cell = code
+        shell.compile.cache(code, count)
         if store_history:
             shell.history_manager.store_inputs(count, code, code)
         if not silent:
@@ -467,6 +489,7 @@ class Kernel:
 
     def native_finish(self, count, error_json, user_expressions_json):
         self.disarm_interrupt()
+        _cells.native_cell = None
         if error_json:
             return dumps({"status": "error", "execution_count": count, "payload": [],
                           "user_expressions": {}, **json.loads(error_json)})
@@ -561,3 +584,4 @@ class Kernel:
             self.shell.atexit_operations()
         except Exception:
             pass
+        _cells.files.remove()

@@ -18,15 +18,28 @@ from distkernel import _backchannel as bc
 CELL_FILE = "<distributed-cell>"
 
 
-def _run_cell(code, namespace):
-    linecache.cache[CELL_FILE] = (len(code), None, code.splitlines(True), CELL_FILE)
-    tree = ast.parse(code, CELL_FILE)
+def _prime_linecache(sources):
+    """The notebook's cell sources, for tracebacks and inspect.getsource here
+    even where the kernel's cell files cannot be read (mtime None: linecache
+    keeps them when the file is missing)."""
+    for filename, text in sources.items():
+        linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
+
+
+def _run_cell(code, namespace, filename=CELL_FILE, line_offset=0):
+    """Run CODE, the body of a cell whose first line is LINE_OFFSET lines into
+    FILENAME (the cell's own file), so its lines are the notebook's."""
+    if filename not in linecache.cache:
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    tree = ast.parse(code, filename)
+    if line_offset:
+        ast.increment_lineno(tree, line_offset)
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
-    exec(compile(tree, CELL_FILE, "exec"), namespace)
+    exec(compile(tree, filename, "exec"), namespace)
     if last is not None:
-        return eval(compile(last, CELL_FILE, "eval"), namespace)
+        return eval(compile(last, filename, "eval"), namespace)
     return None
 
 
@@ -125,11 +138,15 @@ def _main():
         job = cloudpickle.loads(payload)
         del payload
         _use_kernel_sys_path(job.get("sys_path", []))
+        _prime_linecache(job.get("sources", {}))
         if job["kind"] == "cell":
             for name, blob in job["names"].items():
                 main_ns[name] = cloudpickle.loads(blob)
-            value = _run_cell(job["code"], main_ns)
+            value = _run_cell(job["code"], main_ns, job.get("filename", CELL_FILE),
+                              job.get("line_offset", 0))
         else:
+            if "job" in job:
+                job = cloudpickle.loads(job["job"])
             value = job["fn"](*job["args"], **job["kwargs"])
     except BaseException as exc:  # noqa: B902 - KeyboardInterrupt and SystemExit too
         if isinstance(exc, SystemExit) and exc.code in (None, 0):
