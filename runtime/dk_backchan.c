@@ -8,8 +8,12 @@
  * looked at. The first valid HELLO for a rank claims that rank for the rest of
  * the job; a second claim, an unknown rank, a bad MAC, an oversized frame or a
  * message out of protocol closes the connection with a warning. At most
- * PENDING_MAX connections may wait for their HELLO at once, so idle
- * connections cannot exhaust our descriptors.
+ * DK_BC_PENDING_MAX connections may wait for their HELLO at once, so idle
+ * connections cannot exhaust our descriptors, and each waits at most
+ * DK_BC_HELLO_DEADLINE_S (a rank says HELLO as soon as it connects). When all
+ * the slots are taken, a new connection closes the one that has waited
+ * longest, so connections that never say HELLO cannot keep a rank out: to
+ * do that, a process would have to connect faster than a rank says HELLO.
  *
  * Every descriptor is non-blocking and each connection has its own input and
  * output state, so a slow reader of a large payload or a peer trickling a
@@ -34,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -44,7 +49,6 @@
 #include <openssl/params.h>
 #include <openssl/rand.h>
 
-#define PENDING_MAX 64
 #define READ_BUDGET ((size_t) 4 << 20)     /* bytes per connection per poll turn */
 #define ACCEPT_BUDGET 32                   /* connections accepted per poll turn */
 #define WARNINGS_MAX 20
@@ -55,6 +59,7 @@
 typedef struct {
     int fd;                 /* -1: free slot */
     int rank;               /* -1 until a valid HELLO */
+    double since;           /* when it was accepted (CLOCK_MONOTONIC seconds) */
     bool done;              /* RESULT or ERROR received */
     bool delivering;        /* PAYLOAD frame queued, not yet reported written */
     unsigned char nonce[DK_BC_NONCE_LEN];
@@ -108,6 +113,13 @@ static void warn(dk_backchan_t *self, const char *fmt, ...)
         va_end(ap);
     }
     self->sink.on_warning(self->sink.data, text);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
 }
 
 static void put_be32(unsigned char *p, uint32_t v)
@@ -205,7 +217,7 @@ dk_backchan_t *dk_backchan_new(int world_size, const void *payload, size_t paylo
     self->listen_fd = -1;
     self->world_size = world_size;
     self->sink = *sink;
-    self->nconns = (size_t) world_size + PENDING_MAX;
+    self->nconns = (size_t) world_size + DK_BC_PENDING_MAX;
     self->claimed = calloc((size_t) world_size, sizeof *self->claimed);
     self->conns = calloc(self->nconns, sizeof *self->conns);
     self->polled = calloc(self->nconns, sizeof *self->polled);
@@ -502,8 +514,31 @@ static void conn_read(dk_backchan_t *self, conn_t *c, size_t budget)
     }
 }
 
+/* Close the connections that have waited for their HELLO past the deadline. */
+static void expire_pending(dk_backchan_t *self)
+{
+    double now = now_s();
+    for (size_t i = 0; i < self->nconns; i++) {
+        conn_t *c = &self->conns[i];
+        if (c->fd >= 0 && c->rank < 0 && now - c->since >= DK_BC_HELLO_DEADLINE_S)
+            refuse(self, c, "it did not say HELLO within " DK_BC_STR(DK_BC_HELLO_DEADLINE_S) " s");
+    }
+}
+
+double dk_backchan_deadline(const dk_backchan_t *self)
+{
+    double next = -1;
+    for (size_t i = 0; i < self->nconns; i++) {
+        const conn_t *c = &self->conns[i];
+        if (c->fd >= 0 && c->rank < 0 && (next < 0 || c->since + DK_BC_HELLO_DEADLINE_S < next))
+            next = c->since + DK_BC_HELLO_DEADLINE_S;
+    }
+    return next;
+}
+
 static void accept_all(dk_backchan_t *self)
 {
+    expire_pending(self);
     for (int k = 0; k < ACCEPT_BUDGET && self->listen_fd >= 0; k++) {
         int fd = accept4(self->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0 && errno == EINTR)
@@ -518,24 +553,30 @@ static void accept_all(dk_backchan_t *self)
         }
         if (fd < 0)
             return;
-        conn_t *slot = NULL;
+        conn_t *slot = NULL, *oldest = NULL;
         size_t pending = 0;
         for (size_t i = 0; i < self->nconns; i++) {
             conn_t *c = &self->conns[i];
             if (c->fd < 0 && !slot)
                 slot = c;
-            else if (c->fd >= 0 && c->rank < 0)
+            else if (c->fd >= 0 && c->rank < 0) {
                 pending++;
+                if (!oldest || c->since < oldest->since)
+                    oldest = c;
+            }
         }
-        if (!slot || pending >= PENDING_MAX) {
-            close(fd);
-            warn(self, "back channel: refused a connection: %zu connections are already "
-                 "waiting to say HELLO", pending);
-            continue;
+        if (pending >= DK_BC_PENDING_MAX || !slot) {
+            if (!oldest) {      /* cannot happen: nconns = ranks + pending slots */
+                close(fd);
+                continue;
+            }
+            refuse(self, oldest, "it had not said HELLO and every slot was taken");
+            slot = oldest;
         }
         conn_close(slot);
         slot->fd = fd;
         slot->rank = -1;
+        slot->since = now_s();
         if (RAND_bytes(slot->nonce, sizeof slot->nonce) != 1) {
             refuse(self, slot, "OpenSSL could not make a nonce");
             continue;
@@ -551,6 +592,7 @@ static void accept_all(dk_backchan_t *self)
 
 size_t dk_backchan_poll_fill(dk_backchan_t *self, struct pollfd *fds)
 {
+    expire_pending(self);
     size_t n = 0;
     self->polled_listener = self->listen_fd >= 0;
     if (self->polled_listener)

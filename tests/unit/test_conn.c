@@ -137,17 +137,46 @@ Test(conn, refuses_a_missing_ip)
     expect_refused("{" PORTS ", \"key\": \"\"}", "missing \"ip\"");
 }
 
-Test(conn, refuses_a_scheme_other_than_hmac_sha256)
+/* Finding 6 of issue 11: the spec allows any hmac-* scheme, and a file without
+ * one means jupyter_client's default, hmac-sha256. */
+static void expect_digest(const char *scheme_field, const char *digest)
 {
-    expect_refused("{" PORTS ", \"ip\": \"127.0.0.1\", \"key\": \"k\","
-                   " \"signature_scheme\": \"hmac-md5\"}",
-                   "\"signature_scheme\" is \"hmac-md5\", expected \"hmac-sha256\"");
+    char text[512];
+    snprintf(text, sizeof text, "{" PORTS ", \"ip\": \"127.0.0.1\", \"key\": \"k\"%s}",
+             scheme_field);
+    dk_conn_t conn;
+    char err[512];
+    cr_assert_eq(parse(text, &conn, err, sizeof err), 0, "%s: %s", text, err);
+    cr_assert_str_eq(conn.digest, digest);
+    dk_conn_clear(&conn);
 }
 
-Test(conn, refuses_a_key_without_a_scheme)
+Test(conn, accepts_every_hmac_scheme_openssl_provides)
 {
-    expect_refused("{" PORTS ", \"ip\": \"127.0.0.1\", \"key\": \"k\"}",
-                   "\"signature_scheme\" is missing");
+    expect_digest(", \"signature_scheme\": \"hmac-sha256\"", "sha256");
+    expect_digest(", \"signature_scheme\": \"hmac-sha512\"", "sha512");
+    expect_digest(", \"signature_scheme\": \"hmac-sha384\"", "sha384");
+    expect_digest(", \"signature_scheme\": \"hmac-sha1\"", "sha1");
+    expect_digest(", \"signature_scheme\": \"hmac-sha3_256\"", "sha3_256");
+}
+
+Test(conn, a_missing_scheme_means_hmac_sha256)
+{
+    expect_digest("", "sha256");
+}
+
+Test(conn, refuses_a_scheme_that_is_not_an_hmac_openssl_has)
+{
+    expect_refused("{" PORTS ", \"ip\": \"127.0.0.1\", \"key\": \"k\","
+                   " \"signature_scheme\": \"hmac-nosuch\"}",
+                   "\"signature_scheme\" is \"hmac-nosuch\", expected \"hmac-\" and a digest");
+    expect_refused("{" PORTS ", \"ip\": \"127.0.0.1\", \"key\": \"k\","
+                   " \"signature_scheme\": \"sha256\"}",
+                   "\"signature_scheme\" is \"sha256\"");
+    /* An extendable-output function has no fixed length to sign with. */
+    expect_refused("{" PORTS ", \"ip\": \"127.0.0.1\", \"key\": \"k\","
+                   " \"signature_scheme\": \"hmac-shake256\"}",
+                   "\"signature_scheme\" is \"hmac-shake256\"");
 }
 
 Test(conn, accepts_an_empty_key_without_a_scheme)
