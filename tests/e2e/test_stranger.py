@@ -206,3 +206,204 @@ def test_an_unbindable_ip_is_not_blamed_on_another_kernel():
     assert r.returncode != 0
     assert "another kernel" not in r.stderr, r.stderr
     assert "not an address of this machine" in r.stderr, r.stderr
+
+
+# ---------------------------------------------------------------------------
+# Strangers: run as `dkattacker` against `dkvictim`'s kernel where users can be
+# made (root), else as this user against its own kernel (same sockets, same
+# effect; the user boundary only adds that the stranger has no key).
+
+STRANGER_SUB = r'''
+import socket, struct, sys, time
+# A ZMTP 3.0 SUB, written by hand: greeting, READY, subscribe to everything,
+# and then never read. A small receive buffer makes it "full" sooner.
+port = int(sys.argv[1])
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+s.connect(("127.0.0.1", port))
+greeting = b"\xff" + b"\0" * 8 + b"\x7f" + bytes([3, 0]) + b"NULL".ljust(20, b"\0") + b"\0" * 32
+prop = bytes([11]) + b"Socket-Type" + struct.pack(">I", 3) + b"SUB"
+ready = bytes([5]) + b"READY" + prop
+s.sendall(greeting)
+got = b""
+while len(got) < 64:           # the kernel's greeting, then not a byte more
+    got += s.recv(64 - len(got))
+s.sendall(bytes([0x04, len(ready)]) + ready)
+time.sleep(0.2)
+s.sendall(bytes([0x00, 1, 1]))
+print("subscribed", flush=True)
+time.sleep(float(sys.argv[2]))
+'''
+
+HALF_OPEN = r'''
+import socket, sys, time
+# N TCP connections spread over the given ports that never say a word.
+ports = [int(p) for p in sys.argv[3:]]
+n, hold = int(sys.argv[1]), float(sys.argv[2])
+socks = []
+for i in range(n):
+    s = socket.socket()
+    s.setblocking(False)
+    try:
+        s.connect(("127.0.0.1", ports[i % len(ports)]))
+    except BlockingIOError:
+        pass
+    socks.append(s)
+print("open", len(socks), flush=True)
+time.sleep(hold)
+'''
+
+
+def _as_users():
+    return users.why_not() is None
+
+
+def start_victim_kernel(soft_nofile=None):
+    """The kernel under attack: dkvictim's where users can be made, else ours.
+    SOFT_NOFILE: the soft descriptor limit it starts with (inherited through
+    setpriv/exec, as from a login's `ulimit -n`)."""
+    saved = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft_nofile is not None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft_nofile, saved[1]))
+    try:
+        if _as_users():
+            victim, _ = users.pair()
+            k = users.start_kernel(victim)
+        else:
+            k = support.Kernel.start()
+    finally:
+        if soft_nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, saved)
+    return k
+
+
+def stop_victim_kernel(k):
+    if hasattr(k, "conn_dir"):
+        users.stop_kernel(k)
+    else:
+        k.stop()
+
+
+def stranger(argv_tail, script):
+    """A stranger process running SCRIPT: as dkattacker where possible."""
+    argv = [support.PYTHON, "-c", script] + [str(a) for a in argv_tail]
+    if _as_users():
+        _, attacker = users.pair()
+        p = users.popen_as(attacker, argv, stdout=subprocess.PIPE, text=True)
+    else:
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    return p
+
+
+# 100 MB: more than the stranger's queue and the socket buffers absorb. Its
+# queue holds 1000 messages of up to 64 kB: libzmq's default high-water mark,
+# since a listener's connections get the options as they were at bind time.
+LINES = 100_000
+PRINT_CELL = f"""
+import time
+pad = "y" * 1000
+for i in range({LINES}):
+    print(i, pad)
+print("END", repr(time.time()))
+"""
+
+
+def test_stuck_subscriber_does_not_hold_back_a_frontend():
+    k = start_victim_kernel()
+    s = None
+    try:
+        port = k.connection_info()["iopub_port"]
+        s = stranger([port, 600], STRANGER_SUB)
+        assert s.stdout.readline().strip() == "subscribed"
+        time.sleep(0.5)   # its subscription has joined
+        msg_id = k.start_execute(PRINT_CELL)
+        msgs = k.iopub_until_idle(msg_id, timeout=60)
+        idle_at = time.time()
+        text = "".join(m["content"]["text"] for m in msgs if m["msg_type"] == "stream"
+                       and m["content"]["name"] == "stdout")
+        lines = text.splitlines()
+        assert "output thinned" not in text, "the frontend that keeps up had output thinned"
+        assert lines[-1].startswith("END "), lines[-1][:200]
+        numbers = [int(line.split()[0]) for line in lines[:-1]]
+        assert numbers == list(range(LINES)), "the frontend did not get every line in order"
+        end_at = float(lines[-1].split()[1])
+        delay = idle_at - end_at
+        record("stuck_subscriber_idle_after_cell_end_s", round(delay, 3))
+        record("stuck_subscriber_as_users", _as_users())
+        assert delay < 10, f"idle came {delay:.1f} s after the cell ended"
+        assert s.poll() is None, "the stranger gave up; the test proved nothing"
+        # The kernel still answers while the stranger stays connected.
+        assert k.execute("1 + 1").status == "ok"
+    finally:
+        if s:
+            s.kill()
+            s.wait()
+        stop_victim_kernel(k)
+
+
+def _kernel_pid(k):
+    return k.pid
+
+
+def test_soft_descriptor_limit_is_raised_to_the_hard_limit():
+    k = start_victim_kernel(soft_nofile=1024)
+    try:
+        limits = pathlib.Path(f"/proc/{_kernel_pid(k)}/limits").read_text()
+        row = next(line for line in limits.splitlines() if line.startswith("Max open files"))
+        soft, hard = (int(x) for x in row.split()[3:5])
+        record("kernel_nofile_soft_hard", [soft, hard])
+        assert hard > 1024, "this machine's hard limit is 1024; nothing to raise"
+        assert soft == hard
+    finally:
+        stop_victim_kernel(k)
+
+
+def test_half_open_connections_neither_spin_nor_stop_cells():
+    k = start_victim_kernel(soft_nofile=1024)
+    s = None
+    try:
+        info = k.connection_info()
+        ports = [info[c + "_port"] for c in ("shell", "iopub", "stdin", "control", "hb")]
+        s = stranger([1100, 600] + ports, HALF_OPEN)
+        assert s.stdout.readline().startswith("open 1100")
+        proc = psutil.Process(_kernel_pid(k))
+        time.sleep(0.5)
+        t0 = proc.cpu_times()
+        time.sleep(3)
+        t1 = proc.cpu_times()
+        cpu = (t1.user + t1.system) - (t0.user + t0.system)
+        record("half_open_1100_kernel_cpu_s_over_3_s", round(cpu, 3))
+        assert cpu < 1.0, f"the kernel used {cpu:.2f} s of CPU in 3 idle seconds"
+        assert k.execute("print('still here')").stdout == "still here\n"
+        r = k.execute("%%distributed num_processes=2 tracking=False\n"
+                      "import os\nprint('rank', os.environ['RANK'])\n", timeout=180)
+        assert r.status == "ok", r.describe()
+        assert "rank 0" in r.stdout and "rank 1" in r.stdout, r.stdout
+    finally:
+        if s:
+            s.kill()
+            s.wait()
+        stop_victim_kernel(k)
+
+
+def test_a_run_that_cannot_have_its_descriptors_is_refused_up_front():
+    k = start_victim_kernel()
+    try:
+        # As if its hard limit were 1024 (its owner may lower it).
+        argv = ["prlimit", f"--pid={k.pid}", "--nofile=1024:1024"]
+        r = (users.run_as(users.pair()[0], argv) if hasattr(k, "conn_dir")
+             else subprocess.run(argv, capture_output=True, text=True))
+        assert r.returncode == 0, r.stderr
+        r = k.execute("%%distributed num_processes=400 tracking=False\nprint('ran')\n",
+                      timeout=120)
+        text = json.dumps(r.reply["content"]) + r.stdout + r.stderr + json.dumps(
+            [m["content"] for m in r.messages])
+        assert r.status == "error", r.describe()
+        assert "400 ranks need" in text and "file descriptors" in text, text[:2000]
+        assert "of its limit of 1024 are free" in text, text[:2000]
+        assert "Use at most" in text and "ulimit" in text, text[:2000]
+        assert "ran" not in r.stdout
+        # Nothing started; the kernel goes on.
+        assert k.execute("print('next')").stdout == "next\n"
+    finally:
+        stop_victim_kernel(k)
