@@ -407,3 +407,44 @@ def test_a_run_that_cannot_have_its_descriptors_is_refused_up_front():
         assert k.execute("print('next')").stdout == "next\n"
     finally:
         stop_victim_kernel(k)
+
+
+def test_when_descriptors_do_run_out_the_kernel_recovers_within_the_handshake_timeout():
+    """With a hard limit of 1024 the soft one cannot go higher, and 1,100 silent
+    connections exhaust it: ZeroMQ's listener then retries accept() in a loop
+    (not ours to change). Each silent connection is closed after the handshake
+    interval (5 s, ZMQ_HANDSHAKE_IVL; ZeroMQ's default is 30 s), so the loop
+    ends by itself and the kernel goes back to idle and keeps serving."""
+    k = start_victim_kernel()
+    s = None
+    try:
+        argv = ["prlimit", f"--pid={k.pid}", "--nofile=1024:1024"]
+        r = (users.run_as(users.pair()[0], argv) if hasattr(k, "conn_dir")
+             else subprocess.run(argv, capture_output=True, text=True))
+        assert r.returncode == 0, r.stderr
+        info = k.connection_info()
+        ports = [info[c + "_port"] for c in ("shell", "iopub", "stdin", "control", "hb")]
+        s = stranger([1100, 600] + ports, HALF_OPEN)
+        assert s.stdout.readline().startswith("open 1100")
+        proc = psutil.Process(_kernel_pid(k))
+
+        def cpu_over(seconds):
+            t0 = proc.cpu_times()
+            time.sleep(seconds)
+            t1 = proc.cpu_times()
+            return (t1.user + t1.system) - (t0.user + t0.system)
+
+        during = cpu_over(3)
+        time.sleep(9)       # the handshake interval, twice over, less what passed
+        after = cpu_over(3)
+        record("exhausted_1024_cpu_s_over_first_3_s", round(during, 3))
+        record("exhausted_1024_cpu_s_over_3_s_after_12_s", round(after, 3))
+        assert after < 1.0, (f"the kernel still used {after:.2f} s of CPU in 3 s, 12 s after "
+                             f"the connections were opened ({during:.2f} s at first)")
+        r = k.execute("print('recovered')", timeout=60)
+        assert r.stdout == "recovered\n", r.describe()
+    finally:
+        if s:
+            s.kill()
+            s.wait()
+        stop_victim_kernel(k)
