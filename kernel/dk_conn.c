@@ -276,12 +276,23 @@ char *dk_conn_endpoint(const dk_conn_t *conn, dk_channel_t ch, char *buf, size_t
     return buf;
 }
 
+/* dk_conn_endpoint, with ERR written when it fails. */
+static char *plain_endpoint(const dk_conn_t *conn, dk_channel_t ch, char *buf, size_t buflen,
+                            char *err, size_t errlen)
+{
+    char *ep = dk_conn_endpoint(conn, ch, buf, buflen);
+    if (!ep)
+        dk_set_err(err, errlen, "the %s endpoint does not fit in %zu bytes", dk_channel_name(ch),
+                   buflen);
+    return ep;
+}
+
 char *dk_conn_bind_endpoint(const dk_conn_t *conn, dk_channel_t ch, char *buf, size_t buflen,
                             bool *ipv6, char *err, size_t errlen)
 {
     *ipv6 = false;
     if (!conn || strcmp(conn->transport, "tcp") != 0 || strcmp(conn->ip, "*") == 0)
-        return dk_conn_endpoint(conn, ch, buf, buflen);
+        return plain_endpoint(conn, ch, buf, buflen, err, errlen);
     /* ZeroMQ binds only to numeric addresses (or interface names) and only to
      * IPv4 unless told otherwise, so "localhost" and "::1", both legal in a
      * connection file, are turned into what it takes here. */
@@ -294,13 +305,8 @@ char *dk_conn_bind_endpoint(const dk_conn_t *conn, dk_channel_t ch, char *buf, s
     }
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
     struct addrinfo *res = NULL;
-    int gai = getaddrinfo(host, NULL, &hints, &res);
-    if (gai != 0) {
-        dk_set_err(err, errlen, "the connection file's \"ip\" \"%s\" is not an address this "
-                   "machine can resolve (%s); use a numeric address such as 127.0.0.1", conn->ip,
-                   gai_strerror(gai));
-        return NULL;
-    }
+    if (getaddrinfo(host, NULL, &hints, &res) != 0)
+        return plain_endpoint(conn, ch, buf, buflen, err, errlen);   /* an interface name */
     /* A name with both (localhost) binds IPv4: that is what a frontend's ZeroMQ,
      * IPv4-only by default, connects to when it resolves the same name. */
     const struct addrinfo *pick = NULL;

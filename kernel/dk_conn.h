@@ -50,7 +50,8 @@ char *dk_conn_endpoint(const dk_conn_t *conn, dk_channel_t ch, char *buf, size_t
 /* The endpoint to bind channel CH to: like dk_conn_endpoint, but a host name
  * ("localhost") is resolved to a numeric address (IPv4 first) and an IPv6
  * address is bracketed, with *IPV6 set so the caller enables IPv6 on the socket.
- * Returns BUF, or NULL with ERR written (a name that does not resolve). */
+ * A name that does not resolve is left to ZeroMQ (an interface name). Returns
+ * BUF, or NULL with ERR written. */
 char *dk_conn_bind_endpoint(const dk_conn_t *conn, dk_channel_t ch, char *buf, size_t buflen,
                             bool *ipv6, char *err, size_t errlen);
 

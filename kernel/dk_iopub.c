@@ -281,7 +281,9 @@ void dk_iopub_destroy(dk_iopub_t **self_p)
         pthread_join(self->flusher, NULL);
     }
     if (self->monitor) {
+        pthread_mutex_lock(&self->lock);    /* the PUB socket is shared */
         zmq_socket_monitor(zsock_resolve(self->pub), NULL, 0);
+        pthread_mutex_unlock(&self->lock);
         zmq_close(self->monitor);
     }
     /* The last messages (the idle after shutdown_reply) get a moment to leave. */

@@ -273,3 +273,30 @@ Test(conn, error_is_truncated_to_the_buffer_and_terminated)
     cr_assert_eq(dk_conn_parse("{}", 2, &conn, err, sizeof err), -1);
     cr_assert_eq(strlen(err), sizeof err - 1);
 }
+
+/* Finding 6 of issue 11: what ZeroMQ is asked to bind. It takes numeric
+ * addresses only, and IPv6 only when told. */
+static void expect_bind(const char *ip, const char *endpoint, bool ipv6)
+{
+    char text[512];
+    snprintf(text, sizeof text, "{" PORTS ", \"ip\": \"%s\", \"key\": \"\"}", ip);
+    dk_conn_t conn;
+    char err[512] = "", buf[300];
+    cr_assert_eq(parse(text, &conn, err, sizeof err), 0, "%s", err);
+    bool v6 = !ipv6;
+    cr_assert_not_null(dk_conn_bind_endpoint(&conn, DK_CHAN_SHELL, buf, sizeof buf, &v6, err,
+                                             sizeof err), "%s: %s", ip, err);
+    cr_assert_str_eq(buf, endpoint, "%s", ip);
+    cr_assert_eq(v6, ipv6, "%s", ip);
+    dk_conn_clear(&conn);
+}
+
+Test(conn, bind_endpoints_for_names_and_ipv6)
+{
+    expect_bind("127.0.0.1", "tcp://127.0.0.1:1", false);
+    expect_bind("*", "tcp://*:1", false);
+    expect_bind("localhost", "tcp://127.0.0.1:1", false);
+    expect_bind("::1", "tcp://[::1]:1", true);
+    expect_bind("[::1]", "tcp://[::1]:1", true);
+    expect_bind("::", "tcp://[::]:1", true);
+}
