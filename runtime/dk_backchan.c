@@ -11,9 +11,11 @@
  * DK_BC_PENDING_MAX connections may wait for their HELLO at once, so idle
  * connections cannot exhaust our descriptors, and each waits at most
  * DK_BC_HELLO_DEADLINE_S (a rank says HELLO as soon as it connects). When all
- * the slots are taken, a new connection closes the one that has waited
- * longest, so connections that never say HELLO cannot keep a rank out: to
- * do that, a process would have to connect faster than a rank says HELLO.
+ * the slots are taken, a new connection waits in the listen backlog until the
+ * one that has waited longest has had EVICT_AFTER_S, and then takes its slot:
+ * connections that never say HELLO cannot keep a rank out (to do that, a
+ * process would have to make DK_BC_PENDING_MAX connections a second, all the
+ * time), and a rank that has just connected is never closed to make room.
  *
  * Every descriptor is non-blocking and each connection has its own input and
  * output state, so a slow reader of a large payload or a peer trickling a
@@ -51,6 +53,7 @@
 
 #define READ_BUDGET ((size_t) 4 << 20)     /* bytes per connection per poll turn */
 #define ACCEPT_BUDGET 32                   /* connections accepted per poll turn */
+#define EVICT_AFTER_S 1.0                  /* a pending connection's HELLO time when others wait */
 #define WARNINGS_MAX 20
 #define BODY_HEAD 5                        /* u8 type | u32 rank */
 #define FRAME_MIN (DK_BC_MAC_LEN + BODY_HEAD)
@@ -525,6 +528,26 @@ static void expire_pending(dk_backchan_t *self)
     }
 }
 
+/* A free slot for a new connection, or NULL when every pending slot is taken;
+ * then *OLDEST is the connection that has waited longest for its HELLO. */
+static conn_t *free_slot(dk_backchan_t *self, conn_t **oldest)
+{
+    conn_t *slot = NULL;
+    size_t pending = 0;
+    *oldest = NULL;
+    for (size_t i = 0; i < self->nconns; i++) {
+        conn_t *c = &self->conns[i];
+        if (c->fd < 0 && !slot)
+            slot = c;
+        else if (c->fd >= 0 && c->rank < 0) {
+            pending++;
+            if (!*oldest || c->since < (*oldest)->since)
+                *oldest = c;
+        }
+    }
+    return pending >= DK_BC_PENDING_MAX ? NULL : slot;
+}
+
 double dk_backchan_deadline(const dk_backchan_t *self)
 {
     double next = -1;
@@ -533,13 +556,33 @@ double dk_backchan_deadline(const dk_backchan_t *self)
         if (c->fd >= 0 && c->rank < 0 && (next < 0 || c->since + DK_BC_HELLO_DEADLINE_S < next))
             next = c->since + DK_BC_HELLO_DEADLINE_S;
     }
+    conn_t *oldest;
+    if (!free_slot((dk_backchan_t *) self, &oldest) && oldest &&
+        oldest->since + EVICT_AFTER_S < next)
+        next = oldest->since + EVICT_AFTER_S;
     return next;
+}
+
+/* Whether a connection waiting to be accepted can have a slot now, making one
+ * by closing the longest-waiting pending connection if it has had
+ * EVICT_AFTER_S. If not, the connection waits in the listen backlog. */
+static conn_t *slot_for_new(dk_backchan_t *self)
+{
+    conn_t *oldest;
+    conn_t *slot = free_slot(self, &oldest);
+    if (slot || !oldest || now_s() - oldest->since < EVICT_AFTER_S)
+        return slot;
+    refuse(self, oldest, "it had not said HELLO and every slot was wanted");
+    return oldest;
 }
 
 static void accept_all(dk_backchan_t *self)
 {
     expire_pending(self);
     for (int k = 0; k < ACCEPT_BUDGET && self->listen_fd >= 0; k++) {
+        conn_t *slot = slot_for_new(self);
+        if (!slot)
+            return;
         int fd = accept4(self->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0 && errno == EINTR)
             continue;
@@ -553,26 +596,6 @@ static void accept_all(dk_backchan_t *self)
         }
         if (fd < 0)
             return;
-        conn_t *slot = NULL, *oldest = NULL;
-        size_t pending = 0;
-        for (size_t i = 0; i < self->nconns; i++) {
-            conn_t *c = &self->conns[i];
-            if (c->fd < 0 && !slot)
-                slot = c;
-            else if (c->fd >= 0 && c->rank < 0) {
-                pending++;
-                if (!oldest || c->since < oldest->since)
-                    oldest = c;
-            }
-        }
-        if (pending >= DK_BC_PENDING_MAX || !slot) {
-            if (!oldest) {      /* cannot happen: nconns = ranks + pending slots */
-                close(fd);
-                continue;
-            }
-            refuse(self, oldest, "it had not said HELLO and every slot was taken");
-            slot = oldest;
-        }
         conn_close(slot);
         slot->fd = fd;
         slot->rank = -1;
@@ -594,7 +617,12 @@ size_t dk_backchan_poll_fill(dk_backchan_t *self, struct pollfd *fds)
 {
     expire_pending(self);
     size_t n = 0;
-    self->polled_listener = self->listen_fd >= 0;
+    /* With every pending slot taken by connections too young to close, new
+     * ones wait in the backlog; polling the listener then would only spin. */
+    conn_t *oldest;
+    self->polled_listener = self->listen_fd >= 0 &&
+                            (free_slot(self, &oldest) ||
+                             (oldest && now_s() - oldest->since >= EVICT_AFTER_S));
     if (self->polled_listener)
         fds[n++] = (struct pollfd) {.fd = self->listen_fd, .events = POLLIN};
     size_t k = 0;

@@ -435,7 +435,7 @@ static long long offer_all(dk_iopub_t *io, int n, long long give_up_ms)
     return longest;
 }
 
-Test(iopub, a_subscriber_that_never_reads_does_not_hold_back_another, .timeout = 120)
+Test(iopub, a_subscriber_that_never_reads_does_not_hold_back_another)
 {
     zsock_t *tpub, *subs[2];
     dk_iopub_t *io = tcp_iopub(&tpub, subs, 2);
@@ -458,7 +458,7 @@ Test(iopub, a_subscriber_that_never_reads_does_not_hold_back_another, .timeout =
     zsock_destroy(&tpub);
 }
 
-Test(iopub, a_single_subscriber_that_stops_reading_is_waited_for_not_dropped, .timeout = 120)
+Test(iopub, a_single_subscriber_that_stops_reading_is_waited_for_not_dropped)
 {
     zsock_t *tpub, *subs[1];
     dk_iopub_t *io = tcp_iopub(&tpub, subs, 1);
