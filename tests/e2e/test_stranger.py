@@ -268,7 +268,10 @@ def start_victim_kernel(soft_nofile=None):
     try:
         if _as_users():
             victim, _ = users.pair()
-            k = users.start_kernel(victim)
+            # users.start_kernel passes DISTKERNEL_* only; a sanitized run needs these.
+            k = users.start_kernel(victim, env={v: os.environ[v] for v in
+                                                ("ASAN_OPTIONS", "UBSAN_OPTIONS")
+                                                if v in os.environ})
         else:
             k = support.Kernel.start()
     finally:
