@@ -268,10 +268,7 @@ def start_victim_kernel(soft_nofile=None):
     try:
         if _as_users():
             victim, _ = users.pair()
-            # users.start_kernel passes DISTKERNEL_* only; a sanitized run needs these.
-            k = users.start_kernel(victim, env={v: os.environ[v] for v in
-                                                ("ASAN_OPTIONS", "UBSAN_OPTIONS")
-                                                if v in os.environ})
+            k = users.start_kernel(victim)
         else:
             k = support.Kernel.start()
     finally:
