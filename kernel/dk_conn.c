@@ -10,8 +10,10 @@
  * clients differ:
  *   - "key" must be present (a string, "" to disable signing): a missing key
  *     silently turning authentication off would be the wrong default;
- *   - with a non-empty key, "signature_scheme" must be "hmac-sha256" (the only
- *     scheme current clients write); with an empty key it is not used;
+ *   - with a non-empty key, "signature_scheme" must be "hmac-" and a digest
+ *     OpenSSL provides (hmac-sha256, hmac-sha512, hmac-sha3_256, ...); a missing
+ *     one means hmac-sha256, jupyter_client's default; with an empty key it is
+ *     not used;
  *   - ports are JSON integers 1-65535; a decimal string ("5555") is accepted too,
  *     since hand-written files and some launchers quote them. Port 0 ("pick
  *     one") is refused: the kernel cannot report a chosen port back;
@@ -23,9 +25,13 @@
  */
 #include "dk_err.h"
 #include "dk_conn.h"
+#include "dk_wire.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <jansson.h>
+#include <netdb.h>
+#include <sys/socket.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -171,19 +177,26 @@ static int parse_named(const char *text, size_t len, const char *src, dk_conn_t 
     }
     conn.key_len = json_string_length(key);
 
+    /* "hmac-" and a digest: jupyter_client's Session takes any hashlib name, so
+     * any digest OpenSSL has is accepted; no field means jupyter_client's default. */
     json_t *scheme = json_object_get(root, "signature_scheme");
     if (scheme && !json_is_string(scheme)) {
         dk_set_err(err, errlen, "%s: \"signature_scheme\" must be a string", src);
         goto done;
     }
-    if (conn.key_len > 0 &&
-        (!scheme || strcmp(json_string_value(scheme), "hmac-sha256") != 0)) {
-        dk_set_err(err, errlen,
-                "%s: \"signature_scheme\" is %s%.40s%s, expected \"hmac-sha256\" (the only "
-                "scheme this kernel signs with)", src, scheme ? "\"" : "",
-                scheme ? json_string_value(scheme) : "missing", scheme ? "\"" : "");
-        goto done;
+    const char *scheme_text = scheme ? json_string_value(scheme) : "hmac-sha256";
+    if (strncmp(scheme_text, "hmac-", 5) != 0 || strlen(scheme_text + 5) >= sizeof conn.digest ||
+        !dk_signer_digest_check(scheme_text + 5)) {
+        if (conn.key_len > 0) {
+            dk_set_err(err, errlen,
+                    "%s: \"signature_scheme\" is \"%.40s\", expected \"hmac-\" and a digest "
+                    "OpenSSL provides (\"hmac-sha256\", the default, \"hmac-sha512\", ...)",
+                    src, scheme_text);
+            goto done;
+        }
+        scheme_text = "hmac-sha256";   /* not used: an empty key signs nothing */
     }
+    snprintf(conn.digest, sizeof conn.digest, "%s", scheme_text + 5);
 
     if (get_string(root, "kernel_name", conn.kernel_name, sizeof conn.kernel_name, src, err,
                    errlen) < 0)
@@ -260,5 +273,66 @@ char *dk_conn_endpoint(const dk_conn_t *conn, dk_channel_t ch, char *buf, size_t
                      conn->ports[ch]);
     if (n < 0 || (size_t) n >= buflen)
         return NULL;
+    return buf;
+}
+
+/* dk_conn_endpoint, with ERR written when it fails. */
+static char *plain_endpoint(const dk_conn_t *conn, dk_channel_t ch, char *buf, size_t buflen,
+                            char *err, size_t errlen)
+{
+    char *ep = dk_conn_endpoint(conn, ch, buf, buflen);
+    if (!ep)
+        dk_set_err(err, errlen, "the %s endpoint does not fit in %zu bytes", dk_channel_name(ch),
+                   buflen);
+    return ep;
+}
+
+char *dk_conn_bind_endpoint(const dk_conn_t *conn, dk_channel_t ch, char *buf, size_t buflen,
+                            bool *ipv6, char *err, size_t errlen)
+{
+    *ipv6 = false;
+    if (!conn || strcmp(conn->transport, "tcp") != 0 || strcmp(conn->ip, "*") == 0)
+        return plain_endpoint(conn, ch, buf, buflen, err, errlen);
+    /* ZeroMQ binds only to numeric addresses (or interface names) and only to
+     * IPv4 unless told otherwise, so "localhost" and "::1", both legal in a
+     * connection file, are turned into what it takes here. */
+    char host[sizeof conn->ip];
+    snprintf(host, sizeof host, "%s", conn->ip);
+    size_t n = strlen(host);
+    if (host[0] == '[' && n > 2 && host[n - 1] == ']') {
+        memmove(host, host + 1, n - 2);
+        host[n - 2] = '\0';
+    }
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+    struct addrinfo *res = NULL;
+    if (getaddrinfo(host, NULL, &hints, &res) != 0)
+        return plain_endpoint(conn, ch, buf, buflen, err, errlen);   /* an interface name */
+    /* A name with both (localhost) binds IPv4: that is what a frontend's ZeroMQ,
+     * IPv4-only by default, connects to when it resolves the same name. */
+    const struct addrinfo *pick = NULL;
+    for (const struct addrinfo *a = res; a; a = a->ai_next) {
+        if (a->ai_family == AF_INET) {
+            pick = a;
+            break;
+        }
+        if (a->ai_family == AF_INET6 && !pick)
+            pick = a;
+    }
+    char numeric[NI_MAXHOST];
+    bool ok = pick && getnameinfo(pick->ai_addr, pick->ai_addrlen, numeric, sizeof numeric, NULL,
+                                  0, NI_NUMERICHOST) == 0;
+    bool v6 = ok && pick->ai_family == AF_INET6;
+    freeaddrinfo(res);
+    if (!ok) {
+        dk_set_err(err, errlen, "the connection file's \"ip\" \"%s\" has no IPv4 or IPv6 "
+                   "address", conn->ip);
+        return NULL;
+    }
+    int w = snprintf(buf, buflen, v6 ? "tcp://[%s]:%d" : "tcp://%s:%d", numeric, conn->ports[ch]);
+    if (w < 0 || (size_t) w >= buflen) {
+        dk_set_err(err, errlen, "the connection file's \"ip\" is too long");
+        return NULL;
+    }
+    *ipv6 = v6;
     return buf;
 }

@@ -5,12 +5,16 @@
 #include "dk_iopub.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define FLUSH_EVERY_MS 2          /* retry of a queue the socket refused */
 #define FLUSH_MAX_PAUSE_MS 50     /* ... backing off to this while nothing leaves */
@@ -28,13 +32,29 @@ struct dk_iopub_t {
     char *session;
     char *parent;           /* current parent header, JSON text */
     pthread_mutex_t lock;
-    pthread_cond_t wake;    /* the queue became non-empty, or stopping */
+    int wake[2];            /* a byte: the queue became non-empty, or stopping */
     queued_t *head, *tail;  /* refused messages, oldest first */
     size_t queued, queued_bytes;
     unsigned long long dropped;
     bool stopping, flusher_running;
     pthread_t flusher;
+    void *monitor;          /* PAIR receiving the socket's connect/disconnect events */
+    atomic_int connections; /* frontends connected (flusher writes, senders read) */
+    long long stalled_since_ms;   /* first refusal since the last send; 0 = none */
+    unsigned long long passed_over;   /* sends that left a stuck frontend behind */
 };
+
+static long long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void set_nodrop(dk_iopub_t *self, int on)
+{
+    zmq_setsockopt(zsock_resolve(self->pub), ZMQ_XPUB_NODROP, &on, sizeof on);
+}
 
 /* Hand MSG to the socket without waiting. Returns 0 (sent; MSG is destroyed) or
  * DK_IOPUB_FULL (refused at the high-water mark; MSG is untouched). A socket
@@ -44,14 +64,33 @@ static int send_now_locked(dk_iopub_t *self, zmsg_t **msg_p)
     zmsg_t *msg = *msg_p;
     size_t n = zmsg_size(msg);
     zframe_t *frame = zmsg_first(msg);
+    bool lossy = false;
     for (size_t i = 0; frame; i++, frame = zmsg_next(msg)) {
         int flags = ZFRAME_REUSE | (i + 1 < n ? ZFRAME_MORE : 0) | (i == 0 ? ZFRAME_DONTWAIT : 0);
-        if (zframe_send(&frame, self->pub, flags) != 0) {
-            if (i == 0 && (errno == EAGAIN || zmq_errno() == EAGAIN))
-                return DK_IOPUB_FULL;
+        if (zframe_send(&frame, self->pub, flags) == 0)
+            continue;
+        if (i > 0 || (errno != EAGAIN && zmq_errno() != EAGAIN))
             break;   /* the socket is closing; the message is lost with it */
-        }
+        /* Refused: some frontend's queue is full. With more than one frontend
+         * connected and nothing gone out for DK_IOPUB_STUCK_MS, one of them has
+         * stopped reading and holds back the rest: this one message goes out
+         * lossily, which ZeroMQ drops for the full queue only and so takes that
+         * frontend out of the sending set until it reads again (see the header). */
+        long long now = now_ms();
+        if (!self->stalled_since_ms)
+            self->stalled_since_ms = now;
+        if (now - self->stalled_since_ms < DK_IOPUB_STUCK_MS ||
+            atomic_load(&self->connections) < 2)
+            return DK_IOPUB_FULL;
+        set_nodrop(self, 0);
+        lossy = true;
+        if (zframe_send(&frame, self->pub, flags) != 0)
+            break;
+        self->passed_over++;
     }
+    if (lossy)
+        set_nodrop(self, 1);
+    self->stalled_since_ms = 0;
     zmsg_destroy(msg_p);
     return 0;
 }
@@ -96,13 +135,48 @@ static void enqueue_locked(dk_iopub_t *self, zmsg_t **msg_p, bool always)
     self->tail = q;
     self->queued++;
     self->queued_bytes += bytes;
-    pthread_cond_signal(&self->wake);
+    if (self->queued == 1 && write(self->wake[1], "q", 1) < 0) {
+        /* full pipe: the flusher is awake already */
+    }
 }
 
 static void sleep_ms(int ms)
 {
     struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)ms * 1000000L};
     nanosleep(&ts, NULL);
+}
+
+/* Count frontends from the monitor's events: each ACCEPTED is one connection
+ * and each DISCONNECTED its end (ZeroMQ reports both for every TCP or IPC
+ * connection, handshake or not). Flusher thread only. */
+static void read_monitor(dk_iopub_t *self)
+{
+    for (;;) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, self->monitor, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            return;
+        }
+        uint16_t event = 0;
+        if (zmq_msg_size(&m) >= 2)
+            memcpy(&event, zmq_msg_data(&m), sizeof event);
+        bool more = zmq_msg_more(&m);
+        zmq_msg_close(&m);
+        while (more) {      /* the endpoint frame */
+            zmq_msg_init(&m);
+            if (zmq_msg_recv(&m, self->monitor, 0) < 0) {
+                zmq_msg_close(&m);
+                break;
+            }
+            more = zmq_msg_more(&m);
+            zmq_msg_close(&m);
+        }
+        if (event == ZMQ_EVENT_ACCEPTED)
+            atomic_fetch_add(&self->connections, 1);
+        else if (event == ZMQ_EVENT_DISCONNECTED && atomic_load(&self->connections) > 0)
+            atomic_fetch_sub(&self->connections, 1);
+    }
 }
 
 static void *flusher_main(void *arg)
@@ -112,25 +186,34 @@ static void *flusher_main(void *arg)
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, NULL);
     int pause_ms = FLUSH_EVERY_MS;
-    pthread_mutex_lock(&self->lock);
-    while (!self->stopping) {
-        if (!self->head) {
-            pthread_cond_wait(&self->wake, &self->lock);
-            continue;
+    zmq_pollitem_t items[2] = {{self->monitor, 0, ZMQ_POLLIN, 0},
+                               {NULL, self->wake[0], ZMQ_POLLIN, 0}};
+    int n_items = self->monitor ? 2 : 1;
+    zmq_pollitem_t *first = self->monitor ? items : items + 1;
+    for (;;) {
+        pthread_mutex_lock(&self->lock);
+        bool stopping = self->stopping, waiting = self->head != NULL;
+        pthread_mutex_unlock(&self->lock);
+        if (stopping)
+            break;
+        /* Asleep while the queue is empty; a slow frontend is retried often,
+         * one that has stopped reading costs at most FLUSH_MAX_PAUSE_MS wake-ups. */
+        zmq_poll(first, n_items, waiting ? pause_ms : -1);
+        if (self->monitor && (items[0].revents & ZMQ_POLLIN))
+            read_monitor(self);
+        if (items[1].revents & ZMQ_POLLIN) {
+            char buf[64];
+            while (read(self->wake[0], buf, sizeof buf) > 0)
+                ;
         }
+        pthread_mutex_lock(&self->lock);
         size_t before = self->queued;
         flush_locked(self);
-        if (self->head) {
-            /* A frontend that reads slowly is retried often; one that has
-             * stopped reading costs at most FLUSH_MAX_PAUSE_MS wake-ups. */
+        if (self->head)
             pause_ms = self->queued < before ? FLUSH_EVERY_MS
                        : pause_ms * 2 > FLUSH_MAX_PAUSE_MS ? FLUSH_MAX_PAUSE_MS : pause_ms * 2;
-            pthread_mutex_unlock(&self->lock);
-            sleep_ms(pause_ms);
-            pthread_mutex_lock(&self->lock);
-        }
+        pthread_mutex_unlock(&self->lock);
     }
-    pthread_mutex_unlock(&self->lock);
     return NULL;
 }
 
@@ -143,11 +226,30 @@ dk_iopub_t *dk_iopub_new(zsock_t *pub, const dk_signer_t *signer, const char *se
     self->signer = signer;
     self->session = strdup(session);
     self->parent = strdup("{}");
+    self->wake[0] = self->wake[1] = -1;
     pthread_mutex_init(&self->lock, NULL);
-    pthread_cond_init(&self->wake, NULL);
-    if (!self->session || !self->parent) {
+    if (!self->session || !self->parent || pipe2(self->wake, O_CLOEXEC | O_NONBLOCK) != 0) {
         dk_iopub_destroy(&self);
         return NULL;
+    }
+    /* Connections are counted so that a stuck frontend is passed over only when
+     * there is another to pass it for. The receiving end has no high-water mark:
+     * ZeroMQ's I/O thread would otherwise block on a full monitor queue. */
+    char ep[64];
+    snprintf(ep, sizeof ep, "inproc://dk-iopub-monitor-%p", (void *)self);
+    if (zmq_socket_monitor(zsock_resolve(pub), ep, ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) == 0) {
+        self->monitor = zmq_socket(zsys_init(), ZMQ_PAIR);
+        int zero = 0;
+        if (self->monitor) {
+            zmq_setsockopt(self->monitor, ZMQ_RCVHWM, &zero, sizeof zero);
+            zmq_setsockopt(self->monitor, ZMQ_LINGER, &zero, sizeof zero);
+            if (zmq_connect(self->monitor, ep) != 0) {
+                zmq_close(self->monitor);
+                self->monitor = NULL;
+            }
+        }
+        if (!self->monitor)
+            zmq_socket_monitor(zsock_resolve(pub), NULL, 0);
     }
     /* Refuse at the high-water mark instead of dropping (see the header), and keep
      * that mark low: what a frontend has not read yet is memory here and delay
@@ -172,9 +274,17 @@ void dk_iopub_destroy(dk_iopub_t **self_p)
     if (self->flusher_running) {
         pthread_mutex_lock(&self->lock);
         self->stopping = true;
-        pthread_cond_signal(&self->wake);
+        if (write(self->wake[1], "s", 1) < 0) {
+            /* full pipe: the flusher wakes anyway */
+        }
         pthread_mutex_unlock(&self->lock);
         pthread_join(self->flusher, NULL);
+    }
+    if (self->monitor) {
+        pthread_mutex_lock(&self->lock);    /* the PUB socket is shared */
+        zmq_socket_monitor(zsock_resolve(self->pub), NULL, 0);
+        pthread_mutex_unlock(&self->lock);
+        zmq_close(self->monitor);
     }
     /* The last messages (the idle after shutdown_reply) get a moment to leave. */
     for (int waited = 0;; waited += FLUSH_EVERY_MS) {
@@ -189,7 +299,9 @@ void dk_iopub_destroy(dk_iopub_t **self_p)
         zmsg_destroy(&q->msg);
         free(q);
     }
-    pthread_cond_destroy(&self->wake);
+    for (int i = 0; i < 2; i++)
+        if (self->wake[i] >= 0)
+            close(self->wake[i]);
     pthread_mutex_destroy(&self->lock);
     free(self->session);
     free(self->parent);
@@ -282,6 +394,19 @@ size_t dk_iopub_queued(dk_iopub_t *self)
     size_t n = self->queued;
     pthread_mutex_unlock(&self->lock);
     return n;
+}
+
+unsigned long long dk_iopub_passed_over(dk_iopub_t *self)
+{
+    pthread_mutex_lock(&self->lock);
+    unsigned long long n = self->passed_over;
+    pthread_mutex_unlock(&self->lock);
+    return n;
+}
+
+int dk_iopub_connections(dk_iopub_t *self)
+{
+    return atomic_load(&self->connections);
 }
 
 unsigned long long dk_iopub_dropped(dk_iopub_t *self)

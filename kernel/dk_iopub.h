@@ -20,6 +20,31 @@
  * The queue is bounded (DK_IOPUB_QUEUE_MAX bytes); past that a message is dropped
  * and counted, which only a frontend that stopped reading altogether can cause.
  *
+ * Refusing is all-or-nothing: ZeroMQ refuses a send when any one subscriber's
+ * queue is full, so one subscriber that stops reading (a stuck frontend, or any
+ * local process that connects to the port, subscribes and never reads; no key
+ * is needed to subscribe) would hold back every other frontend for as long as
+ * it stays connected. So the kernel counts connections (a socket monitor's
+ * ACCEPTED and DISCONNECTED events, which a peer cannot fake) and, when more
+ * than one is connected and nothing has gone out for DK_IOPUB_STUCK_MS while a
+ * send waits, sends that one message with ZMQ_XPUB_NODROP off. libzmq 4.3
+ * checks the option at each send; a lossy send goes to every subscriber with
+ * room and is dropped for the full one, and that drop takes the full
+ * subscriber out of the sending set until it reads again, so from the next
+ * message on, refusing works for the others as before. Measured with Debian's
+ * libzmq 4.3.4 (tests/unit/test_iopub.c, tests/e2e/test_stranger.py).
+ *
+ * The trade-off: with two or more connections the kernel cannot tell a stuck
+ * stranger from a frontend that has read nothing for DK_IOPUB_STUCK_MS, so such
+ * a frontend loses what is sent until it reads again, its `idle` included
+ * (today's lossless wait applies to a single connection only, which is the
+ * common case: one notebook). DK_IOPUB_STUCK_MS is below dk_stream's
+ * BACKPRESSURE_MS (500 ms), so a frontend that keeps up sees the stuck one
+ * passed over before stream output would be thinned, and gets every line.
+ * Extra connections that do not subscribe (a port scan, a half-open connection,
+ * gone after ZMQ_HANDSHAKE_IVL) only make passing over possible; they never
+ * hold anyone back.
+ *
  * The design card suggested an inproc PUSH/PULL fan-in to a publisher thread; a
  * fan-in fair-queues between its producers, so two messages sent one after the
  * other from two threads could reach the frontend in the other order (a stream
@@ -35,6 +60,7 @@
 
 #define DK_IOPUB_QUEUE_MAX (64u << 20)
 #define DK_IOPUB_HWM 100   /* messages in a frontend's queue before it counts as full */
+#define DK_IOPUB_STUCK_MS 400   /* no send for this long, with 2+ connections: pass over */
 
 typedef struct dk_iopub_t dk_iopub_t;
 
@@ -68,6 +94,11 @@ int dk_iopub_offer_text(dk_iopub_t *self, const char *msg_type, const char *cont
 /* Messages waiting in the queue, and messages dropped because it was full. */
 size_t dk_iopub_queued(dk_iopub_t *self);
 unsigned long long dk_iopub_dropped(dk_iopub_t *self);
+
+/* Sends that went out lossily, leaving a stuck frontend behind (see above), and
+ * the frontends (TCP or IPC connections) counted now. */
+unsigned long long dk_iopub_passed_over(dk_iopub_t *self);
+int dk_iopub_connections(dk_iopub_t *self);
 
 /* Same with CONTENT a JSON object (borrowed). */
 int dk_iopub_publish(dk_iopub_t *self, const char *msg_type, json_t *content,

@@ -670,6 +670,7 @@ static void *hb_main(void *arg)
 
 #define DK_MAX_MESSAGE_MB 256
 #define DK_MAX_HEARTBEAT 65536
+#define DK_HANDSHAKE_MS 5000     /* ZeroMQ's default is 30 s of a descriptor per stranger */
 
 static int max_message_bytes(void)
 {
@@ -697,10 +698,23 @@ static zsock_t *bind_socket(dk_kernel_t *k, int type, dk_channel_t ch, char *err
      * notebook's cell or comm message. */
     if (type == ZMQ_ROUTER || type == ZMQ_REP)
         zsock_set_maxmsgsize(s, type == ZMQ_REP ? DK_MAX_HEARTBEAT : max_message_bytes());
-    dk_conn_endpoint(&k->conn, ch, endpoint, sizeof endpoint);
+    /* A connection that has not finished its ZMTP greeting within this is
+     * closed, so half-open connections cannot pile up descriptors. */
+    zsock_set_handshake_ivl(s, DK_HANDSHAKE_MS);
+    bool ipv6 = false;
+    if (!dk_conn_bind_endpoint(&k->conn, ch, endpoint, sizeof endpoint, &ipv6, err, errlen)) {
+        zsock_destroy(&s);
+        return NULL;
+    }
+    zsock_set_ipv6(s, ipv6);
     if (zsock_bind(s, "%s", endpoint) < 0) {
-        snprintf(err, errlen, "cannot bind the %s channel to %s: %s (is another kernel using it?)",
-                 dk_channel_name(ch), endpoint, zmq_strerror(zmq_errno()));
+        int e = zmq_errno();
+        snprintf(err, errlen, "cannot bind the %s channel to %s: %s%s", dk_channel_name(ch),
+                 endpoint, zmq_strerror(e),
+                 e == EADDRINUSE ? " (is another kernel using it?)"
+                 : e == EADDRNOTAVAIL || e == ENODEV
+                     ? " (the connection file's \"ip\" is not an address of this machine)"
+                     : "");
         zsock_destroy(&s);
         return NULL;
     }
@@ -720,7 +734,8 @@ dk_kernel_t *dk_kernel_new(dk_conn_t *conn, char *err, size_t errlen)
     zuuid_t *uuid = zuuid_new();
     snprintf(k->session, sizeof k->session, "%s", zuuid_str_canonical(uuid));
     zuuid_destroy(&uuid);
-    k->signer = dk_signer_new(k->conn.key, k->conn.key_len);
+    k->signer = dk_signer_new_digest(k->conn.digest[0] ? k->conn.digest : NULL, k->conn.key,
+                                     k->conn.key_len);
     k->replay = dk_replay_new(DK_REPLAY_HISTORY);
     k->magics = dk_magic_registry_new();
     if (k->magics) {

@@ -16,7 +16,9 @@
  * and a message that fails verification is never recorded as seen, so forged
  * traffic cannot evict genuine signatures from the replay history.
  *
- * Signing uses OpenSSL's EVP_MAC ("HMAC" with SHA256). A fresh MAC context is
+ * Signing uses OpenSSL's EVP_MAC: "HMAC" with SHA256 (what jupyter_client
+ * writes, and what a file without "signature_scheme" means) or any other digest
+ * OpenSSL provides, since the spec allows every hmac-* scheme. A fresh MAC context is
  * made per call instead of sharing one: the signer stays immutable and can be
  * used from the shell, control and iopub threads at once without a lock; the
  * cost (a key schedule of two SHA-256 blocks) is small next to a ZeroMQ send.
@@ -26,9 +28,9 @@
  * oldest node is unlinked from its bucket and reused, so memory is allocated
  * once (calloc: pages are only touched as the history fills) and
  * dk_replay_check_and_add never allocates and so never fails. Signatures of up
- * to DK_SIG_HEX_LEN bytes are kept verbatim; a longer one (only possible through
- * the public API, never after verification) is kept as its SHA-256, marked so it
- * cannot collide with a verbatim key.
+ * to DK_SIG_HEX_LEN bytes are kept verbatim; a longer one (HMAC-SHA384 or -512)
+ * is kept as its SHA-256, marked so it cannot collide with a verbatim key: the
+ * node stays the size the common scheme needs.
  */
 #include "dk_err.h"
 #include "dk_wire.h"
@@ -47,7 +49,6 @@
 #include <openssl/params.h>
 #include <openssl/rand.h>
 
-#define SHA256_LEN 32
 
 /* ------------------------------------------------------------------------ */
 /* Signer                                                                    */
@@ -56,13 +57,61 @@ struct dk_signer_t {
     unsigned char *key;     /* NULL when signing is disabled */
     size_t key_len;
     EVP_MAC *mac;           /* fetched once; EVP_MAC objects are shareable */
+    char digest[64];        /* OpenSSL's name for the HMAC's digest */
+    size_t mac_len;         /* bytes of a MAC; its hex is twice that */
 };
 
+/* The digest OpenSSL knows by NAME, or by NAME with '_' read as '-' (Python's
+ * hashlib says sha3_256, OpenSSL SHA3-256), written into OUT; its size in bytes,
+ * or 0 if there is none, it is an extendable-output function (no fixed size to
+ * sign with) or its hex would not fit DK_SIG_HEX_MAX. */
+static size_t digest_lookup(const char *name, char *out, size_t outlen)
+{
+    if (!name || !*name || strlen(name) >= outlen)
+        return 0;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        snprintf(out, outlen, "%s", name);
+        if (attempt == 1) {
+            if (!strchr(out, '_'))
+                break;
+            for (char *p = out; *p; p++)
+                if (*p == '_')
+                    *p = '-';
+        }
+        EVP_MD *md = EVP_MD_fetch(NULL, out, NULL);
+        if (!md)
+            continue;
+        bool xof = (EVP_MD_get_flags(md) & EVP_MD_FLAG_XOF) != 0;
+        int size = EVP_MD_get_size(md);
+        EVP_MD_free(md);
+        if (xof || size <= 0 || (size_t) size * 2 > DK_SIG_HEX_MAX)
+            return 0;
+        return (size_t) size;
+    }
+    return 0;
+}
+
+bool dk_signer_digest_check(const char *digest)
+{
+    char name[64];
+    return digest_lookup(digest, name, sizeof name) > 0;
+}
+
 dk_signer_t *dk_signer_new(const char *key, size_t key_len)
+{
+    return dk_signer_new_digest(NULL, key, key_len);
+}
+
+dk_signer_t *dk_signer_new_digest(const char *digest, const char *key, size_t key_len)
 {
     dk_signer_t *self = calloc(1, sizeof *self);
     if (!self)
         return NULL;
+    self->mac_len = digest_lookup(digest ? digest : "SHA256", self->digest, sizeof self->digest);
+    if (self->mac_len == 0) {
+        free(self);
+        return NULL;
+    }
     if (key && key_len > 0) {
         self->key = malloc(key_len);
         self->mac = EVP_MAC_fetch(NULL, "HMAC", NULL);
@@ -95,15 +144,22 @@ bool dk_signer_enabled(const dk_signer_t *self)
     return self && self->key_len > 0;
 }
 
-/* HMAC-SHA256 of the concatenated parts as lowercase hex into OUT (65 bytes).
- * Returns false (OUT = "") if OpenSSL fails, so a failure can never verify. */
+size_t dk_signer_hex_len(const dk_signer_t *self)
+{
+    return dk_signer_enabled(self) ? 2 * self->mac_len : 0;
+}
+
+/* The HMAC of the concatenated parts as lowercase hex into OUT (hex_len + 1
+ * bytes). Returns false (OUT = "") if OpenSSL fails, so a failure can never
+ * verify. */
 static bool signer_hex(const dk_signer_t *self, const void *const *parts, const size_t *lens,
                        size_t n, char *out)
 {
     static const char hexdigits[] = "0123456789abcdef";
     unsigned char mac[EVP_MAX_MD_SIZE];
     size_t mac_len = 0;
-    char digest[] = "SHA256";
+    char digest[sizeof self->digest];
+    memcpy(digest, self->digest, sizeof digest);
     OSSL_PARAM params[] = {
         OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
         OSSL_PARAM_construct_end(),
@@ -116,15 +172,15 @@ static bool signer_hex(const dk_signer_t *self, const void *const *parts, const 
         if (lens[i] > 0)
             ok = EVP_MAC_update(ctx, parts[i], lens[i]);
     }
-    ok = ok && EVP_MAC_final(ctx, mac, &mac_len, sizeof mac) && mac_len == SHA256_LEN;
+    ok = ok && EVP_MAC_final(ctx, mac, &mac_len, sizeof mac) && mac_len == self->mac_len;
     EVP_MAC_CTX_free(ctx);
     if (!ok)
         return false;
-    for (size_t i = 0; i < SHA256_LEN; i++) {
+    for (size_t i = 0; i < mac_len; i++) {
         out[2 * i] = hexdigits[mac[i] >> 4];
         out[2 * i + 1] = hexdigits[mac[i] & 0x0f];
     }
-    out[DK_SIG_HEX_LEN] = '\0';
+    out[2 * mac_len] = '\0';
     return true;
 }
 
@@ -141,10 +197,11 @@ bool dk_signer_verify(const dk_signer_t *self, const void *const *parts, const s
 {
     if (!dk_signer_enabled(self))
         return true;
-    char expected[DK_SIG_HEX_LEN + 1];
-    if (!sig || sig_len != DK_SIG_HEX_LEN || !signer_hex(self, parts, lens, n, expected))
+    char expected[DK_SIG_HEX_MAX + 1];
+    size_t hex_len = dk_signer_hex_len(self);
+    if (!sig || sig_len != hex_len || !signer_hex(self, parts, lens, n, expected))
         return false;
-    return CRYPTO_memcmp(expected, sig, DK_SIG_HEX_LEN) == 0;
+    return CRYPTO_memcmp(expected, sig, hex_len) == 0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -384,10 +441,11 @@ dk_msg_t *dk_wire_decode(const dk_signer_t *signer, dk_replay_t *replay,
     const size_t *part_lens = lens + delim + 2;
 
     if (dk_signer_enabled(signer)) {
-        if (sig_len != DK_SIG_HEX_LEN || !is_lower_hex(sig, sig_len)) {
+        if (sig_len != dk_signer_hex_len(signer) || !is_lower_hex(sig, sig_len)) {
             dk_set_err(err, errlen,
-                    "refused message: malformed signature (%zu bytes, expected %d lowercase "
-                    "hex digits of HMAC-SHA256)", sig_len, DK_SIG_HEX_LEN);
+                    "refused message: malformed signature (%zu bytes, expected %zu lowercase "
+                    "hex digits of HMAC-%s)", sig_len, dk_signer_hex_len(signer),
+                    signer->digest);
             return NULL;
         }
         if (!dk_signer_verify(signer, parts, part_lens, 4, sig, sig_len)) {
@@ -665,7 +723,7 @@ zmsg_t *dk_wire_encode_raw(const dk_signer_t *signer, zframe_t *const *idents, s
         if (!parts[i])
             return NULL;
     }
-    char sig[DK_SIG_HEX_LEN + 1];
+    char sig[DK_SIG_HEX_MAX + 1];
     dk_signer_sign(signer, (const void *const *) parts, lens, 4, sig);
     if (dk_signer_enabled(signer) && sig[0] == '\0')
         return NULL;    /* an unsigned message would only be refused by the peer */

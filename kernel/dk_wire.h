@@ -28,7 +28,8 @@
 
 #define DK_PROTOCOL_VERSION "5.3"
 #define DK_DELIM "<IDS|MSG>"
-#define DK_SIG_HEX_LEN 64
+#define DK_SIG_HEX_LEN 64      /* HMAC-SHA256, the default scheme, in hex */
+#define DK_SIG_HEX_MAX 128     /* the longest signature any scheme makes (SHA-512) */
 #define DK_REPLAY_HISTORY 65536
 
 typedef struct dk_signer_t dk_signer_t;
@@ -47,16 +48,30 @@ typedef struct {
     const char *msg_type;   /* borrowed from header */
 } dk_msg_t;
 
-/* Create a signer for KEY (KEY_LEN bytes; may be 0 for "no signing").
- * Returns NULL only on allocation failure. Destroy with dk_signer_destroy. */
+/* Create a signer for KEY (KEY_LEN bytes; may be 0 for "no signing") that signs
+ * with HMAC-SHA256. Returns NULL only on allocation failure. Destroy with
+ * dk_signer_destroy. */
 dk_signer_t *dk_signer_new(const char *key, size_t key_len);
+
+/* Same with HMAC over DIGEST, an OpenSSL digest name ("SHA512", "sha3-256"; NULL
+ * means SHA256). Returns NULL on allocation failure or when OpenSSL cannot make an
+ * HMAC with DIGEST (see dk_signer_digest_check). */
+dk_signer_t *dk_signer_new_digest(const char *digest, const char *key, size_t key_len);
+
+/* Whether OpenSSL can make an HMAC over DIGEST whose hex fits DK_SIG_HEX_MAX
+ * (extendable-output functions such as SHAKE cannot). Python spells some names
+ * with '_' (sha3_256) where OpenSSL has '-'; both are accepted. */
+bool dk_signer_digest_check(const char *digest);
+
+/* The length of this signer's signatures in hex digits (0 with signing disabled). */
+size_t dk_signer_hex_len(const dk_signer_t *self);
 void dk_signer_destroy(dk_signer_t **self_p);
 
 /* True when the key is non-empty and messages are signed. */
 bool dk_signer_enabled(const dk_signer_t *self);
 
 /* Compute the hex signature of the N parts (PARTS[i] of LENS[i] bytes) into OUT,
- * which must hold DK_SIG_HEX_LEN + 1 bytes. With signing disabled OUT is "". */
+ * which must hold dk_signer_hex_len + 1 (at most DK_SIG_HEX_MAX + 1) bytes. With signing disabled OUT is "". */
 void dk_signer_sign(const dk_signer_t *self, const void *const *parts, const size_t *lens,
                     size_t n, char *out);
 

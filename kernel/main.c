@@ -6,6 +6,7 @@
  * Started by a Jupyter frontend through its kernelspec (kernel.json).
  */
 #include "dk_conn.h"
+#include "dk_fdlimit.h"
 #include "dk_kernel.h"
 
 #include <czmq.h>
@@ -81,12 +82,22 @@ int main(int argc, char **argv)
         return 2;
     }
 
+    /* Every frontend connection and every rank of a run is a descriptor; the
+     * usual soft limit of 1024 is far below what the hard limit allows. */
+    dk_fdlimit_raise();
+
     char err[1024];
     dk_conn_t conn;
     if (dk_conn_load(conn_path, &conn, err, sizeof err) < 0) {
         fprintf(stderr, "distkernel: %s\n", err);
         return 1;
     }
+    /* Legal (the spec says an empty key disables signing), but then anyone who
+     * can reach the ports can run code as this user. */
+    if (conn.key_len == 0)
+        dk_log("warning: the connection file's key is empty, so messages are not signed: "
+               "any process that can reach %s:%d can run code in this kernel",
+               conn.ip, conn.ports[DK_CHAN_SHELL]);
     dk_kernel_t *kernel = dk_kernel_new(&conn, err, sizeof err);
     if (!kernel) {
         fprintf(stderr, "distkernel: %s\n", err);

@@ -8,8 +8,14 @@
  * looked at. The first valid HELLO for a rank claims that rank for the rest of
  * the job; a second claim, an unknown rank, a bad MAC, an oversized frame or a
  * message out of protocol closes the connection with a warning. At most
- * PENDING_MAX connections may wait for their HELLO at once, so idle
- * connections cannot exhaust our descriptors.
+ * DK_BC_PENDING_MAX connections may wait for their HELLO at once, so idle
+ * connections cannot exhaust our descriptors, and each waits at most
+ * DK_BC_HELLO_DEADLINE_S (a rank says HELLO as soon as it connects). When all
+ * the slots are taken, a new connection waits in the listen backlog until the
+ * one that has waited longest has had EVICT_AFTER_S, and then takes its slot:
+ * connections that never say HELLO cannot keep a rank out (to do that, a
+ * process would have to make DK_BC_PENDING_MAX connections a second, all the
+ * time), and a rank that has just connected is never closed to make room.
  *
  * Every descriptor is non-blocking and each connection has its own input and
  * output state, so a slow reader of a large payload or a peer trickling a
@@ -34,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -44,9 +51,9 @@
 #include <openssl/params.h>
 #include <openssl/rand.h>
 
-#define PENDING_MAX 64
 #define READ_BUDGET ((size_t) 4 << 20)     /* bytes per connection per poll turn */
 #define ACCEPT_BUDGET 32                   /* connections accepted per poll turn */
+#define EVICT_AFTER_S 1.0                  /* a pending connection's HELLO time when others wait */
 #define WARNINGS_MAX 20
 #define BODY_HEAD 5                        /* u8 type | u32 rank */
 #define FRAME_MIN (DK_BC_MAC_LEN + BODY_HEAD)
@@ -55,6 +62,7 @@
 typedef struct {
     int fd;                 /* -1: free slot */
     int rank;               /* -1 until a valid HELLO */
+    double since;           /* when it was accepted (CLOCK_MONOTONIC seconds) */
     bool done;              /* RESULT or ERROR received */
     bool delivering;        /* PAYLOAD frame queued, not yet reported written */
     unsigned char nonce[DK_BC_NONCE_LEN];
@@ -108,6 +116,13 @@ static void warn(dk_backchan_t *self, const char *fmt, ...)
         va_end(ap);
     }
     self->sink.on_warning(self->sink.data, text);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
 }
 
 static void put_be32(unsigned char *p, uint32_t v)
@@ -205,7 +220,7 @@ dk_backchan_t *dk_backchan_new(int world_size, const void *payload, size_t paylo
     self->listen_fd = -1;
     self->world_size = world_size;
     self->sink = *sink;
-    self->nconns = (size_t) world_size + PENDING_MAX;
+    self->nconns = (size_t) world_size + DK_BC_PENDING_MAX;
     self->claimed = calloc((size_t) world_size, sizeof *self->claimed);
     self->conns = calloc(self->nconns, sizeof *self->conns);
     self->polled = calloc(self->nconns, sizeof *self->polled);
@@ -502,9 +517,72 @@ static void conn_read(dk_backchan_t *self, conn_t *c, size_t budget)
     }
 }
 
+/* Close the connections that have waited for their HELLO past the deadline. */
+static void expire_pending(dk_backchan_t *self)
+{
+    double now = now_s();
+    for (size_t i = 0; i < self->nconns; i++) {
+        conn_t *c = &self->conns[i];
+        if (c->fd >= 0 && c->rank < 0 && now - c->since >= DK_BC_HELLO_DEADLINE_S)
+            refuse(self, c, "it did not say HELLO within " DK_BC_STR(DK_BC_HELLO_DEADLINE_S) " s");
+    }
+}
+
+/* A free slot for a new connection, or NULL when every pending slot is taken;
+ * then *OLDEST is the connection that has waited longest for its HELLO. */
+static conn_t *free_slot(dk_backchan_t *self, conn_t **oldest)
+{
+    conn_t *slot = NULL;
+    size_t pending = 0;
+    *oldest = NULL;
+    for (size_t i = 0; i < self->nconns; i++) {
+        conn_t *c = &self->conns[i];
+        if (c->fd < 0 && !slot)
+            slot = c;
+        else if (c->fd >= 0 && c->rank < 0) {
+            pending++;
+            if (!*oldest || c->since < (*oldest)->since)
+                *oldest = c;
+        }
+    }
+    return pending >= DK_BC_PENDING_MAX ? NULL : slot;
+}
+
+double dk_backchan_deadline(const dk_backchan_t *self)
+{
+    double next = -1;
+    for (size_t i = 0; i < self->nconns; i++) {
+        const conn_t *c = &self->conns[i];
+        if (c->fd >= 0 && c->rank < 0 && (next < 0 || c->since + DK_BC_HELLO_DEADLINE_S < next))
+            next = c->since + DK_BC_HELLO_DEADLINE_S;
+    }
+    conn_t *oldest;
+    if (!free_slot((dk_backchan_t *) self, &oldest) && oldest &&
+        oldest->since + EVICT_AFTER_S < next)
+        next = oldest->since + EVICT_AFTER_S;
+    return next;
+}
+
+/* Whether a connection waiting to be accepted can have a slot now, making one
+ * by closing the longest-waiting pending connection if it has had
+ * EVICT_AFTER_S. If not, the connection waits in the listen backlog. */
+static conn_t *slot_for_new(dk_backchan_t *self)
+{
+    conn_t *oldest;
+    conn_t *slot = free_slot(self, &oldest);
+    if (slot || !oldest || now_s() - oldest->since < EVICT_AFTER_S)
+        return slot;
+    refuse(self, oldest, "it had not said HELLO and every slot was wanted");
+    return oldest;
+}
+
 static void accept_all(dk_backchan_t *self)
 {
+    expire_pending(self);
     for (int k = 0; k < ACCEPT_BUDGET && self->listen_fd >= 0; k++) {
+        conn_t *slot = slot_for_new(self);
+        if (!slot)
+            return;
         int fd = accept4(self->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0 && errno == EINTR)
             continue;
@@ -518,24 +596,10 @@ static void accept_all(dk_backchan_t *self)
         }
         if (fd < 0)
             return;
-        conn_t *slot = NULL;
-        size_t pending = 0;
-        for (size_t i = 0; i < self->nconns; i++) {
-            conn_t *c = &self->conns[i];
-            if (c->fd < 0 && !slot)
-                slot = c;
-            else if (c->fd >= 0 && c->rank < 0)
-                pending++;
-        }
-        if (!slot || pending >= PENDING_MAX) {
-            close(fd);
-            warn(self, "back channel: refused a connection: %zu connections are already "
-                 "waiting to say HELLO", pending);
-            continue;
-        }
         conn_close(slot);
         slot->fd = fd;
         slot->rank = -1;
+        slot->since = now_s();
         if (RAND_bytes(slot->nonce, sizeof slot->nonce) != 1) {
             refuse(self, slot, "OpenSSL could not make a nonce");
             continue;
@@ -551,8 +615,14 @@ static void accept_all(dk_backchan_t *self)
 
 size_t dk_backchan_poll_fill(dk_backchan_t *self, struct pollfd *fds)
 {
+    expire_pending(self);
     size_t n = 0;
-    self->polled_listener = self->listen_fd >= 0;
+    /* With every pending slot taken by connections too young to close, new
+     * ones wait in the backlog; polling the listener then would only spin. */
+    conn_t *oldest;
+    self->polled_listener = self->listen_fd >= 0 &&
+                            (free_slot(self, &oldest) ||
+                             (oldest && now_s() - oldest->since >= EVICT_AFTER_S));
     if (self->polled_listener)
         fds[n++] = (struct pollfd) {.fd = self->listen_fd, .events = POLLIN};
     size_t k = 0;

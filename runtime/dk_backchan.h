@@ -27,6 +27,11 @@ enum {
 #define DK_BC_MAC_LEN 32
 /* Largest payload one frame may carry, either way. A peer announcing more is
  * disconnected before anything is allocated. */
+/* Connections that may wait for their HELLO at once, and for how long. */
+#define DK_BC_PENDING_MAX 64
+#define DK_BC_HELLO_DEADLINE_S 10
+#define DK_BC_STR_(x) #x
+#define DK_BC_STR(x) DK_BC_STR_(x)
 #define DK_BC_PAYLOAD_MAX ((size_t) 1 << 30)
 
 typedef struct {
@@ -56,7 +61,12 @@ const char *dk_backchan_key_hex(const dk_backchan_t *self);
 /* Most pollfd entries dk_backchan_poll_fill can write. */
 size_t dk_backchan_max_fds(const dk_backchan_t *self);
 
-/* Write the descriptors to poll into FDS; returns how many. */
+/* When (CLOCK_MONOTONIC seconds) the next connection waiting for its HELLO
+ * runs out of time, or -1 if none waits: the poll must wake by then. */
+double dk_backchan_deadline(const dk_backchan_t *self);
+
+/* Write the descriptors to poll into FDS; returns how many. Connections past
+ * their HELLO deadline are closed first. */
 size_t dk_backchan_poll_fill(dk_backchan_t *self, struct pollfd *fds);
 
 /* Act on the poll results for the N entries last filled: accept, read, write.

@@ -46,6 +46,7 @@
 #include "dk_job.h"
 
 #include "dk_backchan.h"
+#include "dk_fdlimit.h"
 #include "dk_spawn.h"
 
 #include <errno.h>
@@ -391,6 +392,8 @@ static int poll_timeout_ms(const dk_job_t *job)
         earliest(&next, job->stop_at + job->kill_stage * job->grace_s);
     if (job->unreaped == 0)
         earliest(&next, job->last_reap_at + DRAIN_S);
+    if (dk_backchan_deadline(job->chan) >= 0)
+        earliest(&next, dk_backchan_deadline(job->chan));
     int ms = -1;
     if (next >= 0) {
         double wait = (next - now_s()) * 1000.0 + 1;   /* +1: never wake just before */
@@ -737,7 +740,7 @@ dk_job_t *dk_job_start(const dk_job_spec_t *spec, const dk_sink_t *sink, char *e
         err = scratch;
         errlen = sizeof scratch;
     }
-    if (!check_spec(spec, err, errlen))
+    if (!check_spec(spec, err, errlen) || !dk_fdlimit_job_check(spec->world_size, err, errlen))
         return NULL;
     dk_job_t *job = job_alloc(spec, sink);
     if (!job) {

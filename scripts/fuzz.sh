@@ -34,7 +34,7 @@ TARGETS=("$@")
 sources() {
   case $1 in
     fuzz_wire)  echo "kernel/dk_wire.c" ;;
-    fuzz_conn)  echo "kernel/dk_conn.c" ;;
+    fuzz_conn)  echo "kernel/dk_conn.c kernel/dk_wire.c" ;;
     fuzz_opts)  echo "magics/dk_magic.c magics/dk_dist_opts.c" ;;
     fuzz_lines) echo "runtime/dk_lines.c runtime/dk_utf8.c" ;;
     *) echo "unknown fuzz target '$1'; the targets are: ${ALL_TARGETS[*]}" >&2; return 1 ;;
@@ -43,7 +43,7 @@ sources() {
 libraries() {
   case $1 in
     fuzz_wire)  pkg-config --cflags --libs libczmq libzmq jansson openssl ;;
-    fuzz_conn)  pkg-config --cflags --libs jansson ;;
+    fuzz_conn)  pkg-config --cflags --libs libczmq libzmq jansson openssl ;;
     fuzz_opts)  echo "-lm" ;;
     fuzz_lines) echo "" ;;
   esac

@@ -28,6 +28,10 @@
  *                    alternating, then as result
  *   grandchild       leave a child holding stdout and stderr for 30 s ("GRANDCHILD pid"),
  *                    then as result
+ *   idle_hello       first FAKE_IDLE (72) connections that never say HELLO (nor read);
+ *                    then HELLO and PAYLOAD on its own, then wait up to 30 s for the
+ *                    runtime to close the newest idle one ("idle closed after N s" or
+ *                    "idle still open"), then as result
  * With FAKE_PRINT_ENV set it first prints "ENV NAME=value" for the variables the
  * runtime sets, and facts about how it was started (open fds, stdin, signal
  * mask, process group).
@@ -336,6 +340,21 @@ int main(void)
         dprintf(1, "refused as expected\n");
     }
 
+    int idle_last = -1;
+    if (!strcmp(mode, "idle_hello")) {
+        int n = getenv("FAKE_IDLE") ? atoi(getenv("FAKE_IDLE")) : 72;
+        for (int i = 0; i < n; i++) {
+            int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+            struct sockaddr_un addr = {.sun_family = AF_UNIX};
+            snprintf(addr.sun_path, sizeof addr.sun_path, "%s", getenv("DISTKERNEL_BC"));
+            if (connect(fd, (struct sockaddr *) &addr, sizeof addr) != 0)
+                die("idle connect: %s", strerror(errno));
+            idle_last = fd;
+        }
+    }
+    struct timespec idle_t0;
+    clock_gettime(CLOCK_MONOTONIC, &idle_t0);
+
     conn_t c = connect_bc();
     send_frame(&c, HELLO, (uint32_t) rank, NULL, 0, false);
     int type;
@@ -350,6 +369,27 @@ int main(void)
     char digest_hex[65];
     hex(digest, 32, digest_hex);
 
+    if (idle_last >= 0) {
+        /* The nonce, then end of file once the HELLO deadline has passed. */
+        unsigned char buf[64];
+        bool closed = false;
+        for (;;) {
+            struct pollfd p = {.fd = idle_last, .events = POLLIN};
+            if (poll(&p, 1, 30000) <= 0)
+                break;
+            ssize_t got = read(idle_last, buf, sizeof buf);
+            if (got <= 0) {
+                closed = true;
+                break;
+            }
+        }
+        struct timespec t1;
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        if (closed)
+            dprintf(1, "idle closed after %ld s\n", (long) (t1.tv_sec - idle_t0.tv_sec));
+        else
+            dprintf(1, "idle still open\n");
+    }
     if (!strcmp(mode, "duplicate_hello")) {
         conn_t dup = connect_bc();
         send_frame(&dup, HELLO, (uint32_t) rank, NULL, 0, false);

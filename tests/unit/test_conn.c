@@ -137,17 +137,46 @@ Test(conn, refuses_a_missing_ip)
     expect_refused("{" PORTS ", \"key\": \"\"}", "missing \"ip\"");
 }
 
-Test(conn, refuses_a_scheme_other_than_hmac_sha256)
+/* Finding 6 of issue 11: the spec allows any hmac-* scheme, and a file without
+ * one means jupyter_client's default, hmac-sha256. */
+static void expect_digest(const char *scheme_field, const char *digest)
 {
-    expect_refused("{" PORTS ", \"ip\": \"127.0.0.1\", \"key\": \"k\","
-                   " \"signature_scheme\": \"hmac-md5\"}",
-                   "\"signature_scheme\" is \"hmac-md5\", expected \"hmac-sha256\"");
+    char text[512];
+    snprintf(text, sizeof text, "{" PORTS ", \"ip\": \"127.0.0.1\", \"key\": \"k\"%s}",
+             scheme_field);
+    dk_conn_t conn;
+    char err[512];
+    cr_assert_eq(parse(text, &conn, err, sizeof err), 0, "%s: %s", text, err);
+    cr_assert_str_eq(conn.digest, digest);
+    dk_conn_clear(&conn);
 }
 
-Test(conn, refuses_a_key_without_a_scheme)
+Test(conn, accepts_every_hmac_scheme_openssl_provides)
 {
-    expect_refused("{" PORTS ", \"ip\": \"127.0.0.1\", \"key\": \"k\"}",
-                   "\"signature_scheme\" is missing");
+    expect_digest(", \"signature_scheme\": \"hmac-sha256\"", "sha256");
+    expect_digest(", \"signature_scheme\": \"hmac-sha512\"", "sha512");
+    expect_digest(", \"signature_scheme\": \"hmac-sha384\"", "sha384");
+    expect_digest(", \"signature_scheme\": \"hmac-sha1\"", "sha1");
+    expect_digest(", \"signature_scheme\": \"hmac-sha3_256\"", "sha3_256");
+}
+
+Test(conn, a_missing_scheme_means_hmac_sha256)
+{
+    expect_digest("", "sha256");
+}
+
+Test(conn, refuses_a_scheme_that_is_not_an_hmac_openssl_has)
+{
+    expect_refused("{" PORTS ", \"ip\": \"127.0.0.1\", \"key\": \"k\","
+                   " \"signature_scheme\": \"hmac-nosuch\"}",
+                   "\"signature_scheme\" is \"hmac-nosuch\", expected \"hmac-\" and a digest");
+    expect_refused("{" PORTS ", \"ip\": \"127.0.0.1\", \"key\": \"k\","
+                   " \"signature_scheme\": \"sha256\"}",
+                   "\"signature_scheme\" is \"sha256\"");
+    /* An extendable-output function has no fixed length to sign with. */
+    expect_refused("{" PORTS ", \"ip\": \"127.0.0.1\", \"key\": \"k\","
+                   " \"signature_scheme\": \"hmac-shake256\"}",
+                   "\"signature_scheme\" is \"hmac-shake256\"");
 }
 
 Test(conn, accepts_an_empty_key_without_a_scheme)
@@ -243,4 +272,31 @@ Test(conn, error_is_truncated_to_the_buffer_and_terminated)
     memset(err, 'x', sizeof err);
     cr_assert_eq(dk_conn_parse("{}", 2, &conn, err, sizeof err), -1);
     cr_assert_eq(strlen(err), sizeof err - 1);
+}
+
+/* Finding 6 of issue 11: what ZeroMQ is asked to bind. It takes numeric
+ * addresses only, and IPv6 only when told. */
+static void expect_bind(const char *ip, const char *endpoint, bool ipv6)
+{
+    char text[512];
+    snprintf(text, sizeof text, "{" PORTS ", \"ip\": \"%s\", \"key\": \"\"}", ip);
+    dk_conn_t conn;
+    char err[512] = "", buf[300];
+    cr_assert_eq(parse(text, &conn, err, sizeof err), 0, "%s", err);
+    bool v6 = !ipv6;
+    cr_assert_not_null(dk_conn_bind_endpoint(&conn, DK_CHAN_SHELL, buf, sizeof buf, &v6, err,
+                                             sizeof err), "%s: %s", ip, err);
+    cr_assert_str_eq(buf, endpoint, "%s", ip);
+    cr_assert_eq(v6, ipv6, "%s", ip);
+    dk_conn_clear(&conn);
+}
+
+Test(conn, bind_endpoints_for_names_and_ipv6)
+{
+    expect_bind("127.0.0.1", "tcp://127.0.0.1:1", false);
+    expect_bind("*", "tcp://*:1", false);
+    expect_bind("localhost", "tcp://127.0.0.1:1", false);
+    expect_bind("::1", "tcp://[::1]:1", true);
+    expect_bind("[::1]", "tcp://[::1]:1", true);
+    expect_bind("::", "tcp://[::]:1", true);
 }

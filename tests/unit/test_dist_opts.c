@@ -402,6 +402,9 @@ Test(bad_values, huge_rank_count_names_the_limit)
      * or the user is told their (valid-looking) value is not a number. */
     fails("num_processes=5000", "num_processes", "4096", NULL);
     fails("num_accelerators=5000", "num_accelerators", "4096", NULL);
+    /* ... and why it is what it is (finding 5 of issue 11). */
+    fails("num_processes=5000", "every rank is a process on this machine",
+          "5 of the kernel's file descriptors", NULL);
 }
 
 Test(bad_values, rank_count_limit_is_inclusive)

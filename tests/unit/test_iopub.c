@@ -11,6 +11,7 @@
 #include <criterion/criterion.h>
 
 #include <jansson.h>
+#include <pthread.h>
 #include <regex.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -323,4 +324,157 @@ Test(iopub, stream_output_to_a_slow_reader_is_complete)
     cr_assert_eq(next, lines);
     free(shown);
     dk_stream_destroy(&stream);
+}
+
+/* ---- finding 3 of issue 11: a subscriber that never reads -------------------
+ * Over TCP (the monitor counts TCP and IPC connections, not inproc), with big
+ * messages so that the operating system's buffers fill quickly. */
+
+#define BIG 32768
+
+typedef struct {
+    zsock_t *sock;
+    int expected;           /* offers to read, numbered 0.. */
+    int got, out_of_order;
+    bool idle;
+    pthread_t tid;
+} reader_t;
+
+static void *reader_main(void *arg)
+{
+    reader_t *r = arg;
+    zpoller_t *p = zpoller_new(r->sock, NULL);
+    while (!r->idle && zpoller_wait(p, 10000)) {
+        zmsg_t *m = zmsg_recv(r->sock);
+        if (!m)
+            break;
+        zframe_t *f = zmsg_first(m);
+        while (f && !zframe_streq(f, "<IDS|MSG>"))
+            f = zmsg_next(m);
+        for (int i = 0; f && i < 5; i++)
+            f = zmsg_next(m);   /* signature, header, parent, metadata -> content */
+        json_t *c = f ? json_loadb((const char *)zframe_data(f), zframe_size(f), 0, NULL) : NULL;
+        const char *text = json_string_value(json_object_get(c, "text"));
+        const char *state = json_string_value(json_object_get(c, "execution_state"));
+        if (text) {
+            if (atoi(text) != r->got)
+                r->out_of_order++;
+            r->got++;
+        } else if (state && strcmp(state, "idle") == 0) {
+            r->idle = true;
+        }
+        json_decref(c);
+        zmsg_destroy(&m);
+    }
+    zpoller_destroy(&p);
+    return NULL;
+}
+
+/* An iopub on a TCP publisher with N subscribers (SUBS) connected, subscribed
+ * and drained; the test decides which of them read after that. */
+static dk_iopub_t *tcp_iopub(zsock_t **pub_p, zsock_t **subs, int n)
+{
+    zsock_t *p = zsock_new(ZMQ_PUB);
+    zsock_set_sndhwm(p, 4);
+    int port = zsock_bind(p, "tcp://127.0.0.1:*");
+    cr_assert_gt(port, 0);
+    dk_iopub_t *io = dk_iopub_new(p, signer, "session");
+    for (int i = 0; i < n; i++) {
+        subs[i] = zsock_new(ZMQ_SUB);
+        zsock_set_rcvhwm(subs[i], 1);
+        zsock_set_subscribe(subs[i], "");
+        cr_assert(zsock_connect(subs[i], "tcp://127.0.0.1:%d", port) == 0);
+    }
+    /* Every subscriber has joined when each has read a status. */
+    for (int i = 0; i < n; i++) {
+        bool joined = false;
+        for (int t = 0; t < 500 && !joined; t++) {
+            dk_iopub_status(io, "starting", "{}");
+            joined = readable_within(subs[i], 10);
+        }
+        cr_assert(joined, "subscriber %d never joined", i);
+    }
+    for (int i = 0; i < n; i++)
+        while (readable_within(subs[i], 50)) {
+            zmsg_t *m = zmsg_recv(subs[i]);
+            zmsg_destroy(&m);
+        }
+    for (int t = 0; t < 200 && dk_iopub_connections(io) < n; t++)
+        usleep(10000);
+    cr_assert_eq(dk_iopub_connections(io), n);
+    *pub_p = p;
+    return io;
+}
+
+/* Offer numbered BIG-byte stream texts 0..N-1, each retried until sent (as
+ * dk_stream does); returns the longest wait for one, in ms. */
+static long long offer_all(dk_iopub_t *io, int n, long long give_up_ms)
+{
+    static char text[BIG + 64];
+    long long longest = 0;
+    for (int i = 0; i < n; i++) {
+        int k = snprintf(text, sizeof text, "{\"name\":\"stdout\",\"text\":\"%d ", i);
+        memset(text + k, 'x', BIG);
+        snprintf(text + k + BIG, sizeof text - k - BIG, "\\n\"}");
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (;;) {
+            if (dk_iopub_offer_text(io, "stream", text) == DK_IOPUB_SENT)
+                break;
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            long long waited = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
+            if (waited > give_up_ms)
+                return waited;
+            usleep(2000);
+        }
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        long long waited = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
+        if (waited > longest)
+            longest = waited;
+    }
+    return longest;
+}
+
+Test(iopub, a_subscriber_that_never_reads_does_not_hold_back_another)
+{
+    zsock_t *tpub, *subs[2];
+    dk_iopub_t *io = tcp_iopub(&tpub, subs, 2);
+    reader_t r = {.sock = subs[1]};
+    pthread_create(&r.tid, NULL, reader_main, &r);
+    /* 64 MiB: far more than the stuck subscriber's socket buffers hold. */
+    int n = 2048;
+    long long longest = offer_all(io, n, 5000);
+    cr_assert_lt(longest, 5000, "an offer waited %lld ms: the stuck subscriber held it back",
+                 longest);
+    dk_iopub_status(io, "idle", "{}");
+    pthread_join(r.tid, NULL);
+    cr_assert_eq(r.got, n, "the reading frontend got %d of %d", r.got, n);
+    cr_assert_eq(r.out_of_order, 0);
+    cr_assert(r.idle, "no idle");
+    cr_assert_geq(dk_iopub_passed_over(io), 1);
+    dk_iopub_destroy(&io);
+    for (int i = 0; i < 2; i++)
+        zsock_destroy(&subs[i]);
+    zsock_destroy(&tpub);
+}
+
+Test(iopub, a_single_subscriber_that_stops_reading_is_waited_for_not_dropped)
+{
+    zsock_t *tpub, *subs[1];
+    dk_iopub_t *io = tcp_iopub(&tpub, subs, 1);
+    /* Fill it, then keep offering past DK_IOPUB_STUCK_MS: still refused. */
+    long long waited = offer_all(io, 2048, 3 * DK_IOPUB_STUCK_MS);
+    cr_assert_geq(waited, 3 * DK_IOPUB_STUCK_MS, "offers never refused");
+    dk_iopub_status(io, "idle", "{}");
+    cr_assert_eq(dk_iopub_passed_over(io), 0);
+    /* Reading again, it gets the rest in order and its idle. */
+    reader_t r = {.sock = subs[0]};
+    pthread_create(&r.tid, NULL, reader_main, &r);
+    pthread_join(r.tid, NULL);
+    cr_assert(r.idle, "the idle was dropped");
+    cr_assert_eq(r.out_of_order, 0);
+    cr_assert_eq(dk_iopub_dropped(io), 0);
+    dk_iopub_destroy(&io);
+    zsock_destroy(&subs[0]);
+    zsock_destroy(&tpub);
 }

@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -24,6 +25,7 @@
 
 #include <openssl/evp.h>
 
+#include "dk_fdlimit.h"
 #include "dk_job.h"
 
 #ifndef FAKE_RANK
@@ -770,6 +772,59 @@ Test(job, a_hello_for_a_rank_outside_the_job_is_refused)
     dk_job_t *job = run(2, extra);
     cr_assert_eq(dk_job_end(job), DK_END_OK);
     cr_assert(warned("named rank 2, but this job has ranks 0 to 1"));
+    finish(&job);
+}
+
+/* Finding 6 of issue 11: connections that never say HELLO (more than there are
+ * pending slots) neither keep a rank out nor stay past the deadline. */
+Test(job, idle_connections_without_hello_do_not_fail_the_job_and_are_closed, .timeout = 60)
+{
+    const char *extra[] = {"FAKE_MODE_0=idle_hello", NULL};
+    dk_job_spec_t spec = spec_for(2, extra);
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 40000), "the job did not end");
+    cr_assert_eq(dk_job_end(job), DK_END_OK, "%s", rec.nwarnings ? rec.warnings[0] : "");
+    cr_assert(output_has(0, 1, "idle closed after"), "the idle connection was not closed");
+    cr_assert(warned("did not say HELLO within 10 s"));
+    finish(&job);
+}
+
+/* Finding 5 of issue 11: a job that cannot have its descriptors is refused
+ * before anything starts, with what it needs and what is free. */
+Test(job, a_job_that_would_run_out_of_descriptors_is_refused_up_front)
+{
+    struct rlimit rl = {256, 256};
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    int before = count_fds();
+    dk_job_spec_t spec = spec_for(100, NULL);
+    char err[512] = "";
+    dk_job_t *job = dk_job_start(&spec, &sink, err, sizeof err);
+    cr_assert_null(job);
+    char need[64];
+    snprintf(need, sizeof need, "100 ranks need %zu file descriptors", dk_fdlimit_job_need(100));
+    cr_assert(strstr(err, need), "%s", err);
+    cr_assert(strstr(err, "of its limit of 256 are free"), "%s", err);
+    cr_assert(strstr(err, "ulimit -Hn"), "%s", err);
+    cr_assert_eq(count_fds(), before, "a refused job left descriptors open");
+    /* What the message says fits does fit. */
+    const char *use = strstr(err, "Use at most ");
+    cr_assert_not_null(use);
+    int fit = atoi(use + strlen("Use at most "));
+    cr_assert_gt(fit, 1);
+    finish(&job);
+    /* The recorder keeps MAXR ranks: lower the limit so that is what fits. */
+    rl.rlim_cur = rl.rlim_max = (rlim_t) (count_fds() + dk_fdlimit_job_need(MAXR) + 2);
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    spec = spec_for(MAXR + 1, NULL);
+    job = dk_job_start(&spec, &sink, err, sizeof err);
+    cr_assert_null(job);
+    fit = atoi(strstr(err, "Use at most ") + strlen("Use at most "));
+    cr_assert_eq(fit, MAXR, "%s", err);
+    finish(&job);
+    spec = spec_for(fit, NULL);
+    job = start(&spec);
+    cr_assert(dk_job_wait(job, 60000), "the job did not end");
+    cr_assert_eq(dk_job_end(job), DK_END_OK);
     finish(&job);
 }
 

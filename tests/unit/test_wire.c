@@ -30,7 +30,7 @@ typedef struct {
     const void *data[32];
     size_t len[32];
     size_t n;
-    char sig[DK_SIG_HEX_LEN + 1];
+    char sig[DK_SIG_HEX_MAX + 1];
 } frames_t;
 
 static void push(frames_t *fr, const void *data, size_t len)
@@ -101,6 +101,56 @@ Test(sign, matches_an_independently_computed_hmac_sha256)
     cr_assert_str_eq(out, FOX_SIG);
     dk_signer_destroy(&s);
     cr_assert_null(s);
+}
+
+/* Finding 6 of issue 11: other hmac-* schemes, checked against Python's
+ * hmac.new(b"key", FOX, hashlib.sha512 / hashlib.sha3_256). */
+Test(sign, other_digests_match_python_hmac)
+{
+    static const struct {
+        const char *digest, *hex;
+    } cases[] = {
+        {"sha512", "b42af09057bac1e2d41708e48a902e09b5ff7f12ab428a4fe86653c73dd248fb"
+                   "82f948a549f7b791a5b41915ee4d1ec3935357e4e2317250d0372afa2ebeeb3a"},
+        {"sha3_256", "8c6e0683409427f8931711b10ca92a506eb1fafa48fadd66d76126f47ac2c333"},
+        {"SHA256", FOX_SIG},
+    };
+    const void *parts[1] = {"The quick brown fox jumps over the lazy dog"};
+    size_t lens[1] = {strlen(parts[0])};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        dk_signer_t *s = dk_signer_new_digest(cases[i].digest, "key", 3);
+        cr_assert_not_null(s, "%s", cases[i].digest);
+        cr_assert_eq(dk_signer_hex_len(s), strlen(cases[i].hex));
+        char out[DK_SIG_HEX_MAX + 1];
+        dk_signer_sign(s, parts, lens, 1, out);
+        cr_assert_str_eq(out, cases[i].hex, "%s", cases[i].digest);
+        cr_assert(dk_signer_verify(s, parts, lens, 1, out, strlen(out)));
+        cr_assert_not(dk_signer_verify(s, parts, lens, 1, FOX_SIG, DK_SIG_HEX_LEN) &&
+                      strcmp(cases[i].hex, FOX_SIG) != 0);
+        dk_signer_destroy(&s);
+    }
+    cr_assert_null(dk_signer_new_digest("nosuch", "key", 3));
+    cr_assert_null(dk_signer_new_digest("shake256", "key", 3));
+}
+
+Test(decode, accepts_a_message_signed_with_hmac_sha512)
+{
+    dk_signer_t *s512 = dk_signer_new_digest("sha512", KEY, strlen(KEY));
+    frames_t fr = {0};
+    char err[256];
+    push_msg(&fr, s512, HEADER, "{}", "{}", "{}");
+    cr_assert_eq(fr.len[1], 128);
+    dk_msg_t *msg = decode(s512, replay, &fr, err, sizeof err);
+    cr_assert_not_null(msg, "%s", err);
+    dk_msg_destroy(&msg);
+    /* Replayed: the 128-digit signature was recorded (as its digest). */
+    cr_assert_null(decode(s512, replay, &fr, err, sizeof err));
+    /* A SHA-256 signature is malformed for this session. */
+    frames_t fr2 = {0};
+    push_msg(&fr2, signer, HEADER, "{}", "{}", "{\"x\":1}");
+    cr_assert_null(decode(s512, replay, &fr2, err, sizeof err));
+    cr_assert_not_null(strstr(err, "expected 128 lowercase hex digits of HMAC-sha512"), "%s", err);
+    dk_signer_destroy(&s512);
 }
 
 Test(sign, covers_the_four_parts_concatenated_in_order)
