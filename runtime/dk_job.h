@@ -95,8 +95,14 @@ typedef struct {
     size_t payload_len;
     double timeout_s;           /* <= 0: none */
     double grace_s;             /* between SIGINT, SIGTERM, SIGKILL; <= 0: 2.0 */
-    const char *log_dir;        /* rank-N.log files go here (created if missing);
-                                   NULL: a fresh directory under $TMPDIR */
+    /* rank-N.log files go here, created 0700 if missing. It must be the user's
+     * alone, reached only through directories of the user or root (see
+     * dk_logdir.h); otherwise the job does not start. NULL: a fresh
+     * kernel-PID/run-RANDOM under the default root (dk_logdir_default_root). */
+    const char *log_dir;
+    /* Each rank-N.log keeps at most this many bytes: past it, its head and tail
+     * with a marker between (dk_logfile_t). 0: DK_LOG_CAP_DEFAULT (1 GiB). */
+    unsigned long long log_cap;
 } dk_job_spec_t;
 
 typedef struct dk_job_t dk_job_t;

@@ -467,33 +467,6 @@ int dk_logdir_prune(int rootfd, const dk_logdir_policy_t *policy, pid_t self)
     return removed;
 }
 
-bool dk_logdir_parse_size(const char *text, unsigned long long *out)
-{
-    if (!text || *text < '0' || *text > '9')
-        return false;
-    errno = 0;
-    char *end;
-    unsigned long long v = strtoull(text, &end, 10);
-    if (errno)
-        return false;
-    int shift = 0;
-    switch (*end) {
-    case 'k': case 'K': shift = 10; end++; break;
-    case 'm': case 'M': shift = 20; end++; break;
-    case 'g': case 'G': shift = 30; end++; break;
-    case 't': case 'T': shift = 40; end++; break;
-    default: break;
-    }
-    if (shift && *end == 'i')
-        end++;
-    if (*end == 'B' || (*end == 'b' && shift))
-        end++;
-    if (*end || (shift && v > (ULLONG_MAX >> shift)))
-        return false;
-    *out = v << shift;
-    return true;
-}
-
 /* ------------------------------------------------------------------------ */
 /* Capped log files                                                          */
 

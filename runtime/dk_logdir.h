@@ -90,10 +90,6 @@ typedef struct {
  * folders removed for the cap. */
 int dk_logdir_prune(int rootfd, const dk_logdir_policy_t *policy, pid_t self);
 
-/* "1G", "64M", "512k", "4096" (bytes; K/M/G/T are powers of 1024, an optional
- * trailing "B" or "iB" is allowed). Returns false unless TEXT is such a size. */
-bool dk_logdir_parse_size(const char *text, unsigned long long *out);
-
 /* ------------------------------------------------------------------------ */
 /* A log file with a size cap.
  *

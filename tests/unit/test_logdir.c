@@ -278,20 +278,6 @@ Test(logdir, folders_of_exited_kernels_go_beyond_the_newest_once_old)
     close(root);
 }
 
-Test(logdir, sizes_parse_with_binary_suffixes)
-{
-    unsigned long long v;
-    cr_assert(dk_logdir_parse_size("4096", &v) && v == 4096);
-    cr_assert(dk_logdir_parse_size("64k", &v) && v == 64 << 10);
-    cr_assert(dk_logdir_parse_size("1M", &v) && v == 1 << 20);
-    cr_assert(dk_logdir_parse_size("2GiB", &v) && v == 2ULL << 30);
-    cr_assert(dk_logdir_parse_size("1GB", &v) && v == 1ULL << 30);
-    cr_assert(!dk_logdir_parse_size("", &v));
-    cr_assert(!dk_logdir_parse_size("-1", &v));
-    cr_assert(!dk_logdir_parse_size("1X", &v));
-    cr_assert(!dk_logdir_parse_size("99999999999T", &v));
-}
-
 /* ---- capped logs --------------------------------------------------------- */
 
 Test(logdir, a_log_under_its_cap_is_kept_whole)
