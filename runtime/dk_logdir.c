@@ -561,10 +561,10 @@ int dk_logfile_write(dk_logfile_t *self, const void *bytes, size_t len)
         self->head += n;
         p += n;
         len -= n;
-        if (len > 0 && reset_segment(self, self->cur) != 0)
-            goto failed;
     }
     while (len > 0) {
+        if (self->seg[self->cur] < 0 && reset_segment(self, self->cur) != 0)
+            goto failed;   /* the first byte past the head */
         unsigned long long room = self->seg_cap - self->seg_len[self->cur];
         if (room == 0) {
             self->cur ^= 1;

@@ -346,3 +346,23 @@ Test(logdir, a_tiny_cap_is_raised_to_the_minimum)
     dk_logfile_close(&log);
     close(root);
 }
+
+Test(logdir, output_that_exactly_fills_the_head_then_goes_on_is_kept)
+{
+    int root = open(base, O_RDONLY | O_DIRECTORY);
+    dk_logfile_t *log = dk_logfile_new(root, "rank-0.log", DK_LOG_CAP_MIN, err, sizeof err);
+    cr_assert_not_null(log, "%s", err);
+    char head[DK_LOG_CAP_MIN / 2];
+    memset(head, 'h', sizeof head);
+    cr_assert_eq(dk_logfile_write(log, head, sizeof head), 0);
+    cr_assert(!dk_logfile_capped(log));
+    cr_assert_eq(dk_logfile_write(log, "tail\n", 5), 0, "%s", strerror(errno));
+    cr_assert(dk_logfile_capped(log));
+    cr_assert_eq(dk_logfile_close(&log), 0);
+    size_t len;
+    char *text = read_file(at("rank-0.log"), &len);
+    cr_assert(len > 5 && strcmp(text + len - 5, "tail\n") == 0);
+    cr_assert_not_null(strstr(text, "0 bytes of output left out here"));
+    free(text);
+    close(root);
+}
