@@ -21,7 +21,8 @@ execs in place, so the process the manager watches, interrupts and kills is the
 kernel itself (runuser would sit between them as a parent). Its environment is the one
 a login would give that user: HOME, USER, LOGNAME, SHELL, PATH, no TMPDIR (so /tmp,
 shared with the attacker), no XDG_* unless the test passes them, and the DISTKERNEL_*
-variables of the test run (DISTKERNEL_FAKE_CUDA ...) but not DISTKERNEL_LOG_DIR.
+variables of the test run (DISTKERNEL_FAKE_CUDA ...) but not DISTKERNEL_LOG_DIR, and
+ASAN_OPTIONS and the like for a sanitized build.
 
 The installed prefix (DISTKERNEL_PREFIX) must be readable by the victim: every
 directory above it needs o+x and the installed files o+r (meson installs 0755/0644
@@ -159,9 +160,11 @@ def prefix_problem(user):
 
 
 def test_env():
-    """DISTKERNEL_* variables of this test run that a kernel under test should see."""
+    """Variables of this test run that a kernel under test should see: DISTKERNEL_*
+    (but not DISTKERNEL_LOG_DIR) and the sanitizers' *SAN_OPTIONS."""
     return {k: v for k, v in os.environ.items()
-            if k.startswith("DISTKERNEL_") and k not in ("DISTKERNEL_LOG_DIR", "DISTKERNEL_PREFIX")}
+            if (k.startswith("DISTKERNEL_") or k.endswith("SAN_OPTIONS"))
+            and k not in ("DISTKERNEL_LOG_DIR", "DISTKERNEL_PREFIX")}
 
 
 def private_dir(user, parent=None, prefix="dk-test-"):
