@@ -299,6 +299,27 @@ def test_DISTKERNEL_LOG_CAP_sets_the_default_cap(kernelspec_installed, tmp_path)
         k.stop()
 
 
+def test_the_decorator_passes_log_cap(kernelspec_installed, tmp_path):
+    env = support.kernel_env(DISTKERNEL_LOG_DIR=tmp_path / "logs")
+    k = support.Kernel.start(env=env)
+    try:
+        r = k.execute("from distkernel import distributed\n"
+                      "@distributed(num_processes=1, tracking=False, output='rank0', log_cap='256K')\n"
+                      "def loud():\n"
+                      "    for i in range(10000):\n"
+                      "        print(f'line {i:07d}', 'y' * 90)\n"
+                      "    return 7\n"
+                      "res = loud.distributed()\n"
+                      "print(list(res), res.log_dir)", timeout=RUN)
+        assert r.status == "ok", r.describe()
+        log_dir = r.stdout.strip().splitlines()[-1].split(" ", 1)[1]
+        text = open(f"{log_dir}/rank-0.log").read()
+        assert len(text) <= (256 << 10) + 1024 and "bytes of output left out here" in text
+        assert "[7]" in r.stdout and "passed its log cap of 262144 bytes" in r.stderr, r.describe()
+    finally:
+        k.stop()
+
+
 def make_old_run(root, kernel, run, mb, age_s):
     d = root / kernel / run
     d.mkdir(parents=True, mode=0o700)
