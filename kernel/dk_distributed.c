@@ -964,6 +964,16 @@ static json_t *run_error(run_t *run)
         sep = ", ";
     }
     if (strcmp(sep, ", ") == 0 && (size_t)n < sizeof logs - 2)
+        n += snprintf(logs + n, sizeof logs - (size_t)n, ")");
+    /* And which logs keep only their head and tail (log_cap). */
+    sep = " (head and tail only, past log_cap: rank ";
+    for (int r = 0; r < run->world && n > 0 && (size_t)n < sizeof logs - 16; r++) {
+        if (!dk_job_rank_log_capped(run->job, r))
+            continue;
+        n += snprintf(logs + n, sizeof logs - (size_t)n, "%s%d", sep, r);
+        sep = ", ";
+    }
+    if (strcmp(sep, ", ") == 0 && n > 0 && (size_t)n < sizeof logs - 2)
         snprintf(logs + n, sizeof logs - (size_t)n, ")");
     json_array_append_new(tb, json_string(logs));
     return json_pack("{s:s, s:s, s:o}", "ename", ename, "evalue", evalue, "traceback", tb);

@@ -85,7 +85,7 @@ typedef struct {
     int pipe_fd[2];         /* read ends of stdout, stderr; -1 at EOF */
     dk_logfile_t *log;      /* NULL once a write failed */
     bool log_failed;        /* a write to the log failed: it is incomplete */
-    bool log_capped;        /* told the sink that the log passed its cap */
+    bool log_capped;        /* the log passed its cap (the sink was told); guarded */
     char *log_path;
     bool reaped;
     bool signalled;         /* the runtime has sent its group a stop signal */
@@ -275,7 +275,9 @@ static void log_bytes(dk_job_t *job, int r, const char *buf, size_t n)
         return;
     }
     if (!rk->log_capped && dk_logfile_capped(rk->log)) {
+        pthread_mutex_lock(&job->lock);
         rk->log_capped = true;
+        pthread_mutex_unlock(&job->lock);
         unsigned long long cap = dk_logfile_cap(rk->log);
         warn(job, "rank %d's output passed its log cap of %llu bytes (log_cap=, "
              "DISTKERNEL_LOG_CAP): %s keeps its first %llu bytes and its last, with a line "
@@ -897,6 +899,16 @@ bool dk_job_rank_log_complete(dk_job_t *job, int rank)
     bool failed = job->ranks[rank].log_failed;
     pthread_mutex_unlock(&job->lock);
     return !failed;
+}
+
+bool dk_job_rank_log_capped(dk_job_t *job, int rank)
+{
+    if (!rank_ok(job, rank))
+        return false;
+    pthread_mutex_lock(&job->lock);
+    bool capped = job->ranks[rank].log_capped;
+    pthread_mutex_unlock(&job->lock);
+    return capped;
 }
 
 int dk_job_rank_exit_code(dk_job_t *job, int rank)

@@ -132,6 +132,8 @@ dk_rank_state_t dk_job_rank_state(dk_job_t *job, int rank);
 int dk_job_rank_exit_code(dk_job_t *job, int rank);     /* -1 if by signal */
 /* False once a write to the rank's log failed (a full disk): the log is cut short. */
 bool dk_job_rank_log_complete(dk_job_t *job, int rank);
+/* True when the rank's output passed its log cap: its log keeps head and tail only. */
+bool dk_job_rank_log_capped(dk_job_t *job, int rank);
 int dk_job_rank_signal(dk_job_t *job, int rank);        /* 0 if none */
 int dk_job_rank_pid(dk_job_t *job, int rank);
 

@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #define REMOVE_DEPTH 4
+#define LINE_SKIP_MAX 4096   /* the longest partial line a tail skips */
 
 static void close_fd(int *fd)
 {
@@ -600,10 +601,9 @@ unsigned long long dk_logfile_cap(dk_logfile_t *self)
     return self->cap;
 }
 
-static int copy_segment(dk_logfile_t *self, int i)
+static int copy_segment(dk_logfile_t *self, int i, off_t off)
 {
     char buf[65536];
-    off_t off = 0;
     for (;;) {
         ssize_t n = pread(self->seg[i], buf, sizeof buf, off);
         if (n < 0 && errno == EINTR)
@@ -627,7 +627,15 @@ int dk_logfile_close(dk_logfile_t **self_p)
     int rc = 0, saved = 0;
     if (self->seg[self->cur] >= 0 && !self->failed) {
         int older = self->cur ^ 1;
-        unsigned long long kept = self->seg_len[0] + self->seg_len[1];
+        int first = self->seg[older] >= 0 && self->seg_len[older] > 0 ? older : self->cur;
+        /* The tail starts at a line: skip the partial one it begins with, if
+         * it ends soon (binary output has no lines to respect). */
+        char peek[LINE_SKIP_MAX];
+        ssize_t got = pread(self->seg[first], peek, sizeof peek, 0);
+        char *nl = got > 0 ? memchr(peek, '\n', (size_t) got) : NULL;
+        off_t skip = nl && (unsigned long long) (nl - peek + 1) < self->seg_len[first]
+                         ? nl - peek + 1 : 0;
+        unsigned long long kept = self->seg_len[0] + self->seg_len[1] - (unsigned long long) skip;
         unsigned long long dropped = self->total - self->head - kept;
         char marker[512];
         int n = snprintf(marker, sizeof marker,
@@ -637,9 +645,11 @@ int dk_logfile_close(dk_logfile_t **self_p)
                          "changes it)\n",
                          (uint64_t) dropped, (uint64_t) self->head, (uint64_t) kept,
                          (uint64_t) self->total, (uint64_t) self->cap);
+        /* Each segment is emptied once copied: at most 1.25 CAP on disk. */
         if (write_all(self->fd, marker, (size_t) n) != 0 ||
-            (self->seg[older] >= 0 && copy_segment(self, older) != 0) ||
-            copy_segment(self, self->cur) != 0) {
+            (first == older && (copy_segment(self, older, skip) != 0 ||
+                                ftruncate(self->seg[older], 0) != 0)) ||
+            copy_segment(self, self->cur, first == older ? 0 : skip) != 0) {
             rc = -1;
             saved = errno;
         }

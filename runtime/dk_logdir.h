@@ -101,10 +101,12 @@ int dk_logdir_prune(int rootfd, const dk_logdir_policy_t *policy, pid_t self);
  * each, used in turn: when the current one is full, the other is truncated and
  * written next. The older segment's bytes are what is dropped. When the log is
  * closed, a marker line saying how many bytes were left out is appended,
- * followed by the older segment and then the newer one, and the segments are
- * removed. So disk use is at most CAP while the rank runs (1.25 CAP for a
- * moment while the tail is copied), memory is one copy buffer, and the tail
- * holds between CAP/4 and CAP/2 of the last bytes. Until the log is closed
+ * followed by the older segment and then the newer one (from the first line
+ * that starts within their first 4 KiB, so the tail does not open mid-line),
+ * and the segments are removed. So disk use is at most CAP while the rank runs
+ * (1.25 CAP for a moment while the tail is copied, each segment emptied once
+ * copied), memory is one copy buffer, and the tail holds between CAP/4 and
+ * CAP/2 of the last bytes. Until the log is closed
  * the latest output is in the segments, not in NAME. */
 typedef struct dk_logfile_t dk_logfile_t;
 

@@ -266,6 +266,7 @@ def check_capped(r, cap, lines):
     head, marker, tail = text.partition("\n[distkernel] ")
     assert marker, "no marker where output was left out"
     assert "bytes of output left out here" in tail.splitlines()[0], tail.splitlines()[0]
+    assert tail.splitlines()[1].startswith("line "), "the tail starts mid-line"
     assert tail.endswith(f"line {lines - 1:07d} {'x' * 90}\nthe end\n"), tail[-300:]
     assert len(head) >= cap // 2 - 200 and len(tail) >= cap // 4, (len(head), len(tail))
     assert not list(log.parent.glob("rank-0.log.tail-*")), "tail segments left behind"
@@ -280,6 +281,26 @@ def test_a_rank_log_past_log_cap_keeps_head_marker_and_tail(kernelspec_installed
         lines = 40000   # ~4 MB, against a 1 MiB cap
         r = k.execute(LOUD.format(opts="log_cap=1M output=rank0", lines=lines), timeout=RUN)
         check_capped(r, 1 << 20, lines)
+    finally:
+        k.stop()
+
+
+def test_a_failed_runs_error_names_the_logs_kept_to_head_and_tail(kernelspec_installed,
+                                                                  tmp_path):
+    env = support.kernel_env(DISTKERNEL_LOG_DIR=tmp_path / "logs")
+    k = support.Kernel.start(env=env)
+    try:
+        # Rank 1 alone prints past the cap, then fails.
+        code = ("%%distributed num_processes=2 tracking=False log_cap=64K\n"
+                "import os\n"
+                "if os.environ['RANK'] == '1':\n"
+                "    for i in range(2000):\n"
+                "        print(f'line {i:07d}', 'z' * 90)\n"
+                "    raise ValueError('late')\n")
+        r = k.execute(code, timeout=RUN)
+        assert r.status == "error" and r.content["ename"] == "ValueError", r.describe()
+        last = r.content["traceback"][-1]
+        assert last.endswith("rank-N.log (head and tail only, past log_cap: rank 1)"), last
     finally:
         k.stop()
 

@@ -330,6 +330,9 @@ Test(logdir, a_log_past_its_cap_keeps_head_and_tail_with_a_marker)
     char *marker = strstr(text, "\n[distkernel] ");
     cr_assert_not_null(marker);
     cr_assert(strstr(marker, "bytes of output left out here") && strstr(marker, "log_cap="));
+    char *after = strchr(marker + 1, '\n');
+    cr_assert(after && strncmp(after + 1, "line ", 5) == 0, "the tail starts at a line: %.40s",
+              after ? after + 1 : "");
     cr_assert(len > 26 && strcmp(text + len - 13, "line 0099999\n") == 0, "the tail ends it");
     cr_assert_not_null(strstr(marker, "line 0099000\n"), "the tail holds at least cap/4");
     cr_assert(!exists(at("rank-0.log.tail-0")) && !exists(at("rank-0.log.tail-1")));
