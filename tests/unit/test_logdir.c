@@ -369,3 +369,25 @@ Test(logdir, output_that_exactly_fills_the_head_then_goes_on_is_kept)
     free(text);
     close(root);
 }
+
+Test(logdir, a_capped_tail_starts_at_a_line_not_in_the_middle_of_one)
+{
+    int root = open(base, O_RDONLY | O_DIRECTORY);
+    dk_logfile_t *log = dk_logfile_new(root, "rank-0.log", DK_LOG_CAP_MIN, err, sizeof err);
+    cr_assert_not_null(log, "%s", err);
+    char head[DK_LOG_CAP_MIN / 2];
+    memset(head, 'h', sizeof head);
+    cr_assert_eq(dk_logfile_write(log, head, sizeof head), 0);
+    cr_assert_eq(dk_logfile_write(log, "...rest of a line\n", 18), 0);
+    for (int i = 0; i < 100; i++)
+        cr_assert_eq(dk_logfile_write(log, "line\n", 5), 0);
+    cr_assert_eq(dk_logfile_close(&log), 0);
+    char *text = read_file(at("rank-0.log"), NULL);
+    char *marker = strstr(text, "\n[distkernel] ");
+    cr_assert_not_null(marker);
+    cr_assert(strstr(marker, "\n[distkernel] 18 bytes of output left out here"), "%.80s", marker);
+    char *after = strchr(marker + 1, '\n') + 1;
+    cr_assert(strncmp(after, "line\n", 5) == 0 && !strstr(text, "rest of a line"), "%.40s", after);
+    free(text);
+    close(root);
+}
