@@ -21,6 +21,7 @@
 #include "dk_kernel.h"
 #include "dk_lines.h"
 #include "dk_logdir.h"
+#include "dk_logfile.h"
 #include "dk_tracking.h"
 
 #include <stdint.h>

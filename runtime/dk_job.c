@@ -51,6 +51,7 @@
 
 #include "dk_backchan.h"
 #include "dk_logdir.h"
+#include "dk_logfile.h"
 #include "dk_spawn.h"
 
 #include <errno.h>

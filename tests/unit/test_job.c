@@ -27,6 +27,7 @@
 
 #include "dk_job.h"
 #include "dk_logdir.h"
+#include "dk_logfile.h"
 
 #ifndef FAKE_RANK
 #error "FAKE_RANK (the path of fake_rank) must be defined"
