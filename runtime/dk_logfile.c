@@ -28,7 +28,7 @@ static void close_fd(int *fd)
 }
 
 struct dk_logfile_t {
-    int dirfd;
+    int dirfd;                  /* borrowed */
     int fd;                     /* NAME: the head, then at close the rest */
     int seg[2];                 /* tail segments, -1 until needed */
     char *name;
@@ -51,12 +51,9 @@ dk_logfile_t *dk_logfile_new(int dirfd, const char *name, unsigned long long cap
     self->cap = cap == 0 ? DK_LOG_CAP_DEFAULT : cap < DK_LOG_CAP_MIN ? DK_LOG_CAP_MIN : cap;
     self->head_cap = self->cap / 2;
     self->seg_cap = self->cap / 4;
-    self->dirfd = fcntl(dirfd, F_DUPFD_CLOEXEC, 3);
-    self->fd = self->dirfd >= 0 ? dk_logdir_create(dirfd, name, err, errlen) : -1;
-    if (self->dirfd < 0 || self->fd < 0) {
-        if (self->dirfd < 0)
-            snprintf(err, errlen, "cannot duplicate a directory descriptor: %s", strerror(errno));
-        close_fd(&self->dirfd);
+    self->dirfd = dirfd;
+    self->fd = dk_logdir_create(dirfd, name, err, errlen);
+    if (self->fd < 0) {
         free(self->name);
         free(self);
         return NULL;
@@ -219,7 +216,6 @@ int dk_logfile_close(dk_logfile_t **self_p)
         close_fd(&self->seg[i]);
     }
     close_fd(&self->fd);
-    close_fd(&self->dirfd);
     free(self->name);
     free(self);
     if (rc)

@@ -29,7 +29,8 @@
 typedef struct dk_logfile_t dk_logfile_t;
 
 /* Create NAME in DIRFD (dk_logdir_create) with cap CAP (0: DK_LOG_CAP_DEFAULT;
- * smaller than DK_LOG_CAP_MIN: DK_LOG_CAP_MIN). Keeps a duplicate of DIRFD.
+ * smaller than DK_LOG_CAP_MIN: DK_LOG_CAP_MIN). DIRFD is borrowed and must stay
+ * open until dk_logfile_close (a job with thousands of ranks shares one).
  * NULL with a reason in ERR. */
 dk_logfile_t *dk_logfile_new(int dirfd, const char *name, unsigned long long cap, char *err,
                              size_t errlen);
