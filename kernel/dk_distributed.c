@@ -20,9 +20,11 @@
 #include "dk_job.h"
 #include "dk_kernel.h"
 #include "dk_lines.h"
+#include "dk_logdir.h"
+#include "dk_logfile.h"
 #include "dk_tracking.h"
 
-#include <dirent.h>
+#include <stdint.h>
 #include <sys/stat.h>
 #include <errno.h>
 #include <pthread.h>
@@ -548,123 +550,88 @@ static const char *final_status(run_t *run)
     }
 }
 
-/* Where a run's rank-N.log files go: DISTKERNEL_LOG_DIR (default
- * $TMPDIR/distkernel-logs-UID), one folder per kernel, one per run inside. Only
- * the last KEEP_RUN_LOGS runs of a kernel are kept, so a long session does not
- * fill the disk with logs nobody will read. */
+/* Where a run's rank-N.log files go: ROOT/kernel-PID/run-NNNN-ID, ROOT being
+ * DISTKERNEL_LOG_DIR or the user's state directory (dk_logdir_default_root),
+ * checked to be the user's alone on every run (the notebook may change
+ * DISTKERNEL_LOG_DIR). Retention (runtime/dk_logdir.h does the removing, never
+ * through a symlink, never a running job's folder):
+ *   - a kernel keeps its last KEEP_RUN_LOGS runs, so a long session does not fill
+ *     the disk with logs nobody will read;
+ *   - folders of exited kernels are kept for reading after the fact, the newest
+ *     KEEP_DEAD_KERNELS always, the others until DEAD_KERNEL_AGE_S old; a folder
+ *     whose kernel still runs is not touched by that rule;
+ *   - the whole root holds at most DISTKERNEL_LOG_ROOT_CAP (default
+ *     DK_LOG_ROOT_CAP_DEFAULT): before each run, the oldest runs of any kernel go
+ *     first until it fits.
+ * A run folder is made fresh here and held by the job from its start; a pruner of
+ * another kernel in between could only take it if it were the oldest run of an
+ * over-full root, and then the run fails to start with a message, nothing worse. */
 #define KEEP_RUN_LOGS 20
-
-/* Remove the entries of DIR whose names start with PREFIX, each with REMOVE,
- * then DIR itself (if it is empty then). */
-static void remove_dir_of(const char *dir, const char *prefix, void (*remove)(const char *))
-{
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *e;
-        while ((e = readdir(d))) {
-            if (strncmp(e->d_name, prefix, strlen(prefix)) != 0)
-                continue;
-            char path[4600];
-            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-            remove(path);
-        }
-        closedir(d);
-    }
-    rmdir(dir);
-}
-
-static void unlink_file(const char *path)
-{
-    unlink(path);
-}
-
-/* A run's folder: its rank-N.log files. */
-static void remove_run_logs(const char *dir)
-{
-    remove_dir_of(dir, "rank-", unlink_file);
-}
-
-/* Folders of kernels that have exited are kept for reading after the fact, but
- * not for ever: the first run of a kernel removes those beyond the newest
- * KEEP_DEAD_KERNELS that are also older than DEAD_KERNEL_AGE_S. A folder whose
- * kernel still runs (its pid is alive) is never touched. */
 #define KEEP_DEAD_KERNELS 10
 #define DEAD_KERNEL_AGE_S (24 * 3600)
+#define LOG_DIR_HINT "set DISTKERNEL_LOG_DIR to a directory that is yours alone"
 
-typedef struct {
-    char name[64];
-    time_t mtime;
-} dead_kernel_t;
-
-static int newest_first(const void *a, const void *b)
+static int size_from_env(const char *name, unsigned long long dflt, unsigned long long *out)
 {
-    time_t x = ((const dead_kernel_t *)a)->mtime, y = ((const dead_kernel_t *)b)->mtime;
-    return x < y ? 1 : x > y ? -1 : 0;
+    const char *v = getenv(name);
+    *out = dflt;
+    if (!v || !*v)
+        return 0;
+    if (!dk_dist_opts_parse_size(v, out)) {
+        PyErr_Format(PyExc_ValueError, "%s=%s is not a size; give bytes or a size such as "
+                     "512M or 2G (K, M, G, T: powers of 1024)", name, v);
+        return -1;
+    }
+    return 0;
 }
 
-static void prune_dead_kernels(const char *base)
+/* Make this run's log folder; its path goes in OUT. Returns -1 with a Python
+ * exception set when the root is not safe or the folder cannot be made. */
+static int next_log_dir(const char *run_id, char *out, size_t outlen)
 {
-    DIR *d = opendir(base);
-    if (!d)
-        return;
-    dead_kernel_t *dead = NULL;
-    size_t n = 0, cap = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        char *end;
-        if (strncmp(e->d_name, "kernel-", 7) != 0 || strlen(e->d_name) >= sizeof dead->name)
-            continue;
-        long pid = strtol(e->d_name + 7, &end, 10);
-        if (*end || pid <= 0 || pid == (long)getpid() || kill((pid_t)pid, 0) == 0 ||
-            errno != ESRCH)
-            continue;
-        char path[4200];
-        struct stat st;
-        snprintf(path, sizeof path, "%s/%s", base, e->d_name);
-        if (lstat(path, &st) != 0 || !S_ISDIR(st.st_mode))
-            continue;
-        if (n == cap) {
-            cap = cap ? 2 * cap : 16;
-            dead_kernel_t *p = realloc(dead, cap * sizeof *dead);
-            if (!p)
-                break;
-            dead = p;
-        }
-        snprintf(dead[n].name, sizeof dead[n].name, "%s", e->d_name);
-        dead[n++].mtime = st.st_mtime;
-    }
-    closedir(d);
-    qsort(dead, n, sizeof *dead, newest_first);
-    time_t now = time(NULL);
-    for (size_t i = KEEP_DEAD_KERNELS; i < n; i++) {
-        if (now - dead[i].mtime < DEAD_KERNEL_AGE_S)
-            continue;
-        char dir[4200];
-        snprintf(dir, sizeof dir, "%s/%s", base, dead[i].name);
-        remove_dir_of(dir, "run-", remove_run_logs);
-    }
-    free(dead);
-}
-
-static void next_log_dir(const char *run_id, char *out, size_t outlen)
-{
-    static char kept[KEEP_RUN_LOGS][4096];
+    static char kept[KEEP_RUN_LOGS][128];
     static unsigned long runs;
-    const char *root = getenv("DISTKERNEL_LOG_DIR");
-    const char *tmp = getenv("TMPDIR");
-    char base[3000];
-    if (root && *root)
-        snprintf(base, sizeof base, "%s", root);
-    else
-        snprintf(base, sizeof base, "%s/distkernel-logs-%u", tmp && *tmp ? tmp : "/tmp",
-                 (unsigned)getuid());
-    if (runs == 0)
-        prune_dead_kernels(base);
-    snprintf(out, outlen, "%s/kernel-%d/run-%04lu-%s", base, (int)getpid(), ++runs, run_id);
+    unsigned long long root_cap;
+    if (size_from_env("DISTKERNEL_LOG_ROOT_CAP", DK_LOG_ROOT_CAP_DEFAULT, &root_cap) < 0)
+        return -1;
+    char err[1024];
+    char *base = dk_logdir_default_root(err, sizeof err);
+    int root = base ? dk_logdir_open(base, DK_LOGDIR_CREATE, LOG_DIR_HINT, err, sizeof err) : -1;
+    if (root < 0) {
+        PyErr_Format(PyExc_RuntimeError, "no rank was started: %s", err);
+        free(base);
+        return -1;
+    }
+    dk_logdir_policy_t policy = {.keep_dead_kernels = KEEP_DEAD_KERNELS,
+                                 .dead_age_s = DEAD_KERNEL_AGE_S, .cap = root_cap};
+    if (runs > 0)
+        policy.keep_dead_kernels = INT32_MAX;   /* exited kernels: looked at once per kernel */
+    dk_logdir_prune(root, &policy, getpid());
+    char kname[32], name[128];
+    snprintf(kname, sizeof kname, "kernel-%d", (int)getpid());
+    int kdir = dk_logdir_mkdir(root, kname, false, err, sizeof err);
+    snprintf(name, sizeof name, "run-%04lu-%s", runs + 1, run_id);
+    int rdir = kdir >= 0 ? dk_logdir_mkdir(kdir, name, true, err, sizeof err) : -1;
+    if (rdir < 0) {
+        PyErr_Format(PyExc_RuntimeError, "no rank was started: in %s: %s; %s", base, err,
+                     LOG_DIR_HINT);
+        if (kdir >= 0)
+            close(kdir);
+        close(root);
+        free(base);
+        return -1;
+    }
+    close(rdir);
+    runs++;
     char *slot = kept[runs % KEEP_RUN_LOGS];
     if (slot[0])
-        remove_run_logs(slot);
-    snprintf(slot, sizeof kept[0], "%s", out);
+        dk_logdir_remove(kdir, slot);
+    snprintf(slot, sizeof kept[0], "%s", name);
+    snprintf(out, outlen, "%s/%s/%s", base, kname, name);
+    close(kdir);
+    close(root);
+    free(base);
+    return 0;
 }
 
 static const char *rank_exe(void)
@@ -787,8 +754,16 @@ static run_t *run_start(dk_kernel_t *k, const char *kind, const char *options,
         return NULL;
     }
     char log_dir[4096];
-    next_log_dir(run->run_id, log_dir, sizeof log_dir);
+    unsigned long long log_cap = run->opts.log_cap;
+    if ((!log_cap && size_from_env("DISTKERNEL_LOG_CAP", DK_LOG_CAP_DEFAULT, &log_cap) < 0) ||
+        next_log_dir(run->run_id, log_dir, sizeof log_dir) < 0) {
+        free(env);
+        end_tracking(run, "FAILED");
+        run_free(run);
+        return NULL;
+    }
     dk_job_spec_t spec = {
+        .log_cap = log_cap,
         .log_dir = log_dir,
         .env = (const char *const *)env,
         .world_size = run->world,
@@ -992,6 +967,16 @@ static json_t *run_error(run_t *run, bool headline)
         sep = ", ";
     }
     if (strcmp(sep, ", ") == 0 && (size_t)n < sizeof logs - 2)
+        n += snprintf(logs + n, sizeof logs - (size_t)n, ")");
+    /* And which logs keep only their head and tail (log_cap). */
+    sep = " (head and tail only, past log_cap: rank ";
+    for (int r = 0; r < run->world && n > 0 && (size_t)n < sizeof logs - 16; r++) {
+        if (!dk_job_rank_log_capped(run->job, r))
+            continue;
+        n += snprintf(logs + n, sizeof logs - (size_t)n, "%s%d", sep, r);
+        sep = ", ";
+    }
+    if (strcmp(sep, ", ") == 0 && n > 0 && (size_t)n < sizeof logs - 2)
         snprintf(logs + n, sizeof logs - (size_t)n, ")");
     json_array_append_new(tb, json_string(logs));
     /* The first line says what happened: some frontends (Notebook 6) show the

@@ -9,6 +9,7 @@
  */
 #include "dk_tracking.h"
 #include "dk_kernel.h"
+#include "dk_logdir.h"
 #include "dk_mlflow.h"
 
 #include <curl/curl.h>
@@ -32,6 +33,7 @@
 #include <unistd.h>
 
 #define SERVER_START_TIMEOUT_S 60
+#define SERVER_LOG "mlflow-server.log"
 
 /* The tracking server this kernel started (one per process). */
 static struct {
@@ -151,9 +153,9 @@ static void guard_on_term(int sig)
     guard_stop = 1;
 }
 
-static void guard_main(pid_t kernel, char *exe, char *const argv[], int log, const char *log_path)
+static void guard_main(pid_t kernel, char *exe, char *const argv[], int log, int log_dirfd)
     __attribute__((noreturn));
-static void guard_main(pid_t kernel, char *exe, char *const argv[], int log, const char *log_path)
+static void guard_main(pid_t kernel, char *exe, char *const argv[], int log, int log_dirfd)
 {
     setpgid(0, 0);
     struct sigaction sa;
@@ -172,6 +174,8 @@ static void guard_main(pid_t kernel, char *exe, char *const argv[], int log, con
         int devnull = open("/dev/null", O_RDONLY);
         if (devnull >= 0)
             dup2(devnull, 0);
+        if (log < 0)
+            log = open("/dev/null", O_WRONLY);
         if (log >= 0) {
             dup2(log, 1);
             dup2(log, 2);
@@ -189,10 +193,42 @@ static void guard_main(pid_t kernel, char *exe, char *const argv[], int log, con
     struct timespec tick = {0, 50 * 1000 * 1000};
     for (int i = 0; i < 60 && waitpid(srv, &status, WNOHANG) == 0; i++)
         nanosleep(&tick, NULL);
-    unlink(log_path);
+    if (log_dirfd >= 0)
+        unlinkat(log_dirfd, SERVER_LOG, 0);
     signal(SIGTERM, SIG_DFL);
     kill(-getpgrp(), SIGKILL);   /* whatever is left, this guard included */
     _exit(0);
+}
+
+/* The server's log: ROOT/kernel-PID/mlflow-server.log in the checked log root
+ * of the rank logs (dk_logdir.h), made with O_EXCL | O_NOFOLLOW relative to the
+ * folder's descriptor, never a predictable name in a shared /tmp (where a
+ * planted symlink once made the kernel overwrite the user's files). Returns the
+ * log's descriptor and sets *DIRFD to the folder's (the guard removes the log
+ * at the end), or -1 with the reason in PATH. */
+static int open_server_log(int *dirfd, char *path, size_t pathlen)
+{
+    char err[1024];
+    *dirfd = -1;
+    char *base = dk_logdir_default_root(err, sizeof err);
+    int root = base ? dk_logdir_open(base, DK_LOGDIR_CREATE,
+                                     "set DISTKERNEL_LOG_DIR to a directory that is yours alone",
+                                     err, sizeof err) : -1;
+    char kname[32];
+    snprintf(kname, sizeof kname, "kernel-%d", (int)getpid());
+    int log = -1;
+    if (root >= 0 && (*dirfd = dk_logdir_mkdir(root, kname, false, err, sizeof err)) >= 0) {
+        unlinkat(*dirfd, SERVER_LOG, 0);   /* a leftover of a kernel with our pid: ours */
+        log = dk_logdir_create(*dirfd, SERVER_LOG, err, sizeof err);
+    }
+    if (log >= 0)
+        snprintf(path, pathlen, "%s/%s/%s", base, kname, SERVER_LOG);
+    else
+        snprintf(path, pathlen, "its log, which could not be kept: %s", err);
+    if (root >= 0)
+        close(root);
+    free(base);
+    return log;
 }
 
 /* Start `mlflow server` on a free loopback port with MLflow's own default
@@ -215,18 +251,18 @@ static const char *start_server(char *note, size_t notelen)
     char store[2200], port_s[16], log_path[2200];
     snprintf(store, sizeof store, "sqlite:///%s/mlflow.db", cwd);
     snprintf(port_s, sizeof port_s, "%d", port);
-    const char *tmp = getenv("TMPDIR");
-    snprintf(log_path, sizeof log_path, "%s/distkernel-mlflow-%d.log", tmp && *tmp ? tmp : "/tmp",
-             (int)getpid());
-    int log = open(log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    int log_dirfd;
+    int log = open_server_log(&log_dirfd, log_path, sizeof log_path);
     char *argv[] = {mlflow, "server", "--backend-store-uri", store, "--host", "127.0.0.1",
                     "--port", port_s, NULL};
     pid_t kernel = getpid();
     pid_t pid = fork();
     if (pid == 0)
-        guard_main(kernel, mlflow, argv, log, log_path);
+        guard_main(kernel, mlflow, argv, log, log_dirfd);
     if (log >= 0)
         close(log);
+    if (log_dirfd >= 0)
+        close(log_dirfd);
     free(mlflow);
     if (pid < 0) {
         snprintf(note, notelen, "MLflow tracking is off: could not start `mlflow server`: %s",

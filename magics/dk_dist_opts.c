@@ -9,6 +9,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,10 +47,19 @@ const char dk_dist_doc[] =
     "                       $MLFLOW_EXPERIMENT_ID, else one named after the notebook).\n"
     "  run_name=NAME        the MLflow run's name (default: generated).\n"
     "  tracking=False       do not record the run in MLflow.\n"
+    "  log_cap=SIZE         the most each rank's log file keeps (default 1G, or\n"
+    "                       $DISTKERNEL_LOG_CAP): past it, its first and last parts\n"
+    "                       with a line saying how much was left out between them.\n"
     "\n"
     "Every run is an MLflow run (MLFLOW_TRACKING_URI, or a local server when the\n"
     "`mlflow` command is installed): its link is shown, ranks log into it through\n"
     "MLFLOW_RUN_ID, and its final status is FINISHED, FAILED or KILLED.\n"
+    "\n"
+    "Every rank's output is also in rank-N.log, in a folder of its own under\n"
+    "$DISTKERNEL_LOG_DIR (default $XDG_STATE_HOME/distkernel/logs, else\n"
+    "~/.local/state/distkernel/logs), which must be yours alone. A kernel keeps its\n"
+    "last 20 runs, and the whole folder at most $DISTKERNEL_LOG_ROOT_CAP (default\n"
+    "10G): the oldest runs go first, never a running one.\n"
     "\n"
     "Interrupting the cell, its timeout, a failing rank, and shutting down or\n"
     "restarting the kernel end every rank. The first rank to fail is the root cause\n"
@@ -63,7 +73,7 @@ const char dk_dist_doc[] =
 
 static const char accepted[] =
     "accepted options: num_accelerators, accelerator_type, num_processes, timeout, output, "
-    "result, check, experiment, run_name, tracking (and the deprecated gpus, gpu_type)";
+    "result, check, experiment, run_name, tracking, log_cap (and the deprecated gpus, gpu_type)";
 
 /* One `name=value` token; VALUE is unquoted. Returns the position after it, NULL
  * at the end, or sets ERR. */
@@ -124,6 +134,33 @@ static const char *next_token(const char *p, char *name, size_t nlen, char *valu
  * has cores or GPUs for. Whether a count fits the descriptor limit is checked
  * when the cell runs. */
 #define RANKS_MAX 4096
+
+bool dk_dist_opts_parse_size(const char *text, unsigned long long *out)
+{
+    if (!text || *text < '0' || *text > '9')
+        return false;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (errno)
+        return false;
+    int shift = 0;
+    switch (*end) {
+    case 'k': case 'K': shift = 10; end++; break;
+    case 'm': case 'M': shift = 20; end++; break;
+    case 'g': case 'G': shift = 30; end++; break;
+    case 't': case 'T': shift = 40; end++; break;
+    default: break;
+    }
+    if (shift && *end == 'i')
+        end++;
+    if (*end == 'B' || (*end == 'b' && shift))
+        end++;
+    if (*end || (shift && v > (ULLONG_MAX >> shift)))
+        return false;
+    *out = v << shift;
+    return true;
+}
 
 static int parse_count(const char *name, const char *value, int *out, char *err, size_t errlen)
 {
@@ -278,6 +315,14 @@ int dk_dist_opts_parse(const char *args, dk_dist_opts_t *o, char *err, size_t er
                 snprintf(err, errlen, "tracking must be True or False, got '%s'", value);
                 return -1;
             }
+        } else if (strcmp(name, "log_cap") == 0) {
+            unsigned long long cap;
+            if (!dk_dist_opts_parse_size(value, &cap) || cap < DK_LOG_CAP_MIN_BYTES) {
+                snprintf(err, errlen, "log_cap must be a size of at least 4K, such as 64M or "
+                                      "2G (K, M, G, T: powers of 1024), got '%s'", value);
+                return -1;
+            }
+            o->log_cap = cap;
         } else if (strcmp(name, "check") == 0) {
             if (strcmp(value, "True") == 0 || strcmp(value, "true") == 0)
                 o->check = true;

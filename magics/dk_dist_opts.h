@@ -35,12 +35,22 @@ typedef struct {
     bool tracking;              /* record the run in MLflow (default true) */
     char experiment[256];       /* MLflow experiment name, "" : the default */
     char run_name[256];         /* MLflow run name, "" : a generated one */
+    unsigned long long log_cap; /* bytes each rank's log keeps; 0: not given */
     char warnings[512];         /* deprecation warnings, "" if none */
 } dk_dist_opts_t;
 
 /* Parse ARGS into OUT (which it initialises with the defaults). Returns 0, or -1
  * with a message for the user in ERR. */
 int dk_dist_opts_parse(const char *args, dk_dist_opts_t *out, char *err, size_t errlen);
+
+/* The smallest log_cap accepted (the runtime's DK_LOG_CAP_MIN). */
+#define DK_LOG_CAP_MIN_BYTES 4096ULL
+
+/* "1G", "64M", "512k", "4096" (bytes; K/M/G/T are powers of 1024, an optional
+ * trailing "B" or "iB" is allowed) into *OUT. Returns false, leaving *OUT
+ * alone, unless TEXT is such a size. Used for log_cap= and for the
+ * DISTKERNEL_LOG_CAP and DISTKERNEL_LOG_ROOT_CAP variables. */
+bool dk_dist_opts_parse_size(const char *text, unsigned long long *out);
 
 /* The help text of %%distributed (what `%%distributed?` shows). */
 extern const char dk_dist_doc[];

@@ -34,6 +34,7 @@
  * notebook.
  */
 #include "dk_backchan.h"
+#include "dk_logdir.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -166,7 +167,10 @@ static bool frame_mac(dk_backchan_t *self, const unsigned char *nonce, uint32_t 
 /* Setup and teardown                                                        */
 
 /* A fresh 0700 directory whose socket path fits in sun_path: under $TMPDIR, or
- * under /tmp when $TMPDIR is too long for a Unix socket. */
+ * under /tmp when $TMPDIR is too long for a Unix socket. The base is checked
+ * first (dk_logdir_open: reached only through directories of root or the user,
+ * and sticky if others can write it), so that nobody else can rename the fresh
+ * directory away and put their own in its place before the socket is bound. */
 static char *make_dir(char *err, size_t errlen)
 {
     const char *bases[2] = {getenv("TMPDIR"), "/tmp"};
@@ -177,6 +181,11 @@ static char *make_dir(char *err, size_t errlen)
         size_t need = strlen(base) + sizeof "/distkernel-bc-XXXXXX/" SOCKET_NAME;
         if (need > sizeof ((struct sockaddr_un *) 0)->sun_path)
             continue;
+        int fd = dk_logdir_open(base, DK_LOGDIR_SHARED_OK,
+                                "set TMPDIR to a directory that is yours alone", err, errlen);
+        if (fd < 0)
+            return NULL;
+        close(fd);
         char *dir = malloc(need);
         if (!dir)
             break;

@@ -41,12 +41,18 @@
  *
  * Output goes to the sink and to rank-N.log as it is read, stdout and stderr
  * into the same file in arrival order. A log that cannot be written (full
- * disk) is reported once and abandoned; the relay goes on.
+ * disk) is reported once and abandoned; the relay goes on. The log directory
+ * is opened and checked with dk_logdir (nobody else can write it), held with
+ * flock while the job runs so no pruning removes it, and every log is created
+ * relative to its descriptor with O_EXCL | O_NOFOLLOW. A log that passes its
+ * cap keeps its head and tail (dk_logfile_t); the sink is warned once per rank.
  */
 #include "dk_job.h"
 
 #include "dk_backchan.h"
 #include "dk_fdlimit.h"
+#include "dk_logdir.h"
+#include "dk_logfile.h"
 #include "dk_spawn.h"
 
 #include <errno.h>
@@ -79,8 +85,9 @@ typedef struct {
     pid_t pid;
     int pidfd;
     int pipe_fd[2];         /* read ends of stdout, stderr; -1 at EOF */
-    int log_fd;             /* -1 once a write failed */
+    dk_logfile_t *log;      /* NULL once a write failed */
     bool log_failed;        /* a write to the log failed: it is incomplete */
+    bool log_capped;        /* the log passed its cap (the sink was told); guarded */
     char *log_path;
     bool reaped;
     bool signalled;         /* the runtime has sent its group a stop signal */
@@ -100,6 +107,8 @@ struct dk_job_t {
     rank_t *ranks;
     dk_backchan_t *chan;
     char *log_dir;
+    int log_dirfd;          /* held (dk_logdir_hold) while the job exists */
+    unsigned long long log_cap;
     int master_port;
     int wake[2];
     pthread_t thread;
@@ -256,22 +265,40 @@ static void bc_warning(void *data, const char *text)
 static void log_bytes(dk_job_t *job, int r, const char *buf, size_t n)
 {
     rank_t *rk = &job->ranks[r];
-    while (rk->log_fd >= 0 && n > 0) {
-        ssize_t w = write(rk->log_fd, buf, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            warn(job, "cannot write rank %d's log file %s (%s); its output is still shown "
-                 "but no longer saved there", r, rk->log_path,
-                 w < 0 ? strerror(errno) : "nothing was written");
-            close_fd(&rk->log_fd);
+    if (!rk->log)
+        return;
+    if (dk_logfile_write(rk->log, buf, n) != 0) {
+        warn(job, "cannot write rank %d's log file %s (%s); its output is still shown "
+             "but no longer saved there", r, rk->log_path, strerror(errno));
+        dk_logfile_close(&rk->log);
+        pthread_mutex_lock(&job->lock);
+        rk->log_failed = true;
+        pthread_mutex_unlock(&job->lock);
+        return;
+    }
+    if (!rk->log_capped && dk_logfile_capped(rk->log)) {
+        pthread_mutex_lock(&job->lock);
+        rk->log_capped = true;
+        pthread_mutex_unlock(&job->lock);
+        unsigned long long cap = dk_logfile_cap(rk->log);
+        warn(job, "rank %d's output passed its log cap of %llu bytes (log_cap=, "
+             "DISTKERNEL_LOG_CAP): %s keeps its first %llu bytes and its last, with a line "
+             "saying how much was left out between them", r, cap, rk->log_path, cap / 2);
+    }
+}
+
+/* Assemble each capped log (its head, a marker, its tail) and close it. */
+static void close_logs(dk_job_t *job)
+{
+    for (int r = 0; r < job->world_size; r++) {
+        rank_t *rk = &job->ranks[r];
+        if (rk->log && dk_logfile_close(&rk->log) != 0) {
+            warn(job, "cannot finish rank %d's log file %s (%s); it may be cut short", r,
+                 rk->log_path, strerror(errno));
             pthread_mutex_lock(&job->lock);
             rk->log_failed = true;
             pthread_mutex_unlock(&job->lock);
-            return;
         }
-        buf += w;
-        n -= (size_t) w;
     }
 }
 
@@ -479,8 +506,8 @@ static void *job_thread(void *arg)
     for (int r = 0; r < job->world_size; r++) {
         close_fd(&job->ranks[r].pipe_fd[0]);
         close_fd(&job->ranks[r].pipe_fd[1]);
-        close_fd(&job->ranks[r].log_fd);
     }
+    close_logs(job);
     dk_backchan_close_all(job->chan);
 
     pthread_mutex_lock(&job->lock);
@@ -495,54 +522,38 @@ static void *job_thread(void *arg)
 /* ------------------------------------------------------------------------ */
 /* Start                                                                     */
 
-/* mkdir -p, private to the user: logs can hold anything a cell prints. */
-static bool make_dirs(const char *path, char *err, size_t errlen)
+#define LOG_DIR_HINT "set DISTKERNEL_LOG_DIR to a directory that is yours alone"
+
+/* The job's log directory, checked, held and kept open (logs can hold anything
+ * a cell prints: it must be the user's alone). */
+static bool open_log_dir(dk_job_t *job, char *err, size_t errlen)
 {
-    char *p = strdup(path);
-    if (!p) {
-        snprintf(err, errlen, "out of memory");
+    job->log_dirfd = dk_logdir_open(job->log_dir, DK_LOGDIR_CREATE, LOG_DIR_HINT, err, errlen);
+    if (job->log_dirfd < 0)
         return false;
-    }
-    for (char *s = p + 1;; s++) {
-        bool last = *s == '\0';
-        if (*s != '/' && !last)
-            continue;
-        *s = '\0';
-        if (mkdir(p, 0700) != 0 && errno != EEXIST) {
-            snprintf(err, errlen, "cannot create the log directory %s: %s", p, strerror(errno));
-            free(p);
-            return false;
-        }
-        if (last)
-            break;
-        *s = '/';
-    }
-    free(p);
-    struct stat st;
-    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        snprintf(err, errlen, "the log directory %s is not a directory", path);
+    if (dk_logdir_hold(job->log_dirfd) != 0) {
+        snprintf(err, errlen, "the log directory %s is in use by another job (%s)", job->log_dir,
+                 strerror(errno));
         return false;
     }
     return true;
 }
 
+/* No log_dir given: a fresh ROOT/kernel-PID/run-RANDOM under the default root. */
 static char *fresh_log_dir(char *err, size_t errlen)
 {
-    const char *base = getenv("TMPDIR");
-    if (!base || !*base)
-        base = "/tmp";
-    size_t len = strlen(base) + sizeof "/distkernel-job-XXXXXX";
-    char *dir = malloc(len);
-    if (!dir) {
-        snprintf(err, errlen, "out of memory");
+    char *root = dk_logdir_default_root(err, errlen);
+    if (!root)
         return NULL;
-    }
-    snprintf(dir, len, "%s/distkernel-job-XXXXXX", base);
-    if (!mkdtemp(dir)) {
-        snprintf(err, errlen, "cannot create a log directory in %s: %s", base, strerror(errno));
-        free(dir);
-        return NULL;
-    }
+    unsigned char id[8];
+    char *dir = NULL;
+    if (RAND_bytes(id, sizeof id) == 1 &&
+        asprintf(&dir, "%s/kernel-%d/run-%02x%02x%02x%02x%02x%02x%02x%02x", root, (int) getpid(),
+                 id[0], id[1], id[2], id[3], id[4], id[5], id[6], id[7]) < 0)
+        dir = NULL;
+    if (!dir)
+        snprintf(err, errlen, "out of memory or no random bytes for a log directory name");
+    free(root);
     return dir;
 }
 
@@ -572,7 +583,7 @@ static void job_free(dk_job_t *job)
         close_fd(&rk->pidfd);
         close_fd(&rk->pipe_fd[0]);
         close_fd(&rk->pipe_fd[1]);
-        close_fd(&rk->log_fd);
+        dk_logfile_close(&rk->log);
         free(rk->log_path);
     }
     dk_backchan_destroy(&job->chan);
@@ -584,6 +595,7 @@ static void job_free(dk_job_t *job)
     free(job->fds);
     free(job->slot_rank);
     free(job->slot_kind);
+    close_fd(&job->log_dirfd);
     free(job->log_dir);
     free(job);
 }
@@ -611,10 +623,13 @@ static bool open_logs(dk_job_t *job, char *err, size_t errlen)
             return false;
         }
         snprintf(rk->log_path, len, "%s/rank-%d.log", job->log_dir, r);
-        rk->log_fd = open(rk->log_path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
-        if (rk->log_fd < 0) {
-            snprintf(err, errlen, "cannot create rank %d's log file %s: %s", r, rk->log_path,
-                     strerror(errno));
+        /* A file left by an earlier job of this directory is ours (the folder is
+         * ours alone): start afresh, and never through a link. */
+        const char *name = rk->log_path + strlen(job->log_dir) + 1;
+        unlinkat(job->log_dirfd, name, 0);
+        char why[512];
+        if (!(rk->log = dk_logfile_new(job->log_dirfd, name, job->log_cap, why, sizeof why))) {
+            snprintf(err, errlen, "cannot create rank %d's log file %s: %s", r, rk->log_path, why);
             return false;
         }
     }
@@ -705,7 +720,8 @@ static dk_job_t *job_alloc(const dk_job_spec_t *spec, const dk_sink_t *sink)
     dk_job_t *job = calloc(1, sizeof *job);
     if (!job)
         return NULL;
-    job->wake[0] = job->wake[1] = -1;
+    job->wake[0] = job->wake[1] = job->log_dirfd = -1;
+    job->log_cap = spec->log_cap;
     pthread_condattr_t attr;
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
@@ -726,7 +742,7 @@ static dk_job_t *job_alloc(const dk_job_spec_t *spec, const dk_sink_t *sink)
     for (int r = 0; r < spec->world_size; r++) {
         rank_t *rk = &job->ranks[r];
         rk->pid = -1;
-        rk->pidfd = rk->pipe_fd[0] = rk->pipe_fd[1] = rk->log_fd = -1;
+        rk->pidfd = rk->pipe_fd[0] = rk->pipe_fd[1] = -1;
         rk->exit_code = -1;
     }
     return job;
@@ -751,12 +767,14 @@ dk_job_t *dk_job_start(const dk_job_spec_t *spec, const dk_sink_t *sink, char *e
     if (!program)
         goto fail;
 
-    if (spec->log_dir) {
-        if (!make_dirs(spec->log_dir, err, errlen) || !(job->log_dir = strdup(spec->log_dir)))
-            goto fail;
-    } else if (!(job->log_dir = fresh_log_dir(err, errlen))) {
+    if (spec->log_dir ? !(job->log_dir = strdup(spec->log_dir))
+                      : !(job->log_dir = fresh_log_dir(err, errlen))) {
+        if (spec->log_dir)
+            snprintf(err, errlen, "out of memory");
         goto fail;
     }
+    if (!open_log_dir(job, err, errlen))
+        goto fail;
     dk_backchan_sink_t bcsink = {job, bc_delivered, bc_message, bc_warning};
     job->chan = dk_backchan_new(spec->world_size, spec->payload, spec->payload_len, &bcsink,
                                 err, errlen);
@@ -885,6 +903,16 @@ bool dk_job_rank_log_complete(dk_job_t *job, int rank)
     bool failed = job->ranks[rank].log_failed;
     pthread_mutex_unlock(&job->lock);
     return !failed;
+}
+
+bool dk_job_rank_log_capped(dk_job_t *job, int rank)
+{
+    if (!rank_ok(job, rank))
+        return false;
+    pthread_mutex_lock(&job->lock);
+    bool capped = job->ranks[rank].log_capped;
+    pthread_mutex_unlock(&job->lock);
+    return capped;
 }
 
 int dk_job_rank_exit_code(dk_job_t *job, int rank)

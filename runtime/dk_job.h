@@ -95,8 +95,14 @@ typedef struct {
     size_t payload_len;
     double timeout_s;           /* <= 0: none */
     double grace_s;             /* between SIGINT, SIGTERM, SIGKILL; <= 0: 2.0 */
-    const char *log_dir;        /* rank-N.log files go here (created if missing);
-                                   NULL: a fresh directory under $TMPDIR */
+    /* rank-N.log files go here, created 0700 if missing. It must be the user's
+     * alone, reached only through directories of the user or root (see
+     * dk_logdir.h); otherwise the job does not start. NULL: a fresh
+     * kernel-PID/run-RANDOM under the default root (dk_logdir_default_root). */
+    const char *log_dir;
+    /* Each rank-N.log keeps at most this many bytes: past it, its head and tail
+     * with a marker between (dk_logfile_t). 0: DK_LOG_CAP_DEFAULT (1 GiB). */
+    unsigned long long log_cap;
 } dk_job_spec_t;
 
 typedef struct dk_job_t dk_job_t;
@@ -126,6 +132,8 @@ dk_rank_state_t dk_job_rank_state(dk_job_t *job, int rank);
 int dk_job_rank_exit_code(dk_job_t *job, int rank);     /* -1 if by signal */
 /* False once a write to the rank's log failed (a full disk): the log is cut short. */
 bool dk_job_rank_log_complete(dk_job_t *job, int rank);
+/* True when the rank's output passed its log cap: its log keeps head and tail only. */
+bool dk_job_rank_log_capped(dk_job_t *job, int rank);
 int dk_job_rank_signal(dk_job_t *job, int rank);        /* 0 if none */
 int dk_job_rank_pid(dk_job_t *job, int rank);
 

@@ -179,7 +179,8 @@ def distributed(fn=None, **options):
 
     Options (as for %%distributed): num_accelerators (gpus), accelerator_type
     (gpu_type), num_processes, timeout (seconds, default 10800; None for none),
-    output ("all" or "rank0"), check. Use as @distributed or @distributed(...).
+    output ("all" or "rank0"), check, log_cap (the most each rank's log keeps:
+    bytes, or "64M", "2G"). Use as @distributed or @distributed(...).
     """
     if fn is not None and callable(fn):
         return DistributedFunction(fn, options)

@@ -386,8 +386,8 @@ FILE_SIZE_LIMIT = 128 * 1024
 
 
 class LogDisk:
-    """Where the kernel's TMPDIR goes, how the disk is made full, and the reason
-    the failing log writes must give."""
+    """Where the kernel's TMPDIR and its log root (DISTKERNEL_LOG_DIR, TMPDIR/logs)
+    go, how the disk is made full, and the reason the failing log writes must give."""
 
     def __init__(self, kind, tmpdir, reason, limit=None):
         self.kind, self.tmpdir, self.reason, self._limit = kind, tmpdir, reason, limit
@@ -427,7 +427,8 @@ def test_full_log_disk_is_reported_and_the_output_still_reaches_the_cell(
     fault(log_disk.kind)
     # IPYTHONDIR: IPython's history database, which the file size limit also
     # applies to, starts empty rather than being the user's.
-    env = support.kernel_env(TMPDIR=log_disk.tmpdir, IPYTHONDIR=tmp_path / "ipython")
+    env = support.kernel_env(TMPDIR=log_disk.tmpdir, IPYTHONDIR=tmp_path / "ipython",
+                             DISTKERNEL_LOG_DIR=log_disk.tmpdir / "logs")
     with Tracked(tmp_path, env) as k:
         log_disk.apply(k)
         r = k.execute("%%distributed num_processes=2 tracking=False\n" + ANNOUNCE +
@@ -464,7 +465,8 @@ def test_a_failed_run_says_which_logs_the_full_disk_cut_short(kernelspec_install
                                                               log_disk):
     """The error of a run whose logs could not all be written does not promise
     "full output" there: it names the ranks whose logs were cut short."""
-    env = support.kernel_env(TMPDIR=log_disk.tmpdir, IPYTHONDIR=tmp_path / "ipython")
+    env = support.kernel_env(TMPDIR=log_disk.tmpdir, IPYTHONDIR=tmp_path / "ipython",
+                             DISTKERNEL_LOG_DIR=log_disk.tmpdir / "logs")
     with Tracked(tmp_path, env) as k:
         log_disk.apply(k)
         r = k.execute("%%distributed num_processes=2 tracking=False\nimport os\n"

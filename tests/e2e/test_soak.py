@@ -312,10 +312,11 @@ def describe(pids):
 
 
 def tmp_contents(tmpdir, kernel_pid):
-    """(run folders kept, paths that are not rank logs distkernel keeps) in TMPDIR."""
-    logs = tmpdir / f"distkernel-logs-{os.getuid()}"
+    """(run folders kept, paths that are not rank logs distkernel keeps) in TMPDIR,
+    which also holds the kernel's XDG_STATE_HOME and so its default log root."""
+    logs = tmpdir / "state" / "distkernel" / "logs"
     kernel_logs = logs / f"kernel-{kernel_pid}"
-    allowed_dirs = {logs, kernel_logs}
+    allowed_dirs = {tmpdir / "state", logs.parent, logs, kernel_logs}
     runs, unexpected = [], []
     for path in sorted(tmpdir.rglob("*")):
         if path.is_dir() and not path.is_symlink():
@@ -353,7 +354,7 @@ def test_soak(kernelspec_installed, tmp_path):
     tmpdir.mkdir()
     # History of the 10,000 cells goes to a profile of its own, not the user's.
     env = support.kernel_env(TMPDIR=tmpdir, IPYTHONDIR=tmp_path / "ipython",
-                             DISTKERNEL_LOG_DIR=None)
+                             DISTKERNEL_LOG_DIR=None, XDG_STATE_HOME=tmpdir / "state")
     km = KernelManager(kernel_name=support.KERNEL_NAME)
     km.start_kernel(env=env)
     popen = km.provisioner.process

@@ -16,7 +16,7 @@
  *     is the text after the first line's '\n', byte for byte, and a line
  *     magic's body is ""; dk_magic_run hands the handler exactly those;
  *   - no match leaves OUT zeroed;
- *   - accepted options are in their documented ranges, every string field is
+ *   - accepted options are in their documented ranges (log_cap 0 or >= 4K), every string field is
  *     NUL-terminated within its array, `result` is an identifier, and the
  *     cross-option rules hold (num_processes excludes GPUs; a GPU_<n>x count
  *     matches num_accelerators);
@@ -114,6 +114,7 @@ static void check_opts(const char *args, size_t errlen)
     FUZZ_CHECK(!o.accelerator_count || o.num_accelerators == o.accelerator_count,
                "num_accelerators=%d but GPU_%dx", o.num_accelerators, o.accelerator_count);
     FUZZ_CHECK(isfinite(o.timeout_s) && o.timeout_s >= 0, "timeout=%g", o.timeout_s);
+    FUZZ_CHECK(o.log_cap == 0 || o.log_cap >= DK_LOG_CAP_MIN_BYTES, "log_cap=%llu", o.log_cap);
     FUZZ_CHECK(o.output == DK_OUTPUT_ALL || o.output == DK_OUTPUT_RANK0, "output=%d",
                (int) o.output);
     for (const char *c = o.accelerator_model; *c; c++)

@@ -593,3 +593,42 @@ Test(syntax, error_message_is_truncated_not_overflowed)
     cr_assert_eq(rc, -1);
     cr_assert_eq(strlen(small), sizeof small - 1);
 }
+
+Test(dist_opts, sizes_parse_with_binary_suffixes)
+{
+    unsigned long long v;
+    cr_assert(dk_dist_opts_parse_size("4096", &v) && v == 4096);
+    cr_assert(dk_dist_opts_parse_size("64k", &v) && v == 64 << 10);
+    cr_assert(dk_dist_opts_parse_size("1M", &v) && v == 1 << 20);
+    cr_assert(dk_dist_opts_parse_size("2GiB", &v) && v == 2ULL << 30);
+    cr_assert(dk_dist_opts_parse_size("1GB", &v) && v == 1ULL << 30);
+    cr_assert(!dk_dist_opts_parse_size("", &v));
+    cr_assert(!dk_dist_opts_parse_size("-1", &v));
+    cr_assert(!dk_dist_opts_parse_size("1X", &v));
+    cr_assert(!dk_dist_opts_parse_size("99999999999T", &v));
+}
+
+Test(dist_opts, log_cap_takes_a_size_and_defaults_to_not_given)
+{
+    dk_dist_opts_t o;
+    char err[512];
+    cr_assert_eq(dk_dist_opts_parse("num_processes=2", &o, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(o.log_cap, 0);
+    cr_assert_eq(dk_dist_opts_parse("log_cap=64M", &o, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(o.log_cap, 64ULL << 20);
+    cr_assert_eq(dk_dist_opts_parse("log_cap='1G'", &o, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(o.log_cap, 1ULL << 30);
+    cr_assert_eq(dk_dist_opts_parse("log_cap=1048576", &o, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(o.log_cap, 1ULL << 20);
+}
+
+Test(dist_opts, a_bad_log_cap_is_refused_naming_what_is_accepted)
+{
+    dk_dist_opts_t o;
+    char err[512];
+    const char *bad[] = {"log_cap=lots", "log_cap=-1", "log_cap=100", "log_cap=None", "log_cap=1Q"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cr_assert_eq(dk_dist_opts_parse(bad[i], &o, err, sizeof err), -1, "%s", bad[i]);
+        cr_assert(strstr(err, "log_cap must be a size") != NULL, "%s", err);
+    }
+}

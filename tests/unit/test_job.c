@@ -18,6 +18,7 @@
 #include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -27,6 +28,8 @@
 
 #include "dk_fdlimit.h"
 #include "dk_job.h"
+#include "dk_logdir.h"
+#include "dk_logfile.h"
 
 #ifndef FAKE_RANK
 #error "FAKE_RANK (the path of fake_rank) must be defined"
@@ -923,19 +926,68 @@ Test(job, a_quiet_rank_is_reported_caught_up_after_its_output)
     finish(&job);
 }
 
+/* A file size limit stands in for a full disk: writes fail the same way. */
 Test(job, a_log_that_cannot_be_written_is_reported_once_and_output_still_flows)
 {
-    make_log_dir();
-    char link[512];
-    snprintf(link, sizeof link, "%s/rank-0.log", log_dir);
-    cr_assert_eq(symlink("/dev/full", link), 0);
-    const char *extra[] = {"FAKE_MODE=print_lots", "FAKE_LINES=200", NULL};
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit lim = {4096, 4096};
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    const char *extra[] = {"FAKE_MODE=print_lots", "FAKE_LINES=2000", NULL};
     dk_job_t *job = run(1, extra);
     cr_assert_eq(dk_job_end(job), DK_END_OK);
-    expect_numbered(rec.out[0][1].buf, "out", 200);
-    expect_numbered(rec.out[0][2].buf, "err", 200);
+    expect_numbered(rec.out[0][1].buf, "out", 2000);
+    expect_numbered(rec.out[0][2].buf, "err", 2000);
     cr_assert_eq(rec.nwarnings, 1);
-    cr_assert(warned("rank 0's log file") && warned("No space left"), "%s", rec.warnings[0]);
+    cr_assert(warned("rank 0's log file") && warned(strerror(EFBIG)), "%s", rec.warnings[0]);
+    cr_assert(!dk_job_rank_log_complete(job, 0));
+    finish(&job);
+}
+
+/* A rank-N.log planted in the log directory (a symlink to a file of the user)
+ * is replaced, never written through. */
+Test(job, a_planted_log_symlink_is_replaced_not_followed)
+{
+    make_log_dir();
+    char victim[512], link[512];
+    snprintf(victim, sizeof victim, "%s/victim", log_dir);
+    FILE *f = fopen(victim, "w");
+    fputs("precious\n", f);
+    fclose(f);
+    snprintf(link, sizeof link, "%s/rank-0.log", log_dir);
+    cr_assert_eq(symlink(victim, link), 0);
+    const char *extra[] = {"FAKE_MODE=print_lots", "FAKE_LINES=20", NULL};
+    dk_job_t *job = run(1, extra);
+    cr_assert_eq(dk_job_end(job), DK_END_OK);
+    size_t len;
+    char *text = read_file(victim, &len);
+    cr_assert_str_eq(text, "precious\n");
+    free(text);
+    struct stat st;
+    cr_assert(lstat(link, &st) == 0 && S_ISREG(st.st_mode));
+    unlink(victim);
+    finish(&job);
+}
+
+/* Past its cap a rank's log keeps head and tail, and the sink is told once. */
+Test(job, a_log_past_its_cap_keeps_head_and_tail_and_the_sink_is_told)
+{
+    make_log_dir();
+    dk_job_spec_t spec = spec_for(1, (const char *[]){"FAKE_MODE=print_lots", "FAKE_LINES=20000",
+                                                      NULL});
+    spec.log_cap = 64 << 10;
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 20000));
+    cr_assert_eq(dk_job_end(job), DK_END_OK);
+    expect_numbered(rec.out[0][1].buf, "out", 20000);
+    cr_assert_eq(rec.nwarnings, 1);
+    cr_assert(warned("passed its log cap of 65536 bytes"), "%s", rec.warnings[0]);
+    char path[512];
+    snprintf(path, sizeof path, "%s/rank-0.log", log_dir);
+    size_t len;
+    char *text = read_file(path, &len);
+    cr_assert_leq(len, (64 << 10) + 512);
+    cr_assert_not_null(strstr(text, "bytes of output left out here"));
+    free(text);
     finish(&job);
 }
 
@@ -943,6 +995,10 @@ Test(job, without_a_log_dir_logs_go_to_a_fresh_directory)
 {
     dk_job_spec_t spec = spec_for(1, NULL);
     spec.log_dir = NULL;
+    char state[] = "/tmp/dk-test-state-XXXXXX";
+    cr_assert_not_null(mkdtemp(state));
+    unsetenv("DISTKERNEL_LOG_DIR");
+    setenv("XDG_STATE_HOME", state, 1);
     remove_dir(log_dir);
     log_dir[0] = '\0';
     dk_job_t *job = start(&spec);
@@ -950,8 +1006,13 @@ Test(job, without_a_log_dir_logs_go_to_a_fresh_directory)
     char path[512];
     snprintf(path, sizeof path, "%s/rank-0.log", dk_job_log_dir(job));
     cr_assert_eq(access(path, F_OK), 0);
-    snprintf(log_dir, sizeof log_dir, "%s", dk_job_log_dir(job));
+    char want[256];
+    snprintf(want, sizeof want, "%s/distkernel/logs/kernel-%d/run-", state, (int) getpid());
+    cr_assert(strncmp(dk_job_log_dir(job), want, strlen(want)) == 0, "%s", dk_job_log_dir(job));
     finish(&job);
+    int tmp = open("/tmp", O_RDONLY | O_DIRECTORY);
+    dk_logdir_remove(tmp, state + 5);
+    close(tmp);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -969,4 +1030,22 @@ Test(job, no_descriptor_is_leaked)
     job = start(&spec);
     finish(&job);           /* destroyed while running */
     cr_assert_eq(count_fds(), before);
+}
+
+/* The back channel's socket directory is made only where nobody else can swap
+ * it: a TMPDIR writable by others (and not sticky) is refused, naming TMPDIR. */
+Test(job, a_tmpdir_others_can_write_is_refused_for_the_back_channel)
+{
+    char open_dir[] = "/tmp/dk-test-open-XXXXXX";
+    cr_assert_not_null(mkdtemp(open_dir));
+    cr_assert_eq(chmod(open_dir, 0777), 0);
+    setenv("TMPDIR", open_dir, 1);
+    dk_job_spec_t spec = spec_for(1, NULL);
+    char err[1024] = "";
+    dk_job_t *job = dk_job_start(&spec, &sink, err, sizeof err);
+    cr_assert_null(job);
+    cr_assert(strstr(err, open_dir) && strstr(err, "writable by other users") &&
+              strstr(err, "TMPDIR"), "%s", err);
+    rmdir(open_dir);
+    finish(&job);
 }

@@ -1,0 +1,468 @@
+/*
+ * dk_logdir: safe log directories, their retention, and capped log files.
+ *
+ * The whole file follows one rule: after the root has been opened and checked,
+ * no path string is resolved again. Everything below it is reached from a
+ * directory descriptor with *at() calls and O_NOFOLLOW, so what was checked is
+ * what is used; a check by name followed by an open by name (the race the
+ * issue's attacker won by swapping the run directory) cannot happen.
+ *
+ * Checking a directory: it must be owned by root or by us (a directory of
+ * another user may be renamed or replaced by its owner at any time), and if
+ * group or others may write it, it must be sticky (then others can add
+ * entries but not rename or remove ours). The final directory, where our files
+ * are, must be ours and writable by us alone (with DK_LOGDIR_SHARED_OK, a
+ * root-owned sticky one like /tmp is accepted, for callers that make their
+ * own private directory inside with mkdtemp).
+ *
+ * Capped log files are dk_logfile.c's.
+ *
+ * Why flock marks a running job: it is released by the kernel when the
+ * holder dies, so a crashed kernel never leaves a folder that looks running
+ * for ever, and it works across kernels of the same user without a registry.
+ */
+#include "dk_logdir.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pwd.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define REMOVE_DEPTH 4
+
+static void close_fd(int *fd)
+{
+    if (*fd >= 0)
+        close(*fd);
+    *fd = -1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The root                                                                  */
+
+char *dk_logdir_default_root(char *err, size_t errlen)
+{
+    const char *env = getenv("DISTKERNEL_LOG_DIR");
+    if (env && *env)
+        return strdup(env);
+    const char *state = getenv("XDG_STATE_HOME");
+    char *out = NULL;
+    /* The XDG spec says a relative XDG_STATE_HOME is invalid and to be ignored. */
+    if (state && state[0] == '/') {
+        if (asprintf(&out, "%s/distkernel/logs", state) < 0)
+            out = NULL;
+        return out;
+    }
+    const char *home = getenv("HOME");
+    if (!home || home[0] != '/') {
+        struct passwd *pw = getpwuid(geteuid());
+        home = pw && pw->pw_dir && pw->pw_dir[0] == '/' ? pw->pw_dir : NULL;
+    }
+    if (!home) {
+        snprintf(err, errlen, "no directory for the rank logs: HOME is not set and user %u "
+                 "has no home directory; set DISTKERNEL_LOG_DIR to a directory of yours",
+                 (unsigned) geteuid());
+        return NULL;
+    }
+    if (asprintf(&out, "%s/.local/state/distkernel/logs", home) < 0)
+        out = NULL;
+    return out;
+}
+
+/* Why directory ST (reached as SHOWN) may not be used, or NULL. FINAL: it is
+ * the one our files go in. */
+static const char *unsafe(const struct stat *st, bool final, int flags)
+{
+    uid_t me = geteuid();
+    if (!S_ISDIR(st->st_mode))
+        return "is not a directory";
+    if (st->st_uid != me && st->st_uid != 0)
+        return "belongs to another user, who could read, rename or replace what is in it";
+    bool shared = (st->st_mode & (S_IWGRP | S_IWOTH)) != 0;
+    if (shared && !(st->st_mode & S_ISVTX))
+        return "is writable by other users, who could rename or replace what is in it";
+    if (final && !(flags & DK_LOGDIR_SHARED_OK) && (st->st_uid != me || shared))
+        return st->st_uid != me ? "belongs to root, not to you"
+                                : "is writable by other users";
+    return NULL;
+}
+
+static void refuse(char *err, size_t errlen, const char *path, size_t len, const char *why,
+                   const struct stat *st, const char *hint)
+{
+    snprintf(err, errlen, "refusing to use %.*s for logs: it %s (owner uid %u, mode %04o)%s%s",
+             (int) len, path, why, (unsigned) st->st_uid, (unsigned) (st->st_mode & 07777),
+             hint ? "; " : "", hint ? hint : "");
+}
+
+/* Open component NAME of DIRFD: a directory, or a symlink owned by us or root
+ * to one. */
+static int open_component(int dirfd, const char *name, int flags, bool *created)
+{
+    int fl = O_RDONLY | O_DIRECTORY | O_CLOEXEC;
+    int fd = openat(dirfd, name, fl | O_NOFOLLOW);
+    if (fd < 0 && errno == ENOENT && (flags & DK_LOGDIR_CREATE)) {
+        if (mkdirat(dirfd, name, 0700) == 0)
+            *created = true;
+        else if (errno != EEXIST)
+            return -1;
+        fd = openat(dirfd, name, fl | O_NOFOLLOW);
+    }
+    if (fd >= 0 || (errno != ELOOP && errno != ENOTDIR))
+        return fd;
+    struct stat link;
+    if (fstatat(dirfd, name, &link, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISLNK(link.st_mode)) {
+        errno = ENOTDIR;
+        return -1;
+    }
+    if (link.st_uid != geteuid() && link.st_uid != 0) {
+        errno = EPERM;
+        return -1;
+    }
+    return openat(dirfd, name, fl);
+}
+
+int dk_logdir_open(const char *path, int flags, const char *hint, char *err, size_t errlen)
+{
+    if (!path || !*path) {
+        snprintf(err, errlen, "no log directory was given%s%s", hint ? "; " : "",
+                 hint ? hint : "");
+        return -1;
+    }
+    int fd = open(path[0] == '/' ? "/" : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot open %s: %s", path[0] == '/' ? "/" : ".", strerror(errno));
+        return -1;
+    }
+    size_t i = 0, n = strlen(path);
+    for (;;) {
+        while (i < n && path[i] == '/')
+            i++;
+        size_t j = i;
+        while (j < n && path[j] != '/')
+            j++;
+        bool last = true;
+        for (size_t k = j; k < n; k++)
+            last = last && path[k] == '/';
+        struct stat st;
+        if (j == i) {   /* "/" or "." itself */
+            if (fstat(fd, &st) == 0 && unsafe(&st, true, flags)) {
+                refuse(err, errlen, path, n, unsafe(&st, true, flags), &st, hint);
+                close_fd(&fd);
+            }
+            return fd;
+        }
+        char name[256];
+        if (j - i >= sizeof name) {
+            snprintf(err, errlen, "the log directory %s has a name component over 255 bytes", path);
+            close_fd(&fd);
+            return -1;
+        }
+        memcpy(name, path + i, j - i);
+        name[j - i] = '\0';
+        bool created = false;
+        int next = open_component(fd, name, flags, &created);
+        if (next < 0) {
+            int e = errno;
+            if (e == EPERM)
+                snprintf(err, errlen, "refusing to use %s for logs: %.*s is a symlink owned by "
+                         "another user%s%s", path, (int) j, path, hint ? "; " : "",
+                         hint ? hint : "");
+            else
+                snprintf(err, errlen, "cannot %s the log directory %.*s: %s%s%s",
+                         flags & DK_LOGDIR_CREATE ? "create or open" : "open", (int) j, path,
+                         strerror(e), hint ? "; " : "", hint ? hint : "");
+            close_fd(&fd);
+            return -1;
+        }
+        close_fd(&fd);
+        fd = next;
+        const char *why = fstat(fd, &st) != 0 ? "cannot be examined" : unsafe(&st, last, flags);
+        if (why) {
+            refuse(err, errlen, path, j, why, &st, hint);
+            close_fd(&fd);
+            return -1;
+        }
+        if (last)
+            return fd;
+        i = j;
+    }
+}
+
+int dk_logdir_mkdir(int dirfd, const char *name, bool fresh, char *err, size_t errlen)
+{
+    if (mkdirat(dirfd, name, 0700) != 0 && (fresh || errno != EEXIST)) {
+        snprintf(err, errlen, "cannot create the log directory %s: %s", name, strerror(errno));
+        return -1;
+    }
+    int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot open the log directory %s: %s", name, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_uid != geteuid() || (st.st_mode & (S_IWGRP | S_IWOTH))) {
+        snprintf(err, errlen, "refusing to use the log directory %s: it is not yours alone "
+                 "(owner uid %u, mode %04o)", name, (unsigned) st.st_uid,
+                 (unsigned) (st.st_mode & 07777));
+        close_fd(&fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int create_at(int dirfd, const char *name, int access)
+{
+    return openat(dirfd, name, access | O_APPEND | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+}
+
+int dk_logdir_create(int dirfd, const char *name, char *err, size_t errlen)
+{
+    int fd = create_at(dirfd, name, O_WRONLY);
+    if (fd < 0)
+        snprintf(err, errlen, "cannot create the log file %s: %s", name, strerror(errno));
+    return fd;
+}
+
+int dk_logdir_hold(int fd)
+{
+    return flock(fd, LOCK_SH | LOCK_NB);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Removal and usage: never through a symlink                                */
+
+static int remove_in(int dirfd, const char *name, int depth)
+{
+    struct stat st;
+    if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+        return errno == ENOENT ? 0 : -1;
+    if (!S_ISDIR(st.st_mode))
+        return unlinkat(dirfd, name, 0) == 0 || errno == ENOENT ? 0 : -1;
+    if (depth <= 0) {
+        errno = ELOOP;
+        return -1;
+    }
+    int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        close(fd);
+        return -1;
+    }
+    int rc = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        if (remove_in(fd, e->d_name, depth - 1) != 0)
+            rc = -1;
+    }
+    closedir(d);
+    if (unlinkat(dirfd, name, AT_REMOVEDIR) != 0 && errno != ENOENT)
+        rc = -1;
+    return rc;
+}
+
+int dk_logdir_remove(int dirfd, const char *name)
+{
+    return remove_in(dirfd, name, REMOVE_DEPTH);
+}
+
+static unsigned long long usage_in(int dirfd, const char *name, int depth)
+{
+    struct stat st;
+    if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+        return 0;
+    unsigned long long total = (unsigned long long) st.st_blocks * 512;
+    if (!S_ISDIR(st.st_mode) || depth <= 0)
+        return total;
+    int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0)
+            close(fd);
+        return total;
+    }
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
+            total += usage_in(fd, e->d_name, depth - 1);
+    closedir(d);
+    return total;
+}
+
+unsigned long long dk_logdir_usage(int dirfd, const char *name)
+{
+    return usage_in(dirfd, name, REMOVE_DEPTH);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Pruning                                                                   */
+
+typedef struct {
+    char kernel[64];
+    char run[200];          /* empty for a kernel folder entry */
+    time_t mtime;
+    unsigned long long bytes;
+    bool dead;              /* its kernel process is gone */
+} entry_t;
+
+typedef struct {
+    entry_t *v;
+    size_t n, cap;
+} entries_t;
+
+static entry_t *push(entries_t *es)
+{
+    if (es->n == es->cap) {
+        size_t cap = es->cap ? 2 * es->cap : 32;
+        entry_t *p = realloc(es->v, cap * sizeof *p);
+        if (!p)
+            return NULL;
+        es->v = p;
+        es->cap = cap;
+    }
+    entry_t *e = &es->v[es->n++];
+    memset(e, 0, sizeof *e);
+    return e;
+}
+
+static int newest_first(const void *a, const void *b)
+{
+    time_t x = ((const entry_t *) a)->mtime, y = ((const entry_t *) b)->mtime;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static int oldest_first(const void *a, const void *b)
+{
+    return newest_first(b, a);
+}
+
+/* The kernel-PID folders directly in ROOTFD. */
+static void list_kernels(int rootfd, pid_t self, entries_t *out)
+{
+    int fd = openat(rootfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char *end;
+        if (strncmp(e->d_name, "kernel-", 7) != 0 || strlen(e->d_name) >= sizeof out->v->kernel)
+            continue;
+        long pid = strtol(e->d_name + 7, &end, 10);
+        struct stat st;
+        if (*end || pid <= 0 || fstatat(rootfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+            !S_ISDIR(st.st_mode))
+            continue;
+        entry_t *k = push(out);
+        if (!k)
+            break;
+        snprintf(k->kernel, sizeof k->kernel, "%s", e->d_name);
+        k->mtime = st.st_mtime;
+        k->dead = pid != (long) self && kill((pid_t) pid, 0) != 0 && errno == ESRCH;
+    }
+    closedir(d);
+}
+
+/* True when nobody holds run folder NAME of KFD (dk_logdir_hold). */
+static bool idle(int kfd, const char *name)
+{
+    int fd = openat(kfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOTDIR || errno == ELOOP;   /* not a folder: nothing runs there */
+    bool ok = flock(fd, LOCK_EX | LOCK_NB) == 0;
+    close(fd);
+    return ok;
+}
+
+static void list_runs(int rootfd, const entry_t *k, entries_t *out)
+{
+    int kfd = openat(rootfd, k->kernel, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    int dfd = kfd >= 0 ? dup(kfd) : -1;
+    DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+    if (!d) {
+        if (dfd >= 0)
+            close(dfd);
+        if (kfd >= 0)
+            close(kfd);
+        return;
+    }
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        struct stat st;
+        if (strncmp(e->d_name, "run-", 4) != 0 || strlen(e->d_name) >= sizeof out->v->run ||
+            fstatat(kfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+            continue;
+        entry_t *r = push(out);
+        if (!r)
+            break;
+        snprintf(r->kernel, sizeof r->kernel, "%s", k->kernel);
+        snprintf(r->run, sizeof r->run, "%s", e->d_name);
+        r->mtime = st.st_mtime;
+        r->bytes = dk_logdir_usage(kfd, e->d_name);
+        r->dead = k->dead;
+    }
+    closedir(d);
+    close(kfd);
+}
+
+int dk_logdir_prune(int rootfd, const dk_logdir_policy_t *policy, pid_t self)
+{
+    entries_t kernels = {0};
+    list_kernels(rootfd, self, &kernels);
+
+    /* Folders of exited kernels: the newest few stay, the rest once old. */
+    entries_t dead = {0};
+    for (size_t i = 0; i < kernels.n; i++)
+        if (kernels.v[i].dead && push(&dead))
+            dead.v[dead.n - 1] = kernels.v[i];
+    qsort(dead.v, dead.n, sizeof *dead.v, newest_first);
+    time_t now = time(NULL);
+    for (size_t i = (size_t) (policy->keep_dead_kernels > 0 ? policy->keep_dead_kernels : 0);
+         i < dead.n; i++) {
+        if (now - dead.v[i].mtime >= policy->dead_age_s)
+            dk_logdir_remove(rootfd, dead.v[i].kernel);
+    }
+    free(dead.v);
+
+    int removed = 0;
+    if (policy->cap > 0) {
+        entries_t runs = {0};
+        for (size_t i = 0; i < kernels.n; i++)
+            list_runs(rootfd, &kernels.v[i], &runs);
+        unsigned long long total = dk_logdir_usage(rootfd, ".");
+        qsort(runs.v, runs.n, sizeof *runs.v, oldest_first);
+        for (size_t i = 0; i < runs.n && total > policy->cap; i++) {
+            entry_t *r = &runs.v[i];
+            int kfd = openat(rootfd, r->kernel, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (kfd < 0)
+                continue;
+            if (idle(kfd, r->run) && dk_logdir_remove(kfd, r->run) == 0) {
+                total -= r->bytes < total ? r->bytes : total;
+                removed++;
+                /* An exited kernel's folder with nothing left goes too. */
+                if (r->dead)
+                    unlinkat(rootfd, r->kernel, AT_REMOVEDIR);
+            }
+            close(kfd);
+        }
+        free(runs.v);
+    }
+    free(kernels.v);
+    return removed;
+}

@@ -1,0 +1,91 @@
+/*
+ * dk_logdir: where the runtime's files go on a machine shared with other users,
+ * and how much of the disk they may take.
+ *
+ * The log root. DISTKERNEL_LOG_DIR, or else the user's own state directory
+ * ($XDG_STATE_HOME/distkernel/logs, $HOME/.local/state/distkernel/logs), never
+ * a predictable name in a shared /tmp. It is opened one component at a time with
+ * openat(O_NOFOLLOW | O_DIRECTORY), and every component is checked on its open
+ * descriptor (fstat): owned by root or the user, and writable by others only
+ * when sticky (/tmp). A component that is a symlink is followed only when the
+ * link is owned by root or the user (a home directory on a symlink works; a
+ * link planted by someone else does not). The root itself must be the user's
+ * and not writable by group or others. Whatever is missing is created 0700.
+ *
+ * Below the root: ROOT/kernel-PID/ per host process, ROOT/kernel-PID/run-... per
+ * job, each made with mkdirat 0700 and reopened O_NOFOLLOW; files are created
+ * with openat(O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC), 0600. So a path, once
+ * its root is verified, is resolved only through directories nobody else can
+ * write: no rename or symlink can redirect it.
+ *
+ * Retention. Pruning removes whole run folders with unlinkat, looking at each
+ * entry with fstatat(AT_SYMLINK_NOFOLLOW) and descending only through
+ * openat(O_NOFOLLOW): a symlink is removed, never followed, and nothing outside
+ * the root is touched. A job's run folder is held with flock(LOCK_SH) while it
+ * runs (dk_logdir_hold); pruning skips a folder it cannot lock exclusively, so
+ * a running job's logs are never removed, by this kernel or another.
+ *
+ * The size cap of one log file is dk_logfile.h's.
+ */
+#ifndef DK_LOGDIR_H
+#define DK_LOGDIR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#define DK_LOG_ROOT_CAP_DEFAULT (10ULL << 30)  /* the whole root: 10 GiB */
+
+/* Flags of dk_logdir_open. */
+#define DK_LOGDIR_CREATE 1     /* create missing components, 0700 */
+#define DK_LOGDIR_SHARED_OK 2  /* the final directory may be root's and sticky (/tmp) */
+
+/* The default log root as a path (malloc'd, the caller frees): DISTKERNEL_LOG_DIR,
+ * $XDG_STATE_HOME/distkernel/logs, or $HOME (the passwd entry's when unset)
+ * /.local/state/distkernel/logs. NULL with a reason in ERR when none is known. */
+char *dk_logdir_default_root(char *err, size_t errlen);
+
+/* Open directory PATH as described above and return a descriptor on it
+ * (O_DIRECTORY | O_CLOEXEC, the caller closes), or -1 with a reason in ERR
+ * that names the directory at fault and ends with HINT (may be NULL), e.g.
+ * "set DISTKERNEL_LOG_DIR to a directory of yours". */
+int dk_logdir_open(const char *path, int flags, const char *hint, char *err, size_t errlen);
+
+/* Directory NAME in DIRFD: created 0700 (with FRESH, one that already exists
+ * is an error), opened O_NOFOLLOW and checked (the user's, not writable by
+ * others). Returns its descriptor or -1 with a reason in ERR. */
+int dk_logdir_mkdir(int dirfd, const char *name, bool fresh, char *err, size_t errlen);
+
+/* A new file NAME in DIRFD, write-only and appending, 0600, with O_EXCL and
+ * O_NOFOLLOW (an existing entry is an error: unlink it first if it may be a
+ * leftover). Returns its descriptor or -1 with a reason in ERR. */
+int dk_logdir_create(int dirfd, const char *name, char *err, size_t errlen);
+
+/* Hold directory descriptor FD as in use (flock LOCK_SH) until it is closed:
+ * pruning then leaves it alone. Returns 0, or -1 with errno. */
+int dk_logdir_hold(int fd);
+
+/* Remove NAME in DIRFD: a file or symlink is unlinked, a directory emptied
+ * (to a depth of 4, never through a symlink) and removed. Returns 0, or -1
+ * with errno when NAME (or something in it) could not be removed. */
+int dk_logdir_remove(int dirfd, const char *name);
+
+/* Bytes used under NAME in DIRFD (st_blocks, never through a symlink). */
+unsigned long long dk_logdir_usage(int dirfd, const char *name);
+
+/* What pruning keeps. */
+typedef struct {
+    int keep_dead_kernels;      /* folders of exited kernels kept regardless of age */
+    long dead_age_s;            /* older folders of exited kernels beyond those go */
+    unsigned long long cap;     /* the whole root; 0: no cap */
+} dk_logdir_policy_t;
+
+/* Prune the root ROOTFD: folders kernel-PID of processes that no longer exist
+ * (other than SELF) beyond the newest KEEP_DEAD_KERNELS once older than
+ * DEAD_AGE_S; then, while the root holds more than CAP bytes, run folders
+ * (kernel-*\/run-*) oldest first, never one that is held (dk_logdir_hold), and
+ * kernel folders of exited processes left empty. Returns the number of run
+ * folders removed for the cap. */
+int dk_logdir_prune(int rootfd, const dk_logdir_policy_t *policy, pid_t self);
+
+#endif

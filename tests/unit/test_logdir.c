@@ -1,0 +1,279 @@
+/*
+ * Log directories on a shared machine and their retention (runtime/dk_logdir.h).
+ *
+ * Each test works in a fresh directory under /tmp. Tests that need a directory
+ * or link owned by another user use chown, so they need root (CI runs as root)
+ * and are skipped otherwise; the others hold for any user.
+ */
+#include <criterion/criterion.h>
+
+#include "dk_logdir.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#define OTHER_UID 65534   /* nobody */
+
+static char base[256];
+static char err[1024];
+
+static void setup(void)
+{
+    snprintf(base, sizeof base, "/tmp/dk-test-logdir-XXXXXX");
+    cr_assert_not_null(mkdtemp(base));
+}
+
+static void teardown(void)
+{
+    int fd = open("/tmp", O_RDONLY | O_DIRECTORY);
+    dk_logdir_remove(fd, base + 5);
+    close(fd);
+}
+
+TestSuite(logdir, .init = setup, .fini = teardown);
+
+static char *at(const char *rel)
+{
+    static char paths[8][512];
+    static int i;
+    char *p = paths[i++ % 8];
+    snprintf(p, 512, "%s/%s", base, rel);
+    return p;
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f, "%s: %s", path, strerror(errno));
+    fputs(text, f);
+    fclose(f);
+}
+
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "%s: %s", path, strerror(errno));
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t) n + 1);
+    cr_assert_eq(fread(buf, 1, (size_t) n, f), (size_t) n);
+    buf[n] = '\0';
+    fclose(f);
+    if (len)
+        *len = (size_t) n;
+    return buf;
+}
+
+static bool exists(const char *path)
+{
+    struct stat st;
+    return lstat(path, &st) == 0;
+}
+
+/* ---- the root -------------------------------------------------------------- */
+
+Test(logdir, missing_components_are_created_private_to_the_user)
+{
+    int fd = dk_logdir_open(at("a/b/logs"), DK_LOGDIR_CREATE, NULL, err, sizeof err);
+    cr_assert_geq(fd, 0, "%s", err);
+    struct stat st;
+    cr_assert_eq(stat(at("a/b/logs"), &st), 0);
+    cr_assert_eq(st.st_mode & 0777, 0700);
+    cr_assert_eq(stat(at("a"), &st), 0);
+    cr_assert_eq(st.st_mode & 0777, 0700);
+    close(fd);
+}
+
+Test(logdir, a_root_writable_by_others_is_refused_with_the_hint)
+{
+    cr_assert_eq(mkdir(at("open"), 0777), 0);
+    cr_assert_eq(chmod(at("open"), 0777), 0);
+    int fd = dk_logdir_open(at("open"), DK_LOGDIR_CREATE, "set DISTKERNEL_LOG_DIR", err,
+                            sizeof err);
+    cr_assert_lt(fd, 0);
+    cr_assert(strstr(err, "writable by other users") && strstr(err, "DISTKERNEL_LOG_DIR"),
+              "%s", err);
+}
+
+Test(logdir, a_component_writable_by_others_without_the_sticky_bit_is_refused)
+{
+    cr_assert_eq(mkdir(at("open"), 0777), 0);
+    cr_assert_eq(chmod(at("open"), 0777), 0);
+    int fd = dk_logdir_open(at("open/logs"), DK_LOGDIR_CREATE, NULL, err, sizeof err);
+    cr_assert_lt(fd, 0);
+    cr_assert(strstr(err, "writable by other users"), "%s", err);
+    cr_assert(!exists(at("open/logs")), "nothing is created under an unsafe directory");
+}
+
+Test(logdir, a_sticky_shared_directory_like_tmp_is_a_safe_parent)
+{
+    cr_assert_eq(mkdir(at("shared"), 0777), 0);
+    cr_assert_eq(chmod(at("shared"), 01777), 0);
+    int fd = dk_logdir_open(at("shared/logs"), DK_LOGDIR_CREATE, NULL, err, sizeof err);
+    cr_assert_geq(fd, 0, "%s", err);
+    close(fd);
+}
+
+Test(logdir, a_root_of_another_user_is_refused)
+{
+    if (geteuid() != 0)
+        cr_skip_test("chown needs root");
+    cr_assert_eq(mkdir(at("theirs"), 0700), 0);
+    cr_assert_eq(chown(at("theirs"), OTHER_UID, OTHER_UID), 0);
+    int fd = dk_logdir_open(at("theirs"), DK_LOGDIR_CREATE, "set DISTKERNEL_LOG_DIR", err,
+                            sizeof err);
+    cr_assert_lt(fd, 0);
+    cr_assert(strstr(err, "belongs to another user") && strstr(err, "DISTKERNEL_LOG_DIR"),
+              "%s", err);
+}
+
+Test(logdir, a_symlink_planted_by_another_user_is_not_followed)
+{
+    if (geteuid() != 0)
+        cr_skip_test("lchown needs root");
+    cr_assert_eq(mkdir(at("elsewhere"), 0700), 0);
+    cr_assert_eq(symlink(at("elsewhere"), at("logs")), 0);
+    cr_assert_eq(lchown(at("logs"), OTHER_UID, OTHER_UID), 0);
+    int fd = dk_logdir_open(at("logs"), DK_LOGDIR_CREATE, NULL, err, sizeof err);
+    cr_assert_lt(fd, 0);
+    cr_assert(strstr(err, "symlink owned by another user"), "%s", err);
+}
+
+Test(logdir, the_users_own_symlink_is_followed)
+{
+    cr_assert_eq(mkdir(at("real"), 0700), 0);
+    cr_assert_eq(symlink(at("real"), at("home")), 0);
+    int fd = dk_logdir_open(at("home/logs"), DK_LOGDIR_CREATE, NULL, err, sizeof err);
+    cr_assert_geq(fd, 0, "%s", err);
+    cr_assert(exists(at("real/logs")));
+    close(fd);
+}
+
+Test(logdir, the_default_root_is_the_users_state_directory)
+{
+    unsetenv("DISTKERNEL_LOG_DIR");
+    setenv("XDG_STATE_HOME", "/somewhere/state", 1);
+    char *p = dk_logdir_default_root(err, sizeof err);
+    cr_assert_str_eq(p, "/somewhere/state/distkernel/logs");
+    free(p);
+    unsetenv("XDG_STATE_HOME");
+    setenv("HOME", "/home/someone", 1);
+    p = dk_logdir_default_root(err, sizeof err);
+    cr_assert_str_eq(p, "/home/someone/.local/state/distkernel/logs");
+    free(p);
+    setenv("DISTKERNEL_LOG_DIR", "/chosen", 1);
+    p = dk_logdir_default_root(err, sizeof err);
+    cr_assert_str_eq(p, "/chosen");
+    free(p);
+}
+
+/* ---- files and removal --------------------------------------------------- */
+
+Test(logdir, creating_a_file_never_follows_or_reuses_an_existing_entry)
+{
+    int root = dk_logdir_open(base, 0, NULL, err, sizeof err);
+    cr_assert_geq(root, 0, "%s", err);
+    write_file(at("victim"), "precious\n");
+    cr_assert_eq(symlink(at("victim"), at("rank-0.log")), 0);
+    cr_assert_lt(dk_logdir_create(root, "rank-0.log", err, sizeof err), 0);
+    char *text = read_file(at("victim"), NULL);
+    cr_assert_str_eq(text, "precious\n");
+    free(text);
+    close(root);
+}
+
+Test(logdir, removal_removes_a_symlink_not_what_it_points_at)
+{
+    cr_assert_eq(mkdir(at("outside"), 0700), 0);
+    write_file(at("outside/rank-0.log"), "keep me\n");
+    cr_assert_eq(mkdir(at("root"), 0700), 0);
+    cr_assert_eq(mkdir(at("root/run-1"), 0700), 0);
+    write_file(at("root/run-1/rank-0.log"), "old\n");
+    cr_assert_eq(symlink(at("outside"), at("root/run-1/sub")), 0);
+    cr_assert_eq(symlink(at("outside"), at("root/run-2")), 0);
+    int root = open(at("root"), O_RDONLY | O_DIRECTORY);
+    cr_assert_eq(dk_logdir_remove(root, "run-1"), 0);
+    cr_assert_eq(dk_logdir_remove(root, "run-2"), 0);
+    cr_assert(!exists(at("root/run-1")) && !exists(at("root/run-2")));
+    cr_assert(exists(at("outside/rank-0.log")));
+    close(root);
+}
+
+/* ---- pruning --------------------------------------------------------------- */
+
+static void make_run(const char *kernel, const char *run, size_t bytes, time_t mtime)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", base, kernel);
+    mkdir(path, 0700);
+    snprintf(path, sizeof path, "%s/%s/%s", base, kernel, run);
+    cr_assert_eq(mkdir(path, 0700), 0);
+    char file[600];
+    snprintf(file, sizeof file, "%s/rank-0.log", path);
+    FILE *f = fopen(file, "w");
+    char *buf = calloc(1, bytes);
+    memset(buf, 'x', bytes);
+    fwrite(buf, 1, bytes, f);
+    fclose(f);
+    free(buf);
+    struct timeval tv[2] = {{mtime, 0}, {mtime, 0}};
+    utimes(path, tv);
+}
+
+/* A pid that is not running (the biggest pid_max allows is 2^22). */
+#define DEAD "kernel-4194303"
+
+Test(logdir, the_root_cap_removes_the_oldest_runs_first_and_never_a_held_one)
+{
+    time_t now = time(NULL);
+    char self[64];
+    snprintf(self, sizeof self, "kernel-%d", (int) getpid());
+    make_run(DEAD, "run-0001-a", 64 << 10, now - 500);
+    make_run(self, "run-0001-b", 64 << 10, now - 400);     /* held: running */
+    make_run(self, "run-0002-c", 64 << 10, now - 300);
+    make_run(self, "run-0003-d", 64 << 10, now - 200);
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s/run-0001-b", base, self);
+    int run = open(path, O_RDONLY | O_DIRECTORY);
+    cr_assert_eq(dk_logdir_hold(run), 0);
+    int root = open(base, O_RDONLY | O_DIRECTORY);
+    dk_logdir_policy_t policy = {.keep_dead_kernels = 10, .dead_age_s = 86400,
+                                 .cap = 160 << 10};
+    int removed = dk_logdir_prune(root, &policy, getpid());
+    cr_assert_eq(removed, 2);
+    cr_assert(!exists(at(DEAD)), "an exited kernel's folder left empty goes");
+    cr_assert(exists(path), "a held run is never removed");
+    snprintf(path, sizeof path, "%s/%s/run-0002-c", base, self);
+    cr_assert(!exists(path));
+    snprintf(path, sizeof path, "%s/%s/run-0003-d", base, self);
+    cr_assert(exists(path), "the newest run stays once the root is under its cap");
+    close(run);
+    close(root);
+}
+
+Test(logdir, folders_of_exited_kernels_go_beyond_the_newest_once_old)
+{
+    time_t now = time(NULL);
+    make_run("kernel-4194301", "run-0001-a", 10, now - 3 * 86400);
+    make_run("kernel-4194302", "run-0001-a", 10, now - 2 * 86400);
+    make_run(DEAD, "run-0001-a", 10, now - 60);
+    struct timeval old[2] = {{now - 3 * 86400, 0}, {now - 3 * 86400, 0}};
+    utimes(at("kernel-4194301"), old);
+    struct timeval mid[2] = {{now - 2 * 86400, 0}, {now - 2 * 86400, 0}};
+    utimes(at("kernel-4194302"), mid);
+    int root = open(base, O_RDONLY | O_DIRECTORY);
+    dk_logdir_policy_t policy = {.keep_dead_kernels = 1, .dead_age_s = 86400};
+    dk_logdir_prune(root, &policy, getpid());
+    cr_assert(exists(at(DEAD)), "the newest stays");
+    cr_assert(!exists(at("kernel-4194301")) && !exists(at("kernel-4194302")));
+    close(root);
+}
