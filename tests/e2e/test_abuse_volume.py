@@ -545,8 +545,10 @@ class Forge:
             msg_type = self.rng.choice(["execute_request", "input_request", "Input_Reply",
                                         "input_reply ", "kernel_info_request", "comm_msg"])
         elif ch == "control":
-            # interrupt_request is a control request; on shell it is unknown.
-            msg_type = self.rng.choice([t for t in UNKNOWN_TYPES if t != "interrupt_request"]
+            # interrupt_request and debug_request are control requests; on
+            # shell they are unknown.
+            msg_type = self.rng.choice([t for t in UNKNOWN_TYPES
+                                        if t not in ("interrupt_request", "debug_request")]
                                        + ["execute_request", "complete_request",
                                           "is_complete_request", "comm_open"])
         else:
