@@ -5,7 +5,9 @@
  *
  * Started by a Jupyter frontend through its kernelspec (kernel.json).
  */
+#include "dk_check.h"
 #include "dk_conn.h"
+#include "dk_distributed.h"
 #include "dk_fdlimit.h"
 #include "dk_kernel.h"
 
@@ -102,6 +104,12 @@ int main(int argc, char **argv)
     if (!kernel) {
         fprintf(stderr, "distkernel: %s\n", err);
         dk_conn_clear(&conn);
+        return 1;
+    }
+    /* The composition root: the features are built here, on the kernel core,
+     * which knows nothing of them. They live as long as the process. */
+    if (!dk_distributed_new(kernel) || dk_check_register(kernel) < 0) {
+        fprintf(stderr, "distkernel: cannot set up %%%%distributed (out of memory)\n");
         return 1;
     }
     dk_kernel_run(kernel);

@@ -38,7 +38,8 @@ static long long now_ms(void)
     return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-json_t *dk_check_run(const char *args, bool *interrupted, char *err, size_t errlen)
+json_t *dk_check_run(dk_stream_t *stream, const char *args, bool *interrupted, char *err,
+                     size_t errlen)
 {
     *interrupted = false;
     char *copy = strdup(args ? args : "");
@@ -57,7 +58,6 @@ json_t *dk_check_run(const char *args, bool *interrupted, char *err, size_t errl
         return NULL;
     }
     free(copy);
-    dk_stream_t *stream = dk_kernel_stream(dk_kernel_current());
     char *out = NULL;
     size_t out_len = 0, out_cap = 0;
     bool out_open = true, err_open = true, too_big = false;
@@ -136,17 +136,18 @@ json_t *dk_check_run(const char *args, bool *interrupted, char *err, size_t errl
     return report;
 }
 
-static void write_text(dk_stream_name_t name, const char *text)
+static void write_text(dk_exec_t *ex, dk_stream_name_t name, const char *text)
 {
-    dk_stream_write(dk_kernel_stream(dk_kernel_current()), name, text, strlen(text));
+    dk_stream_write(dk_kernel_stream(ex->kernel), name, text, strlen(text));
 }
 
-static int check_magic(void *host, const char *args, const char *body)
+static int check_magic(void *host, void *data, const char *args, const char *body)
 {
     dk_exec_t *ex = host;
     bool interrupted;
     char err[1024];
-    json_t *report = dk_check_run(args, &interrupted, err, sizeof err);
+    json_t *report = dk_check_run(dk_kernel_stream(ex->kernel), args, &interrupted, err,
+                                  sizeof err);
     if (!report) {
         dk_exec_error(ex, interrupted ? "KeyboardInterrupt" : "GPUCheckError",
                       interrupted ? "the GPU check was interrupted" : err, NULL);
@@ -157,15 +158,15 @@ static int check_magic(void *host, const char *args, const char *body)
         char line[1200];
         snprintf(line, sizeof line, "distributed_check: nothing to check: %s\n",
                  json_string_value(json_object_get(report, "reason")));
-        write_text(DK_STDOUT, line);
+        write_text(ex, DK_STDOUT, line);
         json_decref(report);
         return 0;
     }
     char *text = dk_nccl_report_text(report);
     if (text) {
-        write_text(DK_STDOUT, text);
+        write_text(ex, DK_STDOUT, text);
         if (text[0] && text[strlen(text) - 1] != '\n')
-            write_text(DK_STDOUT, "\n");
+            write_text(ex, DK_STDOUT, "\n");
         free(text);
     }
     int rc = 0;
@@ -196,7 +197,7 @@ static const dk_magic_t check_line_magic = {
     .run = check_magic,
 };
 
-void dk_check_register(dk_magic_registry_t *reg)
+int dk_check_register(dk_kernel_t *kernel)
 {
-    dk_magic_register(reg, &check_line_magic);
+    return dk_magic_register(dk_kernel_magics(kernel), &check_line_magic);
 }

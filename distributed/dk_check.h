@@ -10,19 +10,21 @@
 #ifndef DK_CHECK_H
 #define DK_CHECK_H
 
-#include "dk_magic.h"
+#include "dk_kernel.h"
 
 #include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 
-/* Register %distributed_check with REG. */
-void dk_check_register(dk_magic_registry_t *reg);
+/* Register %distributed_check with KERNEL's magics. Returns -1 if it cannot. */
+int dk_check_register(dk_kernel_t *kernel);
 
 /* Run the check with ARGS (extra command-line arguments, blank-separated; may
  * be NULL), called on the main thread with the GIL held (released while it
- * waits). Returns the report (new reference), or NULL with ERR filled; an
- * interrupt ends the program and sets *INTERRUPTED. */
-json_t *dk_check_run(const char *args, bool *interrupted, char *err, size_t errlen);
+ * waits); what the program writes to stderr goes to STREAM's stderr. Returns
+ * the report (new reference), or NULL with ERR filled; an interrupt ends the
+ * program and sets *INTERRUPTED. */
+json_t *dk_check_run(dk_stream_t *stream, const char *args, bool *interrupted, char *err,
+                     size_t errlen);
 
 #endif

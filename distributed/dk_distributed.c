@@ -12,6 +12,9 @@
  * exited, builds the result or the root-cause error. A mutex guards what both
  * threads touch.
  */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
 #include "dk_distributed.h"
 #include "dk_check.h"
 #include "dk_dist_opts.h"
@@ -22,6 +25,7 @@
 #include "dk_lines.h"
 #include "dk_logdir.h"
 #include "dk_logfile.h"
+#include "dk_python.h"
 #include "dk_tracking.h"
 
 #include <stdint.h>
@@ -44,6 +48,17 @@
 #define KILL_GRACE_S 2.0
 
 typedef struct run_t run_t;
+
+#define KEEP_RUN_LOGS 20
+
+/* The feature, one per kernel: what it needs of the kernel, its magic, and
+ * what outlives a run (which run folders this kernel keeps). */
+struct dk_distributed_t {
+    dk_kernel_t *kernel;
+    dk_magic_t magic;
+    char kept[KEEP_RUN_LOGS][128];   /* this kernel's newest run folders, a ring */
+    unsigned long runs;              /* runs started so far */
+};
 
 typedef struct {
     run_t *run;
@@ -72,6 +87,7 @@ typedef struct {
 } rank_info_t;
 
 struct run_t {
+    dk_distributed_t *feature;
     dk_kernel_t *kernel;
     dk_dist_opts_t opts;
     int world;
@@ -90,6 +106,7 @@ struct run_t {
     char device[128];           /* "NVIDIA H100 80GB HBM3" or "cpu" */
     char model[32];
     dk_tracked_run_t tracked;
+    char mlflow_env[3][1400];   /* the run's MLFLOW_* variables for the ranks */
     char *batch;                /* labelled lines of one sink_output call */
     size_t batch_len, batch_cap;
     unsigned long long thinned_at_start;   /* dk_stream_thinned lines, before the run */
@@ -492,7 +509,7 @@ static char **begin_tracking(run_t *run)
     note_line(run, note);
     if (!run->tracked.active)
         return NULL;
-    static char vars[3][1400];
+    char (*vars)[1400] = run->mlflow_env;
     snprintf(vars[0], sizeof vars[0], "MLFLOW_TRACKING_URI=%s", run->tracked.tracking_uri);
     snprintf(vars[1], sizeof vars[1], "MLFLOW_RUN_ID=%s", run->tracked.run_id);
     snprintf(vars[2], sizeof vars[2], "MLFLOW_EXPERIMENT_ID=%s", run->tracked.experiment_id);
@@ -566,7 +583,6 @@ static const char *final_status(run_t *run)
  * A run folder is made fresh here and held by the job from its start; a pruner of
  * another kernel in between could only take it if it were the oldest run of an
  * over-full root, and then the run fails to start with a message, nothing worse. */
-#define KEEP_RUN_LOGS 20
 #define KEEP_DEAD_KERNELS 10
 #define DEAD_KERNEL_AGE_S (24 * 3600)
 #define LOG_DIR_HINT "set DISTKERNEL_LOG_DIR to a directory that is yours alone"
@@ -587,10 +603,8 @@ static int size_from_env(const char *name, unsigned long long dflt, unsigned lon
 
 /* Make this run's log folder; its path goes in OUT. Returns -1 with a Python
  * exception set when the root is not safe or the folder cannot be made. */
-static int next_log_dir(const char *run_id, char *out, size_t outlen)
+static int next_log_dir(dk_distributed_t *d, const char *run_id, char *out, size_t outlen)
 {
-    static char kept[KEEP_RUN_LOGS][128];
-    static unsigned long runs;
     unsigned long long root_cap;
     if (size_from_env("DISTKERNEL_LOG_ROOT_CAP", DK_LOG_ROOT_CAP_DEFAULT, &root_cap) < 0)
         return -1;
@@ -604,13 +618,13 @@ static int next_log_dir(const char *run_id, char *out, size_t outlen)
     }
     dk_logdir_policy_t policy = {.keep_dead_kernels = KEEP_DEAD_KERNELS,
                                  .dead_age_s = DEAD_KERNEL_AGE_S, .cap = root_cap};
-    if (runs > 0)
+    if (d->runs > 0)
         policy.keep_dead_kernels = INT32_MAX;   /* exited kernels: looked at once per kernel */
     dk_logdir_prune(root, &policy, getpid());
     char kname[32], name[128];
     snprintf(kname, sizeof kname, "kernel-%d", (int)getpid());
     int kdir = dk_logdir_mkdir(root, kname, false, err, sizeof err);
-    snprintf(name, sizeof name, "run-%04lu-%s", runs + 1, run_id);
+    snprintf(name, sizeof name, "run-%04lu-%s", d->runs + 1, run_id);
     int rdir = kdir >= 0 ? dk_logdir_mkdir(kdir, name, true, err, sizeof err) : -1;
     if (rdir < 0) {
         PyErr_Format(PyExc_RuntimeError, "no rank was started: in %s: %s; %s", base, err,
@@ -622,11 +636,11 @@ static int next_log_dir(const char *run_id, char *out, size_t outlen)
         return -1;
     }
     close(rdir);
-    runs++;
-    char *slot = kept[runs % KEEP_RUN_LOGS];
+    d->runs++;
+    char *slot = d->kept[d->runs % KEEP_RUN_LOGS];
     if (slot[0])
         dk_logdir_remove(kdir, slot);
-    snprintf(slot, sizeof kept[0], "%s", name);
+    snprintf(slot, sizeof d->kept[0], "%s", name);
     snprintf(out, outlen, "%s/%s/%s", base, kname, name);
     close(kdir);
     close(root);
@@ -652,7 +666,7 @@ static int preflight(run_t *run)
     }
     bool interrupted;
     char err[1024];
-    json_t *report = dk_check_run(NULL, &interrupted, err, sizeof err);
+    json_t *report = dk_check_run(stream, NULL, &interrupted, err, sizeof err);
     if (!report) {
         if (interrupted)
             PyErr_SetString(PyExc_KeyboardInterrupt, "interrupted during the GPU check");
@@ -679,7 +693,7 @@ static int preflight(run_t *run)
 }
 
 /* Parse, plan and start. Returns NULL with a Python exception set. */
-static run_t *run_start(dk_kernel_t *k, const char *kind, const char *options,
+static run_t *run_start(dk_distributed_t *d, const char *kind, const char *options,
                         const void *payload, size_t len)
 {
     run_t *run = calloc(1, sizeof *run);
@@ -688,7 +702,8 @@ static run_t *run_start(dk_kernel_t *k, const char *kind, const char *options,
         return NULL;
     }
     pthread_mutex_init(&run->lock, NULL);
-    run->kernel = k;
+    run->feature = d;
+    run->kernel = d->kernel;
     run->kind = kind;
     char err[1024];
     if (dk_dist_opts_parse(options, &run->opts, err, sizeof err) < 0) {
@@ -699,7 +714,7 @@ static run_t *run_start(dk_kernel_t *k, const char *kind, const char *options,
     if (run->opts.warnings[0]) {
         char line[600];
         int n = snprintf(line, sizeof line, "%s\n", run->opts.warnings);
-        dk_stream_write(dk_kernel_stream(k), DK_STDERR, line, (size_t)n);
+        dk_stream_write(dk_kernel_stream(run->kernel), DK_STDERR, line, (size_t)n);
     }
     size_t cap = run->opts.num_processes > DK_GPU_MAX ? (size_t)run->opts.num_processes
                                                       : DK_GPU_MAX;
@@ -756,7 +771,7 @@ static run_t *run_start(dk_kernel_t *k, const char *kind, const char *options,
     char log_dir[4096];
     unsigned long long log_cap = run->opts.log_cap;
     if ((!log_cap && size_from_env("DISTKERNEL_LOG_CAP", DK_LOG_CAP_DEFAULT, &log_cap) < 0) ||
-        next_log_dir(run->run_id, log_dir, sizeof log_dir) < 0) {
+        next_log_dir(run->feature, run->run_id, log_dir, sizeof log_dir) < 0) {
         free(env);
         end_tracking(run, "FAILED");
         run_free(run);
@@ -1047,9 +1062,10 @@ static void exec_error_from_python(dk_exec_t *ex)
 }
 
 /* %%distributed: the handler dk_magic calls with the cell's exec context. */
-static int distributed_magic(void *host, const char *args, const char *body)
+static int distributed_magic(void *host, void *data, const char *args, const char *body)
 {
     dk_exec_t *ex = host;
+    dk_distributed_t *d = data;
     PyObject *payload = glue_call("prepare_cell", "(s)", body);
     if (!payload) {
         exec_error_from_python(ex);
@@ -1062,7 +1078,7 @@ static int distributed_magic(void *host, const char *args, const char *body)
         exec_error_from_python(ex);
         return -1;
     }
-    run_t *run = run_start(ex->kernel, "cell", args, p, (size_t)len);
+    run_t *run = run_start(d, "cell", args, p, (size_t)len);
     Py_DECREF(payload);
     if (!run) {
         exec_error_from_python(ex);
@@ -1102,13 +1118,19 @@ static int distributed_magic(void *host, const char *args, const char *body)
     return rc;
 }
 
-PyObject *dk_distributed_run_job(PyObject *self, PyObject *args)
+/* _distkernel.run_job(options_text, payload_bytes) -> (results, log_dir,
+ * run_url): each rank's pickled value (None where a rank sent none), the logs'
+ * folder, the MLflow run's page ("" without tracking); raises
+ * distkernel.DistributedError (or KeyboardInterrupt, TimeoutError, ValueError
+ * for bad options) otherwise. */
+static PyObject *run_job(PyObject *self, PyObject *args)
 {
+    dk_distributed_t *d = dk_python_function_data(self);
     const char *options;
     Py_buffer payload;
     if (!PyArg_ParseTuple(args, "sy*", &options, &payload))
         return NULL;
-    run_t *run = run_start(dk_kernel_current(), "function", options, payload.buf,
+    run_t *run = run_start(d, "function", options, payload.buf,
                            (size_t)payload.len);
     PyBuffer_Release(&payload);
     if (!run)
@@ -1146,14 +1168,29 @@ PyObject *dk_distributed_run_job(PyObject *self, PyObject *args)
     return out;
 }
 
-static const dk_magic_t distributed_cell_magic = {
-    .name = "distributed",
-    .kind = DK_MAGIC_CELL,
-    .doc = dk_dist_doc,
-    .run = distributed_magic,
-};
-
-void dk_distributed_register(dk_magic_registry_t *reg)
+static void stop_tracking_server(void *unused)
 {
-    dk_magic_register(reg, &distributed_cell_magic);
+    (void)unused;
+    dk_tracking_shutdown();
+}
+
+dk_distributed_t *dk_distributed_new(dk_kernel_t *kernel)
+{
+    dk_distributed_t *d = calloc(1, sizeof *d);
+    if (!d)
+        return NULL;
+    d->kernel = kernel;
+    d->magic = (dk_magic_t){.name = "distributed", .kind = DK_MAGIC_CELL, .doc = dk_dist_doc,
+                            .run = distributed_magic, .data = d};
+    dk_kernel_function_t fn = {.name = "run_job", .fn = (void (*)(void))run_job, .flags = METH_VARARGS,
+                               .doc = "run_job(options_text, payload) -> (results, log_dir, "
+                                      "run_url): run a pickled job as ranks.",
+                               .data = d};
+    if (dk_magic_register(dk_kernel_magics(kernel), &d->magic) < 0 ||
+        dk_kernel_add_function(kernel, &fn) < 0 ||
+        dk_kernel_on_exit(kernel, stop_tracking_server, NULL) < 0) {
+        free(d);
+        return NULL;
+    }
+    return d;
 }

@@ -11,17 +11,15 @@
 #ifndef DK_DISTRIBUTED_H
 #define DK_DISTRIBUTED_H
 
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "dk_kernel.h"
 
-#include "dk_magic.h"
+typedef struct dk_distributed_t dk_distributed_t;
 
-/* Register %%distributed with REG. */
-void dk_distributed_register(dk_magic_registry_t *reg);
-
-/* _distkernel.run_job(options_text, payload_bytes) -> list of bytes (each
- * rank's pickled value); raises distkernel.DistributedError (or
- * KeyboardInterrupt, TimeoutError, ValueError for bad options) otherwise. */
-PyObject *dk_distributed_run_job(PyObject *self, PyObject *args);
+/* The feature for KERNEL: registers %%distributed with the kernel's magics,
+ * `_distkernel.run_job` (what @distributed's .distributed() calls) with its
+ * Python module, and stopping the MLflow server it may start with its exit.
+ * Call before dk_kernel_run; the feature lives as long as the process.
+ * Returns NULL when out of memory or when the kernel has no room left. */
+dk_distributed_t *dk_distributed_new(dk_kernel_t *kernel);
 
 #endif

@@ -23,11 +23,8 @@
  * it can, and the control thread exits the process itself when it does not.
  */
 #include "dk_kernel.h"
-#include "dk_check.h"
 #include "dk_debug.h"
-#include "dk_distributed.h"
 #include "dk_python.h"
-#include "dk_tracking.h"
 
 #include <Python.h>
 #include <errno.h>
@@ -64,15 +61,55 @@ struct dk_kernel_t {
     atomic_bool debugger;        /* debugpy found: answer with kernel_info_debug */
     zactor_t *debug;             /* debug_request worker, from the first one on */
     dk_msg_t *request;           /* shell request being handled (main thread) */
+    struct {                     /* what the features asked to run at exit */
+        void (*fn)(void *data);
+        void *data;
+    } on_exit[DK_KERNEL_MAX_HOOKS];
+    atomic_int n_on_exit;
+    dk_kernel_function_t functions[DK_KERNEL_MAX_HOOKS];   /* for _distkernel */
+    size_t n_functions;
 };
 
-static dk_kernel_t *current_kernel;
+/* The kernel's log is the process's original stderr: one per process. */
 static int log_fd = 2;
 
-dk_kernel_t *dk_kernel_current(void) { return current_kernel; }
 dk_iopub_t *dk_kernel_iopub(dk_kernel_t *self) { return self->iopub; }
 dk_stream_t *dk_kernel_stream(dk_kernel_t *self) { return self->stream; }
 dk_magic_registry_t *dk_kernel_magics(dk_kernel_t *self) { return self->magics; }
+
+int dk_kernel_on_exit(dk_kernel_t *self, void (*fn)(void *data), void *data)
+{
+    int n = atomic_load(&self->n_on_exit);
+    if (n >= DK_KERNEL_MAX_HOOKS)
+        return -1;
+    self->on_exit[n].fn = fn;
+    self->on_exit[n].data = data;
+    atomic_store(&self->n_on_exit, n + 1);
+    return 0;
+}
+
+int dk_kernel_add_function(dk_kernel_t *self, const dk_kernel_function_t *fn)
+{
+    if (self->n_functions >= DK_KERNEL_MAX_HOOKS)
+        return -1;
+    self->functions[self->n_functions++] = *fn;
+    return 0;
+}
+
+size_t dk_kernel_function_count(const dk_kernel_t *self) { return self->n_functions; }
+
+const dk_kernel_function_t *dk_kernel_function_at(const dk_kernel_t *self, size_t i)
+{
+    return i < self->n_functions ? &self->functions[i] : NULL;
+}
+
+/* The features' exit hooks, newest first. Each runs once even when the control
+ * thread and the main thread both end the process. */
+static void run_exit_hooks(dk_kernel_t *k)
+{
+    for (int i = atomic_exchange(&k->n_on_exit, 0) - 1; i >= 0; i--)
+        k->on_exit[i].fn(k->on_exit[i].data);
+}
 bool dk_kernel_shutting_down(dk_kernel_t *self) { return atomic_load(&self->shutting_down); }
 
 void dk_log(const char *fmt, ...)
@@ -188,7 +225,7 @@ static void exit_process(dk_kernel_t *k, bool clean) __attribute__((noreturn));
 static void exit_process(dk_kernel_t *k, bool clean)
 {
     atomic_store(&exiting, true);
-    dk_tracking_shutdown();
+    run_exit_hooks(k);
     if (clean)
         dk_python_shutdown();
     if (k->stream)
@@ -543,7 +580,7 @@ static void handle_control(dk_kernel_t *k, dk_msg_t *req)
         nanosleep(&ts, NULL);
         if (atomic_load(&exiting)) {
             /* The main thread is saving history; it gets one more grace. */
-            dk_tracking_shutdown();
+            run_exit_hooks(k);
             nanosleep(&ts, NULL);
             _exit(0);
         }
@@ -738,10 +775,6 @@ dk_kernel_t *dk_kernel_new(dk_conn_t *conn, char *err, size_t errlen)
                                      k->conn.key_len);
     k->replay = dk_replay_new(DK_REPLAY_HISTORY);
     k->magics = dk_magic_registry_new();
-    if (k->magics) {
-        dk_distributed_register(k->magics);
-        dk_check_register(k->magics);
-    }
     k->kernel_info = build_kernel_info(false);
     k->kernel_info_debug = build_kernel_info(true);
     if (!k->signer || !k->replay || !k->magics || !k->kernel_info || !k->kernel_info_debug ||
@@ -769,7 +802,6 @@ dk_kernel_t *dk_kernel_new(dk_conn_t *conn, char *err, size_t errlen)
         return NULL;
     }
     log_fd = dk_stream_log_fd(k->stream);
-    current_kernel = k;
     pthread_create(&k->hb_tid, NULL, hb_main, k);
     pthread_create(&k->control_tid, NULL, control_main, k);
     pthread_sigmask(SIG_SETMASK, &old, NULL);

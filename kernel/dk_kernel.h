@@ -29,9 +29,32 @@ dk_kernel_t *dk_kernel_new(dk_conn_t *conn, char *err, size_t errlen);
 /* Start Python and serve until shutdown. Does not return: the process exits. */
 void dk_kernel_run(dk_kernel_t *self) __attribute__((noreturn));
 
-/* The process's kernel (NULL before dk_kernel_new). Python's built-in module and
- * the native magics reach the kernel through it. */
-dk_kernel_t *dk_kernel_current(void);
+#define DK_KERNEL_MAX_HOOKS 16
+
+/* Run FN(DATA) when the process exits (shutdown, a vanished frontend), newest
+ * first, once; from whichever thread ends the process, so FN must not need the
+ * GIL. For a feature's own cleanup (the MLflow server). Returns -1 when
+ * DK_KERNEL_MAX_HOOKS are taken. Call before dk_kernel_run. */
+int dk_kernel_on_exit(dk_kernel_t *self, void (*fn)(void *data), void *data);
+
+/* A function a feature adds to Python's built-in module `_distkernel`. FN is a
+ * PyCFunction, cast (this header needs no Python.h), called with
+ * FLAGS (METH_VARARGS, ...) and, as its `self`, DATA in a capsule:
+ * dk_python_function_data(self) gives it back. NAME and DOC are borrowed and
+ * must live as long as the kernel. */
+typedef struct {
+    const char *name;
+    void (*fn)(void);
+    int flags;
+    const char *doc;
+    void *data;
+} dk_kernel_function_t;
+
+/* Add FN (copied) before dk_kernel_run starts Python. Returns -1 when
+ * DK_KERNEL_MAX_HOOKS are taken. */
+int dk_kernel_add_function(dk_kernel_t *self, const dk_kernel_function_t *fn);
+size_t dk_kernel_function_count(const dk_kernel_t *self);
+const dk_kernel_function_t *dk_kernel_function_at(const dk_kernel_t *self, size_t i);
 
 dk_iopub_t *dk_kernel_iopub(dk_kernel_t *self);
 dk_stream_t *dk_kernel_stream(dk_kernel_t *self);

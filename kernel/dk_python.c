@@ -10,7 +10,6 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include "dk_distributed.h"
 #include "dk_python.h"
 
 #include <stdatomic.h>
@@ -34,6 +33,13 @@ const char *dk_python_version(void)
 }
 
 /* ---- the _distkernel module --------------------------------------------------- */
+
+/* The module's state is the kernel it belongs to (set by dk_python_start before
+ * any Python code runs): its functions find the kernel there, not in a global. */
+static dk_kernel_t *kernel_of(PyObject *module)
+{
+    return *(dk_kernel_t **)PyModule_GetState(module);
+}
 
 static PyObject *py_publish(PyObject *self, PyObject *args, PyObject *kw)
 {
@@ -68,7 +74,7 @@ static PyObject *py_publish(PyObject *self, PyObject *args, PyObject *kw)
         }
         Py_DECREF(seq);
     }
-    dk_kernel_t *k = dk_kernel_current();
+    dk_kernel_t *k = kernel_of(self);
     if (strcmp(msg_type, "stream") != 0)
         dk_stream_flush(dk_kernel_stream(k));
     int rc = dk_iopub_publish_text(dk_kernel_iopub(k), msg_type, content, metadata, parent,
@@ -96,7 +102,7 @@ static PyObject *py_stream_write(PyObject *self, PyObject *const *args, Py_ssize
     if (!text)
         return NULL;
     if (len > 0)
-        dk_stream_write(dk_kernel_stream(dk_kernel_current()),
+        dk_stream_write(dk_kernel_stream(kernel_of(self)),
                         which == 2 ? DK_STDERR : DK_STDOUT, text, (size_t)len);
     Py_RETURN_NONE;
 }
@@ -106,14 +112,14 @@ static PyObject *py_flush(PyObject *self, PyObject *unused)
     /* Kept under the GIL: a flush never waits long (non-blocking reads and a
      * PUB send), and releasing the GIL here would hand it to IPython's history
      * thread in the middle of every cell. */
-    dk_stream_flush(dk_kernel_stream(dk_kernel_current()));
+    dk_stream_flush(dk_kernel_stream(kernel_of(self)));
     Py_RETURN_NONE;
 }
 
 static PyObject *py_fork_source(PyObject *self, PyObject *unused)
 {
     int fds[2];
-    if (dk_stream_fork_source(dk_kernel_stream(dk_kernel_current()), fds) < 0)
+    if (dk_stream_fork_source(dk_kernel_stream(kernel_of(self)), fds) < 0)
         Py_RETURN_NONE;
     return Py_BuildValue("(ii)", fds[0], fds[1]);
 }
@@ -124,7 +130,7 @@ static PyObject *py_input_request(PyObject *self, PyObject *args)
     int password = 0;
     if (!PyArg_ParseTuple(args, "s|p", &prompt, &password))
         return NULL;
-    char *answer = dk_kernel_input(dk_kernel_current(), prompt, password);
+    char *answer = dk_kernel_input(kernel_of(self), prompt, password);
     if (!answer)
         return NULL;
     PyObject *out = PyUnicode_DecodeUTF8(answer, (Py_ssize_t)strlen(answer), "replace");
@@ -134,7 +140,7 @@ static PyObject *py_input_request(PyObject *self, PyObject *args)
 
 static PyObject *py_parent(PyObject *self, PyObject *unused)
 {
-    char *p = dk_iopub_parent(dk_kernel_iopub(dk_kernel_current()));
+    char *p = dk_iopub_parent(dk_kernel_iopub(kernel_of(self)));
     if (!p)
         return PyErr_NoMemory();
     PyObject *out = PyUnicode_FromString(p);
@@ -144,12 +150,12 @@ static PyObject *py_parent(PyObject *self, PyObject *unused)
 
 static PyObject *py_session(PyObject *self, PyObject *unused)
 {
-    return PyUnicode_FromString(dk_iopub_session(dk_kernel_iopub(dk_kernel_current())));
+    return PyUnicode_FromString(dk_iopub_session(dk_kernel_iopub(kernel_of(self))));
 }
 
 static PyObject *py_native_magics(PyObject *self, PyObject *unused)
 {
-    dk_magic_registry_t *reg = dk_kernel_magics(dk_kernel_current());
+    dk_magic_registry_t *reg = dk_kernel_magics(kernel_of(self));
     PyObject *out = PyList_New(0);
     for (size_t i = 0; out && i < dk_magic_count(reg); i++) {
         const dk_magic_t *m = dk_magic_at(reg, i);
@@ -173,7 +179,7 @@ static PyObject *py_run_native_magic(PyObject *self, PyObject *args)
     int count;
     if (!PyArg_ParseTuple(args, "ssiz", &name, &line, &count, &cell))
         return NULL;
-    dk_kernel_t *k = dk_kernel_current();
+    dk_kernel_t *k = kernel_of(self);
     const dk_magic_t *m =
         dk_magic_find(dk_kernel_magics(k), name, cell ? DK_MAGIC_CELL : DK_MAGIC_LINE);
     if (!m) {
@@ -207,8 +213,6 @@ static PyObject *py_log(PyObject *self, PyObject *args)
 }
 
 static PyMethodDef module_methods[] = {
-    {"run_job", dk_distributed_run_job, METH_VARARGS,
-     "run_job(options_text, payload) -> (results, log_dir): run a pickled job as ranks."},
     {"log", py_log, METH_VARARGS, "log(text): write a line to the kernel's log (its stderr)."},
     {"publish", (PyCFunction)(void (*)(void))py_publish, METH_VARARGS | METH_KEYWORDS,
      "publish(msg_type, content_json, metadata_json=None, buffers=None, parent=None): send "
@@ -230,7 +234,8 @@ static PyMethodDef module_methods[] = {
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_distkernel",
-                                        "The distkernel kernel, seen from Python.", -1,
+                                        "The distkernel kernel, seen from Python.",
+                                        sizeof(dk_kernel_t *),
                                         module_methods, NULL, NULL, NULL, NULL};
 
 static PyObject *init_module(void)
@@ -268,6 +273,51 @@ static void log_python_error(const char *what)
     PyErr_Clear();
 }
 
+#define FUNCTION_DATA "distkernel.function_data"
+
+void *dk_python_function_data(PyObject *self)
+{
+    return PyCapsule_GetPointer(self, FUNCTION_DATA);
+}
+
+/* Give the _distkernel module its kernel, and the functions the features
+ * added (dk_kernel_add_function), each bound to its data. */
+static int bind_module(dk_kernel_t *k, char *err, size_t errlen)
+{
+    PyObject *m = PyImport_ImportModule("_distkernel");
+    if (!m) {
+        log_python_error("import _distkernel");
+        snprintf(err, errlen, "cannot create the _distkernel module");
+        return -1;
+    }
+    *(dk_kernel_t **)PyModule_GetState(m) = k;
+    PyObject *name = PyModule_GetNameObject(m);
+    int rc = name ? 0 : -1;
+    for (size_t i = 0; rc == 0 && i < dk_kernel_function_count(k); i++) {
+        const dk_kernel_function_t *f = dk_kernel_function_at(k, i);
+        /* CPython keeps a pointer to the definition: it lives as long as the
+         * process, like the interpreter. */
+        PyMethodDef *def = calloc(1, sizeof *def);
+        PyObject *data = def ? PyCapsule_New(f->data, FUNCTION_DATA, NULL) : NULL;
+        PyObject *fn = data ? (def->ml_name = f->name, def->ml_meth = (PyCFunction)f->fn,
+                               def->ml_flags = f->flags, def->ml_doc = f->doc,
+                               PyCFunction_NewEx(def, data, name))
+                            : NULL;
+        Py_XDECREF(data);
+        if (!fn || PyModule_AddObject(m, f->name, fn) < 0) {
+            Py_XDECREF(fn);
+            rc = -1;
+        }
+    }
+    Py_XDECREF(name);
+    Py_DECREF(m);
+    if (rc < 0) {
+        log_python_error("adding the features' functions to _distkernel");
+        snprintf(err, errlen, "cannot add the features' functions to _distkernel");
+    }
+    return rc;
+}
+
 int dk_python_start(dk_kernel_t *k, char *err, size_t errlen)
 {
     if (PyImport_AppendInittab("_distkernel", init_module) < 0) {
@@ -292,6 +342,8 @@ int dk_python_start(dk_kernel_t *k, char *err, size_t errlen)
         snprintf(err, errlen, "%s", st.err_msg ? st.err_msg : "Py_InitializeFromConfig failed");
         return -1;
     }
+    if (bind_module(k, err, errlen) < 0)
+        return -1;
     const char *dir = getenv("DISTKERNEL_GLUE_DIR");
     if (!dir || !*dir)
         dir = DK_GLUE_DIR;
@@ -313,7 +365,6 @@ int dk_python_start(dk_kernel_t *k, char *err, size_t errlen)
         snprintf(err, errlen, "cannot load distkernel._kernel from %s (see the log above)", dir);
         return -1;
     }
-    (void)k;
     atomic_store(&ready, true);
     return 0;
 }

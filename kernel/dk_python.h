@@ -17,10 +17,16 @@
 /* The interpreter's version ("3.11.2"), usable before dk_python_start. */
 const char *dk_python_version(void);
 
-/* Start the interpreter, import the glue and create the shell, registering the
- * kernel's native magics with IPython. Leaves the GIL held by the caller. Returns
- * -1 with a reason in ERR. */
+/* Start the interpreter, give the built-in module `_distkernel` its kernel K
+ * and the functions the features added to K, import the glue and create the
+ * shell (the glue registers K's native magics with IPython). Leaves the GIL
+ * held by the caller. Returns -1 with a reason in ERR. */
 int dk_python_start(dk_kernel_t *k, char *err, size_t errlen);
+
+/* In a function added with dk_kernel_add_function: the DATA it was added with,
+ * from the SELF it is called with. */
+struct _object;   /* PyObject, without making every includer include Python.h */
+void *dk_python_function_data(struct _object *self);
 
 /* Handle one shell request of MSG_TYPE with CONTENT_JSON (and BUFFERS, for comm
  * messages). Returns the reply content as malloc'd JSON text, or NULL when the

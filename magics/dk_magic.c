@@ -198,5 +198,6 @@ int dk_magic_run(const dk_magic_call_t *call, void *host)
 {
     if (!call || !call->magic || !call->magic->run)
         return -1;
-    return call->magic->run(host, call->args ? call->args : "", call->body ? call->body : "");
+    return call->magic->run(host, call->magic->data, call->args ? call->args : "",
+                            call->body ? call->body : "");
 }

@@ -20,17 +20,19 @@
 typedef enum { DK_MAGIC_LINE, DK_MAGIC_CELL } dk_magic_kind_t;
 
 /* A handler runs the magic. HOST is what the embedding program passed to
- * dk_magic_run (the kernel passes its execution context); ARGS is the rest of the
- * magic line (leading blanks stripped), BODY the cell body after the first line
- * ("" for a line magic). It returns 0 on success or -1 after reporting an error
- * through the host. */
-typedef int (*dk_magic_fn)(void *host, const char *args, const char *body);
+ * dk_magic_run (the kernel passes its execution context); DATA is the magic's
+ * own (the feature that registered it); ARGS is the rest of the magic line
+ * (leading blanks stripped), BODY the cell body after the first line ("" for a
+ * line magic). It returns 0 on success or -1 after reporting an error through
+ * the host. */
+typedef int (*dk_magic_fn)(void *host, void *data, const char *args, const char *body);
 
 typedef struct {
     const char *name;      /* without % */
     dk_magic_kind_t kind;
     const char *doc;       /* full help text shown by `%%NAME?` */
     dk_magic_fn run;
+    void *data;            /* passed to RUN: the registering feature's object */
 } dk_magic_t;
 
 typedef struct dk_magic_registry_t dk_magic_registry_t;

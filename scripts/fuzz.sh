@@ -33,8 +33,8 @@ TARGETS=("$@")
 # The project's sources (and libraries) each target exercises.
 sources() {
   case $1 in
-    fuzz_wire)  echo "kernel/dk_wire.c" ;;
-    fuzz_conn)  echo "kernel/dk_conn.c kernel/dk_wire.c" ;;
+    fuzz_wire)  echo "protocol/dk_wire.c" ;;
+    fuzz_conn)  echo "protocol/dk_conn.c protocol/dk_wire.c" ;;
     fuzz_opts)  echo "magics/dk_magic.c magics/dk_dist_opts.c" ;;
     fuzz_lines) echo "runtime/dk_lines.c runtime/dk_utf8.c" ;;
     *) echo "unknown fuzz target '$1'; the targets are: ${ALL_TARGETS[*]}" >&2; return 1 ;;
@@ -61,7 +61,7 @@ mkdir -p "$BUILD"
 CFLAGS=(-std=c11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer
         -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
         -Wall -Wextra -Wno-unused-parameter
-        -Ikernel -Imagics -Iruntime -Itests/fuzz)
+        -Iprotocol -Imagics -Iruntime -Itests/fuzz)
 for t in "${TARGETS[@]}"; do
   src=$(sources "$t")
   echo "fuzz: building $t"

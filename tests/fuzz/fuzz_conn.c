@@ -1,5 +1,5 @@
 /*
- * fuzz_conn: the connection-file parser (kernel/dk_conn.h).
+ * fuzz_conn: the connection-file parser (protocol/dk_conn.h).
  *
  * Input: the bytes of a connection file, as a frontend (or a person, or a wrong
  * -f argument) would hand them over. The input is parsed twice, once with a

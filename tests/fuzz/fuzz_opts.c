@@ -32,14 +32,17 @@
 #include <stdint.h>
 #include <string.h>
 
+static dk_magic_registry_t *registry;
+
 typedef struct {
     const dk_magic_call_t *call;
     int runs;
 } host_t;
 
-static int handler(void *data, const char *args, const char *body)
+static int handler(void *host_p, void *data, const char *args, const char *body)
 {
-    host_t *host = data;
+    host_t *host = host_p;
+    FUZZ_CHECK(data == (void *)&registry, "dk_magic_run did not pass the magic's data");
     FUZZ_CHECK(args == host->call->args && body == host->call->body,
                "dk_magic_run did not pass the parsed args and body");
     host->runs++;
@@ -47,12 +50,11 @@ static int handler(void *data, const char *args, const char *body)
 }
 
 static const dk_magic_t magics[] = {
-    {"distributed", DK_MAGIC_CELL, "run the cell as torch.distributed ranks", handler},
-    {"distributed", DK_MAGIC_LINE, "a line magic sharing the cell magic's name", handler},
-    {"dk_status", DK_MAGIC_LINE, "a line magic", handler},
+    {"distributed", DK_MAGIC_CELL, "run the cell as torch.distributed ranks", handler, &registry},
+    {"distributed", DK_MAGIC_LINE, "a line magic sharing the cell magic's name", handler,
+     &registry},
+    {"dk_status", DK_MAGIC_LINE, "a line magic", handler, &registry},
 };
-
-static dk_magic_registry_t *registry;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {

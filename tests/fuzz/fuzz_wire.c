@@ -1,5 +1,5 @@
 /*
- * fuzz_wire: the Jupyter wire decoder (kernel/dk_wire.h), signature checking
+ * fuzz_wire: the Jupyter wire decoder (protocol/dk_wire.h), signature checking
  * and replay refusal included.
  *
  * Input: one flags byte, then the frames of a message separated by the byte

@@ -1,6 +1,6 @@
 /*
  * The connection file: what is accepted, what is refused and how the refusal
- * reads, and the endpoints derived from it (kernel/dk_conn.h).
+ * reads, and the endpoints derived from it (protocol/dk_conn.h).
  */
 #include <criterion/criterion.h>
 

@@ -13,19 +13,21 @@ typedef struct {
     int calls;
     char args[256];
     char body[256];
+    void *data;
 } host_t;
 
-static int record(void *host, const char *args, const char *body)
+static int record(void *host, void *data, const char *args, const char *body)
 {
     host_t *h = host;
     h->calls++;
+    h->data = data;
     strncpy(h->args, args, sizeof h->args - 1);
     strncpy(h->body, body, sizeof h->body - 1);
     return 7;
 }
 
-static const dk_magic_t distributed = {"distributed", DK_MAGIC_CELL, "Run on every GPU.", record};
-static const dk_magic_t nccl_check = {"nccl_check", DK_MAGIC_LINE, "Check NCCL.", record};
+static const dk_magic_t distributed = {"distributed", DK_MAGIC_CELL, "Run on every GPU.", record, NULL};
+static const dk_magic_t nccl_check = {"nccl_check", DK_MAGIC_LINE, "Check NCCL.", record, NULL};
 
 static dk_magic_registry_t *reg;
 
@@ -90,14 +92,14 @@ Test(registry, finds_by_name_and_kind)
 
 Test(registry, refuses_a_duplicate_name_of_the_same_kind)
 {
-    static const dk_magic_t again = {"distributed", DK_MAGIC_CELL, "", record};
+    static const dk_magic_t again = {"distributed", DK_MAGIC_CELL, "", record, NULL};
     cr_assert_eq(dk_magic_register(reg, &again), -1);
     cr_assert_eq(dk_magic_count(reg), 2);
 }
 
 Test(registry, accepts_the_same_name_as_line_and_cell_magic)
 {
-    static const dk_magic_t line = {"distributed", DK_MAGIC_LINE, "", record};
+    static const dk_magic_t line = {"distributed", DK_MAGIC_LINE, "", record, NULL};
     cr_assert_eq(dk_magic_register(reg, &line), 0);
     cr_assert_eq(dk_magic_find(reg, "distributed", DK_MAGIC_LINE), &line);
     cr_assert_eq(dk_magic_find(reg, "distributed", DK_MAGIC_CELL), &distributed);
@@ -107,12 +109,12 @@ Test(registry, refuses_a_name_that_is_not_an_identifier)
 {
     const char *bad[] = {"", "1gpu", "dist-ributed", "has space", "%%x", "x?"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        dk_magic_t m = {bad[i], DK_MAGIC_CELL, "", record};
+        dk_magic_t m = {bad[i], DK_MAGIC_CELL, "", record, NULL};
         cr_assert_eq(dk_magic_register(reg, &m), -1, "accepted \"%s\"", bad[i]);
     }
-    dk_magic_t none = {NULL, DK_MAGIC_CELL, "", record};
+    dk_magic_t none = {NULL, DK_MAGIC_CELL, "", record, NULL};
     cr_assert_eq(dk_magic_register(reg, &none), -1);
-    dk_magic_t ok = {"_under_score9", DK_MAGIC_CELL, "", record};
+    dk_magic_t ok = {"_under_score9", DK_MAGIC_CELL, "", record, NULL};
     cr_assert_eq(dk_magic_register(reg, &ok), 0);
 }
 
@@ -122,7 +124,7 @@ Test(registry, grows_past_its_first_allocation)
     static dk_magic_t many[40];
     for (int i = 0; i < 40; i++) {
         snprintf(names[i], sizeof names[i], "m%d", i);
-        many[i] = (dk_magic_t) {names[i], DK_MAGIC_LINE, "", record};
+        many[i] = (dk_magic_t) {names[i], DK_MAGIC_LINE, "", record, NULL};
         cr_assert_eq(dk_magic_register(reg, &many[i]), 0);
     }
     cr_assert_eq(dk_magic_count(reg), 42);
@@ -239,6 +241,20 @@ Test(parse, run_calls_the_handler_with_host_args_and_body)
     cr_assert_eq(host.calls, 1);
     cr_assert_str_eq(host.args, "gpus=8");
     cr_assert_str_eq(host.body, "body()\n");
+    dk_magic_call_clear(&call);
+}
+
+Test(parse, run_passes_the_magics_own_data_to_its_handler)
+{
+    int feature = 0;
+    dk_magic_t owned = {"owned", DK_MAGIC_LINE, "A feature's magic.", record, &feature};
+    cr_assert_eq(dk_magic_register(reg, &owned), 0);
+    dk_magic_call_t call;
+    cr_assert(dk_magic_parse(reg, "%owned x", &call));
+    host_t host = {0};
+    dk_magic_run(&call, &host);
+    cr_assert_eq(host.data, &feature);
+    cr_assert_str_eq(host.args, "x");
     dk_magic_call_clear(&call);
 }
 

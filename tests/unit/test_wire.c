@@ -1,6 +1,6 @@
 /*
  * The Jupyter wire format: signing, verification, replay refusal, decoding and
- * encoding, as specified in kernel/dk_wire.h.
+ * encoding, as specified in protocol/dk_wire.h.
  */
 #include <criterion/criterion.h>
 
