@@ -269,9 +269,9 @@ void dk_exec_result(dk_exec_t *ex, json_t *data)
     json_decref(content);
 }
 
-/* Run a native-magic cell; returns the reply content text. */
-static char *execute_native(dk_kernel_t *k, dk_magic_call_t *call, const char *code, bool silent,
-                            bool store_history, const char *user_expr)
+/* Run a native-magic cell; returns the reply content. */
+static json_t *execute_native(dk_kernel_t *k, dk_magic_call_t *call, const char *code,
+                              bool silent, bool store_history, json_t *user_expr)
 {
     dk_exec_t ex = {.kernel = k, .silent = silent};
     ex.execution_count = dk_python_native_begin(code, silent, store_history);
@@ -290,12 +290,12 @@ static char *execute_native(dk_kernel_t *k, dk_magic_call_t *call, const char *c
         Py_XDECREF(tb);
         PyErr_Clear();
     }
-    char *reply = dk_python_native_finish(ex.execution_count, ex.error, user_expr);
+    json_t *reply = dk_python_native_finish(ex.execution_count, ex.error, user_expr);
     json_decref(ex.error);
     return reply;
 }
 
-static char *handle_execute(dk_kernel_t *k, dk_msg_t *req, const char *content_text)
+static json_t *handle_execute(dk_kernel_t *k, dk_msg_t *req)
 {
     const char *code = json_string_value(json_object_get(req->content, "code"));
     dk_magic_call_t call;
@@ -303,17 +303,12 @@ static char *handle_execute(dk_kernel_t *k, dk_msg_t *req, const char *content_t
         bool silent = json_is_true(json_object_get(req->content, "silent"));
         json_t *sh = json_object_get(req->content, "store_history");
         bool store_history = sh ? json_is_true(sh) : !silent;
-        char *user_expr = json_dumps(json_object_get(req->content, "user_expressions")
-                                         ? json_object_get(req->content, "user_expressions")
-                                         : json_object(),
-                                     JSON_COMPACT | JSON_ENCODE_ANY);
-        char *reply = execute_native(k, &call, code, silent, store_history && !silent,
-                                     user_expr ? user_expr : "{}");
-        free(user_expr);
+        json_t *reply = execute_native(k, &call, code, silent, store_history && !silent,
+                                       json_object_get(req->content, "user_expressions"));
         dk_magic_call_clear(&call);
         return reply;
     }
-    return dk_python_handle("execute_request", content_text, NULL, 0);
+    return dk_python_handle("execute_request", req->content, NULL, 0);
 }
 
 static void handle_shell(dk_kernel_t *k, dk_msg_t *req);
@@ -346,26 +341,18 @@ static void abort_queued(dk_kernel_t *k)
     zpoller_destroy(&poller);
 }
 
-static bool is_python_request(const char *t)
+/* A request expects a reply; the other shell messages the glue takes (comm
+ * messages) do not. */
+static bool is_request(const char *t)
 {
-    static const char *types[] = {"complete_request", "inspect_request", "is_complete_request",
-                                  "history_request", "comm_info_request", NULL};
-    for (int i = 0; types[i]; i++)
-        if (strcmp(t, types[i]) == 0)
-            return true;
-    return false;
-}
-
-static bool is_comm_message(const char *t)
-{
-    return strcmp(t, "comm_open") == 0 || strcmp(t, "comm_msg") == 0 ||
-           strcmp(t, "comm_close") == 0;
+    size_t n = strlen(t);
+    return n > 8 && strcmp(t + n - 8, "_request") == 0;
 }
 
 /* The reply content for a request whose fields have the wrong JSON types (WHY
  * from dk_wire_check_content): status "error", nothing of the request run. With
  * ERROR_OUT, the same error (without status) for iopub is returned there too. */
-static char *refusal_text(const char *why, json_t **error_out)
+static json_t *refusal(const char *why, json_t **error_out)
 {
     char line[512];
     snprintf(line, sizeof line, "TypeError: %s", why);
@@ -373,33 +360,28 @@ static char *refusal_text(const char *why, json_t **error_out)
                               "traceback", line);
     json_t *c = json_deep_copy(error);
     json_object_set_new(c, "status", json_string("error"));
-    char *text = c ? json_dumps(c, JSON_COMPACT) : NULL;
-    json_decref(c);
     if (error_out)
         *error_out = error;
     else
         json_decref(error);
-    return text;
+    return c;
 }
 
 /* connect_reply: the ports of the kernel's channels (deprecated in the spec,
  * still sent by some clients; ipykernel answers it the same way). */
-static char *connect_reply_text(dk_kernel_t *k)
+static json_t *connect_reply(dk_kernel_t *k)
 {
-    json_t *c = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i}", "status", "ok", "shell_port",
-                          k->conn.ports[DK_CHAN_SHELL], "iopub_port", k->conn.ports[DK_CHAN_IOPUB],
-                          "stdin_port", k->conn.ports[DK_CHAN_STDIN], "control_port",
-                          k->conn.ports[DK_CHAN_CONTROL], "hb_port", k->conn.ports[DK_CHAN_HB]);
-    char *text = c ? json_dumps(c, JSON_COMPACT) : NULL;
-    json_decref(c);
-    return text;
+    return json_pack("{s:s, s:i, s:i, s:i, s:i, s:i}", "status", "ok", "shell_port",
+                     k->conn.ports[DK_CHAN_SHELL], "iopub_port", k->conn.ports[DK_CHAN_IOPUB],
+                     "stdin_port", k->conn.ports[DK_CHAN_STDIN], "control_port",
+                     k->conn.ports[DK_CHAN_CONTROL], "hb_port", k->conn.ports[DK_CHAN_HB]);
 }
 
 static void handle_shell(dk_kernel_t *k, dk_msg_t *req)
 {
     const char *t = req->msg_type;
     bool known = strcmp(t, "kernel_info_request") == 0 || strcmp(t, "execute_request") == 0 ||
-                 strcmp(t, "connect_request") == 0 || is_python_request(t) || is_comm_message(t);
+                 strcmp(t, "connect_request") == 0 || dk_python_handles(t);
     if (!known) {
         dk_log("ignored a shell message of unknown type '%s'", t);
         return;
@@ -410,7 +392,7 @@ static void handle_shell(dk_kernel_t *k, dk_msg_t *req)
      * code, then answered "InternalError"). */
     char why[256];
     bool well_typed = dk_wire_check_content(t, req->content, why, sizeof why);
-    if (!well_typed && is_comm_message(t)) {
+    if (!well_typed && !is_request(t)) {
         dk_log("ignored a %s: %s", t, why);     /* not a request: nobody to answer */
         return;
     }
@@ -421,7 +403,7 @@ static void handle_shell(dk_kernel_t *k, dk_msg_t *req)
     k->request = req;
 
     char *reply_type = reply_type_for(t);
-    char *reply = NULL;
+    json_t *reply = NULL;
     bool stop_on_error = false;
     if (!well_typed) {
         /* stop_on_error stays false: the request ran nothing, and its own
@@ -429,46 +411,44 @@ static void handle_shell(dk_kernel_t *k, dk_msg_t *req)
          * behind it is not aborted. */
         dk_log("refused a %s: %s", t, why);
         json_t *error = NULL;
-        reply = refusal_text(why, &error);
+        reply = refusal(why, &error);
         /* Frontends show a cell's error from iopub, not from the reply. */
         if (error && strcmp(t, "execute_request") == 0)
             dk_iopub_publish(k->iopub, "error", error, NULL);
         json_decref(error);
     } else if (strcmp(t, "kernel_info_request") == 0) {
-        reply = json_dumps(kernel_info(k), JSON_COMPACT);
+        reply = json_incref(kernel_info(k));
     } else if (strcmp(t, "connect_request") == 0) {
-        reply = connect_reply_text(k);
+        reply = connect_reply(k);
     } else {
-        char *content_text = json_dumps(req->content, JSON_COMPACT);
         if (strcmp(t, "execute_request") == 0) {
             json_t *soe = json_object_get(req->content, "stop_on_error");
             stop_on_error = soe ? json_is_true(soe) : true;
             dk_python_discard_interrupt();
             atomic_store(&k->executing, true);
-            reply = handle_execute(k, req, content_text);
+            reply = handle_execute(k, req);
             atomic_store(&k->executing, false);
             dk_python_discard_interrupt();
         } else {
-            reply = dk_python_handle(t, content_text ? content_text : "{}", req->buffers,
-                                     req->n_buffers);
+            reply = dk_python_handle(t, req->content, req->buffers, req->n_buffers);
         }
-        free(content_text);
     }
     dk_stream_flush(k->stream);
     if (reply) {
-        send_reply_text(k, k->shell, req, reply_type, reply);
+        send_reply(k, k->shell, req, reply_type, reply);
         /* Before this request's idle, as ipykernel does: a client that waits
          * for idle and then sends its next cell must find the queue as the
          * failure left it, not have the new cell aborted. The requests
          * answered meanwhile set their own parents; ours comes back after. */
-        if (stop_on_error && strstr(reply, "\"status\":\"error\"")) {
+        const char *status = json_string_value(json_object_get(reply, "status"));
+        if (stop_on_error && status && strcmp(status, "error") == 0) {
             abort_queued(k);
             dk_iopub_set_parent(k->iopub, parent);
         }
     }
     dk_iopub_status(k->iopub, "idle", NULL);
     k->request = NULL;
-    free(reply);
+    json_decref(reply);
     free(reply_type);
     free(parent);
 }
@@ -553,10 +533,10 @@ static void handle_control(dk_kernel_t *k, dk_msg_t *req)
         /* restart: "no" used to shut the kernel down (as restart false): a
          * request that is not what the spec says does nothing but answer. */
         dk_log("refused a %s: %s", t, why);
-        char *text = refusal_text(why, NULL);
-        if (text)
-            send_reply_text(k, k->control, req, reply_type, text);
-        free(text);
+        json_t *content = refusal(why, NULL);
+        if (content)
+            send_reply(k, k->control, req, reply_type, content);
+        json_decref(content);
     } else if (strcmp(t, "interrupt_request") == 0) {
         if (atomic_load(&k->executing))
             pthread_kill(k->main_tid, SIGINT);

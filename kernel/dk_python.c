@@ -11,12 +11,15 @@
 #include <Python.h>
 
 #include "dk_python.h"
+#include "dk_pyjson.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 static PyObject *glue;   /* the distkernel._kernel.Kernel instance */
+static PyObject *json_default;   /* how the glue makes JSON of what has no JSON type */
+static PyObject *handled_types;  /* frozenset of the shell messages the glue answers */
 static atomic_bool ready; /* glue loaded: other threads may call in */
 
 const char *dk_python_version(void)
@@ -358,6 +361,7 @@ int dk_python_start(dk_kernel_t *k, char *err, size_t errlen)
     PyObject *mod = PyImport_ImportModule("distkernel._kernel");
     if (mod) {
         glue = PyObject_CallMethod(mod, "Kernel", NULL);
+        json_default = PyObject_GetAttrString(mod, "_default");
         Py_DECREF(mod);
     }
     if (!glue) {
@@ -365,52 +369,62 @@ int dk_python_start(dk_kernel_t *k, char *err, size_t errlen)
         snprintf(err, errlen, "cannot load distkernel._kernel from %s (see the log above)", dir);
         return -1;
     }
+    handled_types = PyObject_CallMethod(glue, "message_types", NULL);
+    if (!handled_types || !json_default) {
+        log_python_error("the glue's message types");
+        snprintf(err, errlen, "distkernel._kernel is incomplete (see the log above)");
+        return -1;
+    }
     atomic_store(&ready, true);
     return 0;
 }
 
-/* Call glue.METHOD(*args) expecting str (or None); returns malloc'd UTF-8. */
-static char *call_text(const char *method, PyObject *args)
+bool dk_python_handles(const char *msg_type)
 {
-    if (!args)
-        return NULL;
-    PyObject *fn = PyObject_GetAttrString(glue, method);
+    PyObject *t = PyUnicode_FromString(msg_type);
+    int found = t ? PySequence_Contains(handled_types, t) : -1;
+    Py_XDECREF(t);
+    if (found < 0)
+        PyErr_Clear();
+    return found == 1;
+}
+
+/* Call glue.METHOD(*ARGS) (ARGS stolen) expecting a dict (or None); returns
+ * it as JSON, NULL for None. A failure in the glue is logged and answered as
+ * an error reply naming it. */
+static json_t *call_json(const char *method, PyObject *args)
+{
+    PyObject *fn = args ? PyObject_GetAttrString(glue, method) : NULL;
     PyObject *res = fn ? PyObject_Call(fn, args, NULL) : NULL;
     Py_XDECREF(fn);
-    Py_DECREF(args);
-    if (!res) {
+    Py_XDECREF(args);
+    json_t *out = NULL;
+    if (res && res != Py_None)
+        out = dk_pyjson_from_python(res, json_default);
+    if (!res || (res != Py_None && !out)) {
         log_python_error(method);
-        json_t *c = json_pack("{s:s, s:s, s:s, s:[]}", "status", "error", "ename",
-                              "InternalError", "evalue",
-                              "distkernel's Python glue failed; see the kernel log",
-                              "traceback");
-        char *text = json_dumps(c, JSON_COMPACT);
-        json_decref(c);
-        return text;
+        out = json_pack("{s:s, s:s, s:s, s:[]}", "status", "error", "ename", "InternalError",
+                        "evalue", "distkernel's Python glue failed; see the kernel log",
+                        "traceback");
     }
-    char *out = NULL;
-    if (res != Py_None) {
-        const char *s = PyUnicode_AsUTF8(res);
-        if (s)
-            out = strdup(s);
-        else
-            log_python_error(method);
-    }
-    Py_DECREF(res);
+    Py_XDECREF(res);
     return out;
 }
 
-char *dk_python_handle(const char *msg_type, const char *content_json, zframe_t *const *buffers,
-                       size_t n_buffers)
+json_t *dk_python_handle(const char *msg_type, json_t *content, zframe_t *const *buffers,
+                         size_t n_buffers)
 {
     PyObject *bufs = PyList_New((Py_ssize_t)n_buffers);
     for (size_t i = 0; bufs && i < n_buffers; i++)
         PyList_SET_ITEM(bufs, (Py_ssize_t)i,
                         PyBytes_FromStringAndSize((const char *)zframe_data(buffers[i]),
                                                   (Py_ssize_t)zframe_size(buffers[i])));
-    if (!bufs)
-        return NULL;
-    return call_text("handle", Py_BuildValue("(ssN)", msg_type, content_json, bufs));
+    PyObject *c = bufs ? dk_pyjson_to_python(content) : NULL;
+    if (!c) {
+        Py_XDECREF(bufs);
+        return call_json("handle", NULL);
+    }
+    return call_json("handle", Py_BuildValue("(sNN)", msg_type, c, bufs));
 }
 
 int dk_python_native_begin(const char *code, bool silent, bool store_history)
@@ -426,14 +440,15 @@ int dk_python_native_begin(const char *code, bool silent, bool store_history)
     return count;
 }
 
-char *dk_python_native_finish(int execution_count, json_t *error,
-                              const char *user_expressions_json)
+json_t *dk_python_native_finish(int execution_count, json_t *error, json_t *user_expressions)
 {
-    char *error_text = error ? json_dumps(error, JSON_COMPACT) : NULL;
-    char *out = call_text("native_finish", Py_BuildValue("(izs)", execution_count, error_text,
-                                                        user_expressions_json));
-    free(error_text);
-    return out;
+    PyObject *e = dk_pyjson_to_python(error);
+    PyObject *u = e ? dk_pyjson_to_python(user_expressions) : NULL;
+    if (!u) {
+        Py_XDECREF(e);
+        return call_json("native_finish", NULL);
+    }
+    return call_json("native_finish", Py_BuildValue("(iNN)", execution_count, e, u));
 }
 
 bool dk_python_history_pending(void)

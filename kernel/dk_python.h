@@ -28,22 +28,27 @@ int dk_python_start(dk_kernel_t *k, char *err, size_t errlen);
 struct _object;   /* PyObject, without making every includer include Python.h */
 void *dk_python_function_data(struct _object *self);
 
-/* Handle one shell request of MSG_TYPE with CONTENT_JSON (and BUFFERS, for comm
- * messages). Returns the reply content as malloc'd JSON text, or NULL when the
- * request has no reply (comm messages). A failure inside the glue is logged and
- * answered with an error reply naming it. */
-char *dk_python_handle(const char *msg_type, const char *content_json,
-                       zframe_t *const *buffers, size_t n_buffers);
+/* Handle one shell request of MSG_TYPE with CONTENT (borrowed; and BUFFERS,
+ * for comm messages), given to the glue as Python objects. Returns the reply
+ * content (new reference), or NULL when the request has no reply (comm
+ * messages). A failure inside the glue is logged and answered with an error
+ * reply naming it. */
+json_t *dk_python_handle(const char *msg_type, json_t *content, zframe_t *const *buffers,
+                         size_t n_buffers);
+
+/* Whether the glue handles MSG_TYPE (the glue's table is the one list of the
+ * shell messages Python answers). Valid once dk_python_start returned. */
+bool dk_python_handles(const char *msg_type);
 
 /* For a cell handled by a native magic: count it and record it in history as
  * IPython would, and publish execute_input unless SILENT. Returns the execution
  * count the cell runs under. */
 int dk_python_native_begin(const char *code, bool silent, bool store_history);
 
-/* The execute_reply content for a native-magic cell: ERROR (borrowed, may be NULL)
- * from dk_exec_error, USER_EXPRESSIONS_JSON evaluated as a Python cell's would be. */
-char *dk_python_native_finish(int execution_count, json_t *error,
-                              const char *user_expressions_json);
+/* The execute_reply content (new reference) for a native-magic cell: ERROR
+ * (borrowed, may be NULL) from dk_exec_error, USER_EXPRESSIONS (borrowed)
+ * evaluated as a Python cell's would be. */
+json_t *dk_python_native_finish(int execution_count, json_t *error, json_t *user_expressions);
 
 /* Run a pending SIGINT's Python handler and drop the KeyboardInterrupt, so an
  * interrupt that arrived between cells does not hit the next one. */

@@ -420,10 +420,15 @@ class Kernel:
             magic.__doc__ = doc
             shell.register_magic_function(magic, magic_kind=kind, magic_name=name)
 
-    def handle(self, msg_type, content_json, buffers):
-        content = json.loads(content_json)
-        reply = self.handlers[msg_type](content, buffers)
-        return None if reply is None else dumps(reply)
+    def message_types(self):
+        """The shell messages this glue answers: the C side asks once, so this
+        table is the one list of them."""
+        return frozenset(self.handlers)
+
+    def handle(self, msg_type, content, buffers):
+        """CONTENT comes parsed (a dict), and the reply goes back as one: the C
+        side turns it into JSON once, as it sends it (kernel/dk_pyjson.h)."""
+        return self.handlers[msg_type](content, buffers)
 
     # -- stdin --
 
@@ -487,15 +492,14 @@ class Kernel:
             shell.execution_count += 1
         return count
 
-    def native_finish(self, count, error_json, user_expressions_json):
+    def native_finish(self, count, error, user_expressions):
         self.disarm_interrupt()
         _cells.native_cell = None
-        if error_json:
-            return dumps({"status": "error", "execution_count": count, "payload": [],
-                          "user_expressions": {}, **json.loads(error_json)})
-        expressions = json.loads(user_expressions_json) or {}
-        return dumps({"status": "ok", "execution_count": count, "payload": [],
-                      "user_expressions": self.shell.user_expressions(expressions)})
+        if error:
+            return {"status": "error", "execution_count": count, "payload": [],
+                    "user_expressions": {}, **error}
+        return {"status": "ok", "execution_count": count, "payload": [],
+                "user_expressions": self.shell.user_expressions(user_expressions or {})}
 
     # -- introspection --
 

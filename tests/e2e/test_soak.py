@@ -311,14 +311,25 @@ def describe(pids):
     return out
 
 
-def tmp_contents(tmpdir, kernel_pid):
+def tmp_contents(tmpdir, kernel_pid, cell_files=None):
     """(run folders kept, paths that are not rank logs distkernel keeps) in TMPDIR,
-    which also holds the kernel's XDG_STATE_HOME and so its default log root."""
+    which also holds the kernel's XDG_STATE_HOME and so its default log root.
+    With CELL_FILES (a list), the running kernel's private folder of cell files
+    (one per distinct cell source, removed at shutdown) is expected too, and its
+    files are appended there."""
     logs = tmpdir / "state" / "distkernel" / "logs"
     kernel_logs = logs / f"kernel-{kernel_pid}"
     allowed_dirs = {tmpdir / "state", logs.parent, logs, kernel_logs}
     runs, unexpected = [], []
     for path in sorted(tmpdir.rglob("*")):
+        cells = cell_files is not None and re.fullmatch(
+            rf"distkernel-cells-{kernel_pid}-\w+", path.parent.name if path.is_file() else path.name)
+        if cells and path.is_dir() and not path.is_symlink() and path.parent == tmpdir:
+            continue
+        if (cells and path.is_file() and path.parent.parent == tmpdir
+                and re.fullmatch(r"\d+\.py", path.name)):
+            cell_files.append(path)
+            continue
         if path.is_dir() and not path.is_symlink():
             if path in allowed_dirs:
                 continue
@@ -433,7 +444,8 @@ def test_soak(kernelspec_installed, tmp_path):
         left = support.describe_processes(support.descendants(proc.pid))
         zombies = [line for line in left if " zombie " in f" {line} "]
         orphans_running = orphans(proc.pid, tmpdir, client.run_ids)
-        runs_running, unexpected_running = tmp_contents(tmpdir, proc.pid)
+        cell_files = []
+        runs_running, unexpected_running = tmp_contents(tmpdir, proc.pid, cell_files)
         incomplete = incomplete_runs(runs_running)
         soak_s = time.monotonic() - t0
 
@@ -468,6 +480,7 @@ def test_soak(kernelspec_installed, tmp_path):
         "zombies": len(zombies), "orphans": len(orphans_running) + len(orphans_after),
         "log_folders_kept": len(runs_running), "log_folders_after_shutdown": len(runs_after),
         "files_after_shutdown": sum(1 for p in tmpdir.rglob("*") if p.is_file()),
+        "cell_files_running": len(cell_files),
         "unexpected_files": unexpected_running + unexpected_after,
         "kernel_exit_code": clean_exit,
         "ipython_output_cache_warnings": client.cache_warnings,
@@ -513,6 +526,9 @@ def test_soak(kernelspec_installed, tmp_path):
     assert zombies == [] and left == [], f"left under the kernel: zombies {zombies}, {left}"
     assert orphans_running == [], f"processes of the kernel's runs outside it: {orphans_running}"
     assert unexpected_running == [], f"files in TMPDIR other than the kept rank logs: {unexpected_running}"
+    # One file per distinct cell source at most (the soak's cells repeat).
+    executed = EXECUTES + warm_executes + CELLS + len(warm_cells)
+    assert 0 < len(cell_files) <= executed, (len(cell_files), executed)
     assert incomplete == [], f"kept run folders without exactly rank-0.log and rank-1.log: {incomplete}"
     expected_runs = list(range(runs_started - KEEP_RUNS + 1, runs_started + 1))
     assert sorted(map(run_number, runs_running)) == expected_runs, (
