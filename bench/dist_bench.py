@@ -246,10 +246,12 @@ def log_dirs(msgs):
 
 def remove_logs(dirs):
     for d in dirs:
-        # Only the run folders distkernel makes: /tmp/distkernel-job-XXXXXX (older
-        # builds) or /tmp/distkernel-logs-UID/kernel-PID/run-NNNN-ID.
-        if (re.match(r"^/tmp/distkernel-(job-\w+|logs-\d+/kernel-\d+/run-[\w-]+)$", d)
-                and os.path.isdir(d)):
+        # Only the run folders distkernel makes: LOG_ROOT/kernel-PID/run-NNNN-ID,
+        # LOG_ROOT being the user's state directory's distkernel/logs (or, with
+        # older builds, /tmp/distkernel-logs-UID or /tmp/distkernel-job-XXXXXX).
+        if ((re.match(r"^/tmp/distkernel-(job-\w+|logs-\d+/kernel-\d+/run-[\w-]+)$", d)
+             or re.match(r"^/.+/distkernel/logs/kernel-\d+/run-\d+-[0-9a-f]+$", d))
+                and os.path.isdir(d) and not os.path.islink(d)):
             shutil.rmtree(d, ignore_errors=True)
             if "/kernel-" in d:
                 _LOG_PARENTS.add(os.path.dirname(d))

@@ -11,6 +11,7 @@
 #include <Python.h>
 
 #include "dk_python.h"
+#include "dk_pyinit.h"
 #include "dk_pyjson.h"
 
 #include <stdatomic.h>
@@ -327,37 +328,8 @@ int dk_python_start(dk_kernel_t *k, char *err, size_t errlen)
         snprintf(err, errlen, "cannot register the _distkernel module");
         return -1;
     }
-    PyConfig config;
-    PyConfig_InitPythonConfig(&config);
-    config.install_signal_handlers = 1;
-    config.parse_argv = 0;
-    PyStatus st = PyConfig_SetBytesString(&config, &config.program_name, DK_PYTHON_EXE);
-    if (!PyStatus_Exception(st))
-        st = PyConfig_SetBytesString(&config, &config.executable, DK_PYTHON_EXE);
-    if (!PyStatus_Exception(st)) {
-        char *argv[] = {""};
-        st = PyConfig_SetBytesArgv(&config, 1, argv);
-    }
-    if (!PyStatus_Exception(st))
-        st = Py_InitializeFromConfig(&config);
-    PyConfig_Clear(&config);
-    if (PyStatus_Exception(st)) {
-        snprintf(err, errlen, "%s", st.err_msg ? st.err_msg : "Py_InitializeFromConfig failed");
+    if (dk_pyinit_start("", err, errlen) < 0 || bind_module(k, err, errlen) < 0)
         return -1;
-    }
-    if (bind_module(k, err, errlen) < 0)
-        return -1;
-    const char *dir = getenv("DISTKERNEL_GLUE_DIR");
-    if (!dir || !*dir)
-        dir = DK_GLUE_DIR;
-    PyObject *path = PySys_GetObject("path");
-    PyObject *d = PyUnicode_FromString(dir);
-    if (!path || !d || PyList_Insert(path, 0, d) < 0) {
-        Py_XDECREF(d);
-        snprintf(err, errlen, "cannot extend sys.path");
-        return -1;
-    }
-    Py_DECREF(d);
     PyObject *mod = PyImport_ImportModule("distkernel._kernel");
     if (mod) {
         glue = PyObject_CallMethod(mod, "Kernel", NULL);
@@ -366,7 +338,7 @@ int dk_python_start(dk_kernel_t *k, char *err, size_t errlen)
     }
     if (!glue) {
         log_python_error("cannot load the kernel's Python glue");
-        snprintf(err, errlen, "cannot load distkernel._kernel from %s (see the log above)", dir);
+        snprintf(err, errlen, "cannot load distkernel._kernel (see the log above)");
         return -1;
     }
     handled_types = PyObject_CallMethod(glue, "message_types", NULL);

@@ -6,10 +6,10 @@
  * talks to the kernel over the back channel (and decides how the rank's
  * output is buffered).
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "dk_pyinit.h"
 
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 int main(int argc, char **argv)
@@ -25,28 +25,11 @@ int main(int argc, char **argv)
     sigemptyset(&sigint);
     sigaddset(&sigint, SIGINT);
     sigprocmask(SIG_BLOCK, &sigint, NULL);
-    PyConfig config;
-    PyConfig_InitPythonConfig(&config);
-    config.parse_argv = 0;
-    PyStatus st = PyConfig_SetBytesString(&config, &config.program_name, DK_PYTHON_EXE);
-    if (!PyStatus_Exception(st))
-        st = PyConfig_SetBytesString(&config, &config.executable, DK_PYTHON_EXE);
-    if (!PyStatus_Exception(st)) {
-        char *args[] = {"distkernel-rank"};
-        st = PyConfig_SetBytesArgv(&config, 1, args);
+    char err[512];
+    if (dk_pyinit_start("distkernel-rank", err, sizeof err) < 0) {
+        fprintf(stderr, "distkernel-rank: %s\n", err);
+        return 1;
     }
-    if (!PyStatus_Exception(st))
-        st = Py_InitializeFromConfig(&config);
-    PyConfig_Clear(&config);
-    if (PyStatus_Exception(st))
-        Py_ExitStatusException(st);
-
-    const char *dir = getenv("DISTKERNEL_GLUE_DIR");
-    PyObject *path = PySys_GetObject("path");
-    PyObject *d = PyUnicode_FromString(dir && *dir ? dir : DK_GLUE_DIR);
-    if (path && d)
-        PyList_Insert(path, 0, d);
-    Py_XDECREF(d);
 
     int rc = 1;
     PyObject *mod = PyImport_ImportModule("distkernel._rank");

@@ -221,6 +221,17 @@ def kernel_started_with_sigint_ignored():
     k.km.shutdown_kernel(now=True)
 
 
+def interrupt_running_ranks(k):
+    """Start two ranks that sleep, interrupt once one of them has printed, and
+    return the cell's Execution."""
+    code = "%%distributed num_processes=2\nimport time\nprint('up', flush=True)\ntime.sleep(120)"
+    msg_id = k.start_execute(code)
+    k.wait_iopub(lambda m: m["parent_header"].get("msg_id") == msg_id
+                 and m["msg_type"] == "stream" and "up" in m["content"]["text"], timeout=RUN)
+    k.km.interrupt_kernel()
+    return k.finish(msg_id, timeout=RUN)
+
+
 def interrupt_running(kernel, code, timeout=RUN, settle=1.0):
     msg_id = kernel.start_execute(code)
     kernel.wait_running(msg_id, settle=settle, timeout=timeout)
@@ -242,13 +253,7 @@ def test_interrupt_works_when_the_kernel_inherited_sigint_ignored(
 @needs_distkernel
 def test_interrupt_ends_ranks_when_the_kernel_inherited_sigint_ignored(
         kernel_started_with_sigint_ignored):
-    k = kernel_started_with_sigint_ignored
-    code = "%%distributed num_processes=2\nimport time\nprint('up', flush=True)\ntime.sleep(120)"
-    msg_id = k.start_execute(code)
-    k.wait_iopub(lambda m: m["parent_header"].get("msg_id") == msg_id
-                 and m["msg_type"] == "stream" and "up" in m["content"]["text"], timeout=RUN)
-    k.km.interrupt_kernel()
-    r = k.finish(msg_id, timeout=RUN)
+    r = interrupt_running_ranks(kernel_started_with_sigint_ignored)
     assert r.status == "error" and r.content["ename"] == "KeyboardInterrupt", r.describe()
 
 
@@ -378,13 +383,7 @@ def test_an_unsendable_argument_error_shows_no_internal_frames(kernel):
 
 @needs_distkernel
 def test_an_interrupted_distributed_cell_says_so_in_its_first_traceback_line(fresh_kernel):
-    k = fresh_kernel
-    code = "%%distributed num_processes=2\nimport time\nprint('up', flush=True)\ntime.sleep(120)"
-    msg_id = k.start_execute(code)
-    k.wait_iopub(lambda m: m["parent_header"].get("msg_id") == msg_id
-                 and m["msg_type"] == "stream" and "up" in m["content"]["text"], timeout=RUN)
-    k.km.interrupt_kernel()
-    r = k.finish(msg_id, timeout=RUN)
+    r = interrupt_running_ranks(fresh_kernel)
     tb = r.of_type("error")[0]["content"]["traceback"]
     assert "KeyboardInterrupt" in tb[0] and "interrupted" in tb[0], tb
 

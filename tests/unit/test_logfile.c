@@ -18,34 +18,18 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tmp_base.h"
+
 #define OTHER_UID 65534   /* nobody */
 
-static char base[256];
 static char err[1024];
 
 static void setup(void)
 {
-    snprintf(base, sizeof base, "/tmp/dk-test-logfile-XXXXXX");
-    cr_assert_not_null(mkdtemp(base));
+    tmp_base_make("logfile");
 }
 
-static void teardown(void)
-{
-    int fd = open("/tmp", O_RDONLY | O_DIRECTORY);
-    dk_logdir_remove(fd, base + 5);
-    close(fd);
-}
-
-TestSuite(logfile, .init = setup, .fini = teardown);
-
-static char *at(const char *rel)
-{
-    static char paths[8][512];
-    static int i;
-    char *p = paths[i++ % 8];
-    snprintf(p, 512, "%s/%s", base, rel);
-    return p;
-}
+TestSuite(logfile, .init = setup, .fini = tmp_base_remove);
 
 static char *read_file(const char *path, size_t *len)
 {
