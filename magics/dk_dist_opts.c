@@ -200,12 +200,215 @@ static void add_warning(dk_dist_opts_t *o, const char *text)
     snprintf(o->warnings + used, sizeof o->warnings - used, "%s%s", used ? "\n" : "", text);
 }
 
+/* ---- one parser per option ---------------------------------------------------- *
+ * Each gets the option's NAME as written (the old name, for an alias), its
+ * VALUE and whether it was QUOTED, and fills its field of O; -1 with ERR. */
+
+typedef int (*opt_parser_t)(const char *name, const char *value, bool quoted, dk_dist_opts_t *o,
+                            char *err, size_t errlen);
+
+static int bool_value(const char *name, const char *value, bool *out, char *err, size_t errlen)
+{
+    if (strcmp(value, "True") == 0 || strcmp(value, "true") == 0)
+        *out = true;
+    else if (strcmp(value, "False") == 0 || strcmp(value, "false") == 0)
+        *out = false;
+    else {
+        snprintf(err, errlen, "%s must be True or False, got '%s'", name, value);
+        return -1;
+    }
+    return 0;
+}
+
+static int opt_accelerators(const char *name, const char *value, bool quoted, dk_dist_opts_t *o,
+                            char *err, size_t errlen)
+{
+    return parse_count(name, value, &o->num_accelerators, err, errlen);
+}
+
+static int opt_processes(const char *name, const char *value, bool quoted, dk_dist_opts_t *o,
+                         char *err, size_t errlen)
+{
+    return parse_count(name, value, &o->num_processes, err, errlen);
+}
+
+/* gpu_type=H100: the older spelling, a bare model. */
+static int opt_gpu_type(const char *value, dk_dist_opts_t *o, char *err, size_t errlen)
+{
+    char model[32];
+    snprintf(model, sizeof model, "%.31s", value);
+    upper(model);
+    if (strlen(value) >= sizeof model || !valid_model(model)) {
+        snprintf(err, errlen, "gpu_type must be a GPU model such as H100, A10 or B300, got '%s'",
+                 value);
+        return -1;
+    }
+    snprintf(o->accelerator_model, sizeof o->accelerator_model, "%s", model);
+    return 0;
+}
+
+static int opt_accelerator_type(const char *name, const char *value, bool quoted,
+                                dk_dist_opts_t *o, char *err, size_t errlen)
+{
+    if (strcmp(name, "gpu_type") == 0)
+        return opt_gpu_type(value, o, err, errlen);
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", value);
+    upper(buf);
+    char *x = strchr(buf, 'X');
+    char *end = NULL;
+    long n = 0;
+    if (strncmp(buf, "GPU_", 4) == 0 && x) {
+        errno = 0;
+        n = strtol(buf + 4, &end, 10);
+    }
+    if (!x || end != x || n < 1 || n > 4096 || !valid_model(x + 1)) {
+        snprintf(err, errlen, "accelerator_type must look like GPU_<n>x<MODEL> "
+                              "(GPU_1xA10, GPU_8xH100, GPU_8xB300), got '%s'", value);
+        return -1;
+    }
+    o->accelerator_count = (int)n;
+    snprintf(o->accelerator_model, sizeof o->accelerator_model, "%.31s", x + 1);
+    return 0;
+}
+
+static int opt_timeout(const char *name, const char *value, bool quoted, dk_dist_opts_t *o,
+                       char *err, size_t errlen)
+{
+    if (!quoted && strcmp(value, "None") == 0) {
+        o->timeout_s = 0;
+        return 0;
+    }
+    char *end;
+    errno = 0;
+    double t = strtod(value, &end);
+    if (quoted || !*value || *end || errno || !(t > 0) || !isfinite(t)) {
+        snprintf(err, errlen, "timeout must be a number of seconds greater than 0, "
+                              "or None for no limit, got '%s'", value);
+        return -1;
+    }
+    o->timeout_s = t;
+    return 0;
+}
+
+static int opt_output(const char *name, const char *value, bool quoted, dk_dist_opts_t *o,
+                      char *err, size_t errlen)
+{
+    if (strcmp(value, "all") == 0)
+        o->output = DK_OUTPUT_ALL;
+    else if (strcmp(value, "rank0") == 0)
+        o->output = DK_OUTPUT_RANK0;
+    else {
+        snprintf(err, errlen, "output must be all or rank0, got '%s'", value);
+        return -1;
+    }
+    return 0;
+}
+
+static int opt_result(const char *name, const char *value, bool quoted, dk_dist_opts_t *o,
+                      char *err, size_t errlen)
+{
+    bool ident = (isalpha((unsigned char)value[0]) || value[0] == '_') &&
+                 strlen(value) < sizeof o->result_name;
+    for (const char *c = value; ident && *c; c++)
+        ident = isalnum((unsigned char)*c) || *c == '_';
+    if (!ident) {
+        snprintf(err, errlen, "result must be a Python variable name, got '%s'", value);
+        return -1;
+    }
+    snprintf(o->result_name, sizeof o->result_name, "%s", value);
+    return 0;
+}
+
+static int opt_mlflow_name(const char *name, const char *value, bool quoted, dk_dist_opts_t *o,
+                           char *err, size_t errlen)
+{
+    char *dst = name[0] == 'e' ? o->experiment : o->run_name;
+    if (!value[0] || strlen(value) >= sizeof o->experiment) {
+        snprintf(err, errlen, "%s must be a non-empty name of at most %zu characters", name,
+                 sizeof o->experiment - 1);
+        return -1;
+    }
+    snprintf(dst, sizeof o->experiment, "%s", value);
+    return 0;
+}
+
+static int opt_tracking(const char *name, const char *value, bool quoted, dk_dist_opts_t *o,
+                        char *err, size_t errlen)
+{
+    return bool_value(name, value, &o->tracking, err, errlen);
+}
+
+static int opt_check(const char *name, const char *value, bool quoted, dk_dist_opts_t *o,
+                     char *err, size_t errlen)
+{
+    return bool_value(name, value, &o->check, err, errlen);
+}
+
+static int opt_log_cap(const char *name, const char *value, bool quoted, dk_dist_opts_t *o,
+                       char *err, size_t errlen)
+{
+    unsigned long long cap;
+    if (!dk_dist_opts_parse_size(value, &cap) || cap < DK_LOG_CAP_MIN_BYTES) {
+        snprintf(err, errlen, "log_cap must be a size of at least 4K, such as 64M or "
+                              "2G (K, M, G, T: powers of 1024), got '%s'", value);
+        return -1;
+    }
+    o->log_cap = cap;
+    return 0;
+}
+
+/* The options. An option with an old name (the managed platform's first API)
+ * accepts either, warns on the old one, and refuses both given at once. */
+static const struct {
+    const char *name, *old_name, *deprecation;
+    opt_parser_t parse;
+} options[] = {
+    {"num_accelerators", "gpus", "FutureWarning: gpus= is deprecated; use num_accelerators=",
+     opt_accelerators},
+    {"accelerator_type", "gpu_type",
+     "FutureWarning: gpu_type= is deprecated; use accelerator_type=GPU_<n>x<MODEL>",
+     opt_accelerator_type},
+    {"num_processes", NULL, NULL, opt_processes},
+    {"timeout", NULL, NULL, opt_timeout},
+    {"output", NULL, NULL, opt_output},
+    {"result", NULL, NULL, opt_result},
+    {"experiment", NULL, NULL, opt_mlflow_name},
+    {"run_name", NULL, NULL, opt_mlflow_name},
+    {"tracking", NULL, NULL, opt_tracking},
+    {"log_cap", NULL, NULL, opt_log_cap},
+    {"check", NULL, NULL, opt_check},
+};
+#define N_OPTIONS (sizeof options / sizeof options[0])
+
+/* Parse one NAME=VALUE into O; SEEN marks the options given so far. */
+static int parse_one(const char *name, const char *value, bool quoted, dk_dist_opts_t *o,
+                     bool seen[N_OPTIONS], char *err, size_t errlen)
+{
+    for (size_t i = 0; i < N_OPTIONS; i++) {
+        bool old = options[i].old_name && strcmp(name, options[i].old_name) == 0;
+        if (!old && strcmp(name, options[i].name) != 0)
+            continue;
+        if (options[i].old_name && seen[i]) {
+            snprintf(err, errlen, "%s is given twice (%s is its old name)", options[i].name,
+                     options[i].old_name);
+            return -1;
+        }
+        seen[i] = true;
+        if (old)
+            add_warning(o, options[i].deprecation);
+        return options[i].parse(name, value, quoted, o, err, errlen);
+    }
+    snprintf(err, errlen, "unknown option '%s'; %s", name, accepted);
+    return -1;
+}
+
 int dk_dist_opts_parse(const char *args, dk_dist_opts_t *o, char *err, size_t errlen)
 {
     memset(o, 0, sizeof *o);
     o->timeout_s = DK_DEFAULT_TIMEOUT_S;
     o->tracking = true;
-    bool seen_accel = false, seen_type = false;
+    bool seen[N_OPTIONS] = {false};
     char name[64], value[1024];
     bool quoted;
     const char *p = args ? args : "";
@@ -213,129 +416,8 @@ int dk_dist_opts_parse(const char *args, dk_dist_opts_t *o, char *err, size_t er
         p = next_token(p, name, sizeof name, value, sizeof value, &quoted, err, errlen);
         if (!p)
             break;
-        if (p == (const char *)-1)
+        if (p == (const char *)-1 || parse_one(name, value, quoted, o, seen, err, errlen) < 0)
             return -1;
-        if (strcmp(name, "num_accelerators") == 0 || strcmp(name, "gpus") == 0) {
-            if (seen_accel) {
-                snprintf(err, errlen, "num_accelerators is given twice (gpus is its old name)");
-                return -1;
-            }
-            seen_accel = true;
-            if (strcmp(name, "gpus") == 0)
-                add_warning(o, "FutureWarning: gpus= is deprecated; use num_accelerators=");
-            if (parse_count(name, value, &o->num_accelerators, err, errlen) < 0)
-                return -1;
-        } else if (strcmp(name, "accelerator_type") == 0 || strcmp(name, "gpu_type") == 0) {
-            if (seen_type) {
-                snprintf(err, errlen, "accelerator_type is given twice (gpu_type is its old name)");
-                return -1;
-            }
-            seen_type = true;
-            if (strcmp(name, "gpu_type") == 0) {
-                add_warning(o, "FutureWarning: gpu_type= is deprecated; use "
-                               "accelerator_type=GPU_<n>x<MODEL>");
-                char model[32];
-                snprintf(model, sizeof model, "%.31s", value);
-                upper(model);
-                if (strlen(value) >= sizeof model || !valid_model(model)) {
-                    snprintf(err, errlen, "gpu_type must be a GPU model such as H100, A10 or "
-                                          "B300, got '%s'", value);
-                    return -1;
-                }
-                snprintf(o->accelerator_model, sizeof o->accelerator_model, "%s", model);
-            } else {
-                char buf[256];
-                snprintf(buf, sizeof buf, "%s", value);
-                upper(buf);
-                char *x = strchr(buf, 'X');
-                char *end = NULL;
-                long n = 0;
-                if (strncmp(buf, "GPU_", 4) == 0 && x) {
-                    errno = 0;
-                    n = strtol(buf + 4, &end, 10);
-                }
-                if (!x || end != x || n < 1 || n > 4096 || !valid_model(x + 1)) {
-                    snprintf(err, errlen, "accelerator_type must look like GPU_<n>x<MODEL> "
-                                          "(GPU_1xA10, GPU_8xH100, GPU_8xB300), got '%s'", value);
-                    return -1;
-                }
-                o->accelerator_count = (int)n;
-                snprintf(o->accelerator_model, sizeof o->accelerator_model, "%.31s", x + 1);
-            }
-        } else if (strcmp(name, "num_processes") == 0) {
-            if (parse_count(name, value, &o->num_processes, err, errlen) < 0)
-                return -1;
-        } else if (strcmp(name, "timeout") == 0) {
-            if (!quoted && strcmp(value, "None") == 0) {
-                o->timeout_s = 0;
-            } else {
-                char *end;
-                errno = 0;
-                double t = strtod(value, &end);
-                if (quoted || !*value || *end || errno || !(t > 0) || !isfinite(t)) {
-                    snprintf(err, errlen, "timeout must be a number of seconds greater than 0, "
-                                          "or None for no limit, got '%s'", value);
-                    return -1;
-                }
-                o->timeout_s = t;
-            }
-        } else if (strcmp(name, "output") == 0) {
-            if (strcmp(value, "all") == 0)
-                o->output = DK_OUTPUT_ALL;
-            else if (strcmp(value, "rank0") == 0)
-                o->output = DK_OUTPUT_RANK0;
-            else {
-                snprintf(err, errlen, "output must be all or rank0, got '%s'", value);
-                return -1;
-            }
-        } else if (strcmp(name, "result") == 0) {
-            bool ident = (isalpha((unsigned char)value[0]) || value[0] == '_') &&
-                         strlen(value) < sizeof o->result_name;
-            for (const char *c = value; ident && *c; c++)
-                ident = isalnum((unsigned char)*c) || *c == '_';
-            if (!ident) {
-                snprintf(err, errlen, "result must be a Python variable name, got '%s'", value);
-                return -1;
-            }
-            snprintf(o->result_name, sizeof o->result_name, "%s", value);
-        } else if (strcmp(name, "experiment") == 0 || strcmp(name, "run_name") == 0) {
-            char *dst = name[0] == 'e' ? o->experiment : o->run_name;
-            if (!value[0] || strlen(value) >= sizeof o->experiment) {
-                snprintf(err, errlen, "%s must be a non-empty name of at most %zu characters",
-                         name, sizeof o->experiment - 1);
-                return -1;
-            }
-            snprintf(dst, sizeof o->experiment, "%s", value);
-        } else if (strcmp(name, "tracking") == 0) {
-            if (strcmp(value, "True") == 0 || strcmp(value, "true") == 0)
-                o->tracking = true;
-            else if (strcmp(value, "False") == 0 || strcmp(value, "false") == 0)
-                o->tracking = false;
-            else {
-                snprintf(err, errlen, "tracking must be True or False, got '%s'", value);
-                return -1;
-            }
-        } else if (strcmp(name, "log_cap") == 0) {
-            unsigned long long cap;
-            if (!dk_dist_opts_parse_size(value, &cap) || cap < DK_LOG_CAP_MIN_BYTES) {
-                snprintf(err, errlen, "log_cap must be a size of at least 4K, such as 64M or "
-                                      "2G (K, M, G, T: powers of 1024), got '%s'", value);
-                return -1;
-            }
-            o->log_cap = cap;
-        } else if (strcmp(name, "check") == 0) {
-            if (strcmp(value, "True") == 0 || strcmp(value, "true") == 0)
-                o->check = true;
-            else if (strcmp(value, "False") == 0 || strcmp(value, "false") == 0)
-                o->check = false;
-            else {
-                snprintf(err, errlen, "check must be True or False, got '%s'", value);
-                return -1;
-            }
-        } else {
-            snprintf(err, errlen, "unknown option '%s'; %s", name, accepted);
-            return -1;
-        }
     }
     if (o->num_processes && (o->num_accelerators || o->accelerator_model[0])) {
         snprintf(err, errlen, "num_processes runs CPU ranks and cannot be combined with "
