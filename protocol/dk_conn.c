@@ -103,114 +103,135 @@ static int get_string(const json_t *obj, const char *field, char *dst, size_t ds
     return 0;
 }
 
+/* "transport" (default tcp) and "ip" of ROOT into CONN. */
+static int parse_address(json_t *root, dk_conn_t *conn, const char *src, char *err,
+                         size_t errlen)
+{
+    strcpy(conn->transport, "tcp");
+    if (get_string(root, "transport", conn->transport, sizeof conn->transport, src, err,
+                   errlen) < 0)
+        return -1;
+    if (strcmp(conn->transport, "tcp") != 0 && strcmp(conn->transport, "ipc") != 0) {
+        dk_set_err(err, errlen, "%s: \"transport\" is \"%s\", expected \"tcp\" or \"ipc\"", src,
+                   conn->transport);
+        return -1;
+    }
+    int got = get_string(root, "ip", conn->ip, sizeof conn->ip, src, err, errlen);
+    if (got < 0)
+        return -1;
+    if (got > 0 || conn->ip[0] == '\0') {
+        dk_set_err(err, errlen, "%s: missing \"ip\" (the address to bind, e.g. \"127.0.0.1\"%s)",
+                   src, strcmp(conn->transport, "ipc") == 0 ? ", or the ipc path prefix" : "");
+        return -1;
+    }
+    return 0;
+}
+
+/* The five "*_port" fields of ROOT into CONN. */
+static int parse_ports(json_t *root, dk_conn_t *conn, const char *src, char *err, size_t errlen)
+{
+    for (int ch = 0; ch < DK_CHAN_COUNT; ch++) {
+        json_t *j = json_object_get(root, port_fields[ch]);
+        if (!j) {
+            dk_set_err(err, errlen, "%s: missing \"%s\" (an integer port 1-65535)", src,
+                       port_fields[ch]);
+            return -1;
+        }
+        conn->ports[ch] = port_value(j);
+        if (conn->ports[ch] < 0) {
+            char *shown = json_dumps(j, JSON_ENCODE_ANY | JSON_COMPACT);
+            dk_set_err(err, errlen, "%s: \"%s\" is %.40s, expected an integer port 1-65535", src,
+                       port_fields[ch], shown ? shown : "not a port");
+            free(shown);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* "signature_scheme" of ROOT into CONN->digest: "hmac-" and a digest.
+ * jupyter_client's Session takes any hashlib name, so any digest OpenSSL has is
+ * accepted; no field means jupyter_client's default, hmac-sha256. With an empty
+ * key nothing is signed, and the scheme does not matter. */
+static int parse_scheme(json_t *root, dk_conn_t *conn, const char *src, char *err,
+                        size_t errlen)
+{
+    json_t *scheme = json_object_get(root, "signature_scheme");
+    if (scheme && !json_is_string(scheme)) {
+        dk_set_err(err, errlen, "%s: \"signature_scheme\" must be a string", src);
+        return -1;
+    }
+    const char *text = scheme ? json_string_value(scheme) : "hmac-sha256";
+    if (strncmp(text, "hmac-", 5) != 0 || strlen(text + 5) >= sizeof conn->digest ||
+        !dk_signer_digest_check(text + 5)) {
+        if (conn->key_len > 0) {
+            dk_set_err(err, errlen,
+                       "%s: \"signature_scheme\" is \"%.40s\", expected \"hmac-\" and a digest "
+                       "OpenSSL provides (\"hmac-sha256\", the default, \"hmac-sha512\", ...)",
+                       src, text);
+            return -1;
+        }
+        text = "hmac-sha256";
+    }
+    snprintf(conn->digest, sizeof conn->digest, "%s", text + 5);
+    return 0;
+}
+
+/* "key" of ROOT, and its scheme, into CONN (the key copied). */
+static int parse_key(json_t *root, dk_conn_t *conn, const char *src, char *err, size_t errlen)
+{
+    json_t *key = json_object_get(root, "key");
+    if (!key) {
+        dk_set_err(err, errlen,
+                   "%s: missing \"key\" (the HMAC key; write \"key\": \"\" to disable signing)",
+                   src);
+        return -1;
+    }
+    if (!json_is_string(key)) {
+        dk_set_err(err, errlen, "%s: \"key\" must be a string", src);
+        return -1;
+    }
+    conn->key_len = json_string_length(key);
+    if (parse_scheme(root, conn, src, err, errlen) < 0)
+        return -1;
+    conn->key = malloc(conn->key_len + 1);
+    if (!conn->key) {
+        dk_set_err(err, errlen, "%s: out of memory", src);
+        return -1;
+    }
+    memcpy(conn->key, json_string_value(key), conn->key_len + 1);
+    return 0;
+}
+
 static int parse_named(const char *text, size_t len, const char *src, dk_conn_t *out,
                        char *err, size_t errlen)
 {
-    dk_conn_t conn;
-    memset(&conn, 0, sizeof conn);
     if (out)
         memset(out, 0, sizeof *out);
     if (!out || (!text && len > 0)) {
         dk_set_err(err, errlen, "%s: nothing to parse", src);
         return -1;
     }
-
     json_error_t jerr;
     json_t *root = json_loadb(text ? text : "", len, JSON_DECODE_ANY, &jerr);
     if (!root) {
         dk_set_err(err, errlen, "%s: not valid JSON (%s, line %d column %d)", src, jerr.text,
-                jerr.line, jerr.column);
+                   jerr.line, jerr.column);
         return -1;
     }
+    dk_conn_t conn;
+    memset(&conn, 0, sizeof conn);
     int rc = -1;
-    if (!json_is_object(root)) {
+    if (!json_is_object(root))
         dk_set_err(err, errlen, "%s: expected a JSON object with the ports, ip and key", src);
-        goto done;
+    else if (parse_address(root, &conn, src, err, errlen) == 0 &&
+             parse_ports(root, &conn, src, err, errlen) == 0 &&
+             get_string(root, "kernel_name", conn.kernel_name, sizeof conn.kernel_name, src, err,
+                        errlen) >= 0 &&
+             parse_key(root, &conn, src, err, errlen) == 0) {
+        *out = conn;
+        rc = 0;
     }
-
-    strcpy(conn.transport, "tcp");
-    if (get_string(root, "transport", conn.transport, sizeof conn.transport, src, err,
-                   errlen) < 0)
-        goto done;
-    if (strcmp(conn.transport, "tcp") != 0 && strcmp(conn.transport, "ipc") != 0) {
-        dk_set_err(err, errlen, "%s: \"transport\" is \"%s\", expected \"tcp\" or \"ipc\"", src,
-                conn.transport);
-        goto done;
-    }
-
-    int got = get_string(root, "ip", conn.ip, sizeof conn.ip, src, err, errlen);
-    if (got < 0)
-        goto done;
-    if (got > 0 || conn.ip[0] == '\0') {
-        dk_set_err(err, errlen, "%s: missing \"ip\" (the address to bind, e.g. \"127.0.0.1\"%s)",
-                src, strcmp(conn.transport, "ipc") == 0 ? ", or the ipc path prefix" : "");
-        goto done;
-    }
-
-    for (int ch = 0; ch < DK_CHAN_COUNT; ch++) {
-        json_t *j = json_object_get(root, port_fields[ch]);
-        if (!j) {
-            dk_set_err(err, errlen, "%s: missing \"%s\" (an integer port 1-65535)", src,
-                    port_fields[ch]);
-            goto done;
-        }
-        conn.ports[ch] = port_value(j);
-        if (conn.ports[ch] < 0) {
-            char *shown = json_dumps(j, JSON_ENCODE_ANY | JSON_COMPACT);
-            dk_set_err(err, errlen, "%s: \"%s\" is %.40s, expected an integer port 1-65535", src,
-                    port_fields[ch], shown ? shown : "not a port");
-            free(shown);
-            goto done;
-        }
-    }
-
-    json_t *key = json_object_get(root, "key");
-    if (!key) {
-        dk_set_err(err, errlen,
-                "%s: missing \"key\" (the HMAC key; write \"key\": \"\" to disable signing)",
-                src);
-        goto done;
-    }
-    if (!json_is_string(key)) {
-        dk_set_err(err, errlen, "%s: \"key\" must be a string", src);
-        goto done;
-    }
-    conn.key_len = json_string_length(key);
-
-    /* "hmac-" and a digest: jupyter_client's Session takes any hashlib name, so
-     * any digest OpenSSL has is accepted; no field means jupyter_client's default. */
-    json_t *scheme = json_object_get(root, "signature_scheme");
-    if (scheme && !json_is_string(scheme)) {
-        dk_set_err(err, errlen, "%s: \"signature_scheme\" must be a string", src);
-        goto done;
-    }
-    const char *scheme_text = scheme ? json_string_value(scheme) : "hmac-sha256";
-    if (strncmp(scheme_text, "hmac-", 5) != 0 || strlen(scheme_text + 5) >= sizeof conn.digest ||
-        !dk_signer_digest_check(scheme_text + 5)) {
-        if (conn.key_len > 0) {
-            dk_set_err(err, errlen,
-                    "%s: \"signature_scheme\" is \"%.40s\", expected \"hmac-\" and a digest "
-                    "OpenSSL provides (\"hmac-sha256\", the default, \"hmac-sha512\", ...)",
-                    src, scheme_text);
-            goto done;
-        }
-        scheme_text = "hmac-sha256";   /* not used: an empty key signs nothing */
-    }
-    snprintf(conn.digest, sizeof conn.digest, "%s", scheme_text + 5);
-
-    if (get_string(root, "kernel_name", conn.kernel_name, sizeof conn.kernel_name, src, err,
-                   errlen) < 0)
-        goto done;
-
-    conn.key = malloc(conn.key_len + 1);
-    if (!conn.key) {
-        dk_set_err(err, errlen, "%s: out of memory", src);
-        goto done;
-    }
-    memcpy(conn.key, json_string_value(key), conn.key_len + 1);
-    *out = conn;
-    rc = 0;
-done:
     json_decref(root);
     return rc;
 }

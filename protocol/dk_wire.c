@@ -410,59 +410,69 @@ static zframe_t **copy_frames(const void *const *frames, const size_t *lens, siz
     return out;
 }
 
-dk_msg_t *dk_wire_decode(const dk_signer_t *signer, dk_replay_t *replay,
-                         const void *const *frames, const size_t *lens, size_t n_frames,
+/* The signature SIG over the four PARTS: well formed, valid, and not seen
+ * before (checked in that order, so forged messages never fill REPLAY). */
+static bool signature_ok(const dk_signer_t *signer, dk_replay_t *replay, const char *sig,
+                         size_t sig_len, const void *const *parts, const size_t *part_lens,
                          char *err, size_t errlen)
 {
-    if (n_frames > 0 && (!frames || !lens)) {
-        dk_set_err(err, errlen, "refused message: no frame data was given");
-        return NULL;
-    }
-    size_t delim = 0;
-    while (delim < n_frames && !frame_is_delim(frames[delim], lens[delim]))
-        delim++;
-    if (delim == n_frames) {
+    if (!dk_signer_enabled(signer))
+        return true;
+    if (sig_len != dk_signer_hex_len(signer) || !is_lower_hex(sig, sig_len)) {
         dk_set_err(err, errlen,
-                "refused message: no \"" DK_DELIM "\" delimiter frame among its %zu frames "
-                "(not a Jupyter message)", n_frames);
-        return NULL;
+                   "refused message: malformed signature (%zu bytes, expected %zu lowercase "
+                   "hex digits of HMAC-%s)", sig_len, dk_signer_hex_len(signer), signer->digest);
+        return false;
     }
-    size_t after = n_frames - delim - 1;
-    if (after < 5) {
+    if (!dk_signer_verify(signer, parts, part_lens, 4, sig, sig_len)) {
         dk_set_err(err, errlen,
-                "refused message: %zu frames after the delimiter, expected at least 5 "
-                "(signature, header, parent_header, metadata, content)", after);
-        return NULL;
+                   "refused message: invalid signature (the message was altered or signed "
+                   "with another key; check the connection file's key)");
+        return false;
     }
+    if (replay && !dk_replay_check_and_add(replay, sig, sig_len)) {
+        dk_set_err(err, errlen,
+                   "refused message: duplicate signature (a replay of a message already "
+                   "received)");
+        return false;
+    }
+    return true;
+}
 
-    const char *sig = frames[delim + 1];
-    size_t sig_len = lens[delim + 1];
+/* The header's fields: msg_id and msg_type must be strings, and the others a
+ * header has are strings too (the spec's header schema). The kernel only
+ * echoes them, but a message whose header is not what the spec says is not a
+ * Jupyter message, so it is refused like one that lacks msg_type rather than
+ * run. Absent ones are allowed, as jupyter_client requires only msg_id and
+ * msg_type too. */
+static bool header_ok(const json_t *header, char *err, size_t errlen)
+{
+    json_t *msg_id = json_object_get(header, "msg_id");
+    json_t *msg_type = json_object_get(header, "msg_type");
+    if (!json_is_string(msg_id) || !json_is_string(msg_type)) {
+        dk_set_err(err, errlen, "refused message: header has no string \"%s\"",
+                   json_is_string(msg_id) ? "msg_type" : "msg_id");
+        return false;
+    }
+    static const char *const header_strings[] = {"session", "username", "date", "version"};
+    for (size_t i = 0; i < sizeof header_strings / sizeof *header_strings; i++) {
+        json_t *v = json_object_get(header, header_strings[i]);
+        if (v && !json_is_string(v)) {
+            dk_set_err(err, errlen, "refused message: header \"%s\" is %s, expected a string",
+                       header_strings[i], json_kind(v));
+            return false;
+        }
+    }
+    return true;
+}
+
+/* A message from its four JSON PARTS and the frames around them; NULL with
+ * ERR. */
+static dk_msg_t *build_msg(const void *const *frames, const size_t *lens, size_t delim,
+                           size_t n_buffers, char *err, size_t errlen)
+{
     const void *const *parts = frames + delim + 2;
     const size_t *part_lens = lens + delim + 2;
-
-    if (dk_signer_enabled(signer)) {
-        if (sig_len != dk_signer_hex_len(signer) || !is_lower_hex(sig, sig_len)) {
-            dk_set_err(err, errlen,
-                    "refused message: malformed signature (%zu bytes, expected %zu lowercase "
-                    "hex digits of HMAC-%s)", sig_len, dk_signer_hex_len(signer),
-                    signer->digest);
-            return NULL;
-        }
-        if (!dk_signer_verify(signer, parts, part_lens, 4, sig, sig_len)) {
-            dk_set_err(err, errlen,
-                    "refused message: invalid signature (the message was altered or signed "
-                    "with another key; check the connection file's key)");
-            return NULL;
-        }
-        /* Only after verification: forged messages must not fill the history. */
-        if (replay && !dk_replay_check_and_add(replay, sig, sig_len)) {
-            dk_set_err(err, errlen,
-                    "refused message: duplicate signature (a replay of a message already "
-                    "received)");
-            return NULL;
-        }
-    }
-
     dk_msg_t *msg = calloc(1, sizeof *msg);
     if (!msg) {
         dk_set_err(err, errlen, "refused message: out of memory");
@@ -476,32 +486,11 @@ dk_msg_t *dk_wire_decode(const dk_signer_t *signer, dk_replay_t *replay,
             return NULL;
         }
     }
-    json_t *msg_id = json_object_get(msg->header, "msg_id");
-    json_t *msg_type = json_object_get(msg->header, "msg_type");
-    if (!json_is_string(msg_id) || !json_is_string(msg_type)) {
-        dk_set_err(err, errlen, "refused message: header has no string \"%s\"",
-                json_is_string(msg_id) ? "msg_type" : "msg_id");
+    if (!header_ok(msg->header, err, errlen)) {
         dk_msg_destroy(&msg);
         return NULL;
     }
-    msg->msg_type = json_string_value(msg_type);
-    /* The other fields of a header are strings too (the spec's header schema).
-     * The kernel only echoes them, but a message whose header is not what the
-     * spec says is not a Jupyter message, so it is refused like one that lacks
-     * msg_type rather than run. Absent ones are allowed, as jupyter_client
-     * requires only msg_id and msg_type too. */
-    static const char *const header_strings[] = {"session", "username", "date", "version"};
-    for (size_t i = 0; i < sizeof header_strings / sizeof *header_strings; i++) {
-        json_t *v = json_object_get(msg->header, header_strings[i]);
-        if (v && !json_is_string(v)) {
-            dk_set_err(err, errlen, "refused message: header \"%s\" is %s, expected a string",
-                       header_strings[i], json_kind(v));
-            dk_msg_destroy(&msg);
-            return NULL;
-        }
-    }
-
-    size_t n_buffers = after - 5;
+    msg->msg_type = json_string_value(json_object_get(msg->header, "msg_type"));
     msg->idents = copy_frames(frames, lens, delim);
     msg->buffers = copy_frames(frames + delim + 6, lens + delim + 6, n_buffers);
     if ((delim && !msg->idents) || (n_buffers && !msg->buffers)) {
@@ -512,6 +501,36 @@ dk_msg_t *dk_wire_decode(const dk_signer_t *signer, dk_replay_t *replay,
     msg->n_idents = delim;
     msg->n_buffers = n_buffers;
     return msg;
+}
+
+dk_msg_t *dk_wire_decode(const dk_signer_t *signer, dk_replay_t *replay,
+                         const void *const *frames, const size_t *lens, size_t n_frames,
+                         char *err, size_t errlen)
+{
+    if (n_frames > 0 && (!frames || !lens)) {
+        dk_set_err(err, errlen, "refused message: no frame data was given");
+        return NULL;
+    }
+    size_t delim = 0;
+    while (delim < n_frames && !frame_is_delim(frames[delim], lens[delim]))
+        delim++;
+    if (delim == n_frames) {
+        dk_set_err(err, errlen,
+                   "refused message: no \"" DK_DELIM "\" delimiter frame among its %zu frames "
+                   "(not a Jupyter message)", n_frames);
+        return NULL;
+    }
+    size_t after = n_frames - delim - 1;
+    if (after < 5) {
+        dk_set_err(err, errlen,
+                   "refused message: %zu frames after the delimiter, expected at least 5 "
+                   "(signature, header, parent_header, metadata, content)", after);
+        return NULL;
+    }
+    if (!signature_ok(signer, replay, frames[delim + 1], lens[delim + 1], frames + delim + 2,
+                      lens + delim + 2, err, errlen))
+        return NULL;
+    return build_msg(frames, lens, delim, after - 5, err, errlen);
 }
 
 dk_msg_t *dk_wire_decode_zmsg(const dk_signer_t *signer, dk_replay_t *replay, zmsg_t *raw,
