@@ -23,6 +23,7 @@
  * it can, and the control thread exits the process itself when it does not.
  */
 #include "dk_kernel.h"
+#include "dk_err.h"
 #include "dk_debug.h"
 #include "dk_python.h"
 
@@ -703,7 +704,7 @@ static zsock_t *bind_socket(dk_kernel_t *k, int type, dk_channel_t ch, char *err
     char endpoint[512];
     zsock_t *s = zsock_new(type);
     if (!s) {
-        snprintf(err, errlen, "cannot create the %s socket", dk_channel_name(ch));
+        dk_set_err(err, errlen, "cannot create the %s socket", dk_channel_name(ch));
         return NULL;
     }
     zsock_set_linger(s, 1000);
@@ -726,7 +727,7 @@ static zsock_t *bind_socket(dk_kernel_t *k, int type, dk_channel_t ch, char *err
     zsock_set_ipv6(s, ipv6);
     if (zsock_bind(s, "%s", endpoint) < 0) {
         int e = zmq_errno();
-        snprintf(err, errlen, "cannot bind the %s channel to %s: %s%s", dk_channel_name(ch),
+        dk_set_err(err, errlen, "cannot bind the %s channel to %s: %s%s", dk_channel_name(ch),
                  endpoint, zmq_strerror(e),
                  e == EADDRINUSE ? " (is another kernel using it?)"
                  : e == EADDRNOTAVAIL || e == ENODEV
@@ -742,7 +743,7 @@ dk_kernel_t *dk_kernel_new(dk_conn_t *conn, char *err, size_t errlen)
 {
     dk_kernel_t *k = calloc(1, sizeof *k);
     if (!k) {
-        snprintf(err, errlen, "out of memory");
+        dk_set_err(err, errlen, "out of memory");
         return NULL;
     }
     k->conn = *conn;
@@ -759,7 +760,7 @@ dk_kernel_t *dk_kernel_new(dk_conn_t *conn, char *err, size_t errlen)
     k->kernel_info_debug = build_kernel_info(true);
     if (!k->signer || !k->replay || !k->magics || !k->kernel_info || !k->kernel_info_debug ||
         pipe2(k->wake, O_CLOEXEC | O_NONBLOCK) < 0) {
-        snprintf(err, errlen, "out of memory");
+        dk_set_err(err, errlen, "out of memory");
         return NULL;
     }
     /* Threads and ZeroMQ's own I/O threads inherit this mask: only the main

@@ -11,6 +11,7 @@
 #include <Python.h>
 
 #include "dk_python.h"
+#include "dk_err.h"
 #include "dk_pyinit.h"
 #include "dk_pyjson.h"
 
@@ -291,7 +292,7 @@ static int bind_module(dk_kernel_t *k, char *err, size_t errlen)
     PyObject *m = PyImport_ImportModule("_distkernel");
     if (!m) {
         log_python_error("import _distkernel");
-        snprintf(err, errlen, "cannot create the _distkernel module");
+        dk_set_err(err, errlen, "cannot create the _distkernel module");
         return -1;
     }
     *(dk_kernel_t **)PyModule_GetState(m) = k;
@@ -317,7 +318,7 @@ static int bind_module(dk_kernel_t *k, char *err, size_t errlen)
     Py_DECREF(m);
     if (rc < 0) {
         log_python_error("adding the features' functions to _distkernel");
-        snprintf(err, errlen, "cannot add the features' functions to _distkernel");
+        dk_set_err(err, errlen, "cannot add the features' functions to _distkernel");
     }
     return rc;
 }
@@ -325,7 +326,7 @@ static int bind_module(dk_kernel_t *k, char *err, size_t errlen)
 int dk_python_start(dk_kernel_t *k, char *err, size_t errlen)
 {
     if (PyImport_AppendInittab("_distkernel", init_module) < 0) {
-        snprintf(err, errlen, "cannot register the _distkernel module");
+        dk_set_err(err, errlen, "cannot register the _distkernel module");
         return -1;
     }
     if (dk_pyinit_start("", err, errlen) < 0 || bind_module(k, err, errlen) < 0)
@@ -338,13 +339,13 @@ int dk_python_start(dk_kernel_t *k, char *err, size_t errlen)
     }
     if (!glue) {
         log_python_error("cannot load the kernel's Python glue");
-        snprintf(err, errlen, "cannot load distkernel._kernel (see the log above)");
+        dk_set_err(err, errlen, "cannot load distkernel._kernel (see the log above)");
         return -1;
     }
     handled_types = PyObject_CallMethod(glue, "message_types", NULL);
     if (!handled_types || !json_default) {
         log_python_error("the glue's message types");
-        snprintf(err, errlen, "distkernel._kernel is incomplete (see the log above)");
+        dk_set_err(err, errlen, "distkernel._kernel is incomplete (see the log above)");
         return -1;
     }
     atomic_store(&ready, true);

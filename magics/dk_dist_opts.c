@@ -6,6 +6,7 @@
  * start and claim eight GPUs.
  */
 #include "dk_dist_opts.h"
+#include "dk_err.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -96,7 +97,7 @@ static const char *next_token(const char *p, char *name, size_t nlen, char *valu
         const char *end = start;
         while (*end && !isspace((unsigned char)*end))
             end++;
-        snprintf(err, errlen, "expected name=value, got '%.*s'; %s", (int)(end - start), start,
+        dk_set_err(err, errlen, "expected name=value, got '%.*s'; %s", (int)(end - start), start,
                  accepted);
         return (const char *)-1;
     }
@@ -114,7 +115,7 @@ static const char *next_token(const char *p, char *name, size_t nlen, char *valu
             p++;
         }
         if (*p != q) {
-            snprintf(err, errlen, "option %s: unterminated quoted value", name);
+            dk_set_err(err, errlen, "option %s: unterminated quoted value", name);
             return (const char *)-1;
         }
         p++;
@@ -168,7 +169,7 @@ static int parse_count(const char *name, const char *value, int *out, char *err,
     errno = 0;
     long n = strtol(value, &end, 10);
     if (!*value || *end || errno || n < 1 || n > RANKS_MAX) {
-        snprintf(err, errlen, "%s must be a positive whole number (1 to %d), got '%s'; at "
+        dk_set_err(err, errlen, "%s must be a positive whole number (1 to %d), got '%s'; at "
                  "most %d because every rank is a process on this machine holding 5 of the "
                  "kernel's file descriptors, which is more ranks than a node has cores or GPUs "
                  "for", name, RANKS_MAX, value, RANKS_MAX);
@@ -214,7 +215,7 @@ static int bool_value(const char *name, const char *value, bool *out, char *err,
     else if (strcmp(value, "False") == 0 || strcmp(value, "false") == 0)
         *out = false;
     else {
-        snprintf(err, errlen, "%s must be True or False, got '%s'", name, value);
+        dk_set_err(err, errlen, "%s must be True or False, got '%s'", name, value);
         return -1;
     }
     return 0;
@@ -239,7 +240,7 @@ static int opt_gpu_type(const char *value, dk_dist_opts_t *o, char *err, size_t 
     snprintf(model, sizeof model, "%.31s", value);
     upper(model);
     if (strlen(value) >= sizeof model || !valid_model(model)) {
-        snprintf(err, errlen, "gpu_type must be a GPU model such as H100, A10 or B300, got '%s'",
+        dk_set_err(err, errlen, "gpu_type must be a GPU model such as H100, A10 or B300, got '%s'",
                  value);
         return -1;
     }
@@ -263,7 +264,7 @@ static int opt_accelerator_type(const char *name, const char *value, bool quoted
         n = strtol(buf + 4, &end, 10);
     }
     if (!x || end != x || n < 1 || n > 4096 || !valid_model(x + 1)) {
-        snprintf(err, errlen, "accelerator_type must look like GPU_<n>x<MODEL> "
+        dk_set_err(err, errlen, "accelerator_type must look like GPU_<n>x<MODEL> "
                               "(GPU_1xA10, GPU_8xH100, GPU_8xB300), got '%s'", value);
         return -1;
     }
@@ -283,7 +284,7 @@ static int opt_timeout(const char *name, const char *value, bool quoted, dk_dist
     errno = 0;
     double t = strtod(value, &end);
     if (quoted || !*value || *end || errno || !(t > 0) || !isfinite(t)) {
-        snprintf(err, errlen, "timeout must be a number of seconds greater than 0, "
+        dk_set_err(err, errlen, "timeout must be a number of seconds greater than 0, "
                               "or None for no limit, got '%s'", value);
         return -1;
     }
@@ -299,7 +300,7 @@ static int opt_output(const char *name, const char *value, bool quoted, dk_dist_
     else if (strcmp(value, "rank0") == 0)
         o->output = DK_OUTPUT_RANK0;
     else {
-        snprintf(err, errlen, "output must be all or rank0, got '%s'", value);
+        dk_set_err(err, errlen, "output must be all or rank0, got '%s'", value);
         return -1;
     }
     return 0;
@@ -313,7 +314,7 @@ static int opt_result(const char *name, const char *value, bool quoted, dk_dist_
     for (const char *c = value; ident && *c; c++)
         ident = isalnum((unsigned char)*c) || *c == '_';
     if (!ident) {
-        snprintf(err, errlen, "result must be a Python variable name, got '%s'", value);
+        dk_set_err(err, errlen, "result must be a Python variable name, got '%s'", value);
         return -1;
     }
     snprintf(o->result_name, sizeof o->result_name, "%s", value);
@@ -325,7 +326,7 @@ static int opt_mlflow_name(const char *name, const char *value, bool quoted, dk_
 {
     char *dst = name[0] == 'e' ? o->experiment : o->run_name;
     if (!value[0] || strlen(value) >= sizeof o->experiment) {
-        snprintf(err, errlen, "%s must be a non-empty name of at most %zu characters", name,
+        dk_set_err(err, errlen, "%s must be a non-empty name of at most %zu characters", name,
                  sizeof o->experiment - 1);
         return -1;
     }
@@ -350,7 +351,7 @@ static int opt_log_cap(const char *name, const char *value, bool quoted, dk_dist
 {
     unsigned long long cap;
     if (!dk_dist_opts_parse_size(value, &cap) || cap < DK_LOG_CAP_MIN_BYTES) {
-        snprintf(err, errlen, "log_cap must be a size of at least 4K, such as 64M or "
+        dk_set_err(err, errlen, "log_cap must be a size of at least 4K, such as 64M or "
                               "2G (K, M, G, T: powers of 1024), got '%s'", value);
         return -1;
     }
@@ -390,7 +391,7 @@ static int parse_one(const char *name, const char *value, bool quoted, dk_dist_o
         if (!old && strcmp(name, options[i].name) != 0)
             continue;
         if (options[i].old_name && seen[i]) {
-            snprintf(err, errlen, "%s is given twice (%s is its old name)", options[i].name,
+            dk_set_err(err, errlen, "%s is given twice (%s is its old name)", options[i].name,
                      options[i].old_name);
             return -1;
         }
@@ -399,7 +400,7 @@ static int parse_one(const char *name, const char *value, bool quoted, dk_dist_o
             add_warning(o, options[i].deprecation);
         return options[i].parse(name, value, quoted, o, err, errlen);
     }
-    snprintf(err, errlen, "unknown option '%s'; %s", name, accepted);
+    dk_set_err(err, errlen, "unknown option '%s'; %s", name, accepted);
     return -1;
 }
 
@@ -420,13 +421,13 @@ int dk_dist_opts_parse(const char *args, dk_dist_opts_t *o, char *err, size_t er
             return -1;
     }
     if (o->num_processes && (o->num_accelerators || o->accelerator_model[0])) {
-        snprintf(err, errlen, "num_processes runs CPU ranks and cannot be combined with "
+        dk_set_err(err, errlen, "num_processes runs CPU ranks and cannot be combined with "
                               "num_accelerators or accelerator_type");
         return -1;
     }
     if (o->num_accelerators && o->accelerator_count &&
         o->num_accelerators != o->accelerator_count) {
-        snprintf(err, errlen, "num_accelerators=%d contradicts accelerator_type=GPU_%dx%s",
+        dk_set_err(err, errlen, "num_accelerators=%d contradicts accelerator_type=GPU_%dx%s",
                  o->num_accelerators, o->accelerator_count, o->accelerator_model);
         return -1;
     }

@@ -8,6 +8,7 @@
  * non-empty (so the deadline is recomputed).
  */
 #include "dk_stream.h"
+#include "dk_err.h"
 #include "dk_utf8.h"
 
 #include <errno.h>
@@ -394,7 +395,7 @@ dk_stream_t *dk_stream_new(dk_iopub_t *iopub, char *err, size_t errlen)
 {
     dk_stream_t *self = calloc(1, sizeof *self);
     if (!self) {
-        snprintf(err, errlen, "out of memory");
+        dk_set_err(err, errlen, "out of memory");
         return NULL;
     }
     self->iopub = iopub;
@@ -426,7 +427,7 @@ dk_stream_t *dk_stream_new(dk_iopub_t *iopub, char *err, size_t errlen)
         goto fail;
     return self;
 fail:
-    snprintf(err, errlen, "cannot capture fd 1 and 2: %s", strerror(errno));
+    dk_set_err(err, errlen, "cannot capture fd 1 and 2: %s", strerror(errno));
     for (int i = 0; i < 2; i++) {
         if (self->saved_fd[i] >= 0) {
             dup2(self->saved_fd[i], i + 1);
