@@ -83,7 +83,9 @@ static void steer(run_t *run)
     const dk_proc_spec_t *spec = run->spec;
     double now = dk_now_s();
     int sig = 0;
-    if (!run->res->cancelled && spec->cancelled && spec->cancelled(spec->data)) {
+    /* Asked even after a stop began: the caller may need to consume repeats
+     * (Python's pending SIGINT), which must not outlive the program. */
+    if (spec->cancelled && spec->cancelled(spec->data) && !run->res->cancelled) {
         run->res->cancelled = true;
         sig = dk_stop_begin(&run->stop, now);
         if (sig)

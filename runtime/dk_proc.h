@@ -24,7 +24,8 @@ typedef struct {
     double grace_s;             /* between the rungs of the stop ladder; <= 0: 2 s */
     /* Called with each chunk of stderr (not NUL-terminated); may be NULL. */
     void (*on_stderr)(void *data, const char *bytes, size_t len);
-    /* Asked about every 100 ms; true starts the stop (asked no more). May be NULL. */
+    /* Asked about every 100 ms until the program is reaped; the first true starts
+     * the stop, later answers change nothing. May be NULL. */
     bool (*cancelled)(void *data);
     void *data;
 } dk_proc_spec_t;
