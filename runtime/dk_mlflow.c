@@ -129,6 +129,15 @@ static char *strip_uri(const char *uri)
     return out;
 }
 
+void dk_mlflow_strip_uri(const char *uri, char *out, size_t outlen)
+{
+    if (!out || outlen == 0)
+        return;
+    char *shown = strip_uri(uri ? uri : "");
+    snprintf(out, outlen, "%s", shown ? shown : "(a URI: out of memory to show it)");
+    free(shown);
+}
+
 /* The JSON string for a param or tag value, as MLflow's Python client would
  * write it (str(value)): numbers in their shortest form, True/False/None. */
 static char *value_string(json_t *v)
