@@ -7,6 +7,7 @@
 #include "dk_check.h"
 #include "dk_kernel.h"
 #include "dk_nccl.h"
+#include "dk_err.h"
 #include "dk_proc.h"
 
 #include <stdio.h>
@@ -62,11 +63,11 @@ static bool user_interrupted(void *data)
 static json_t *report_of(const dk_proc_result_t *res, char *err, size_t errlen)
 {
     if (res->cancelled) {
-        snprintf(err, errlen, "interrupted");
+        dk_set_err(err, errlen, "interrupted");
         return NULL;
     }
     if (res->out_overflow) {
-        snprintf(err, errlen, "distkernel-check wrote more than %u bytes", MAX_REPORT);
+        dk_set_err(err, errlen, "distkernel-check wrote more than %u bytes", MAX_REPORT);
         return NULL;
     }
     json_error_t jerr;
@@ -74,9 +75,9 @@ static json_t *report_of(const dk_proc_result_t *res, char *err, size_t errlen)
     if (report)
         return report;
     if (res->term_signal)
-        snprintf(err, errlen, "distkernel-check was killed by signal %d", res->term_signal);
+        dk_set_err(err, errlen, "distkernel-check was killed by signal %d", res->term_signal);
     else
-        snprintf(err, errlen, "distkernel-check (exit code %d) wrote no report", res->exit_code);
+        dk_set_err(err, errlen, "distkernel-check (exit code %d) wrote no report", res->exit_code);
     return NULL;
 }
 
@@ -85,7 +86,7 @@ json_t *dk_check_run(const char *args, bool *interrupted, char *err, size_t errl
     *interrupted = false;
     char *copy = strdup(args ? args : "");
     if (!copy) {
-        snprintf(err, errlen, "out of memory");
+        dk_set_err(err, errlen, "out of memory");
         return NULL;
     }
     char *argv[MAX_ARGS + 3];

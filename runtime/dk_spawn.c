@@ -25,6 +25,7 @@
  */
 #include "dk_spawn.h"
 
+#include "dk_clock.h"
 #include "dk_err.h"
 #include "dk_stop.h"
 
@@ -115,7 +116,7 @@ static _Noreturn void child_fail(int step)
  * away (its PDEATHSIG, here SIGTERM) or stops it (SIGTERM), ends the whole
  * group by the ladder SIGTERM, then SIGKILL after GUARD_GRACE_S. It is the
  * forked child of a threaded host and never execs: async-signal-safe calls only
- * (dk_stop makes none; clock_gettime is safe).
+ * (dk_stop makes none; dk_now_s is one clock_gettime, which is safe).
  */
 static volatile sig_atomic_t guard_stop;
 
@@ -125,23 +126,16 @@ static void guard_on_term(int sig)
     guard_stop = 1;
 }
 
-static double guard_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
-}
-
 /* Stop the group: SIGTERM, wait for the program until the next rung is due,
  * remove the file the host asked for, then SIGKILL (this guard included). */
 static _Noreturn void guard_end(pid_t prog, const dk_spawn_opts_t *opts)
 {
     static const int ladder[] = {SIGTERM, SIGKILL};
     dk_stop_t stop = dk_stop_custom(ladder, 2, GUARD_GRACE_S);
-    kill(-getpgrp(), dk_stop_begin(&stop, guard_now()));   /* this guard: handled */
+    kill(-getpgrp(), dk_stop_begin(&stop, dk_now_s()));   /* this guard: handled */
     struct timespec tick = {0, 50 * 1000 * 1000};
     int sig = 0;
-    while (waitpid(prog, NULL, WNOHANG) == 0 && (sig = dk_stop_due(&stop, guard_now())) == 0)
+    while (waitpid(prog, NULL, WNOHANG) == 0 && (sig = dk_stop_due(&stop, dk_now_s())) == 0)
         nanosleep(&tick, NULL);
     if (opts->keep_fd >= 0 && opts->unlink_at_end)
         unlinkat(KEEP_FD, opts->unlink_at_end, 0);
@@ -388,13 +382,13 @@ int dk_spawn(const char *path, char *const argv[], char *const envp[], dk_spawne
 char *dk_spawn_find_program(const char *program, char *err, size_t errlen)
 {
     if (!program || !*program) {
-        snprintf(err, errlen, "no rank executable was given");
+        dk_set_err(err, errlen, "no rank executable was given");
         return NULL;
     }
     if (strchr(program, '/')) {
         char *copy = strdup(program);
         if (!copy)
-            snprintf(err, errlen, "out of memory");
+            dk_set_err(err, errlen, "out of memory");
         return copy;
     }
     const char *path = getenv("PATH");
@@ -406,7 +400,7 @@ char *dk_spawn_find_program(const char *program, char *err, size_t errlen)
         size_t dlen = end ? (size_t) (end - dir) : strlen(dir);
         char *cand = malloc(dlen + plen + 3);
         if (!cand) {
-            snprintf(err, errlen, "out of memory");
+            dk_set_err(err, errlen, "out of memory");
             return NULL;
         }
         /* An empty PATH entry means the current directory. */
@@ -419,7 +413,7 @@ char *dk_spawn_find_program(const char *program, char *err, size_t errlen)
             break;
         dir = end + 1;
     }
-    snprintf(err, errlen, "cannot find the rank executable \"%s\" on PATH (%s); give a full path",
+    dk_set_err(err, errlen, "cannot find the rank executable \"%s\" on PATH (%s); give a full path",
              program, path);
     return NULL;
 }
@@ -481,7 +475,7 @@ int dk_spawn_free_port(char *err, size_t errlen)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) {
-        snprintf(err, errlen, "cannot pick a MASTER_PORT (socket): %s", strerror(errno));
+        dk_set_err(err, errlen, "cannot pick a MASTER_PORT (socket): %s", strerror(errno));
         return -1;
     }
     struct sockaddr_in addr;
@@ -492,7 +486,7 @@ int dk_spawn_free_port(char *err, size_t errlen)
     int port = -1;
     if (bind(fd, (struct sockaddr *) &addr, sizeof addr) != 0 ||
         getsockname(fd, (struct sockaddr *) &addr, &alen) != 0)
-        snprintf(err, errlen, "cannot pick a MASTER_PORT on 127.0.0.1: %s", strerror(errno));
+        dk_set_err(err, errlen, "cannot pick a MASTER_PORT on 127.0.0.1: %s", strerror(errno));
     else
         port = ntohs(addr.sin_port);
     close(fd);

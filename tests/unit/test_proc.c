@@ -137,6 +137,8 @@ static bool got_int_then_term(void)
     "trap 'echo INT >&2; " on_int "' INT; trap 'echo TERM >&2; " on_term "' TERM; "     \
     "echo ready >&2; while :; do sleep 0.05; done"
 
+TestSuite(cancel, .timeout = 30);   /* a ladder that never climbs hangs: fail instead */
+
 Test(cancel, sigint_ends_a_program_that_heeds_it)
 {
     cancel_on_ready = true;
