@@ -1,5 +1,6 @@
 /*
- * dk_spawn: fork+exec of one rank, the way a multi-threaded host must do it.
+ * dk_spawn: fork+exec of one process (a rank, a helper, a server's guard), the
+ * way a multi-threaded host must do it.
  *
  * The host (the kernel) has threads, an interpreter and perhaps a CUDA
  * context, so the child runs only async-signal-safe calls between fork and
@@ -19,9 +20,11 @@
  * An exec failure travels back on a close-on-exec pipe kept at fd 3 through the
  * fd sweep: EOF means exec succeeded, a record means it did not and says why.
  * So a wrong program path is an error from dk_job_start, not a crashed rank.
- * Every descriptor the child is given is first lifted above 3, so the dup2s
- * onto 0..3 cannot overwrite one before it is used (a host may have closed its
- * own stdin, making pipe() return 0).
+ * Every descriptor the child is given is first lifted above 4, so the dup2s
+ * onto 0..4 cannot overwrite one before it is used (a host may have closed its
+ * own stdin, making pipe() return 0); fd 4 is the folder a guard keeps.
+ * A guard closes fd 3 once it has forked the program, so the report's EOF
+ * still means "the program's exec happened".
  */
 #include "dk_spawn.h"
 
