@@ -7,21 +7,16 @@
 #include "dk_check.h"
 #include "dk_kernel.h"
 #include "dk_nccl.h"
-#include "dk_spawn.h"
+#include "dk_err.h"
+#include "dk_proc.h"
 
-#include <errno.h>
-#include <poll.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
 #define MAX_ARGS 32
 #define MAX_REPORT (16u << 20)
-#define STOP_GRACE_MS 2000
+#define STOP_GRACE_S 2.0
 
 extern char **environ;
 
@@ -31,19 +26,10 @@ static const char *check_exe(void)
     return exe && *exe ? exe : DK_CHECK_EXE;
 }
 
-static long long now_ms(void)
+/* ARGV for the check: the program, --json, then ARGS split at blanks into
+ * COPY (at most MAX_ARGS words; the rest are dropped, as before). */
+static void build_argv(char *copy, char *argv[MAX_ARGS + 3])
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-json_t *dk_check_run(dk_stream_t *stream, const char *args, bool *interrupted, char *err,
-                     size_t errlen)
-{
-    *interrupted = false;
-    char *copy = strdup(args ? args : "");
-    char *argv[MAX_ARGS + 3];
     int argc = 0;
     argv[argc++] = (char *)check_exe();
     argv[argc++] = "--json";
@@ -51,88 +37,77 @@ json_t *dk_check_run(dk_stream_t *stream, const char *args, bool *interrupted, c
          tok = strtok_r(NULL, " \t\n", &save))
         argv[argc++] = tok;
     argv[argc] = NULL;
+}
 
-    dk_spawned_t child;
-    if (dk_spawn(argv[0], argv, environ, &child, err, errlen) < 0) {
-        free(copy);
+/* The program's stderr (NCCL's own logs) goes to the cell's stderr. Called
+ * without the GIL: dk_stream_write is thread-safe. */
+static void relay_stderr(void *data, const char *bytes, size_t len)
+{
+    dk_stream_write(data, DK_STDERR, bytes, len);
+}
+
+/* Whether the user interrupted (SIGINT, seen by Python's handler). dk_proc_run
+ * runs with the GIL released, so take it for the check. */
+static bool user_interrupted(void *data)
+{
+    (void)data;
+    PyGILState_STATE gil = PyGILState_Ensure();
+    bool hit = PyErr_CheckSignals() < 0;
+    if (hit)
+        PyErr_Clear();
+    PyGILState_Release(gil);
+    return hit;
+}
+
+/* The report in RES, or NULL with ERR saying why there is none. */
+static json_t *report_of(const dk_proc_result_t *res, char *err, size_t errlen)
+{
+    if (res->cancelled) {
+        dk_set_err(err, errlen, "interrupted");
         return NULL;
     }
-    free(copy);
-    char *out = NULL;
-    size_t out_len = 0, out_cap = 0;
-    bool out_open = true, err_open = true, too_big = false;
-    long long stop_at = 0;
-    int stop_step = 0;
-    while (out_open || err_open) {
-        struct pollfd fds[2] = {{out_open ? child.out_fd : -1, POLLIN, 0},
-                                {err_open ? child.err_fd : -1, POLLIN, 0}};
-        Py_BEGIN_ALLOW_THREADS
-        poll(fds, 2, 100);
-        Py_END_ALLOW_THREADS
-        char buf[16384];
-        if (fds[0].revents) {
-            ssize_t n = read(child.out_fd, buf, sizeof buf);
-            if (n > 0 && out_len + (size_t)n <= MAX_REPORT) {
-                if (out_len + (size_t)n + 1 > out_cap) {
-                    out_cap = (out_len + (size_t)n + 1) * 2;
-                    out = realloc(out, out_cap);
-                }
-                memcpy(out + out_len, buf, (size_t)n);
-                out_len += (size_t)n;
-            } else if (n > 0) {
-                too_big = true;
-            } else if (n == 0 || errno != EAGAIN) {
-                out_open = false;
-            }
-        }
-        if (fds[1].revents) {
-            ssize_t n = read(child.err_fd, buf, sizeof buf);
-            if (n > 0)
-                dk_stream_write(stream, DK_STDERR, buf, (size_t)n);
-            else if (n == 0 || errno != EAGAIN)
-                err_open = false;
-        }
-        if (PyErr_CheckSignals() < 0) {
-            PyErr_Clear();
-            if (!*interrupted) {
-                *interrupted = true;
-                kill(-child.pid, SIGINT);
-                stop_at = now_ms();
-                stop_step = 1;
-            }
-        }
-        if (stop_step && now_ms() - stop_at > STOP_GRACE_MS) {
-            kill(-child.pid, stop_step == 1 ? SIGTERM : SIGKILL);
-            stop_at = now_ms();
-            stop_step = stop_step == 1 ? 2 : 3;
-        }
+    if (res->out_overflow) {
+        dk_set_err(err, errlen, "distkernel-check wrote more than %u bytes", MAX_REPORT);
+        return NULL;
     }
-    int status = 0;
+    json_error_t jerr;
+    json_t *report = res->out_len ? json_loadb(res->out, res->out_len, 0, &jerr) : NULL;
+    if (report)
+        return report;
+    if (res->term_signal)
+        dk_set_err(err, errlen, "distkernel-check was killed by signal %d", res->term_signal);
+    else
+        dk_set_err(err, errlen, "distkernel-check (exit code %d) wrote no report", res->exit_code);
+    return NULL;
+}
+
+json_t *dk_check_run(dk_stream_t *stream, const char *args, bool *interrupted, char *err,
+                     size_t errlen)
+{
+    *interrupted = false;
+    char *copy = strdup(args ? args : "");
+    if (!copy) {
+        dk_set_err(err, errlen, "out of memory");
+        return NULL;
+    }
+    char *argv[MAX_ARGS + 3];
+    build_argv(copy, argv);
+    dk_proc_spec_t spec = {
+        .path = argv[0], .argv = argv, .envp = environ, .max_out = MAX_REPORT,
+        .grace_s = STOP_GRACE_S, .on_stderr = relay_stderr, .cancelled = user_interrupted,
+        .data = stream,
+    };
+    dk_proc_result_t res;
+    int rc;
     Py_BEGIN_ALLOW_THREADS
-    waitpid(child.pid, &status, 0);
+    rc = dk_proc_run(&spec, &res, err, errlen);
     Py_END_ALLOW_THREADS
-    close(child.out_fd);
-    close(child.err_fd);
-    if (child.pidfd >= 0)
-        close(child.pidfd);
-    json_t *report = NULL;
-    if (*interrupted) {
-        snprintf(err, errlen, "interrupted");
-    } else if (too_big) {
-        snprintf(err, errlen, "distkernel-check wrote more than %u bytes", MAX_REPORT);
-    } else {
-        json_error_t jerr;
-        report = out ? json_loadb(out, out_len, 0, &jerr) : NULL;
-        if (!report) {
-            if (WIFSIGNALED(status))
-                snprintf(err, errlen, "distkernel-check was killed by signal %d",
-                         WTERMSIG(status));
-            else
-                snprintf(err, errlen, "distkernel-check (exit code %d) wrote no report",
-                         WIFEXITED(status) ? WEXITSTATUS(status) : -1);
-        }
-    }
-    free(out);
+    free(copy);
+    if (rc < 0)
+        return NULL;
+    *interrupted = res.cancelled;
+    json_t *report = report_of(&res, err, errlen);
+    dk_proc_result_free(&res);
     return report;
 }
 

@@ -6,54 +6,37 @@
  * seconds, default 2, one retry): against a local server the whole
  * bookkeeping costs a few milliseconds, against a dead one a bounded few seconds.
  * Experiment ids are cached per tracking URI and name for the kernel's life.
+ *
+ * The server process itself (start, log, supervision, stop) is the runtime's
+ * (dk_server.h); this file keeps only the MLflow bookkeeping. Its per-kernel
+ * state is still one process-wide value, `state`: making it an object the
+ * caller owns needs dk_kernel.c and dk_distributed.c to hold and pass it (left
+ * to the change that gives them a composition root).
  */
 #include "dk_tracking.h"
+#include "dk_clock.h"
 #include "dk_kernel.h"
-#include "dk_logdir.h"
 #include "dk_mlflow.h"
+#include "dk_server.h"
 
-#include <curl/curl.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <pthread.h>
 #include <pwd.h>
-#include <signal.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <strings.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
 #include <time.h>
 #include <unistd.h>
 
 #define SERVER_START_TIMEOUT_S 60
-#define SERVER_LOG "mlflow-server.log"
 
-/* The tracking server this kernel started (one per process). */
+/* The kernel's tracking state (one per process; see above). */
 static struct {
-    pid_t pid;
-    char uri[128];
-    bool tried;          /* started once, or found `mlflow` missing */
-    bool told_off;       /* the "tracking is off" line was shown */
-} server;
-
-static struct {
-    char key[1600];      /* uri + "\n" + experiment name */
-    char id[128];
-} exp_cache;
-
-static long long wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+    dk_server_t *server;     /* the tracking server this kernel started, or NULL */
+    bool tried;              /* started once, or found `mlflow` missing */
+    bool told_off;           /* the "tracking is off" line was shown */
+    char exp_key[1600];      /* uri + "\n" + experiment name ... */
+    char exp_id[128];        /* ... and its id */
+} state;
 
 static double request_timeout(void)
 {
@@ -62,249 +45,39 @@ static double request_timeout(void)
     return v > 0 ? v : 2.0;
 }
 
-/* The URI without user:password@, for links and messages. */
-static void strip_credentials(const char *uri, char *out, size_t outlen)
-{
-    const char *scheme_end = strstr(uri, "://");
-    const char *at = scheme_end ? strchr(scheme_end + 3, '@') : NULL;
-    const char *slash = scheme_end ? strchr(scheme_end + 3, '/') : NULL;
-    if (at && (!slash || at < slash))
-        snprintf(out, outlen, "%.*s%s", (int)(scheme_end + 3 - uri), uri, at + 1);
-    else
-        snprintf(out, outlen, "%s", uri);
-    size_t n = strlen(out);
-    while (n > 0 && out[n - 1] == '/')
-        out[--n] = '\0';
-}
-
-static char *find_on_path(const char *prog)
-{
-    const char *path = getenv("PATH");
-    if (!path)
-        return NULL;
-    char *copy = strdup(path);
-    char *found = NULL;
-    for (char *save = NULL, *dir = strtok_r(copy, ":", &save); dir && !found;
-         dir = strtok_r(NULL, ":", &save)) {
-        char candidate[4096];
-        snprintf(candidate, sizeof candidate, "%s/%s", *dir ? dir : ".", prog);
-        if (access(candidate, X_OK) == 0)
-            found = strdup(candidate);
-    }
-    free(copy);
-    return found;
-}
-
-static int free_port(void)
-{
-    int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (s < 0)
-        return -1;
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    int port = -1;
-    if (bind(s, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(s, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    close(s);
-    return port;
-}
-
-static size_t discard(char *ptr, size_t size, size_t n, void *data)
-{
-    (void)ptr;
-    (void)data;
-    return size * n;
-}
-
-/* MLflow's server answers GET /health with 200 once it serves. */
-static bool server_alive(const char *uri)
-{
-    CURL *h = curl_easy_init();
-    if (!h)
-        return false;
-    char url[256];
-    snprintf(url, sizeof url, "%s/health", uri);
-    curl_easy_setopt(h, CURLOPT_URL, url);
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 1000L);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, discard);
-    long code = 0;
-    bool ok = curl_easy_perform(h) == CURLE_OK &&
-              curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code) == CURLE_OK && code == 200;
-    curl_easy_cleanup(h);
-    return ok;
-}
-
-/* ---- the server's guard ------------------------------------------------------
- *
- * `mlflow server` runs its web server as children of its own, which would
- * outlive a kernel that is SIGKILLed (PR_SET_PDEATHSIG reaches only the direct
- * child). So the kernel's child is a guard: it leads a process group, starts
- * the server in it, and when the kernel goes away (its PDEATHSIG) or asks it to
- * stop (SIGTERM), ends the whole group: SIGTERM, then SIGKILL. It runs in the
- * forked child of a threaded process, so it uses async-signal-safe calls only.
- */
-static volatile sig_atomic_t guard_stop;
-
-static void guard_on_term(int sig)
-{
-    (void)sig;
-    guard_stop = 1;
-}
-
-static void guard_main(pid_t kernel, char *exe, char *const argv[], int log, int log_dirfd)
-    __attribute__((noreturn));
-static void guard_main(pid_t kernel, char *exe, char *const argv[], int log, int log_dirfd)
-{
-    setpgid(0, 0);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = guard_on_term;
-    sigaction(SIGTERM, &sa, NULL);
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, NULL);
-    if (getppid() != kernel)
-        _exit(0);
-    pid_t srv = fork();
-    if (srv == 0) {
-        signal(SIGTERM, SIG_DFL);
-        int devnull = open("/dev/null", O_RDONLY);
-        if (devnull >= 0)
-            dup2(devnull, 0);
-        if (log < 0)
-            log = open("/dev/null", O_WRONLY);
-        if (log >= 0) {
-            dup2(log, 1);
-            dup2(log, 2);
-        }
-        execv(exe, argv);
-        _exit(127);
-    }
-    int status = 0;
-    while (!guard_stop) {
-        pid_t r = waitpid(srv, &status, 0);
-        if (r == srv)
-            _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);   /* the server ended itself */
-    }
-    kill(-getpgrp(), SIGTERM);   /* the server and its workers (and this guard: handled) */
-    struct timespec tick = {0, 50 * 1000 * 1000};
-    for (int i = 0; i < 60 && waitpid(srv, &status, WNOHANG) == 0; i++)
-        nanosleep(&tick, NULL);
-    if (log_dirfd >= 0)
-        unlinkat(log_dirfd, SERVER_LOG, 0);
-    signal(SIGTERM, SIG_DFL);
-    kill(-getpgrp(), SIGKILL);   /* whatever is left, this guard included */
-    _exit(0);
-}
-
-/* The server's log: ROOT/kernel-PID/mlflow-server.log in the checked log root
- * of the rank logs (dk_logdir.h), made with O_EXCL | O_NOFOLLOW relative to the
- * folder's descriptor, never a predictable name in a shared /tmp (where a
- * planted symlink once made the kernel overwrite the user's files). Returns the
- * log's descriptor and sets *DIRFD to the folder's (the guard removes the log
- * at the end), or -1 with the reason in PATH. */
-static int open_server_log(int *dirfd, char *path, size_t pathlen)
-{
-    char err[1024];
-    *dirfd = -1;
-    char *base = dk_logdir_default_root(err, sizeof err);
-    int root = base ? dk_logdir_open(base, DK_LOGDIR_CREATE,
-                                     "set DISTKERNEL_LOG_DIR to a directory that is yours alone",
-                                     err, sizeof err) : -1;
-    char kname[32];
-    snprintf(kname, sizeof kname, "kernel-%d", (int)getpid());
-    int log = -1;
-    if (root >= 0 && (*dirfd = dk_logdir_mkdir(root, kname, false, err, sizeof err)) >= 0) {
-        unlinkat(*dirfd, SERVER_LOG, 0);   /* a leftover of a kernel with our pid: ours */
-        log = dk_logdir_create(*dirfd, SERVER_LOG, err, sizeof err);
-    }
-    if (log >= 0)
-        snprintf(path, pathlen, "%s/%s/%s", base, kname, SERVER_LOG);
-    else
-        snprintf(path, pathlen, "its log, which could not be kept: %s", err);
-    if (root >= 0)
-        close(root);
-    free(base);
-    return log;
-}
-
 /* Start `mlflow server` on a free loopback port with MLflow's own default
- * store in the notebook's directory; NULL when mlflow is not installed. */
+ * store in the notebook's directory, once; NULL when mlflow is not installed
+ * or did not start (NOTE then says why). */
 static const char *start_server(char *note, size_t notelen)
 {
-    if (server.tried)
-        return server.pid > 0 ? server.uri : NULL;
-    server.tried = true;
-    char *mlflow = find_on_path("mlflow");
-    if (!mlflow)
-        return NULL;
-    int port = free_port();
-    char cwd[2048];
-    if (port < 0 || !getcwd(cwd, sizeof cwd)) {
-        free(mlflow);
+    if (state.tried)
+        return state.server ? dk_server_uri(state.server) : NULL;
+    state.tried = true;
+    char cwd[2048], store[2200];
+    if (!getcwd(cwd, sizeof cwd)) {
         snprintf(note, notelen, "MLflow tracking is off: could not pick a port for its server");
         return NULL;
     }
-    char store[2200], port_s[16], log_path[2200];
     snprintf(store, sizeof store, "sqlite:///%s/mlflow.db", cwd);
-    snprintf(port_s, sizeof port_s, "%d", port);
-    int log_dirfd;
-    int log = open_server_log(&log_dirfd, log_path, sizeof log_path);
-    char *argv[] = {mlflow, "server", "--backend-store-uri", store, "--host", "127.0.0.1",
-                    "--port", port_s, NULL};
-    pid_t kernel = getpid();
-    pid_t pid = fork();
-    if (pid == 0)
-        guard_main(kernel, mlflow, argv, log, log_dirfd);
-    if (log >= 0)
-        close(log);
-    if (log_dirfd >= 0)
-        close(log_dirfd);
-    free(mlflow);
-    if (pid < 0) {
-        snprintf(note, notelen, "MLflow tracking is off: could not start `mlflow server`: %s",
-                 strerror(errno));
-        return NULL;
-    }
-    server.pid = pid;
-    snprintf(server.uri, sizeof server.uri, "http://127.0.0.1:%d", port);
-    for (int i = 0; i < SERVER_START_TIMEOUT_S * 5; i++) {
-        int status;
-        if (waitpid(pid, &status, WNOHANG) == pid) {
-            server.pid = 0;
-            snprintf(note, notelen,
-                     "MLflow tracking is off: `mlflow server` exited at start (see %s)", log_path);
-            return NULL;
-        }
-        if (server_alive(server.uri))
-            return server.uri;
-        struct timespec ts = {0, 200 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
-    dk_tracking_shutdown();
-    snprintf(note, notelen, "MLflow tracking is off: `mlflow server` did not answer within %d s "
-                            "(see %s)", SERVER_START_TIMEOUT_S, log_path);
-    return NULL;
+    const char *args[] = {"server", "--backend-store-uri", store, "--host", "127.0.0.1",
+                          "--port", "{port}", NULL};
+    dk_server_spec_t spec = {.program = "mlflow", .args = args, .name = "`mlflow server`",
+                             .log_name = "mlflow-server.log", .health_path = "/health",
+                             .start_timeout_s = SERVER_START_TIMEOUT_S};
+    bool missing;
+    char err[3000];
+    dk_server_t *server = dk_server_start(&spec, &missing, err, sizeof err);
+    if (!server && !missing)
+        snprintf(note, notelen, "MLflow tracking is off: %s", err);
+    __atomic_store_n(&state.server, server, __ATOMIC_SEQ_CST);
+    return server ? dk_server_uri(server) : NULL;
 }
 
 void dk_tracking_shutdown(void)
 {
     /* Both the main and the control thread may get here on the way out. */
-    pid_t pid = __atomic_exchange_n(&server.pid, 0, __ATOMIC_SEQ_CST);
-    if (pid <= 0)
-        return;
-    kill(pid, SIGTERM);   /* the guard ends the server's whole group */
-    for (int i = 0; i < 80; i++) {
-        if (waitpid(pid, NULL, WNOHANG) == pid)
-            return;
-        struct timespec ts = {0, 50 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
-    kill(-pid, SIGKILL);
-    waitpid(pid, NULL, 0);
+    dk_server_t *server = __atomic_exchange_n(&state.server, NULL, __ATOMIC_SEQ_CST);
+    dk_server_destroy(&server);
 }
 
 static dk_mlflow_t *client_for(const char *uri, char *err, size_t errlen)
@@ -344,43 +117,42 @@ static void user_name(char *out, size_t outlen)
     snprintf(out, outlen, "%s", u && *u ? u : pw ? pw->pw_name : "unknown");
 }
 
-void dk_tracking_begin(const dk_tracking_request_t *req, dk_tracked_run_t *out, char *note,
-                       size_t notelen)
+/* The tracking URI for this run: MLFLOW_TRACKING_URI, or the server this
+ * kernel starts. NULL when tracking is off for the run (NOTE may say why). */
+static const char *tracking_uri(char *note, size_t notelen)
 {
-    memset(out, 0, sizeof *out);
-    note[0] = '\0';
-    if (!req->opts->tracking)
-        return;
     const char *uri = getenv("MLFLOW_TRACKING_URI");
     if (!uri || !*uri) {
         uri = start_server(note, notelen);
         if (!uri) {
-            if (!note[0] && !server.told_off)
+            if (!note[0] && !state.told_off)
                 snprintf(note, notelen,
                          "MLflow tracking is off: set MLFLOW_TRACKING_URI to your tracking server, "
                          "or install mlflow to have distkernel start one (tracking=False hides "
                          "this line)");
-            server.told_off = true;
-            return;
+            state.told_off = true;
         }
-    } else if (strncasecmp(uri, "http://", 7) != 0 && strncasecmp(uri, "https://", 8) != 0) {
+        return uri;
+    }
+    if (strncasecmp(uri, "http://", 7) != 0 && strncasecmp(uri, "https://", 8) != 0) {
         char shown[1024];
-        strip_credentials(uri, shown, sizeof shown);
+        dk_mlflow_strip_uri(uri, shown, sizeof shown);
         snprintf(note, notelen,
                  "MLflow tracking is off for this run: MLFLOW_TRACKING_URI=%.200s is not an HTTP "
                  "tracking server (distkernel records runs through MLflow's REST API; point it "
                  "at `mlflow server`)",
                  shown);
-        return;
+        return NULL;
     }
-    char err[1024];
-    char clean[1024];
-    strip_credentials(uri, clean, sizeof clean);
-    dk_mlflow_t *c = client_for(uri, err, sizeof err);
-    if (!c) {
-        snprintf(note, notelen, "MLflow tracking is off for this run: %s", err);
-        return;
-    }
+    return uri;
+}
+
+/* The run's experiment id into OUT: MLFLOW_EXPERIMENT_ID unless the cell names
+ * an experiment, else found or created by name (cached per URI and name).
+ * Returns 0, or -1 with ERR. */
+static int experiment_id(dk_mlflow_t *c, const char *uri, const dk_tracking_request_t *req,
+                         dk_tracked_run_t *out, char *err, size_t errlen)
+{
     char experiment[512];
     const char *exp_id_env = getenv("MLFLOW_EXPERIMENT_ID");
     const char *exp_name_env = getenv("MLFLOW_EXPERIMENT_NAME");
@@ -392,33 +164,46 @@ void dk_tracking_begin(const dk_tracking_request_t *req, dk_tracked_run_t *out, 
         default_experiment(experiment, sizeof experiment);
     if (!req->opts->experiment[0] && exp_id_env && *exp_id_env) {
         snprintf(out->experiment_id, sizeof out->experiment_id, "%s", exp_id_env);
-    } else {
-        char key[sizeof exp_cache.key];
-        snprintf(key, sizeof key, "%s\n%s", clean, experiment);
-        if (strcmp(key, exp_cache.key) == 0) {
-            snprintf(out->experiment_id, sizeof out->experiment_id, "%s", exp_cache.id);
-        } else if (dk_mlflow_experiment(c, experiment, out->experiment_id,
-                                        sizeof out->experiment_id, err, sizeof err) < 0) {
-            snprintf(note, notelen, "MLflow: could not record this run (%s); the run goes on", err);
-            dk_mlflow_destroy(&c);
-            return;
-        } else {
-            snprintf(exp_cache.key, sizeof exp_cache.key, "%s", key);
-            snprintf(exp_cache.id, sizeof exp_cache.id, "%s", out->experiment_id);
-        }
+        return 0;
     }
+    char clean[1024], key[sizeof state.exp_key];
+    dk_mlflow_strip_uri(uri, clean, sizeof clean);
+    snprintf(key, sizeof key, "%s\n%s", clean, experiment);
+    if (strcmp(key, state.exp_key) == 0) {
+        snprintf(out->experiment_id, sizeof out->experiment_id, "%s", state.exp_id);
+        return 0;
+    }
+    if (dk_mlflow_experiment(c, experiment, out->experiment_id, sizeof out->experiment_id, err,
+                             errlen) < 0)
+        return -1;
+    snprintf(state.exp_key, sizeof state.exp_key, "%s", key);
+    snprintf(state.exp_id, sizeof state.exp_id, "%s", out->experiment_id);
+    return 0;
+}
+
+static const char *accelerator(const dk_tracking_request_t *req)
+{
+    return req->gpu ? (req->accelerator_model[0] ? req->accelerator_model : "gpu") : "cpu";
+}
+
+/* The run's name: the cell's run_name, or distributed-NxMODEL-STAMP. */
+static void run_name(const dk_tracking_request_t *req, char *out, size_t outlen)
+{
     if (req->opts->run_name[0]) {
-        snprintf(out->run_name, sizeof out->run_name, "%s", req->opts->run_name);
-    } else {
-        time_t now = time(NULL);
-        struct tm tm;
-        localtime_r(&now, &tm);
-        char stamp[32];
-        strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
-        snprintf(out->run_name, sizeof out->run_name, "distributed-%dx%s-%s", req->world_size,
-                 req->gpu ? (req->accelerator_model[0] ? req->accelerator_model : "gpu") : "cpu",
-                 stamp);
+        snprintf(out, outlen, "%s", req->opts->run_name);
+        return;
     }
+    time_t now = time(NULL);
+    struct tm tm;
+    localtime_r(&now, &tm);
+    char stamp[32];
+    strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+    snprintf(out, outlen, "distributed-%dx%s-%s", req->world_size, accelerator(req), stamp);
+}
+
+/* The run's tags (new reference). */
+static json_t *run_tags(const dk_tracking_request_t *req)
+{
     char user[128];
     user_name(user, sizeof user);
     json_t *tags = json_pack("{s:s, s:s, s:s}", "mlflow.source.type", "NOTEBOOK", "mlflow.user",
@@ -427,20 +212,15 @@ void dk_tracking_begin(const dk_tracking_request_t *req, dk_tracked_run_t *out, 
     json_object_set_new(tags, "mlflow.source.name", json_string(nb && *nb ? nb : "distkernel"));
     if (req->parent_run_id && *req->parent_run_id)
         json_object_set_new(tags, "mlflow.parentRunId", json_string(req->parent_run_id));
-    out->start_ms = wall_ms();
-    int rc = dk_mlflow_create_run(c, out->experiment_id, out->run_name, tags, out->start_ms,
-                                  out->run_id, sizeof out->run_id, err, sizeof err);
-    json_decref(tags);
-    if (rc < 0) {
-        snprintf(note, notelen, "MLflow: could not record this run (%s); the run goes on", err);
-        dk_mlflow_destroy(&c);
-        return;
-    }
+    return tags;
+}
+
+/* The run's parameters (new reference). */
+static json_t *run_params(const dk_tracking_request_t *req)
+{
     const dk_dist_opts_t *o = req->opts;
     json_t *params = json_pack("{s:i, s:s, s:s, s:i, s:s, s:s}", "world_size", req->world_size,
-                               "device", req->device, "accelerator_type",
-                               req->gpu ? (req->accelerator_model[0] ? req->accelerator_model : "gpu")
-                                        : "cpu",
+                               "device", req->device, "accelerator_type", accelerator(req),
                                "num_accelerators", req->gpu ? req->world_size : 0, "output",
                                o->output == DK_OUTPUT_RANK0 ? "rank0" : "all", "kind", req->kind);
     if (o->timeout_s > 0)
@@ -449,6 +229,42 @@ void dk_tracking_begin(const dk_tracking_request_t *req, dk_tracked_run_t *out, 
         json_object_set_new(params, "timeout", json_string("None"));
     if (o->num_processes)
         json_object_set_new(params, "num_processes", json_integer(o->num_processes));
+    return params;
+}
+
+void dk_tracking_begin(const dk_tracking_request_t *req, dk_tracked_run_t *out, char *note,
+                       size_t notelen)
+{
+    memset(out, 0, sizeof *out);
+    note[0] = '\0';
+    if (!req->opts->tracking)
+        return;
+    const char *uri = tracking_uri(note, notelen);
+    if (!uri)
+        return;
+    char err[1024];
+    dk_mlflow_t *c = client_for(uri, err, sizeof err);
+    if (!c) {
+        snprintf(note, notelen, "MLflow tracking is off for this run: %s", err);
+        return;
+    }
+    if (experiment_id(c, uri, req, out, err, sizeof err) < 0) {
+        snprintf(note, notelen, "MLflow: could not record this run (%s); the run goes on", err);
+        dk_mlflow_destroy(&c);
+        return;
+    }
+    run_name(req, out->run_name, sizeof out->run_name);
+    json_t *tags = run_tags(req);
+    out->start_ms = dk_wall_ms();
+    int rc = dk_mlflow_create_run(c, out->experiment_id, out->run_name, tags, out->start_ms,
+                                  out->run_id, sizeof out->run_id, err, sizeof err);
+    json_decref(tags);
+    if (rc < 0) {
+        snprintf(note, notelen, "MLflow: could not record this run (%s); the run goes on", err);
+        dk_mlflow_destroy(&c);
+        return;
+    }
+    json_t *params = run_params(req);
     if (dk_mlflow_log_params(c, out->run_id, params, err, sizeof err) < 0)
         snprintf(note, notelen, "MLflow: the run's parameters were not recorded (%s)", err);
     json_decref(params);
@@ -465,7 +281,7 @@ void dk_tracking_end(dk_tracked_run_t *run, const char *status, char *note, size
         return;
     char err[1024];
     dk_mlflow_t *c = client_for(run->tracking_uri, err, sizeof err);
-    if (!c || dk_mlflow_update_run(c, run->run_id, status, wall_ms(), err, sizeof err) < 0)
+    if (!c || dk_mlflow_update_run(c, run->run_id, status, dk_wall_ms(), err, sizeof err) < 0)
         snprintf(note, notelen, "MLflow: the run's final status (%s) was not recorded (%s)",
                  status, err);
     dk_mlflow_destroy(&c);

@@ -25,7 +25,7 @@
 
 typedef struct {
     bool active;                /* a run was created */
-    char tracking_uri[1024];    /* without credentials */
+    char tracking_uri[1024];    /* as given, credentials included (for requests; never shown) */
     char experiment_id[128];
     char run_id[128];
     char run_name[256];

@@ -3,6 +3,7 @@
  * mutex and not a publisher thread.
  */
 #include "dk_iopub.h"
+#include "dk_clock.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -44,13 +45,6 @@ struct dk_iopub_t {
     unsigned long long passed_over;   /* sends that left a stuck frontend behind */
 };
 
-static long long now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static void set_nodrop(dk_iopub_t *self, int on)
 {
     zmq_setsockopt(zsock_resolve(self->pub), ZMQ_XPUB_NODROP, &on, sizeof on);
@@ -76,7 +70,7 @@ static int send_now_locked(dk_iopub_t *self, zmsg_t **msg_p)
          * stopped reading and holds back the rest: this one message goes out
          * lossily, which ZeroMQ drops for the full queue only and so takes that
          * frontend out of the sending set until it reads again (see the header). */
-        long long now = now_ms();
+        long long now = dk_now_ms();
         if (!self->stalled_since_ms)
             self->stalled_since_ms = now;
         if (now - self->stalled_since_ms < DK_IOPUB_STUCK_MS ||

@@ -8,6 +8,7 @@
  * non-empty (so the deadline is recomputed).
  */
 #include "dk_stream.h"
+#include "dk_clock.h"
 #include "dk_err.h"
 #include "dk_utf8.h"
 
@@ -59,13 +60,6 @@ struct dk_stream_t {
 };
 
 static const char *stream_names[2] = {"stdout", "stderr"};
-
-static long long now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static int buf_append(buf_t *b, const char *data, size_t len)
 {
@@ -120,7 +114,7 @@ static bool publish_locked(dk_stream_t *self, int i, bool force)
     size_t n = b->len ? dk_utf8_complete_prefix(b->data, b->len) : 0;
     if (n == 0 && !b->thin_bytes)
         return true;
-    if (!force && self->full_since_ms && now_ms() - self->offered_ms < RETRY_EVERY_MS)
+    if (!force && self->full_since_ms && dk_now_ms() - self->offered_ms < RETRY_EVERY_MS)
         return false;
     char *notice = b->thin_bytes ? thin_notice(self, b) : NULL;
     size_t notice_len = notice ? strlen(notice) : 0;
@@ -146,7 +140,7 @@ static bool publish_locked(dk_stream_t *self, int i, bool force)
                    : dk_iopub_offer_text(self->iopub, "stream", content_text);
     free(content_text);
     if (rc == DK_IOPUB_FULL) {
-        self->offered_ms = now_ms();
+        self->offered_ms = dk_now_ms();
         if (!self->full_since_ms)
             self->full_since_ms = self->offered_ms;
         return false;
@@ -203,7 +197,7 @@ static void make_room_locked(dk_stream_t *self, int i, size_t len)
     while (b->len && b->len + len > DK_STREAM_BUF_MAX) {
         if (publish_locked(self, i, false))
             return;
-        if (self->thinning || now_ms() - self->full_since_ms >= BACKPRESSURE_MS) {
+        if (self->thinning || dk_now_ms() - self->full_since_ms >= BACKPRESSURE_MS) {
             thin_locked(self, i);
             return;
         }
@@ -227,7 +221,7 @@ static void mark_pending_locked(dk_stream_t *self)
 {
     if (self->deadline_ms == 0 && (self->buf[0].len || self->buf[1].len ||
                                    self->buf[0].thin_bytes || self->buf[1].thin_bytes)) {
-        self->deadline_ms = now_ms() + DK_STREAM_INTERVAL_MS;
+        self->deadline_ms = dk_now_ms() + DK_STREAM_INTERVAL_MS;
         char c = 1;
         ssize_t w = write(self->wake[1], &c, 1);
         (void)w;
@@ -345,7 +339,7 @@ static void *reader_main(void *arg)
             break;
         int timeout = -1;
         if (deadline) {
-            long long left = deadline - now_ms();
+            long long left = deadline - dk_now_ms();
             timeout = left > 0 ? (int)left : 0;
         }
         /* The sources' read ends, as they are now: a source added meanwhile
@@ -378,7 +372,7 @@ static void *reader_main(void *arg)
             drain_locked(self);
             mark_pending_locked(self);
         }
-        if (self->deadline_ms && now_ms() >= self->deadline_ms)
+        if (self->deadline_ms && dk_now_ms() >= self->deadline_ms)
             publish_all_locked(self, false);
         pthread_mutex_unlock(&self->lock);
     }

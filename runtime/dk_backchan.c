@@ -34,6 +34,7 @@
  * notebook.
  */
 #include "dk_backchan.h"
+#include "dk_clock.h"
 #include "dk_logdir.h"
 
 #include <errno.h>
@@ -117,13 +118,6 @@ static void warn(dk_backchan_t *self, const char *fmt, ...)
         va_end(ap);
     }
     self->sink.on_warning(self->sink.data, text);
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
 }
 
 static void put_be32(unsigned char *p, uint32_t v)
@@ -529,7 +523,7 @@ static void conn_read(dk_backchan_t *self, conn_t *c, size_t budget)
 /* Close the connections that have waited for their HELLO past the deadline. */
 static void expire_pending(dk_backchan_t *self)
 {
-    double now = now_s();
+    double now = dk_now_s();
     for (size_t i = 0; i < self->nconns; i++) {
         conn_t *c = &self->conns[i];
         if (c->fd >= 0 && c->rank < 0 && now - c->since >= DK_BC_HELLO_DEADLINE_S)
@@ -579,7 +573,7 @@ static conn_t *slot_for_new(dk_backchan_t *self)
 {
     conn_t *oldest;
     conn_t *slot = free_slot(self, &oldest);
-    if (slot || !oldest || now_s() - oldest->since < EVICT_AFTER_S)
+    if (slot || !oldest || dk_now_s() - oldest->since < EVICT_AFTER_S)
         return slot;
     refuse(self, oldest, "it had not said HELLO and every slot was wanted");
     return oldest;
@@ -608,7 +602,7 @@ static void accept_all(dk_backchan_t *self)
         conn_close(slot);
         slot->fd = fd;
         slot->rank = -1;
-        slot->since = now_s();
+        slot->since = dk_now_s();
         if (RAND_bytes(slot->nonce, sizeof slot->nonce) != 1) {
             refuse(self, slot, "OpenSSL could not make a nonce");
             continue;
@@ -631,7 +625,7 @@ size_t dk_backchan_poll_fill(dk_backchan_t *self, struct pollfd *fds)
     conn_t *oldest;
     self->polled_listener = self->listen_fd >= 0 &&
                             (free_slot(self, &oldest) ||
-                             (oldest && now_s() - oldest->since >= EVICT_AFTER_S));
+                             (oldest && dk_now_s() - oldest->since >= EVICT_AFTER_S));
     if (self->polled_listener)
         fds[n++] = (struct pollfd) {.fd = self->listen_fd, .events = POLLIN};
     size_t k = 0;

@@ -5,9 +5,9 @@
  * been stable since NVML's _v2 symbols), so building needs no NVML header.
  */
 #include "dk_gpu.h"
+#include "dk_dl.h"
 #include <ctype.h>
 
-#include <dlfcn.h>
 #include <stdbool.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -36,26 +36,27 @@ static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
 
 static void nvml_load(void)
 {
-    const char *names[] = {"libnvidia-ml.so.1", "libnvidia-ml.so", NULL};
-    for (int i = 0; names[i] && !nvml.lib; i++)
-        nvml.lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    static const char *const names[] = {"libnvidia-ml.so.1", "libnvidia-ml.so", NULL};
+    char tried[200];
+    nvml.lib = dk_dl_open_first(NULL, names, NULL, tried, sizeof tried);
     if (!nvml.lib) {
         snprintf(nvml.why, sizeof nvml.why, "no NVIDIA driver on this machine (libnvidia-ml.so.1 "
                                             "not found)");
         return;
     }
-    /* POSIX's way to store dlsym's object pointer into a function pointer. */
-#define LOAD(field, symbol) (*(void **)&nvml.field = dlsym(nvml.lib, symbol))
-    LOAD(init, "nvmlInit_v2");
-    LOAD(count, "nvmlDeviceGetCount_v2");
-    LOAD(handle, "nvmlDeviceGetHandleByIndex_v2");
-    LOAD(name, "nvmlDeviceGetName");
-    LOAD(uuid, "nvmlDeviceGetUUID");
-    LOAD(memory, "nvmlDeviceGetMemoryInfo");
-    LOAD(procs, "nvmlDeviceGetComputeRunningProcesses_v3");
-    LOAD(error, "nvmlErrorString");
-#undef LOAD
-    if (!nvml.init || !nvml.count || !nvml.handle || !nvml.name || !nvml.memory) {
+#define SYM(field, symbol, required) {symbol, (void **)&nvml.field, required}
+    const dk_dl_sym_t syms[] = {
+        SYM(init, "nvmlInit_v2", true),
+        SYM(count, "nvmlDeviceGetCount_v2", true),
+        SYM(handle, "nvmlDeviceGetHandleByIndex_v2", true),
+        SYM(name, "nvmlDeviceGetName", true),
+        SYM(uuid, "nvmlDeviceGetUUID", false),
+        SYM(memory, "nvmlDeviceGetMemoryInfo", true),
+        SYM(procs, "nvmlDeviceGetComputeRunningProcesses_v3", false),
+        SYM(error, "nvmlErrorString", false),
+    };
+#undef SYM
+    if (!dk_dl_resolve(nvml.lib, syms, sizeof syms / sizeof *syms)) {
         snprintf(nvml.why, sizeof nvml.why, "the NVIDIA driver's NVML library is too old");
         return;
     }

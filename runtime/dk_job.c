@@ -48,12 +48,14 @@
  * cap keeps its head and tail (dk_logfile_t); the sink is warned once per rank.
  */
 #include "dk_job.h"
+#include "dk_clock.h"
 
 #include "dk_backchan.h"
 #include "dk_fdlimit.h"
 #include "dk_logdir.h"
 #include "dk_logfile.h"
 #include "dk_spawn.h"
+#include "dk_stop.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -103,7 +105,7 @@ typedef struct {
 struct dk_job_t {
     dk_sink_t sink;
     int world_size;
-    double timeout_s, grace_s;
+    double timeout_s;
     rank_t *ranks;
     dk_backchan_t *chan;
     char *log_dir;
@@ -127,19 +129,11 @@ struct dk_job_t {
     size_t max_fds;
     double started_at;
     dk_job_end_t stop_reason;
-    double stop_at;
-    int kill_stage;         /* 0 none sent, 1 SIGINT, 2 SIGTERM, 3 SIGKILL */
+    dk_stop_t stop;         /* SIGINT, SIGTERM, SIGKILL: a grace apart (seconds) */
     int unreaped;
     double last_reap_at;
     bool drain_cut;         /* cancel during the drain window: stop waiting */
 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
-}
 
 static void warn(dk_job_t *job, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -178,6 +172,8 @@ static void set_state(dk_job_t *job, int r, dk_rank_state_t state)
 
 static void signal_ranks(dk_job_t *job, int sig)
 {
+    if (sig == 0)
+        return;             /* the ladder has nothing due */
     for (int r = 0; r < job->world_size; r++) {
         rank_t *rk = &job->ranks[r];
         if (rk->reaped)
@@ -194,9 +190,49 @@ static void begin_stop(dk_job_t *job, dk_job_end_t reason)
     if (job->stop_reason != DK_END_NONE)
         return;
     job->stop_reason = reason;
-    job->stop_at = now_s();
-    job->kill_stage = 1;
-    signal_ranks(job, SIGINT);
+    signal_ranks(job, dk_stop_begin(&job->stop, dk_now_s()));
+}
+
+#define PF_EXITING_FLAG 0x00000004   /* the kernel's PF_EXITING: in do_exit */
+#define PF_DUMPCORE_FLAG 0x00000200  /* the kernel's PF_DUMPCORE: writing a core */
+
+/* Whether PID is on its way out: exiting, or writing a core dump, though not
+ * yet reaped (the flags field of /proc/PID/stat). */
+static bool process_exiting(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int) pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return false;
+    buf[n] = '\0';
+    /* After the command name (which may hold anything): state, ppid, pgrp,
+     * session, tty_nr, tpgid, then flags. */
+    const char *p = strrchr(buf, ')');
+    unsigned long flags = 0;
+    if (!p || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %lu", &flags) != 1)
+        return false;
+    return (flags & (PF_EXITING_FLAG | PF_DUMPCORE_FLAG)) != 0;
+}
+
+/* The rank whose failure came first when rank R's was the first seen: a peer
+ * already on its way out on its own (not stopped by us) failed before R,
+ * which most likely only saw it go (gloo's or NCCL's "connection closed"): a
+ * crashing rank can take a while to be reaped (its core dump), while the
+ * error it caused arrives at once. -1 if none. */
+static int earlier_failure(dk_job_t *job, int r)
+{
+    for (int q = 0; q < job->world_size; q++) {
+        rank_t *rk = &job->ranks[q];
+        if (q != r && !rk->reaped && !rk->signalled && !rk->failed && !rk->reported &&
+            process_exiting(rk->pid))
+            return q;
+    }
+    return -1;
 }
 
 /* Rank R failed on its own: the first such failure is the root cause. */
@@ -208,26 +244,23 @@ static void note_failure(dk_job_t *job, int r)
     rk->failed = true;
     if (job->stop_reason != DK_END_NONE)
         return;             /* the stop already has its cause; this may be its echo */
+    int cause = earlier_failure(job, r);
+    if (cause >= 0)
+        job->ranks[cause].failed = true;   /* judged FAILED when reaped, not STOPPED */
     pthread_mutex_lock(&job->lock);
-    job->root_cause = r;
+    job->root_cause = cause >= 0 ? cause : r;
     pthread_mutex_unlock(&job->lock);
     begin_stop(job, DK_END_FAILED);
 }
 
 static void escalate(dk_job_t *job)
 {
-    double t = now_s();
+    double t = dk_now_s();
     if (job->stop_reason == DK_END_NONE && job->timeout_s > 0 &&
         t >= job->started_at + job->timeout_s)
         begin_stop(job, DK_END_TIMEOUT);
-    if (job->kill_stage == 1 && t >= job->stop_at + job->grace_s) {
-        job->kill_stage = 2;
-        signal_ranks(job, SIGTERM);
-    }
-    if (job->kill_stage == 2 && t >= job->stop_at + 2 * job->grace_s) {
-        job->kill_stage = 3;
-        signal_ranks(job, SIGKILL);
-    }
+    for (int sig; (sig = dk_stop_due(&job->stop, t)) != 0;)
+        signal_ranks(job, sig);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -362,7 +395,7 @@ static void reap(dk_job_t *job, int r)
     rk->reaped = true;
     close_fd(&rk->pidfd);
     job->unreaped--;
-    job->last_reap_at = now_s();
+    job->last_reap_at = dk_now_s();
     bool clean = known && WIFEXITED(status) && WEXITSTATUS(status) == 0;
     pthread_mutex_lock(&job->lock);
     rk->exit_code = known && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -400,7 +433,7 @@ static bool finished(const dk_job_t *job)
 {
     if (job->unreaped > 0)
         return false;
-    return !pipes_open(job) || job->drain_cut || now_s() >= job->last_reap_at + DRAIN_S;
+    return !pipes_open(job) || job->drain_cut || dk_now_s() >= job->last_reap_at + DRAIN_S;
 }
 
 /* Keep the earliest of the deadlines offered (NEXT < 0: none yet). */
@@ -415,15 +448,15 @@ static int poll_timeout_ms(const dk_job_t *job)
     double next = -1;
     if (job->stop_reason == DK_END_NONE && job->timeout_s > 0)
         earliest(&next, job->started_at + job->timeout_s);
-    if (job->kill_stage >= 1 && job->kill_stage < 3)
-        earliest(&next, job->stop_at + job->kill_stage * job->grace_s);
+    if (dk_stop_next_at(&job->stop) >= 0)
+        earliest(&next, dk_stop_next_at(&job->stop));
     if (job->unreaped == 0)
         earliest(&next, job->last_reap_at + DRAIN_S);
     if (dk_backchan_deadline(job->chan) >= 0)
         earliest(&next, dk_backchan_deadline(job->chan));
     int ms = -1;
     if (next >= 0) {
-        double wait = (next - now_s()) * 1000.0 + 1;   /* +1: never wake just before */
+        double wait = (next - dk_now_s()) * 1000.0 + 1;   /* +1: never wake just before */
         ms = wait <= 0 ? 0 : wait > 60000 ? 60000 : (int) wait;
     }
     for (int r = 0; r < job->world_size; r++) {
@@ -732,7 +765,7 @@ static dk_job_t *job_alloc(const dk_job_spec_t *spec, const dk_sink_t *sink)
         job->sink = *sink;
     job->world_size = spec->world_size;
     job->timeout_s = spec->timeout_s;
-    job->grace_s = spec->grace_s > 0 ? spec->grace_s : DEFAULT_GRACE_S;
+    job->stop = dk_stop_ladder(spec->grace_s > 0 ? spec->grace_s : DEFAULT_GRACE_S);
     job->root_cause = -1;
     job->ranks = calloc((size_t) spec->world_size, sizeof *job->ranks);
     if (!job->ranks) {
@@ -806,7 +839,7 @@ dk_job_t *dk_job_start(const dk_job_spec_t *spec, const dk_sink_t *sink, char *e
     char *default_argv[2] = {program, NULL};
     char *const *argv = spec->rank_argv ? (char *const *) spec->rank_argv : default_argv;
     const char *const *base = spec->env ? spec->env : (const char *const *) environ;
-    job->started_at = now_s();
+    job->started_at = dk_now_s();
     for (int r = 0; r < spec->world_size; r++) {
         if (!start_rank(job, r, program, argv, base, run_id, err, errlen))
             goto fail;

@@ -129,6 +129,15 @@ static char *strip_uri(const char *uri)
     return out;
 }
 
+void dk_mlflow_strip_uri(const char *uri, char *out, size_t outlen)
+{
+    if (!out || outlen == 0)
+        return;
+    char *shown = strip_uri(uri ? uri : "");
+    snprintf(out, outlen, "%s", shown ? shown : "(a URI: out of memory to show it)");
+    free(shown);
+}
+
 /* The JSON string for a param or tag value, as MLflow's Python client would
  * write it (str(value)): numbers in their shortest form, True/False/None. */
 static char *value_string(json_t *v)
@@ -317,6 +326,61 @@ static size_t on_answer(char *data, size_t size, size_t n, void *userdata)
     return len;
 }
 
+/* The request headers (with the bearer token, when that is the scheme) and the
+ * secrets every message is scrubbed of: the token, the password, and the
+ * password in the URI's userinfo (AUTHORITY .. AT). */
+static void set_headers_and_secrets(dk_mlflow_t *self, const dk_mlflow_config_t *cfg,
+                                    bool basic, const char *authority, const char *at)
+{
+    bool bearer = !basic && cfg->token && *cfg->token;
+    self->headers = curl_slist_append(NULL, "Content-Type: application/json");
+    self->headers = curl_slist_append(self->headers, "Accept: application/json");
+    /* No "Expect: 100-continue" wait before a larger POST body: servers that
+     * do not answer it cost a second per call. */
+    self->headers = curl_slist_append(self->headers, "Expect:");
+    if (bearer) {
+        size_t n = strlen(cfg->token) + sizeof "Authorization: Bearer ";
+        char *h = malloc(n);
+        if (h) {
+            snprintf(h, n, "Authorization: Bearer %s", cfg->token);
+            self->headers = curl_slist_append(self->headers, h);
+            free(h);
+        }
+        self->secrets[0] = strdup(cfg->token);
+    }
+    if (basic)
+        self->secrets[1] = strdup(cfg->password);
+    if (at) {
+        const char *colon = memchr(authority, ':', (size_t) (at - authority));
+        if (colon && at - colon > 1)
+            self->secrets[2] = strndup(colon + 1, (size_t) (at - colon - 1));
+    }
+}
+
+/* The curl handle's options: timeouts, protocols, answer buffer, auth, TLS. */
+static void set_curl_options(dk_mlflow_t *self, const dk_mlflow_config_t *cfg, bool basic)
+{
+    CURL *c = self->curl;
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, self->timeout_ms);
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, self->timeout_ms);
+    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, self->curl_error);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_answer);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, self);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, self->headers);
+    curl_easy_setopt(c, CURLOPT_USERAGENT, "distkernel-mlflow/1");
+    if (basic) {
+        curl_easy_setopt(c, CURLOPT_HTTPAUTH, (long) CURLAUTH_BASIC);
+        curl_easy_setopt(c, CURLOPT_USERNAME, cfg->username);
+        curl_easy_setopt(c, CURLOPT_PASSWORD, cfg->password);
+    }
+    if (cfg->insecure_tls) {
+        curl_easy_setopt(c, CURLOPT_SSL_VERIFYPEER, 0L);
+        curl_easy_setopt(c, CURLOPT_SSL_VERIFYHOST, 0L);
+    }
+}
+
 dk_mlflow_t *dk_mlflow_new(const dk_mlflow_config_t *cfg, char *err, size_t errlen)
 {
     const char *uri = cfg ? cfg->tracking_uri : NULL;
@@ -359,49 +423,8 @@ dk_mlflow_t *dk_mlflow_new(const dk_mlflow_config_t *cfg, char *err, size_t errl
 
     /* MLflow's client: basic when a user and a password are set, else bearer. */
     bool basic = cfg->username && *cfg->username && cfg->password && *cfg->password;
-    bool bearer = !basic && cfg->token && *cfg->token;
-    self->headers = curl_slist_append(NULL, "Content-Type: application/json");
-    self->headers = curl_slist_append(self->headers, "Accept: application/json");
-    /* No "Expect: 100-continue" wait before a larger POST body: servers that
-     * do not answer it cost a second per call. */
-    self->headers = curl_slist_append(self->headers, "Expect:");
-    if (bearer) {
-        size_t n = strlen(cfg->token) + sizeof "Authorization: Bearer ";
-        char *h = malloc(n);
-        if (h) {
-            snprintf(h, n, "Authorization: Bearer %s", cfg->token);
-            self->headers = curl_slist_append(self->headers, h);
-            free(h);
-        }
-        self->secrets[0] = strdup(cfg->token);
-    }
-    if (basic)
-        self->secrets[1] = strdup(cfg->password);
-    if (at) {
-        const char *colon = memchr(authority, ':', (size_t) (at - authority));
-        if (colon && at - colon > 1)
-            self->secrets[2] = strndup(colon + 1, (size_t) (at - colon - 1));
-    }
-
-    CURL *c = self->curl;
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, self->timeout_ms);
-    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, self->timeout_ms);
-    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, self->curl_error);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_answer);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, self);
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, self->headers);
-    curl_easy_setopt(c, CURLOPT_USERAGENT, "distkernel-mlflow/1");
-    if (basic) {
-        curl_easy_setopt(c, CURLOPT_HTTPAUTH, (long) CURLAUTH_BASIC);
-        curl_easy_setopt(c, CURLOPT_USERNAME, cfg->username);
-        curl_easy_setopt(c, CURLOPT_PASSWORD, cfg->password);
-    }
-    if (cfg->insecure_tls) {
-        curl_easy_setopt(c, CURLOPT_SSL_VERIFYPEER, 0L);
-        curl_easy_setopt(c, CURLOPT_SSL_VERIFYHOST, 0L);
-    }
+    set_headers_and_secrets(self, cfg, basic, authority, at);
+    set_curl_options(self, cfg, basic);
     if (!self->base || !self->headers) {
         dk_set_err(err, errlen, "MLflow: out of memory");
         dk_mlflow_destroy(&self);

@@ -75,6 +75,14 @@ int dk_mlflow_update_run(dk_mlflow_t *self, const char *run_id, const char *stat
 void dk_mlflow_run_url(const char *tracking_uri, const char *experiment_id, const char *run_id,
                        char *out, size_t outlen);
 
+/* URI as it may be shown: without the user:password@ of its authority (a
+ * password may itself contain '@': the userinfo ends at the authority's last
+ * '@'; an '@' in the path, query or fragment is kept) and without trailing '/'.
+ * URIs without "://" are taken as starting with their authority. Writes into
+ * OUT (always terminated, cut to OUTLEN). The one definition: links, messages
+ * and cache keys all use it. */
+void dk_mlflow_strip_uri(const char *uri, char *out, size_t outlen);
+
 /* ---- the pieces above, exposed for tests ---- */
 
 /* The JSON bodies the calls send (new references). */

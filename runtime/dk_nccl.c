@@ -14,6 +14,7 @@
  * tables of their functions are looked up once per run.
  */
 #include "dk_nccl.h"
+#include "dk_clock.h"
 #include "dk_nccl_cuda.h"
 
 #include <stdarg.h>
@@ -38,13 +39,6 @@ void dk_nccl_opts_default(dk_nccl_opts_t *opts)
     opts->warmup = DK_NCCL_DEFAULT_WARMUP;
     opts->iters = DK_NCCL_DEFAULT_ITERS;
     opts->pairs = 1;
-}
-
-static double now_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
 static void progress(const dk_nccl_opts_t *opts, const char *fmt, ...)
@@ -216,13 +210,13 @@ static int ring_time(ring_t *ring, size_t bytes, int warmup, int iters, double *
             return -1;
     if (ring_sync(ring, err, len) < 0)
         return -1;
-    double t0 = now_seconds();
+    double t0 = dk_now_s();
     for (int i = 0; i < iters; i++)
         if (ring_all_reduce(ring, count, err, len) < 0)
             return -1;
     if (ring_sync(ring, err, len) < 0)
         return -1;
-    *seconds = (now_seconds() - t0) / (iters > 0 ? iters : 1);
+    *seconds = (dk_now_s() - t0) / (iters > 0 ? iters : 1);
     return 0;
 }
 
@@ -247,10 +241,10 @@ static int ring_time_median(ring_t *ring, size_t bytes, int iters, double *secon
     if (ring_all_reduce(ring, count, err, len) < 0 || ring_sync(ring, err, len) < 0)
         return -1;   /* warm-up */
     for (int i = 0; i < iters; i++) {
-        double t0 = now_seconds();
+        double t0 = dk_now_s();
         if (ring_all_reduce(ring, count, err, len) < 0 || ring_sync(ring, err, len) < 0)
             return -1;
-        t[i] = now_seconds() - t0;
+        t[i] = dk_now_s() - t0;
     }
     qsort(t, (size_t)iters, sizeof t[0], cmp_double);
     *seconds = iters % 2 ? t[iters / 2] : (t[iters / 2 - 1] + t[iters / 2]) / 2;
@@ -438,7 +432,7 @@ void dk_nccl_run(const dk_nccl_opts_t *opts_in, dk_nccl_result_t *out)
         opts_in = &defaults;
     }
     const dk_nccl_opts_t *opts = opts_in;
-    double t0 = now_seconds();
+    double t0 = dk_now_s();
     memset(out, 0, sizeof *out);
     out->warmup = opts->warmup;
     out->iters = opts->iters;
@@ -473,7 +467,7 @@ void dk_nccl_run(const dk_nccl_opts_t *opts_in, dk_nccl_result_t *out)
         }
         out->reason[0] = '\0';
         free(found);
-        out->wall_seconds = now_seconds() - t0;
+        out->wall_seconds = dk_now_s() - t0;
         return;
     }
     if (n < 0 || dk_nccl_library_version(out->reason, sizeof out->reason) < 0) {
@@ -521,6 +515,6 @@ void dk_nccl_run(const dk_nccl_opts_t *opts_in, dk_nccl_result_t *out)
         if (opts->pairs && healthy >= 3)
             time_pairs(opts, out, devs, healthy, max_bytes);
     }
-    out->wall_seconds = now_seconds() - t0;
+    out->wall_seconds = dk_now_s() - t0;
     progress(opts, "done");
 }

@@ -9,8 +9,8 @@
  */
 #include "dk_nccl.h"
 #include "dk_nccl_cuda.h"
+#include "dk_dl.h"
 
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,49 +20,19 @@ static dk_cuda_api_t cuda;
 static dk_nccl_api_t nccl;
 static pthread_once_t cuda_once = PTHREAD_ONCE_INIT, nccl_once = PTHREAD_ONCE_INIT;
 
-/* dlopen the first of NAMES found: an explicit path from ENV_VAR, then each
- * name on the loader's path, then under $CUDA_HOME/lib64 and
- * /usr/local/cuda/lib64. TRIED lists what was tried, for the message. */
-static void *open_first(const char *env_var, const char *const *names, char *tried, size_t len)
-{
-    const char *dirs[] = {getenv("CUDA_HOME"), "/usr/local/cuda", NULL};
-    size_t used = 0;
-    tried[0] = '\0';
-    const char *explicit = getenv(env_var);
-    if (explicit && *explicit) {
-        void *h = dlopen(explicit, RTLD_NOW | RTLD_LOCAL);
-        if (h)
-            return h;
-        used += (size_t)snprintf(tried + used, len - used, "%s=%s (%s); ", env_var, explicit,
-                                 dlerror());
-    }
-    for (int i = 0; names[i]; i++) {
-        void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-        if (h)
-            return h;
-        for (int d = 0; d < 2; d++) {
-            if (!dirs[d] || !*dirs[d])
-                continue;
-            char path[512];
-            snprintf(path, sizeof path, "%s/lib64/%s", dirs[d], names[i]);
-            if ((h = dlopen(path, RTLD_NOW | RTLD_LOCAL)))
-                return h;
-        }
-        if (used < len)
-            used += (size_t)snprintf(tried + used, len - used, "%s%s", i ? ", " : "", names[i]);
-    }
-    return NULL;
-}
+/* DIRS for dk_dl_open_first: $CUDA_HOME, then /usr/local/cuda. */
+#define CUDA_DIRS {getenv("CUDA_HOME") ? getenv("CUDA_HOME") : "", "/usr/local/cuda", NULL}
 
-#define LOAD(table, field, symbol) (*(void **)&table.field = dlsym(table.lib, symbol))
+#define SYM(table, field, symbol, required) {symbol, (void **)&table.field, required}
 
 static void cuda_load(void)
 {
     static const char *const names[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so",
                                         NULL};
+    const char *dirs[] = CUDA_DIRS;
     char tried[200];
     cuda.count = -1;
-    cuda.lib = open_first("DISTKERNEL_CUDART_LIB", names, tried, sizeof tried);
+    cuda.lib = dk_dl_open_first("DISTKERNEL_CUDART_LIB", names, dirs, tried, sizeof tried);
     if (!cuda.lib) {
         snprintf(cuda.why, sizeof cuda.why,
                  "libcudart not found (tried %s): install the CUDA runtime or set "
@@ -70,26 +40,24 @@ static void cuda_load(void)
                  tried);
         return;
     }
-    LOAD(cuda, get_device_count, "cudaGetDeviceCount");
-    LOAD(cuda, set_device, "cudaSetDevice");
-    LOAD(cuda, malloc, "cudaMalloc");
-    LOAD(cuda, free, "cudaFree");
-    LOAD(cuda, memset, "cudaMemset");
-    LOAD(cuda, memcpy, "cudaMemcpy");
-    LOAD(cuda, mem_get_info, "cudaMemGetInfo");
-    LOAD(cuda, stream_create, "cudaStreamCreateWithFlags");
-    LOAD(cuda, stream_destroy, "cudaStreamDestroy");
-    LOAD(cuda, stream_sync, "cudaStreamSynchronize");
-    LOAD(cuda, device_sync, "cudaDeviceSynchronize");
-    LOAD(cuda, get_last_error, "cudaGetLastError");
-    LOAD(cuda, error_string, "cudaGetErrorString");
-    LOAD(cuda, runtime_version, "cudaRuntimeGetVersion");
-    LOAD(cuda, driver_version, "cudaDriverGetVersion");
-    if (!cuda.get_device_count || !cuda.set_device || !cuda.malloc || !cuda.free ||
-        !cuda.memset || !cuda.memcpy || !cuda.mem_get_info || !cuda.stream_create ||
-        !cuda.stream_destroy || !cuda.stream_sync || !cuda.device_sync ||
-        !cuda.get_last_error || !cuda.error_string || !cuda.runtime_version ||
-        !cuda.driver_version) {
+    const dk_dl_sym_t syms[] = {
+        SYM(cuda, get_device_count, "cudaGetDeviceCount", true),
+        SYM(cuda, set_device, "cudaSetDevice", true),
+        SYM(cuda, malloc, "cudaMalloc", true),
+        SYM(cuda, free, "cudaFree", true),
+        SYM(cuda, memset, "cudaMemset", true),
+        SYM(cuda, memcpy, "cudaMemcpy", true),
+        SYM(cuda, mem_get_info, "cudaMemGetInfo", true),
+        SYM(cuda, stream_create, "cudaStreamCreateWithFlags", true),
+        SYM(cuda, stream_destroy, "cudaStreamDestroy", true),
+        SYM(cuda, stream_sync, "cudaStreamSynchronize", true),
+        SYM(cuda, device_sync, "cudaDeviceSynchronize", true),
+        SYM(cuda, get_last_error, "cudaGetLastError", true),
+        SYM(cuda, error_string, "cudaGetErrorString", true),
+        SYM(cuda, runtime_version, "cudaRuntimeGetVersion", true),
+        SYM(cuda, driver_version, "cudaDriverGetVersion", true),
+    };
+    if (!dk_dl_resolve(cuda.lib, syms, sizeof syms / sizeof *syms)) {
         snprintf(cuda.why, sizeof cuda.why, "the CUDA runtime library lacks a function the "
                                             "check needs; it is too old");
         cuda.lib = NULL;
@@ -115,7 +83,8 @@ static void nccl_load(void)
     static const char *const names[] = {"libnccl.so.2", "libnccl.so", NULL};
     char tried[200];
     nccl.version = -1;
-    nccl.lib = open_first("DISTKERNEL_NCCL_LIB", names, tried, sizeof tried);
+    const char *dirs[] = CUDA_DIRS;
+    nccl.lib = dk_dl_open_first("DISTKERNEL_NCCL_LIB", names, dirs, tried, sizeof tried);
     if (!nccl.lib) {
         snprintf(nccl.why, sizeof nccl.why,
                  "NCCL not found (tried %s): install NCCL or set DISTKERNEL_NCCL_LIB to the "
@@ -123,17 +92,18 @@ static void nccl_load(void)
                  tried);
         return;
     }
-    LOAD(nccl, get_version, "ncclGetVersion");
-    LOAD(nccl, comm_init_all, "ncclCommInitAll");
-    LOAD(nccl, comm_destroy, "ncclCommDestroy");
-    LOAD(nccl, async_error, "ncclCommGetAsyncError");
-    LOAD(nccl, all_reduce, "ncclAllReduce");
-    LOAD(nccl, group_start, "ncclGroupStart");
-    LOAD(nccl, group_end, "ncclGroupEnd");
-    LOAD(nccl, error_string, "ncclGetErrorString");
+    const dk_dl_sym_t syms[] = {
+        SYM(nccl, get_version, "ncclGetVersion", true),
+        SYM(nccl, comm_init_all, "ncclCommInitAll", true),
+        SYM(nccl, comm_destroy, "ncclCommDestroy", true),
+        SYM(nccl, async_error, "ncclCommGetAsyncError", false),
+        SYM(nccl, all_reduce, "ncclAllReduce", true),
+        SYM(nccl, group_start, "ncclGroupStart", true),
+        SYM(nccl, group_end, "ncclGroupEnd", true),
+        SYM(nccl, error_string, "ncclGetErrorString", true),
+    };
     int v = 0;
-    if (!nccl.get_version || !nccl.comm_init_all || !nccl.comm_destroy || !nccl.all_reduce ||
-        !nccl.group_start || !nccl.group_end || !nccl.error_string ||
+    if (!dk_dl_resolve(nccl.lib, syms, sizeof syms / sizeof *syms) ||
         nccl.get_version(&v) != DK_NCCL_SUCCESS) {
         snprintf(nccl.why, sizeof nccl.why, "the NCCL library lacks a function the check needs; "
                                             "it is too old");
@@ -143,7 +113,8 @@ static void nccl_load(void)
     nccl.version = v;
 }
 
-#undef LOAD
+#undef SYM
+#undef CUDA_DIRS
 
 const dk_cuda_api_t *dk_cuda_api(void)
 {

@@ -1,5 +1,6 @@
 /*
- * dk_spawn: fork+exec of one rank, the way a multi-threaded host must do it.
+ * dk_spawn: fork+exec of one process (a rank, a helper, a server's guard), the
+ * way a multi-threaded host must do it.
  *
  * The host (the kernel) has threads, an interpreter and perhaps a CUDA
  * context, so the child runs only async-signal-safe calls between fork and
@@ -19,11 +20,17 @@
  * An exec failure travels back on a close-on-exec pipe kept at fd 3 through the
  * fd sweep: EOF means exec succeeded, a record means it did not and says why.
  * So a wrong program path is an error from dk_job_start, not a crashed rank.
- * Every descriptor the child is given is first lifted above 3, so the dup2s
- * onto 0..3 cannot overwrite one before it is used (a host may have closed its
- * own stdin, making pipe() return 0).
+ * Every descriptor the child is given is first lifted above 4, so the dup2s
+ * onto 0..4 cannot overwrite one before it is used (a host may have closed its
+ * own stdin, making pipe() return 0); fd 4 is the folder a guard keeps.
+ * A guard closes fd 3 once it has forked the program, so the report's EOF
+ * still means "the program's exec happened".
  */
 #include "dk_spawn.h"
+
+#include "dk_clock.h"
+#include "dk_err.h"
+#include "dk_stop.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -41,6 +48,7 @@
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 /* How long the parent waits to hear that exec happened. Only reached when
@@ -49,20 +57,33 @@
 #define EXEC_REPORT_TIMEOUT_MS 10000
 
 #define REPORT_FD 3
+#define KEEP_FD 4           /* dk_spawn_opts_t.keep_fd, in a guard */
+#define GUARD_GRACE_S 3.0   /* the server's SIGTERM to SIGKILL, in a guard */
 
-typedef enum { STEP_PDEATHSIG = 1, STEP_REDIRECT, STEP_EXEC } child_step_t;
+typedef enum { STEP_PDEATHSIG = 1, STEP_REDIRECT, STEP_EXEC, STEP_GUARD_FORK } child_step_t;
+
+/* What the child needs, all prepared before fork. */
+typedef struct {
+    const char *path;
+    char *const *argv;
+    char *const *envp;
+    pid_t parent;
+    int in_fd, out_fd, err_fd, report_fd, keep_fd;
+    long max_fd;
+    const dk_spawn_opts_t *opts;
+} child_args_t;
 
 typedef struct {
     int step;
     int err;
 } child_report_t;
 
-/* Move FD to a number above REPORT_FD (close-on-exec). */
+/* Move FD to a number above KEEP_FD (close-on-exec). */
 static int lift_fd(int fd)
 {
-    if (fd < 0 || fd > REPORT_FD)
+    if (fd < 0 || fd > KEEP_FD)
         return fd;
-    int high = fcntl(fd, F_DUPFD_CLOEXEC, REPORT_FD + 1);
+    int high = fcntl(fd, F_DUPFD_CLOEXEC, KEEP_FD + 1);
     close(fd);
     return high;
 }
@@ -89,20 +110,69 @@ static _Noreturn void child_fail(int step)
     _exit(127);
 }
 
-/* The child, between fork and exec: async-signal-safe calls only. */
-static _Noreturn void child_run(const char *path, char *const argv[], char *const envp[],
-                                pid_t parent, int in_fd, int out_fd, int err_fd,
-                                int report_fd, long max_fd)
-{
-    if (dup2(report_fd, REPORT_FD) < 0)
-        _exit(127);
-    fcntl(REPORT_FD, F_SETFD, FD_CLOEXEC);
-    setpgid(0, 0);
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
-        child_fail(STEP_PDEATHSIG);
-    if (getppid() != parent)
-        _exit(127);
+/* ---- the guard ---------------------------------------------------------------
+ *
+ * A server such as `mlflow server` runs its workers as children of its own,
+ * which PR_SET_PDEATHSIG (it reaches only the direct child) would leave behind
+ * when the host is SIGKILLed. So in guard mode the spawned process is a guard:
+ * it leads the process group, starts the program in it, and when the host goes
+ * away (its PDEATHSIG, here SIGTERM) or stops it (SIGTERM), ends the whole
+ * group by the ladder SIGTERM, then SIGKILL after GUARD_GRACE_S. It is the
+ * forked child of a threaded host and never execs: async-signal-safe calls only
+ * (dk_stop makes none; dk_now_s is one clock_gettime, which is safe).
+ */
+static volatile sig_atomic_t guard_stop;
 
+static void guard_on_term(int sig)
+{
+    (void) sig;
+    guard_stop = 1;
+}
+
+/* Stop the group: SIGTERM, wait for the program until the next rung is due,
+ * remove the file the host asked for, then SIGKILL (this guard included). */
+static _Noreturn void guard_end(pid_t prog, const dk_spawn_opts_t *opts)
+{
+    static const int ladder[] = {SIGTERM, SIGKILL};
+    dk_stop_t stop = dk_stop_custom(ladder, 2, GUARD_GRACE_S);
+    kill(-getpgrp(), dk_stop_begin(&stop, dk_now_s()));   /* this guard: handled */
+    struct timespec tick = {0, 50 * 1000 * 1000};
+    int sig = 0;
+    while (waitpid(prog, NULL, WNOHANG) == 0 && (sig = dk_stop_due(&stop, dk_now_s())) == 0)
+        nanosleep(&tick, NULL);
+    if (opts->keep_fd >= 0 && opts->unlink_at_end)
+        unlinkat(KEEP_FD, opts->unlink_at_end, 0);
+    signal(SIGTERM, SIG_DFL);
+    kill(-getpgrp(), sig ? sig : SIGKILL);   /* whatever is left, this guard included */
+    _exit(0);
+}
+
+/* The guard, once its descriptors are in place: start the program, wait. */
+static _Noreturn void guard_run(const child_args_t *a)
+{
+    if (a->keep_fd >= 0)
+        fcntl(KEEP_FD, F_SETFD, FD_CLOEXEC);    /* the guard's, not the program's */
+    pid_t prog = fork();
+    if (prog == 0) {
+        signal(SIGTERM, SIG_DFL);
+        execve(a->path, a->argv, a->envp);
+        child_fail(STEP_EXEC);      /* the report pipe is still open here */
+    }
+    if (prog < 0)
+        child_fail(STEP_GUARD_FORK);
+    close(REPORT_FD);       /* the program's exec (close-on-exec) now ends the report */
+    int status = 0;
+    while (!guard_stop) {
+        if (waitpid(prog, &status, 0) == prog)  /* EINTR when SIGTERM comes */
+            _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);   /* it ended itself */
+    }
+    guard_end(prog, a->opts);
+}
+
+/* The child's signals: every disposition back to SIG_DFL (a guard catches
+ * SIGTERM), then an empty mask. */
+static void child_signals(bool guard)
+{
     struct sigaction dfl;
     memset(&dfl, 0, sizeof dfl);
     dfl.sa_handler = SIG_DFL;
@@ -111,17 +181,41 @@ static _Noreturn void child_run(const char *path, char *const argv[], char *cons
         if (sig != SIGKILL && sig != SIGSTOP)
             sigaction(sig, &dfl, NULL);     /* EINVAL for libc-reserved ones: fine */
     }
+    if (guard) {
+        struct sigaction term = dfl;
+        term.sa_handler = guard_on_term;
+        sigaction(SIGTERM, &term, NULL);
+    }
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
+}
 
-    if (dup2(in_fd, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0)
+/* The child, between fork and exec: async-signal-safe calls only. */
+static _Noreturn void child_run(const child_args_t *a)
+{
+    bool guard = a->opts->guard;
+    if (dup2(a->report_fd, REPORT_FD) < 0)
+        _exit(127);
+    fcntl(REPORT_FD, F_SETFD, FD_CLOEXEC);
+    setpgid(0, 0);
+    if (prctl(PR_SET_PDEATHSIG, guard ? SIGTERM : SIGKILL) != 0)
+        child_fail(STEP_PDEATHSIG);
+    if (getppid() != a->parent)
+        _exit(127);
+    child_signals(guard);
+
+    if (dup2(a->in_fd, 0) < 0 || dup2(a->out_fd, 1) < 0 || dup2(a->err_fd, 2) < 0 ||
+        (a->keep_fd >= 0 && dup2(a->keep_fd, KEEP_FD) < 0))
         child_fail(STEP_REDIRECT);
-    if (syscall(SYS_close_range, REPORT_FD + 1, ~0U, 0) != 0) {
-        for (long fd = REPORT_FD + 1; fd < max_fd; fd++)
+    int first = a->keep_fd >= 0 ? KEEP_FD + 1 : REPORT_FD + 1;
+    if (syscall(SYS_close_range, first, ~0U, 0) != 0) {
+        for (long fd = first; fd < a->max_fd; fd++)
             close((int) fd);
     }
-    execve(path, argv, envp);
+    if (guard)
+        guard_run(a);
+    execve(a->path, a->argv, a->envp);
     child_fail(STEP_EXEC);
 }
 
@@ -157,91 +251,147 @@ static bool read_report(int fd, child_report_t *report)
     return true;
 }
 
-int dk_spawn(const char *path, char *const argv[], char *const envp[], dk_spawned_t *out,
-             char *err, size_t errlen)
+/* The descriptors of one start: the parent's ends and the child's. */
+typedef struct {
+    int out_r, out_w, err_r, err_w, report_r, report_w, devnull, keep;
+} fds_t;
+
+static void close_fds(fds_t *f)
 {
-    int out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1}, report[2] = {-1, -1};
-    int devnull = -1;
+    int *all[] = {&f->out_r, &f->out_w, &f->err_r, &f->err_w, &f->report_r, &f->report_w,
+                  &f->devnull, &f->keep};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        close_fd(all[i]);
+}
 
-    if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0 ||
-        pipe2(report, O_CLOEXEC) != 0 ||
-        (devnull = open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0) {
-        snprintf(err, errlen, "cannot create the pipes for a rank: %s", strerror(errno));
-        goto fail;
-    }
-    out_pipe[1] = lift_fd(out_pipe[1]);
-    err_pipe[1] = lift_fd(err_pipe[1]);
-    report[1] = lift_fd(report[1]);
-    devnull = lift_fd(devnull);
-    if (out_pipe[1] < 0 || err_pipe[1] < 0 || report[1] < 0 || devnull < 0) {
-        snprintf(err, errlen, "cannot create the pipes for a rank: %s", strerror(errno));
-        goto fail;
-    }
+/* A close-on-exec copy of the caller's FD above KEEP_FD (the caller keeps its own). */
+static int copy_fd(int fd)
+{
+    return fd < 0 ? -1 : fcntl(fd, F_DUPFD_CLOEXEC, KEEP_FD + 1);
+}
 
-    long max_fd = sweep_limit();
-    pid_t parent = getpid();
+/* Make the pipes (or copies of OPTS's descriptors) the child is given, every
+ * one above KEEP_FD. Returns 0, or -1 with ERR filled (F then holds what was
+ * made, for close_fds). */
+static int make_fds(const dk_spawn_opts_t *opts, fds_t *f, char *err, size_t errlen)
+{
+    int p[2];
+    if (opts->out_fd >= 0) {
+        if ((f->out_w = copy_fd(opts->out_fd)) < 0 || (f->err_w = copy_fd(opts->out_fd)) < 0)
+            goto fail;
+    } else {
+        if (pipe2(p, O_CLOEXEC) != 0)
+            goto fail;
+        f->out_r = p[0], f->out_w = lift_fd(p[1]);
+        if (pipe2(p, O_CLOEXEC) != 0)
+            goto fail;
+        f->err_r = p[0], f->err_w = lift_fd(p[1]);
+    }
+    if (pipe2(p, O_CLOEXEC) != 0)
+        goto fail;
+    f->report_r = p[0], f->report_w = lift_fd(p[1]);
+    f->devnull = lift_fd(open("/dev/null", O_RDONLY | O_CLOEXEC));
+    if (opts->keep_fd >= 0 && (f->keep = copy_fd(opts->keep_fd)) < 0)
+        goto fail;
+    if (f->out_w >= 0 && f->err_w >= 0 && f->report_w >= 0 && f->devnull >= 0)
+        return 0;
+fail:
+    dk_set_err(err, errlen, "cannot create the pipes for the %s: %s", opts->what,
+               strerror(errno));
+    return -1;
+}
+
+/* Fork the child of ARGS with every signal blocked around the fork. */
+static pid_t fork_child(const child_args_t *args, int *fork_errno)
+{
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     pid_t pid = fork();
     if (pid == 0)
-        child_run(path, argv, envp, parent, devnull, out_pipe[1], err_pipe[1], report[1],
-                  max_fd);
-    int fork_errno = errno;
+        child_run(args);
+    *fork_errno = errno;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
-    close_fd(&out_pipe[1]);
-    close_fd(&err_pipe[1]);
-    close_fd(&report[1]);
-    close_fd(&devnull);
+    return pid;
+}
+
+/* After fork: hear whether the exec happened. Returns 0, or -1 with ERR (the
+ * child then reaped). */
+static int await_exec(pid_t pid, int report_fd, const char *path, const char *what, char *err,
+                      size_t errlen)
+{
+    child_report_t rep;
+    if (!read_report(report_fd, &rep))
+        return 0;
+    waitpid(pid, NULL, 0);
+    if (rep.step == STEP_EXEC)
+        dk_set_err(err, errlen, "cannot run %s: %s", path, strerror(rep.err));
+    else
+        dk_set_err(err, errlen, "cannot prepare the %s for %s (%s): %s", what, path,
+                   rep.step == STEP_PDEATHSIG ? "PR_SET_PDEATHSIG"
+                   : rep.step == STEP_GUARD_FORK ? "fork in its guard" : "redirecting output",
+                   strerror(rep.err));
+    return -1;
+}
+
+int dk_spawn_with(const char *path, char *const argv[], char *const envp[],
+                  const dk_spawn_opts_t *opts, dk_spawned_t *out, char *err, size_t errlen)
+{
+    fds_t f = {-1, -1, -1, -1, -1, -1, -1, -1};
+    if (make_fds(opts, &f, err, errlen) < 0) {
+        close_fds(&f);
+        return -1;
+    }
+    child_args_t args = {path, argv, envp, getpid(), f.devnull, f.out_w, f.err_w, f.report_w,
+                         f.keep, sweep_limit(), opts};
+    int fork_errno = 0;
+    pid_t pid = fork_child(&args, &fork_errno);
+    close_fd(&f.out_w);
+    close_fd(&f.err_w);
+    close_fd(&f.report_w);
+    close_fd(&f.devnull);
+    close_fd(&f.keep);
     if (pid < 0) {
-        snprintf(err, errlen, "cannot start a rank process (fork): %s", strerror(fork_errno));
-        goto fail;
+        dk_set_err(err, errlen, "cannot start the %s (fork): %s", opts->what,
+                   strerror(fork_errno));
+        close_fds(&f);
+        return -1;
     }
     setpgid(pid, pid);      /* also done by the child; whichever runs first wins */
-
-    child_report_t rep;
-    bool failed = read_report(report[0], &rep);
-    close_fd(&report[0]);
-    if (failed) {
-        waitpid(pid, NULL, 0);
-        if (rep.step == STEP_EXEC)
-            snprintf(err, errlen, "cannot run %s: %s", path, strerror(rep.err));
-        else
-            snprintf(err, errlen, "cannot prepare the rank process for %s (%s): %s", path,
-                     rep.step == STEP_PDEATHSIG ? "PR_SET_PDEATHSIG" : "redirecting output",
-                     strerror(rep.err));
-        goto fail;
+    int rc = await_exec(pid, f.report_r, path, opts->what, err, errlen);
+    close_fd(&f.report_r);
+    if (rc < 0) {
+        close_fds(&f);
+        return -1;
     }
-
-    set_nonblocking(out_pipe[0]);
-    set_nonblocking(err_pipe[0]);
+    if (f.out_r >= 0)
+        set_nonblocking(f.out_r);
+    if (f.err_r >= 0)
+        set_nonblocking(f.err_r);
     out->pid = pid;
     out->pidfd = (int) syscall(SYS_pidfd_open, pid, 0);   /* close-on-exec by definition */
-    out->out_fd = out_pipe[0];
-    out->err_fd = err_pipe[0];
+    out->out_fd = f.out_r;
+    out->err_fd = f.err_r;
     return 0;
+}
 
-fail:
-    close_fd(&out_pipe[0]);
-    close_fd(&out_pipe[1]);
-    close_fd(&err_pipe[0]);
-    close_fd(&err_pipe[1]);
-    close_fd(&report[0]);
-    close_fd(&report[1]);
-    close_fd(&devnull);
-    return -1;
+int dk_spawn(const char *path, char *const argv[], char *const envp[], dk_spawned_t *out,
+             char *err, size_t errlen)
+{
+    dk_spawn_opts_t opts = DK_SPAWN_OPTS_INIT;
+    return dk_spawn_with(path, argv, envp, &opts, out, err, errlen);
 }
 
 char *dk_spawn_find_program(const char *program, char *err, size_t errlen)
 {
     if (!program || !*program) {
-        snprintf(err, errlen, "no rank executable was given");
+        dk_set_err(err, errlen, "no rank executable was given");
         return NULL;
     }
     if (strchr(program, '/')) {
         char *copy = strdup(program);
         if (!copy)
-            snprintf(err, errlen, "out of memory");
+            dk_set_err(err, errlen, "out of memory");
         return copy;
     }
     const char *path = getenv("PATH");
@@ -253,7 +403,7 @@ char *dk_spawn_find_program(const char *program, char *err, size_t errlen)
         size_t dlen = end ? (size_t) (end - dir) : strlen(dir);
         char *cand = malloc(dlen + plen + 3);
         if (!cand) {
-            snprintf(err, errlen, "out of memory");
+            dk_set_err(err, errlen, "out of memory");
             return NULL;
         }
         /* An empty PATH entry means the current directory. */
@@ -266,7 +416,7 @@ char *dk_spawn_find_program(const char *program, char *err, size_t errlen)
             break;
         dir = end + 1;
     }
-    snprintf(err, errlen, "cannot find the rank executable \"%s\" on PATH (%s); give a full path",
+    dk_set_err(err, errlen, "cannot find the rank executable \"%s\" on PATH (%s); give a full path",
              program, path);
     return NULL;
 }
@@ -328,7 +478,7 @@ int dk_spawn_free_port(char *err, size_t errlen)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) {
-        snprintf(err, errlen, "cannot pick a MASTER_PORT (socket): %s", strerror(errno));
+        dk_set_err(err, errlen, "cannot pick a MASTER_PORT (socket): %s", strerror(errno));
         return -1;
     }
     struct sockaddr_in addr;
@@ -339,7 +489,7 @@ int dk_spawn_free_port(char *err, size_t errlen)
     int port = -1;
     if (bind(fd, (struct sockaddr *) &addr, sizeof addr) != 0 ||
         getsockname(fd, (struct sockaddr *) &addr, &alen) != 0)
-        snprintf(err, errlen, "cannot pick a MASTER_PORT on 127.0.0.1: %s", strerror(errno));
+        dk_set_err(err, errlen, "cannot pick a MASTER_PORT on 127.0.0.1: %s", strerror(errno));
     else
         port = ntohs(addr.sin_port);
     close(fd);

@@ -1,7 +1,9 @@
 /*
- * dk_spawn: starting one rank process, and the pieces its start needs.
+ * dk_spawn: the one way the runtime starts a process, and the pieces a start
+ * needs.
  *
- * Internal to the runtime (dk_job uses it); not part of the embedding API.
+ * Internal to the runtime (dk_job, dk_proc and dk_server use it); not part of
+ * the embedding API: the kernel starts processes through those three.
  * Everything that allocates (argv, the environment, the program's path) is
  * prepared before fork, because between fork and exec the child of a
  * multi-threaded host may only make async-signal-safe calls.
@@ -9,6 +11,7 @@
 #ifndef DK_SPAWN_H
 #define DK_SPAWN_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 typedef struct {
@@ -17,6 +20,30 @@ typedef struct {
     int out_fd;     /* read end of its stdout pipe: non-blocking, close-on-exec */
     int err_fd;     /* read end of its stderr pipe: likewise */
 } dk_spawned_t;
+
+typedef struct {
+    const char *what;       /* in messages: "rank process", "helper program" */
+    int out_fd;             /* >= 0: the child's stdout and stderr (a log), no pipes; the
+                               caller keeps its descriptor. -1: fresh pipes */
+    bool guard;             /* start a guard that runs PATH as its child (see below) */
+    int keep_fd;            /* guard only: a folder descriptor the guard keeps (a copy),
+                               or -1 */
+    const char *unlink_at_end; /* guard only: a name in KEEP_FD the guard removes when it
+                                  stops the program, or NULL */
+} dk_spawn_opts_t;
+
+#define DK_SPAWN_OPTS_INIT {.what = "rank process", .out_fd = -1, .keep_fd = -1}
+
+/* dk_spawn with OPTS. In guard mode the process started (OUT->pid, leader of
+ * its group) is a guard, not PATH: it starts PATH in its group and, when the
+ * caller's thread ends (its PR_SET_PDEATHSIG is SIGTERM, which it catches) or
+ * it is sent SIGTERM, stops the whole group, PATH's own children included:
+ * SIGTERM, then SIGKILL 3 s later, removing UNLINK_AT_END in between. When
+ * PATH ends by itself the guard exits with its status (a signal: 1). An exec
+ * failure of PATH is still reported here as an error. OUT's pipes are -1 when
+ * OPTS->out_fd was given. */
+int dk_spawn_with(const char *path, char *const argv[], char *const envp[],
+                  const dk_spawn_opts_t *opts, dk_spawned_t *out, char *err, size_t errlen);
 
 /* Fork and exec PATH with ARGV and ENVP: in a process group of its own, killed
  * when the calling thread exits (PR_SET_PDEATHSIG), default signal dispositions

@@ -472,6 +472,42 @@ Test(run_url, at_sign_in_the_path_is_not_userinfo)
     cr_assert_str_eq(link_of("http://example.com/team@x"), "http://example.com/team@x" RUN);
 }
 
+static const char *shown(const char *uri)
+{
+    static char out[256];
+    dk_mlflow_strip_uri(uri, out, sizeof out);
+    return out;
+}
+
+Test(strip_uri, a_password_with_at_signs_is_removed_whole)
+{
+    cr_assert_str_eq(shown("https://ann:p@ss@w0rd@example.com:8443/ml/"),
+                     "https://example.com:8443/ml");
+    cr_assert_str_eq(shown("http://ann:@@@example.com"), "http://example.com");
+}
+
+Test(strip_uri, a_uri_without_credentials_is_kept_but_its_trailing_slash)
+{
+    cr_assert_str_eq(shown("http://127.0.0.1:5000"), "http://127.0.0.1:5000");
+    cr_assert_str_eq(shown("https://example.com/mlflow/"), "https://example.com/mlflow");
+    cr_assert_str_eq(shown("databricks"), "databricks");
+}
+
+Test(strip_uri, only_the_authority_loses_userinfo)
+{
+    cr_assert_str_eq(shown("http://example.com/team@x"), "http://example.com/team@x");
+    cr_assert_str_eq(shown("http://example.com?who=a@b"), "http://example.com?who=a@b");
+    cr_assert_str_eq(shown("http://u:p@example.com/a@b"), "http://example.com/a@b");
+    cr_assert_str_eq(shown("databricks://tok:en@profile"), "databricks://profile");
+}
+
+Test(strip_uri, a_short_buffer_is_terminated)
+{
+    char out[8];
+    dk_mlflow_strip_uri("http://ann:pw@example.com", out, sizeof out);
+    cr_assert_str_eq(out, "http://");
+}
+
 Test(run_url, short_buffer_is_terminated)
 {
     char out[10];
