@@ -1,6 +1,6 @@
 """The kernel side of %%distributed in Python: what only Python can do.
 
-The C side (distributed/dk_distributed.c) parses options, checks devices, runs the
+The C side (distributed/dk_distributed.c and dk_dist_*.c) parses options, checks devices, runs the
 ranks and relays their output; it calls here to pickle what the cell needs
 before any rank starts, and to turn the ranks' pickled values into the cell's
 result.

@@ -1,0 +1,113 @@
+/*
+ * dk_dist_mlflow: a run's MLflow variables, notes and link. See the header.
+ *
+ * The ranks get the run's variables in their environment rather than as
+ * arguments, so that `mlflow.log_metric` in the user's code, which reads them,
+ * logs to the run without being told.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "dk_dist_mlflow.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern char **environ;
+
+static void note_line(dk_kernel_t *kernel, const char *note)
+{
+    if (!note[0])
+        return;
+    char line[1200];
+    int n = snprintf(line, sizeof line, "%s\n", note);
+    if (n > (int)sizeof line - 1)
+        n = (int)sizeof line - 1;
+    dk_stream_write(dk_kernel_stream(kernel), DK_STDERR, line, (size_t)n);
+}
+
+/* The notebook's active MLflow run id, if its Python has one (malloc'd). */
+static char *active_parent_run(void)
+{
+    PyObject *mod = PyImport_ImportModule("distkernel._dist");
+    PyObject *res = mod ? PyObject_CallMethod(mod, "active_mlflow_run", NULL) : NULL;
+    Py_XDECREF(mod);
+    char *out = NULL;
+    if (res && PyUnicode_Check(res))
+        out = strdup(PyUnicode_AsUTF8(res));
+    Py_XDECREF(res);
+    PyErr_Clear();
+    return out;
+}
+
+static bool is_mlflow_var(const char *entry)
+{
+    return strncmp(entry, "MLFLOW_TRACKING_URI=", 20) == 0 ||
+           strncmp(entry, "MLFLOW_RUN_ID=", 14) == 0 ||
+           strncmp(entry, "MLFLOW_EXPERIMENT_ID=", 21) == 0;
+}
+
+/* environ with the MLFLOW_* variables of SELF in place of its own. */
+static char **ranks_env(dk_dist_mlflow_t *self)
+{
+    snprintf(self->env[0], sizeof self->env[0], "MLFLOW_TRACKING_URI=%s",
+             self->tracked.tracking_uri);
+    snprintf(self->env[1], sizeof self->env[1], "MLFLOW_RUN_ID=%s", self->tracked.run_id);
+    snprintf(self->env[2], sizeof self->env[2], "MLFLOW_EXPERIMENT_ID=%s",
+             self->tracked.experiment_id);
+    size_t n = 0;
+    while (environ[n])
+        n++;
+    char **env = calloc(n + 4, sizeof *env);
+    if (!env)
+        return NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!is_mlflow_var(environ[i]))
+            env[k++] = environ[i];
+    for (int i = 0; i < 3; i++)
+        env[k++] = self->env[i];
+    env[k] = NULL;
+    return env;
+}
+
+char **dk_dist_mlflow_begin(dk_dist_mlflow_t *self, dk_kernel_t *kernel,
+                            dk_tracking_request_t req)
+{
+    char *parent = active_parent_run();
+    req.parent_run_id = parent;
+    char note[1200];
+    dk_tracking_begin(&req, &self->tracked, note, sizeof note);
+    free(parent);
+    note_line(kernel, note);
+    return self->tracked.active ? ranks_env(self) : NULL;
+}
+
+void dk_dist_mlflow_end(dk_dist_mlflow_t *self, dk_kernel_t *kernel, const char *status)
+{
+    char note[1200];
+    dk_tracking_end(&self->tracked, status, note, sizeof note);
+    note_line(kernel, note);
+}
+
+void dk_dist_mlflow_publish_link(dk_dist_mlflow_t *self, dk_kernel_t *kernel)
+{
+    if (!self->tracked.active)
+        return;
+    const char *url = self->tracked.url;
+    size_t n = strlen(url) * 2 + strlen(self->tracked.run_name) + 200;
+    char *html = malloc(n);
+    if (!html)
+        return;
+    snprintf(html, n, "MLflow run <a href=\"%s\" target=\"_blank\">%s</a>", url,
+             self->tracked.run_name);
+    char text[2400];
+    snprintf(text, sizeof text, "MLflow run %s: %s", self->tracked.run_name, url);
+    json_t *content = json_pack("{s:{s:s, s:s}, s:{}, s:{}}", "data", "text/plain", text,
+                                "text/html", html, "metadata", "transient");
+    dk_stream_flush(dk_kernel_stream(kernel));
+    dk_iopub_publish(dk_kernel_iopub(kernel), "display_data", content, NULL);
+    json_decref(content);
+    free(html);
+}

@@ -1,0 +1,472 @@
+/*
+ * dk_dist_run: a run's lifecycle. See the header.
+ *
+ * A run is three parties. The runtime thread calls the sink: output goes to
+ * the relay, which has a lock of its own (it may wait on a slow frontend, and
+ * the status display must not wait with it); states and messages go to the
+ * ranks' records under the run's lock. The main thread waits with the GIL
+ * released and, between slices, honours interrupts and shutdown, ticks the
+ * relay and refreshes the status display. Once the job has ended, the runtime
+ * thread is gone and the records are the main thread's alone.
+ */
+#include "dk_dist_run.h"
+#include "dk_dist_mlflow.h"
+#include "dk_dist_opts.h"
+#include "dk_dist_outcome.h"
+#include "dk_dist_plan.h"
+#include "dk_dist_preflight.h"
+#include "dk_dist_rank.h"
+#include "dk_dist_relay.h"
+#include "dk_dist_status.h"
+#include "dk_gpu.h"
+#include "dk_logdir.h"
+#include "dk_logfile.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct dk_dist_run_t {
+    dk_kernel_t *kernel;
+    dk_dist_logs_t *logs;       /* the feature's, outlives the run */
+    const char *kind;           /* "cell" or "function" */
+    dk_dist_opts_t opts;
+    dk_dist_plan_t plan;
+    char run_id[24];
+    dk_job_t *job;
+    dk_dist_relay_t *relay;
+    pthread_mutex_t lock;       /* guards ranks and status_dirty */
+    dk_dist_rank_t *ranks;      /* plan.world records */
+    bool status_dirty;
+    bool status_shown;          /* the status display exists */
+    long long t0_ms;
+    bool interrupted, shutdown;
+    dk_dist_mlflow_t mlflow;
+    unsigned long long thinned_at_start;   /* the stream's thinned lines, before the run */
+};
+
+static long long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void write_err(dk_dist_run_t *run, const char *text)
+{
+    dk_stream_write(dk_kernel_stream(run->kernel), DK_STDERR, text, strlen(text));
+}
+
+/* ---- displays ----------------------------------------------------------------- */
+
+/* Publish TEXT as display DISPLAY_ID: FORCE queues it behind a frontend that is
+ * behind (the first and last states of a display must arrive); otherwise it is
+ * offered after the stream text before it, and false means IOPub was full and
+ * nothing was sent. */
+static bool publish_display(dk_kernel_t *kernel, const char *display_id, bool update,
+                            const char *text, bool force)
+{
+    const char *msg_type = update ? "update_display_data" : "display_data";
+    json_t *content = json_pack("{s:{s:s}, s:{}, s:{s:s}}", "data", "text/plain", text,
+                                "metadata", "transient", "display_id", display_id);
+    if (!content)
+        return false;
+    dk_stream_t *stream = dk_kernel_stream(kernel);
+    dk_iopub_t *iopub = dk_kernel_iopub(kernel);
+    bool sent = true;
+    if (force) {
+        dk_stream_flush(stream);
+        dk_iopub_publish(iopub, msg_type, content, NULL);
+    } else if (!dk_stream_offer(stream)) {
+        sent = false;
+    } else {
+        char *dumped = json_dumps(content, JSON_COMPACT);
+        sent = (dumped ? dk_iopub_offer_text(iopub, msg_type, dumped) : -1) != DK_IOPUB_FULL;
+        free(dumped);
+    }
+    json_decref(content);
+    return sent;
+}
+
+static void relay_append(void *data, int fd, const char *text, size_t len)
+{
+    dk_dist_run_t *run = data;
+    dk_stream_append(dk_kernel_stream(run->kernel), fd == 2 ? DK_STDERR : DK_STDOUT, text, len);
+}
+
+static bool relay_display(void *data, const char *display_id, bool update, const char *text,
+                          bool force)
+{
+    dk_dist_run_t *run = data;
+    return publish_display(run->kernel, display_id, update, text, force);
+}
+
+/* The run's status display. FORCE: the first and last states, which must arrive;
+ * the updates in between are skipped while a frontend is behind. */
+static void publish_status(dk_dist_run_t *run, const char *headline, bool force)
+{
+    dk_dist_status_t st = {.what = run->plan.what,
+                           .elapsed_s = (double)(now_ms() - run->t0_ms) / 1000.0,
+                           .headline = headline, .world = run->plan.world, .ranks = run->ranks,
+                           .gpu = run->plan.gpu, .log_dir = dk_job_log_dir(run->job),
+                           .gpu_memory = dk_gpu_process_memory};
+    pthread_mutex_lock(&run->lock);
+    char *text = dk_dist_status_text(&st);
+    run->status_dirty = false;
+    pthread_mutex_unlock(&run->lock);
+    if (!text)
+        return;
+    char display_id[64];
+    snprintf(display_id, sizeof display_id, "distkernel-%s-status", run->run_id);
+    if (publish_display(run->kernel, display_id, run->status_shown, text,
+                        force || !run->status_shown))
+        run->status_shown = true;
+    else
+        run->status_dirty = true;
+    free(text);
+}
+
+/* ---- the sink: runs on the runtime thread ------------------------------------- */
+
+static void sink_output(void *data, int rank, int fd, const char *bytes, size_t len)
+{
+    dk_dist_run_t *run = data;
+    dk_dist_relay_output(run->relay, rank, fd, bytes, len);
+}
+
+static void sink_caught_up(void *data, int rank, int fd)
+{
+    dk_dist_run_t *run = data;
+    dk_dist_relay_caught_up(run->relay, rank, fd);
+}
+
+static void sink_state(void *data, int rank, dk_rank_state_t state, int exit_code, int term_signal)
+{
+    dk_dist_run_t *run = data;
+    pthread_mutex_lock(&run->lock);
+    run->ranks[rank].state = state;
+    if (state == DK_RANK_RUNNING)
+        run->ranks[rank].got_cell = true;
+    run->ranks[rank].exit_code = exit_code;
+    run->ranks[rank].term_signal = term_signal;
+    run->status_dirty = true;
+    pthread_mutex_unlock(&run->lock);
+}
+
+static void sink_message(void *data, int rank, bool is_error, const void *bytes, size_t len)
+{
+    dk_dist_run_t *run = data;
+    void *copy = malloc(len ? len : 1);
+    if (!copy)
+        return;
+    memcpy(copy, bytes, len);
+    pthread_mutex_lock(&run->lock);
+    free(run->ranks[rank].message);
+    run->ranks[rank].message = copy;
+    run->ranks[rank].message_len = len;
+    run->ranks[rank].is_error = is_error;
+    pthread_mutex_unlock(&run->lock);
+}
+
+static void sink_warning(void *data, const char *text)
+{
+    dk_dist_run_t *run = data;
+    char line[1024];
+    int n = snprintf(line, sizeof line, "[distkernel] %s\n", text);
+    if (n > (int)sizeof line - 1)
+        n = (int)sizeof line - 1;
+    dk_stream_write(dk_kernel_stream(run->kernel), DK_STDERR, line, (size_t)n);
+}
+
+/* ---- start -------------------------------------------------------------------- */
+
+void dk_dist_run_destroy(dk_dist_run_t **self_p)
+{
+    dk_dist_run_t *run = *self_p;
+    if (!run)
+        return;
+    dk_job_destroy(&run->job);   /* first: its thread calls the relay */
+    dk_dist_relay_destroy(&run->relay);
+    for (int r = 0; run->ranks && r < run->plan.world; r++)
+        free(run->ranks[r].message);
+    free(run->ranks);
+    pthread_mutex_destroy(&run->lock);
+    free(run);
+    *self_p = NULL;
+}
+
+/* NULL with a Python exception set, after freeing RUN. */
+static dk_dist_run_t *fail(dk_dist_run_t *run, PyObject *type, const char *msg)
+{
+    if (type == PyExc_MemoryError)
+        PyErr_NoMemory();
+    else if (type)
+        PyErr_SetString(type, msg);
+    dk_dist_run_destroy(&run);
+    return NULL;
+}
+
+static void random_id(char out[24])
+{
+    unsigned char id[8];
+    FILE *ur = fopen("/dev/urandom", "rb");
+    if (!ur || fread(id, 1, sizeof id, ur) != sizeof id)
+        memset(id, 0x5a, sizeof id);
+    if (ur)
+        fclose(ur);
+    for (int i = 0; i < 8; i++)
+        snprintf(out + 2 * i, 3, "%02x", id[i]);
+}
+
+/* The run as OPTIONS asks, planned on this node, with its ranks' records. */
+static dk_dist_run_t *run_plan(dk_kernel_t *kernel, const char *kind, const char *options)
+{
+    dk_dist_run_t *run = calloc(1, sizeof *run);
+    if (!run) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    pthread_mutex_init(&run->lock, NULL);
+    run->kernel = kernel;
+    run->kind = kind;
+    char err[1024];
+    if (dk_dist_opts_parse(options, &run->opts, err, sizeof err) < 0)
+        return fail(run, PyExc_ValueError, err);
+    if (run->opts.warnings[0]) {
+        char line[600];
+        snprintf(line, sizeof line, "%s\n", run->opts.warnings);
+        write_err(run, line);
+    }
+    dk_gpu_list_t gpus = {0};
+    if (!run->opts.num_processes)
+        dk_gpu_discover(&gpus);
+    if (dk_dist_plan(&run->opts, &gpus, &run->plan, err, sizeof err) < 0)
+        return fail(run, PyExc_RuntimeError, err);
+    run->ranks = calloc((size_t)run->plan.world, sizeof *run->ranks);
+    if (!run->ranks)
+        return fail(run, PyExc_MemoryError, NULL);
+    for (int r = 0; r < run->plan.world; r++)
+        run->ranks[r].gpu_index = run->plan.gpu ? run->plan.gpu_index[r] : -1;
+    return run;
+}
+
+static const char *rank_exe(void)
+{
+    const char *exe = getenv("DISTKERNEL_RANK_EXE");
+    return exe && *exe ? exe : DK_RANK_EXE;
+}
+
+/* The job, its output and states to RUN. NULL with a Python exception set. */
+static dk_job_t *start_job(dk_dist_run_t *run, char **env, const char *log_dir,
+                           unsigned long long log_cap, const void *payload, size_t len)
+{
+    dk_job_spec_t spec = {
+        .log_cap = log_cap,
+        .log_dir = log_dir,
+        .env = (const char *const *)env,
+        .world_size = run->plan.world,
+        .rank_exe = rank_exe(),
+        .payload = payload,
+        .payload_len = len,
+        .timeout_s = run->opts.timeout_s,
+        .grace_s = DK_DIST_KILL_GRACE_S,
+    };
+    dk_sink_t sink = {.data = run, .on_output = sink_output,
+                      .on_caught_up = sink_caught_up, .on_state = sink_state,
+                      .on_message = sink_message, .on_warning = sink_warning};
+    char err[1024];
+    dk_job_t *job = dk_job_start(&spec, &sink, err, sizeof err);
+    if (!job)
+        PyErr_Format(PyExc_RuntimeError, "could not start the ranks: %s", err);
+    return job;
+}
+
+/* The MLflow run, the log folder, the job. False with a Python exception set. */
+static bool launch(dk_dist_run_t *run, const void *payload, size_t len)
+{
+    dk_tracking_request_t req = {.opts = &run->opts, .world_size = run->plan.world,
+                                 .gpu = run->plan.gpu, .device = run->plan.device,
+                                 .accelerator_model = run->plan.model, .kind = run->kind};
+    char **env = dk_dist_mlflow_begin(&run->mlflow, run->kernel, req);
+    if (PyErr_CheckSignals() < 0) {
+        /* Interrupted while the run was being recorded: start nothing. */
+        free(env);
+        dk_dist_mlflow_end(&run->mlflow, run->kernel, "KILLED");
+        return false;
+    }
+    char err[1024], log_dir[4096];
+    unsigned long long log_cap = run->opts.log_cap, root_cap;
+    if (!log_cap && dk_dist_logs_size_from_env("DISTKERNEL_LOG_CAP", DK_LOG_CAP_DEFAULT,
+                                               &log_cap, err, sizeof err) < 0)
+        PyErr_SetString(PyExc_ValueError, err);
+    else if (dk_dist_logs_size_from_env("DISTKERNEL_LOG_ROOT_CAP", DK_LOG_ROOT_CAP_DEFAULT,
+                                        &root_cap, err, sizeof err) < 0)
+        PyErr_SetString(PyExc_ValueError, err);
+    else if (dk_dist_logs_next(run->logs, run->run_id, root_cap, log_dir, sizeof log_dir, err,
+                               sizeof err) < 0)
+        PyErr_SetString(PyExc_RuntimeError, err);
+    else
+        run->job = start_job(run, env, log_dir, log_cap, payload, len);
+    free(env);
+    if (!run->job)
+        dk_dist_mlflow_end(&run->mlflow, run->kernel, "FAILED");
+    return run->job != NULL;
+}
+
+/* The job runs: its status display, a thinning hint, the MLflow link. */
+static void announce(dk_dist_run_t *run)
+{
+    for (int r = 0; r < run->plan.world; r++)
+        run->ranks[r].pid = dk_job_rank_pid(run->job, r);
+    /* A frontend too slow for the ranks is shown less, and told where it all is. */
+    dk_stream_t *stream = dk_kernel_stream(run->kernel);
+    unsigned long long bytes;
+    dk_stream_thinned(stream, &run->thinned_at_start, &bytes);
+    char hint[4200];
+    snprintf(hint, sizeof hint, "; every rank's full output is in %s", dk_job_log_dir(run->job));
+    dk_stream_set_thin_hint(stream, hint);
+    run->t0_ms = now_ms();
+    publish_status(run, NULL, true);
+    dk_dist_mlflow_publish_link(&run->mlflow, run->kernel);
+}
+
+dk_dist_run_t *dk_dist_run_start(dk_kernel_t *kernel, dk_dist_logs_t *logs, const char *kind,
+                                 const char *options, const void *payload, size_t len)
+{
+    dk_dist_run_t *run = run_plan(kernel, kind, options);
+    if (!run)
+        return NULL;
+    run->logs = logs;
+    if (run->opts.check && dk_dist_preflight(dk_kernel_stream(kernel), run->plan.gpu) < 0)
+        return fail(run, NULL, NULL);
+    random_id(run->run_id);
+    dk_dist_relay_io_t io = {.data = run, .append = relay_append, .display = relay_display};
+    run->relay = dk_dist_relay_new(run->plan.world, run->run_id,
+                                   run->opts.output == DK_OUTPUT_RANK0, &io);
+    if (!run->relay)
+        return fail(run, PyExc_MemoryError, NULL);
+    if (!launch(run, payload, len))
+        return fail(run, NULL, NULL);
+    announce(run);
+    return run;
+}
+
+/* ---- wait and end ------------------------------------------------------------- */
+
+/* Between two slices of the wait: an interrupt or a shutdown ends every rank. */
+static void honour_signals(dk_dist_run_t *run)
+{
+    if (PyErr_CheckSignals() < 0) {
+        PyErr_Clear();
+        if (!run->interrupted) {
+            run->interrupted = true;
+            dk_job_cancel(run->job);
+            write_err(run, "[distkernel] interrupted: ending every rank\n");
+        }
+    }
+    if (!run->shutdown && dk_kernel_shutting_down(run->kernel)) {
+        run->shutdown = true;
+        dk_job_cancel(run->job);
+    }
+}
+
+/* Every rank has exited: the last output, the records' final facts, MLflow's
+ * status, and a word on output the frontend did not get. */
+static void finish(dk_dist_run_t *run, dk_job_end_t end)
+{
+    dk_dist_relay_finish(run->relay);
+    for (int r = 0; r < run->plan.world; r++) {
+        dk_dist_rank_t *ri = &run->ranks[r];
+        ri->state = dk_job_rank_state(run->job, r);
+        ri->exit_code = dk_job_rank_exit_code(run->job, r);
+        ri->term_signal = dk_job_rank_signal(run->job, r);
+        ri->log_complete = dk_job_rank_log_complete(run->job, r);
+        ri->log_capped = dk_job_rank_log_capped(run->job, r);
+    }
+    dk_dist_mlflow_end(&run->mlflow, run->kernel, end == DK_END_OK       ? "FINISHED"
+                                                  : end == DK_END_FAILED ? "FAILED"
+                                                                         : "KILLED");
+    dk_stream_t *stream = dk_kernel_stream(run->kernel);
+    dk_stream_flush(stream);
+    unsigned long long lines, bytes;
+    dk_stream_thinned(stream, &lines, &bytes);
+    if (lines > run->thinned_at_start) {
+        char line[4400];
+        snprintf(line, sizeof line,
+                 "[distkernel] output thinned: %llu lines of this run were not shown "
+                 "here; every rank's full output is in %s/rank-N.log\n",
+                 lines - run->thinned_at_start, dk_job_log_dir(run->job));
+        write_err(run, line);
+        dk_stream_flush(stream);
+    }
+    dk_stream_set_thin_hint(stream, NULL);
+}
+
+dk_job_end_t dk_dist_run_wait(dk_dist_run_t *run)
+{
+    long long last_status = now_ms();
+    for (;;) {
+        bool done;
+        Py_BEGIN_ALLOW_THREADS
+        done = dk_job_wait(run->job, DK_DIST_WAIT_SLICE_MS);
+        Py_END_ALLOW_THREADS
+        if (done)
+            break;
+        honour_signals(run);
+        dk_dist_relay_tick(run->relay);
+        if (run->status_dirty || now_ms() - last_status >= DK_DIST_STATUS_EVERY_MS) {
+            publish_status(run, run->interrupted ? "ending ranks" : NULL, false);
+            last_status = now_ms();
+        }
+    }
+    dk_job_end_t end = dk_job_end(run->job);
+    finish(run, end);
+    publish_status(run, end == DK_END_OK ? "finished" : run->interrupted ? "interrupted" : "failed",
+                   true);
+    return end;
+}
+
+PyObject *dk_dist_run_results(dk_dist_run_t *run)
+{
+    PyObject *list = PyList_New(run->plan.world);
+    for (int r = 0; list && r < run->plan.world; r++) {
+        dk_dist_rank_t *ri = &run->ranks[r];
+        PyObject *item = ri->message && !ri->is_error
+                             ? PyBytes_FromStringAndSize(ri->message, (Py_ssize_t)ri->message_len)
+                             : Py_NewRef(Py_None);
+        if (!item) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, r, item);
+    }
+    return list;
+}
+
+json_t *dk_dist_run_error(dk_dist_run_t *run, bool headline)
+{
+    dk_job_end_t end = dk_job_end(run->job);
+    dk_dist_outcome_t o = {.end = end,
+                           .root = end == DK_END_FAILED ? dk_job_root_cause(run->job) : -1,
+                           .interrupted = run->interrupted, .shutdown = run->shutdown,
+                           .timeout_s = run->opts.timeout_s, .log_dir = dk_job_log_dir(run->job),
+                           .world = run->plan.world, .ranks = run->ranks};
+    return dk_dist_outcome_error(&o, headline);
+}
+
+const char *dk_dist_run_log_dir(dk_dist_run_t *run)
+{
+    return dk_job_log_dir(run->job);
+}
+
+const char *dk_dist_run_url(dk_dist_run_t *run)
+{
+    return run->mlflow.tracked.active ? run->mlflow.tracked.url : "";
+}
+
+const char *dk_dist_run_result_name(dk_dist_run_t *run)
+{
+    return run->opts.result_name;
+}

@@ -1,0 +1,266 @@
+/*
+ * What the user is told about a run that did not end well
+ * (distributed/dk_dist_outcome.h), from made-up ranks: the error's ename,
+ * evalue and traceback lines, word for word as the e2e tests see them.
+ */
+#include <criterion/criterion.h>
+
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "dk_dist_outcome.h"
+
+#define RED "\x1b[0;31m"
+#define RESET "\x1b[0m"
+
+static dk_dist_rank_t ranks[4];
+static dk_dist_outcome_t o;
+static json_t *error;
+
+static void setup(void)
+{
+    memset(ranks, 0, sizeof ranks);
+    for (int r = 0; r < 4; r++) {
+        ranks[r] = (dk_dist_rank_t){.state = DK_RANK_STOPPED, .got_cell = true,
+                                    .log_complete = true, .gpu_index = -1};
+    }
+    o = (dk_dist_outcome_t){.end = DK_END_FAILED, .root = -1, .log_dir = "/logs/run-1",
+                            .world = 2, .ranks = ranks};
+    error = NULL;
+}
+
+static void teardown(void)
+{
+    json_decref(error);
+}
+
+TestSuite(outcome, .init = setup, .fini = teardown);
+
+static const char *ERROR_MSG =
+    "{\"ename\": \"ValueError\", \"evalue\": \"bad shape\","
+    " \"traceback\": [\"Traceback (most recent call last):\", \"  File x\", \"ValueError: bad shape\"]}";
+
+static void raised(int r)
+{
+    ranks[r].state = DK_RANK_FAILED;
+    ranks[r].is_error = true;
+    ranks[r].message = (void *)ERROR_MSG;
+    ranks[r].message_len = strlen(ERROR_MSG);
+    ranks[r].exit_code = 1;
+}
+
+static const char *field(const char *key)
+{
+    return json_string_value(json_object_get(error, key));
+}
+
+static const char *line(size_t i)
+{
+    json_t *tb = json_object_get(error, "traceback");
+    cr_assert(i < json_array_size(tb), "the traceback has %zu lines, not %zu",
+              json_array_size(tb), i + 1);
+    return json_string_value(json_array_get(tb, i));
+}
+
+static size_t lines(void)
+{
+    return json_array_size(json_object_get(error, "traceback"));
+}
+
+static void build(bool headline)
+{
+    error = dk_dist_outcome_error(&o, headline);
+    cr_assert_not_null(error);
+}
+
+Test(outcome, a_rank_that_raised_is_the_root_cause_with_its_traceback)
+{
+    raised(1);
+    o.root = 1;
+    build(false);
+    cr_assert_str_eq(field("ename"), "ValueError");
+    cr_assert_str_eq(field("evalue"), "[rank 1] bad shape");
+    const char *want[] = {"Rank 1 failed first (root cause):",
+                          "Traceback (most recent call last):",
+                          "  File x",
+                          "ValueError: bad shape",
+                          "",
+                          "Ranks:",
+                          "  rank 0: ended by distkernel after rank 1 failed",
+                          "  rank 1: raised ValueError: bad shape   <- root cause (first failure)",
+                          "Full output of every rank: /logs/run-1/rank-N.log"};
+    cr_assert_eq(lines(), sizeof want / sizeof want[0]);
+    for (size_t i = 0; i < lines(); i++)
+        cr_assert_str_eq(line(i), want[i], "line %zu", i);
+}
+
+Test(outcome, the_headline_comes_first_then_a_blank_line)
+{
+    raised(0);
+    o.root = 0;
+    build(true);
+    cr_assert_str_eq(line(0), RED "ValueError" RESET ": [rank 0] bad shape");
+    cr_assert_str_eq(line(1), "");
+    cr_assert_str_eq(line(2), "Rank 0 failed first (root cause):");
+}
+
+Test(outcome, the_headline_of_a_rank_without_traceback_has_one_blank_line_after_it)
+{
+    ranks[1] = (dk_dist_rank_t){.state = DK_RANK_FAILED, .exit_code = 3, .got_cell = true,
+                                .log_complete = true};
+    o.root = 1;
+    build(true);
+    cr_assert_str_eq(line(0), RED "RankExited" RESET
+                     ": rank 1: exited with code 3 before returning a result");
+    cr_assert_str_eq(line(1), "");
+    cr_assert_str_eq(line(2), "Ranks:");
+}
+
+Test(outcome, without_headline_there_is_none)
+{
+    raised(0);
+    o.root = 0;
+    build(false);
+    cr_assert_str_eq(line(0), "Rank 0 failed first (root cause):");
+}
+
+Test(outcome, a_rank_killed_by_a_signal_is_named_with_the_signal)
+{
+    ranks[1] = (dk_dist_rank_t){.state = DK_RANK_FAILED, .exit_code = -1,
+                                .term_signal = SIGSEGV, .got_cell = true, .log_complete = true};
+    o.root = 1;
+    build(false);
+    cr_assert_str_eq(field("ename"), "RankKilled");
+    char want[128];
+    snprintf(want, sizeof want, "rank 1: killed by signal %d (SIGSEGV)", SIGSEGV);
+    cr_assert_str_eq(field("evalue"), want);
+    strcat(want, "   <- root cause (first failure)");
+    cr_assert_str_eq(line(3) + 2, want);
+}
+
+Test(outcome, sigkill_suggests_the_out_of_memory_killer)
+{
+    ranks[0] = (dk_dist_rank_t){.state = DK_RANK_FAILED, .exit_code = -1,
+                                .term_signal = SIGKILL, .got_cell = true, .log_complete = true};
+    o.root = 0;
+    build(false);
+    cr_assert_str_eq(field("evalue"), "rank 0: killed by signal 9 (SIGKILL), often the "
+                                      "out-of-memory killer (see dmesg)");
+}
+
+Test(outcome, an_unknown_signal_is_a_signal)
+{
+    ranks[0] = (dk_dist_rank_t){.state = DK_RANK_FAILED, .term_signal = 63, .got_cell = true,
+                                .log_complete = true};
+    o.root = 0;
+    build(false);
+    cr_assert_str_eq(field("evalue"), "rank 0: killed by signal 63 (a signal)");
+}
+
+Test(outcome, an_exit_code_before_the_cell_says_start_up)
+{
+    ranks[1] = (dk_dist_rank_t){.state = DK_RANK_FAILED, .exit_code = 3, .got_cell = false,
+                                .log_complete = true};
+    o.root = 1;
+    build(false);
+    cr_assert_str_eq(field("ename"), "RankExited");
+    cr_assert_str_eq(field("evalue"),
+                     "rank 1: exited with code 3 during start-up, before it received the cell");
+}
+
+Test(outcome, an_exit_without_result_says_so)
+{
+    ranks[0] = (dk_dist_rank_t){.state = DK_RANK_FAILED, .exit_code = 0, .got_cell = true,
+                                .log_complete = true};
+    o.root = 0;
+    build(false);
+    cr_assert_str_eq(field("evalue"), "rank 0: exited without returning a result");
+}
+
+Test(outcome, interrupted)
+{
+    o.end = DK_END_CANCELLED;
+    o.interrupted = true;
+    ranks[1].term_signal = SIGKILL;
+    build(true);
+    cr_assert_str_eq(field("ename"), "KeyboardInterrupt");
+    cr_assert_str_eq(field("evalue"), "interrupted: every rank was ended");
+    cr_assert_str_eq(line(0), RED "KeyboardInterrupt" RESET ": interrupted: every rank was ended");
+    cr_assert_str_eq(line(1), "");
+    cr_assert_str_eq(line(2), "Ranks:");
+    cr_assert_str_eq(line(3), "  rank 0: ended by distkernel (interrupted)");
+    cr_assert_str_eq(line(4), "  rank 1: ended by distkernel (interrupted); it outlived SIGINT "
+                              "and SIGTERM and was killed with SIGKILL");
+}
+
+Test(outcome, kernel_shutting_down)
+{
+    o.end = DK_END_CANCELLED;
+    o.shutdown = true;
+    build(false);
+    cr_assert_str_eq(field("ename"), "KernelShutdown");
+    cr_assert_str_eq(field("evalue"), "the kernel is shutting down: every rank was ended");
+    cr_assert_str_eq(line(2), "  rank 0: ended by distkernel (kernel shutting down)");
+}
+
+Test(outcome, timeout)
+{
+    o.end = DK_END_TIMEOUT;
+    o.timeout_s = 2.5;
+    build(false);
+    cr_assert_str_eq(field("ename"), "TimeoutError");
+    cr_assert_str_eq(field("evalue"), "the job ran past timeout=2.5 s and every rank was ended; "
+                                      "give a larger timeout= or timeout=None");
+    cr_assert_str_eq(line(2), "  rank 0: ended by distkernel (timeout)");
+}
+
+Test(outcome, a_finished_rank_is_finished)
+{
+    ranks[0].state = DK_RANK_DONE;
+    raised(1);
+    o.root = 1;
+    build(false);
+    cr_assert_str_eq(line(6), "  rank 0: finished");
+}
+
+Test(outcome, logs_cut_short_by_a_full_disk_are_named)
+{
+    o.world = 4;
+    o.end = DK_END_TIMEOUT;
+    ranks[0].log_complete = false;
+    ranks[2].log_complete = false;
+    build(false);
+    cr_assert_str_eq(line(lines() - 1), "Full output of every rank: /logs/run-1/rank-N.log "
+                                        "(cut short, the disk refused writes: rank 0, 2)");
+}
+
+Test(outcome, capped_logs_are_named)
+{
+    o.end = DK_END_TIMEOUT;
+    ranks[1].log_capped = true;
+    build(false);
+    cr_assert_str_eq(line(lines() - 1), "Full output of every rank: /logs/run-1/rank-N.log "
+                                        "(head and tail only, past log_cap: rank 1)");
+}
+
+Test(outcome, cut_short_and_capped_are_both_named)
+{
+    o.end = DK_END_TIMEOUT;
+    ranks[0].log_capped = true;
+    ranks[1].log_complete = false;
+    build(false);
+    cr_assert_str_eq(line(lines() - 1), "Full output of every rank: /logs/run-1/rank-N.log "
+                                        "(cut short, the disk refused writes: rank 1)"
+                                        " (head and tail only, past log_cap: rank 0)");
+}
+
+Test(outcome, a_fate_can_be_asked_alone)
+{
+    raised(0);
+    char fate[256];
+    dk_dist_outcome_fate(&o, 0, 0, fate, sizeof fate);
+    cr_assert_str_eq(fate, "rank 0: raised ValueError: bad shape   <- root cause (first failure)");
+    dk_dist_outcome_fate(&o, 1, 0, fate, sizeof fate);
+    cr_assert_str_eq(fate, "rank 1: ended by distkernel after rank 0 failed");
+}

@@ -1,0 +1,132 @@
+/*
+ * How many ranks and where (distributed/dk_dist_plan.h), and the status
+ * display's text (distributed/dk_dist_status.h), on made-up nodes and ranks.
+ */
+#include <criterion/criterion.h>
+
+#include <string.h>
+
+#include "dk_dist_plan.h"
+#include "dk_dist_status.h"
+
+static dk_gpu_list_t node;
+static dk_dist_opts_t opts;
+static dk_dist_plan_t plan;
+static char err[1024];
+
+static void add_gpu(const char *name, const char *model)
+{
+    dk_gpu_t *g = &node.gpus[node.count];
+    g->index = node.count++;
+    strcpy(g->name, name);
+    strcpy(g->model, model);
+}
+
+static void setup(void)
+{
+    memset(&node, 0, sizeof node);
+    strcpy(node.why_none, "no NVIDIA driver");
+    memset(&opts, 0, sizeof opts);
+    err[0] = '\0';
+}
+
+TestSuite(plan, .init = setup);
+
+Test(plan, num_processes_asks_for_cpu_ranks_whatever_the_node_has)
+{
+    add_gpu("NVIDIA H100", "H100");
+    opts.num_processes = 3;
+    cr_assert_eq(dk_dist_plan(&opts, &node, &plan, err, sizeof err), 0);
+    cr_assert_eq(plan.world, 3);
+    cr_assert_not(plan.gpu);
+    cr_assert_str_eq(plan.what, "3 CPU ranks");
+    cr_assert_str_eq(plan.device, "cpu");
+}
+
+Test(plan, one_cpu_rank_is_singular)
+{
+    opts.num_processes = 1;
+    cr_assert_eq(dk_dist_plan(&opts, &node, &plan, err, sizeof err), 0);
+    cr_assert_str_eq(plan.what, "1 CPU rank");
+}
+
+Test(plan, no_gpu_says_why_and_how_to_run_cpu_ranks)
+{
+    cr_assert_eq(dk_dist_plan(&opts, &node, &plan, err, sizeof err), -1);
+    cr_assert_str_eq(err, "no GPU on this node (no NVIDIA driver). To run CPU ranks instead, "
+                          "give num_processes=N, for example: %%distributed num_processes=2");
+}
+
+Test(plan, every_gpu_of_the_node_by_default)
+{
+    add_gpu("NVIDIA H100 80GB HBM3", "H100");
+    add_gpu("NVIDIA H100 80GB HBM3", "H100");
+    cr_assert_eq(dk_dist_plan(&opts, &node, &plan, err, sizeof err), 0);
+    cr_assert_eq(plan.world, 2);
+    cr_assert(plan.gpu);
+    cr_assert_str_eq(plan.what, "2 × NVIDIA H100 80GB HBM3");
+    cr_assert_str_eq(plan.model, "H100");
+    cr_assert_eq(plan.gpu_index[1], 1);
+}
+
+Test(plan, num_accelerators_takes_fewer)
+{
+    add_gpu("NVIDIA A100", "A100");
+    add_gpu("NVIDIA A100", "A100");
+    opts.num_accelerators = 1;
+    cr_assert_eq(dk_dist_plan(&opts, &node, &plan, err, sizeof err), 0);
+    cr_assert_eq(plan.world, 1);
+}
+
+Test(plan, more_gpus_than_the_node_has_is_an_error)
+{
+    add_gpu("NVIDIA A100", "A100");
+    opts.num_accelerators = 4;
+    cr_assert_eq(dk_dist_plan(&opts, &node, &plan, err, sizeof err), -1);
+    cr_assert_str_eq(err, "num_accelerators=4 asks for more GPUs than this node has: 1 × NVIDIA A100");
+}
+
+Test(plan, another_model_is_an_error)
+{
+    add_gpu("NVIDIA A100", "A100");
+    add_gpu("Some GPU", "");
+    strcpy(opts.accelerator_model, "A100");
+    cr_assert_eq(dk_dist_plan(&opts, &node, &plan, err, sizeof err), -1);
+    cr_assert_str_eq(err, "accelerator_type asks for A100 GPUs, but this node has 2 × Some GPU "
+                          "(unknown model)");
+}
+
+static unsigned long long three_gib(int index, int pid)
+{
+    (void)index;
+    return pid > 0 ? 3ULL << 30 : 0;
+}
+
+Test(status, a_line_for_the_run_one_for_the_ranks_one_for_the_logs)
+{
+    dk_dist_rank_t ranks[3] = {
+        {.state = DK_RANK_RUNNING, .gpu_index = 0, .pid = 42},
+        {.state = DK_RANK_DONE, .gpu_index = 1, .pid = 43},
+        {.state = DK_RANK_FAILED, .gpu_index = 2, .pid = 44},
+    };
+    dk_dist_status_t st = {.what = "3 × NVIDIA H100", .elapsed_s = 12.34, .headline = "failed",
+                           .world = 3, .ranks = ranks, .gpu = true, .log_dir = "/l",
+                           .gpu_memory = three_gib};
+    char *text = dk_dist_status_text(&st);
+    cr_assert_str_eq(text, "distributed: 3 × NVIDIA H100 · 12.3 s · failed\n"
+                           "  rank 0 running (GPU 3.0 GiB) · rank 1 done · rank 2 failed\n"
+                           "  logs: /l");
+    free(text);
+}
+
+Test(status, cpu_ranks_without_headline)
+{
+    dk_dist_rank_t ranks[2] = {{.state = DK_RANK_STARTING, .gpu_index = -1},
+                               {.state = DK_RANK_STOPPED, .gpu_index = -1}};
+    dk_dist_status_t st = {.what = "2 CPU ranks", .elapsed_s = 0.04, .world = 2, .ranks = ranks,
+                           .log_dir = "/l"};
+    char *text = dk_dist_status_text(&st);
+    cr_assert_str_eq(text, "distributed: 2 CPU ranks · 0.0 s\n"
+                           "  rank 0 starting · rank 1 stopped\n  logs: /l");
+    free(text);
+}
