@@ -13,6 +13,7 @@
  * before any display, so text and displays keep their order.
  */
 #include "dk_dist_relay.h"
+#include "dk_clock.h"
 #include "dk_lines.h"
 
 #include <pthread.h>
@@ -51,9 +52,7 @@ static long long now_ms(dk_dist_relay_t *self)
 {
     if (self->io.now_ms)
         return self->io.now_ms(self->io.data);
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return dk_now_ms();
 }
 
 dk_dist_relay_t *dk_dist_relay_new(int world, const char *run_id, bool rank0_only,

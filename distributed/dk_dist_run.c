@@ -10,6 +10,7 @@
  * thread is gone and the records are the main thread's alone.
  */
 #include "dk_dist_run.h"
+#include "dk_clock.h"
 #include "dk_dist_mlflow.h"
 #include "dk_dist_opts.h"
 #include "dk_dist_outcome.h"
@@ -46,13 +47,6 @@ struct dk_dist_run_t {
     dk_dist_mlflow_t mlflow;
     unsigned long long thinned_at_start;   /* the stream's thinned lines, before the run */
 };
-
-static long long now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void write_err(dk_dist_run_t *run, const char *text)
 {
@@ -108,7 +102,7 @@ static bool relay_display(void *data, const char *display_id, bool update, const
 static void publish_status(dk_dist_run_t *run, const char *headline, bool force)
 {
     dk_dist_status_t st = {.what = run->plan.what,
-                           .elapsed_s = (double)(now_ms() - run->t0_ms) / 1000.0,
+                           .elapsed_s = (double)(dk_now_ms() - run->t0_ms) / 1000.0,
                            .headline = headline, .world = run->plan.world, .ranks = run->ranks,
                            .gpu = run->plan.gpu, .log_dir = dk_job_log_dir(run->job),
                            .gpu_memory = dk_gpu_process_memory};
@@ -327,7 +321,7 @@ static void announce(dk_dist_run_t *run)
     char hint[4200];
     snprintf(hint, sizeof hint, "; every rank's full output is in %s", dk_job_log_dir(run->job));
     dk_stream_set_thin_hint(stream, hint);
-    run->t0_ms = now_ms();
+    run->t0_ms = dk_now_ms();
     publish_status(run, NULL, true);
     dk_dist_mlflow_publish_link(&run->mlflow, run->kernel);
 }
@@ -406,7 +400,7 @@ static void finish(dk_dist_run_t *run, dk_job_end_t end)
 
 dk_job_end_t dk_dist_run_wait(dk_dist_run_t *run)
 {
-    long long last_status = now_ms();
+    long long last_status = dk_now_ms();
     for (;;) {
         bool done;
         Py_BEGIN_ALLOW_THREADS
@@ -416,9 +410,9 @@ dk_job_end_t dk_dist_run_wait(dk_dist_run_t *run)
             break;
         honour_signals(run);
         dk_dist_relay_tick(run->relay);
-        if (run->status_dirty || now_ms() - last_status >= DK_DIST_STATUS_EVERY_MS) {
+        if (run->status_dirty || dk_now_ms() - last_status >= DK_DIST_STATUS_EVERY_MS) {
             publish_status(run, run->interrupted ? "ending ranks" : NULL, false);
-            last_status = now_ms();
+            last_status = dk_now_ms();
         }
     }
     dk_job_end_t end = dk_job_end(run->job);
