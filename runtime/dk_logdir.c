@@ -431,7 +431,8 @@ int dk_logdir_prune(int rootfd, const dk_logdir_policy_t *policy, pid_t self)
     for (size_t i = 0; i < kernels.n; i++)
         if (kernels.v[i].dead && push(&dead))
             dead.v[dead.n - 1] = kernels.v[i];
-    qsort(dead.v, dead.n, sizeof *dead.v, newest_first);
+    if (dead.n > 1)   /* qsort must not be given the NULL of an empty list */
+        qsort(dead.v, dead.n, sizeof *dead.v, newest_first);
     time_t now = time(NULL);
     for (size_t i = (size_t) (policy->keep_dead_kernels > 0 ? policy->keep_dead_kernels : 0);
          i < dead.n; i++) {
@@ -446,7 +447,8 @@ int dk_logdir_prune(int rootfd, const dk_logdir_policy_t *policy, pid_t self)
         for (size_t i = 0; i < kernels.n; i++)
             list_runs(rootfd, &kernels.v[i], &runs);
         unsigned long long total = dk_logdir_usage(rootfd, ".");
-        qsort(runs.v, runs.n, sizeof *runs.v, oldest_first);
+        if (runs.n > 1)
+            qsort(runs.v, runs.n, sizeof *runs.v, oldest_first);
         for (size_t i = 0; i < runs.n && total > policy->cap; i++) {
             entry_t *r = &runs.v[i];
             int kfd = openat(rootfd, r->kernel, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
