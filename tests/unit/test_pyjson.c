@@ -19,6 +19,13 @@ const char *__lsan_default_suppressions(void)
     return "leak:libpython";
 }
 
+/* ... and a suppression that matched is not itself a report. */
+const char *__lsan_default_options(void) __attribute__((used));
+const char *__lsan_default_options(void)
+{
+    return "print_suppressions=0";
+}
+
 static void start(void)
 {
     Py_Initialize();
