@@ -1,7 +1,8 @@
 /*
  * dk_mlflow: a client for MLflow's tracking REST API (2.0), in C.
  *
- * Every distributed run is an MLflow run. The runtime creates it before the
+ * Every distributed run is an MLflow run. Its user (the kernel's distributed
+ * feature, distributed/dk_tracking.c) creates it through this client before the
  * ranks start (they log into it through MLFLOW_RUN_ID), and writes its final
  * status after every rank has exited, so that the true outcome wins over the
  * FINISHED a rank's MLflow client writes at exit.
