@@ -24,6 +24,7 @@
 #include "dk_logfile.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,16 +32,17 @@
 
 struct dk_dist_run_t {
     dk_kernel_t *kernel;
-    dk_dist_logs_t *logs;       /* the feature's, outlives the run */
+    dk_dist_logs_t *logs;       /* the feature's, outlive the run */
+    dk_tracking_t *tracking;
     const char *kind;           /* "cell" or "function" */
     dk_dist_opts_t opts;
     dk_dist_plan_t plan;
     char run_id[24];
     dk_job_t *job;
     dk_dist_relay_t *relay;
-    pthread_mutex_t lock;       /* guards ranks and status_dirty */
+    pthread_mutex_t lock;       /* guards ranks */
     dk_dist_rank_t *ranks;      /* plan.world records */
-    bool status_dirty;
+    atomic_bool status_dirty;   /* set by the sink, read by the wait loop */
     bool status_shown;          /* the status display exists */
     long long t0_ms;
     bool interrupted, shutdown;
@@ -283,7 +285,7 @@ static bool launch(dk_dist_run_t *run, const void *payload, size_t len)
     dk_tracking_request_t req = {.opts = &run->opts, .world_size = run->plan.world,
                                  .gpu = run->plan.gpu, .device = run->plan.device,
                                  .accelerator_model = run->plan.model, .kind = run->kind};
-    char **env = dk_dist_mlflow_begin(&run->mlflow, run->kernel, req);
+    char **env = dk_dist_mlflow_begin(&run->mlflow, run->tracking, run->kernel, req);
     if (PyErr_CheckSignals() < 0) {
         /* Interrupted while the run was being recorded: start nothing. */
         free(env);
@@ -326,14 +328,15 @@ static void announce(dk_dist_run_t *run)
     dk_dist_mlflow_publish_link(&run->mlflow, run->kernel);
 }
 
-dk_dist_run_t *dk_dist_run_start(dk_kernel_t *kernel, dk_dist_logs_t *logs, const char *kind,
-                                 const char *options, const void *payload, size_t len)
+dk_dist_run_t *dk_dist_run_start(const dk_dist_host_t *host, const char *kind, const char *options,
+                                 const void *payload, size_t len)
 {
-    dk_dist_run_t *run = run_plan(kernel, kind, options);
+    dk_dist_run_t *run = run_plan(host->kernel, kind, options);
     if (!run)
         return NULL;
-    run->logs = logs;
-    if (run->opts.check && dk_dist_preflight(dk_kernel_stream(kernel), run->plan.gpu) < 0)
+    run->logs = host->logs;
+    run->tracking = host->tracking;
+    if (run->opts.check && dk_dist_preflight(dk_kernel_stream(host->kernel), run->plan.gpu) < 0)
         return fail(run, NULL, NULL);
     random_id(run->run_id);
     dk_dist_relay_io_t io = {.data = run, .append = relay_append, .display = relay_display};

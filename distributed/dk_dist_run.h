@@ -23,6 +23,7 @@
 #include "dk_dist_logs.h"
 #include "dk_job.h"
 #include "dk_kernel.h"
+#include "dk_tracking.h"
 
 #include <jansson.h>
 
@@ -32,14 +33,21 @@
 
 typedef struct dk_dist_run_t dk_dist_run_t;
 
+/* What a run uses of the feature, which outlives it (borrowed). */
+typedef struct {
+    dk_kernel_t *kernel;        /* the run writes into its current cell */
+    dk_dist_logs_t *logs;       /* the run folders the kernel keeps */
+    dk_tracking_t *tracking;    /* MLflow's server and experiment cache */
+} dk_dist_host_t;
+
 /* Start a run of PAYLOAD (LEN bytes: the pickled cell or function, which the
  * ranks unpickle) as the OPTIONS text asks ("num_processes=2 timeout=60"), for
- * KIND "cell" or "function", in KERNEL's current cell, its log folder made in
- * LOGS. Returns the running run, or NULL with a Python exception set
+ * KIND "cell" or "function", in HOST's kernel's current cell, its log folder
+ * made in HOST's logs. Returns the running run, or NULL with a Python exception set
  * (ValueError for bad options, RuntimeError when no rank could start,
  * KeyboardInterrupt when interrupted while starting). */
-dk_dist_run_t *dk_dist_run_start(dk_kernel_t *kernel, dk_dist_logs_t *logs, const char *kind,
-                                 const char *options, const void *payload, size_t len);
+dk_dist_run_t *dk_dist_run_start(const dk_dist_host_t *host, const char *kind, const char *options,
+                                 const void *payload, size_t len);
 
 /* Wait until every rank has exited, honouring interrupts and a kernel shutdown
  * (which end every rank); the cell then has all the ranks' output and the

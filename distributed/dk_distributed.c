@@ -31,9 +31,10 @@
 /* The feature, one per kernel: what it needs of the kernel, its magic, and
  * what outlives a run (which run folders this kernel keeps). */
 struct dk_distributed_t {
-    dk_kernel_t *kernel;
+    dk_dist_host_t host;        /* the kernel, and what outlives a run: */
+    dk_dist_logs_t logs;        /* which run folders this kernel keeps */
+    dk_tracking_t *tracking;    /* the MLflow server it started, its experiment */
     dk_magic_t magic;
-    dk_dist_logs_t logs;
 };
 
 static PyObject *glue_call(const char *fn, const char *fmt, ...)
@@ -109,7 +110,7 @@ static int distributed_magic(void *host, void *data, const char *args, const cha
         exec_error_from_python(ex);
         return -1;
     }
-    dk_dist_run_t *run = dk_dist_run_start(d->kernel, &d->logs, "cell", args, p, (size_t)len);
+    dk_dist_run_t *run = dk_dist_run_start(&d->host, "cell", args, p, (size_t)len);
     Py_DECREF(payload);
     if (!run) {
         exec_error_from_python(ex);
@@ -165,7 +166,7 @@ static PyObject *run_job(PyObject *self, PyObject *args)
     Py_buffer payload;
     if (!PyArg_ParseTuple(args, "sy*", &options, &payload))
         return NULL;
-    dk_dist_run_t *run = dk_dist_run_start(d->kernel, &d->logs, "function", options, payload.buf,
+    dk_dist_run_t *run = dk_dist_run_start(&d->host, "function", options, payload.buf,
                                            (size_t)payload.len);
     PyBuffer_Release(&payload);
     if (!run)
@@ -182,10 +183,9 @@ static PyObject *run_job(PyObject *self, PyObject *args)
     return out;
 }
 
-static void stop_tracking_server(void *unused)
+static void stop_tracking_server(void *data)
 {
-    (void)unused;
-    dk_tracking_shutdown();
+    dk_tracking_stop_server(data);
 }
 
 dk_distributed_t *dk_distributed_new(dk_kernel_t *kernel)
@@ -193,16 +193,18 @@ dk_distributed_t *dk_distributed_new(dk_kernel_t *kernel)
     dk_distributed_t *d = calloc(1, sizeof *d);
     if (!d)
         return NULL;
-    d->kernel = kernel;
+    d->tracking = dk_tracking_new();
+    d->host = (dk_dist_host_t){.kernel = kernel, .logs = &d->logs, .tracking = d->tracking};
     d->magic = (dk_magic_t){.name = "distributed", .kind = DK_MAGIC_CELL, .doc = dk_dist_doc,
                             .run = distributed_magic, .data = d};
     dk_kernel_function_t fn = {.name = "run_job", .fn = (void (*)(void))run_job, .flags = METH_VARARGS,
                                .doc = "run_job(options_text, payload) -> (results, log_dir, "
                                       "run_url): run a pickled job as ranks.",
                                .data = d};
-    if (dk_magic_register(dk_kernel_magics(kernel), &d->magic) < 0 ||
+    if (!d->tracking || dk_magic_register(dk_kernel_magics(kernel), &d->magic) < 0 ||
         dk_kernel_add_function(kernel, &fn) < 0 ||
-        dk_kernel_on_exit(kernel, stop_tracking_server, NULL) < 0) {
+        dk_kernel_on_exit(kernel, stop_tracking_server, d->tracking) < 0) {
+        dk_tracking_destroy(&d->tracking);
         free(d);
         return NULL;
     }
