@@ -72,6 +72,20 @@ const char dk_dist_doc[] =
     "    def train(epochs): ...\n"
     "    results = train.distributed(3)        # one entry per rank\n";
 
+/* The platform's enum members (python/distkernel/_platform.py holds the same
+ * lists; tests/e2e/test_platform.py checks that they agree). */
+const char dk_dist_platform_gpu_types[] = "A10, H100, B300";
+const char dk_dist_platform_accelerator_types[] = "GPU_1xA10, GPU_1xH100, GPU_8xH100, GPU_8xB300";
+
+bool dk_dist_platform_model(const char *model)
+{
+    static const char *const models[] = {"A10", "H100", "B300"};
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
+        if (strcmp(model, models[i]) == 0)
+            return true;
+    return false;
+}
+
 static const char accepted[] =
     "accepted options: num_accelerators, accelerator_type, num_processes, timeout, output, "
     "result, check, experiment, run_name, tracking, log_cap (and the deprecated gpus, gpu_type)";
@@ -245,6 +259,7 @@ static int opt_gpu_type(const char *value, dk_dist_opts_t *o, char *err, size_t 
         return -1;
     }
     snprintf(o->accelerator_model, sizeof o->accelerator_model, "%s", model);
+    snprintf(o->accelerator_given, sizeof o->accelerator_given, "gpu_type=%s", model);
     return 0;
 }
 
@@ -270,6 +285,8 @@ static int opt_accelerator_type(const char *name, const char *value, bool quoted
     }
     o->accelerator_count = (int)n;
     snprintf(o->accelerator_model, sizeof o->accelerator_model, "%.31s", x + 1);
+    snprintf(o->accelerator_given, sizeof o->accelerator_given, "accelerator_type=GPU_%ldx%.31s",
+             n, x + 1);
     return 0;
 }
 
