@@ -146,7 +146,8 @@ class RayCluster:
         self.is_driver = self.rank == 0
         self.address = None
         self._stopped = False
-        self._started = False
+        self._started = False   # this rank ran `ray start`: it must run `ray stop`
+        self._joined = False    # ... and it worked: a worker then waits for the driver
         self._base, self._store = _store()
         _clusters.append(self)
         try:
@@ -191,6 +192,7 @@ class RayCluster:
             self.address = self._store.get("head").decode()
             self._started = True
             _run_ray(["start", f"--address={self.address}", *args], env)
+            self._joined = True
             self._store.add("joined", 1)
         os.environ["RAY_ADDRESS"] = self.address
 
@@ -201,7 +203,7 @@ class RayCluster:
         try:
             if self.is_driver:
                 self._store.add("driver_done", 1)
-            elif self._started:
+            elif self._joined:
                 _wait(self._store, "driver_done")
         finally:
             if self._started:

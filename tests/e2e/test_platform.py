@@ -386,6 +386,74 @@ def test_ray_stop_runs_on_every_rank_after_an_interrupt(tmp_path):
 
 
 @pytest.mark.timeout(RUN)
+def test_ray_stop_runs_on_every_rank_after_the_timeout(ray_node):
+    k = ray_node.kernel
+    r = k.execute(
+        "from serverless_gpu.ray import ray_launch\n" + DRIVER +
+        "@ray_launch(num_processes=2, tracking=False, timeout=20)\n"
+        "def drive():\n"
+        "    import time\n"
+        "    log_driver()\n"
+        "    time.sleep(600)\n"
+        "drive.distributed()", timeout=RUN)
+    assert r.status == "error" and r.content["ename"] == "TimeoutError", r.describe()
+    recs = ray_node.wait_records(lambda recs: len(starts_and_stops(recs)[2]) >= 2)
+    assert_one_cluster_in_order(recs)
+    # The timeout came while the driver ran (20 s leaves a busy machine time to start).
+    assert any(x["event"] == "driver" for x in recs), recs
+
+
+@pytest.mark.timeout(RUN)
+@pytest.mark.parametrize("which", ["head", "worker"])
+def test_a_failing_ray_start_fails_the_run_and_every_started_node_is_stopped(tmp_path, which):
+    node = RayNode(tmp_path, FAKE_RAY_FAIL=which)
+    try:
+        r = node.kernel.execute(
+            "from databricks.air import ray_launch\n"
+            "@ray_launch(num_processes=2, tracking=False)\n"
+            "def drive():\n"
+            "    return 'driver ran'\n"
+            "drive.distributed()", timeout=RUN)
+        assert r.status == "error", r.describe()
+        failing = "0" if which == "head" else "1"
+        assert f"failed with exit code 1 on rank {failing}" in r.content["evalue"], r.describe()
+        assert "start failed (FAKE_RAY_FAIL)" in r.stdout + r.stderr, r.describe()
+        head, workers, stops = starts_and_stops(node.wait_records(
+            lambda recs: len(starts_and_stops(recs)[2]) >= (1 if which == "head" else 2)))
+        started = sorted(x["rank"] for x in head + workers)
+        assert sorted(x["rank"] for x in stops) == started, (started, stops)
+        assert started == (["0"] if which == "head" else ["0", "1"]), started
+    finally:
+        node.stop()
+
+
+@pytest.mark.timeout(RUN)
+def test_ray_launch_on_gpus_gives_each_ray_node_its_ranks_gpu(tmp_path):
+    built = os.path.abspath(os.environ["DISTKERNEL_FAKE_CUDA"])
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    os.symlink(os.path.join(built, "libfake_nvml.so"), libs / "libnvidia-ml.so.1")
+    node = RayNode(tmp_path, LD_LIBRARY_PATH=str(libs), FAKE_GPUS="2",
+                   FAKE_GPU_NAME="NVIDIA H200", CUDA_VISIBLE_DEVICES=None)
+    try:
+        r = node.kernel.execute(
+            "from serverless_gpu import GPUType\n"
+            "from serverless_gpu.ray import ray_launch\n"
+            "@ray_launch(gpus=2, gpu_type=GPUType.H100, tracking=False)\n"
+            "def drive():\n"
+            "    return 'driver ran'\n"
+            "drive.distributed()", timeout=RUN)
+        assert r.status == "ok" and r.result == "'driver ran'", r.describe()
+        head, workers, _ = assert_one_cluster_in_order(node.records())
+        for x in [head, *workers]:
+            assert "--num-gpus=1" in x["argv"], x
+            assert x["CUDA_VISIBLE_DEVICES"] == x["rank"], x
+        assert "managed platform's H100" in r.stderr, r.stderr
+    finally:
+        node.stop()
+
+
+@pytest.mark.timeout(RUN)
 def test_ray_init_in_a_distributed_cell(ray_node):
     k = ray_node.kernel
     r = k.execute(
