@@ -170,8 +170,10 @@ def test_old_names_under_serverless_gpu_are_its_names_and_do_not_warn(kernel):
     r = kernel.execute("from serverless_gpu import distributed, GPUType\n"
                        "@distributed(gpus=2, gpu_type=GPUType.H100)\n"
                        "def f():\n"
-                       "    return 1\n")
-    assert r.status == "ok", r.describe()
+                       "    return 1\n"
+                       "f.distributed()")
+    # No GPU here: the run is refused, and nothing on the way calls the names deprecated.
+    assert r.status == "error" and "num_processes" in r.content["evalue"], r.describe()
     assert "FutureWarning" not in r.stderr and "deprecated" not in r.stderr, r.stderr
 
 
