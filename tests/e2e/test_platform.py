@@ -10,11 +10,15 @@ driver and after an interrupt; nothing here runs against a real Ray cluster.
 """
 import json
 import os
+import sys
 import time
 
 import pytest
 
 import support
+
+sys.path.insert(0, str(support.REPO_ROOT / "tests"))
+from mlflow_server import MlflowTestServer  # noqa: E402
 
 pytestmark = pytest.mark.skipif(support.KERNEL_NAME != "distkernel",
                                 reason="the platform's surface is distkernel's")
@@ -453,6 +457,27 @@ def test_ray_launch_on_gpus_gives_each_ray_node_its_ranks_gpu(tmp_path):
         assert "managed platform's H100" in r.stderr, r.stderr
     finally:
         node.stop()
+
+
+@pytest.mark.timeout(RUN)
+def test_ray_launch_is_an_mlflow_run_like_distributed(tmp_path):
+    with MlflowTestServer() as server:
+        node = RayNode(tmp_path, MLFLOW_TRACKING_URI=server.url)
+        try:
+            r = node.kernel.execute(
+                "from databricks.air.ray import ray_launch\n"
+                "@ray_launch(num_processes=2)\n"
+                "def drive():\n"
+                "    import os\n"
+                "    return os.environ['MLFLOW_RUN_ID']\n"
+                "drive.distributed()", timeout=RUN)
+            assert r.status == "ok", r.describe()
+            runs = server.runs()
+            assert len(runs) == 1, runs
+            assert r.result == repr(runs[0]["info"]["run_id"]), r.describe()
+            assert runs[0]["info"]["status"] == "FINISHED", runs
+        finally:
+            node.stop()
 
 
 @pytest.mark.timeout(RUN)
