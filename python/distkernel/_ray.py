@@ -63,25 +63,32 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _store():
+_base_store = []     # this rank's TCPStore, made once: rank 0 serves it on MASTER_PORT
+
+
+def _store(generation):
     """The rendezvous: the process group's store if there is one, else a
     TCPStore that rank 0 serves at MASTER_ADDR:MASTER_PORT. A process group the
     function starts later joins that same store as a client
     (TORCHELASTIC_USE_AGENT_STORE, as under torchrun's agent), so the port is
-    not taken twice."""
+    not taken twice. Each ray_init() of a rank (GENERATION: how many came
+    before) has keys of its own."""
     from datetime import timedelta
 
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         base = dist.distributed_c10d._get_default_store()
+    elif _base_store:
+        base = _base_store[0]
     else:
         rank = int(os.environ["RANK"])
         base = dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"),
                              int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]),
                              rank == 0, timedelta(seconds=_JOIN_TIMEOUT))
+        _base_store.append(base)
         os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
-    return base, dist.PrefixStore(_STORE_PREFIX, base)
+    return base, dist.PrefixStore(f"{_STORE_PREFIX}{generation}/", base)
 
 
 def _wait(store, key, count=1, timeout=None):
@@ -148,7 +155,7 @@ class RayCluster:
         self._stopped = False
         self._started = False   # this rank ran `ray start`: it must run `ray stop`
         self._joined = False    # ... and it worked: a worker then waits for the driver
-        self._base, self._store = _store()
+        self._base, self._store = _store(len(_clusters))
         _clusters.append(self)
         try:
             self._start(num_cpus, num_gpus)

@@ -496,6 +496,32 @@ def test_ray_init_in_a_distributed_cell(ray_node):
     assert_one_cluster_in_order(ray_node.records())
 
 
+@pytest.mark.timeout(RUN)
+def test_ray_init_shares_the_rendezvous_with_a_process_group_and_runs_twice(ray_node):
+    """MASTER_PORT is served once: a second ray_init reuses the first one's
+    store, and a process group started after them joins it; a third ray_init
+    uses that group's store."""
+    k = ray_node.kernel
+    r = k.execute(
+        "%%distributed num_processes=2 tracking=False\n"
+        "import torch, torch.distributed as dist\n"
+        "from serverless_gpu import ray_init\n"
+        "addresses = set()\n"
+        "for _ in range(2):\n"
+        "    with ray_init() as cluster:\n"
+        "        addresses.add(cluster.address)\n"
+        "dist.init_process_group('gloo')\n"
+        "t = torch.ones(1)\n"
+        "dist.all_reduce(t)\n"
+        "with ray_init() as cluster:\n"
+        "    addresses.add(cluster.address)\n"
+        "(int(t.item()), len(addresses))", timeout=RUN)
+    assert r.status == "ok", r.describe()
+    assert r.result == "rank 0: (2, 3)\nrank 1: (2, 3)", r.describe()
+    head, workers, stops = starts_and_stops(ray_node.records())
+    assert len(head) == 3 and len(workers) == 3 and len(stops) == 6, ray_node.records()
+
+
 @pytest.mark.timeout(60)
 def test_ray_init_outside_a_run_says_where_it_belongs(kernel):
     r = kernel.execute("from serverless_gpu import ray_init\nray_init()")
