@@ -352,6 +352,9 @@ def test_ray_stop_runs_on_every_rank_after_a_failing_driver(ray_node):
         "drive.distributed()", timeout=RUN)
     assert r.status == "error", r.describe()
     assert "the driver broke" in r.content["evalue"], r.describe()
+    # The root cause starts at the user's function, not in distkernel's Ray code.
+    assert not any("_ray.py" in line for line in r.content["traceback"]), r.describe()
+    assert any("in drive" in line for line in r.content["traceback"]), r.describe()
     recs = ray_node.wait_records(lambda recs: len(starts_and_stops(recs)[2]) >= 2)
     assert_one_cluster_in_order(recs)
 
