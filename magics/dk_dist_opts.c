@@ -33,7 +33,8 @@ const char dk_dist_doc[] =
     "Options:\n"
     "  num_accelerators=N   GPUs (one rank each); default: every GPU of the node.\n"
     "                       Deprecated alias: gpus=N.\n"
-    "  accelerator_type=T   GPUs of a model, as GPU_<n>x<MODEL> (GPU_8xH100, GPU_1xA10;\n"
+    "  accelerator_type=T   GPUs of a model, as GPU_<n>x<MODEL> (GPU_8xH100, GPU_1xA10,\n"
+    "                       or AcceleratorType.GPU_8xH100; GPUType.H100 for gpu_type;\n"
     "                       n is the number of ranks). Deprecated alias: gpu_type=MODEL.\n"
     "                       The node's own model runs. A type of the managed platform's\n"
     "                       fleet (A10, H100, B300) runs on whatever GPUs the node has\n"
@@ -291,11 +292,20 @@ static int opt_gpu_type(const char *value, dk_dist_opts_t *o, char *err, size_t 
     return 0;
 }
 
+/* VALUE without a leading "ENUM." (GPUType.H100 as the decorator's Python
+ * would spell it: the magic takes the platform's enum members too). */
+static const char *enum_member(const char *value, const char *enum_name)
+{
+    size_t n = strlen(enum_name);
+    return strncmp(value, enum_name, n) == 0 && value[n] == '.' ? value + n + 1 : value;
+}
+
 static int opt_accelerator_type(const char *name, const char *value, bool quoted,
                                 dk_dist_opts_t *o, char *err, size_t errlen)
 {
     if (strcmp(name, "gpu_type") == 0)
-        return opt_gpu_type(value, o, err, errlen);
+        return opt_gpu_type(enum_member(value, "GPUType"), o, err, errlen);
+    value = enum_member(value, "AcceleratorType");
     char buf[256];
     snprintf(buf, sizeof buf, "%s", value);
     upper(buf);

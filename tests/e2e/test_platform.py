@@ -127,7 +127,8 @@ def test_a_platform_type_runs_on_an_h200_node_with_a_notice(fake_node, package, 
 
 @pytest.mark.timeout(RUN)
 def test_the_magic_takes_a_platform_type_on_an_h200_node(fake_node):
-    r = fake_node.execute("%%distributed accelerator_type=GPU_1xH100 tracking=False\n"
+    r = fake_node.execute("%%distributed accelerator_type=AcceleratorType.GPU_1xH100 "
+                          "tracking=False\n"
                           "import os\nos.environ['WORLD_SIZE']", timeout=RUN)
     assert r.status == "ok", r.describe()
     assert r.result == "rank 0: '1'", r.describe()

@@ -225,6 +225,17 @@ Test(values, the_type_as_written_is_kept_for_messages)
     cr_assert_str_eq(opts.accelerator_given, "");
 }
 
+Test(values, the_platforms_enum_members_are_accepted_as_written_in_python)
+{
+    ok("accelerator_type=AcceleratorType.GPU_8xH100");
+    cr_assert_eq(opts.accelerator_count, 8);
+    cr_assert_str_eq(opts.accelerator_model, "H100");
+    ok("gpu_type=GPUType.B300");
+    cr_assert_str_eq(opts.accelerator_model, "B300");
+    fails("gpu_type=AcceleratorType.GPU_8xH100", "gpu_type", "H100", NULL);
+    fails("accelerator_type=GPUType.H100", "accelerator_type", "GPU_8xH100", NULL);
+}
+
 Test(values, the_platform_models_are_its_gpu_types)
 {
     cr_assert(dk_dist_platform_model("A10"));
