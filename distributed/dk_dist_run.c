@@ -230,7 +230,10 @@ static dk_dist_run_t *run_plan(dk_kernel_t *kernel, const char *kind, const char
     char err[1024];
     if (dk_dist_opts_parse(options, &run->opts, err, sizeof err) < 0)
         return fail(run, PyExc_ValueError, err);
-    if (run->opts.warnings[0]) {
+    /* The decorator says its own deprecations, as Python FutureWarnings at the
+     * caller's line, and only where the platform deprecates them (databricks.air;
+     * under serverless_gpu, gpus= and gpu_type= are the names): python/distkernel/_api.py. */
+    if (run->opts.warnings[0] && strcmp(kind, "cell") == 0) {
         char line[600];
         snprintf(line, sizeof line, "%s\n", run->opts.warnings);
         write_err(run, line);
@@ -240,6 +243,11 @@ static dk_dist_run_t *run_plan(dk_kernel_t *kernel, const char *kind, const char
         dk_gpu_discover(&gpus);
     if (dk_dist_plan(&run->opts, &gpus, &run->plan, err, sizeof err) < 0)
         return fail(run, PyExc_RuntimeError, err);
+    if (run->plan.notice[0]) {
+        char line[sizeof run->plan.notice + 16];
+        snprintf(line, sizeof line, "distkernel: %s\n", run->plan.notice);
+        write_err(run, line);
+    }
     run->ranks = calloc((size_t)run->plan.world, sizeof *run->ranks);
     if (!run->ranks)
         return fail(run, PyExc_MemoryError, NULL);

@@ -17,6 +17,10 @@
 #include <string.h>
 #include <strings.h>
 
+/* One string, longer than the 4095 characters C11 promises; GCC and Clang take
+ * it, and one string is what %%distributed? shows. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Woverlength-strings"
 const char dk_dist_doc[] =
     "%%distributed [option=value ...]\n"
     "\n"
@@ -33,9 +37,13 @@ const char dk_dist_doc[] =
     "Options:\n"
     "  num_accelerators=N   GPUs (one rank each); default: every GPU of the node.\n"
     "                       Deprecated alias: gpus=N.\n"
-    "  accelerator_type=T   the GPUs the job needs, as GPU_<n>x<MODEL> (GPU_8xH100,\n"
-    "                       GPU_1xA10); the job fails before starting if the node has\n"
-    "                       other GPUs. Deprecated alias: gpu_type=MODEL (H100, A10, B300).\n"
+    "  accelerator_type=T   GPUs of a model, as GPU_<n>x<MODEL> (GPU_8xH100, GPU_1xA10,\n"
+    "                       or AcceleratorType.GPU_8xH100; GPUType.H100 for gpu_type;\n"
+    "                       n is the number of ranks). Deprecated alias: gpu_type=MODEL.\n"
+    "                       The node's own model runs. A type of the managed platform's\n"
+    "                       fleet (A10, H100, B300) runs on whatever GPUs the node has\n"
+    "                       (an H200 node, say), with a line naming both; any other model\n"
+    "                       is an error naming the node's GPUs and the platform's types.\n"
     "  num_processes=N      run N CPU ranks instead (backend gloo), e.g. on a machine\n"
     "                       without GPUs.\n"
     "  timeout=SECONDS      end every rank after this long (default 10800, 3 hours);\n"
@@ -70,7 +78,47 @@ const char dk_dist_doc[] =
     "    from distkernel import distributed   # or serverless_gpu / databricks.air\n"
     "    @distributed(num_processes=2)\n"
     "    def train(epochs): ...\n"
-    "    results = train.distributed(3)        # one entry per rank\n";
+    "    results = train.distributed(3)        # one entry per rank\n"
+    "\n"
+    "The managed platform's packages, for its notebooks to run unchanged:\n"
+    "  serverless_gpu       distributed (gpus=, gpu_type= are its names), GPUType (A10,\n"
+    "                       H100, B300), ray_init, DistributedError, get_global_rank,\n"
+    "                       get_local_rank, get_world_size, get_local_world_size,\n"
+    "                       get_node_rank\n"
+    "  serverless_gpu.ray   ray_launch, ray_init\n"
+    "  databricks.air       distributed, AcceleratorType (GPU_1xA10, GPU_1xH100, GPU_8xH100,\n"
+    "                       GPU_8xB300), ray_launch, ray_init, and the same helpers;\n"
+    "                       gpus= and gpu_type= work with a FutureWarning naming\n"
+    "                       num_accelerators= and accelerator_type=, once per line\n"
+    "  databricks.air.ray   ray_launch, ray_init\n"
+    "What differs: the GPUs are this node's (a platform type the node lacks runs on\n"
+    "what it has, with a notice); remote= has no effect; serverless_gpu.data and\n"
+    "databricks.air.data (UCVolumeDataset, UCVolumeWriter, UCVolumeReader) are the\n"
+    "platform's Unity Catalog storage and an ImportError here: use a torch Dataset over\n"
+    "local or mounted files.\n"
+    "\n"
+    "@ray_launch(...) (same options) runs a function as the Ray driver: every rank joins\n"
+    "a torch rendezvous, rank 0 runs `ray start --head`, sets RAY_ADDRESS and runs the\n"
+    "function, the others run `ray start --address=...` and wait; every rank runs\n"
+    "`ray stop` however the run ends; .distributed() returns the driver's value. It\n"
+    "needs the `ray` command on PATH, checked before anything starts. Inside a\n"
+    "distributed function or cell, `with ray_init() as cluster:` does the same for a\n"
+    "block (cluster.is_driver on rank 0).\n";
+#pragma GCC diagnostic pop
+
+/* The platform's enum members (python/distkernel/_platform.py holds the same
+ * lists; tests/e2e/test_platform.py checks that they agree). */
+const char dk_dist_platform_gpu_types[] = "A10, H100, B300";
+const char dk_dist_platform_accelerator_types[] = "GPU_1xA10, GPU_1xH100, GPU_8xH100, GPU_8xB300";
+
+bool dk_dist_platform_model(const char *model)
+{
+    static const char *const models[] = {"A10", "H100", "B300"};
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
+        if (strcmp(model, models[i]) == 0)
+            return true;
+    return false;
+}
 
 static const char accepted[] =
     "accepted options: num_accelerators, accelerator_type, num_processes, timeout, output, "
@@ -245,14 +293,24 @@ static int opt_gpu_type(const char *value, dk_dist_opts_t *o, char *err, size_t 
         return -1;
     }
     snprintf(o->accelerator_model, sizeof o->accelerator_model, "%s", model);
+    snprintf(o->accelerator_given, sizeof o->accelerator_given, "gpu_type=%s", model);
     return 0;
+}
+
+/* VALUE without a leading "ENUM." (GPUType.H100 as the decorator's Python
+ * would spell it: the magic takes the platform's enum members too). */
+static const char *enum_member(const char *value, const char *enum_name)
+{
+    size_t n = strlen(enum_name);
+    return strncmp(value, enum_name, n) == 0 && value[n] == '.' ? value + n + 1 : value;
 }
 
 static int opt_accelerator_type(const char *name, const char *value, bool quoted,
                                 dk_dist_opts_t *o, char *err, size_t errlen)
 {
     if (strcmp(name, "gpu_type") == 0)
-        return opt_gpu_type(value, o, err, errlen);
+        return opt_gpu_type(enum_member(value, "GPUType"), o, err, errlen);
+    value = enum_member(value, "AcceleratorType");
     char buf[256];
     snprintf(buf, sizeof buf, "%s", value);
     upper(buf);
@@ -270,6 +328,8 @@ static int opt_accelerator_type(const char *name, const char *value, bool quoted
     }
     o->accelerator_count = (int)n;
     snprintf(o->accelerator_model, sizeof o->accelerator_model, "%.31s", x + 1);
+    snprintf(o->accelerator_given, sizeof o->accelerator_given, "accelerator_type=GPU_%ldx%.31s",
+             n, x + 1);
     return 0;
 }
 

@@ -26,6 +26,8 @@ typedef enum { DK_OUTPUT_ALL = 0, DK_OUTPUT_RANK0 } dk_output_mode_t;
 typedef struct {
     int num_accelerators;       /* 0: not given (every GPU of the node) */
     char accelerator_model[32]; /* "H100", "" if not given */
+    char accelerator_given[64]; /* the option as written, "accelerator_type=GPU_8xH100" or
+                                   "gpu_type=H100", for messages; "" if not given */
     int accelerator_count;      /* n of GPU_<n>x<MODEL>, 0 if not given */
     int num_processes;          /* CPU ranks; 0: not given */
     double timeout_s;           /* 0: no timeout (timeout=None) */
@@ -51,6 +53,14 @@ int dk_dist_opts_parse(const char *args, dk_dist_opts_t *out, char *err, size_t 
  * alone, unless TEXT is such a size. Used for log_cap= and for the
  * DISTKERNEL_LOG_CAP and DISTKERNEL_LOG_ROOT_CAP variables. */
 bool dk_dist_opts_parse_size(const char *text, unsigned long long *out);
+
+/* The GPU models of the managed platform's fleet (GPUType: A10, H100, B300),
+ * as a ", "-separated list for messages, and whether MODEL (upper case, as in
+ * accelerator_model) is one of them. A notebook written for that platform
+ * names one of these; dk_dist_plan runs it on whatever this node has. */
+extern const char dk_dist_platform_gpu_types[];
+extern const char dk_dist_platform_accelerator_types[];
+bool dk_dist_platform_model(const char *model);
 
 /* The help text of %%distributed (what `%%distributed?` shows). */
 extern const char dk_dist_doc[];

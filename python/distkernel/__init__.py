@@ -15,4 +15,7 @@ from distkernel._api import (  # noqa: F401
     get_local_world_size,
     get_node_rank,
     get_world_size,
+    ray_launch,
 )
+from distkernel._platform import AcceleratorType, GPUType  # noqa: F401
+from distkernel._ray import ray_init  # noqa: F401

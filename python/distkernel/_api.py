@@ -1,16 +1,23 @@
 """The user-facing distributed API: `from distkernel import distributed`.
 
-The same object is what `from serverless_gpu import distributed` and
-`from databricks.air import distributed` give inside the kernel, so notebooks
-written for the managed platform run unchanged:
+`from serverless_gpu import distributed` and `from databricks.air import
+distributed` give the same decorator inside the kernel, so notebooks written for
+the managed platform run unchanged:
 
     @distributed(num_accelerators=8)        # or gpus=8, gpu_type="H100"
     def train(epochs, batch_size): ...
     results = train.distributed(epochs=3, batch_size=1)   # one entry per rank
+
+They differ where the platform's two packages differ: under databricks.air (and
+distkernel) the old names gpus= and gpu_type= work and raise a FutureWarning
+naming the new ones, once per line that uses them; under serverless_gpu they
+are the names. `ray_launch` is the same decorator with Ray on the ranks
+(distkernel/_ray.py).
 """
 
 import functools
 import os
+import sys
 import warnings
 
 
@@ -55,14 +62,18 @@ def _option_text(options):
     return " ".join(parts)
 
 
-def _function_payload(fn, args, kwargs):
+def _function_payload(fn, args, kwargs, runner=None):
+    """The job for the ranks: FN(*ARGS, **KWARGS), or RUNNER(FN, ARGS, KWARGS,
+    *extra) when RUNNER is a (function, extra) pair that wraps the call."""
     import cloudpickle
-
-    import sys
 
     from distkernel import _cells
 
-    job = {"kind": "function", "fn": fn, "args": args, "kwargs": kwargs}
+    if runner is None:
+        job = {"kind": "function", "fn": fn, "args": args, "kwargs": kwargs}
+    else:
+        job = {"kind": "function", "fn": runner[0], "args": (fn, args, kwargs, *runner[1]),
+               "kwargs": {}}
     try:
         sources = {}
         blob = _cells.dumps_with_sources(job, sources)
@@ -114,6 +125,13 @@ class DistributedFunction:
         return self._fn(*args, **kwargs)
 
     def distributed(self, *args, **kwargs):
+        results, log_dir, run_url = self._run(args, kwargs, None)
+        out = DistributedResult(results)
+        out.log_dir = log_dir
+        out.run_url = run_url or None
+        return out
+
+    def _run(self, args, kwargs, runner):
         try:
             import _distkernel
         except ImportError:
@@ -122,16 +140,31 @@ class DistributedFunction:
         import cloudpickle
 
         try:
-            payload = _function_payload(self._fn, args, kwargs)
+            payload = _function_payload(self._fn, args, kwargs, runner)
             results, log_dir, run_url = _distkernel.run_job(_option_text(self._options), payload)
         except BaseException as exc:
             _show_without_internal_frames(exc)
             raise
-        out = DistributedResult(
-            cloudpickle.loads(blob) if blob is not None else None for blob in results)
-        out.log_dir = log_dir
-        out.run_url = run_url or None
-        return out
+        values = [cloudpickle.loads(blob) if blob is not None else None for blob in results]
+        return values, log_dir, run_url
+
+
+class RayLaunchFunction(DistributedFunction):
+    """A function that runs as the Ray driver on rank 0 of N ranks, the other
+    ranks being the Ray cluster's workers: `.distributed(...)` returns the
+    driver's value."""
+
+    def distributed(self, *args, **kwargs):
+        from distkernel import _ray
+
+        try:
+            _ray.ray_command()   # before anything starts
+        except _ray.RayNotInstalled as exc:
+            _show_without_internal_frames(exc)
+            raise
+        gpu = self._options.get("num_processes") is None
+        values, _, _ = self._run(args, kwargs, (_ray.run_as_driver, (gpu,)))
+        return values[0]
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -174,20 +207,75 @@ def _user_frames(tb):
     return kept[0] if kept else None
 
 
-def distributed(fn=None, **options):
-    """Make FN runnable as torch.distributed ranks: `FN.distributed(*args)`.
+_OLD_NAMES = {"gpus": "num_accelerators", "gpu_type": "accelerator_type"}
+_warned_sites = set()
+
+
+def _warn_old_names(options, package, depth):
+    """A FutureWarning for each old option name in OPTIONS, at the caller DEPTH
+    frames up, once per line (a cell's lines included: every cell is a file of
+    its own, so two cells' line 2 are two lines)."""
+    frame = sys._getframe(depth + 1)
+    for old, new in _OLD_NAMES.items():
+        if old not in options:
+            continue
+        site = (frame.f_code.co_filename, frame.f_lineno, old)
+        if site in _warned_sites:
+            continue
+        _warned_sites.add(site)
+        hint = " (an AcceleratorType such as GPU_8xH100)" if old == "gpu_type" else ""
+        warnings.warn_explicit(
+            f"{old}= is deprecated ({package} removes it in the platform's environment "
+            f"version 7); use {new}={hint} instead", FutureWarning, frame.f_code.co_filename,
+            frame.f_lineno, module=frame.f_globals.get("__name__"),
+            module_globals=frame.f_globals)
+
+
+def _decorator(kind, package, deprecates_old_names):
+    def decorator(fn=None, **options):
+        if deprecates_old_names:
+            _warn_old_names(options, package, 1)
+        if fn is not None and callable(fn):
+            return kind(fn, options)
+
+        def wrap(f):
+            return kind(f, options)
+        return wrap
+    return decorator
+
+
+distributed = _decorator(DistributedFunction, "databricks.air", True)
+distributed.__name__ = distributed.__qualname__ = "distributed"
+distributed.__doc__ = """Make FN runnable as torch.distributed ranks: `FN.distributed(*args)`.
 
     Options (as for %%distributed): num_accelerators (gpus), accelerator_type
-    (gpu_type), num_processes, timeout (seconds, default 10800; None for none),
-    output ("all" or "rank0"), check, log_cap (the most each rank's log keeps:
-    bytes, or "64M", "2G"). Use as @distributed or @distributed(...).
+    (gpu_type; an AcceleratorType or GPUType, or its string), num_processes,
+    timeout (seconds, default 10800; None for none), output ("all" or "rank0"),
+    check, log_cap (the most each rank's log keeps: bytes, or "64M", "2G"),
+    experiment, run_name, tracking. Use as @distributed or @distributed(...).
+    gpus= and gpu_type= raise a FutureWarning, as under databricks.air.
     """
-    if fn is not None and callable(fn):
-        return DistributedFunction(fn, options)
 
-    def wrap(f):
-        return DistributedFunction(f, options)
-    return wrap
+# serverless_gpu's: gpus= and gpu_type= are its names, not deprecated there.
+serverless_distributed = _decorator(DistributedFunction, "serverless_gpu", False)
+serverless_distributed.__name__ = serverless_distributed.__qualname__ = "distributed"
+serverless_distributed.__doc__ = distributed.__doc__.replace(
+    "gpus= and gpu_type= raise a FutureWarning, as under databricks.air.",
+    "gpus= and gpu_type= are serverless_gpu's names for num_accelerators and accelerator_type.")
+
+_RAY_DOC = """Make FN the Ray driver of a Ray cluster on N ranks: `FN.distributed(*args)`
+    returns FN's value. Every rank joins a torch rendezvous; rank 0 runs
+    `ray start --head`, sets RAY_ADDRESS and runs FN; the others run
+    `ray start --address=...` and wait for it; every rank runs `ray stop` at
+    the end, however the run ends. Options as for @distributed. Needs the
+    `ray` command on PATH, checked before anything starts."""
+
+ray_launch = _decorator(RayLaunchFunction, "databricks.air", True)
+ray_launch.__name__ = ray_launch.__qualname__ = "ray_launch"
+ray_launch.__doc__ = _RAY_DOC
+serverless_ray_launch = _decorator(RayLaunchFunction, "serverless_gpu", False)
+serverless_ray_launch.__name__ = serverless_ray_launch.__qualname__ = "ray_launch"
+serverless_ray_launch.__doc__ = _RAY_DOC
 
 
 def get_global_rank():

@@ -1,43 +1,82 @@
 """`serverless_gpu` and `databricks.air` inside the kernel and its ranks.
 
-Notebooks written for the managed platform import its decorator from one of
-these; here they resolve to distkernel's. A finder at the *end* of sys.meta_path
-provides them only when nothing real does: an installed `databricks` namespace
-package (databricks-sdk) keeps working, and gains `databricks.air` only if it
-lacks one.
+Notebooks written for the managed platform import from one of these; here they
+resolve to distkernel's. A finder at the *end* of sys.meta_path provides them
+only when nothing real does: an installed `databricks` namespace package
+(databricks-sdk) keeps working, and gains `databricks.air` only if it lacks one;
+the submodules below are provided only under a package this finder made.
+
+    serverless_gpu          distributed (gpus=, gpu_type= are its names), GPUType,
+                            ray_init, DistributedError, get_*_rank/size
+    serverless_gpu.ray      ray_launch, ray_init
+    databricks.air          distributed (gpus=, gpu_type= warn), AcceleratorType,
+                            ray_launch, ray_init, DistributedError, get_*_rank/size
+    databricks.air.ray      ray_launch, ray_init
+    *.data                  the platform's storage (UCVolumeDataset...): importing
+                            it is an ImportError that says what to use instead
 """
 
 import importlib.abc
 import importlib.machinery
 import sys
 
-_EXPORTS = ("distributed", "DistributedError", "get_global_rank", "get_local_rank",
-            "get_world_size", "get_local_world_size", "get_node_rank")
+_HELPERS = ("DistributedError", "get_global_rank", "get_local_rank", "get_world_size",
+            "get_local_world_size", "get_node_rank")
+
+
+def _exports(name):
+    """The names module NAME provides, or None for a namespace package."""
+    from distkernel import _api, _platform, _ray
+
+    helpers = {h: getattr(_api, h) for h in _HELPERS}
+    if name == "serverless_gpu":
+        return {"distributed": _api.serverless_distributed, "GPUType": _platform.GPUType,
+                "ray_init": _ray.ray_init, **helpers}
+    if name == "serverless_gpu.ray":
+        return {"ray_launch": _api.serverless_ray_launch, "ray_init": _ray.ray_init}
+    if name == "databricks.air":
+        return {"distributed": _api.distributed, "AcceleratorType": _platform.AcceleratorType,
+                "ray_launch": _api.ray_launch, "ray_init": _ray.ray_init, **helpers}
+    if name == "databricks.air.ray":
+        return {"ray_launch": _api.ray_launch, "ray_init": _ray.ray_init}
+    return None
+
+
+_PACKAGES = ("serverless_gpu", "databricks.air")
+_SUBMODULES = ("serverless_gpu.ray", "serverless_gpu.data", "databricks.air.ray",
+               "databricks.air.data")
 
 
 class _Loader(importlib.abc.Loader):
-    def __init__(self, package):
-        self.package = package
-
     def create_module(self, spec):
         return None
 
     def exec_module(self, module):
-        if self.package:
+        name = module.__name__
+        if name.endswith(".data"):
+            from distkernel import _platform
+            raise _platform.storage_error(name)
+        if name == "databricks" or name in _PACKAGES:
             module.__path__ = []
-            return
-        import distkernel
-        for name in _EXPORTS:
-            setattr(module, name, getattr(distkernel, name))
-        module.__all__ = list(_EXPORTS)
+        exports = _exports(name)
+        if exports is not None:
+            for key, value in exports.items():
+                setattr(module, key, value)
+            module.__all__ = list(exports)
+
+
+def _ours(name):
+    module = sys.modules.get(name)
+    spec = getattr(module, "__spec__", None)
+    return isinstance(getattr(spec, "loader", None), _Loader)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name in ("serverless_gpu", "databricks.air"):
-            return importlib.machinery.ModuleSpec(name, _Loader(False))
-        if name == "databricks":
-            return importlib.machinery.ModuleSpec(name, _Loader(True), is_package=True)
+        if name in _PACKAGES or name == "databricks":
+            return importlib.machinery.ModuleSpec(name, _Loader(), is_package=True)
+        if name in _SUBMODULES and _ours(name.rpartition(".")[0]):
+            return importlib.machinery.ModuleSpec(name, _Loader())
         return None
 
 

@@ -45,9 +45,13 @@ def _run_cell(code, namespace, filename=CELL_FILE, line_offset=0):
 
 def _error_payload(exc):
     import json
-    # Drop this file's own frames: the user's code starts at the cell.
+    # Drop distkernel's own frames before the user's code (this file's, and
+    # _ray.py's around a ray_launch driver): the user's code starts at the cell
+    # or function.
     tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    while tb is not None and tb.tb_next is not None and \
+            os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(package):
         tb = tb.tb_next
     lines = traceback.format_exception(type(exc), exc, tb)
     return json.dumps({"ename": type(exc).__name__, "evalue": str(exc),

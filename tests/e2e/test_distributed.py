@@ -206,8 +206,9 @@ def test_decorator_passes_arguments_and_returns_values(kernel):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("option,old", [("gpus=2", "gpus"), ('gpu_type="H100"', "gpu_type")])
 def test_decorator_old_option_names_warn_deprecated(kernel, option, old):
+    # Under databricks.air; under serverless_gpu they are its names (test_platform.py).
     r = kernel.execute(
-        "from serverless_gpu import distributed\n"
+        "from databricks.air import distributed\n"
         f"@distributed({option})\n"
         "def f():\n"
         "    return 1\n"

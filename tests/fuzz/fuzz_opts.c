@@ -100,6 +100,7 @@ static void check_opts(const char *args, size_t errlen)
     }
     free(err);
     FUZZ_CHECK(fuzz_terminated(o.accelerator_model, sizeof o.accelerator_model) &&
+                   fuzz_terminated(o.accelerator_given, sizeof o.accelerator_given) &&
                    fuzz_terminated(o.result_name, sizeof o.result_name) &&
                    fuzz_terminated(o.experiment, sizeof o.experiment) &&
                    fuzz_terminated(o.run_name, sizeof o.run_name) &&

@@ -13,6 +13,7 @@
  * long as a link of FAKE_BW_MBS (default 50 MB/s) would take: slow enough
  * that the timer's and the scheduler's noise, a few ms, hardly shows. Faults, from the environment:
  *   FAKE_GPUS=N           GPUs the driver and CUDA report (default 2)
+ *   FAKE_GPU_NAME=NAME    the name NVML reports (default "NVIDIA H100 80GB HBM3")
  *   FAKE_BROKEN_GPU=k     cudaMalloc fails on GPU k
  *   FAKE_WRONG_GPU=k      GPU k's all-reduce result is off by one
  *   FAKE_SLOW_GPU=k       an all-reduce with GPU k in it is 4 times slower
@@ -53,7 +54,8 @@ int nvmlDeviceGetHandleByIndex_v2(unsigned int i, void **dev)
 int nvmlDeviceGetName(void *dev, char *name, unsigned int len)
 {
     (void)dev;
-    snprintf(name, len, "NVIDIA H100 80GB HBM3");
+    const char *model = getenv("FAKE_GPU_NAME");
+    snprintf(name, len, "%s", model && *model ? model : "NVIDIA H100 80GB HBM3");
     return 0;
 }
 int nvmlDeviceGetUUID(void *dev, char *uuid, unsigned int len)

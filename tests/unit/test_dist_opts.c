@@ -215,6 +215,37 @@ Test(values, accelerator_type_alone_sets_num_accelerators)
     cr_assert_str_eq(opts.accelerator_model, "A10");
 }
 
+Test(values, the_type_as_written_is_kept_for_messages)
+{
+    ok("accelerator_type=gpu_8xh100");
+    cr_assert_str_eq(opts.accelerator_given, "accelerator_type=GPU_8xH100");
+    ok("gpu_type=h200");
+    cr_assert_str_eq(opts.accelerator_given, "gpu_type=H200");
+    ok("num_processes=2");
+    cr_assert_str_eq(opts.accelerator_given, "");
+}
+
+Test(values, the_platforms_enum_members_are_accepted_as_written_in_python)
+{
+    ok("accelerator_type=AcceleratorType.GPU_8xH100");
+    cr_assert_eq(opts.accelerator_count, 8);
+    cr_assert_str_eq(opts.accelerator_model, "H100");
+    ok("gpu_type=GPUType.B300");
+    cr_assert_str_eq(opts.accelerator_model, "B300");
+    fails("gpu_type=AcceleratorType.GPU_8xH100", "gpu_type", "H100", NULL);
+    fails("accelerator_type=GPUType.H100", "accelerator_type", "GPU_8xH100", NULL);
+}
+
+Test(values, the_platform_models_are_its_gpu_types)
+{
+    cr_assert(dk_dist_platform_model("A10"));
+    cr_assert(dk_dist_platform_model("H100"));
+    cr_assert(dk_dist_platform_model("B300"));
+    cr_assert_not(dk_dist_platform_model("H200"));
+    cr_assert_not(dk_dist_platform_model("A100"));
+    cr_assert_not(dk_dist_platform_model(""));
+}
+
 Test(values, accelerator_type_is_case_insensitive)
 {
     ok("accelerator_type=gpu_8xh100");

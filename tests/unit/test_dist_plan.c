@@ -86,14 +86,50 @@ Test(plan, more_gpus_than_the_node_has_is_an_error)
     cr_assert_str_eq(err, "num_accelerators=4 asks for more GPUs than this node has: 1 × NVIDIA A100");
 }
 
-Test(plan, another_model_is_an_error)
+Test(plan, the_nodes_own_model_runs_without_a_notice)
+{
+    add_gpu("NVIDIA H200", "H200");
+    strcpy(opts.accelerator_model, "H200");
+    strcpy(opts.accelerator_given, "accelerator_type=GPU_1xH200");
+    cr_assert_eq(dk_dist_plan(&opts, &node, &plan, err, sizeof err), 0);
+    cr_assert_str_eq(plan.notice, "");
+}
+
+Test(plan, a_platform_type_the_node_lacks_runs_on_the_nodes_gpus_with_a_notice)
+{
+    add_gpu("NVIDIA H200", "H200");
+    add_gpu("NVIDIA H200", "H200");
+    strcpy(opts.accelerator_model, "H100");
+    strcpy(opts.accelerator_given, "accelerator_type=GPU_8xH100");
+    opts.num_accelerators = 2;
+    cr_assert_eq(dk_dist_plan(&opts, &node, &plan, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(plan.world, 2);
+    cr_assert(plan.gpu);
+    cr_assert_str_eq(plan.notice, "accelerator_type=GPU_8xH100 is the managed platform's H100; "
+                                  "this node has 2 × NVIDIA H200 (H200), so the run uses those");
+}
+
+Test(plan, a_model_that_is_neither_the_nodes_nor_the_platforms_is_an_error_listing_both)
 {
     add_gpu("NVIDIA A100", "A100");
     add_gpu("Some GPU", "");
     strcpy(opts.accelerator_model, "A100");
+    strcpy(opts.accelerator_given, "gpu_type=A100");
     cr_assert_eq(dk_dist_plan(&opts, &node, &plan, err, sizeof err), -1);
-    cr_assert_str_eq(err, "accelerator_type asks for A100 GPUs, but this node has 2 × Some GPU "
-                          "(unknown model)");
+    cr_assert_str_eq(err, "gpu_type=A100 asks for A100 GPUs, but this node has 2 × Some GPU "
+                          "(unknown model), and A100 is not one of the managed platform's types "
+                          "either (those run on whatever the node has): accelerator_type "
+                          "GPU_1xA10, GPU_1xH100, GPU_8xH100, GPU_8xB300; gpu_type A10, H100, B300");
+}
+
+Test(plan, only_the_gpus_the_run_uses_must_be_the_model)
+{
+    add_gpu("NVIDIA A100", "A100");
+    add_gpu("Some GPU", "");
+    strcpy(opts.accelerator_model, "A100");
+    opts.num_accelerators = 1;
+    cr_assert_eq(dk_dist_plan(&opts, &node, &plan, err, sizeof err), 0, "%s", err);
+    cr_assert_str_eq(plan.notice, "");
 }
 
 static unsigned long long three_gib(int index, int pid)

@@ -1,0 +1,267 @@
+"""Ray on top of the ranks: `ray_init()` in a rank, `@ray_launch` around a function.
+
+As the managed platform does it, every rank first joins a torch rendezvous (a
+TCPStore at MASTER_ADDR:MASTER_PORT, or the process group's store when the
+ranks already have one) to agree on the head. Rank 0 runs `ray start --head`
+on a free port and publishes its address; every other rank runs
+`ray start --address=HEAD` with that address and says it has joined. Rank 0
+waits for all of them, sets RAY_ADDRESS and is the Ray driver; the other ranks
+wait until the driver is done. Then every rank runs `ray stop`.
+
+`ray stop` must run however the run ends: a failing driver, an interrupt, a
+timeout, another rank failing. The kernel ends ranks with SIGINT, then SIGTERM
+and SIGKILL 2 s apart (runtime/dk_job.h), to the rank's whole process group.
+So every wait here is a loop of short waits (an interrupt lands between them
+and unwinds through `finally`), and `ray stop` runs in a session of its own,
+out of reach of the signals to the rank's group, with SIGINT and SIGTERM held
+back in the rank while it waits for it: a SIGKILL can still end the rank, but
+not the `ray stop` it started.
+
+"Ray installed" means the `ray` command on PATH: that is what the ranks run.
+The kernel checks it before any rank starts (ray_launch's .distributed()).
+"""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+
+_STORE_PREFIX = "distkernel/ray/"
+_POLL = 0.2          # seconds between looks at the store: an interrupt lands in between
+_JOIN_TIMEOUT = 600  # seconds the ranks wait for the head, and the head for the ranks
+_STOP_TIMEOUT = 60   # seconds a rank waits for its `ray stop`
+
+_clusters = []       # the RayCluster of this rank, kept alive (rank 0 serves the store)
+
+
+class RayNotInstalled(RuntimeError):
+    pass
+
+
+def ray_command():
+    """The `ray` executable on PATH, or raise RayNotInstalled saying what to do."""
+    path = shutil.which("ray")
+    if path is None:
+        raise RayNotInstalled(
+            "ray_launch and ray_init need Ray, and the `ray` command is not on this kernel's "
+            "PATH, so nothing was started. Install it where the kernel's Python finds it "
+            "(for example: /usr/bin/python3 -m pip install 'ray[default]'), or put the folder "
+            "that holds `ray` on PATH before starting the kernel; or use @distributed without "
+            "Ray.")
+    return path
+
+
+def _in_a_rank():
+    return "RANK" in os.environ and "MASTER_PORT" in os.environ
+
+
+def _free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+_base_store = []     # this rank's TCPStore, made once: rank 0 serves it on MASTER_PORT
+
+
+def _store(generation):
+    """The rendezvous: the process group's store if there is one, else a
+    TCPStore that rank 0 serves at MASTER_ADDR:MASTER_PORT. A process group the
+    function starts later joins that same store as a client
+    (TORCHELASTIC_USE_AGENT_STORE, as under torchrun's agent), so the port is
+    not taken twice. Each ray_init() of a rank (GENERATION: how many came
+    before) has keys of its own."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        base = dist.distributed_c10d._get_default_store()
+    elif _base_store:
+        base = _base_store[0]
+    else:
+        rank = int(os.environ["RANK"])
+        base = dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"),
+                             int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]),
+                             rank == 0, timedelta(seconds=_JOIN_TIMEOUT))
+        _base_store.append(base)
+        os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+    return base, dist.PrefixStore(f"{_STORE_PREFIX}{generation}/", base)
+
+
+def _wait(store, key, count=1, timeout=None):
+    """Wait until counter KEY reaches COUNT. Counters, read with add(key, 0),
+    because that never blocks: a store.wait() that times out leaves the
+    client's socket unusable (torch 1.13), so an interruptible wait is a loop
+    of quick looks and short sleeps, and an interrupt lands between them.
+    False when the store went away (rank 0 ended)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        try:
+            if store.add(key, 0) >= count:
+                return True
+        except RuntimeError:
+            return False
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"Ray's start-up: {key} did not reach {count} within "
+                               f"{timeout} s")
+        time.sleep(_POLL)
+
+
+def _run_ray(args, env=None):
+    cmd = [ray_command(), *args]
+    done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, errors="replace")
+    if done.stdout:
+        print(done.stdout, end="" if done.stdout.endswith("\n") else "\n", flush=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"`ray {' '.join(args)}` failed with exit code {done.returncode}"
+                           f" on rank {os.environ.get('RANK')}; its output is above")
+
+
+def _ray_stop():
+    """`ray stop`, out of reach of the signals that end the rank's group."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        proc = subprocess.Popen([ray_command(), "stop"], start_new_session=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                errors="replace")
+        try:
+            out, _ = proc.communicate(timeout=_STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            out = f"`ray stop` still running after {_STOP_TIMEOUT} s; left to finish on its own\n"
+        if out:
+            print(out, end="" if out.endswith("\n") else "\n", flush=True)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+class RayCluster:
+    """This rank's part of the run's Ray cluster (what ray_init() returns).
+
+    `address` is the head's "host:port", also in RAY_ADDRESS; `is_driver` is
+    true on rank 0, which runs the driver code. `stop()` (or leaving a `with`
+    block) ends it: the driver says it is done, the other ranks wait for that,
+    then each runs `ray stop`."""
+
+    def __init__(self, num_cpus=None, num_gpus=None):
+        self.rank = int(os.environ["RANK"])
+        self.world = int(os.environ["WORLD_SIZE"])
+        self.is_driver = self.rank == 0
+        self.address = None
+        self._stopped = False
+        self._started = False   # this rank ran `ray start`: it must run `ray stop`
+        self._joined = False    # ... and it worked: a worker then waits for the driver
+        self._base, self._store = _store(len(_clusters))
+        _clusters.append(self)
+        try:
+            self._start(num_cpus, num_gpus)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start_args(self, num_cpus, num_gpus):
+        args = []
+        if num_cpus is not None:
+            args.append(f"--num-cpus={num_cpus}")
+        if num_gpus is not None:
+            args.append(f"--num-gpus={num_gpus}")
+        return args
+
+    def _ray_env(self, num_gpus):
+        """A GPU rank's Ray node owns the rank's GPU alone (the one of LOCAL_RANK)."""
+        env = dict(os.environ)
+        if num_gpus:
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            ids = visible.split(",") if visible else [str(i) for i in range(local + 1)]
+            env["CUDA_VISIBLE_DEVICES"] = ids[local] if local < len(ids) else str(local)
+        return env
+
+    def _start(self, num_cpus, num_gpus):
+        args = self._start_args(num_cpus, num_gpus)
+        env = self._ray_env(num_gpus)
+        if self.is_driver:
+            host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+            port = _free_port()
+            self._started = True
+            _run_ray(["start", "--head", f"--port={port}", *args], env)
+            self.address = f"{host}:{port}"
+            self._store.set("head", self.address)
+            self._store.add("head_ready", 1)
+            _wait(self._store, "joined", self.world - 1, _JOIN_TIMEOUT)
+        else:
+            if not _wait(self._store, "head_ready", 1, _JOIN_TIMEOUT):
+                raise RuntimeError("rank 0 ended before starting the Ray head")
+            self.address = self._store.get("head").decode()
+            self._started = True
+            _run_ray(["start", f"--address={self.address}", *args], env)
+            self._joined = True
+            self._store.add("joined", 1)
+        os.environ["RAY_ADDRESS"] = self.address
+
+    def stop(self):
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            if self.is_driver:
+                self._store.add("driver_done", 1)
+            elif self._joined:
+                _wait(self._store, "driver_done")
+        finally:
+            if self._started:
+                _ray_stop()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+    def __repr__(self):
+        role = "driver" if self.is_driver else "worker"
+        return f"RayCluster(rank={self.rank}, {role}, address={self.address!r})"
+
+
+def _stop_at_exit():
+    for cluster in _clusters:
+        try:
+            cluster.stop()
+        except BaseException:
+            pass
+
+
+def ray_init(num_cpus=None, num_gpus=None):
+    """Start this run's Ray cluster from inside a distributed function or
+    %%distributed cell, on every rank: rank 0 is the head and the driver, the
+    others join it. Returns a RayCluster; use it as
+    `with ray_init() as cluster: if cluster.is_driver: ...`. A worker's
+    `stop()` (the end of the block, or of the rank) waits for the driver's."""
+    if not _in_a_rank():
+        raise RuntimeError("ray_init() starts Ray on the ranks of a distributed run: call it "
+                           "inside a @distributed function or a %%distributed cell (or use "
+                           "@ray_launch, which does it for you)")
+    ray_command()
+    if not _clusters:
+        import atexit
+        atexit.register(_stop_at_exit)
+    return RayCluster(num_cpus=num_cpus, num_gpus=num_gpus)
+
+
+def run_as_driver(fn, args, kwargs, gpu):
+    """What each rank of a @ray_launch run does: its part of the cluster, and
+    on rank 0 FN as the driver. Returns FN's value on rank 0, None elsewhere."""
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    cpus = max(1, (os.cpu_count() or 1) // max(1, local_world))
+    cluster = ray_init(num_cpus=cpus, num_gpus=1 if gpu else 0)
+    try:
+        if cluster.is_driver:
+            return fn(*args, **kwargs)
+        return None
+    finally:
+        cluster.stop()
