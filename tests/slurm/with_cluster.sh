@@ -32,6 +32,15 @@ conf=$(sed -n 's/^SLURM_CONF=//p' <<< "$out")
 if [[ $(tail -n 1 <<< "$out") == started ]]; then
     trap '"$HERE/cluster.sh" down' EXIT
 fi
-rc=0
-DISTKERNEL_TEST_SLURM_CONF=$conf "$@" || rc=$?
+# CMD runs in the background so that a SIGTERM (meson's timeout) or ^C reaches
+# this script at once: it is passed on, and the EXIT trap still takes the
+# cluster down. Only a SIGKILL leaves it up, for the next bring-up to remove.
+DISTKERNEL_TEST_SLURM_CONF=$conf "$@" &
+child=$!
+trap 'kill -TERM "$child" 2> /dev/null' TERM INT
+while :; do
+    rc=0
+    wait "$child" || rc=$?
+    kill -0 "$child" 2> /dev/null || break
+done
 exit $rc
