@@ -18,6 +18,7 @@
 #include "dk_dist_preflight.h"
 #include "dk_dist_rank.h"
 #include "dk_dist_relay.h"
+#include "dk_dist_slurm.h"
 #include "dk_dist_status.h"
 #include "dk_gpu.h"
 #include "dk_logdir.h"
@@ -238,6 +239,9 @@ static dk_dist_run_t *run_plan(dk_kernel_t *kernel, const char *kind, const char
         snprintf(line, sizeof line, "%s\n", run->opts.warnings);
         write_err(run, line);
     }
+    /* Before the local plan: GPUs are counted on Slurm's nodes, not this one. */
+    if (run->opts.launcher == DK_LAUNCHER_SLURM && dk_dist_slurm_preflight(&run->opts) < 0)
+        return fail(run, NULL, NULL);
     dk_gpu_list_t gpus = {0};
     if (!run->opts.num_processes)
         dk_gpu_discover(&gpus);

@@ -60,6 +60,17 @@ const char dk_dist_doc[] =
     "                       $DISTKERNEL_LOG_CAP): past it, its first and last parts\n"
     "                       with a line saying how much was left out between them.\n"
     "\n"
+    "On a Slurm cluster (the kernel on a login node, or inside an allocation):\n"
+    "  nodes=N              run on N nodes; num_accelerators / num_processes are the\n"
+    "                       total, split evenly over them. nodes > 1 means Slurm.\n"
+    "  launcher=local|slurm where ranks run: this node (default), or Slurm's nodes.\n"
+    "  partition=P  account=A  qos=Q  constraint=C\n"
+    "                       what Slurm is asked for (default: Slurm's own defaults).\n"
+    "  slurm_args=\"...\"     more Slurm options, passed through as they are.\n"
+    "  Defaults, set once by a site (e.g. in the kernelspec's env): DISTKERNEL_NODES,\n"
+    "  DISTKERNEL_LAUNCHER, DISTKERNEL_SLURM_PARTITION, DISTKERNEL_SLURM_ACCOUNT,\n"
+    "  DISTKERNEL_SLURM_QOS, DISTKERNEL_SLURM_CONSTRAINT, DISTKERNEL_SLURM_ARGS.\n"
+    "\n"
     "Every run is an MLflow run (MLFLOW_TRACKING_URI, or a local server when the\n"
     "`mlflow` command is installed): its link is shown, ranks log into it through\n"
     "MLFLOW_RUN_ID, and its final status is FINISHED, FAILED or KILLED.\n"
@@ -122,7 +133,8 @@ bool dk_dist_platform_model(const char *model)
 
 static const char accepted[] =
     "accepted options: num_accelerators, accelerator_type, num_processes, timeout, output, "
-    "result, check, experiment, run_name, tracking, log_cap (and the deprecated gpus, gpu_type)";
+    "result, check, experiment, run_name, tracking, log_cap, nodes, launcher, partition, "
+    "account, qos, constraint, slurm_args (and the deprecated gpus, gpu_type)";
 
 /* One `name=value` token; VALUE is unquoted. Returns the position after it, NULL
  * at the end, or sets ERR. */
@@ -419,6 +431,95 @@ static int opt_log_cap(const char *name, const char *value, bool quoted, dk_dist
     return 0;
 }
 
+/* ---- on a Slurm cluster ---- */
+
+/* Nodes are not processes of this machine, so their bound is not RANKS_MAX's. */
+#define NODES_MAX 4096
+
+static int opt_nodes(const char *name, const char *value, bool quoted, dk_dist_opts_t *o,
+                     char *err, size_t errlen)
+{
+    char *end;
+    errno = 0;
+    long n = strtol(value, &end, 10);
+    if (!*value || *end || errno || n < 1 || n > NODES_MAX) {
+        dk_set_err(err, errlen, "nodes must be a whole number of nodes from 1 to %d, got '%s'",
+                   NODES_MAX, value);
+        return -1;
+    }
+    o->nodes = (int)n;
+    return 0;
+}
+
+static int opt_launcher(const char *name, const char *value, bool quoted, dk_dist_opts_t *o,
+                        char *err, size_t errlen)
+{
+    if (strcmp(value, "local") == 0)
+        o->launcher = DK_LAUNCHER_LOCAL;
+    else if (strcmp(value, "slurm") == 0)
+        o->launcher = DK_LAUNCHER_SLURM;
+    else {
+        dk_set_err(err, errlen, "launcher must be local (this node) or slurm (nodes of a Slurm "
+                   "cluster), got '%s'", value);
+        return -1;
+    }
+    return 0;
+}
+
+/* partition, account, qos, constraint: one word each, handed to Slurm as one
+ * argument (no shell sees it). */
+static int opt_slurm_name(const char *name, const char *value, bool quoted, dk_dist_opts_t *o,
+                          char *err, size_t errlen)
+{
+    char *dst = strcmp(name, "partition") == 0 ? o->partition
+              : strcmp(name, "account") == 0   ? o->account
+              : strcmp(name, "qos") == 0       ? o->qos
+                                               : o->constraint;
+    size_t cap = dst == o->constraint ? sizeof o->constraint : sizeof o->partition;
+    bool ok = value[0] && strlen(value) < cap;
+    for (const char *c = value; ok && *c; c++)
+        ok = isgraph((unsigned char)*c);
+    if (!ok) {
+        dk_set_err(err, errlen, "%s must be a Slurm %s name of 1 to %zu characters without "
+                   "blanks, got '%s'", name, name, cap - 1, value);
+        return -1;
+    }
+    snprintf(dst, cap, "%s", value);
+    return 0;
+}
+
+/* Whether TEXT splits into shell words: its quotes are closed. */
+static bool quotes_closed(const char *text)
+{
+    for (const char *p = text; *p; p++) {
+        if (*p == '\\' && p[1])
+            p++;
+        else if (*p == '\'' || *p == '"') {
+            const char *close = strchr(p + 1, *p);
+            if (!close)
+                return false;
+            p = close;
+        }
+    }
+    return true;
+}
+
+static int opt_slurm_args(const char *name, const char *value, bool quoted, dk_dist_opts_t *o,
+                          char *err, size_t errlen)
+{
+    bool ok = strlen(value) < sizeof o->slurm_args && quotes_closed(value);
+    for (const char *c = value; ok && *c; c++)
+        ok = *c == ' ' || *c == '\t' || isprint((unsigned char)*c);
+    if (!ok) {
+        dk_set_err(err, errlen, "slurm_args must be Slurm options as shell words (quotes "
+                   "closed, printable, under %zu characters), such as \"--exclusive "
+                   "--mem=0\", got '%s'", sizeof o->slurm_args, value);
+        return -1;
+    }
+    snprintf(o->slurm_args, sizeof o->slurm_args, "%s", value);
+    return 0;
+}
+
 /* The options. An option with an old name (the managed platform's first API)
  * accepts either, warns on the old one, and refuses both given at once. */
 static const struct {
@@ -439,6 +540,14 @@ static const struct {
     {"tracking", NULL, NULL, opt_tracking},
     {"log_cap", NULL, NULL, opt_log_cap},
     {"check", NULL, NULL, opt_check},
+    /* on a Slurm cluster (defaults from the environment: slurm_env below) */
+    {"nodes", NULL, NULL, opt_nodes},
+    {"launcher", NULL, NULL, opt_launcher},
+    {"partition", NULL, NULL, opt_slurm_name},
+    {"account", NULL, NULL, opt_slurm_name},
+    {"qos", NULL, NULL, opt_slurm_name},
+    {"constraint", NULL, NULL, opt_slurm_name},
+    {"slurm_args", NULL, NULL, opt_slurm_args},
 };
 #define N_OPTIONS (sizeof options / sizeof options[0])
 
@@ -464,6 +573,63 @@ static int parse_one(const char *name, const char *value, bool quoted, dk_dist_o
     return -1;
 }
 
+/* The Slurm options' defaults, which a site sets once in the environment
+ * (the kernelspec's env): each variable is parsed as its option is. */
+static const struct {
+    const char *env;
+    opt_parser_t parse;
+    const char *name;
+} slurm_env[] = {
+    {"DISTKERNEL_NODES", opt_nodes, "nodes"},
+    {"DISTKERNEL_LAUNCHER", opt_launcher, "launcher"},
+    {"DISTKERNEL_SLURM_PARTITION", opt_slurm_name, "partition"},
+    {"DISTKERNEL_SLURM_ACCOUNT", opt_slurm_name, "account"},
+    {"DISTKERNEL_SLURM_QOS", opt_slurm_name, "qos"},
+    {"DISTKERNEL_SLURM_CONSTRAINT", opt_slurm_name, "constraint"},
+    {"DISTKERNEL_SLURM_ARGS", opt_slurm_args, "slurm_args"},
+};
+
+static int env_defaults(dk_dist_opts_t *o, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < sizeof slurm_env / sizeof slurm_env[0]; i++) {
+        const char *value = getenv(slurm_env[i].env);
+        if (!value || !value[0])
+            continue;
+        char why[400];
+        if (slurm_env[i].parse(slurm_env[i].name, value, true, o, why, sizeof why) < 0) {
+            dk_set_err(err, errlen, "the environment variable %s (the default of %s=) is wrong: "
+                       "%s", slurm_env[i].env, slurm_env[i].name, why);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* nodes, launcher and the world size, together. */
+static int check_nodes(dk_dist_opts_t *o, bool launcher_given, char *err, size_t errlen)
+{
+    if (o->nodes > 1 && o->launcher == DK_LAUNCHER_LOCAL) {
+        if (launcher_given) {
+            dk_set_err(err, errlen, "nodes=%d needs launcher=slurm: launcher=local runs every "
+                       "rank on this node", o->nodes);
+            return -1;
+        }
+        o->launcher = DK_LAUNCHER_SLURM;
+    }
+    int world = o->num_processes ? o->num_processes : o->num_accelerators;
+    const char *what = o->num_processes ? "num_processes" : "num_accelerators";
+    if (o->nodes && world) {
+        if (world < o->nodes || world % o->nodes) {
+            dk_set_err(err, errlen, "%s=%d cannot be split evenly over nodes=%d: %s is the "
+                       "total over all nodes, and every node runs as many ranks; use a "
+                       "multiple of %d", what, world, o->nodes, what, o->nodes);
+            return -1;
+        }
+        o->ranks_per_node = world / o->nodes;
+    }
+    return 0;
+}
+
 int dk_dist_opts_parse(const char *args, dk_dist_opts_t *o, char *err, size_t errlen)
 {
     memset(o, 0, sizeof *o);
@@ -472,6 +638,8 @@ int dk_dist_opts_parse(const char *args, dk_dist_opts_t *o, char *err, size_t er
     bool seen[N_OPTIONS] = {false};
     char name[64], value[1024];
     bool quoted;
+    if (env_defaults(o, err, errlen) < 0)
+        return -1;
     const char *p = args ? args : "";
     for (;;) {
         p = next_token(p, name, sizeof name, value, sizeof value, &quoted, err, errlen);
@@ -493,5 +661,8 @@ int dk_dist_opts_parse(const char *args, dk_dist_opts_t *o, char *err, size_t er
     }
     if (!o->num_accelerators && o->accelerator_count)
         o->num_accelerators = o->accelerator_count;
+    for (size_t i = 0; i < N_OPTIONS; i++)
+        if (options[i].parse == opt_launcher)
+            return check_nodes(o, seen[i], err, errlen);
     return 0;
 }

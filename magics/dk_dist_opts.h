@@ -23,6 +23,9 @@
 
 typedef enum { DK_OUTPUT_ALL = 0, DK_OUTPUT_RANK0 } dk_output_mode_t;
 
+/* Where the ranks run: this node, or nodes Slurm allocates. */
+typedef enum { DK_LAUNCHER_LOCAL = 0, DK_LAUNCHER_SLURM } dk_launcher_t;
+
 typedef struct {
     int num_accelerators;       /* 0: not given (every GPU of the node) */
     char accelerator_model[32]; /* "H100", "" if not given */
@@ -38,11 +41,26 @@ typedef struct {
     char experiment[256];       /* MLflow experiment name, "" : the default */
     char run_name[256];         /* MLflow run name, "" : a generated one */
     unsigned long long log_cap; /* bytes each rank's log keeps; 0: not given */
+    /* ---- on a Slurm cluster. Each option's default comes from its
+     * environment variable (a site sets them once, in the kernelspec's env):
+     * nodes DISTKERNEL_NODES, launcher DISTKERNEL_LAUNCHER, partition
+     * DISTKERNEL_SLURM_PARTITION, account DISTKERNEL_SLURM_ACCOUNT, qos
+     * DISTKERNEL_SLURM_QOS, constraint DISTKERNEL_SLURM_CONSTRAINT, slurm_args
+     * DISTKERNEL_SLURM_ARGS. An option given in the cell wins. */
+    int nodes;                  /* 0: not given (one node, or as many as GPUs need) */
+    dk_launcher_t launcher;     /* slurm when asked, or when nodes > 1 */
+    int ranks_per_node;         /* the world size / nodes, when both are known; else 0 */
+    char partition[128];        /* "": Slurm's default, likewise the three below */
+    char account[128];
+    char qos[128];
+    char constraint[256];
+    char slurm_args[1024];      /* more salloc/srun options, as shell words */
     char warnings[512];         /* deprecation warnings, "" if none */
 } dk_dist_opts_t;
 
-/* Parse ARGS into OUT (which it initialises with the defaults). Returns 0, or -1
- * with a message for the user in ERR. */
+/* Parse ARGS into OUT (which it initialises with the defaults, those of the
+ * Slurm options from the environment). Returns 0, or -1 with a message for the
+ * user in ERR (naming the environment variable when its value is wrong). */
 int dk_dist_opts_parse(const char *args, dk_dist_opts_t *out, char *err, size_t errlen);
 
 /* The smallest log_cap accepted (the runtime's DK_LOG_CAP_MIN). */

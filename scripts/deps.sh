@@ -26,6 +26,10 @@ PKGS=(
   libclang-rt-dev
   # benchmarks (bench/): the ipyparallel %%px reference
   python3-ipyparallel
+  # the simulated Slurm cluster the multi-node tests run on (tests/slurm/):
+  # its daemons, its client commands and a private munged; the packages' own
+  # services are never started (tests/slurm/cluster.sh runs its own daemons)
+  slurm-wlm slurmd slurmctld slurm-client munge
 )
 
 missing=()

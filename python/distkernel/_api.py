@@ -45,11 +45,11 @@ class DistributedResult(list):
 
 def _option_text(options):
     parts = []
+    options = dict(options)
+    # remote=True: the ranks run on a cluster's nodes, which Slurm allocates.
+    if options.pop("remote", None) and options.get("launcher") is None:
+        options["launcher"] = "slurm"
     for name, value in options.items():
-        if name == "remote":
-            warnings.warn("remote= has no effect: distkernel runs the ranks on this node",
-                          FutureWarning, stacklevel=4)
-            continue
         if value is None and name != "timeout":
             continue
         if isinstance(value, bool) or value is None:

@@ -83,3 +83,7 @@ def heartbeat(kernel):
     yield sock
     sock.close(0)
     ctx.term()
+
+
+# The simulated Slurm cluster (tests/slurm/), for the tests that ask for it.
+from slurm_cluster import slurm_cluster  # noqa: E402,F401

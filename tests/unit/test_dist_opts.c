@@ -9,6 +9,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dk_dist_opts.h"
@@ -662,4 +663,145 @@ Test(dist_opts, a_bad_log_cap_is_refused_naming_what_is_accepted)
         cr_assert_eq(dk_dist_opts_parse(bad[i], &o, err, sizeof err), -1, "%s", bad[i]);
         cr_assert(strstr(err, "log_cap must be a size") != NULL, "%s", err);
     }
+}
+
+/* ---- on a Slurm cluster --------------------------------------------------- */
+
+static void no_slurm_env(void)
+{
+    const char *vars[] = {"DISTKERNEL_NODES", "DISTKERNEL_LAUNCHER", "DISTKERNEL_SLURM_PARTITION",
+                          "DISTKERNEL_SLURM_ACCOUNT", "DISTKERNEL_SLURM_QOS",
+                          "DISTKERNEL_SLURM_CONSTRAINT", "DISTKERNEL_SLURM_ARGS"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        unsetenv(vars[i]);
+}
+
+Test(dist_opts, slurm_options_are_read_and_the_world_is_split_over_the_nodes)
+{
+    no_slurm_env();
+    ok("nodes=2 num_processes=8 partition=gpu account=proj1 qos=high constraint=h100&ib "
+       "slurm_args='--exclusive --comment=\"a b\"'");
+    cr_expect_eq(opts.nodes, 2);
+    cr_expect_eq(opts.ranks_per_node, 4);
+    cr_expect_eq(opts.launcher, DK_LAUNCHER_SLURM);
+    cr_expect_str_eq(opts.partition, "gpu");
+    cr_expect_str_eq(opts.account, "proj1");
+    cr_expect_str_eq(opts.qos, "high");
+    cr_expect_str_eq(opts.constraint, "h100&ib");
+    cr_expect_str_eq(opts.slurm_args, "--exclusive --comment=\"a b\"");
+}
+
+Test(dist_opts, without_slurm_options_a_run_is_local)
+{
+    no_slurm_env();
+    ok("num_processes=2");
+    cr_expect_eq(opts.launcher, DK_LAUNCHER_LOCAL);
+    cr_expect_eq(opts.nodes, 0);
+    cr_expect_eq(opts.ranks_per_node, 0);
+    cr_expect_str_eq(opts.partition, "");
+    cr_expect_str_eq(opts.slurm_args, "");
+    ok("nodes=1 num_processes=2");
+    cr_expect_eq(opts.launcher, DK_LAUNCHER_LOCAL);
+    cr_expect_eq(opts.ranks_per_node, 2);
+}
+
+Test(dist_opts, more_than_one_node_or_launcher_slurm_means_slurm)
+{
+    no_slurm_env();
+    ok("nodes=2");
+    cr_expect_eq(opts.launcher, DK_LAUNCHER_SLURM);
+    cr_expect_eq(opts.ranks_per_node, 0);
+    ok("launcher=slurm num_accelerators=8");
+    cr_expect_eq(opts.launcher, DK_LAUNCHER_SLURM);
+    cr_expect_eq(opts.nodes, 0);
+    ok("launcher=local");
+    cr_expect_eq(opts.launcher, DK_LAUNCHER_LOCAL);
+    fails("nodes=2 launcher=local", "nodes=2 needs launcher=slurm", NULL);
+    fails("launcher=ssh", "launcher must be local", "or slurm", "'ssh'", NULL);
+}
+
+Test(dist_opts, gpus_is_the_total_over_the_nodes_too)
+{
+    no_slurm_env();
+    ok("gpus=16 nodes=2");
+    cr_expect_eq(opts.num_accelerators, 16);
+    cr_expect_eq(opts.ranks_per_node, 8);
+    cr_expect_str_eq(opts.warnings, "FutureWarning: gpus= is deprecated; use num_accelerators=");
+}
+
+Test(dist_opts, an_uneven_split_over_the_nodes_is_an_error_that_says_so)
+{
+    no_slurm_env();
+    fails("nodes=3 num_processes=8", "num_processes=8 cannot be split evenly over nodes=3",
+          "multiple of 3", NULL);
+    fails("nodes=4 num_accelerators=2", "num_accelerators=2 cannot be split evenly over nodes=4",
+          NULL);
+    fails("nodes=2 accelerator_type=GPU_3xH100", "num_accelerators=3 cannot be split", NULL);
+}
+
+Test(dist_opts, bad_slurm_values_are_refused_with_what_is_accepted)
+{
+    no_slurm_env();
+    fails("nodes=0", "nodes must be a whole number of nodes from 1 to 4096", "'0'", NULL);
+    fails("nodes=two", "nodes must be", "'two'", NULL);
+    fails("nodes=5000", "nodes must be", NULL);
+    fails("partition='a b'", "partition must be a Slurm partition name", "without blanks", NULL);
+    fails("account=''", "account must be", NULL);
+    fails("slurm_args=\"--comment='open\"", "slurm_args must be Slurm options as shell words",
+          "quotes closed", NULL);
+    fails("bogus=1", "nodes, launcher, partition, account, qos, constraint, slurm_args", NULL);
+}
+
+Test(dist_opts, slurm_defaults_come_from_the_environment_and_the_cell_wins)
+{
+    no_slurm_env();
+    setenv("DISTKERNEL_SLURM_PARTITION", "gpu", 1);
+    setenv("DISTKERNEL_SLURM_ACCOUNT", "site", 1);
+    setenv("DISTKERNEL_SLURM_QOS", "normal", 1);
+    setenv("DISTKERNEL_SLURM_CONSTRAINT", "ib", 1);
+    setenv("DISTKERNEL_SLURM_ARGS", "--exclusive", 1);
+    ok("num_processes=2");
+    cr_expect_str_eq(opts.partition, "gpu");
+    cr_expect_str_eq(opts.account, "site");
+    cr_expect_str_eq(opts.qos, "normal");
+    cr_expect_str_eq(opts.constraint, "ib");
+    cr_expect_str_eq(opts.slurm_args, "--exclusive");
+    cr_expect_eq(opts.launcher, DK_LAUNCHER_LOCAL);
+    ok("partition=debug slurm_args='--mem=0'");
+    cr_expect_str_eq(opts.partition, "debug");
+    cr_expect_str_eq(opts.slurm_args, "--mem=0");
+    cr_expect_str_eq(opts.account, "site");
+
+    setenv("DISTKERNEL_NODES", "2", 1);
+    ok("num_processes=4");
+    cr_expect_eq(opts.launcher, DK_LAUNCHER_SLURM);
+    cr_expect_eq(opts.ranks_per_node, 2);
+    ok("nodes=1 num_processes=4");
+    cr_expect_eq(opts.launcher, DK_LAUNCHER_LOCAL);
+    unsetenv("DISTKERNEL_NODES");
+    setenv("DISTKERNEL_LAUNCHER", "slurm", 1);
+    ok("num_processes=4");
+    cr_expect_eq(opts.launcher, DK_LAUNCHER_SLURM);
+    ok("launcher=local num_processes=4");
+    cr_expect_eq(opts.launcher, DK_LAUNCHER_LOCAL);
+}
+
+Test(dist_opts, a_wrong_environment_default_names_the_variable)
+{
+    no_slurm_env();
+    setenv("DISTKERNEL_LAUNCHER", "ssh", 1);
+    fails("num_processes=2", "the environment variable DISTKERNEL_LAUNCHER",
+          "launcher must be local", NULL);
+    unsetenv("DISTKERNEL_LAUNCHER");
+    setenv("DISTKERNEL_NODES", "0", 1);
+    fails("", "DISTKERNEL_NODES", "nodes must be", NULL);
+}
+
+Test(dist_opts, the_help_lists_the_slurm_options_and_their_variables)
+{
+    const char *want[] = {"nodes=N", "launcher=local|slurm", "partition=P", "slurm_args=",
+                          "DISTKERNEL_SLURM_PARTITION", "DISTKERNEL_NODES", "DISTKERNEL_LAUNCHER",
+                          "DISTKERNEL_SLURM_ARGS", "split evenly"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        cr_expect(strstr(dk_dist_doc, want[i]), "the help lacks %s", want[i]);
 }

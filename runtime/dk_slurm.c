@@ -1,0 +1,571 @@
+/*
+ * dk_slurm: one allocation, through Slurm's commands. See dk_slurm.h.
+ *
+ * Waiting for an allocation. `salloc --no-shell` blocks until Slurm grants the
+ * job, then exits; while it waits it has already said the job's id on stderr.
+ * So salloc runs under dk_proc with two callbacks: its stderr is collected
+ * (the id is read from it), and the cancel callback, asked every 100 ms, is
+ * where the wait is watched: the caller's cancel, the wait limit, and once a
+ * second squeue for the state and Slurm's reason to report. A stop sends
+ * salloc SIGINT first, on which it revokes its own request; scancel follows
+ * anyway, since a salloc killed harder would leave the request queued.
+ *
+ * Never a job left behind. Each request is named distkernel-<random>, so a
+ * failure before the id is known (salloc hung, killed, or died saying
+ * nothing) still cancels it: `scancel --name`. Every later failure cancels by
+ * id. The only job this code does not cancel is one it did not ask for (the
+ * allocation it runs inside).
+ *
+ * Bounded time. Every command has a deadline (command_timeout_s) enforced by
+ * the same cancel callback; past it, the stop ladder with a short grace ends
+ * it (a hung Slurm client ignores SIGINT, rarely SIGTERM, never SIGKILL).
+ */
+#include "dk_slurm.h"
+
+#include "dk_clock.h"
+#include "dk_err.h"
+#include "dk_proc.h"
+#include "dk_spawn.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+extern char **environ;
+
+#define OUT_MAX (1 << 20)
+#define SAY_MAX 2048            /* what a command said on stderr, kept for messages */
+#define POLL_EVERY_S 1.0        /* squeue while a request waits */
+#define GRACE_S 0.5             /* between the rungs of a command's stop ladder */
+
+struct dk_slurm_t {
+    char job_id[32];
+    char job_name[64];
+    bool owned;
+    bool released;
+    double timeout_s;
+    char **names;
+    char **addrs;
+    size_t count;
+};
+
+/* ---- running one command ------------------------------------------------- */
+
+typedef struct {
+    double deadline;                /* monotonic s */
+    bool timed_out;
+    char said[SAY_MAX];             /* stderr, what fits */
+    size_t said_len;
+    /* while salloc waits */
+    const dk_slurm_request_t *req;
+    dk_slurm_t *job;                /* its job_id is filled from stderr */
+    double wait_end;                /* 0: no wait limit */
+    double next_poll;
+    int stop;                       /* 1 cancelled, 2 wait limit */
+    char state[32], reason[128];
+} command_t;
+
+static void on_stderr(void *data, const char *bytes, size_t len)
+{
+    command_t *c = data;
+    size_t room = sizeof c->said - 1 - c->said_len;
+    if (len > room)
+        len = room;
+    memcpy(c->said + c->said_len, bytes, len);
+    c->said_len += len;
+    c->said[c->said_len] = '\0';
+}
+
+static void watch_wait(command_t *c);
+
+static bool should_stop(void *data)
+{
+    command_t *c = data;
+    if (c->req)
+        watch_wait(c);
+    if (c->stop)
+        return true;
+    if (dk_now_s() >= c->deadline)
+        c->timed_out = true;
+    return c->timed_out;
+}
+
+/* The stderr a message quotes: its last line that says something, trimmed. */
+static const char *said_text(command_t *c)
+{
+    size_t n = c->said_len;
+    while (n && (c->said[n - 1] == '\n' || c->said[n - 1] == ' '))
+        c->said[--n] = '\0';
+    return n ? c->said : "(nothing on stderr)";
+}
+
+/* Run Slurm's PROGRAM with ARGS (NULL-terminated, argv[0] excluded) to its end,
+ * within TIMEOUT_S (0: none; C->deadline is set here). Its stdout into *OUT when
+ * OUT is not NULL. Returns its exit code (>= 0), or -1 with ERR when it could
+ * not run, was ended by a signal, or passed its deadline. */
+static int run(const char *program, const char *const *args, double timeout_s, command_t *c,
+               char **out, char *err, size_t errlen)
+{
+    char *path = dk_spawn_find_program(program, err, errlen);
+    if (!path)
+        return -1;
+    size_t n = 0;
+    while (args[n])
+        n++;
+    char **argv = calloc(n + 2, sizeof *argv);
+    if (!argv) {
+        free(path);
+        dk_set_err(err, errlen, "out of memory running %s", program);
+        return -1;
+    }
+    argv[0] = (char *) program;
+    memcpy(argv + 1, args, n * sizeof *argv);
+    c->deadline = timeout_s > 0 ? dk_now_s() + timeout_s : 1e300;
+    dk_proc_spec_t spec = {.path = path, .argv = argv, .envp = environ, .max_out = OUT_MAX,
+                           .grace_s = GRACE_S, .on_stderr = on_stderr,
+                           .cancelled = should_stop, .data = c};
+    dk_proc_result_t res;
+    int rc = dk_proc_run(&spec, &res, err, errlen);
+    free(argv);
+    free(path);
+    if (rc < 0)
+        return -1;
+    if (c->timed_out) {
+        dk_set_err(err, errlen, "Slurm's %s did not answer within %.0f s and was ended; is "
+                   "slurmctld up and reachable from here? (it said: %s)", program, timeout_s,
+                   said_text(c));
+        rc = -1;
+    } else if (res.exit_code < 0 && !c->stop) {
+        dk_set_err(err, errlen, "Slurm's %s was killed by signal %d (it said: %s)", program,
+                   res.term_signal, said_text(c));
+        rc = -1;
+    } else {
+        rc = res.exit_code < 0 ? 128 + res.term_signal : res.exit_code;
+    }
+    if (rc >= 0 && out) {
+        *out = res.out;
+        res.out = NULL;
+    }
+    dk_proc_result_free(&res);
+    return rc;
+}
+
+/* ---- reachable ----------------------------------------------------------- */
+
+int dk_slurm_reachable(double timeout_s, char *err, size_t errlen)
+{
+    static const char *const needed[] = {"sinfo", "salloc", "srun", "squeue", "scancel"};
+    char missing[128] = "";
+    for (size_t i = 0; i < sizeof needed / sizeof needed[0]; i++) {
+        char *path = dk_spawn_find_program(needed[i], NULL, 0);
+        if (!path) {
+            size_t used = strlen(missing);
+            snprintf(missing + used, sizeof missing - used, "%s%s", used ? ", " : "", needed[i]);
+        }
+        free(path);
+    }
+    if (missing[0]) {
+        const char *path = getenv("PATH");
+        dk_set_err(err, errlen, "Slurm is not reachable from here: its commands %s are not on "
+                   "PATH (%s). Run the kernel where Slurm's client commands are installed, "
+                   "or add their folder to PATH in the kernelspec's env", missing,
+                   path ? path : "unset");
+        return -1;
+    }
+    /* Slurm retries an unreadable SLURM_CONF for 60 s before it gives up */
+    const char *conf = getenv("SLURM_CONF");
+    if (conf && conf[0] && access(conf, R_OK) != 0) {
+        dk_set_err(err, errlen, "Slurm is not reachable from here: SLURM_CONF is '%s', which "
+                   "cannot be read (%s); set it to the cluster's slurm.conf (in the "
+                   "kernelspec's env), or unset it where Slurm finds its configuration itself",
+                   conf, strerror(errno));
+        return -1;
+    }
+    command_t c = {0};
+    static const char *const args[] = {"-h", "-o", "%P %a", NULL};
+    char *out = NULL;
+    double t = timeout_s > 0 ? timeout_s : DK_SLURM_COMMAND_TIMEOUT_S;
+    int rc = run("sinfo", args, t, &c, &out, err, errlen);
+    free(out);
+    if (rc == 0)
+        return 0;
+    if (rc > 0 || c.timed_out) {
+        char detail[1200];
+        if (c.timed_out)
+            snprintf(detail, sizeof detail, "sinfo did not answer within %.0f s", t);
+        else
+            snprintf(detail, sizeof detail, "sinfo failed: %.1000s", said_text(&c));
+        dk_set_err(err, errlen, "Slurm is not reachable from here: %s. SLURM_CONF is %s%s%s; "
+                   "set it to the cluster's slurm.conf (in the kernelspec's env) and check "
+                   "that `sinfo` works in a terminal on this machine", detail,
+                   conf ? "'" : "", conf ? conf : "not set (Slurm then reads /etc/slurm/slurm.conf)",
+                   conf ? "'" : "");
+    }
+    return -1;
+}
+
+/* ---- the allocation -------------------------------------------------------- */
+
+static dk_slurm_t *job_new(double timeout_s)
+{
+    dk_slurm_t *self = calloc(1, sizeof *self);
+    if (self)
+        self->timeout_s = timeout_s > 0 ? timeout_s : DK_SLURM_COMMAND_TIMEOUT_S;
+    return self;
+}
+
+static void free_nodes(dk_slurm_t *self)
+{
+    dk_slurm_names_free(self->names, self->count);
+    dk_slurm_names_free(self->addrs, self->count);
+    self->names = self->addrs = NULL;
+    self->count = 0;
+}
+
+/* `scancel` the job by id, or by name when the id is not known yet. */
+static int cancel_job(dk_slurm_t *self, char *err, size_t errlen)
+{
+    command_t c = {0};
+    char name_arg[96];
+    const char *by_id[] = {self->job_id, NULL};
+    const char *by_name[] = {name_arg, NULL};
+    snprintf(name_arg, sizeof name_arg, "--name=%s", self->job_name);
+    if (!self->job_id[0] && !self->job_name[0])
+        return 0;
+    int rc = run("scancel", self->job_id[0] ? by_id : by_name, self->timeout_s, &c, NULL, err,
+                 errlen);
+    /* a job that already ended is released */
+    if (rc > 0 && !strstr(c.said, "Invalid job id") && !strstr(c.said, "already complet")) {
+        dk_set_err(err, errlen, "scancel %s failed: %s", self->job_id[0] ? self->job_id : name_arg,
+                   said_text(&c));
+        return -1;
+    }
+    return rc < 0 ? -1 : 0;
+}
+
+/* squeue's one line about the job into Q. Returns 1, 0 when Slurm no longer
+ * knows the job, or -1 with ERR. */
+static int squeue_job(dk_slurm_t *self, dk_slurm_squeue_t *q, char *err, size_t errlen)
+{
+    command_t c = {0};
+    const char *args[] = {"-h", "-j", self->job_id, "-o", "%i|%T|%r|%N", NULL};
+    char *out = NULL;
+    int rc = run("squeue", args, self->timeout_s, &c, &out, err, errlen);
+    if (rc < 0)
+        return -1;
+    if (rc > 0) {
+        free(out);
+        if (strstr(c.said, "Invalid job id"))
+            return 0;
+        dk_set_err(err, errlen, "squeue -j %s failed: %s", self->job_id, said_text(&c));
+        return -1;
+    }
+    int found = out[0] ? 1 : 0;
+    if (found && dk_slurm_parse_squeue(out, q) < 0) {
+        dk_set_err(err, errlen, "squeue -j %s answered '%.200s', not a job's line",
+                   self->job_id, out);
+        found = -1;
+    }
+    free(out);
+    return found;
+}
+
+/* Called from the salloc run's cancel callback: the caller's cancel, the wait
+ * limit, and the state and reason while the request is queued. */
+static void watch_wait(command_t *c)
+{
+    const dk_slurm_request_t *req = c->req;
+    double now = dk_now_s();
+    if (c->stop)
+        return;
+    if (req->cancelled && req->cancelled(req->data)) {
+        c->stop = 1;
+        return;
+    }
+    if (c->wait_end > 0 && now >= c->wait_end) {
+        c->stop = 2;
+        return;
+    }
+    if (!c->job->job_id[0] && !dk_slurm_salloc_job_id(c->said, c->job->job_id,
+                                                      sizeof c->job->job_id))
+        return;
+    /* Slurm took the request: from here on it waits in the queue, which the
+     * wait limit bounds, not the command's deadline. */
+    c->deadline = 1e300;
+    if (now < c->next_poll)
+        return;
+    c->next_poll = now + POLL_EVERY_S;
+    dk_slurm_squeue_t q;
+    if (squeue_job(c->job, &q, NULL, 0) == 1 &&
+        (strcmp(q.state, c->state) || strcmp(q.reason, c->reason))) {
+        snprintf(c->state, sizeof c->state, "%s", q.state);
+        snprintf(c->reason, sizeof c->reason, "%s", q.reason);
+        if (req->on_wait)
+            req->on_wait(req->data, c->job->job_id, q.state, q.reason);
+    }
+}
+
+static void unique_name(char *name, size_t len)
+{
+    unsigned char r[6] = {0};
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || read(fd, r, sizeof r) != (ssize_t) sizeof r) {
+        long long t = dk_now_ms() ^ (long long) getpid() << 20;
+        memcpy(r, &t, sizeof r);
+    }
+    if (fd >= 0)
+        close(fd);
+    snprintf(name, len, "distkernel-%02x%02x%02x%02x%02x%02x", r[0], r[1], r[2], r[3], r[4],
+             r[5]);
+}
+
+/* salloc's argument list for REQ; NULL with ERR. */
+static char **salloc_args(const dk_slurm_request_t *req, const char *name, char *err,
+                          size_t errlen)
+{
+    char **extra = NULL;
+    size_t nextra = 0;
+    if (req->extra_args &&
+        dk_slurm_split_words(req->extra_args, &extra, &nextra, err, errlen) < 0)
+        return NULL;
+    char **a = calloc(nextra + 16, sizeof *a);
+    size_t n = 0;
+    bool ok = a != NULL;
+#define ADD(...) do { if (ok && asprintf(&a[n], __VA_ARGS__) >= 0) n++; else ok = false; } while (0)
+    ADD("--no-shell");
+    ADD("--job-name=%s", name);
+    ADD("--nodes=%d", req->nodes);
+    ADD("--ntasks-per-node=%d", req->tasks_per_node);
+    if (req->partition && req->partition[0])
+        ADD("--partition=%s", req->partition);
+    if (req->account && req->account[0])
+        ADD("--account=%s", req->account);
+    if (req->qos && req->qos[0])
+        ADD("--qos=%s", req->qos);
+    if (req->constraint && req->constraint[0])
+        ADD("--constraint=%s", req->constraint);
+    if (req->time_limit_s > 0) {
+        long s = (long) (req->time_limit_s + 0.999);
+        ADD("--time=%ld:%02ld", s / 60, s % 60);        /* minutes:seconds */
+    }
+    for (size_t i = 0; i < nextra; i++)
+        ADD("%s", extra[i]);
+#undef ADD
+    dk_slurm_names_free(extra, nextra);
+    if (!ok) {
+        for (size_t i = 0; i < n; i++)
+            free(a[i]);
+        free(a);
+        dk_set_err(err, errlen, "out of memory preparing salloc's arguments");
+        return NULL;
+    }
+    return a;
+}
+
+static void free_args(char **a)
+{
+    for (size_t i = 0; a && a[i]; i++)
+        free(a[i]);
+    free(a);
+}
+
+/* Each node's address (NodeAddr), from `sinfo -N -o '%N|%o'`. */
+static int find_addrs(dk_slurm_t *self, const char *nodelist, char *err, size_t errlen)
+{
+    self->addrs = calloc(self->count, sizeof *self->addrs);
+    if (!self->addrs) {
+        dk_set_err(err, errlen, "out of memory");
+        return -1;
+    }
+    command_t c = {0};
+    const char *args[] = {"-h", "-N", "-n", nodelist, "-o", "%N|%o", NULL};
+    char *out = NULL;
+    int rc = run("sinfo", args, self->timeout_s, &c, &out, err, errlen);
+    if (rc > 0)
+        dk_set_err(err, errlen, "sinfo -n %s failed: %s", nodelist, said_text(&c));
+    for (char *line = out, *next; rc == 0 && line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next)
+            *next++ = '\0';
+        char *bar = strchr(line, '|');
+        if (!bar)
+            continue;
+        *bar = '\0';
+        for (size_t i = 0; i < self->count; i++)
+            if (!self->addrs[i] && strcmp(self->names[i], line) == 0)
+                self->addrs[i] = strdup(bar + 1);
+    }
+    free(out);
+    if (rc != 0)
+        return -1;
+    for (size_t i = 0; i < self->count; i++) {
+        if (!self->addrs[i] && !(self->addrs[i] = strdup(self->names[i]))) {
+            dk_set_err(err, errlen, "out of memory");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int learn_nodes(dk_slurm_t *self, const char *nodelist, char *err, size_t errlen)
+{
+    free_nodes(self);
+    if (dk_slurm_hostlist_expand(nodelist, &self->names, &self->count, err, errlen) < 0)
+        return -1;
+    return find_addrs(self, nodelist, err, errlen);
+}
+
+/* Inside an allocation: adopt it. */
+static dk_slurm_t *adopt(const dk_slurm_request_t *req, const char *job_id, char *err,
+                         size_t errlen)
+{
+    dk_slurm_t *self = job_new(req->command_timeout_s);
+    if (!self) {
+        dk_set_err(err, errlen, "out of memory");
+        return NULL;
+    }
+    snprintf(self->job_id, sizeof self->job_id, "%s", job_id);
+    const char *nodelist = getenv("SLURM_JOB_NODELIST");
+    if (!nodelist || !nodelist[0])
+        nodelist = getenv("SLURM_NODELIST");
+    if (!nodelist || !nodelist[0]) {
+        dk_set_err(err, errlen, "SLURM_JOB_ID is %s but SLURM_JOB_NODELIST is not set: this "
+                   "process is not inside a usable Slurm allocation; unset SLURM_JOB_ID to "
+                   "ask Slurm for a new one", job_id);
+        goto fail;
+    }
+    if (learn_nodes(self, nodelist, err, errlen) < 0)
+        goto fail;
+    if ((size_t) req->nodes > self->count) {
+        dk_set_err(err, errlen, "the run needs %d nodes but this kernel runs inside Slurm job "
+                   "%s, which has %zu (%s); ask for fewer nodes, or start the kernel in a "
+                   "larger allocation", req->nodes, job_id, self->count, nodelist);
+        goto fail;
+    }
+    return self;
+fail:
+    dk_slurm_destroy(&self);
+    return NULL;
+}
+
+static dk_slurm_t *request(const dk_slurm_request_t *req, int *cancelled, char *err,
+                           size_t errlen)
+{
+    dk_slurm_t *self = job_new(req->command_timeout_s);
+    if (!self) {
+        dk_set_err(err, errlen, "out of memory");
+        return NULL;
+    }
+    self->owned = true;
+    unique_name(self->job_name, sizeof self->job_name);
+    char **args = salloc_args(req, self->job_name, err, errlen);
+    if (!args)
+        goto fail;
+    command_t c = {.req = req, .job = self};
+    if (req->wait_s > 0)
+        c.wait_end = dk_now_s() + req->wait_s;
+    int rc = run("salloc", (const char *const *) args, self->timeout_s, &c, NULL, err, errlen);
+    free_args(args);
+    if (c.stop) {
+        if (cancelled)
+            *cancelled = c.stop;
+        if (c.stop == 1)
+            dk_set_err(err, errlen, "the Slurm request%s%s was cancelled while %s%s%s",
+                       self->job_id[0] ? " " : "", self->job_id,
+                       c.state[0] ? c.state : "waiting", c.reason[0] ? ": " : "", c.reason);
+        else
+            dk_set_err(err, errlen, "Slurm did not grant the request%s%s within %.0f s (%s%s%s); "
+                       "it was cancelled", self->job_id[0] ? " " : "", self->job_id, req->wait_s,
+                       c.state[0] ? c.state : "waiting", c.reason[0] ? ": " : "", c.reason);
+        goto fail;
+    }
+    if (rc != 0) {
+        if (rc > 0)
+            dk_set_err(err, errlen, "salloc could not allocate %d node%s: %s", req->nodes,
+                       req->nodes == 1 ? "" : "s", said_text(&c));
+        goto fail;
+    }
+    if (!self->job_id[0] &&
+        !dk_slurm_salloc_job_id(c.said, self->job_id, sizeof self->job_id)) {
+        dk_set_err(err, errlen, "salloc succeeded but did not say the job's id: %s",
+                   said_text(&c));
+        goto fail;
+    }
+    dk_slurm_squeue_t q;
+    int found = squeue_job(self, &q, err, errlen);
+    if (found == 0)
+        dk_set_err(err, errlen, "Slurm job %s ended right after it was granted", self->job_id);
+    if (found != 1)
+        goto fail;
+    if (strcmp(q.state, "RUNNING") != 0 || !q.nodes[0]) {
+        dk_set_err(err, errlen, "Slurm job %s is %s (%s) right after it was granted",
+                   self->job_id, q.state, q.reason);
+        goto fail;
+    }
+    if (learn_nodes(self, q.nodes, err, errlen) < 0)
+        goto fail;
+    return self;
+fail:
+    dk_slurm_destroy(&self);       /* cancels it, by id or by name */
+    return NULL;
+}
+
+dk_slurm_t *dk_slurm_allocate(const dk_slurm_request_t *req, int *cancelled, char *err,
+                              size_t errlen)
+{
+    if (cancelled)
+        *cancelled = 0;
+    if (req->nodes < 1 || req->tasks_per_node < 1) {
+        dk_set_err(err, errlen, "a Slurm request needs at least 1 node and 1 task per node "
+                   "(got %d and %d)", req->nodes, req->tasks_per_node);
+        return NULL;
+    }
+    const char *inside = getenv("SLURM_JOB_ID");
+    if (inside && inside[0])
+        return adopt(req, inside, err, errlen);
+    return request(req, cancelled, err, errlen);
+}
+
+const char *dk_slurm_job_id(const dk_slurm_t *self) { return self->job_id; }
+bool dk_slurm_owned(const dk_slurm_t *self) { return self->owned; }
+size_t dk_slurm_node_count(const dk_slurm_t *self) { return self->count; }
+const char *dk_slurm_node_name(const dk_slurm_t *self, size_t i) { return self->names[i]; }
+const char *dk_slurm_node_addr(const dk_slurm_t *self, size_t i) { return self->addrs[i]; }
+
+int dk_slurm_state(dk_slurm_t *self, char *state, size_t statelen, char *reason,
+                   size_t reasonlen, char *err, size_t errlen)
+{
+    dk_slurm_squeue_t q;
+    int found = squeue_job(self, &q, err, errlen);
+    if (found < 0)
+        return -1;
+    snprintf(state, statelen, "%s", found ? q.state : "");
+    snprintf(reason, reasonlen, "%s", found ? q.reason : "");
+    return 0;
+}
+
+int dk_slurm_release(dk_slurm_t *self, char *err, size_t errlen)
+{
+    if (!self->owned || self->released)
+        return 0;
+    if (cancel_job(self, err, errlen) < 0)
+        return -1;
+    self->released = true;
+    return 0;
+}
+
+void dk_slurm_destroy(dk_slurm_t **self_p)
+{
+    dk_slurm_t *self = *self_p;
+    if (!self)
+        return;
+    /* A failed release gets one more try; a job must not outlive its owner. */
+    if (dk_slurm_release(self, NULL, 0) < 0)
+        dk_slurm_release(self, NULL, 0);
+    free_nodes(self);
+    free(self);
+    *self_p = NULL;
+}

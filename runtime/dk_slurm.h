@@ -1,0 +1,127 @@
+/*
+ * dk_slurm: what a run needs from a Slurm cluster, through Slurm's own commands.
+ *
+ * distkernel never schedules across nodes itself: where ranks outgrow a node,
+ * the cluster's Slurm places them, and the kernel drives it as a user at a
+ * shell would, with sinfo, salloc, squeue and scancel (srun comes with the
+ * network back channel). This object is one allocation:
+ *
+ *   - outside an allocation (a kernel on a login node), dk_slurm_allocate asks
+ *     for one with `salloc --no-shell`, reports the request's state and Slurm's
+ *     reason while it is queued, and owns the job: release (or destroy) cancels
+ *     it with scancel;
+ *   - inside one (SLURM_JOB_ID set, e.g. a kernel started by a batch job) it
+ *     adopts that allocation, whose steps the ranks will be, and never cancels it.
+ *
+ * Every command runs through dk_proc (its own process group, nothing left
+ * running) under a deadline; a command that hangs is ended with the stop
+ * ladder. A job is never left behind: every request carries a job name of its
+ * own, so an error before salloc said the job's id still cancels it by name.
+ *
+ * Slurm's commands are found on PATH and run with the process's environment,
+ * where a site sets SLURM_CONF (and the user's defaults, SLURM_PARTITION ...).
+ * Not thread-safe: one thread drives an allocation.
+ */
+#ifndef DK_SLURM_H
+#define DK_SLURM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef struct dk_slurm_t dk_slurm_t;
+
+/* Each Slurm command's deadline when the caller gives none. */
+#define DK_SLURM_COMMAND_TIMEOUT_S 30.0
+
+typedef struct {
+    int nodes;                  /* >= 1 */
+    int tasks_per_node;         /* >= 1: the ranks each node runs */
+    const char *partition;      /* NULL or "": Slurm's default (the same for the four) */
+    const char *account;
+    const char *qos;
+    const char *constraint;
+    const char *extra_args;     /* more salloc options, split like a shell's words */
+    double time_limit_s;        /* the allocation's time limit; <= 0: Slurm's default */
+    double wait_s;              /* the longest wait in the queue; <= 0: no limit */
+    double command_timeout_s;   /* each command's deadline; <= 0: DK_SLURM_COMMAND_TIMEOUT_S */
+    /* Called when the request's state or Slurm's reason changes while it waits
+     * (state "PENDING", reason "Resources", "Priority", "PartitionDown" ...);
+     * may be NULL. */
+    void (*on_wait)(void *data, const char *job_id, const char *state, const char *reason);
+    /* Asked about every 100 ms while the request waits: true cancels it. May be NULL. */
+    bool (*cancelled)(void *data);
+    void *data;
+} dk_slurm_request_t;
+
+/* Whether Slurm can be used from here: sinfo, salloc, srun, squeue and scancel
+ * on PATH, and `sinfo` answering within TIMEOUT_S (<= 0: the default). Returns
+ * 0, or -1 with ERR saying what is missing or what sinfo said, and what to set
+ * (PATH, SLURM_CONF). */
+int dk_slurm_reachable(double timeout_s, char *err, size_t errlen);
+
+/* An allocation for REQ: the one this process runs in when SLURM_JOB_ID is set
+ * (REQ->nodes must fit it), else a new one from salloc, waited for (REQ's
+ * callbacks say how the wait goes). Returns the allocation, its node list
+ * known, or NULL with ERR (Slurm's own words included); on NULL no job of this
+ * request is left in Slurm's queue. When the wait was cancelled or passed
+ * REQ->wait_s, *CANCELLED (may be NULL) says which: 1 cancelled, 2 wait_s. */
+dk_slurm_t *dk_slurm_allocate(const dk_slurm_request_t *req, int *cancelled, char *err,
+                              size_t errlen);
+
+/* The job's id ("1234"). */
+const char *dk_slurm_job_id(const dk_slurm_t *self);
+
+/* True when this object asked for the job (and so ends it); false for an
+ * allocation it runs inside. */
+bool dk_slurm_owned(const dk_slurm_t *self);
+
+/* The nodes of the allocation, in Slurm's order, and each one's address
+ * (NodeAddr, which is the name itself where the site set none). I < count. */
+size_t dk_slurm_node_count(const dk_slurm_t *self);
+const char *dk_slurm_node_name(const dk_slurm_t *self, size_t i);
+const char *dk_slurm_node_addr(const dk_slurm_t *self, size_t i);
+
+/* The job's state and Slurm's reason now, from squeue (STATE "" once Slurm
+ * has forgotten the job). Returns 0, or -1 with ERR. */
+int dk_slurm_state(dk_slurm_t *self, char *state, size_t statelen, char *reason,
+                   size_t reasonlen, char *err, size_t errlen);
+
+/* End an owned job (scancel); nothing for an adopted one. Idempotent. Returns
+ * 0, or -1 with ERR when scancel failed (destroy tries again). */
+int dk_slurm_release(dk_slurm_t *self, char *err, size_t errlen);
+
+/* Release (if not done) and free; *SELF_P becomes NULL. */
+void dk_slurm_destroy(dk_slurm_t **self_p);
+
+/* ---- Slurm's text formats, pure (no command runs) ------------------------- */
+
+/* Expand a Slurm host list ("node[1-3,5]", "gpu[01-02]-a,login",
+ * "r[1-2]n[1-2]") into names, in order. Returns 0 with *NAMES (free with
+ * dk_slurm_names_free) and *COUNT, or -1 with ERR for a malformed list or
+ * one of more than 65536 names. */
+int dk_slurm_hostlist_expand(const char *list, char ***names, size_t *count, char *err,
+                             size_t errlen);
+void dk_slurm_names_free(char **names, size_t count);
+
+/* Split TEXT into words as a shell would: blanks separate, '...' and "..."
+ * quote, a backslash escapes the next character. Returns 0 with *WORDS (free
+ * with dk_slurm_names_free) and *COUNT, or -1 with ERR (an unterminated quote). */
+int dk_slurm_split_words(const char *text, char ***words, size_t *count, char *err,
+                         size_t errlen);
+
+/* One line of `squeue -h -o '%i|%T|%r|%N'` into its fields (each NUL-terminated
+ * and truncated to its buffer). Returns 0, or -1 when LINE is not such a line. */
+typedef struct {
+    char job_id[32];
+    char state[32];
+    char reason[128];
+    char nodes[1024];
+} dk_slurm_squeue_t;
+int dk_slurm_parse_squeue(const char *line, dk_slurm_squeue_t *out);
+
+/* The job id in salloc's words on stderr ("salloc: Pending job allocation 12",
+ * "salloc: Granted job allocation 12", "salloc: job 12 queued and waiting for
+ * resources"), copied into ID; false when TEXT holds none. */
+bool dk_slurm_salloc_job_id(const char *text, char *id, size_t idlen);
+
+#endif

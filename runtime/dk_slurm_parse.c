@@ -1,0 +1,261 @@
+/*
+ * dk_slurm_parse: the Slurm text formats dk_slurm reads, pure. See dk_slurm.h.
+ *
+ * Host lists are expanded here rather than by `scontrol show hostnames`: one
+ * command fewer per run, and the node list is needed where no Slurm command
+ * may answer (SLURM_JOB_NODELIST inside an allocation). A list is names
+ * separated by commas outside brackets; a bracket holds ranges and numbers
+ * separated by commas, whose width (leading zeros) is kept; a name may have
+ * several brackets, expanded left to right ("r[1-2]n[1-2]": r1n1 r1n2 r2n1
+ * r2n2). The total is bounded so that a hostile "n[0-99999999]" costs nothing.
+ */
+#include "dk_slurm.h"
+
+#include "dk_err.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NAMES_MAX 65536
+#define NAME_MAX_LEN 256
+
+typedef struct {
+    char **v;
+    size_t n, cap;
+} names_t;
+
+static int push(names_t *l, const char *name, char *err, size_t errlen)
+{
+    if (l->n >= NAMES_MAX) {
+        dk_set_err(err, errlen, "the host list names more than %d hosts", NAMES_MAX);
+        return -1;
+    }
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 16;
+        char **grown = realloc(l->v, cap * sizeof *grown);
+        if (!grown)
+            goto oom;
+        l->v = grown;
+        l->cap = cap;
+    }
+    if (!(l->v[l->n] = strdup(name)))
+        goto oom;
+    l->n++;
+    return 0;
+oom:
+    dk_set_err(err, errlen, "out of memory expanding a host list");
+    return -1;
+}
+
+void dk_slurm_names_free(char **names, size_t count)
+{
+    if (!names)
+        return;
+    for (size_t i = 0; i < count; i++)
+        free(names[i]);
+    free(names);
+}
+
+/* A number of at most 9 digits at *P; its digit count in *WIDTH. */
+static bool number(const char **p, long *out, int *width)
+{
+    const char *s = *p;
+    long v = 0;
+    int w = 0;
+    while (isdigit((unsigned char) *s) && w < 9)
+        v = v * 10 + (*s++ - '0'), w++;
+    if (w == 0 || isdigit((unsigned char) *s))
+        return false;
+    *p = s;
+    *out = v;
+    *width = w;
+    return true;
+}
+
+/* Expand PREFIX + PATTERN (one comma-free host expression, LEN bytes) into L. */
+static int expand(const char *prefix, const char *pattern, size_t len, names_t *l, char *err,
+                  size_t errlen)
+{
+    const char *open = memchr(pattern, '[', len);
+    char name[NAME_MAX_LEN];
+    if (!open) {
+        if (strlen(prefix) + len >= sizeof name || (len == 0 && !*prefix))
+            goto bad;
+        snprintf(name, sizeof name, "%s%.*s", prefix, (int) len, pattern);
+        return push(l, name, err, errlen);
+    }
+    const char *close = memchr(open, ']', len - (size_t) (open - pattern));
+    if (!close || close == open + 1)
+        goto bad;
+    const char *rest = close + 1;
+    size_t restlen = len - (size_t) (rest - pattern);
+    if (strlen(prefix) + (size_t) (open - pattern) + 10 >= sizeof name)
+        goto bad;
+    for (const char *p = open + 1; p < close;) {
+        long lo, hi;
+        int w, whi;
+        if (!number(&p, &lo, &w))
+            goto bad;
+        hi = lo;
+        if (*p == '-' && (p++, !number(&p, &hi, &whi)))
+            goto bad;
+        if (hi < lo || (*p != ',' && p != close))
+            goto bad;
+        if (hi - lo >= NAMES_MAX) {
+            dk_set_err(err, errlen, "the host list names more than %d hosts", NAMES_MAX);
+            return -1;
+        }
+        for (long v = lo; v <= hi; v++) {
+            snprintf(name, sizeof name, "%s%.*s%0*ld", prefix, (int) (open - pattern), pattern,
+                     w, v);
+            if (expand(name, rest, restlen, l, err, errlen) < 0)
+                return -1;
+        }
+        if (*p == ',')
+            p++;
+    }
+    return 0;
+bad:
+    dk_set_err(err, errlen, "'%.*s' is not a Slurm host list entry (such as node[1-3,5])",
+               (int) len, pattern);
+    return -1;
+}
+
+int dk_slurm_hostlist_expand(const char *list, char ***names, size_t *count, char *err,
+                             size_t errlen)
+{
+    names_t l = {0};
+    const char *p = list ? list : "";
+    while (*p) {
+        /* one entry: up to a comma outside brackets */
+        const char *s = p;
+        int depth = 0;
+        while (*p && (depth || *p != ',')) {
+            if (*p == '[')
+                depth++;
+            else if (*p == ']')
+                depth--;
+            if (depth < 0 || depth > 1 || isspace((unsigned char) *p))
+                break;
+            p++;
+        }
+        if ((*p && *p != ',') || depth != 0 || p == s) {
+            dk_set_err(err, errlen, "'%s' is not a Slurm host list (such as node[1-3,5],login)",
+                       list);
+            goto fail;
+        }
+        if (expand("", s, (size_t) (p - s), &l, err, errlen) < 0)
+            goto fail;
+        if (*p == ',' && !*++p) {
+            dk_set_err(err, errlen, "'%s' ends with a comma", list);
+            goto fail;
+        }
+    }
+    if (l.n == 0) {
+        dk_set_err(err, errlen, "the host list is empty");
+        goto fail;
+    }
+    *names = l.v;
+    *count = l.n;
+    return 0;
+fail:
+    dk_slurm_names_free(l.v, l.n);
+    return -1;
+}
+
+int dk_slurm_split_words(const char *text, char ***words, size_t *count, char *err,
+                         size_t errlen)
+{
+    names_t l = {0};
+    size_t cap = strlen(text ? text : "") + 1;
+    char *word = malloc(cap);
+    if (!word) {
+        dk_set_err(err, errlen, "out of memory splitting '%s'", text);
+        return -1;
+    }
+    const char *p = text ? text : "";
+    for (;;) {
+        while (isspace((unsigned char) *p))
+            p++;
+        if (!*p)
+            break;
+        size_t n = 0;
+        while (*p && !isspace((unsigned char) *p)) {
+            if (*p == '\'' || *p == '"') {
+                char q = *p++;
+                while (*p && *p != q) {
+                    if (q == '"' && *p == '\\' && p[1])
+                        p++;
+                    word[n++] = *p++;
+                }
+                if (!*p) {
+                    dk_set_err(err, errlen, "unterminated %c quote in '%s'", q, text);
+                    goto fail;
+                }
+                p++;
+            } else {
+                if (*p == '\\' && p[1])
+                    p++;
+                word[n++] = *p++;
+            }
+        }
+        word[n] = '\0';
+        if (push(&l, word, err, errlen) < 0)
+            goto fail;
+    }
+    free(word);
+    *words = l.v;
+    *count = l.n;
+    return 0;
+fail:
+    free(word);
+    dk_slurm_names_free(l.v, l.n);
+    return -1;
+}
+
+/* Copy the field ending at SEP (or the line's end) into DST; P moves past it. */
+static bool field(const char **p, char sep, char *dst, size_t dstlen)
+{
+    const char *end = sep ? strchr(*p, sep) : NULL;
+    size_t len = end ? (size_t) (end - *p) : strcspn(*p, "\r\n");
+    if (sep && !end)
+        return false;
+    snprintf(dst, dstlen, "%.*s", (int) len, *p);
+    *p += len + (end ? 1 : 0);
+    return true;
+}
+
+int dk_slurm_parse_squeue(const char *line, dk_slurm_squeue_t *out)
+{
+    memset(out, 0, sizeof *out);
+    const char *p = line;
+    if (!field(&p, '|', out->job_id, sizeof out->job_id) ||
+        !field(&p, '|', out->state, sizeof out->state) ||
+        !field(&p, '|', out->reason, sizeof out->reason) ||
+        !field(&p, 0, out->nodes, sizeof out->nodes))
+        return -1;
+    if (!out->job_id[0] || strspn(out->job_id, "0123456789_") != strlen(out->job_id) ||
+        !out->state[0])
+        return -1;
+    if (strcmp(out->nodes, "(null)") == 0)
+        out->nodes[0] = '\0';
+    return 0;
+}
+
+bool dk_slurm_salloc_job_id(const char *text, char *id, size_t idlen)
+{
+    static const char *const marks[] = {"job allocation ", "salloc: job "};
+    for (size_t m = 0; m < sizeof marks / sizeof marks[0]; m++) {
+        for (const char *p = strstr(text, marks[m]); p; p = strstr(p + 1, marks[m])) {
+            const char *d = p + strlen(marks[m]);
+            size_t n = strspn(d, "0123456789");
+            if (n > 0 && n < idlen && n < 20) {
+                snprintf(id, idlen, "%.*s", (int) n, d);
+                return true;
+            }
+        }
+    }
+    return false;
+}

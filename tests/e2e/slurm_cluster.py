@@ -1,0 +1,104 @@
+"""
+The simulated Slurm cluster for the end-to-end tests of the Slurm launcher.
+
+`slurm_cluster` (session-scoped) brings tests/slurm/cluster.sh's cluster up on
+first use and down at the end of the session, when it was the one that started
+it (a cluster already up, e.g. under tests/slurm/with_cluster.sh, is reused and
+left up). Only the tests that ask for it pay for it. It skips, with the reason,
+only where the cluster cannot run at all (not root, no network namespaces), and
+never on CI, which runs as root: there it fails instead.
+
+The fixture's object gives the client environment (`env`, with SLURM_CONF) for
+a kernel or a command, and fault injection: `kill(node)` crashes a node (every
+process in it SIGKILLed, its network gone), `start(node)` boots it again.
+"""
+import os
+import pathlib
+import subprocess
+import time
+
+import pytest
+
+SCRIPTS = pathlib.Path(__file__).resolve().parents[1] / "slurm"
+CLUSTER = SCRIPTS / "cluster.sh"
+
+
+def unavailable():
+    """Why the cluster cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "the Slurm test cluster needs root (network namespaces and a bridge)"
+    probe = subprocess.run(["unshare", "--net", "--uts", "true"], capture_output=True)
+    if probe.returncode != 0:
+        return ("the Slurm test cluster needs network namespaces, and 'unshare --net --uts' "
+                f"fails here: {probe.stderr.decode(errors='replace').strip()}")
+    return None
+
+
+def cluster_sh(*args, env=None, timeout=120):
+    """Run cluster.sh ARGS; its stdout, or an AssertionError with what it said."""
+    run = subprocess.run([str(CLUSTER), *args], capture_output=True, text=True,
+                         timeout=timeout, env=env)
+    assert run.returncode == 0, f"cluster.sh {' '.join(args)} failed:\n{run.stderr}{run.stdout}"
+    return run.stdout
+
+
+class SlurmCluster:
+    def __init__(self, nodes, conf, env, started, up_s):
+        self.nodes = nodes
+        self.conf = conf
+        self.env = env            # os.environ plus SLURM_CONF, for a client of the cluster
+        self.started = started    # True: this session brought it up (and takes it down)
+        self.up_s = up_s          # seconds the bring-up took
+
+    def node_names(self):
+        return [f"node{i}" for i in range(1, self.nodes + 1)]
+
+    def run(self, *argv, timeout=60):
+        """A Slurm command (sinfo, squeue, ...) against the cluster."""
+        return subprocess.run(list(argv), capture_output=True, text=True, env=self.env,
+                              timeout=timeout)
+
+    def kill(self, node):
+        cluster_sh("kill", node)
+
+    def start(self, node):
+        cluster_sh("start", node)
+
+    def pids(self, node):
+        return [int(p) for p in cluster_sh("pids", node).split()]
+
+    def wait_state(self, node, states, timeout=60):
+        """Wait until sinfo shows NODE in one of STATES; the last state seen."""
+        deadline = time.monotonic() + timeout
+        state = ""
+        while time.monotonic() < deadline:
+            state = self.run("sinfo", "-h", "-n", node, "-o", "%T").stdout.strip()
+            if state in states:
+                break
+            time.sleep(0.1)
+        return state
+
+
+def bring_up(nodes=2, env=None):
+    start = time.monotonic()
+    out = cluster_sh("up", str(nodes), env=env)
+    up_s = time.monotonic() - start
+    values = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    client_env = dict(env or os.environ, SLURM_CONF=values["SLURM_CONF"])
+    return SlurmCluster(nodes, values["SLURM_CONF"], client_env,
+                        out.splitlines()[-1] == "started", up_s)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    why = unavailable()
+    if why:
+        if os.environ.get("CI"):
+            pytest.fail(f"{why}; CI runs as root and must run the Slurm tests", pytrace=False)
+        pytest.skip(why)
+    cluster = bring_up(2)
+    yield cluster
+    if cluster.started:
+        cluster_sh("down")
+        left = subprocess.run([str(CLUSTER), "leftovers"], capture_output=True, text=True)
+        assert left.returncode == 0, f"the test cluster left this behind:\n{left.stdout}"

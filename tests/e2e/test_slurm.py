@@ -1,0 +1,136 @@
+"""
+`%%distributed` and `@distributed(remote=True)` asking for a Slurm cluster.
+
+What this version does: a run that asks for Slurm (launcher=slurm, nodes > 1,
+remote=True) checks that Slurm is reachable before anything starts, and says
+what is missing when it is not; when it is, it says plainly that multi-node runs
+are not available in this version. Either way no rank, run folder or Slurm job
+is made, and the kernel keeps serving. The options' own errors (an uneven split
+over the nodes) come before all of it. The reachable case runs against the
+simulated cluster (tests/slurm/).
+"""
+import os
+import pathlib
+
+import pytest
+
+import support
+
+CELL = "%%distributed nodes=2 num_processes=4\nimport os\nos.environ['RANK']\n"
+
+
+def start(tmp_path, **env):
+    """A kernel whose environment is ours less any Slurm setting, plus ENV; its
+    rank logs go under tmp_path/logs, which a started run would fill."""
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("SLURM_", "DISTKERNEL_SLURM_")) and
+            k not in ("DISTKERNEL_NODES", "DISTKERNEL_LAUNCHER")}
+    logs = tmp_path / "logs"
+    logs.mkdir(mode=0o700)
+    base.update(DISTKERNEL_LOG_DIR=str(logs), MLFLOW_TRACKING_URI="", **env)
+    return support.Kernel.start(env=base)
+
+
+def nothing_started(tmp_path):
+    runs = list((tmp_path / "logs").rglob("run-*"))
+    assert runs == [], f"a run folder was made: {runs}"
+
+
+def still_serves(k):
+    r = k.execute("1 + 1")
+    assert r.status == "ok" and "2" in str(r.of_type("execute_result")), r.describe()
+
+
+@pytest.fixture
+def kernel_without_slurm(tmp_path):
+    if os.path.exists("/etc/slurm/slurm.conf"):
+        pytest.skip("this machine has a Slurm configuration of its own in /etc/slurm")
+    k = start(tmp_path)
+    yield k
+    k.stop()
+
+
+def test_nodes_without_slurm_is_a_clear_error_before_anything_starts(kernel_without_slurm,
+                                                                     tmp_path):
+    r = kernel_without_slurm.execute(CELL)
+    assert r.status == "error", r.describe()
+    assert r.content["ename"] == "RuntimeError"
+    evalue = r.content["evalue"]
+    assert evalue.startswith("nodes=2 asks for a Slurm cluster, but Slurm is not reachable "
+                             "from here: sinfo failed"), evalue
+    assert "SLURM_CONF is not set" in evalue and "No rank was started" in evalue, evalue
+    nothing_started(tmp_path)
+    still_serves(kernel_without_slurm)
+
+
+def test_remote_true_asks_for_slurm(kernel_without_slurm, tmp_path):
+    code = ("from distkernel import distributed\n"
+            "@distributed(num_processes=2, remote=True)\n"
+            "def f():\n    return 1\n"
+            "f.distributed()\n")
+    r = kernel_without_slurm.execute(code)
+    assert r.status == "error", r.describe()
+    assert "launcher=slurm (or remote=True) asks for a Slurm cluster, but Slurm is not " \
+           "reachable" in r.content["evalue"], r.content["evalue"]
+    assert not r.of_type("stream") or "FutureWarning" not in r.stderr
+    nothing_started(tmp_path)
+    # remote=False is a local run, as before
+    r = kernel_without_slurm.execute(code.replace("remote=True", "remote=False"), timeout=120)
+    assert r.status == "ok", r.describe()
+
+
+def test_missing_slurm_commands_are_named(tmp_path):
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    k = start(tmp_path, PATH=str(empty))
+    try:
+        r = k.execute("%%distributed launcher=slurm num_processes=2\n1\n")
+        assert r.status == "error", r.describe()
+        evalue = r.content["evalue"]
+        assert "its commands sinfo, salloc, srun, squeue, scancel are not on PATH" in evalue, \
+            evalue
+        nothing_started(tmp_path)
+        still_serves(k)
+    finally:
+        k.stop()
+
+
+def test_an_uneven_split_over_nodes_is_refused_before_slurm_is_asked(kernel_without_slurm):
+    r = kernel_without_slurm.execute("%%distributed nodes=3 num_processes=4\n1\n")
+    assert r.status == "error", r.describe()
+    assert r.content["ename"] == "ValueError"
+    assert "num_processes=4 cannot be split evenly over nodes=3" in r.content["evalue"]
+
+
+def test_site_defaults_from_the_kernel_environment(tmp_path):
+    if os.path.exists("/etc/slurm/slurm.conf"):
+        pytest.skip("this machine has a Slurm configuration of its own in /etc/slurm")
+    k = start(tmp_path, DISTKERNEL_LAUNCHER="slurm")
+    try:
+        r = k.execute("%%distributed num_processes=2\n1\n")
+        assert r.status == "error" and "asks for a Slurm cluster" in r.content["evalue"], \
+            r.describe()
+        r = k.execute("%%distributed launcher=local num_processes=2\n1\n", timeout=120)
+        assert r.status == "ok", r.describe()
+    finally:
+        k.stop()
+
+
+def test_with_slurm_reachable_the_run_says_multi_node_is_not_available_yet(slurm_cluster,
+                                                                          tmp_path):
+    before = slurm_cluster.run("squeue", "-h", "-o", "%i").stdout.split()
+    k = start(tmp_path, SLURM_CONF=slurm_cluster.conf)
+    try:
+        r = k.execute(CELL)
+        assert r.status == "error", r.describe()
+        evalue = r.content["evalue"]
+        assert evalue.startswith("nodes=2 asks for a Slurm cluster, and Slurm is reachable, "
+                                 "but this version of distkernel cannot run ranks through "
+                                 "Slurm yet: multi-node runs are not available in this "
+                                 "version."), evalue
+        nothing_started(tmp_path)
+        after = slurm_cluster.run("squeue", "-h", "-o", "%i").stdout.split()
+        assert after == before, "a Slurm job was left behind"
+        still_serves(k)
+    finally:
+        k.stop()

@@ -1,0 +1,482 @@
+/*
+ * Slurm through its commands (runtime/dk_slurm.h).
+ *
+ * Three groups:
+ *  - slurm_text: the host list, word splitting, squeue and salloc formats; pure.
+ *  - slurm_fake: Slurm's commands replaced by small sh scripts on PATH, for what
+ *    a real cluster will not do on demand: a command that hangs, a salloc that
+ *    dies before saying its job's id. They check that nothing hangs and that a
+ *    job is cancelled whatever happened. Run everywhere.
+ *  - slurm_cluster: against the simulated cluster (tests/slurm/), which meson
+ *    brings up around this program through tests/slurm/with_cluster.sh and
+ *    names in DISTKERNEL_TEST_SLURM_CONF. Skipped, with the reason, only where
+ *    it cannot run (not root); on CI the wrapper fails instead.
+ */
+#include <criterion/criterion.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "dk_clock.h"
+#include "dk_slurm.h"
+
+/* ---- slurm_text ----------------------------------------------------------- */
+
+static void expect_hosts(const char *list, const char *joined)
+{
+    char **names = NULL, err[256] = "", buf[4096] = "";
+    size_t n = 0;
+    cr_assert_eq(dk_slurm_hostlist_expand(list, &names, &n, err, sizeof err), 0, "%s: %s",
+                 list, err);
+    for (size_t i = 0; i < n; i++) {
+        strcat(buf, i ? " " : "");
+        strcat(buf, names[i]);
+    }
+    cr_expect_str_eq(buf, joined, "%s", list);
+    dk_slurm_names_free(names, n);
+}
+
+static void expect_bad_hosts(const char *list, const char *words)
+{
+    char **names = NULL, err[256] = "";
+    size_t n = 0;
+    cr_assert_eq(dk_slurm_hostlist_expand(list, &names, &n, err, sizeof err), -1, "%s", list);
+    cr_expect(strstr(err, words), "%s: %s", list, err);
+}
+
+Test(slurm_text, hostlist_expands_ranges_lists_and_plain_names)
+{
+    expect_hosts("node1", "node1");
+    expect_hosts("node[1-3,5]", "node1 node2 node3 node5");
+    expect_hosts("node[1-2],login", "node1 node2 login");
+    expect_hosts("a,b[7],c", "a b7 c");
+}
+
+Test(slurm_text, hostlist_keeps_zero_padding_and_expands_several_brackets)
+{
+    expect_hosts("gpu[08-11]", "gpu08 gpu09 gpu10 gpu11");
+    expect_hosts("r[1-2]n[1-2]", "r1n1 r1n2 r2n1 r2n2");
+    expect_hosts("gpu-a[01-02]-ib", "gpu-a01-ib gpu-a02-ib");
+}
+
+Test(slurm_text, hostlist_refuses_malformed_lists)
+{
+    expect_bad_hosts("node[1-3", "not a Slurm host list");
+    expect_bad_hosts("node[3-1]", "node[3-1]");
+    expect_bad_hosts("node[]", "node[]");
+    expect_bad_hosts("node[1,,2]", "node[1,,2]");
+    expect_bad_hosts("node[a-b]", "node[a-b]");
+    expect_bad_hosts("node1,", "ends with a comma");
+    expect_bad_hosts("", "empty");
+    expect_bad_hosts("node1 node2", "not a Slurm host list");
+    expect_bad_hosts("n[[1]]", "not a Slurm host list");
+}
+
+Test(slurm_text, hostlist_refuses_more_than_65536_hosts_without_building_them)
+{
+    expect_bad_hosts("n[0-99999999]", "more than 65536");
+    expect_bad_hosts("a[1-300]b[1-300]", "more than 65536");
+}
+
+Test(slurm_text, words_split_like_a_shell)
+{
+    char **w = NULL, err[256] = "";
+    size_t n = 0;
+    cr_assert_eq(dk_slurm_split_words("  --exclusive --comment='a b' \"--x=\\\"q\\\"\" c\\ d ",
+                                      &w, &n, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(n, 4);
+    cr_expect_str_eq(w[0], "--exclusive");
+    cr_expect_str_eq(w[1], "--comment=a b");
+    cr_expect_str_eq(w[2], "--x=\"q\"");
+    cr_expect_str_eq(w[3], "c d");
+    dk_slurm_names_free(w, n);
+    cr_assert_eq(dk_slurm_split_words("", &w, &n, err, sizeof err), 0);
+    cr_expect_eq(n, 0);
+    dk_slurm_names_free(w, n);
+    cr_assert_eq(dk_slurm_split_words("--comment='open", &w, &n, err, sizeof err), -1);
+    cr_expect(strstr(err, "unterminated"), "%s", err);
+}
+
+Test(slurm_text, squeue_lines_give_id_state_reason_and_nodes)
+{
+    dk_slurm_squeue_t q;
+    cr_assert_eq(dk_slurm_parse_squeue("42|PENDING|PartitionDown|\n", &q), 0);
+    cr_expect_str_eq(q.job_id, "42");
+    cr_expect_str_eq(q.state, "PENDING");
+    cr_expect_str_eq(q.reason, "PartitionDown");
+    cr_expect_str_eq(q.nodes, "");
+    cr_assert_eq(dk_slurm_parse_squeue("7|RUNNING|None|node[1-2]", &q), 0);
+    cr_expect_str_eq(q.nodes, "node[1-2]");
+    cr_expect_eq(dk_slurm_parse_squeue("squeue: error: Invalid job id specified", &q), -1);
+    cr_expect_eq(dk_slurm_parse_squeue("x|RUNNING|None|n1", &q), -1);
+    cr_expect_eq(dk_slurm_parse_squeue("7|RUNNING|None", &q), -1);
+}
+
+Test(slurm_text, salloc_says_the_job_id_pending_queued_or_granted)
+{
+    char id[32];
+    cr_assert(dk_slurm_salloc_job_id("salloc: Pending job allocation 12\n", id, sizeof id));
+    cr_expect_str_eq(id, "12");
+    cr_assert(dk_slurm_salloc_job_id("salloc: job 345 queued and waiting for resources\n", id,
+                                     sizeof id));
+    cr_expect_str_eq(id, "345");
+    cr_assert(dk_slurm_salloc_job_id("salloc: Granted job allocation 6789\n", id, sizeof id));
+    cr_expect_str_eq(id, "6789");
+    cr_expect_not(dk_slurm_salloc_job_id("salloc: error: Invalid partition name specified\n",
+                                         id, sizeof id));
+}
+
+/* ---- slurm_fake ----------------------------------------------------------- */
+
+static char fakedir[256];
+static char logpath[300];
+
+/* A folder on PATH holding sinfo, salloc, srun, squeue and scancel: each the
+ * given script (NULL: exit 0), every call logged to fakedir/calls. */
+static void fake_slurm(const char *sinfo, const char *salloc, const char *squeue)
+{
+    snprintf(fakedir, sizeof fakedir, "/tmp/dk-test-slurm-%d", (int) getpid());
+    mkdir(fakedir, 0700);
+    snprintf(logpath, sizeof logpath, "%s/calls", fakedir);
+    unlink(logpath);
+    const char *names[] = {"sinfo", "salloc", "srun", "squeue", "scancel"};
+    const char *bodies[] = {sinfo, salloc, NULL, squeue, NULL};
+    for (int i = 0; i < 5; i++) {
+        char path[400];
+        snprintf(path, sizeof path, "%s/%s", fakedir, names[i]);
+        FILE *f = fopen(path, "w");
+        cr_assert(f);
+        fprintf(f, "#!/bin/sh\necho \"%s $*\" >> %s\n%s\n", names[i], logpath,
+                bodies[i] ? bodies[i] : "exit 0");
+        fclose(f);
+        chmod(path, 0755);
+    }
+    char path[1024];
+    snprintf(path, sizeof path, "%s:/usr/bin:/bin", fakedir);
+    setenv("PATH", path, 1);
+    unsetenv("SLURM_JOB_ID");
+}
+
+static char *calls(void)
+{
+    static char buf[4096];
+    buf[0] = '\0';
+    FILE *f = fopen(logpath, "r");
+    if (f) {
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        buf[n] = '\0';
+        fclose(f);
+    }
+    return buf;
+}
+
+/* After each test, passed or failed (an assert ends the test before its end). */
+static void remove_fakes(void)
+{
+    if (!fakedir[0])
+        return;
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", fakedir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", fakedir);
+}
+
+TestSuite(slurm_fake, .fini = remove_fakes);
+
+Test(slurm_fake, missing_commands_are_named_with_what_to_set)
+{
+    setenv("PATH", "/nonexistent", 1);
+    char err[1024] = "";
+    cr_assert_eq(dk_slurm_reachable(5, err, sizeof err), -1);
+    cr_expect(strstr(err, "sinfo, salloc, srun, squeue, scancel"), "%s", err);
+    cr_expect(strstr(err, "PATH"), "%s", err);
+}
+
+Test(slurm_fake, a_failing_sinfo_is_quoted_and_points_at_slurm_conf)
+{
+    fake_slurm("echo 'sinfo: error: Could not establish a configuration source' >&2; exit 1",
+               NULL, NULL);
+    setenv("SLURM_CONF", "/dev/null", 1);
+    char err[1024] = "";
+    cr_assert_eq(dk_slurm_reachable(5, err, sizeof err), -1);
+    cr_expect(strstr(err, "sinfo failed: sinfo: error: Could not establish a configuration "
+                          "source"), "%s", err);
+    cr_expect(strstr(err, "SLURM_CONF is '/dev/null'; set it to the cluster's slurm.conf"),
+              "%s", err);
+}
+
+Test(slurm_fake, a_hung_sinfo_is_ended_at_its_deadline)
+{
+    fake_slurm("trap '' INT TERM; sleep 60", NULL, NULL);
+    char err[1024] = "";
+    double t0 = dk_now_s();
+    cr_assert_eq(dk_slurm_reachable(1, err, sizeof err), -1);
+    /* 1 s, then SIGINT, SIGTERM (both ignored) and SIGKILL 0.5 s apart */
+    cr_expect_lt(dk_now_s() - t0, 10.0);
+    cr_expect(strstr(err, "did not answer within 1 s"), "%s", err);
+}
+
+Test(slurm_fake, a_salloc_that_hangs_silently_is_ended_and_its_job_cancelled_by_name)
+{
+    fake_slurm(NULL, "trap '' INT TERM; sleep 60", NULL);
+    dk_slurm_request_t req = {.nodes = 2, .tasks_per_node = 2, .command_timeout_s = 1};
+    char err[1024] = "";
+    cr_assert_null(dk_slurm_allocate(&req, NULL, err, sizeof err));
+    cr_expect(strstr(err, "salloc did not answer"), "%s", err);
+    char *log = calls();
+    cr_expect(strstr(log, "scancel --name=distkernel-"), "%s", log);
+    /* the name cancelled is the name asked for */
+    const char *asked = strstr(log, "--job-name=");
+    const char *cancelled = strstr(log, "scancel --name=");
+    cr_assert(asked && cancelled);
+    cr_expect_eq(strncmp(asked + 11, cancelled + 15, 23), 0, "%s", log);
+}
+
+Test(slurm_fake, a_request_cancelled_while_queued_is_cancelled_by_id)
+{
+    fake_slurm(NULL, "echo 'salloc: Pending job allocation 4242' >&2; sleep 60",
+               "echo '4242|PENDING|Priority|'");
+    dk_slurm_request_t req = {.nodes = 1, .tasks_per_node = 1, .wait_s = 1.5};
+    char err[1024] = "";
+    int why = 0;
+    cr_assert_null(dk_slurm_allocate(&req, &why, err, sizeof err));
+    cr_expect_eq(why, 2);
+    cr_expect(strstr(err, "4242") && strstr(err, "PENDING: Priority"), "%s", err);
+    cr_expect(strstr(calls(), "scancel 4242"), "%s", calls());
+}
+
+Test(slurm_fake, options_and_extra_args_reach_salloc)
+{
+    fake_slurm(NULL, "echo 'salloc: error: no' >&2; exit 1", NULL);
+    dk_slurm_request_t req = {.nodes = 3, .tasks_per_node = 4, .partition = "gpu",
+                              .account = "proj1", .qos = "high", .constraint = "h100",
+                              .time_limit_s = 90, .extra_args = "--exclusive --comment='a b'"};
+    char err[1024] = "";
+    cr_assert_null(dk_slurm_allocate(&req, NULL, err, sizeof err));
+    cr_expect(strstr(err, "salloc could not allocate 3 nodes: salloc: error: no"), "%s", err);
+    char *log = calls();
+    cr_expect(strstr(log, "--no-shell --job-name=distkernel-"), "%s", log);
+    cr_expect(strstr(log, " --nodes=3 --ntasks-per-node=4 --partition=gpu --account=proj1 "
+                          "--qos=high --constraint=h100 --time=1:30 --exclusive --comment=a b\n"),
+              "%s", log);
+}
+
+/* ---- slurm_cluster -------------------------------------------------------- */
+
+static void need_cluster(void)
+{
+    const char *conf = getenv("DISTKERNEL_TEST_SLURM_CONF");
+    if (!conf || !conf[0]) {
+        const char *why = getenv("DISTKERNEL_TEST_SLURM_SKIP");
+        cr_skip_test("no test cluster: %s", why ? why : "run through tests/slurm/with_cluster.sh "
+                     "(meson test does)");
+    }
+    setenv("SLURM_CONF", conf, 1);
+    unsetenv("SLURM_JOB_ID");
+    unsetenv("SLURM_JOB_NODELIST");
+}
+
+/* The job's state as squeue says it now ("" when Slurm no longer lists it). */
+static char *squeue_state(const char *id)
+{
+    static char state[64];
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "squeue -h -j %s -o %%T 2>/dev/null", id);
+    FILE *p = popen(cmd, "r");
+    state[0] = '\0';
+    if (p) {
+        if (!fgets(state, sizeof state, p))
+            state[0] = '\0';
+        pclose(p);
+    }
+    state[strcspn(state, "\n")] = '\0';
+    return state;
+}
+
+/* Whether the job is gone or going (nothing of it will run any more). */
+static bool ended(const char *id)
+{
+    for (int i = 0; i < 100; i++) {
+        const char *s = squeue_state(id);
+        if (!s[0] || strcmp(s, "CANCELLED") == 0 || strcmp(s, "COMPLETED") == 0)
+            return true;
+        usleep(50000);
+    }
+    return false;
+}
+
+Test(slurm_cluster, reachable_when_sinfo_answers)
+{
+    need_cluster();
+    char err[1024] = "";
+    cr_expect_eq(dk_slurm_reachable(0, err, sizeof err), 0, "%s", err);
+}
+
+Test(slurm_cluster, a_wrong_slurm_conf_is_unreachable_and_says_so)
+{
+    need_cluster();
+    setenv("SLURM_CONF", "/nowhere/slurm.conf", 1);
+    char err[1024] = "";
+    cr_assert_eq(dk_slurm_reachable(0, err, sizeof err), -1);
+    cr_expect(strstr(err, "Slurm is not reachable from here: SLURM_CONF is "
+                          "'/nowhere/slurm.conf', which cannot be read"), "%s", err);
+}
+
+Test(slurm_cluster, without_a_configuration_sinfo_is_quoted)
+{
+    need_cluster();
+    unsetenv("SLURM_CONF");
+    if (access("/etc/slurm/slurm.conf", F_OK) == 0)
+        cr_skip_test("this machine has a Slurm configuration of its own");
+    char err[1024] = "";
+    cr_assert_eq(dk_slurm_reachable(0, err, sizeof err), -1);
+    cr_expect(strstr(err, "sinfo failed: "), "%s", err);
+    cr_expect(strstr(err, "Could not establish a configuration source"), "%s", err);
+    cr_expect(strstr(err, "SLURM_CONF is not set"), "%s", err);
+}
+
+Test(slurm_cluster, an_allocation_has_its_nodes_and_addresses_and_release_ends_it)
+{
+    need_cluster();
+    dk_slurm_request_t req = {.nodes = 2, .tasks_per_node = 2, .time_limit_s = 600};
+    char err[1024] = "", state[32], reason[128];
+    dk_slurm_t *job = dk_slurm_allocate(&req, NULL, err, sizeof err);
+    cr_assert_not_null(job, "%s", err);
+    cr_expect(dk_slurm_owned(job));
+    char id[32];
+    snprintf(id, sizeof id, "%s", dk_slurm_job_id(job));
+    cr_assert_eq(dk_slurm_node_count(job), 2);
+    cr_expect_str_eq(dk_slurm_node_name(job, 0), "node1");
+    cr_expect_str_eq(dk_slurm_node_name(job, 1), "node2");
+    cr_expect(strncmp(dk_slurm_node_addr(job, 0), "10.", 3) == 0 &&
+              strcmp(strrchr(dk_slurm_node_addr(job, 0), '.'), ".11") == 0,
+              "%s", dk_slurm_node_addr(job, 0));
+    cr_expect(strcmp(strrchr(dk_slurm_node_addr(job, 1), '.'), ".12") == 0);
+    cr_assert_eq(dk_slurm_state(job, state, sizeof state, reason, sizeof reason, err,
+                                sizeof err), 0, "%s", err);
+    cr_expect_str_eq(state, "RUNNING");
+    cr_expect_eq(dk_slurm_release(job, err, sizeof err), 0, "%s", err);
+    cr_expect(ended(id), "job %s is %s after release", id, squeue_state(id));
+    dk_slurm_destroy(&job);
+    cr_expect_null(job);
+}
+
+Test(slurm_cluster, destroy_without_release_cancels_the_job)
+{
+    need_cluster();
+    dk_slurm_request_t req = {.nodes = 1, .tasks_per_node = 1};
+    char err[1024] = "", id[32];
+    dk_slurm_t *job = dk_slurm_allocate(&req, NULL, err, sizeof err);
+    cr_assert_not_null(job, "%s", err);
+    snprintf(id, sizeof id, "%s", dk_slurm_job_id(job));
+    cr_expect_str_eq(squeue_state(id), "RUNNING");
+    dk_slurm_destroy(&job);
+    cr_expect(ended(id), "job %s is %s", id, squeue_state(id));
+}
+
+static int waits;
+static char seen_state[32], seen_reason[128], seen_id[32];
+
+static void on_wait(void *data, const char *id, const char *state, const char *reason)
+{
+    waits++;
+    snprintf(seen_id, sizeof seen_id, "%s", id);
+    snprintf(seen_state, sizeof seen_state, "%s", state);
+    snprintf(seen_reason, sizeof seen_reason, "%s", reason);
+}
+
+static bool cancel_once_seen(void *data)
+{
+    return waits > 0;
+}
+
+Test(slurm_cluster, a_queued_request_reports_state_and_reason_and_its_wait_limit_cancels_it)
+{
+    need_cluster();
+    waits = 0;
+    dk_slurm_request_t req = {.nodes = 1, .tasks_per_node = 1, .partition = "stuck",
+                              .wait_s = 3, .on_wait = on_wait};
+    char err[1024] = "";
+    int why = 0;
+    cr_assert_null(dk_slurm_allocate(&req, &why, err, sizeof err));
+    cr_expect_eq(why, 2);
+    cr_expect_gt(waits, 0);
+    cr_expect_str_eq(seen_state, "PENDING");
+    cr_expect_str_eq(seen_reason, "PartitionDown");
+    cr_expect(strstr(err, "within 3 s (PENDING: PartitionDown)"), "%s", err);
+    cr_expect(ended(seen_id), "job %s is %s", seen_id, squeue_state(seen_id));
+}
+
+Test(slurm_cluster, cancelling_a_queued_request_leaves_no_job)
+{
+    need_cluster();
+    waits = 0;
+    dk_slurm_request_t req = {.nodes = 2, .tasks_per_node = 1, .partition = "stuck",
+                              .on_wait = on_wait, .cancelled = cancel_once_seen};
+    char err[1024] = "";
+    int why = 0;
+    double t0 = dk_now_s();
+    cr_assert_null(dk_slurm_allocate(&req, &why, err, sizeof err));
+    cr_expect_eq(why, 1);
+    cr_expect_lt(dk_now_s() - t0, 20.0);
+    cr_expect(strstr(err, "cancelled while PENDING: PartitionDown"), "%s", err);
+    cr_expect(ended(seen_id), "job %s is %s", seen_id, squeue_state(seen_id));
+}
+
+Test(slurm_cluster, slurms_refusal_is_quoted)
+{
+    need_cluster();
+    dk_slurm_request_t req = {.nodes = 1, .tasks_per_node = 1, .partition = "nosuch"};
+    char err[1024] = "";
+    cr_assert_null(dk_slurm_allocate(&req, NULL, err, sizeof err));
+    cr_expect(strstr(err, "salloc could not allocate 1 node: "), "%s", err);
+    cr_expect(strstr(err, "Invalid partition name specified"), "%s", err);
+}
+
+Test(slurm_cluster, extra_args_and_time_limit_reach_the_job)
+{
+    need_cluster();
+    dk_slurm_request_t req = {.nodes = 1, .tasks_per_node = 1, .time_limit_s = 120,
+                              .extra_args = "--comment='from a test'"};
+    char err[1024] = "", cmd[256], line[256] = "";
+    dk_slurm_t *job = dk_slurm_allocate(&req, NULL, err, sizeof err);
+    cr_assert_not_null(job, "%s", err);
+    snprintf(cmd, sizeof cmd, "squeue -h -j %s -o '%%k|%%l'", dk_slurm_job_id(job));
+    FILE *p = popen(cmd, "r");
+    cr_assert(p && fgets(line, sizeof line, p));
+    pclose(p);
+    cr_expect_str_eq(line, "from a test|2:00\n");
+    dk_slurm_destroy(&job);
+}
+
+Test(slurm_cluster, inside_an_allocation_it_is_used_and_never_cancelled)
+{
+    need_cluster();
+    dk_slurm_request_t req = {.nodes = 2, .tasks_per_node = 1};
+    char err[1024] = "", id[32];
+    dk_slurm_t *outer = dk_slurm_allocate(&req, NULL, err, sizeof err);
+    cr_assert_not_null(outer, "%s", err);
+    snprintf(id, sizeof id, "%s", dk_slurm_job_id(outer));
+    setenv("SLURM_JOB_ID", id, 1);
+    setenv("SLURM_JOB_NODELIST", "node[1-2]", 1);
+    dk_slurm_t *inner = dk_slurm_allocate(&req, NULL, err, sizeof err);
+    cr_assert_not_null(inner, "%s", err);
+    cr_expect_not(dk_slurm_owned(inner));
+    cr_expect_str_eq(dk_slurm_job_id(inner), id);
+    cr_assert_eq(dk_slurm_node_count(inner), 2);
+    cr_expect_str_eq(dk_slurm_node_name(inner, 1), "node2");
+    cr_expect_neq(strcmp(dk_slurm_node_addr(inner, 1), "node2"), 0);
+    dk_slurm_destroy(&inner);
+    cr_expect_str_eq(squeue_state(id), "RUNNING");
+
+    dk_slurm_request_t three = {.nodes = 3, .tasks_per_node = 1};
+    cr_assert_null(dk_slurm_allocate(&three, NULL, err, sizeof err));
+    cr_expect(strstr(err, "needs 3 nodes but this kernel runs inside Slurm job"), "%s", err);
+    cr_expect_str_eq(squeue_state(id), "RUNNING");
+    unsetenv("SLURM_JOB_ID");
+    dk_slurm_destroy(&outer);
+    cr_expect(ended(id));
+}
