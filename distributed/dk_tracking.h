@@ -41,6 +41,7 @@ typedef struct {
     const char *accelerator_model; /* "H100" or "" */
     const char *kind;           /* "cell" or "function" */
     const char *parent_run_id;  /* the notebook's active run, or NULL */
+    const char *pool_id;        /* the started ranks the run ran on (tag distkernel.pool), or NULL */
 } dk_tracking_request_t;
 
 /* Create the run for REQ. On success OUT->active is true. Whatever happens, a

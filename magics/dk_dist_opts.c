@@ -52,6 +52,17 @@ const char dk_dist_doc[] =
     "                       $DISTKERNEL_LOG_CAP): past it, its first and last parts\n"
     "                       with a line saying how much was left out between them.\n"
     "\n"
+    "Started ranks (state kept between cells, like %%px):\n"
+    "  %distributed start OPTIONS   start ranks (same options, plus idle_timeout=SECONDS:\n"
+    "                       end them after this long without a cell; default 3600, or\n"
+    "                       $DISTKERNEL_IDLE_TIMEOUT; None for never). Then every\n"
+    "                       %%distributed cell and .distributed() call without size\n"
+    "                       options runs on them, with their globals kept.\n"
+    "  %distributed status  the started ranks: PIDs, uptime, idle time.\n"
+    "  %distributed stop    end them.   %distributed restart: stop, then start again.\n"
+    "An exception in a cell leaves them running; interrupt raises KeyboardInterrupt\n"
+    "in every rank. A rank that dies, or one stuck after an interrupt, ends them all.\n"
+    "\n"
     "Every run is an MLflow run (MLFLOW_TRACKING_URI, or a local server when the\n"
     "`mlflow` command is installed): its link is shown, ranks log into it through\n"
     "MLFLOW_RUN_ID, and its final status is FINISHED, FAILED or KILLED.\n"
@@ -74,7 +85,8 @@ const char dk_dist_doc[] =
 
 static const char accepted[] =
     "accepted options: num_accelerators, accelerator_type, num_processes, timeout, output, "
-    "result, check, experiment, run_name, tracking, log_cap (and the deprecated gpus, gpu_type)";
+    "result, check, experiment, run_name, tracking, log_cap, idle_timeout (and the deprecated "
+    "gpus, gpu_type)";
 
 /* One `name=value` token; VALUE is unquoted. Returns the position after it, NULL
  * at the end, or sets ERR. */
@@ -292,6 +304,26 @@ static int opt_timeout(const char *name, const char *value, bool quoted, dk_dist
     return 0;
 }
 
+static int opt_idle_timeout(const char *name, const char *value, bool quoted,
+                            dk_dist_opts_t *o, char *err, size_t errlen)
+{
+    o->idle_given = true;
+    if (!quoted && strcmp(value, "None") == 0) {
+        o->idle_timeout_s = 0;
+        return 0;
+    }
+    char *end;
+    errno = 0;
+    double t = strtod(value, &end);
+    if (quoted || !*value || *end || errno || !(t > 0) || !isfinite(t)) {
+        dk_set_err(err, errlen, "%s must be a number of seconds greater than 0, "
+                                "or None for no limit, got '%s'", name, value);
+        return -1;
+    }
+    o->idle_timeout_s = t;
+    return 0;
+}
+
 static int opt_output(const char *name, const char *value, bool quoted, dk_dist_opts_t *o,
                       char *err, size_t errlen)
 {
@@ -379,6 +411,7 @@ static const struct {
     {"tracking", NULL, NULL, opt_tracking},
     {"log_cap", NULL, NULL, opt_log_cap},
     {"check", NULL, NULL, opt_check},
+    {"idle_timeout", NULL, NULL, opt_idle_timeout},
 };
 #define N_OPTIONS (sizeof options / sizeof options[0])
 
@@ -408,6 +441,7 @@ int dk_dist_opts_parse(const char *args, dk_dist_opts_t *o, char *err, size_t er
 {
     memset(o, 0, sizeof *o);
     o->timeout_s = DK_DEFAULT_TIMEOUT_S;
+    o->idle_timeout_s = DK_DEFAULT_IDLE_TIMEOUT_S;
     o->tracking = true;
     bool seen[N_OPTIONS] = {false};
     char name[64], value[1024];

@@ -20,6 +20,7 @@
 #include <stddef.h>
 
 #define DK_DEFAULT_TIMEOUT_S 10800.0
+#define DK_DEFAULT_IDLE_TIMEOUT_S 3600.0
 
 typedef enum { DK_OUTPUT_ALL = 0, DK_OUTPUT_RANK0 } dk_output_mode_t;
 
@@ -36,6 +37,8 @@ typedef struct {
     char experiment[256];       /* MLflow experiment name, "" : the default */
     char run_name[256];         /* MLflow run name, "" : a generated one */
     unsigned long long log_cap; /* bytes each rank's log keeps; 0: not given */
+    double idle_timeout_s;      /* started ranks: end after this long idle; 0: never */
+    bool idle_given;            /* idle_timeout= was given */
     char warnings[512];         /* deprecation warnings, "" if none */
 } dk_dist_opts_t;
 

@@ -69,13 +69,14 @@ typedef struct {
     bool delivering;        /* PAYLOAD frame queued, not yet reported written */
     unsigned char nonce[DK_BC_NONCE_LEN];
     uint32_t seq_in;
+    uint32_t seq_out;       /* frames we have sent after the nonce */
     /* input: a 4-byte length, then a frame of that many bytes */
     unsigned char len_buf[4];
     size_t len_have;
     unsigned char *frame;
     size_t frame_len, frame_have;
     /* output: a small head (nonce and/or frame header), then a borrowed body */
-    unsigned char head[DK_BC_NONCE_LEN + 4 + FRAME_MIN];
+    unsigned char head[DK_BC_NONCE_LEN + 4 + FRAME_MIN + 4];
     size_t head_len, head_off;
     const unsigned char *body;
     size_t body_len, body_off;
@@ -92,6 +93,8 @@ struct dk_backchan_t {
     EVP_MAC *mac;
     unsigned char *payload;
     size_t payload_len;
+    bool persistent;        /* rounds of TASK frames; nothing sent at HELLO */
+    uint32_t round;         /* the round a RESULT or ERROR must name */
     bool *claimed;          /* per rank: a connection has said HELLO for it */
     conn_t *conns;
     size_t nconns;
@@ -263,6 +266,15 @@ fail:
     return NULL;
 }
 
+dk_backchan_t *dk_backchan_new_persistent(int world_size, const dk_backchan_sink_t *sink,
+                                          char *err, size_t errlen)
+{
+    dk_backchan_t *self = dk_backchan_new(world_size, NULL, 0, sink, err, errlen);
+    if (self)
+        self->persistent = true;
+    return self;
+}
+
 static void conn_close(conn_t *c)
 {
     if (c->fd >= 0)
@@ -364,26 +376,33 @@ static void conn_write(dk_backchan_t *self, conn_t *c)
     }
 }
 
-/* Queue the PAYLOAD frame for C's rank (sequence 0: our first frame). */
+/* Queue the PAYLOAD frame for C's rank, or in a persistent channel the TASK
+ * frame of the current round (its body head then ends with the round). */
 static bool queue_payload(dk_backchan_t *self, conn_t *c)
 {
-    unsigned char body_head[BODY_HEAD];
-    body_head[0] = DK_BC_PAYLOAD;
+    unsigned char body_head[BODY_HEAD + 4];
+    size_t head_n = BODY_HEAD;
+    body_head[0] = self->persistent ? DK_BC_TASK : DK_BC_PAYLOAD;
     put_be32(body_head + 1, (uint32_t) c->rank);
+    if (self->persistent) {
+        put_be32(body_head + BODY_HEAD, self->round);
+        head_n += 4;
+    }
     unsigned char mac[DK_BC_MAC_LEN];
-    if (!frame_mac(self, c->nonce, 0, body_head, sizeof body_head, self->payload,
+    if (!frame_mac(self, c->nonce, c->seq_out, body_head, head_n, self->payload,
                    self->payload_len, mac))
         return false;
+    c->seq_out++;
     if (c->head_off > 0) {      /* never in practice: the nonce went before the HELLO came */
         memmove(c->head, c->head + c->head_off, c->head_len - c->head_off);
         c->head_len -= c->head_off;
         c->head_off = 0;
     }
     unsigned char *h = c->head + c->head_len;
-    put_be32(h, (uint32_t) (FRAME_MIN + self->payload_len));
+    put_be32(h, (uint32_t) (DK_BC_MAC_LEN + head_n + self->payload_len));
     memcpy(h + 4, mac, sizeof mac);
-    memcpy(h + 4 + DK_BC_MAC_LEN, body_head, sizeof body_head);
-    c->head_len += 4 + FRAME_MIN;
+    memcpy(h + 4 + DK_BC_MAC_LEN, body_head, head_n);
+    c->head_len += 4 + DK_BC_MAC_LEN + head_n;
     c->body = self->payload;
     c->body_len = self->payload_len;
     c->body_off = 0;
@@ -433,7 +452,11 @@ static void conn_frame(dk_backchan_t *self, conn_t *c)
         } else {
             self->claimed[rank] = true;
             c->rank = (int) rank;
-            if (!queue_payload(self, c))
+            if (self->persistent) {
+                c->done = true;     /* nothing to answer until the first TASK */
+                if (self->sink.on_hello)
+                    self->sink.on_hello(self->sink.data, c->rank);
+            } else if (!queue_payload(self, c))
                 refuse(self, c, "OpenSSL could not sign the payload");
             else
                 conn_write(self, c);
@@ -446,11 +469,15 @@ static void conn_frame(dk_backchan_t *self, conn_t *c)
         refuse(self, c, "it sent a message of an unexpected type");
     else if (c->done)
         refuse(self, c, "it sent a second result");
+    else if (self->persistent &&
+             (body_len < BODY_HEAD + 4 || get_be32(body + BODY_HEAD) != self->round))
+        refuse(self, c, "its answer did not name the current round");
     else {
         c->done = true;
+        size_t skip = BODY_HEAD + (self->persistent ? 4 : 0);
         if (self->sink.on_message)
             self->sink.on_message(self->sink.data, c->rank, type == DK_BC_ERROR,
-                                  body + BODY_HEAD, body_len - BODY_HEAD);
+                                  body + skip, body_len - skip);
     }
 }
 
@@ -657,6 +684,49 @@ void dk_backchan_poll_handle(dk_backchan_t *self, const struct pollfd *fds, size
     }
     if (first && (fds[0].revents & POLLIN))
         accept_all(self);
+}
+
+int dk_backchan_send_task(dk_backchan_t *self, uint32_t round, const void *payload, size_t len,
+                          char *err, size_t errlen)
+{
+    if (len > DK_BC_PAYLOAD_MAX - 4) {
+        snprintf(err, errlen, "the payload is %zu bytes; a cell can carry at most 1 GiB to its "
+                 "ranks (pass large data through files instead)", len);
+        return -1;
+    }
+    unsigned char *copy = malloc(len ? len : 1);
+    if (!copy) {
+        snprintf(err, errlen, "out of memory (payload of %zu bytes)", len);
+        return -1;
+    }
+    if (len)
+        memcpy(copy, payload, len);
+    /* Every frame of the last round has been written (each rank answered it),
+     * so no connection still points into the old copy. */
+    free(self->payload);
+    self->payload = copy;
+    self->payload_len = len;
+    self->round = round;
+    for (size_t i = 0; i < self->nconns; i++) {
+        conn_t *c = &self->conns[i];
+        if (c->fd < 0 || c->rank < 0)
+            continue;
+        c->done = false;
+        if (!queue_payload(self, c))
+            refuse(self, c, "OpenSSL could not sign the task");
+        else
+            conn_write(self, c);
+    }
+    return 0;
+}
+
+bool dk_backchan_connected(const dk_backchan_t *self, int rank)
+{
+    for (size_t i = 0; i < self->nconns; i++) {
+        if (self->conns[i].fd >= 0 && self->conns[i].rank == rank)
+            return true;
+    }
+    return false;
 }
 
 void dk_backchan_drain(dk_backchan_t *self)

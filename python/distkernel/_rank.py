@@ -125,6 +125,8 @@ def _main():
     channel = bc.BackChannel(path, key, rank)
     channel.send(bc.HELLO)
     kind, payload = channel.recv()
+    if kind == bc.TASK:
+        return _serve(channel, payload)
     if kind != bc.PAYLOAD:
         raise bc.BackChannelError(f"expected the job, got frame type {kind}")
     from distkernel import _compat
@@ -135,19 +137,9 @@ def _main():
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     main_ns = sys.modules["__main__"].__dict__
     try:
-        job = cloudpickle.loads(payload)
+        box = [payload]
         del payload
-        _use_kernel_sys_path(job.get("sys_path", []))
-        _prime_linecache(job.get("sources", {}))
-        if job["kind"] == "cell":
-            for name, blob in job["names"].items():
-                main_ns[name] = cloudpickle.loads(blob)
-            value = _run_cell(job["code"], main_ns, job.get("filename", CELL_FILE),
-                              job.get("line_offset", 0))
-        else:
-            if "job" in job:
-                job = cloudpickle.loads(job["job"])
-            value = job["fn"](*job["args"], **job["kwargs"])
+        value = _run_job(box, main_ns)
     except BaseException as exc:  # noqa: B902 - KeyboardInterrupt and SystemExit too
         if isinstance(exc, SystemExit) and exc.code in (None, 0):
             value = None
@@ -157,15 +149,92 @@ def _main():
             channel.send(bc.ERROR, _error_payload(exc))
             channel.close()
             return 130 if isinstance(exc, KeyboardInterrupt) else 1
-    try:
-        blob = cloudpickle.dumps(value, protocol=5)
-    except Exception as exc:
-        blob = cloudpickle.dumps(_Unpicklable(repr(value), f"{type(exc).__name__}: {exc}"))
+    blob = _pickle_value(value)
     sys.stdout.flush()
     sys.stderr.flush()
     channel.send(bc.RESULT, blob)
     channel.close()
     return 0
+
+
+def _run_job(box, main_ns):
+    """Run one job (a pickled cell or function, the one item of BOX, which is
+    emptied so that its bytes are freed while the job runs) in MAIN_NS; its
+    value."""
+    job = cloudpickle.loads(box.pop())
+    _use_kernel_sys_path(job.get("sys_path", []))
+    _prime_linecache(job.get("sources", {}))
+    os.environ.update(job.get("env", {}))
+    if job["kind"] == "cell":
+        for name, blob in job["names"].items():
+            main_ns[name] = cloudpickle.loads(blob)
+        return _run_cell(job["code"], main_ns, job.get("filename", CELL_FILE),
+                         job.get("line_offset", 0))
+    if "job" in job:
+        job = cloudpickle.loads(job["job"])
+    return job["fn"](*job["args"], **job["kwargs"])
+
+
+def _pickle_value(value):
+    try:
+        return cloudpickle.dumps(value, protocol=5)
+    except Exception as exc:
+        return cloudpickle.dumps(_Unpicklable(repr(value), f"{type(exc).__name__}: {exc}"))
+
+
+class _Busy:
+    """SIGINT is a KeyboardInterrupt only while a cell runs. Between cells it is
+    ignored: the kernel interrupts only ranks it has not heard from, and one
+    whose answer was still on its way must not die of that interrupt; the
+    kernel ends idle ranks by closing the channel."""
+
+    def __init__(self):
+        self.running = False
+
+    def __call__(self, signum, frame):
+        if self.running:
+            raise KeyboardInterrupt
+
+
+def _serve(channel, task):
+    """A persistent rank: run each TASK in the same __main__ namespace, answer
+    it with its round, and wait for the next, until the kernel closes the
+    channel."""
+    import signal
+
+    from distkernel import _compat
+    _compat.install()
+    busy = _Busy()
+    signal.signal(signal.SIGINT, busy)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    main_ns = sys.modules["__main__"].__dict__
+    while True:
+        round_no, box = task[:4], [task[4:]]
+        del task
+        try:
+            busy.running = True
+            try:
+                value = _run_job(box, main_ns)
+            finally:
+                busy.running = False
+            kind, reply = bc.RESULT, _pickle_value(value)
+        except BaseException as exc:  # noqa: B902 - KeyboardInterrupt and SystemExit too
+            busy.running = False
+            if isinstance(exc, SystemExit) and exc.code in (None, 0):
+                kind, reply = bc.RESULT, _pickle_value(None)
+            else:
+                kind, reply = bc.ERROR, _error_payload(exc)
+        del box
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            channel.send(kind, round_no + reply)
+            del reply
+            frame, task = channel.recv()
+        except (OSError, bc.BackChannelError):
+            return 0    # the kernel closed the channel: the ranks are being stopped
+        if frame != bc.TASK:
+            raise bc.BackChannelError(f"expected a task, got frame type {frame}")
 
 
 def _use_kernel_sys_path(kernel_path):
