@@ -214,8 +214,11 @@ static void begin_stop(dk_job_t *job, dk_job_end_t reason)
     job->stop_reason = reason;
     /* An idle rank of a persistent job ignores SIGINT and waits on the channel:
      * EOF is its cue to exit. */
-    if (job->persistent)
+    if (job->persistent) {
         dk_backchan_close_all(job->chan);
+        for (int r = 0; r < job->world_size; r++)
+            job->ranks[r].signalled = !job->ranks[r].reaped;   /* their exit is our doing */
+    }
     signal_ranks(job, dk_stop_begin(&job->stop, dk_now_s()));
 }
 
