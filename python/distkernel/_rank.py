@@ -157,10 +157,12 @@ def _main():
     return 0
 
 
-def _run_job(box, main_ns):
+def _run_job(box, main_ns, keep_globals=False):
     """Run one job (a pickled cell or function, the one item of BOX, which is
     emptied so that its bytes are freed while the job runs) in MAIN_NS; its
-    value."""
+    value. KEEP_GLOBALS (started ranks): a notebook function runs with MAIN_NS
+    as its globals, as a cell does, so it sees and sets what earlier cells and
+    calls left there."""
     job = cloudpickle.loads(box.pop())
     _use_kernel_sys_path(job.get("sys_path", []))
     _prime_linecache(job.get("sources", {}))
@@ -172,7 +174,27 @@ def _run_job(box, main_ns):
                          job.get("line_offset", 0))
     if "job" in job:
         job = cloudpickle.loads(job["job"])
-    return job["fn"](*job["args"], **job["kwargs"])
+    fn = job["fn"]
+    if keep_globals:
+        fn = _in_namespace(fn, main_ns)
+    return fn(*job["args"], **job["kwargs"])
+
+
+def _in_namespace(fn, main_ns):
+    """FN, if the notebook defined it, rebuilt on MAIN_NS: the names it was sent
+    with go there first (as a cell's notebook names do)."""
+    import types
+
+    if not isinstance(fn, types.FunctionType) or fn.__module__ != "__main__":
+        return fn
+    for name, value in fn.__globals__.items():
+        if not name.startswith("__"):
+            main_ns[name] = value
+    new = types.FunctionType(fn.__code__, main_ns, fn.__name__, fn.__defaults__,
+                             fn.__closure__)
+    new.__kwdefaults__ = fn.__kwdefaults__
+    new.__dict__.update(fn.__dict__)
+    return new
 
 
 def _pickle_value(value):
@@ -214,7 +236,7 @@ def _serve(channel, task):
         try:
             busy.running = True
             try:
-                value = _run_job(box, main_ns)
+                value = _run_job(box, main_ns, keep_globals=True)
             finally:
                 busy.running = False
             kind, reply = bc.RESULT, _pickle_value(value)

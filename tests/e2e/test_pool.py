@@ -106,6 +106,15 @@ def test_a_distributed_function_runs_on_the_started_ranks(started):
                   "sorted(pid.distributed())", timeout=RUN)
     assert r.status == "ok", r.describe()
     assert r.result == repr(sorted(pids.values())), r.describe()
+    # It shares the ranks' globals with the cells.
+    r = k.execute("%%distributed\nfrom_cell = 7", timeout=RUN)
+    assert r.status == "ok", r.describe()
+    r = k.execute("@distributed()\ndef bump(by):\n    global from_cell, from_call\n"
+                  "    from_call = from_cell + by\n    return from_call\n"
+                  "bump.distributed(3)", timeout=RUN)
+    assert r.status == "ok" and "[10, 10]" in r.result, r.describe()
+    r = k.execute("%%distributed\nfrom_call", timeout=RUN)
+    assert rank_values(r) == {0: "10", 1: "10"}, r.describe()
     r = k.execute("pid2 = distributed(num_processes=3)(pid)\npid2.distributed()", timeout=RUN)
     assert r.status == "error", r.describe()
     assert "%distributed stop" in r.content["evalue"], r.describe()
