@@ -224,6 +224,24 @@ def test_interrupt_of_a_rank_stuck_in_a_collective_ends_all_with_a_message(kerne
 
 
 @pytest.mark.timeout(300)
+def test_an_exception_while_a_peer_waits_in_a_collective_ends_all_with_the_root_cause(kernel):
+    start(kernel)
+    pids = pids_of(kernel)
+    r = kernel.execute("%%distributed\nimport torch, torch.distributed as dist\n"
+                       "dist.init_process_group('gloo')", timeout=RUN)
+    assert r.status == "ok", r.describe()
+    r = kernel.execute("%%distributed\nimport time\nif dist.get_rank() == 1:\n"
+                       "    time.sleep(0.5)\n    raise ValueError('rank one gave up')\n"
+                       "dist.all_reduce(torch.ones(1))\n", timeout=RUN)
+    assert r.status == "error", r.describe()
+    assert r.content["ename"] == "ValueError", r.describe()
+    assert "[rank 1] rank one gave up" in r.content["evalue"], r.describe()
+    assert "did not return to the prompt" in r.stderr, r.describe()
+    assert "The started ranks have ended" in tb(r), tb(r)
+    assert_gone_then_fresh(kernel, pids.values())
+
+
+@pytest.mark.timeout(300)
 def test_timeout_applies_per_cell_and_keeps_the_ranks(started):
     k = started
     pids = pids_of(k)
@@ -290,3 +308,15 @@ def test_shutdown_ends_the_started_ranks(fresh_kernel):
     pids = pids_of(k)
     k.km.shutdown_kernel(now=False)
     assert support.wait_gone(list(pids.values()), timeout=END_WITHIN) == []
+
+
+@pytest.mark.timeout(300)
+def test_a_kernel_restart_ends_the_started_ranks(fresh_kernel):
+    k = fresh_kernel
+    start(k)
+    pids = pids_of(k)
+    k.km.restart_kernel(now=False)     # a graceful restart; SIGKILL is tested above
+    k.kc.wait_for_ready(timeout=30)
+    assert support.wait_gone(list(pids.values()), timeout=END_WITHIN) == []
+    r = k.execute("%distributed status")
+    assert "no ranks are started" in r.stdout, r.describe()

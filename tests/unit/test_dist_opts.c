@@ -632,3 +632,19 @@ Test(dist_opts, a_bad_log_cap_is_refused_naming_what_is_accepted)
         cr_assert(strstr(err, "log_cap must be a size") != NULL, "%s", err);
     }
 }
+
+Test(values, idle_timeout_for_started_ranks)
+{
+    ok("");
+    cr_assert_float_eq(opts.idle_timeout_s, DK_DEFAULT_IDLE_TIMEOUT_S, 1e-9);
+    cr_assert(!opts.idle_given);
+    ok("num_processes=2 idle_timeout=90");
+    cr_assert_float_eq(opts.idle_timeout_s, 90.0, 1e-9);
+    cr_assert(opts.idle_given);
+    ok("idle_timeout=None");
+    cr_assert_float_eq(opts.idle_timeout_s, 0.0, 1e-9);
+    cr_assert(opts.idle_given);
+    fails("idle_timeout=0", "idle_timeout", "greater than 0", "None", NULL);
+    fails("idle_timeout='5'", "idle_timeout", NULL);
+    fails("idle_timeout=soon", "idle_timeout", "soon", NULL);
+}
