@@ -5,6 +5,7 @@
  * its folder each time: the run that falls out of the ring is removed by name.
  */
 #include "dk_dist_logs.h"
+#include "dk_err.h"
 #include "dk_dist_opts.h"
 #include "dk_logdir.h"
 
@@ -23,8 +24,8 @@ int dk_dist_logs_size_from_env(const char *name, unsigned long long dflt,
     if (!v || !*v)
         return 0;
     if (!dk_dist_opts_parse_size(v, out)) {
-        snprintf(err, errlen, "%s=%s is not a size; give bytes or a size such as "
-                 "512M or 2G (K, M, G, T: powers of 1024)", name, v);
+        dk_set_err(err, errlen, "%s=%s is not a size; give bytes or a size such as "
+                   "512M or 2G (K, M, G, T: powers of 1024)", name, v);
         return -1;
     }
     return 0;
@@ -58,7 +59,7 @@ int dk_dist_logs_next(dk_dist_logs_t *self, const char *run_id, unsigned long lo
     char *base = dk_logdir_default_root(why, sizeof why);
     int root = base ? dk_logdir_open(base, DK_LOGDIR_CREATE, LOG_DIR_HINT, why, sizeof why) : -1;
     if (root < 0) {
-        snprintf(err, errlen, "no rank was started: %s", why);
+        dk_set_err(err, errlen, "no rank was started: %s", why);
         free(base);
         return -1;
     }
@@ -68,7 +69,7 @@ int dk_dist_logs_next(dk_dist_logs_t *self, const char *run_id, unsigned long lo
     snprintf(name, sizeof name, "run-%04lu-%s", self->runs + 1, run_id);
     int rdir = kdir >= 0 ? dk_logdir_mkdir(kdir, name, true, why, sizeof why) : -1;
     if (rdir < 0) {
-        snprintf(err, errlen, "no rank was started: in %s: %s; %s", base, why, LOG_DIR_HINT);
+        dk_set_err(err, errlen, "no rank was started: in %s: %s; %s", base, why, LOG_DIR_HINT);
         if (kdir >= 0)
             close(kdir);
         close(root);

@@ -72,13 +72,13 @@ static char **ranks_env(dk_dist_mlflow_t *self)
     return env;
 }
 
-char **dk_dist_mlflow_begin(dk_dist_mlflow_t *self, dk_kernel_t *kernel,
+char **dk_dist_mlflow_begin(dk_dist_mlflow_t *self, dk_tracking_t *tracking, dk_kernel_t *kernel,
                             dk_tracking_request_t req)
 {
     char *parent = active_parent_run();
     req.parent_run_id = parent;
     char note[1200];
-    dk_tracking_begin(&req, &self->tracked, note, sizeof note);
+    dk_tracking_begin(tracking, &req, &self->tracked, note, sizeof note);
     free(parent);
     note_line(kernel, note);
     return self->tracked.active ? ranks_env(self) : NULL;

@@ -19,11 +19,11 @@ typedef struct {
     char env[3][1400];           /* the run's MLFLOW_* variables, for the ranks */
 } dk_dist_mlflow_t;
 
-/* Create the MLflow run for REQ (its parent_run_id is filled here) and write
+/* Create the MLflow run for REQ in TRACKING (its parent_run_id is filled here) and write
  * tracking's note, if any, to KERNEL's stderr. Returns the ranks' environment
  * (malloc'd array of pointers into environ and SELF; free the array alone), or
  * NULL for the kernel's own: tracking is off, or out of memory. Holds the GIL. */
-char **dk_dist_mlflow_begin(dk_dist_mlflow_t *self, dk_kernel_t *kernel,
+char **dk_dist_mlflow_begin(dk_dist_mlflow_t *self, dk_tracking_t *tracking, dk_kernel_t *kernel,
                             dk_tracking_request_t req);
 
 /* End the MLflow run with STATUS ("FINISHED", "FAILED", "KILLED"), if there is

@@ -6,6 +6,7 @@
  * and, with none, how to run CPU ranks instead.
  */
 #include "dk_dist_plan.h"
+#include "dk_err.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -24,22 +25,22 @@ static bool gpus_fit(const dk_dist_opts_t *o, const dk_gpu_list_t *gpus, char *e
                      size_t errlen)
 {
     if (gpus->count == 0) {
-        snprintf(err, errlen,
-                 "no GPU on this node (%s). To run CPU ranks instead, give num_processes=N, "
-                 "for example: %%%%distributed num_processes=2",
-                 gpus->why_none);
+        dk_set_err(err, errlen,
+                   "no GPU on this node (%s). To run CPU ranks instead, give num_processes=N, "
+                   "for example: %%%%distributed num_processes=2",
+                   gpus->why_none);
         return false;
     }
     if (o->num_accelerators > gpus->count) {
-        snprintf(err, errlen, "num_accelerators=%d asks for more GPUs than this node has: %d × %s",
-                 o->num_accelerators, gpus->count, gpus->gpus[0].name);
+        dk_set_err(err, errlen, "num_accelerators=%d asks for more GPUs than this node has: %d × %s",
+                   o->num_accelerators, gpus->count, gpus->gpus[0].name);
         return false;
     }
     for (int i = 0; o->accelerator_model[0] && i < gpus->count; i++) {
         if (strcmp(gpus->gpus[i].model, o->accelerator_model) != 0) {
-            snprintf(err, errlen, "accelerator_type asks for %s GPUs, but this node has %d × %s (%s)",
-                     o->accelerator_model, gpus->count, gpus->gpus[i].name,
-                     gpus->gpus[i].model[0] ? gpus->gpus[i].model : "unknown model");
+            dk_set_err(err, errlen, "accelerator_type asks for %s GPUs, but this node has %d × %s (%s)",
+                       o->accelerator_model, gpus->count, gpus->gpus[i].name,
+                       gpus->gpus[i].model[0] ? gpus->gpus[i].model : "unknown model");
             return false;
         }
     }

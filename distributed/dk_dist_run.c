@@ -25,6 +25,7 @@
 #include "dk_logfile.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,16 +33,17 @@
 
 struct dk_dist_run_t {
     dk_kernel_t *kernel;
-    dk_dist_logs_t *logs;       /* the feature's, outlives the run */
+    dk_dist_logs_t *logs;       /* the feature's, outlive the run */
+    dk_tracking_t *tracking;
     const char *kind;           /* "cell" or "function" */
     dk_dist_opts_t opts;
     dk_dist_plan_t plan;
     char run_id[24];
     dk_job_t *job;
     dk_dist_relay_t *relay;
-    pthread_mutex_t lock;       /* guards ranks and status_dirty */
+    pthread_mutex_t lock;       /* guards ranks */
     dk_dist_rank_t *ranks;      /* plan.world records */
-    bool status_dirty;
+    atomic_bool status_dirty;   /* set by the sink, read by the wait loop */
     bool status_shown;          /* the status display exists */
     long long t0_ms;
     bool interrupted, shutdown;
@@ -367,7 +369,7 @@ static bool launch(dk_dist_run_t *run, const void *payload, size_t len)
                                  .gpu = run->plan.gpu, .device = run->plan.device,
                                  .accelerator_model = run->plan.model, .kind = run->kind,
                                  .pool_id = run->pool ? dk_dist_pool_id(run->pool) : NULL};
-    char **env = dk_dist_mlflow_begin(&run->mlflow, run->kernel, req);
+    char **env = dk_dist_mlflow_begin(&run->mlflow, run->tracking, run->kernel, req);
     if (PyErr_CheckSignals() < 0) {
         /* Interrupted while the run was being recorded: start nothing. */
         free(env);
@@ -414,20 +416,20 @@ static void announce(dk_dist_run_t *run)
 
 /* The rest of a start, once RUN is planned (and, on started ranks, has its
  * pool): preflight, relay, launch, announce. */
-static dk_dist_run_t *run_begin(dk_dist_run_t *run, dk_dist_logs_t *logs, const void *payload,
-                                size_t len);
+static dk_dist_run_t *run_begin(dk_dist_run_t *run, const dk_dist_host_t *host,
+                                const void *payload, size_t len);
 
-dk_dist_run_t *dk_dist_run_start(dk_kernel_t *kernel, dk_dist_logs_t *logs, const char *kind,
-                                 const char *options, const void *payload, size_t len)
+dk_dist_run_t *dk_dist_run_start(const dk_dist_host_t *host, const char *kind, const char *options,
+                                 const void *payload, size_t len)
 {
-    dk_dist_run_t *run = run_plan(kernel, kind, options);
+    dk_dist_run_t *run = run_plan(host->kernel, kind, options);
     if (!run)
         return NULL;
     if (run->opts.idle_given)
         return fail(run, PyExc_ValueError,
                     "idle_timeout= is an option of `%distributed start` (ranks kept between "
                     "cells); a %%distributed cell's ranks end with the cell");
-    return run_begin(run, logs, payload, len);
+    return run_begin(run, host, payload, len);
 }
 
 /* Seconds from DISTKERNEL_IDLE_TIMEOUT when idle_timeout= was not given. -1
@@ -448,10 +450,9 @@ static int idle_from_env(dk_dist_opts_t *opts)
     return 0;
 }
 
-dk_dist_run_t *dk_dist_run_start_pool(dk_kernel_t *kernel, dk_dist_logs_t *logs,
-                                      const char *options)
+dk_dist_run_t *dk_dist_run_start_pool(const dk_dist_host_t *host, const char *options)
 {
-    dk_dist_run_t *run = run_plan(kernel, "start", options);
+    dk_dist_run_t *run = run_plan(host->kernel, "start", options);
     if (!run)
         return NULL;
     if (idle_from_env(&run->opts) < 0)
@@ -463,7 +464,7 @@ dk_dist_run_t *dk_dist_run_start_pool(dk_kernel_t *kernel, dk_dist_logs_t *logs,
         return fail(run, PyExc_MemoryError, NULL);
     run->owns_pool = true;
     run->starting = true;
-    return run_begin(run, logs, NULL, 0);
+    return run_begin(run, host, NULL, 0);
 }
 
 dk_dist_pool_t *dk_dist_run_take_pool(dk_dist_run_t *run)
@@ -474,9 +475,9 @@ dk_dist_pool_t *dk_dist_run_take_pool(dk_dist_run_t *run)
     return run->pool;
 }
 
-dk_dist_run_t *dk_dist_run_start_on(dk_kernel_t *kernel, dk_dist_logs_t *logs,
-                                    dk_dist_pool_t *pool, const char *kind, const char *options,
-                                    const void *payload, size_t len)
+dk_dist_run_t *dk_dist_run_start_on(const dk_dist_host_t *host, dk_dist_pool_t *pool,
+                                    const char *kind, const char *options, const void *payload,
+                                    size_t len)
 {
     dk_dist_run_t *run = calloc(1, sizeof *run);
     if (!run) {
@@ -484,7 +485,7 @@ dk_dist_run_t *dk_dist_run_start_on(dk_kernel_t *kernel, dk_dist_logs_t *logs,
         return NULL;
     }
     pthread_mutex_init(&run->lock, NULL);
-    run->kernel = kernel;
+    run->kernel = host->kernel;
     run->kind = kind;
     char err[1024];
     if (dk_dist_opts_parse(options, &run->opts, err, sizeof err) < 0)
@@ -498,14 +499,15 @@ dk_dist_run_t *dk_dist_run_start_on(dk_kernel_t *kernel, dk_dist_logs_t *logs,
     for (int r = 0; r < run->plan.world; r++)
         run->ranks[r].gpu_index = run->plan.gpu ? run->plan.gpu_index[r] : -1;
     run->pool = pool;
-    return run_begin(run, logs, payload, len);
+    return run_begin(run, host, payload, len);
 }
 
-static dk_dist_run_t *run_begin(dk_dist_run_t *run, dk_dist_logs_t *logs, const void *payload,
-                                size_t len)
+static dk_dist_run_t *run_begin(dk_dist_run_t *run, const dk_dist_host_t *host,
+                                const void *payload, size_t len)
 {
-    dk_kernel_t *kernel = run->kernel;
-    run->logs = logs;
+    dk_kernel_t *kernel = host->kernel;
+    run->logs = host->logs;
+    run->tracking = host->tracking;
     if (run->opts.check && dk_dist_preflight(dk_kernel_stream(kernel), run->plan.gpu) < 0)
         return fail(run, NULL, NULL);
     if (!run->run_id[0])

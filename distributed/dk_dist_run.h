@@ -24,6 +24,7 @@
 #include "dk_dist_pool.h"
 #include "dk_job.h"
 #include "dk_kernel.h"
+#include "dk_tracking.h"
 
 #include <jansson.h>
 
@@ -33,22 +34,28 @@
 
 typedef struct dk_dist_run_t dk_dist_run_t;
 
+/* What a run uses of the feature, which outlives it (borrowed). */
+typedef struct {
+    dk_kernel_t *kernel;        /* the run writes into its current cell */
+    dk_dist_logs_t *logs;       /* the run folders the kernel keeps */
+    dk_tracking_t *tracking;    /* MLflow's server and experiment cache */
+} dk_dist_host_t;
+
 /* Start a run of PAYLOAD (LEN bytes: the pickled cell or function, which the
  * ranks unpickle) as the OPTIONS text asks ("num_processes=2 timeout=60"), for
- * KIND "cell" or "function", in KERNEL's current cell, its log folder made in
- * LOGS. Returns the running run, or NULL with a Python exception set
+ * KIND "cell" or "function", in HOST's kernel's current cell, its log folder
+ * made in HOST's logs. Returns the running run, or NULL with a Python exception set
  * (ValueError for bad options, RuntimeError when no rank could start,
  * KeyboardInterrupt when interrupted while starting). */
-dk_dist_run_t *dk_dist_run_start(dk_kernel_t *kernel, dk_dist_logs_t *logs, const char *kind,
-                                 const char *options, const void *payload, size_t len);
+dk_dist_run_t *dk_dist_run_start(const dk_dist_host_t *host, const char *kind, const char *options,
+                                 const void *payload, size_t len);
 
 /* `%distributed start OPTIONS`: start ranks that stay (a persistent job),
  * with a status display and log folder like a run's; dk_dist_run_wait waits
  * until every rank is ready. After DK_END_OK, dk_dist_run_take_pool hands the
  * ranks over; otherwise destroying the run ends them. NULL with a Python
  * exception set, as dk_dist_run_start. */
-dk_dist_run_t *dk_dist_run_start_pool(dk_kernel_t *kernel, dk_dist_logs_t *logs,
-                                      const char *options);
+dk_dist_run_t *dk_dist_run_start_pool(const dk_dist_host_t *host, const char *options);
 dk_dist_pool_t *dk_dist_run_take_pool(dk_dist_run_t *self);
 
 /* Start a run of PAYLOAD on the started ranks of POOL (their size; OPTIONS
@@ -56,9 +63,9 @@ dk_dist_pool_t *dk_dist_run_take_pool(dk_dist_run_t *self);
  * of the pool's job: waiting, results and errors as for dk_dist_run_start,
  * except that an exception, an interrupt or the timeout leaves the ranks
  * running. NULL with a Python exception set. */
-dk_dist_run_t *dk_dist_run_start_on(dk_kernel_t *kernel, dk_dist_logs_t *logs,
-                                    dk_dist_pool_t *pool, const char *kind, const char *options,
-                                    const void *payload, size_t len);
+dk_dist_run_t *dk_dist_run_start_on(const dk_dist_host_t *host, dk_dist_pool_t *pool,
+                                    const char *kind, const char *options, const void *payload,
+                                    size_t len);
 
 /* Wait until every rank has exited, honouring interrupts and a kernel shutdown
  * (which end every rank); the cell then has all the ranks' output and the

@@ -42,10 +42,11 @@
 /* The feature, one per kernel: what it needs of the kernel, its magic, and
  * what outlives a run (which run folders this kernel keeps). */
 struct dk_distributed_t {
-    dk_kernel_t *kernel;
+    dk_dist_host_t host;        /* the kernel, and what outlives a run: */
+    dk_dist_logs_t logs;        /* which run folders this kernel keeps */
+    dk_tracking_t *tracking;    /* the MLflow server it started, its experiment */
     dk_magic_t magic;
-    dk_magic_t line_magic;
-    dk_dist_logs_t logs;
+    dk_magic_t line_magic;      /* %distributed start|status|stop|restart */
     dk_dist_pool_t *pool;       /* the started ranks, or NULL */
     char pool_options[1024];    /* what they were started with, for restart */
 };
@@ -113,8 +114,8 @@ static dk_dist_run_t *run_start(dk_distributed_t *d, const char *kind, const cha
     if (refused)
         return NULL;
     if (pool)
-        return dk_dist_run_start_on(d->kernel, &d->logs, pool, kind, options, payload, len);
-    return dk_dist_run_start(d->kernel, &d->logs, kind, options, payload, len);
+        return dk_dist_run_start_on(&d->host, pool, kind, options, payload, len);
+    return dk_dist_run_start(&d->host, kind, options, payload, len);
 }
 
 static PyObject *glue_call(const char *fn, const char *fmt, ...)
@@ -262,7 +263,7 @@ static PyObject *run_job(PyObject *self, PyObject *args)
 
 static void say(dk_distributed_t *d, const char *text)
 {
-    dk_stream_write(dk_kernel_stream(d->kernel), DK_STDOUT, text, strlen(text));
+    dk_stream_write(dk_kernel_stream(d->host.kernel), DK_STDOUT, text, strlen(text));
 }
 
 /* A run's error as the cell's error. */
@@ -285,7 +286,7 @@ static int pool_start(dk_exec_t *ex, dk_distributed_t *d, const char *options)
         return -1;
     }
     dk_dist_pool_destroy(&d->pool);
-    dk_dist_run_t *run = dk_dist_run_start_pool(d->kernel, &d->logs, options);
+    dk_dist_run_t *run = dk_dist_run_start_pool(&d->host, options);
     if (!run) {
         exec_error_from_python(ex);
         return -1;
@@ -381,10 +382,9 @@ static void stop_pool(void *data)
     dk_dist_pool_destroy(&d->pool);
 }
 
-static void stop_tracking_server(void *unused)
+static void stop_tracking_server(void *data)
 {
-    (void)unused;
-    dk_tracking_shutdown();
+    dk_tracking_stop_server(data);
 }
 
 dk_distributed_t *dk_distributed_new(dk_kernel_t *kernel)
@@ -392,7 +392,8 @@ dk_distributed_t *dk_distributed_new(dk_kernel_t *kernel)
     dk_distributed_t *d = calloc(1, sizeof *d);
     if (!d)
         return NULL;
-    d->kernel = kernel;
+    d->tracking = dk_tracking_new();
+    d->host = (dk_dist_host_t){.kernel = kernel, .logs = &d->logs, .tracking = d->tracking};
     d->magic = (dk_magic_t){.name = "distributed", .kind = DK_MAGIC_CELL, .doc = dk_dist_doc,
                             .run = distributed_magic, .data = d};
     dk_kernel_function_t fn = {.name = "run_job", .fn = (void (*)(void))run_job, .flags = METH_VARARGS,
@@ -401,11 +402,12 @@ dk_distributed_t *dk_distributed_new(dk_kernel_t *kernel)
                                .data = d};
     d->line_magic = (dk_magic_t){.name = "distributed", .kind = DK_MAGIC_LINE,
                                  .doc = dk_dist_doc, .run = distributed_line_magic, .data = d};
-    if (dk_magic_register(dk_kernel_magics(kernel), &d->magic) < 0 ||
+    if (!d->tracking || dk_magic_register(dk_kernel_magics(kernel), &d->magic) < 0 ||
         dk_magic_register(dk_kernel_magics(kernel), &d->line_magic) < 0 ||
         dk_kernel_on_exit(kernel, stop_pool, d) < 0 ||
         dk_kernel_add_function(kernel, &fn) < 0 ||
-        dk_kernel_on_exit(kernel, stop_tracking_server, NULL) < 0) {
+        dk_kernel_on_exit(kernel, stop_tracking_server, d->tracking) < 0) {
+        dk_tracking_destroy(&d->tracking);
         free(d);
         return NULL;
     }

@@ -8,10 +8,8 @@
  * Experiment ids are cached per tracking URI and name for the kernel's life.
  *
  * The server process itself (start, log, supervision, stop) is the runtime's
- * (dk_server.h); this file keeps only the MLflow bookkeeping. Its per-kernel
- * state is still one process-wide value, `state`: making it an object the
- * caller owns needs dk_kernel.c and dk_distributed.c to hold and pass it (left
- * to the change that gives them a composition root).
+ * (dk_server.h); this file keeps only the MLflow bookkeeping, and what it
+ * remembers between runs lives in the dk_tracking_t the feature owns.
  */
 #include "dk_tracking.h"
 #include "dk_clock.h"
@@ -29,14 +27,29 @@
 
 #define SERVER_START_TIMEOUT_S 60
 
-/* The kernel's tracking state (one per process; see above). */
-static struct {
+/* What the kernel remembers between runs. Only the main thread touches it,
+ * except `server`, which dk_tracking_stop_server may take from any thread. */
+struct dk_tracking_t {
     dk_server_t *server;     /* the tracking server this kernel started, or NULL */
     bool tried;              /* started once, or found `mlflow` missing */
     bool told_off;           /* the "tracking is off" line was shown */
     char exp_key[1600];      /* uri + "\n" + experiment name ... */
     char exp_id[128];        /* ... and its id */
-} state;
+};
+
+dk_tracking_t *dk_tracking_new(void)
+{
+    return calloc(1, sizeof(dk_tracking_t));
+}
+
+void dk_tracking_destroy(dk_tracking_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    dk_tracking_stop_server(*self_p);
+    free(*self_p);
+    *self_p = NULL;
+}
 
 static double request_timeout(void)
 {
@@ -48,11 +61,11 @@ static double request_timeout(void)
 /* Start `mlflow server` on a free loopback port with MLflow's own default
  * store in the notebook's directory, once; NULL when mlflow is not installed
  * or did not start (NOTE then says why). */
-static const char *start_server(char *note, size_t notelen)
+static const char *start_server(dk_tracking_t *self, char *note, size_t notelen)
 {
-    if (state.tried)
-        return state.server ? dk_server_uri(state.server) : NULL;
-    state.tried = true;
+    if (self->tried)
+        return self->server ? dk_server_uri(self->server) : NULL;
+    self->tried = true;
     char cwd[2048], store[2200];
     if (!getcwd(cwd, sizeof cwd)) {
         snprintf(note, notelen, "MLflow tracking is off: could not pick a port for its server");
@@ -69,14 +82,14 @@ static const char *start_server(char *note, size_t notelen)
     dk_server_t *server = dk_server_start(&spec, &missing, err, sizeof err);
     if (!server && !missing)
         snprintf(note, notelen, "MLflow tracking is off: %s", err);
-    __atomic_store_n(&state.server, server, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&self->server, server, __ATOMIC_SEQ_CST);
     return server ? dk_server_uri(server) : NULL;
 }
 
-void dk_tracking_shutdown(void)
+void dk_tracking_stop_server(dk_tracking_t *self)
 {
     /* Both the main and the control thread may get here on the way out. */
-    dk_server_t *server = __atomic_exchange_n(&state.server, NULL, __ATOMIC_SEQ_CST);
+    dk_server_t *server = __atomic_exchange_n(&self->server, NULL, __ATOMIC_SEQ_CST);
     dk_server_destroy(&server);
 }
 
@@ -119,18 +132,18 @@ static void user_name(char *out, size_t outlen)
 
 /* The tracking URI for this run: MLFLOW_TRACKING_URI, or the server this
  * kernel starts. NULL when tracking is off for the run (NOTE may say why). */
-static const char *tracking_uri(char *note, size_t notelen)
+static const char *tracking_uri(dk_tracking_t *self, char *note, size_t notelen)
 {
     const char *uri = getenv("MLFLOW_TRACKING_URI");
     if (!uri || !*uri) {
-        uri = start_server(note, notelen);
+        uri = start_server(self, note, notelen);
         if (!uri) {
-            if (!note[0] && !state.told_off)
+            if (!note[0] && !self->told_off)
                 snprintf(note, notelen,
                          "MLflow tracking is off: set MLFLOW_TRACKING_URI to your tracking server, "
                          "or install mlflow to have distkernel start one (tracking=False hides "
                          "this line)");
-            state.told_off = true;
+            self->told_off = true;
         }
         return uri;
     }
@@ -150,7 +163,7 @@ static const char *tracking_uri(char *note, size_t notelen)
 /* The run's experiment id into OUT: MLFLOW_EXPERIMENT_ID unless the cell names
  * an experiment, else found or created by name (cached per URI and name).
  * Returns 0, or -1 with ERR. */
-static int experiment_id(dk_mlflow_t *c, const char *uri, const dk_tracking_request_t *req,
+static int experiment_id(dk_tracking_t *self, dk_mlflow_t *c, const char *uri, const dk_tracking_request_t *req,
                          dk_tracked_run_t *out, char *err, size_t errlen)
 {
     char experiment[512];
@@ -166,18 +179,18 @@ static int experiment_id(dk_mlflow_t *c, const char *uri, const dk_tracking_requ
         snprintf(out->experiment_id, sizeof out->experiment_id, "%s", exp_id_env);
         return 0;
     }
-    char clean[1024], key[sizeof state.exp_key];
+    char clean[1024], key[sizeof self->exp_key];
     dk_mlflow_strip_uri(uri, clean, sizeof clean);
     snprintf(key, sizeof key, "%s\n%s", clean, experiment);
-    if (strcmp(key, state.exp_key) == 0) {
-        snprintf(out->experiment_id, sizeof out->experiment_id, "%s", state.exp_id);
+    if (strcmp(key, self->exp_key) == 0) {
+        snprintf(out->experiment_id, sizeof out->experiment_id, "%s", self->exp_id);
         return 0;
     }
     if (dk_mlflow_experiment(c, experiment, out->experiment_id, sizeof out->experiment_id, err,
                              errlen) < 0)
         return -1;
-    snprintf(state.exp_key, sizeof state.exp_key, "%s", key);
-    snprintf(state.exp_id, sizeof state.exp_id, "%s", out->experiment_id);
+    snprintf(self->exp_key, sizeof self->exp_key, "%s", key);
+    snprintf(self->exp_id, sizeof self->exp_id, "%s", out->experiment_id);
     return 0;
 }
 
@@ -234,14 +247,14 @@ static json_t *run_params(const dk_tracking_request_t *req)
     return params;
 }
 
-void dk_tracking_begin(const dk_tracking_request_t *req, dk_tracked_run_t *out, char *note,
+void dk_tracking_begin(dk_tracking_t *self, const dk_tracking_request_t *req, dk_tracked_run_t *out, char *note,
                        size_t notelen)
 {
     memset(out, 0, sizeof *out);
     note[0] = '\0';
     if (!req->opts->tracking)
         return;
-    const char *uri = tracking_uri(note, notelen);
+    const char *uri = tracking_uri(self, note, notelen);
     if (!uri)
         return;
     char err[1024];
@@ -250,7 +263,7 @@ void dk_tracking_begin(const dk_tracking_request_t *req, dk_tracked_run_t *out, 
         snprintf(note, notelen, "MLflow tracking is off for this run: %s", err);
         return;
     }
-    if (experiment_id(c, uri, req, out, err, sizeof err) < 0) {
+    if (experiment_id(self, c, uri, req, out, err, sizeof err) < 0) {
         snprintf(note, notelen, "MLflow: could not record this run (%s); the run goes on", err);
         dk_mlflow_destroy(&c);
         return;

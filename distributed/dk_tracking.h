@@ -44,18 +44,29 @@ typedef struct {
     const char *pool_id;        /* the started ranks the run ran on (tag distkernel.pool), or NULL */
 } dk_tracking_request_t;
 
+/* What tracking remembers between runs: the server the kernel started, the
+ * experiment id last used, whether "tracking is off" was said. One per kernel,
+ * owned by the distributed feature. */
+typedef struct dk_tracking_t dk_tracking_t;
+
+/* A new tracking state (no server yet), or NULL when out of memory. */
+dk_tracking_t *dk_tracking_new(void);
+
+/* Stop the server, if any, and free the state. */
+void dk_tracking_destroy(dk_tracking_t **self_p);
+
 /* Create the run for REQ. On success OUT->active is true. Whatever happens, a
  * line for the user may be written into NOTE ("" if none): why tracking is off,
  * or a warning that the server could not be reached. */
-void dk_tracking_begin(const dk_tracking_request_t *req, dk_tracked_run_t *out, char *note,
+void dk_tracking_begin(dk_tracking_t *self, const dk_tracking_request_t *req, dk_tracked_run_t *out, char *note,
                        size_t notelen);
 
 /* Write the final STATUS ("FINISHED", "FAILED", "KILLED") and end time of RUN
  * (no-op if it is not active). A warning for the user may go into NOTE. */
 void dk_tracking_end(dk_tracked_run_t *run, const char *status, char *note, size_t notelen);
 
-/* Stop the tracking server the kernel started, if any. Safe to call from any
+/* Stop the tracking server SELF started, if any. Safe to call from any
  * thread, more than once, and on the way out of the process. */
-void dk_tracking_shutdown(void);
+void dk_tracking_stop_server(dk_tracking_t *self);
 
 #endif

@@ -34,9 +34,15 @@ typedef struct {
     char *parent;            /* the parent header at fork time */
 } source_t;
 
+/* A buffer holds text only: valid UTF-8, ready for a message. Raw bytes (the
+ * kernel's fd 1/2, Python's writes) are cleaned on the way in, an incomplete
+ * last character held in TAIL until the rest arrives; rank output comes in
+ * clean (dk_lines cleaned it) and is not scanned again. */
 typedef struct {
     char *data;
     size_t len, cap;
+    char tail[4];
+    size_t tail_len;
     unsigned long long thin_lines, thin_bytes;   /* thinned, not yet said */
 } buf_t;
 
@@ -111,27 +117,25 @@ static char *thin_notice(const dk_stream_t *self, const buf_t *b)
 static bool publish_locked(dk_stream_t *self, int i, bool force)
 {
     buf_t *b = &self->buf[i];
-    size_t n = b->len ? dk_utf8_complete_prefix(b->data, b->len) : 0;
+    size_t n = b->len;
     if (n == 0 && !b->thin_bytes)
         return true;
     if (!force && self->full_since_ms && dk_now_ms() - self->offered_ms < RETRY_EVERY_MS)
         return false;
     char *notice = b->thin_bytes ? thin_notice(self, b) : NULL;
     size_t notice_len = notice ? strlen(notice) : 0;
-    size_t text_len;
-    char *text = dk_utf8_sanitize(b->data ? b->data : "", n, &text_len);
-    char *both = text ? malloc(notice_len + text_len + 1) : NULL;
+    char *both = malloc(notice_len + n + 1);
     char *content_text = NULL;
     if (both) {
         memcpy(both, notice ? notice : "", notice_len);
-        memcpy(both + notice_len, text, text_len);
+        if (n)
+            memcpy(both + notice_len, b->data, n);
         json_t *content = json_pack("{s:s, s:s%}", "name", stream_names[i], "text", both,
-                                    notice_len + text_len);
+                                    notice_len + n);
         content_text = content ? json_dumps(content, JSON_COMPACT) : NULL;
         json_decref(content);
     }
     free(notice);
-    free(text);
     free(both);
     if (!content_text)
         return true;   /* out of memory: the text stays and is tried again */
@@ -173,7 +177,7 @@ static void thin_locked(dk_stream_t *self, int i)
             lines++;
         }
     if (drop == 0) {
-        drop = dk_utf8_complete_prefix(b->data, b->len);
+        drop = b->len;
         lines = 1;
     }
     b->thin_lines += lines;
@@ -208,13 +212,52 @@ static void make_room_locked(dk_stream_t *self, int i, size_t len)
     }
 }
 
-/* Add LEN bytes to buffer I, publishing a full chunk. Lock held. */
+/* Add LEN bytes of text (valid UTF-8) to buffer I, publishing a full chunk.
+ * Lock held. */
 static void add_locked(dk_stream_t *self, int i, const char *data, size_t len)
 {
     make_room_locked(self, i, len);
     buf_append(&self->buf[i], data, len);
     if (self->buf[i].len >= DK_STREAM_CHUNK)
         publish_locked(self, i, false);
+}
+
+/* Add LEN raw bytes to buffer I as text: after the held tail, up to the last
+ * complete character, invalid bytes replaced; an incomplete last character is
+ * held for the next write. Lock held. */
+static void add_raw_locked(dk_stream_t *self, int i, const char *data, size_t len)
+{
+    buf_t *b = &self->buf[i];
+    char *joined = NULL;
+    if (b->tail_len) {
+        joined = malloc(b->tail_len + len);
+        if (!joined)
+            return;
+        memcpy(joined, b->tail, b->tail_len);
+        memcpy(joined + b->tail_len, data, len);
+        data = joined;
+        len += b->tail_len;
+        b->tail_len = 0;
+    }
+    size_t n = dk_utf8_complete_prefix(data, len);
+    if (len - n <= sizeof b->tail) {
+        memcpy(b->tail, data + n, len - n);
+        b->tail_len = len - n;
+    } else {
+        n = len;   /* not a held-back character: dk_utf8 said to clean it all */
+    }
+    if (dk_utf8_valid_prefix(data, n) == n) {
+        /* What Python and most programs write: text already. */
+        if (n)
+            add_locked(self, i, data, n);
+    } else {
+        size_t text_len;
+        char *text = dk_utf8_sanitize(data, n, &text_len);
+        if (text)
+            add_locked(self, i, text, text_len);
+        free(text);
+    }
+    free(joined);
 }
 
 static void mark_pending_locked(dk_stream_t *self)
@@ -260,7 +303,7 @@ static void drain_source_locked(dk_stream_t *self, source_t *src, int i, const c
         ssize_t n = read(src->rd[i], chunk, sizeof chunk);
         if (n > 0) {
             if (same_cell)
-                add_locked(self, i, chunk, (size_t)n);
+                add_raw_locked(self, i, chunk, (size_t)n);
             else
                 publish_late_locked(self, i, src->parent, chunk, (size_t)n);
             continue;
@@ -304,7 +347,7 @@ static void drain_locked(dk_stream_t *self)
         for (;;) {
             ssize_t n = read(self->pipe_rd[i], chunk, sizeof chunk);
             if (n > 0) {
-                add_locked(self, i, chunk, (size_t)n);
+                add_raw_locked(self, i, chunk, (size_t)n);
                 continue;
             }
             if (n < 0 && errno == EINTR)
@@ -505,7 +548,7 @@ void dk_stream_write(dk_stream_t *self, dk_stream_name_t name, const char *buf, 
 {
     pthread_mutex_lock(&self->lock);
     drain_locked(self);
-    add_locked(self, name, buf, len);
+    add_raw_locked(self, name, buf, len);
     mark_pending_locked(self);
     pthread_mutex_unlock(&self->lock);
 }

@@ -45,11 +45,13 @@ dk_stream_t *dk_stream_new(dk_iopub_t *iopub, char *err, size_t errlen);
 /* Stop the reader, publish what is left, restore fd 1 and 2. */
 void dk_stream_destroy(dk_stream_t **self_p);
 
-/* Append LEN bytes of text written by Python to stream NAME. Thread-safe. */
+/* Append LEN bytes written by Python to stream NAME, cleaned to UTF-8 as the
+ * pipes' bytes are. Thread-safe. */
 void dk_stream_write(dk_stream_t *self, dk_stream_name_t name, const char *buf, size_t len);
 
-/* Append LEN bytes of text from elsewhere (rank output relayed by the kernel).
- * Unlike dk_stream_write it does not first drain fd 1/2: their order relative to
+/* Append LEN bytes of text from elsewhere (rank output relayed by the kernel),
+ * which must be valid UTF-8 without NUL bytes, as dk_lines gives it: it is not
+ * scanned again. Unlike dk_stream_write it does not first drain fd 1/2: their order relative to
  * another process's output means nothing, and a relay of many lines would pay
  * two read() calls per call. Thread-safe. */
 void dk_stream_append(dk_stream_t *self, dk_stream_name_t name, const char *buf, size_t len);

@@ -137,21 +137,20 @@ static int write_all(int fd, const char *buf, size_t len)
     return 0;
 }
 
-int main(int argc, char **argv)
+/* The command line into OPTS, JSON and TIMEOUT. Returns -1 to go on, or the
+ * exit status: 0 after --help, 2 after a usage error (both printed). */
+static int parse_args(int argc, char **argv, dk_nccl_opts_t *opts, int *json, int *timeout)
 {
-    dk_nccl_opts_t opts;
-    dk_nccl_opts_default(&opts);
-    int json = 0, timeout = DEFAULT_TIMEOUT;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--json") == 0) {
-            json = 1;
+            *json = 1;
             continue;
         } else if (strcmp(a, "--no-pairs") == 0) {
-            opts.pairs = 0;
+            opts->pairs = 0;
             continue;
         } else if (strcmp(a, "--out-of-place") == 0) {
-            opts.out_of_place = 1;
+            opts->out_of_place = 1;
             continue;
         } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             usage(stdout);
@@ -162,13 +161,13 @@ int main(int argc, char **argv)
         if (bad)
             ;
         else if (strcmp(a, "--max-bytes") == 0)
-            bad = parse_bytes(val, &opts.max_bytes) < 0 || opts.max_bytes < DK_NCCL_MIN_BYTES;
+            bad = parse_bytes(val, &opts->max_bytes) < 0 || opts->max_bytes < DK_NCCL_MIN_BYTES;
         else if (strcmp(a, "--iters") == 0)
-            bad = parse_int(val, 1, 100000, &opts.iters) < 0;
+            bad = parse_int(val, 1, 100000, &opts->iters) < 0;
         else if (strcmp(a, "--warmup") == 0)
-            bad = parse_int(val, 0, 100000, &opts.warmup) < 0;
+            bad = parse_int(val, 0, 100000, &opts->warmup) < 0;
         else if (strcmp(a, "--timeout") == 0)
-            bad = parse_int(val, 1, 86400, &timeout) < 0;
+            bad = parse_int(val, 1, 86400, timeout) < 0;
         else
             bad = 1;
         if (bad) {
@@ -178,6 +177,17 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    return -1;
+}
+
+int main(int argc, char **argv)
+{
+    dk_nccl_opts_t opts;
+    dk_nccl_opts_default(&opts);
+    int json = 0, timeout = DEFAULT_TIMEOUT;
+    int done = parse_args(argc, argv, &opts, &json, &timeout);
+    if (done >= 0)
+        return done;
 
     /* CUDA numbers GPUs as NVML does, so names and memory land on the right GPU. */
     setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", 0);

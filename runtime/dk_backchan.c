@@ -34,6 +34,7 @@
  * notebook.
  */
 #include "dk_backchan.h"
+#include "dk_err.h"
 #include "dk_clock.h"
 #include "dk_logdir.h"
 
@@ -189,13 +190,13 @@ static char *make_dir(char *err, size_t errlen)
         snprintf(dir, need, "%s/distkernel-bc-XXXXXX", base);
         if (mkdtemp(dir))
             return dir;
-        snprintf(err, errlen, "cannot create the back-channel directory in %s: %s", base,
-                 strerror(errno));
+        dk_set_err(err, errlen, "cannot create the back-channel directory in %s: %s", base,
+                   strerror(errno));
         free(dir);
         return NULL;
     }
-    snprintf(err, errlen, "cannot create the back-channel directory: no usable temporary "
-             "directory ($TMPDIR is unset, too long for a socket path, or /tmp is missing)");
+    dk_set_err(err, errlen, "cannot create the back-channel directory: no usable temporary "
+               "directory ($TMPDIR is unset, too long for a socket path, or /tmp is missing)");
     return NULL;
 }
 
@@ -208,8 +209,8 @@ static bool listen_on(dk_backchan_t *self, char *err, size_t errlen)
     self->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (self->listen_fd < 0 || bind(self->listen_fd, (struct sockaddr *) &addr, sizeof addr) != 0 ||
         listen(self->listen_fd, 128) != 0) {
-        snprintf(err, errlen, "cannot listen on the back-channel socket %s: %s", self->path,
-                 strerror(errno));
+        dk_set_err(err, errlen, "cannot listen on the back-channel socket %s: %s", self->path,
+                   strerror(errno));
         return false;
     }
     return true;
@@ -220,7 +221,7 @@ dk_backchan_t *dk_backchan_new(int world_size, const void *payload, size_t paylo
 {
     dk_backchan_t *self = calloc(1, sizeof *self);
     if (!self) {
-        snprintf(err, errlen, "out of memory");
+        dk_set_err(err, errlen, "out of memory");
         return NULL;
     }
     self->listen_fd = -1;
@@ -234,12 +235,12 @@ dk_backchan_t *dk_backchan_new(int world_size, const void *payload, size_t paylo
     if (payload_len > 0)
         self->payload = malloc(payload_len);
     if (!self->claimed || !self->conns || !self->polled || (payload_len > 0 && !self->payload)) {
-        snprintf(err, errlen, "out of memory (payload of %zu bytes)", payload_len);
+        dk_set_err(err, errlen, "out of memory (payload of %zu bytes)", payload_len);
         goto fail;
     }
     if (!self->mac || RAND_bytes(self->key, sizeof self->key) != 1) {
-        snprintf(err, errlen, "OpenSSL cannot provide HMAC-SHA256 or random bytes for the "
-                 "back-channel key");
+        dk_set_err(err, errlen, "OpenSSL cannot provide HMAC-SHA256 or random bytes for the "
+                   "back-channel key");
         goto fail;
     }
     for (size_t i = 0; i < self->nconns; i++)
@@ -254,7 +255,7 @@ dk_backchan_t *dk_backchan_new(int world_size, const void *payload, size_t paylo
         goto fail;
     size_t plen = strlen(self->dir) + sizeof "/" SOCKET_NAME;
     if (!(self->path = malloc(plen))) {
-        snprintf(err, errlen, "out of memory");
+        dk_set_err(err, errlen, "out of memory");
         goto fail;
     }
     snprintf(self->path, plen, "%s/%s", self->dir, SOCKET_NAME);
@@ -690,13 +691,13 @@ int dk_backchan_send_task(dk_backchan_t *self, uint32_t round, const void *paylo
                           char *err, size_t errlen)
 {
     if (len > DK_BC_PAYLOAD_MAX - 4) {
-        snprintf(err, errlen, "the payload is %zu bytes; a cell can carry at most 1 GiB to its "
+        dk_set_err(err, errlen, "the payload is %zu bytes; a cell can carry at most 1 GiB to its "
                  "ranks (pass large data through files instead)", len);
         return -1;
     }
     unsigned char *copy = malloc(len ? len : 1);
     if (!copy) {
-        snprintf(err, errlen, "out of memory (payload of %zu bytes)", len);
+        dk_set_err(err, errlen, "out of memory (payload of %zu bytes)", len);
         return -1;
     }
     if (len)

@@ -7,6 +7,7 @@
  * in it; SPARE leaves room for those.
  */
 #include "dk_fdlimit.h"
+#include "dk_err.h"
 
 #include "dk_backchan.h"
 
@@ -73,10 +74,10 @@ bool dk_fdlimit_job_check(int world_size, char *err, size_t errlen)
     else
         snprintf(advice, sizeof advice, "raise the hard limit (`ulimit -Hn`, or LimitNOFILE= "
                  "for a service) and restart the kernel");
-    snprintf(err, errlen,
-             "%d ranks need %zu file descriptors in the kernel (%d per rank plus %zu), but only "
-             "%zu of its limit of %llu are free (%zu are open). Use at most %zu ranks, or %s.",
-             world_size, need, PER_RANK, dk_fdlimit_job_need(0), free_now,
-             (unsigned long long) rl.rlim_cur, open_now, fit, advice);
+    dk_set_err(err, errlen,
+               "%d ranks need %zu file descriptors in the kernel (%d per rank plus %zu), but only "
+               "%zu of its limit of %llu are free (%zu are open). Use at most %zu ranks, or %s.",
+               world_size, need, PER_RANK, dk_fdlimit_job_need(0), free_now,
+               (unsigned long long) rl.rlim_cur, open_now, fit, advice);
     return false;
 }

@@ -48,6 +48,7 @@
  * cap keeps its head and tail (dk_logfile_t); the sink is warned once per rank.
  */
 #include "dk_job.h"
+#include "dk_err.h"
 #include "dk_clock.h"
 
 #include "dk_backchan.h"
@@ -784,8 +785,8 @@ static bool open_log_dir(dk_job_t *job, char *err, size_t errlen)
     if (job->log_dirfd < 0)
         return false;
     if (dk_logdir_hold(job->log_dirfd) != 0) {
-        snprintf(err, errlen, "the log directory %s is in use by another job (%s)", job->log_dir,
-                 strerror(errno));
+        dk_set_err(err, errlen, "the log directory %s is in use by another job (%s)", job->log_dir,
+                   strerror(errno));
         return false;
     }
     return true;
@@ -804,7 +805,7 @@ static char *fresh_log_dir(char *err, size_t errlen)
                  id[0], id[1], id[2], id[3], id[4], id[5], id[6], id[7]) < 0)
         dir = NULL;
     if (!dir)
-        snprintf(err, errlen, "out of memory or no random bytes for a log directory name");
+        dk_set_err(err, errlen, "out of memory or no random bytes for a log directory name");
     free(root);
     return dir;
 }
@@ -812,17 +813,17 @@ static char *fresh_log_dir(char *err, size_t errlen)
 static bool check_spec(const dk_job_spec_t *spec, char *err, size_t errlen)
 {
     if (!spec)
-        snprintf(err, errlen, "no job description was given");
+        dk_set_err(err, errlen, "no job description was given");
     else if (spec->world_size < 1 || spec->world_size > WORLD_MAX)
-        snprintf(err, errlen, "world_size is %d; it must be between 1 and %d",
-                 spec->world_size, WORLD_MAX);
+        dk_set_err(err, errlen, "world_size is %d; it must be between 1 and %d",
+                   spec->world_size, WORLD_MAX);
     else if (!spec->rank_exe || !*spec->rank_exe)
-        snprintf(err, errlen, "no rank executable was given");
+        dk_set_err(err, errlen, "no rank executable was given");
     else if (!spec->persistent && spec->payload_len > 0 && !spec->payload)
-        snprintf(err, errlen, "payload_len is %zu but payload is NULL", spec->payload_len);
+        dk_set_err(err, errlen, "payload_len is %zu but payload is NULL", spec->payload_len);
     else if (spec->payload_len > DK_BC_PAYLOAD_MAX)
-        snprintf(err, errlen, "the payload is %zu bytes; a job can carry at most 1 GiB to its "
-                 "ranks (pass large data through files instead)", spec->payload_len);
+        dk_set_err(err, errlen, "the payload is %zu bytes; a job can carry at most 1 GiB to its "
+                   "ranks (pass large data through files instead)", spec->payload_len);
     else
         return true;
     return false;
@@ -873,7 +874,7 @@ static bool open_logs(dk_job_t *job, char *err, size_t errlen)
         rank_t *rk = &job->ranks[r];
         size_t len = strlen(job->log_dir) + 32;
         if (!(rk->log_path = malloc(len))) {
-            snprintf(err, errlen, "out of memory");
+            dk_set_err(err, errlen, "out of memory");
             return false;
         }
         snprintf(rk->log_path, len, "%s/rank-%d.log", job->log_dir, r);
@@ -883,7 +884,7 @@ static bool open_logs(dk_job_t *job, char *err, size_t errlen)
         unlinkat(job->log_dirfd, name, 0);
         char why[512];
         if (!(rk->log = dk_logfile_new(job->log_dirfd, name, job->log_cap, why, sizeof why))) {
-            snprintf(err, errlen, "cannot create rank %d's log file %s: %s", r, rk->log_path, why);
+            dk_set_err(err, errlen, "cannot create rank %d's log file %s: %s", r, rk->log_path, why);
             return false;
         }
     }
@@ -933,7 +934,7 @@ static bool start_rank(dk_job_t *job, int r, const char *program, char *const ar
     free(bc);
     free(log);
     if (!env) {
-        snprintf(err, errlen, "out of memory building rank %d's environment", r);
+        dk_set_err(err, errlen, "out of memory building rank %d's environment", r);
         return false;
     }
 
@@ -942,7 +943,7 @@ static bool start_rank(dk_job_t *job, int r, const char *program, char *const ar
     int rc = dk_spawn(program, argv, env, &sp, why, sizeof why);
     dk_spawn_env_free(env);
     if (rc != 0) {
-        snprintf(err, errlen, "cannot start rank %d: %s", r, why);
+        dk_set_err(err, errlen, "cannot start rank %d: %s", r, why);
         return false;
     }
     rk->pid = sp.pid;
@@ -963,7 +964,7 @@ static bool start_thread(dk_job_t *job, char *err, size_t errlen)
     int rc = pthread_create(&job->thread, NULL, job_thread, job);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc != 0) {
-        snprintf(err, errlen, "cannot start the runtime thread: %s", strerror(rc));
+        dk_set_err(err, errlen, "cannot start the runtime thread: %s", strerror(rc));
         return false;
     }
     return true;
@@ -1022,7 +1023,7 @@ dk_job_t *dk_job_start(const dk_job_spec_t *spec, const dk_sink_t *sink, char *e
         return NULL;
     dk_job_t *job = job_alloc(spec, sink);
     if (!job) {
-        snprintf(err, errlen, "out of memory");
+        dk_set_err(err, errlen, "out of memory");
         return NULL;
     }
     char *program = dk_spawn_find_program(spec->rank_exe, err, errlen);
@@ -1032,7 +1033,7 @@ dk_job_t *dk_job_start(const dk_job_spec_t *spec, const dk_sink_t *sink, char *e
     if (spec->log_dir ? !(job->log_dir = strdup(spec->log_dir))
                       : !(job->log_dir = fresh_log_dir(err, errlen))) {
         if (spec->log_dir)
-            snprintf(err, errlen, "out of memory");
+            dk_set_err(err, errlen, "out of memory");
         goto fail;
     }
     if (!open_log_dir(job, err, errlen))
@@ -1047,13 +1048,13 @@ dk_job_t *dk_job_start(const dk_job_spec_t *spec, const dk_sink_t *sink, char *e
     unsigned char id[16];
     char run_id[2 * sizeof id + 1];
     if (RAND_bytes(id, sizeof id) != 1) {
-        snprintf(err, errlen, "OpenSSL cannot provide random bytes for TORCHELASTIC_RUN_ID");
+        dk_set_err(err, errlen, "OpenSSL cannot provide random bytes for TORCHELASTIC_RUN_ID");
         goto fail;
     }
     for (size_t i = 0; i < sizeof id; i++)
         snprintf(run_id + 2 * i, 3, "%02x", id[i]);
     if (pipe2(job->wake, O_CLOEXEC | O_NONBLOCK) != 0) {
-        snprintf(err, errlen, "cannot create the runtime's wake pipe: %s", strerror(errno));
+        dk_set_err(err, errlen, "cannot create the runtime's wake pipe: %s", strerror(errno));
         goto fail;
     }
     job->max_fds = 1 + dk_backchan_max_fds(job->chan) + 3 * (size_t) spec->world_size;
@@ -1061,7 +1062,7 @@ dk_job_t *dk_job_start(const dk_job_spec_t *spec, const dk_sink_t *sink, char *e
     job->slot_rank = calloc(3 * (size_t) spec->world_size, sizeof *job->slot_rank);
     job->slot_kind = calloc(3 * (size_t) spec->world_size, sizeof *job->slot_kind);
     if (!job->fds || !job->slot_rank || !job->slot_kind) {
-        snprintf(err, errlen, "out of memory");
+        dk_set_err(err, errlen, "out of memory");
         goto fail;
     }
     if (!open_logs(job, err, errlen))
@@ -1242,7 +1243,7 @@ int dk_job_set_log_dir(dk_job_t *job, const char *log_dir, char *err, size_t err
     fresh.log_dir = strdup(log_dir);
     bool ok = ranks && fresh.log_dir;
     if (!ok)
-        snprintf(err, errlen, "out of memory");
+        dk_set_err(err, errlen, "out of memory");
     ok = ok && open_log_dir(&fresh, err, errlen) && open_logs(&fresh, err, errlen);
     if (ok) {
         pthread_mutex_lock(&job->log_lock);
@@ -1282,13 +1283,13 @@ int dk_job_submit(dk_job_t *job, const void *payload, size_t len, double timeout
                   size_t errlen)
 {
     if (len > DK_BC_PAYLOAD_MAX - 4) {
-        snprintf(err, errlen, "the payload is %zu bytes; a cell can carry at most 1 GiB to its "
+        dk_set_err(err, errlen, "the payload is %zu bytes; a cell can carry at most 1 GiB to its "
                  "ranks (pass large data through files instead)", len);
         return -1;
     }
     void *copy = malloc(len ? len : 1);
     if (!copy) {
-        snprintf(err, errlen, "out of memory (payload of %zu bytes)", len);
+        dk_set_err(err, errlen, "out of memory (payload of %zu bytes)", len);
         return -1;
     }
     if (len)
@@ -1310,7 +1311,7 @@ int dk_job_submit(dk_job_t *job, const void *payload, size_t len, double timeout
     pthread_mutex_unlock(&job->lock);
     if (why) {
         free(copy);
-        snprintf(err, errlen, "%s", why);
+        dk_set_err(err, errlen, "%s", why);
         return -1;
     }
     char byte = 1;

@@ -22,6 +22,7 @@
  * for ever, and it works across kernels of the same user without a registry.
  */
 #include "dk_logdir.h"
+#include "dk_err.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -68,9 +69,9 @@ char *dk_logdir_default_root(char *err, size_t errlen)
         home = pw && pw->pw_dir && pw->pw_dir[0] == '/' ? pw->pw_dir : NULL;
     }
     if (!home) {
-        snprintf(err, errlen, "no directory for the rank logs: HOME is not set and user %u "
-                 "has no home directory; set DISTKERNEL_LOG_DIR to a directory of yours",
-                 (unsigned) geteuid());
+        dk_set_err(err, errlen, "no directory for the rank logs: HOME is not set and user %u "
+                   "has no home directory; set DISTKERNEL_LOG_DIR to a directory of yours",
+                   (unsigned) geteuid());
         return NULL;
     }
     if (asprintf(&out, "%s/.local/state/distkernel/logs", home) < 0)
@@ -99,9 +100,9 @@ static const char *unsafe(const struct stat *st, bool final, int flags)
 static void refuse(char *err, size_t errlen, const char *path, size_t len, const char *why,
                    const struct stat *st, const char *hint)
 {
-    snprintf(err, errlen, "refusing to use %.*s for logs: it %s (owner uid %u, mode %04o)%s%s",
-             (int) len, path, why, (unsigned) st->st_uid, (unsigned) (st->st_mode & 07777),
-             hint ? "; " : "", hint ? hint : "");
+    dk_set_err(err, errlen, "refusing to use %.*s for logs: it %s (owner uid %u, mode %04o)%s%s",
+               (int) len, path, why, (unsigned) st->st_uid, (unsigned) (st->st_mode & 07777),
+               hint ? "; " : "", hint ? hint : "");
 }
 
 /* Open component NAME of DIRFD: a directory, or a symlink owned by us or root
@@ -134,13 +135,13 @@ static int open_component(int dirfd, const char *name, int flags, bool *created)
 int dk_logdir_open(const char *path, int flags, const char *hint, char *err, size_t errlen)
 {
     if (!path || !*path) {
-        snprintf(err, errlen, "no log directory was given%s%s", hint ? "; " : "",
-                 hint ? hint : "");
+        dk_set_err(err, errlen, "no log directory was given%s%s", hint ? "; " : "",
+                   hint ? hint : "");
         return -1;
     }
     int fd = open(path[0] == '/' ? "/" : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) {
-        snprintf(err, errlen, "cannot open %s: %s", path[0] == '/' ? "/" : ".", strerror(errno));
+        dk_set_err(err, errlen, "cannot open %s: %s", path[0] == '/' ? "/" : ".", strerror(errno));
         return -1;
     }
     size_t i = 0, n = strlen(path);
@@ -163,7 +164,7 @@ int dk_logdir_open(const char *path, int flags, const char *hint, char *err, siz
         }
         char name[256];
         if (j - i >= sizeof name) {
-            snprintf(err, errlen, "the log directory %s has a name component over 255 bytes", path);
+            dk_set_err(err, errlen, "the log directory %s has a name component over 255 bytes", path);
             close_fd(&fd);
             return -1;
         }
@@ -174,13 +175,13 @@ int dk_logdir_open(const char *path, int flags, const char *hint, char *err, siz
         if (next < 0) {
             int e = errno;
             if (e == EPERM)
-                snprintf(err, errlen, "refusing to use %s for logs: %.*s is a symlink owned by "
-                         "another user%s%s", path, (int) j, path, hint ? "; " : "",
-                         hint ? hint : "");
+                dk_set_err(err, errlen, "refusing to use %s for logs: %.*s is a symlink owned by "
+                           "another user%s%s", path, (int) j, path, hint ? "; " : "",
+                           hint ? hint : "");
             else
-                snprintf(err, errlen, "cannot %s the log directory %.*s: %s%s%s",
-                         flags & DK_LOGDIR_CREATE ? "create or open" : "open", (int) j, path,
-                         strerror(e), hint ? "; " : "", hint ? hint : "");
+                dk_set_err(err, errlen, "cannot %s the log directory %.*s: %s%s%s",
+                           flags & DK_LOGDIR_CREATE ? "create or open" : "open", (int) j, path,
+                           strerror(e), hint ? "; " : "", hint ? hint : "");
             close_fd(&fd);
             return -1;
         }
@@ -201,19 +202,19 @@ int dk_logdir_open(const char *path, int flags, const char *hint, char *err, siz
 int dk_logdir_mkdir(int dirfd, const char *name, bool fresh, char *err, size_t errlen)
 {
     if (mkdirat(dirfd, name, 0700) != 0 && (fresh || errno != EEXIST)) {
-        snprintf(err, errlen, "cannot create the log directory %s: %s", name, strerror(errno));
+        dk_set_err(err, errlen, "cannot create the log directory %s: %s", name, strerror(errno));
         return -1;
     }
     int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) {
-        snprintf(err, errlen, "cannot open the log directory %s: %s", name, strerror(errno));
+        dk_set_err(err, errlen, "cannot open the log directory %s: %s", name, strerror(errno));
         return -1;
     }
     struct stat st;
     if (fstat(fd, &st) != 0 || st.st_uid != geteuid() || (st.st_mode & (S_IWGRP | S_IWOTH))) {
-        snprintf(err, errlen, "refusing to use the log directory %s: it is not yours alone "
-                 "(owner uid %u, mode %04o)", name, (unsigned) st.st_uid,
-                 (unsigned) (st.st_mode & 07777));
+        dk_set_err(err, errlen, "refusing to use the log directory %s: it is not yours alone "
+                   "(owner uid %u, mode %04o)", name, (unsigned) st.st_uid,
+                   (unsigned) (st.st_mode & 07777));
         close_fd(&fd);
         return -1;
     }
@@ -229,7 +230,7 @@ int dk_logdir_create(int dirfd, const char *name, char *err, size_t errlen)
 {
     int fd = create_at(dirfd, name, O_WRONLY);
     if (fd < 0)
-        snprintf(err, errlen, "cannot create the log file %s: %s", name, strerror(errno));
+        dk_set_err(err, errlen, "cannot create the log file %s: %s", name, strerror(errno));
     return fd;
 }
 

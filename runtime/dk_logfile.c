@@ -7,6 +7,7 @@
  * The segments are read back at close, hence O_RDWR for them.
  */
 #include "dk_logfile.h"
+#include "dk_err.h"
 #include "dk_logdir.h"
 
 #include <errno.h>
@@ -44,7 +45,7 @@ dk_logfile_t *dk_logfile_new(int dirfd, const char *name, unsigned long long cap
     dk_logfile_t *self = calloc(1, sizeof *self);
     if (!self || !(self->name = strdup(name))) {
         free(self);
-        snprintf(err, errlen, "out of memory");
+        dk_set_err(err, errlen, "out of memory");
         return NULL;
     }
     self->seg[0] = self->seg[1] = -1;

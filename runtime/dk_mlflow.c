@@ -494,7 +494,7 @@ static void fail(dk_mlflow_t *self, char *err, size_t errlen, const char *doing,
     va_end(ap);
     if (attempts > 1)
         snprintf(tries, sizeof tries, " after %d attempts", attempts);
-    snprintf(err, errlen, "MLflow at %s: %s failed%s: %s", self->shown, doing, tries, why);
+    dk_set_err(err, errlen, "MLflow at %s: %s failed%s: %s", self->shown, doing, tries, why);
     for (int i = 0; i < 3; i++)
         scrub(err, errlen, self->secrets[i]);
 }

@@ -14,6 +14,7 @@
  * tables of their functions are looked up once per run.
  */
 #include "dk_nccl.h"
+#include "dk_err.h"
 #include "dk_clock.h"
 #include "dk_nccl_cuda.h"
 
@@ -61,7 +62,7 @@ static int cuda_failed(dk_cuda_err_t rc, const char *what, char *err, size_t len
 {
     if (rc == DK_CUDA_SUCCESS)
         return 0;
-    snprintf(err, len, "%s: %s (CUDA error %d)", what, cuda->error_string(rc), rc);
+    dk_set_err(err, len, "%s: %s (CUDA error %d)", what, cuda->error_string(rc), rc);
     cuda->get_last_error();   /* clear it, if it is not sticky */
     return 1;
 }
@@ -75,7 +76,7 @@ static void health_check(dk_nccl_gpu_t *g)
     unsigned char *host = malloc(HEALTH_BYTES);
     g->healthy = 0;
     if (!host) {
-        snprintf(err, len, "out of host memory");
+        dk_set_err(err, len, "out of host memory");
         return;
     }
     size_t free_b = 0, total_b = 0;
@@ -100,7 +101,7 @@ static void health_check(dk_nccl_gpu_t *g)
     if (cuda_failed(cuda->free(dev), "cannot free its memory", err, len))
         return;
     if (!pattern_ok) {
-        snprintf(err, len, "memory read back differs from what was written");
+        dk_set_err(err, len, "memory read back differs from what was written");
         return;
     }
     g->healthy = 1;
@@ -121,7 +122,7 @@ static int nccl_failed(dk_nccl_res_t rc, const char *what, char *err, size_t len
 {
     if (rc == DK_NCCL_SUCCESS)
         return 0;
-    snprintf(err, len, "%s: %s (NCCL error %d)", what, nccl->error_string(rc), rc);
+    dk_set_err(err, len, "%s: %s (NCCL error %d)", what, nccl->error_string(rc), rc);
     return 1;
 }
 
@@ -262,7 +263,7 @@ static int ring_verify(ring_t *ring, dk_nccl_result_t *out, const int *slots, ch
 {
     float *host = malloc(VERIFY_COUNT * sizeof *host);
     if (!host) {
-        snprintf(err, len, "out of host memory");
+        dk_set_err(err, len, "out of host memory");
         return -1;
     }
     int rc = verify_with(ring, out, slots, host, err, len);
@@ -424,67 +425,32 @@ static void time_pairs(const dk_nccl_opts_t *opts, dk_nccl_result_t *out, const 
     }
 }
 
-void dk_nccl_run(const dk_nccl_opts_t *opts_in, dk_nccl_result_t *out)
+/* The driver lists GPUs that CUDA cannot use: each of them has failed, with
+ * CUDA's reason. */
+static void report_unusable(const dk_gpu_list_t *found, dk_nccl_result_t *out)
 {
-    dk_nccl_opts_t defaults;
-    if (!opts_in) {
-        dk_nccl_opts_default(&defaults);
-        opts_in = &defaults;
-    }
-    const dk_nccl_opts_t *opts = opts_in;
-    double t0 = dk_now_s();
-    memset(out, 0, sizeof *out);
-    out->warmup = opts->warmup;
-    out->iters = opts->iters;
-    out->out_of_place = opts->out_of_place;
-
-    progress(opts, "looking for GPUs");
-    dk_gpu_list_t *found = calloc(1, sizeof *found);
-    if (!found) {
-        snprintf(out->reason, sizeof out->reason, "out of memory");
-        return;
-    }
-    dk_gpu_discover(found);
-    if (found->count == 0) {
-        snprintf(out->reason, sizeof out->reason, "%s", found->why_none);
-        free(found);
-        return;
-    }
-    int n = dk_nccl_cuda_device_count(out->reason, sizeof out->reason);
-    cuda = dk_cuda_api();
-    if (n < 0 && cuda->broken) {
-        /* The driver reports GPUs that CUDA cannot use: that is a failure of them. */
-        out->available = 1;
-        out->ngpus = found->count;
-        for (int i = 0; i < found->count; i++) {
-            dk_nccl_gpu_t *g = &out->gpus[i];
-            g->index = i;
-            g->result = -1;
-            snprintf(g->name, sizeof g->name, "%s", found->gpus[i].name);
-            g->mem_total = found->gpus[i].mem_total;
-            g->mem_used = found->gpus[i].mem_used;
-            snprintf(g->error, sizeof g->error, "%.199s", cuda->why);
-        }
-        out->reason[0] = '\0';
-        free(found);
-        out->wall_seconds = dk_now_s() - t0;
-        return;
-    }
-    if (n < 0 || dk_nccl_library_version(out->reason, sizeof out->reason) < 0) {
-        free(found);
-        return;
-    }
-    nccl = dk_nccl_api();
     out->available = 1;
-    out->nccl_version = nccl->version;
-    cuda->runtime_version(&out->cuda_runtime_version);
-    cuda->driver_version(&out->cuda_driver_version);
+    out->ngpus = found->count;
+    for (int i = 0; i < found->count; i++) {
+        dk_nccl_gpu_t *g = &out->gpus[i];
+        g->index = i;
+        g->result = -1;
+        snprintf(g->name, sizeof g->name, "%s", found->gpus[i].name);
+        g->mem_total = found->gpus[i].mem_total;
+        g->mem_used = found->gpus[i].mem_used;
+        snprintf(g->error, sizeof g->error, "%.199s", cuda->why);
+    }
+    out->reason[0] = '\0';
+}
 
-    if (n > DK_GPU_MAX)
-        n = DK_GPU_MAX;
-    out->ngpus = n;
-    int devs[DK_GPU_MAX], slots[DK_GPU_MAX], healthy = 0;
-    unsigned long long free_b[DK_GPU_MAX];
+/* Health-check OUT's first N GPUs (named from FOUND when CUDA and NVML see
+ * the same ones). The healthy ones' device numbers go to DEVS, their slots in
+ * OUT->gpus to SLOTS and their free memory to FREE_B; returns how many. */
+static int check_each_gpu(const dk_nccl_opts_t *opts, const dk_gpu_list_t *found, int n,
+                          dk_nccl_result_t *out, int *devs, int *slots,
+                          unsigned long long *free_b)
+{
+    int healthy = 0;
     for (int i = 0; i < n; i++) {
         dk_nccl_gpu_t *g = &out->gpus[i];
         g->index = i;
@@ -505,6 +471,68 @@ void dk_nccl_run(const dk_nccl_opts_t *opts_in, dk_nccl_result_t *out)
             devs[healthy++] = i;
         }
     }
+    return healthy;
+}
+
+/* The GPUs NVML finds, or NULL with OUT->reason. */
+static dk_gpu_list_t *discover(dk_nccl_result_t *out)
+{
+    dk_gpu_list_t *found = calloc(1, sizeof *found);
+    if (!found) {
+        snprintf(out->reason, sizeof out->reason, "out of memory");
+        return NULL;
+    }
+    dk_gpu_discover(found);
+    if (found->count == 0) {
+        snprintf(out->reason, sizeof out->reason, "%s", found->why_none);
+        free(found);
+        return NULL;
+    }
+    return found;
+}
+
+void dk_nccl_run(const dk_nccl_opts_t *opts_in, dk_nccl_result_t *out)
+{
+    dk_nccl_opts_t defaults;
+    if (!opts_in) {
+        dk_nccl_opts_default(&defaults);
+        opts_in = &defaults;
+    }
+    const dk_nccl_opts_t *opts = opts_in;
+    double t0 = dk_now_s();
+    memset(out, 0, sizeof *out);
+    out->warmup = opts->warmup;
+    out->iters = opts->iters;
+    out->out_of_place = opts->out_of_place;
+
+    progress(opts, "looking for GPUs");
+    dk_gpu_list_t *found = discover(out);
+    if (!found)
+        return;
+    int n = dk_nccl_cuda_device_count(out->reason, sizeof out->reason);
+    cuda = dk_cuda_api();
+    if (n < 0 && cuda->broken) {
+        report_unusable(found, out);
+        free(found);
+        out->wall_seconds = dk_now_s() - t0;
+        return;
+    }
+    if (n < 0 || dk_nccl_library_version(out->reason, sizeof out->reason) < 0) {
+        free(found);
+        return;
+    }
+    nccl = dk_nccl_api();
+    out->available = 1;
+    out->nccl_version = nccl->version;
+    cuda->runtime_version(&out->cuda_runtime_version);
+    cuda->driver_version(&out->cuda_driver_version);
+
+    if (n > DK_GPU_MAX)
+        n = DK_GPU_MAX;
+    out->ngpus = n;
+    int devs[DK_GPU_MAX], slots[DK_GPU_MAX];
+    unsigned long long free_b[DK_GPU_MAX];
+    int healthy = check_each_gpu(opts, found, n, out, devs, slots, free_b);
     free(found);
     out->nranks = healthy;
     for (int i = 0; i < healthy; i++)

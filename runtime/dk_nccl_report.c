@@ -134,28 +134,106 @@ static int pair_has(const dk_nccl_pair_t *p, int gpu)
     return p->a == gpu || p->b == gpu;
 }
 
-/* Pairs: a GPU all of whose pairs match BAD while some pair without it does
- * not is the culprit; the other bad pairs are links. Sets CULPRIT[i] for the
- * GPUs named, so the link rule skips their pairs. */
+/* What makes a pair bad under one rule: it failed (FAILED), or it finished
+ * below SLOW_BELOW, a fraction of the BEST pair's bus bandwidth. */
+typedef struct {
+    int failed;
+    double best, slow_below;
+} pair_rule_t;
+
+/* Whether PP is judged under RULE at all: failed pairs are not slow ones. */
+static int pair_counts(const pair_rule_t *rule, const dk_nccl_pair_t *pp)
+{
+    return rule->failed ? 1 : !pp->error[0];
+}
+
+static int pair_bad(const pair_rule_t *rule, const dk_nccl_pair_t *pp)
+{
+    return rule->failed ? pp->error[0] != 0 : (!pp->error[0] && pp->busbw < rule->slow_below);
+}
+
+/* GPU is the culprit when all its pairs are bad while some pair without it is
+ * not: say so, and return 1. */
+static int judge_gpu(const dk_nccl_result_t *r, const pair_rule_t *rule, int gpu, emit_fn emit,
+                     void *ctx)
+{
+    int mine = 0, mine_bad = 0, other_good = 0;
+    double lo = 0, hi = 0;
+    const char *first_error = "";
+    for (int p = 0; p < r->npairs; p++) {
+        const dk_nccl_pair_t *pp = &r->pairs[p];
+        if (!pair_counts(rule, pp))
+            continue;
+        if (!pair_has(pp, gpu)) {
+            other_good |= !pair_bad(rule, pp);
+            continue;
+        }
+        mine++;
+        if (!pair_bad(rule, pp))
+            continue;
+        if (!mine_bad++) {
+            lo = hi = pp->busbw;
+            first_error = pp->error;
+        }
+        lo = pp->busbw < lo ? pp->busbw : lo;
+        hi = pp->busbw > hi ? pp->busbw : hi;
+    }
+    if (mine == 0 || mine_bad < mine || !other_good)
+        return 0;
+    if (rule->failed)
+        emitf(emit, ctx, DK_NCCL_FAILED, "gpu_failed", gpu, -1,
+              "GPU %d (%s) fails every all-reduce it takes part in: %s", gpu, gpu_name(r, gpu),
+              first_error);
+    else
+        emitf(emit, ctx, DK_NCCL_SLOW, "slow_gpu", gpu, -1,
+              "GPU %d (%s) is slow: its pairs reach %.*f-%.*f GB/s bus bandwidth, the best "
+              "pair %.*f GB/s (below %.0f%% counts as slow)",
+              gpu, gpu_name(r, gpu), GBS(lo), GBS(hi), GBS(rule->best),
+              DK_NCCL_SLOW_FRACTION * 100);
+    return 1;
+}
+
+/* The bad pairs that no culprit GPU explains are bad links. */
+static void judge_links(const dk_nccl_result_t *r, const pair_rule_t *rule, const int *culprit,
+                        emit_fn emit, void *ctx)
+{
+    for (int p = 0; p < r->npairs; p++) {
+        const dk_nccl_pair_t *pp = &r->pairs[p];
+        if (!pair_counts(rule, pp) || !pair_bad(rule, pp))
+            continue;
+        if ((pp->a >= 0 && pp->a < DK_GPU_MAX && culprit[pp->a]) ||
+            (pp->b >= 0 && pp->b < DK_GPU_MAX && culprit[pp->b]))
+            continue;
+        char size[32];
+        fmt_bytes((double)pp->bytes, size, sizeof size);
+        if (rule->failed)
+            emitf(emit, ctx, DK_NCCL_FAILED, "link_failed", pp->a, pp->b,
+                  "the link between GPU %d and GPU %d failed: %s", pp->a, pp->b, pp->error);
+        else
+            emitf(emit, ctx, DK_NCCL_SLOW, "slow_link", pp->a, pp->b,
+                  "the link between GPU %d and GPU %d is slow: %.*f GB/s bus bandwidth at %s, "
+                  "the best pair %.*f GB/s (below %.0f%% counts as slow)",
+                  pp->a, pp->b, GBS(pp->busbw), size, GBS(rule->best),
+                  DK_NCCL_SLOW_FRACTION * 100);
+    }
+}
+
+/* Pairs, under the failed rule or the slow one: every pair failing is one
+ * finding; otherwise culprit GPUs first, then the links they do not explain. */
 static void judge_pairs(const dk_nccl_result_t *r, int failed_rule, emit_fn emit, void *ctx)
 {
-    int culprit[DK_GPU_MAX] = {0};
-    double best = 0;
+    pair_rule_t rule = {.failed = failed_rule};
     for (int p = 0; p < r->npairs; p++)
-        if (!r->pairs[p].error[0] && r->pairs[p].busbw > best)
-            best = r->pairs[p].busbw;
-    double slow_below = best * DK_NCCL_SLOW_FRACTION;
-#define PAIR_BAD(pp) \
-    (failed_rule ? (pp)->error[0] != 0 : (!(pp)->error[0] && (pp)->busbw < slow_below))
-#define PAIR_COUNTS(pp) (failed_rule ? 1 : !(pp)->error[0])
-
+        if (!r->pairs[p].error[0] && r->pairs[p].busbw > rule.best)
+            rule.best = r->pairs[p].busbw;
+    rule.slow_below = rule.best * DK_NCCL_SLOW_FRACTION;
     int any_bad = 0, all_bad = 1, counted = 0;
     for (int p = 0; p < r->npairs; p++) {
         const dk_nccl_pair_t *pp = &r->pairs[p];
-        if (!PAIR_COUNTS(pp))
+        if (!pair_counts(&rule, pp))
             continue;
         counted++;
-        if (PAIR_BAD(pp))
+        if (pair_bad(&rule, pp))
             any_bad = 1;
         else
             all_bad = 0;
@@ -167,62 +245,13 @@ static void judge_pairs(const dk_nccl_result_t *r, int failed_rule, emit_fn emit
               "every pair of GPUs failed the all-reduce: %s", r->pairs[0].error);
         return;
     }
+    int culprit[DK_GPU_MAX] = {0};
     for (int g = 0; g < r->ngpus; g++) {
-        int gpu = r->gpus[g].index, mine = 0, mine_bad = 0, other_good = 0;
-        double lo = 0, hi = 0;
-        const char *first_error = "";
-        for (int p = 0; p < r->npairs; p++) {
-            const dk_nccl_pair_t *pp = &r->pairs[p];
-            if (!PAIR_COUNTS(pp))
-                continue;
-            if (!pair_has(pp, gpu)) {
-                other_good |= !PAIR_BAD(pp);
-                continue;
-            }
-            mine++;
-            if (!PAIR_BAD(pp))
-                continue;
-            if (!mine_bad++) {
-                lo = hi = pp->busbw;
-                first_error = pp->error;
-            }
-            lo = pp->busbw < lo ? pp->busbw : lo;
-            hi = pp->busbw > hi ? pp->busbw : hi;
-        }
-        if (mine == 0 || mine_bad < mine || !other_good || gpu < 0 || gpu >= DK_GPU_MAX)
-            continue;
-        culprit[gpu] = 1;
-        if (failed_rule)
-            emitf(emit, ctx, DK_NCCL_FAILED, "gpu_failed", gpu, -1,
-                  "GPU %d (%s) fails every all-reduce it takes part in: %s", gpu,
-                  gpu_name(r, gpu), first_error);
-        else
-            emitf(emit, ctx, DK_NCCL_SLOW, "slow_gpu", gpu, -1,
-                  "GPU %d (%s) is slow: its pairs reach %.*f-%.*f GB/s bus bandwidth, the best "
-                  "pair %.*f GB/s (below %.0f%% counts as slow)",
-                  gpu, gpu_name(r, gpu), GBS(lo), GBS(hi), GBS(best),
-                  DK_NCCL_SLOW_FRACTION * 100);
+        int gpu = r->gpus[g].index;
+        if (gpu >= 0 && gpu < DK_GPU_MAX)
+            culprit[gpu] = judge_gpu(r, &rule, gpu, emit, ctx);
     }
-    for (int p = 0; p < r->npairs; p++) {
-        const dk_nccl_pair_t *pp = &r->pairs[p];
-        if (!PAIR_COUNTS(pp) || !PAIR_BAD(pp))
-            continue;
-        if ((pp->a >= 0 && pp->a < DK_GPU_MAX && culprit[pp->a]) ||
-            (pp->b >= 0 && pp->b < DK_GPU_MAX && culprit[pp->b]))
-            continue;
-        char size[32];
-        fmt_bytes((double)pp->bytes, size, sizeof size);
-        if (failed_rule)
-            emitf(emit, ctx, DK_NCCL_FAILED, "link_failed", pp->a, pp->b,
-                  "the link between GPU %d and GPU %d failed: %s", pp->a, pp->b, pp->error);
-        else
-            emitf(emit, ctx, DK_NCCL_SLOW, "slow_link", pp->a, pp->b,
-                  "the link between GPU %d and GPU %d is slow: %.*f GB/s bus bandwidth at %s, "
-                  "the best pair %.*f GB/s (below %.0f%% counts as slow)",
-                  pp->a, pp->b, GBS(pp->busbw), size, GBS(best), DK_NCCL_SLOW_FRACTION * 100);
-    }
-#undef PAIR_BAD
-#undef PAIR_COUNTS
+    judge_links(r, &rule, culprit, emit, ctx);
 }
 
 /* The bandwidth a size is judged by: busbw, or algbw on one GPU (busbw is 0). */

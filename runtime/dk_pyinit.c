@@ -3,6 +3,7 @@
  * See dk_pyinit.h.
  */
 #include "dk_pyinit.h"
+#include "dk_err.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,8 +30,8 @@ int dk_pyinit_start(const char *argv0, char *err, size_t errlen)
 {
     PyStatus st = configure_and_start(argv0);
     if (PyStatus_Exception(st)) {
-        snprintf(err, errlen, "cannot start Python: %s",
-                 st.err_msg ? st.err_msg : "Py_InitializeFromConfig failed");
+        dk_set_err(err, errlen, "cannot start Python: %s",
+                   st.err_msg ? st.err_msg : "Py_InitializeFromConfig failed");
         return -1;
     }
     const char *dir = getenv("DISTKERNEL_GLUE_DIR");
@@ -40,7 +41,7 @@ int dk_pyinit_start(const char *argv0, char *err, size_t errlen)
     Py_XDECREF(d);
     if (rc < 0) {
         PyErr_Clear();
-        snprintf(err, errlen, "cannot put %s on sys.path", dir && *dir ? dir : DK_GLUE_DIR);
+        dk_set_err(err, errlen, "cannot put %s on sys.path", dir && *dir ? dir : DK_GLUE_DIR);
         return -1;
     }
     return 0;

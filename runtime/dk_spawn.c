@@ -385,7 +385,7 @@ int dk_spawn(const char *path, char *const argv[], char *const envp[], dk_spawne
 char *dk_spawn_find_program(const char *program, char *err, size_t errlen)
 {
     if (!program || !*program) {
-        dk_set_err(err, errlen, "no rank executable was given");
+        dk_set_err(err, errlen, "no program was given");
         return NULL;
     }
     if (strchr(program, '/')) {
@@ -416,8 +416,8 @@ char *dk_spawn_find_program(const char *program, char *err, size_t errlen)
             break;
         dir = end + 1;
     }
-    dk_set_err(err, errlen, "cannot find the rank executable \"%s\" on PATH (%s); give a full path",
-             program, path);
+    dk_set_err(err, errlen, "cannot find the program \"%s\" on PATH (%s); give a full path",
+               program, path);
     return NULL;
 }
 
@@ -478,7 +478,7 @@ int dk_spawn_free_port(char *err, size_t errlen)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) {
-        dk_set_err(err, errlen, "cannot pick a MASTER_PORT (socket): %s", strerror(errno));
+        dk_set_err(err, errlen, "cannot pick a free port (socket): %s", strerror(errno));
         return -1;
     }
     struct sockaddr_in addr;
@@ -489,7 +489,7 @@ int dk_spawn_free_port(char *err, size_t errlen)
     int port = -1;
     if (bind(fd, (struct sockaddr *) &addr, sizeof addr) != 0 ||
         getsockname(fd, (struct sockaddr *) &addr, &alen) != 0)
-        dk_set_err(err, errlen, "cannot pick a MASTER_PORT on 127.0.0.1: %s", strerror(errno));
+        dk_set_err(err, errlen, "cannot pick a free port on 127.0.0.1: %s", strerror(errno));
     else
         port = ntohs(addr.sin_port);
     close(fd);

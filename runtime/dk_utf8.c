@@ -94,6 +94,23 @@ size_t dk_utf8_complete_prefix(const char *buf, size_t len)
     return len;
 }
 
+size_t dk_utf8_valid_prefix(const char *buf, size_t len)
+{
+    const unsigned char *s = (const unsigned char *) buf;
+    size_t i = 0;
+    while (i < len) {
+        if (s[i] != 0 && s[i] < 0x80) {
+            i++;
+            continue;
+        }
+        size_t used;
+        if (s[i] == 0 || scan_seq(s + i, len - i, &used) != SEQ_VALID)
+            return i;
+        i += used;
+    }
+    return len;
+}
+
 char *dk_utf8_sanitize(const char *buf, size_t len, size_t *out_len)
 {
     const unsigned char *s = (const unsigned char *) buf;

@@ -17,6 +17,10 @@
  * be kept for the next chunk; an invalid tail is not held back. */
 size_t dk_utf8_complete_prefix(const char *buf, size_t len);
 
+/* Length of the longest prefix of BUF (LEN bytes) that is text as it stands:
+ * valid UTF-8 without NUL bytes. LEN when BUF needs no cleaning. */
+size_t dk_utf8_valid_prefix(const char *buf, size_t len);
+
 /* Copy BUF (LEN bytes) into a new NUL-terminated string in which every invalid
  * sequence (including overlongs, surrogates, code points above U+10FFFF and NUL
  * bytes, which JSON text from C strings cannot carry) is replaced by U+FFFD.

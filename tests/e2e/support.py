@@ -104,7 +104,12 @@ class Kernel:
     @classmethod
     def start(cls, kernel_name=KERNEL_NAME, ready_timeout=30, **launch):
         """Start a kernel; LAUNCH goes to KernelManager.start_kernel (e.g. stderr=file)."""
-        km = KernelManager(kernel_name=kernel_name)
+        return cls.launch(KernelManager(kernel_name=kernel_name), ready_timeout, **launch)
+
+    @classmethod
+    def launch(cls, km, ready_timeout=30, **launch):
+        """Start KM's kernel with LAUNCH and wait until it answers; a kernel
+        that does not is shut down before the error is raised."""
         km.start_kernel(**launch)
         kc = km.client()
         kc.start_channels()

@@ -203,16 +203,7 @@ def start_kernel(user, env=None, ready_timeout=30, stderr=None):
     launch = {"env": full_env, "cwd": str(user.home)}
     if stderr is not None:
         launch["stderr"] = stderr
-    km.start_kernel(**launch)
-    kc = km.client()
-    kc.start_channels()
-    try:
-        kc.wait_for_ready(timeout=ready_timeout)
-    except Exception:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
-        raise
-    k = support.Kernel(km, kc)
+    k = support.Kernel.launch(km, ready_timeout, **launch)
     k.conn_dir = conn_dir
     return k
 

@@ -478,3 +478,31 @@ Test(iopub, a_single_subscriber_that_stops_reading_is_waited_for_not_dropped)
     zsock_destroy(&subs[0]);
     zsock_destroy(&tpub);
 }
+
+/* Raw bytes (Python's writes, the kernel's fd 1/2) become text on the way in:
+ * a character split over two writes arrives whole, an invalid byte becomes
+ * U+FFFD, and rank output appended between them is neither scanned nor
+ * disturbed. */
+Test(iopub, raw_writes_become_text_with_split_characters_joined)
+{
+    char err[256];
+    dk_stream_t *stream = dk_stream_new(iopub, err, sizeof err);
+    cr_assert(stream, "%s", err);
+    dk_stream_write(stream, DK_STDOUT, "caf\xc3", 4);          /* é, first byte */
+    dk_stream_append(stream, DK_STDOUT, "[rank 0] \xe2\x9c\x93\n", 13);
+    dk_stream_write(stream, DK_STDOUT, "\xa9 bad:\xff end\n", 12);
+    dk_stream_flush(stream);
+    char *shown = NULL;
+    size_t shown_len = 0;
+    FILE *mem = open_memstream(&shown, &shown_len);
+    got_t g;
+    while (recv_one(&g, 300)) {
+        if (strcmp(g.msg_type, "stream") == 0)
+            fputs(json_string_value(json_object_get(g.content, "text")), mem);
+        json_decref(g.content);
+    }
+    fclose(mem);
+    cr_assert_str_eq(shown, "caf[rank 0] \xe2\x9c\x93\n\xc3\xa9 bad:\xef\xbf\xbd end\n");
+    free(shown);
+    dk_stream_destroy(&stream);
+}

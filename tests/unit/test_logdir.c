@@ -33,36 +33,6 @@ static void setup(void)
 
 TestSuite(logdir, .init = setup, .fini = tmp_base_remove);
 
-static void write_file(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "w");
-    cr_assert_not_null(f, "%s: %s", path, strerror(errno));
-    fputs(text, f);
-    fclose(f);
-}
-
-static char *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "%s: %s", path, strerror(errno));
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t) n + 1);
-    cr_assert_eq(fread(buf, 1, (size_t) n, f), (size_t) n);
-    buf[n] = '\0';
-    fclose(f);
-    if (len)
-        *len = (size_t) n;
-    return buf;
-}
-
-static bool exists(const char *path)
-{
-    struct stat st;
-    return lstat(path, &st) == 0;
-}
-
 /* ---- the root -------------------------------------------------------------- */
 
 Test(logdir, missing_components_are_created_private_to_the_user)

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "dk_proc.h"
+#include "proc_alive.h"
 
 extern char **environ;
 
@@ -105,23 +106,6 @@ Test(proc, a_program_that_cannot_start_is_an_error_with_its_name)
     cr_assert_eq(dk_proc_run(&spec, &res, err, sizeof err), -1);
     cr_assert(strstr(err, "/nonexistent/helper") && strstr(err, strerror(ENOENT)), "%s", err);
     cr_assert_null(res.out);
-}
-
-/* Whether PID runs (a zombie does not: this container's init may never reap
- * what is reparented to it). */
-static bool alive(int pid)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/status", pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return false;
-    bool zombie = false;
-    while (fgets(line, sizeof line, f))
-        if (strncmp(line, "State:", 6) == 0)
-            zombie = strchr(line, 'Z') != NULL;
-    fclose(f);
-    return !zombie;
 }
 
 /* Whether the program's stderr says it got INT, then TERM (sh may add its own

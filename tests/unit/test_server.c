@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "dk_server.h"
+#include "proc_alive.h"
 
 static char tmp[] = "/tmp/test_server_XXXXXX";
 static char pids_path[256];
@@ -69,29 +70,6 @@ static dk_server_spec_t spec_of(const char *program)
     return (dk_server_spec_t){.program = program, .args = args, .name = "`fake server`",
                               .log_name = "fake-server.log", .health_path = "/health",
                               .start_timeout_s = 30};
-}
-
-/* Whether PID runs (a zombie does not: this container's init may not reap). */
-static bool alive(int pid)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/status", pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return false;
-    bool zombie = false;
-    while (fgets(line, sizeof line, f))
-        if (strncmp(line, "State:", 6) == 0)
-            zombie = strchr(line, 'Z') != NULL;
-    fclose(f);
-    return !zombie;
-}
-
-static bool gone_within(int pid, int ms)
-{
-    for (int i = 0; i < ms / 20 && alive(pid); i++)
-        usleep(20000);
-    return !alive(pid);
 }
 
 static void read_pids(int *script, int *server)

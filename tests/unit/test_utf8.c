@@ -163,3 +163,21 @@ Test(sanitize, output_length_is_optional)
     cr_assert_str_eq(out, "ok" FFFD);
     free(out);
 }
+
+/* ---- what needs no cleaning ---- */
+
+Test(valid_prefix, text_is_valid_whole)
+{
+    const char *s = "caf\xc3\xa9 \xe2\x9c\x93 \xf0\x9f\x98\x80\n";
+    cr_assert_eq(dk_utf8_valid_prefix(s, strlen(s)), strlen(s));
+    cr_assert_eq(dk_utf8_valid_prefix("", 0), 0);
+}
+
+Test(valid_prefix, stops_at_the_first_byte_that_needs_cleaning)
+{
+    cr_assert_eq(dk_utf8_valid_prefix("ab\xff" "cd", 5), 2);
+    cr_assert_eq(dk_utf8_valid_prefix("ab\0cd", 5), 2);           /* NUL */
+    cr_assert_eq(dk_utf8_valid_prefix("a\xc0\xaf", 3), 1);        /* overlong */
+    cr_assert_eq(dk_utf8_valid_prefix("a\xed\xa0\x80", 4), 1);    /* surrogate */
+    cr_assert_eq(dk_utf8_valid_prefix("caf\xc3", 4), 3);          /* split */
+}
