@@ -457,11 +457,12 @@ dk_dist_run_t *dk_dist_run_start_pool(const dk_dist_host_t *host, const char *op
         return NULL;
     if (idle_from_env(&run->opts) < 0)
         return fail(run, NULL, NULL);
-    run->opts.tracking = false;     /* no user code runs yet: the cells get MLflow runs */
     random_id(run->run_id);
     run->pool = dk_dist_pool_new(&run->opts, &run->plan, run->run_id);
     if (!run->pool)
         return fail(run, PyExc_MemoryError, NULL);
+    /* No user code runs yet: the cells get MLflow runs (tracking= as given). */
+    run->opts.tracking = false;
     run->owns_pool = true;
     run->starting = true;
     return run_begin(run, host, NULL, 0);
@@ -487,11 +488,21 @@ dk_dist_run_t *dk_dist_run_start_on(const dk_dist_host_t *host, dk_dist_pool_t *
     pthread_mutex_init(&run->lock, NULL);
     run->kernel = host->kernel;
     run->kind = kind;
+    /* The options the ranks were started with are the cell's defaults
+     * (output=, timeout=, MLflow's...); the start's own are not repeated. */
+    run->opts = *dk_dist_pool_opts(pool);
+    run->opts.idle_given = false;
+    run->opts.check = false;
     char err[1024];
-    if (dk_dist_opts_parse(options, &run->opts, err, sizeof err) < 0)
+    if (dk_dist_opts_parse_onto(options, &run->opts, err, sizeof err) < 0)
         return fail(run, PyExc_ValueError, err);
     if (run->opts.idle_given)
         return fail(run, PyExc_ValueError, "idle_timeout= is an option of `%distributed start`");
+    if (run->opts.warnings[0]) {
+        char line[600];
+        snprintf(line, sizeof line, "%s\n", run->opts.warnings);
+        write_err(run, line);
+    }
     run->plan = *dk_dist_pool_plan(pool);
     run->ranks = calloc((size_t)run->plan.world, sizeof *run->ranks);
     if (!run->ranks)

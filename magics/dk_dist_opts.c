@@ -57,7 +57,8 @@ const char dk_dist_doc[] =
     "                       end them after this long without a cell; default 3600, or\n"
     "                       $DISTKERNEL_IDLE_TIMEOUT; None for never). Then every\n"
     "                       %%distributed cell and .distributed() call without size\n"
-    "                       options runs on them, with their globals kept.\n"
+    "                       options runs on them, with their globals kept; the\n"
+    "                       start's options (output=, timeout=...) are its defaults.\n"
     "  %distributed status  the started ranks: PIDs, uptime, idle time.\n"
     "  %distributed stop    end them.   %distributed restart: stop, then start again.\n"
     "An exception in a cell leaves them running; interrupt raises KeyboardInterrupt\n"
@@ -443,6 +444,12 @@ int dk_dist_opts_parse(const char *args, dk_dist_opts_t *o, char *err, size_t er
     o->timeout_s = DK_DEFAULT_TIMEOUT_S;
     o->idle_timeout_s = DK_DEFAULT_IDLE_TIMEOUT_S;
     o->tracking = true;
+    return dk_dist_opts_parse_onto(args, o, err, errlen);
+}
+
+int dk_dist_opts_parse_onto(const char *args, dk_dist_opts_t *o, char *err, size_t errlen)
+{
+    o->warnings[0] = '\0';
     bool seen[N_OPTIONS] = {false};
     char name[64], value[1024];
     bool quoted;

@@ -46,6 +46,11 @@ typedef struct {
  * with a message for the user in ERR. */
 int dk_dist_opts_parse(const char *args, dk_dist_opts_t *out, char *err, size_t errlen);
 
+/* Parse ARGS onto OUT as it is (options ARGS leaves out keep their values in
+ * OUT): cells on started ranks take the options the ranks were started with
+ * as their defaults. Returns 0, or -1 with ERR (OUT may then be changed). */
+int dk_dist_opts_parse_onto(const char *args, dk_dist_opts_t *out, char *err, size_t errlen);
+
 /* The smallest log_cap accepted (the runtime's DK_LOG_CAP_MIN). */
 #define DK_LOG_CAP_MIN_BYTES 4096ULL
 

@@ -136,6 +136,24 @@ def test_another_size_while_started_is_a_clear_error_and_changes_nothing(started
     assert pids_of(k) == pids
 
 
+@pytest.mark.timeout(300)
+def test_the_start_options_are_the_defaults_of_each_cell(kernel):
+    start(kernel, "num_processes=2 output=rank0 timeout=2")
+    try:
+        r = kernel.execute("%%distributed\nimport os\nprint('from', os.environ['RANK'])",
+                           timeout=RUN)
+        assert "[rank 0] from 0" in r.stdout and "from 1" not in r.stdout, r.describe()
+        r = kernel.execute("%%distributed output=all\nimport os\nprint('from', os.environ['RANK'])",
+                           timeout=RUN)
+        assert "[rank 1] from 1" in r.stdout, r.describe()
+        r = kernel.execute("%%distributed\nimport time\ntime.sleep(60)", timeout=RUN)
+        assert r.content.get("ename") == "TimeoutError", r.describe()
+        assert "timeout=2 s" in r.content["evalue"], r.describe()
+    finally:
+        kernel.execute("%distributed stop", timeout=RUN)
+    assert support.wait_no_descendants(kernel.pid, timeout=END_WITHIN) == []
+
+
 # -- failures -----------------------------------------------------------------------------
 
 @pytest.mark.timeout(300)
