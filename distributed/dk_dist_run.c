@@ -8,6 +8,14 @@
  * released and, between slices, honours interrupts and shutdown, ticks the
  * relay and refreshes the status display. Once the job has ended, the runtime
  * thread is gone and the records are the main thread's alone.
+ *
+ * On started ranks (dk_dist_pool) a run is one round of the pool's persistent
+ * job instead: the same relay, records, status, log folder, MLflow run and
+ * outcome, but the job is borrowed, the sink reaches the run through the pool
+ * while it is attached, waiting is for the round (dk_job_round_wait), and an
+ * interrupt interrupts the round rather than ending the ranks. When the round
+ * ends the runtime thread goes on (the ranks stay), so the run detaches from
+ * the pool before its relay and records are freed.
  */
 #include "dk_dist_run.h"
 #include "dk_clock.h"
