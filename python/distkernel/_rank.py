@@ -166,7 +166,7 @@ def _run_job(box, main_ns, keep_globals=False):
     job = cloudpickle.loads(box.pop())
     _use_kernel_sys_path(job.get("sys_path", []))
     _prime_linecache(job.get("sources", {}))
-    os.environ.update(job.get("env", {}))
+    _CellEnv.apply(job.get("env", {}))
     if job["kind"] == "cell":
         for name, blob in job["names"].items():
             main_ns[name] = cloudpickle.loads(blob)
@@ -202,6 +202,26 @@ def _pickle_value(value):
         return cloudpickle.dumps(value, protocol=5)
     except Exception as exc:
         return cloudpickle.dumps(_Unpicklable(repr(value), f"{type(exc).__name__}: {exc}"))
+
+
+class _CellEnv:
+    """The variables a cell's job sets (its MLflow run's) hold for that cell
+    only: on started ranks, each cell first puts back what the ranks started
+    with, so that a cell without tracking does not log into the last cell's
+    run."""
+
+    _saved = {}     # name -> the value at start (None: unset)
+
+    @classmethod
+    def apply(cls, env):
+        for name, value in cls._saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        for name, value in env.items():
+            cls._saved.setdefault(name, os.environ.get(name))
+            os.environ[name] = value
 
 
 class _Busy:

@@ -340,6 +340,10 @@ def test_each_cell_on_started_ranks_is_a_run_of_its_own_tagged_with_their_id(tra
             assert statuses(srv.run(run_id)) == ["RUNNING", "FINISHED"]
             seen.append(run_id)
         assert seen[0] != seen[1]
+        # A cell without tracking does not log into the last cell's run.
+        r = tracked.execute("%%distributed tracking=False\nimport os\n"
+                            "print(os.environ.get('MLFLOW_RUN_ID', 'no run'))\n", timeout=RUN)
+        assert rank_lines(r.stdout) == {0: ["no run"], 1: ["no run"]}, r.describe()
     finally:
         tracked.execute("%distributed stop", timeout=RUN)
 
