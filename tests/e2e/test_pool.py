@@ -338,3 +338,25 @@ def test_a_kernel_restart_ends_the_started_ranks(fresh_kernel):
     assert support.wait_gone(list(pids.values()), timeout=END_WITHIN) == []
     r = k.execute("%distributed status")
     assert "no ranks are started" in r.stdout, r.describe()
+
+
+@pytest.mark.timeout(300)
+def test_distkernel_idle_timeout_sets_the_default_and_a_bad_value_is_an_error(kernelspec_installed):
+    k = support.Kernel.start(env=support.kernel_env(DISTKERNEL_IDLE_TIMEOUT="2"))
+    try:
+        start(k)
+        pids = pids_of(k)
+        assert support.wait_gone(list(pids.values()), timeout=2 + END_WITHIN) == []
+        k.execute("%distributed stop")
+        start(k, "num_processes=2 idle_timeout=None")
+        pids = pids_of(k)
+        time.sleep(3)
+        assert pids_of(k) == pids
+        k.execute("%distributed stop", timeout=RUN)
+        k.execute("import os\nos.environ['DISTKERNEL_IDLE_TIMEOUT'] = 'soon'")
+        r = k.execute("%distributed start num_processes=2", timeout=RUN)
+        assert r.status == "error" and "DISTKERNEL_IDLE_TIMEOUT" in r.content["evalue"], \
+            r.describe()
+        assert support.wait_no_descendants(k.pid, timeout=END_WITHIN) == []
+    finally:
+        k.stop()
