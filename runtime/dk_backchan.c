@@ -32,6 +32,12 @@
  *
  * Warnings are capped: a local process looping on connect must not flood the
  * notebook.
+ *
+ * A persistent channel (started ranks) sends nothing at HELLO. Each round,
+ * dk_backchan_send_task replaces the one payload copy (every connection has
+ * written the last one by then: its rank answered it) and queues a TASK frame
+ * per connection with that connection's next sequence number; the round in
+ * the frame, and in the answer, ties each answer to its task.
  */
 #include "dk_backchan.h"
 #include "dk_err.h"
@@ -469,7 +475,8 @@ static void conn_frame(dk_backchan_t *self, conn_t *c)
     else if (type != DK_BC_RESULT && type != DK_BC_ERROR)
         refuse(self, c, "it sent a message of an unexpected type");
     else if (c->done)
-        refuse(self, c, "it sent a second result");
+        refuse(self, c, self->persistent ? "it answered with no task waiting for an answer"
+                                         : "it sent a second result");
     else if (self->persistent &&
              (body_len < BODY_HEAD + 4 || get_be32(body + BODY_HEAD) != self->round))
         refuse(self, c, "its answer did not name the current round");
@@ -719,15 +726,6 @@ int dk_backchan_send_task(dk_backchan_t *self, uint32_t round, const void *paylo
             conn_write(self, c);
     }
     return 0;
-}
-
-bool dk_backchan_connected(const dk_backchan_t *self, int rank)
-{
-    for (size_t i = 0; i < self->nconns; i++) {
-        if (self->conns[i].fd >= 0 && self->conns[i].rank == rank)
-            return true;
-    }
-    return false;
 }
 
 void dk_backchan_drain(dk_backchan_t *self)

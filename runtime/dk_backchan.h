@@ -68,9 +68,6 @@ dk_backchan_t *dk_backchan_new_persistent(int world_size, const dk_backchan_sink
 int dk_backchan_send_task(dk_backchan_t *self, uint32_t round, const void *payload, size_t len,
                           char *err, size_t errlen);
 
-/* Whether RANK still has a connection (it has said HELLO and not closed). */
-bool dk_backchan_connected(const dk_backchan_t *self, int rank);
-
 /* Close every descriptor, remove the socket and its directory, wipe the key. */
 void dk_backchan_destroy(dk_backchan_t **self_p);
 
