@@ -49,8 +49,16 @@ static json_t *rank_error(const dk_dist_rank_t *ri)
 static void ended_by_us(const dk_dist_outcome_t *o, const dk_dist_rank_t *ri, int r, int root,
                         char *out, size_t outlen)
 {
-    if (root >= 0)
+    if (o->kept && root >= 0)
+        snprintf(out, outlen, "rank %d: interrupted after rank %d failed (still running)", r,
+                 root);
+    else if (o->kept)
+        snprintf(out, outlen, "rank %d: interrupted (%s; still running)", r,
+                 o->end == DK_END_TIMEOUT ? "timeout" : "KeyboardInterrupt");
+    else if (root >= 0)
         snprintf(out, outlen, "rank %d: ended by distkernel after rank %d failed", r, root);
+    else if (o->end == DK_END_IDLE)
+        snprintf(out, outlen, "rank %d: ended by distkernel (idle_timeout)", r);
     else
         snprintf(out, outlen, "rank %d: ended by distkernel (%s)", r,
                  o->interrupted ? "interrupted"
@@ -98,7 +106,18 @@ static void cause(const dk_dist_outcome_t *o, json_t *tb, char *ename, size_t en
 {
     snprintf(ename, enamelen, "DistributedError");
     evalue[0] = '\0';
-    if (o->end == DK_END_CANCELLED) {
+    if (o->kept && o->end == DK_END_CANCELLED) {
+        snprintf(ename, enamelen, "KeyboardInterrupt");
+        snprintf(evalue, evaluelen, "interrupted: every rank raised KeyboardInterrupt; the "
+                 "started ranks are still running");
+    } else if (o->kept && o->end == DK_END_TIMEOUT) {
+        snprintf(ename, enamelen, "TimeoutError");
+        snprintf(evalue, evaluelen, "the cell ran past timeout=%g s and every rank was "
+                 "interrupted; the started ranks are still running", o->timeout_s);
+    } else if (o->end == DK_END_IDLE) {
+        snprintf(ename, enamelen, "DistributedError");
+        snprintf(evalue, evaluelen, "the started ranks were idle past idle_timeout and ended");
+    } else if (o->end == DK_END_CANCELLED) {
         snprintf(ename, enamelen, "%s", o->shutdown ? "KernelShutdown" : "KeyboardInterrupt");
         snprintf(evalue, evaluelen, "%s: every rank was ended",
                  o->shutdown ? "the kernel is shutting down" : "interrupted");
@@ -179,6 +198,9 @@ json_t *dk_dist_outcome_error(const dk_dist_outcome_t *o, bool headline)
         json_array_append_new(tb, json_string(line));
     }
     json_array_append_new(tb, logs_line(o));
+    if (o->pool_gone)
+        json_array_append_new(tb, json_string("The started ranks have ended; %distributed start "
+                                              "starts new ones (their variables are lost)."));
     /* The first line says what happened: some frontends (Notebook 6) show the
      * traceback list and nothing else, not ename and evalue. Coloured as
      * IPython colours the exception line of a traceback. */

@@ -22,6 +22,11 @@ typedef struct {
     const char *log_dir;          /* the run's log folder */
     int world;
     const dk_dist_rank_t *ranks;  /* WORLD records */
+    /* A cell on started ranks (%distributed start): KEPT, the ranks are still
+     * running (an interrupt, a timeout or an exception ended the cell only);
+     * POOL_GONE, the ranks ended during the cell. */
+    bool kept;
+    bool pool_gone;
 } dk_dist_outcome_t;
 
 /* The fate of rank R in a few words into OUT ("rank 1: raised ValueError: bad"),

@@ -8,6 +8,14 @@
  * released and, between slices, honours interrupts and shutdown, ticks the
  * relay and refreshes the status display. Once the job has ended, the runtime
  * thread is gone and the records are the main thread's alone.
+ *
+ * On started ranks (dk_dist_pool) a run is one round of the pool's persistent
+ * job instead: the same relay, records, status, log folder, MLflow run and
+ * outcome, but the job is borrowed, the sink reaches the run through the pool
+ * while it is attached, waiting is for the round (dk_job_round_wait), and an
+ * interrupt interrupts the round rather than ending the ranks. When the round
+ * ends the runtime thread goes on (the ranks stay), so the run detaches from
+ * the pool before its relay and records are freed.
  */
 #include "dk_dist_run.h"
 #include "dk_clock.h"
@@ -15,6 +23,7 @@
 #include "dk_dist_opts.h"
 #include "dk_dist_outcome.h"
 #include "dk_dist_plan.h"
+#include "dk_dist_pool.h"
 #include "dk_dist_preflight.h"
 #include "dk_dist_rank.h"
 #include "dk_dist_relay.h"
@@ -49,6 +58,11 @@ struct dk_dist_run_t {
     bool interrupted, shutdown;
     dk_dist_mlflow_t mlflow;
     unsigned long long thinned_at_start;   /* the stream's thinned lines, before the run */
+    /* On started ranks: the pool whose job this run borrows for one round (or,
+     * for `%distributed start`, owns until dk_dist_run_take_pool). */
+    dk_dist_pool_t *pool;
+    bool owns_pool;
+    bool starting;              /* the run is the pool's start (round 0) */
 };
 
 static void write_err(dk_dist_run_t *run, const char *text)
@@ -184,6 +198,13 @@ void dk_dist_run_destroy(dk_dist_run_t **self_p)
     dk_dist_run_t *run = *self_p;
     if (!run)
         return;
+    if (run->pool) {
+        /* First: the job's thread calls the relay through the pool. */
+        dk_dist_pool_attach(run->pool, NULL);
+        run->job = NULL;        /* the pool's */
+        if (run->owns_pool)
+            dk_dist_pool_destroy(&run->pool);
+    }
     dk_job_destroy(&run->job);   /* first: its thread calls the relay */
     dk_dist_relay_destroy(&run->relay);
     for (int r = 0; run->ranks && r < run->plan.world; r++)
@@ -267,6 +288,13 @@ static const char *rank_exe(void)
 }
 
 /* The job, its output and states to RUN. NULL with a Python exception set. */
+static dk_sink_t run_sink(dk_dist_run_t *run)
+{
+    return (dk_sink_t){.data = run, .on_output = sink_output, .on_caught_up = sink_caught_up,
+                       .on_state = sink_state, .on_message = sink_message,
+                       .on_warning = sink_warning};
+}
+
 static dk_job_t *start_job(dk_dist_run_t *run, char **env, const char *log_dir,
                            unsigned long long log_cap, const void *payload, size_t len)
 {
@@ -281,13 +309,76 @@ static dk_job_t *start_job(dk_dist_run_t *run, char **env, const char *log_dir,
         .timeout_s = run->opts.timeout_s,
         .grace_s = DK_DIST_KILL_GRACE_S,
     };
-    dk_sink_t sink = {.data = run, .on_output = sink_output,
-                      .on_caught_up = sink_caught_up, .on_state = sink_state,
-                      .on_message = sink_message, .on_warning = sink_warning};
+    dk_sink_t sink = run_sink(run);
+    if (run->pool) {
+        /* Started ranks: the job outlives this run, so its sink is the pool's,
+         * which forwards to the run attached. */
+        spec.persistent = true;
+        spec.idle_timeout_s = run->opts.idle_timeout_s;
+        spec.payload = NULL;
+        spec.payload_len = 0;
+        spec.timeout_s = 0;
+        dk_dist_pool_attach(run->pool, &sink);
+        sink = dk_dist_pool_sink(run->pool);
+    }
     char err[1024];
     dk_job_t *job = dk_job_start(&spec, &sink, err, sizeof err);
+    if (job && run->pool)
+        dk_dist_pool_set_job(run->pool, job);
     if (!job)
         PyErr_Format(PyExc_RuntimeError, "could not start the ranks: %s", err);
+    return job;
+}
+
+/* The MLflow variables of ENV (the run's, from dk_dist_mlflow_begin; NULL when
+ * untracked) as a dict for the ranks, which set them before the cell runs. */
+static PyObject *mlflow_env_dict(char **env)
+{
+    PyObject *d = PyDict_New();
+    for (size_t i = 0; d && env && env[i]; i++) {
+        if (strncmp(env[i], "MLFLOW_", 7) != 0)
+            continue;
+        const char *eq = strchr(env[i], '=');
+        PyObject *k = eq ? PyUnicode_FromStringAndSize(env[i], eq - env[i]) : NULL;
+        PyObject *v = eq ? PyUnicode_FromString(eq + 1) : NULL;
+        if (!k || !v || PyDict_SetItem(d, k, v) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(k);
+        Py_XDECREF(v);
+    }
+    return d;
+}
+
+/* A round on the started ranks: this run's log folder, its MLflow variables
+ * added to the payload, the TASK. The pool's job, or NULL with a Python
+ * exception set. */
+static dk_job_t *submit_round(dk_dist_run_t *run, char **env, const char *log_dir,
+                              const void *payload, size_t len)
+{
+    dk_job_t *job = dk_dist_pool_job(run->pool);
+    char err[1024];
+    PyObject *vars = mlflow_env_dict(env);
+    PyObject *mod = vars ? PyImport_ImportModule("distkernel._dist") : NULL;
+    PyObject *wrapped = mod ? PyObject_CallMethod(mod, "with_env", "(y#O)", (const char *)payload,
+                                                  (Py_ssize_t)len, vars)
+                            : NULL;
+    Py_XDECREF(mod);
+    Py_XDECREF(vars);
+    char *bytes;
+    Py_ssize_t n;
+    if (!wrapped || PyBytes_AsStringAndSize(wrapped, &bytes, &n) < 0) {
+        Py_XDECREF(wrapped);
+        return NULL;
+    }
+    dk_sink_t sink = run_sink(run);
+    dk_dist_pool_attach(run->pool, &sink);
+    if (dk_job_set_log_dir(job, log_dir, err, sizeof err) < 0 ||
+        dk_job_submit(job, bytes, (size_t)n, run->opts.timeout_s, err, sizeof err) < 0) {
+        dk_dist_pool_attach(run->pool, NULL);
+        PyErr_Format(PyExc_RuntimeError, "could not run the cell on the started ranks: %s", err);
+        job = NULL;
+    }
+    Py_DECREF(wrapped);
     return job;
 }
 
@@ -296,7 +387,8 @@ static bool launch(dk_dist_run_t *run, const void *payload, size_t len)
 {
     dk_tracking_request_t req = {.opts = &run->opts, .world_size = run->plan.world,
                                  .gpu = run->plan.gpu, .device = run->plan.device,
-                                 .accelerator_model = run->plan.model, .kind = run->kind};
+                                 .accelerator_model = run->plan.model, .kind = run->kind,
+                                 .pool_id = run->pool ? dk_dist_pool_id(run->pool) : NULL};
     char **env = dk_dist_mlflow_begin(&run->mlflow, run->tracking, run->kernel, req);
     if (PyErr_CheckSignals() < 0) {
         /* Interrupted while the run was being recorded: start nothing. */
@@ -315,6 +407,8 @@ static bool launch(dk_dist_run_t *run, const void *payload, size_t len)
     else if (dk_dist_logs_next(run->logs, run->run_id, root_cap, log_dir, sizeof log_dir, err,
                                sizeof err) < 0)
         PyErr_SetString(PyExc_RuntimeError, err);
+    else if (run->pool && !run->starting)
+        run->job = submit_round(run, env, log_dir, payload, len);
     else
         run->job = start_job(run, env, log_dir, log_cap, payload, len);
     free(env);
@@ -340,17 +434,115 @@ static void announce(dk_dist_run_t *run)
     dk_dist_mlflow_publish_link(&run->mlflow, run->kernel);
 }
 
+/* The rest of a start, once RUN is planned (and, on started ranks, has its
+ * pool): preflight, relay, launch, announce. */
+static dk_dist_run_t *run_begin(dk_dist_run_t *run, const dk_dist_host_t *host,
+                                const void *payload, size_t len);
+
 dk_dist_run_t *dk_dist_run_start(const dk_dist_host_t *host, const char *kind, const char *options,
                                  const void *payload, size_t len)
 {
     dk_dist_run_t *run = run_plan(host->kernel, kind, options);
     if (!run)
         return NULL;
-    run->logs = host->logs;
-    run->tracking = host->tracking;
-    if (run->opts.check && dk_dist_preflight(dk_kernel_stream(host->kernel), run->plan.gpu) < 0)
+    if (run->opts.idle_given)
+        return fail(run, PyExc_ValueError,
+                    "idle_timeout= is an option of `%distributed start` (ranks kept between "
+                    "cells); a %%distributed cell's ranks end with the cell");
+    return run_begin(run, host, payload, len);
+}
+
+/* Seconds from DISTKERNEL_IDLE_TIMEOUT when idle_timeout= was not given. -1
+ * with a Python exception set when the variable is not a number. */
+static int idle_from_env(dk_dist_opts_t *opts)
+{
+    const char *v = getenv("DISTKERNEL_IDLE_TIMEOUT");
+    if (opts->idle_given || !v || !*v)
+        return 0;
+    char *end;
+    double t = strtod(v, &end);
+    if (*end || t < 0) {
+        PyErr_Format(PyExc_ValueError, "DISTKERNEL_IDLE_TIMEOUT is '%s'; it must be a number of "
+                     "seconds (0: never end idle ranks)", v);
+        return -1;
+    }
+    opts->idle_timeout_s = t;
+    return 0;
+}
+
+dk_dist_run_t *dk_dist_run_start_pool(const dk_dist_host_t *host, const char *options)
+{
+    dk_dist_run_t *run = run_plan(host->kernel, "start", options);
+    if (!run)
+        return NULL;
+    if (idle_from_env(&run->opts) < 0)
         return fail(run, NULL, NULL);
     random_id(run->run_id);
+    run->pool = dk_dist_pool_new(&run->opts, &run->plan, run->run_id);
+    if (!run->pool)
+        return fail(run, PyExc_MemoryError, NULL);
+    /* No user code runs yet: the cells get MLflow runs (tracking= as given). */
+    run->opts.tracking = false;
+    run->owns_pool = true;
+    run->starting = true;
+    return run_begin(run, host, NULL, 0);
+}
+
+dk_dist_pool_t *dk_dist_run_take_pool(dk_dist_run_t *run)
+{
+    if (!run->owns_pool)
+        return NULL;
+    run->owns_pool = false;
+    return run->pool;
+}
+
+dk_dist_run_t *dk_dist_run_start_on(const dk_dist_host_t *host, dk_dist_pool_t *pool,
+                                    const char *kind, const char *options, const void *payload,
+                                    size_t len)
+{
+    dk_dist_run_t *run = calloc(1, sizeof *run);
+    if (!run) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    pthread_mutex_init(&run->lock, NULL);
+    run->kernel = host->kernel;
+    run->kind = kind;
+    /* The options the ranks were started with are the cell's defaults
+     * (output=, timeout=, MLflow's...); the start's own are not repeated. */
+    run->opts = *dk_dist_pool_opts(pool);
+    run->opts.idle_given = false;
+    run->opts.check = false;
+    char err[1024];
+    if (dk_dist_opts_parse_onto(options, &run->opts, err, sizeof err) < 0)
+        return fail(run, PyExc_ValueError, err);
+    if (run->opts.idle_given)
+        return fail(run, PyExc_ValueError, "idle_timeout= is an option of `%distributed start`");
+    if (run->opts.warnings[0]) {
+        char line[600];
+        snprintf(line, sizeof line, "%s\n", run->opts.warnings);
+        write_err(run, line);
+    }
+    run->plan = *dk_dist_pool_plan(pool);
+    run->ranks = calloc((size_t)run->plan.world, sizeof *run->ranks);
+    if (!run->ranks)
+        return fail(run, PyExc_MemoryError, NULL);
+    for (int r = 0; r < run->plan.world; r++)
+        run->ranks[r].gpu_index = run->plan.gpu ? run->plan.gpu_index[r] : -1;
+    run->pool = pool;
+    return run_begin(run, host, payload, len);
+}
+
+static dk_dist_run_t *run_begin(dk_dist_run_t *run, const dk_dist_host_t *host,
+                                const void *payload, size_t len)
+{
+    dk_kernel_t *kernel = host->kernel;
+    run->logs = host->logs;
+    run->tracking = host->tracking;
+    if (run->opts.check && dk_dist_preflight(dk_kernel_stream(kernel), run->plan.gpu) < 0)
+        return fail(run, NULL, NULL);
+    if (!run->run_id[0])
+        random_id(run->run_id);
     dk_dist_relay_io_t io = {.data = run, .append = relay_append, .display = relay_display};
     run->relay = dk_dist_relay_new(run->plan.world, run->run_id,
                                    run->opts.output == DK_OUTPUT_RANK0, &io);
@@ -371,8 +563,13 @@ static void honour_signals(dk_dist_run_t *run)
         PyErr_Clear();
         if (!run->interrupted) {
             run->interrupted = true;
-            dk_job_cancel(run->job);
-            write_err(run, "[distkernel] interrupted: ending every rank\n");
+            if (run->pool && !run->starting) {
+                dk_job_interrupt(run->job);
+                write_err(run, "[distkernel] interrupted: KeyboardInterrupt in every rank\n");
+            } else {
+                dk_job_cancel(run->job);
+                write_err(run, "[distkernel] interrupted: ending every rank\n");
+            }
         }
     }
     if (!run->shutdown && dk_kernel_shutting_down(run->kernel)) {
@@ -413,13 +610,20 @@ static void finish(dk_dist_run_t *run, dk_job_end_t end)
     dk_stream_set_thin_hint(stream, NULL);
 }
 
+/* How the run ended: the job's, or on started ranks the round's. */
+static dk_job_end_t run_end(dk_dist_run_t *run)
+{
+    return run->pool ? dk_job_round_end(run->job) : dk_job_end(run->job);
+}
+
 dk_job_end_t dk_dist_run_wait(dk_dist_run_t *run)
 {
     long long last_status = dk_now_ms();
     for (;;) {
         bool done;
         Py_BEGIN_ALLOW_THREADS
-        done = dk_job_wait(run->job, DK_DIST_WAIT_SLICE_MS);
+        done = run->pool ? dk_job_round_wait(run->job, DK_DIST_WAIT_SLICE_MS)
+                         : dk_job_wait(run->job, DK_DIST_WAIT_SLICE_MS);
         Py_END_ALLOW_THREADS
         if (done)
             break;
@@ -430,7 +634,7 @@ dk_job_end_t dk_dist_run_wait(dk_dist_run_t *run)
             last_status = dk_now_ms();
         }
     }
-    dk_job_end_t end = dk_job_end(run->job);
+    dk_job_end_t end = run_end(run);
     finish(run, end);
     publish_status(run, end == DK_END_OK ? "finished" : run->interrupted ? "interrupted" : "failed",
                    true);
@@ -456,9 +660,13 @@ PyObject *dk_dist_run_results(dk_dist_run_t *run)
 
 json_t *dk_dist_run_error(dk_dist_run_t *run, bool headline)
 {
-    dk_job_end_t end = dk_job_end(run->job);
-    dk_dist_outcome_t o = {.end = end,
-                           .root = end == DK_END_FAILED ? dk_job_root_cause(run->job) : -1,
+    dk_job_end_t end = run_end(run);
+    bool gone = run->pool && dk_job_end(run->job) != DK_END_NONE;
+    int root = end != DK_END_FAILED ? -1
+               : run->pool && !gone ? dk_job_round_root_cause(run->job)
+                                    : dk_job_root_cause(run->job);
+    dk_dist_outcome_t o = {.end = end, .root = root,
+                           .kept = run->pool && !gone, .pool_gone = gone && !run->starting,
                            .interrupted = run->interrupted, .shutdown = run->shutdown,
                            .timeout_s = run->opts.timeout_s, .log_dir = dk_job_log_dir(run->job),
                            .world = run->plan.world, .ranks = run->ranks};

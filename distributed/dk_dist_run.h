@@ -21,6 +21,7 @@
 #include <Python.h>
 
 #include "dk_dist_logs.h"
+#include "dk_dist_pool.h"
 #include "dk_job.h"
 #include "dk_kernel.h"
 #include "dk_tracking.h"
@@ -48,6 +49,23 @@ typedef struct {
  * KeyboardInterrupt when interrupted while starting). */
 dk_dist_run_t *dk_dist_run_start(const dk_dist_host_t *host, const char *kind, const char *options,
                                  const void *payload, size_t len);
+
+/* `%distributed start OPTIONS`: start ranks that stay (a persistent job),
+ * with a status display and log folder like a run's; dk_dist_run_wait waits
+ * until every rank is ready. After DK_END_OK, dk_dist_run_take_pool hands the
+ * ranks over; otherwise destroying the run ends them. NULL with a Python
+ * exception set, as dk_dist_run_start. */
+dk_dist_run_t *dk_dist_run_start_pool(const dk_dist_host_t *host, const char *options);
+dk_dist_pool_t *dk_dist_run_take_pool(dk_dist_run_t *self);
+
+/* Start a run of PAYLOAD on the started ranks of POOL (their size; OPTIONS
+ * give the rest: timeout=, output=, result=, MLflow's). The run is one round
+ * of the pool's job: waiting, results and errors as for dk_dist_run_start,
+ * except that an exception, an interrupt or the timeout leaves the ranks
+ * running. NULL with a Python exception set. */
+dk_dist_run_t *dk_dist_run_start_on(const dk_dist_host_t *host, dk_dist_pool_t *pool,
+                                    const char *kind, const char *options, const void *payload,
+                                    size_t len);
 
 /* Wait until every rank has exited, honouring interrupts and a kernel shutdown
  * (which end every rank); the cell then has all the ranks' output and the

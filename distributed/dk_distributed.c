@@ -11,9 +11,16 @@
  *   dk_dist_logs       the run's log folder, and how many the kernel keeps
  *   dk_dist_mlflow     the run's MLflow variables, notes and link
  *   dk_dist_preflight  check=True
+ *   dk_dist_pool      ranks started with `%distributed start`, kept between cells
  * Here: %%distributed and `_distkernel.run_job`, which turn a run's end into
  * the cell's result or error, or into what .distributed() returns or raises;
- * and the feature, which holds what outlives a run (its log folders).
+ * `%distributed start|status|stop|restart`; and the feature, which holds what
+ * outlives a run (its log folders, the started ranks).
+ *
+ * While ranks are started, a run that names no size (or theirs) runs on them;
+ * another size is refused, since the two would compete for the same devices.
+ * Ranks that ended on their own stay recorded until the next run, which says
+ * so and forgets them.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -21,12 +28,16 @@
 #include "dk_distributed.h"
 #include "dk_dist_logs.h"
 #include "dk_dist_opts.h"
+#include "dk_dist_pool.h"
 #include "dk_dist_run.h"
 #include "dk_python.h"
 #include "dk_tracking.h"
 
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <strings.h>
 
 /* The feature, one per kernel: what it needs of the kernel, its magic, and
  * what outlives a run (which run folders this kernel keeps). */
@@ -35,7 +46,77 @@ struct dk_distributed_t {
     dk_dist_logs_t logs;        /* which run folders this kernel keeps */
     dk_tracking_t *tracking;    /* the MLflow server it started, its experiment */
     dk_magic_t magic;
+    dk_magic_t line_magic;      /* %distributed start|status|stop|restart */
+    dk_dist_pool_t *pool;       /* the started ranks, or NULL */
+    char pool_options[1024];    /* what they were started with, for restart */
 };
+
+/* ---- started ranks -------------------------------------------------------------- */
+
+/* Whether OPTIONS asks for a size other than POOL's. Sets a Python ValueError
+ * (bad options, or another size) and returns -1; 0 when the run may use the
+ * pool. */
+static int pool_fits(dk_dist_pool_t *pool, const char *started_with, const char *options)
+{
+    dk_dist_opts_t o;
+    char err[1024];
+    if (dk_dist_opts_parse(options, &o, err, sizeof err) < 0) {
+        PyErr_SetString(PyExc_ValueError, err);
+        return -1;
+    }
+    const dk_dist_plan_t *plan = dk_dist_pool_plan(pool);
+    bool other = (o.num_processes && (plan->gpu || o.num_processes != plan->world)) ||
+                 (o.num_accelerators && (!plan->gpu || o.num_accelerators != plan->world)) ||
+                 (o.accelerator_model[0] && (!plan->gpu ||
+                                             strcasecmp(o.accelerator_model, plan->model) != 0));
+    if (!other)
+        return 0;
+    PyErr_Format(PyExc_ValueError,
+                 "ranks are started (%s, by `%%distributed start %s`) and this asks for "
+                 "another size (%s). Leave out the size options to run on the started ranks, "
+                 "or run `%%distributed stop` first.", plan->what, started_with, options);
+    return -1;
+}
+
+/* The started ranks a run should use: NULL with no exception when there are
+ * none; NULL with a Python exception when the run cannot go ahead (the ranks
+ * ended since the last cell: said once, then forgotten; another size). */
+static dk_dist_pool_t *pool_for_run(dk_distributed_t *d, const char *options, bool *refused)
+{
+    *refused = false;
+    if (!d->pool)
+        return NULL;
+    if (!dk_dist_pool_alive(d->pool)) {
+        char why[512];
+        dk_dist_pool_gone_text(d->pool, why, sizeof why);
+        PyErr_Format(PyExc_RuntimeError,
+                     "the started ranks are gone: %s; their variables are lost. Start them "
+                     "again with `%%distributed start %s`, or run `%%distributed stop` to go "
+                     "back to a fresh set of ranks per cell.",
+                     why, d->pool_options);
+        dk_dist_pool_destroy(&d->pool);
+        *refused = true;
+        return NULL;
+    }
+    if (pool_fits(d->pool, d->pool_options, options) < 0) {
+        *refused = true;
+        return NULL;
+    }
+    return d->pool;
+}
+
+/* A run: on the started ranks when there are (and they fit), else fresh. */
+static dk_dist_run_t *run_start(dk_distributed_t *d, const char *kind, const char *options,
+                                const void *payload, size_t len)
+{
+    bool refused;
+    dk_dist_pool_t *pool = pool_for_run(d, options, &refused);
+    if (refused)
+        return NULL;
+    if (pool)
+        return dk_dist_run_start_on(&d->host, pool, kind, options, payload, len);
+    return dk_dist_run_start(&d->host, kind, options, payload, len);
+}
 
 static PyObject *glue_call(const char *fn, const char *fmt, ...)
 {
@@ -97,6 +178,8 @@ static int cell_result(dk_exec_t *ex, dk_dist_run_t *run)
     return 0;
 }
 
+static void exec_run_error(dk_exec_t *ex, dk_dist_run_t *run);
+
 /* %%distributed: the handler dk_magic calls with the cell's exec context. */
 static int distributed_magic(void *host, void *data, const char *args, const char *body)
 {
@@ -110,7 +193,7 @@ static int distributed_magic(void *host, void *data, const char *args, const cha
         exec_error_from_python(ex);
         return -1;
     }
-    dk_dist_run_t *run = dk_dist_run_start(&d->host, "cell", args, p, (size_t)len);
+    dk_dist_run_t *run = run_start(d, "cell", args, p, (size_t)len);
     Py_DECREF(payload);
     if (!run) {
         exec_error_from_python(ex);
@@ -120,11 +203,7 @@ static int distributed_magic(void *host, void *data, const char *args, const cha
     if (dk_dist_run_wait(run) == DK_END_OK) {
         rc = cell_result(ex, run);
     } else {
-        json_t *e = dk_dist_run_error(run, true);
-        dk_exec_error(ex, json_string_value(json_object_get(e, "ename")),
-                      json_string_value(json_object_get(e, "evalue")),
-                      json_object_get(e, "traceback"));
-        json_decref(e);
+        exec_run_error(ex, run);
         rc = -1;
     }
     dk_dist_run_destroy(&run);
@@ -166,8 +245,7 @@ static PyObject *run_job(PyObject *self, PyObject *args)
     Py_buffer payload;
     if (!PyArg_ParseTuple(args, "sy*", &options, &payload))
         return NULL;
-    dk_dist_run_t *run = dk_dist_run_start(&d->host, "function", options, payload.buf,
-                                           (size_t)payload.len);
+    dk_dist_run_t *run = run_start(d, "function", options, payload.buf, (size_t)payload.len);
     PyBuffer_Release(&payload);
     if (!run)
         return NULL;
@@ -181,6 +259,127 @@ static PyObject *run_job(PyObject *self, PyObject *args)
     }
     dk_dist_run_destroy(&run);
     return out;
+}
+
+static void say(dk_distributed_t *d, const char *text)
+{
+    dk_stream_write(dk_kernel_stream(d->host.kernel), DK_STDOUT, text, strlen(text));
+}
+
+/* A run's error as the cell's error. */
+static void exec_run_error(dk_exec_t *ex, dk_dist_run_t *run)
+{
+    json_t *e = dk_dist_run_error(run, true);
+    dk_exec_error(ex, json_string_value(json_object_get(e, "ename")),
+                  json_string_value(json_object_get(e, "evalue")),
+                  json_object_get(e, "traceback"));
+    json_decref(e);
+}
+
+static int pool_start(dk_exec_t *ex, dk_distributed_t *d, const char *options)
+{
+    if (d->pool && dk_dist_pool_alive(d->pool)) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "ranks are already started (%s); `%%distributed stop` or "
+                 "`%%distributed restart` first", dk_dist_pool_plan(d->pool)->what);
+        dk_exec_error(ex, "RuntimeError", msg, NULL);
+        return -1;
+    }
+    dk_dist_pool_destroy(&d->pool);
+    dk_dist_run_t *run = dk_dist_run_start_pool(&d->host, options);
+    if (!run) {
+        exec_error_from_python(ex);
+        return -1;
+    }
+    int rc = 0;
+    if (dk_dist_run_wait(run) == DK_END_OK) {
+        d->pool = dk_dist_run_take_pool(run);
+        snprintf(d->pool_options, sizeof d->pool_options, "%s", options);
+        char line[512];
+        snprintf(line, sizeof line, "started %s (%s): %%%%distributed cells now run on them\n",
+                 dk_dist_pool_plan(d->pool)->what, dk_dist_pool_id(d->pool));
+        say(d, line);
+    } else {
+        exec_run_error(ex, run);
+        rc = -1;
+    }
+    dk_dist_run_destroy(&run);
+    return rc;
+}
+
+static void pool_stop(dk_distributed_t *d)
+{
+    if (!d->pool) {
+        say(d, "no ranks are started\n");
+        return;
+    }
+    bool alive = dk_dist_pool_alive(d->pool);
+    Py_BEGIN_ALLOW_THREADS
+    dk_dist_pool_destroy(&d->pool);
+    Py_END_ALLOW_THREADS
+    say(d, alive ? "stopped the started ranks\n" : "the started ranks had already ended\n");
+}
+
+/* %distributed start OPTIONS | status | stop | restart */
+static int distributed_line_magic(void *host, void *data, const char *args, const char *body)
+{
+    (void)body;
+    dk_exec_t *ex = host;
+    dk_distributed_t *d = data;
+    char verb[16] = "";
+    size_t n = strcspn(args, " \t");
+    if (n < sizeof verb)
+        snprintf(verb, sizeof verb, "%.*s", (int)n, args);
+    const char *rest = args + n + strspn(args + n, " \t");
+    if (strcmp(verb, "start") == 0)
+        return pool_start(ex, d, rest);
+    if (*rest) {
+        dk_exec_error(ex, "ValueError", "%distributed status, stop and restart take no options",
+                      NULL);
+        return -1;
+    }
+    if (strcmp(verb, "stop") == 0) {
+        pool_stop(d);
+        return 0;
+    }
+    if (strcmp(verb, "restart") == 0) {
+        if (!d->pool) {
+            dk_exec_error(ex, "RuntimeError", "no ranks are started: `%distributed start "
+                          "OPTIONS` starts them", NULL);
+            return -1;
+        }
+        char options[sizeof d->pool_options];
+        snprintf(options, sizeof options, "%s", d->pool_options);
+        pool_stop(d);
+        return pool_start(ex, d, options);
+    }
+    if (strcmp(verb, "status") == 0) {
+        if (!d->pool) {
+            say(d, "no ranks are started (`%distributed start OPTIONS` starts them)\n");
+        } else if (!dk_dist_pool_alive(d->pool)) {
+            char why[512], line[800];
+            dk_dist_pool_gone_text(d->pool, why, sizeof why);
+            snprintf(line, sizeof line, "the started ranks are gone: %s\n", why);
+            say(d, line);
+        } else {
+            char *text = dk_dist_pool_status_text(d->pool);
+            if (text) {
+                say(d, text);
+                say(d, "\n");
+            }
+            free(text);
+        }
+        return 0;
+    }
+    dk_exec_error(ex, "ValueError", "usage: %distributed start OPTIONS | status | stop | "
+                  "restart (OPTIONS as for %%distributed, plus idle_timeout=SECONDS)", NULL);
+    return -1;
+}
+
+static void stop_pool(void *data)
+{
+    dk_distributed_t *d = data;
+    dk_dist_pool_destroy(&d->pool);
 }
 
 static void stop_tracking_server(void *data)
@@ -201,7 +400,11 @@ dk_distributed_t *dk_distributed_new(dk_kernel_t *kernel)
                                .doc = "run_job(options_text, payload) -> (results, log_dir, "
                                       "run_url): run a pickled job as ranks.",
                                .data = d};
+    d->line_magic = (dk_magic_t){.name = "distributed", .kind = DK_MAGIC_LINE,
+                                 .doc = dk_dist_doc, .run = distributed_line_magic, .data = d};
     if (!d->tracking || dk_magic_register(dk_kernel_magics(kernel), &d->magic) < 0 ||
+        dk_magic_register(dk_kernel_magics(kernel), &d->line_magic) < 0 ||
+        dk_kernel_on_exit(kernel, stop_pool, d) < 0 ||
         dk_kernel_add_function(kernel, &fn) < 0 ||
         dk_kernel_on_exit(kernel, stop_tracking_server, d->tracking) < 0) {
         dk_tracking_destroy(&d->tracking);

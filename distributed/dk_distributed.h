@@ -15,9 +15,11 @@
 
 typedef struct dk_distributed_t dk_distributed_t;
 
-/* The feature for KERNEL: registers %%distributed with the kernel's magics,
- * `_distkernel.run_job` (what @distributed's .distributed() calls) with its
- * Python module, and stopping the MLflow server it may start with its exit.
+/* The feature for KERNEL: registers %%distributed and the line magic
+ * `%distributed start|status|stop|restart` (ranks kept between cells) with the
+ * kernel's magics, `_distkernel.run_job` (what @distributed's .distributed()
+ * calls) with its Python module, and ending the started ranks and the MLflow
+ * server it may start with its exit.
  * Call before dk_kernel_run; the feature lives as long as the process.
  * Returns NULL when out of memory or when the kernel has no room left. */
 dk_distributed_t *dk_distributed_new(dk_kernel_t *kernel);

@@ -225,6 +225,8 @@ static json_t *run_tags(const dk_tracking_request_t *req)
     json_object_set_new(tags, "mlflow.source.name", json_string(nb && *nb ? nb : "distkernel"));
     if (req->parent_run_id && *req->parent_run_id)
         json_object_set_new(tags, "mlflow.parentRunId", json_string(req->parent_run_id));
+    if (req->pool_id && *req->pool_id)
+        json_object_set_new(tags, "distkernel.pool", json_string(req->pool_id));
     return tags;
 }
 

@@ -41,6 +41,7 @@ typedef struct {
     const char *accelerator_model; /* "H100" or "" */
     const char *kind;           /* "cell" or "function" */
     const char *parent_run_id;  /* the notebook's active run, or NULL */
+    const char *pool_id;        /* the started ranks the run ran on (tag distkernel.pool), or NULL */
 } dk_tracking_request_t;
 
 /* What tracking remembers between runs: the server the kernel started, the

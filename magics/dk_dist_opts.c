@@ -70,6 +70,17 @@ const char dk_dist_doc[] =
     "  Defaults, set once by a site (e.g. in the kernelspec's env): DISTKERNEL_NODES,\n"
     "  DISTKERNEL_LAUNCHER, DISTKERNEL_SLURM_PARTITION, DISTKERNEL_SLURM_ACCOUNT,\n"
     "  DISTKERNEL_SLURM_QOS, DISTKERNEL_SLURM_CONSTRAINT, DISTKERNEL_SLURM_ARGS.\n"
+    "Started ranks (state kept between cells, like %%px):\n"
+    "  %distributed start OPTIONS   start ranks (same options, plus idle_timeout=SECONDS:\n"
+    "                       end them after this long without a cell; default 3600, or\n"
+    "                       $DISTKERNEL_IDLE_TIMEOUT; None for never). Then every\n"
+    "                       %%distributed cell and .distributed() call without size\n"
+    "                       options runs on them, with their globals kept; the\n"
+    "                       start's options (output=, timeout=...) are its defaults.\n"
+    "  %distributed status  the started ranks: PIDs, uptime, idle time.\n"
+    "  %distributed stop    end them.   %distributed restart: stop, then start again.\n"
+    "An exception in a cell leaves them running; interrupt raises KeyboardInterrupt\n"
+    "in every rank. A rank that dies, or one stuck after an interrupt, ends them all.\n"
     "\n"
     "Every run is an MLflow run (MLFLOW_TRACKING_URI, or a local server when the\n"
     "`mlflow` command is installed): its link is shown, ranks log into it through\n"
@@ -134,7 +145,8 @@ bool dk_dist_platform_model(const char *model)
 static const char accepted[] =
     "accepted options: num_accelerators, accelerator_type, num_processes, timeout, output, "
     "result, check, experiment, run_name, tracking, log_cap, nodes, launcher, partition, "
-    "account, qos, constraint, slurm_args (and the deprecated gpus, gpu_type)";
+    "account, qos, constraint, slurm_args, idle_timeout (and the deprecated gpus, "
+    "gpu_type)";
 
 /* One `name=value` token; VALUE is unquoted. Returns the position after it, NULL
  * at the end, or sets ERR. */
@@ -364,6 +376,26 @@ static int opt_timeout(const char *name, const char *value, bool quoted, dk_dist
     return 0;
 }
 
+static int opt_idle_timeout(const char *name, const char *value, bool quoted,
+                            dk_dist_opts_t *o, char *err, size_t errlen)
+{
+    o->idle_given = true;
+    if (!quoted && strcmp(value, "None") == 0) {
+        o->idle_timeout_s = 0;
+        return 0;
+    }
+    char *end;
+    errno = 0;
+    double t = strtod(value, &end);
+    if (quoted || !*value || *end || errno || !(t > 0) || !isfinite(t)) {
+        dk_set_err(err, errlen, "%s must be a number of seconds greater than 0, "
+                                "or None for no limit, got '%s'", name, value);
+        return -1;
+    }
+    o->idle_timeout_s = t;
+    return 0;
+}
+
 static int opt_output(const char *name, const char *value, bool quoted, dk_dist_opts_t *o,
                       char *err, size_t errlen)
 {
@@ -548,6 +580,7 @@ static const struct {
     {"qos", NULL, NULL, opt_slurm_name},
     {"constraint", NULL, NULL, opt_slurm_name},
     {"slurm_args", NULL, NULL, opt_slurm_args},
+    {"idle_timeout", NULL, NULL, opt_idle_timeout},
 };
 #define N_OPTIONS (sizeof options / sizeof options[0])
 
@@ -634,7 +667,14 @@ int dk_dist_opts_parse(const char *args, dk_dist_opts_t *o, char *err, size_t er
 {
     memset(o, 0, sizeof *o);
     o->timeout_s = DK_DEFAULT_TIMEOUT_S;
+    o->idle_timeout_s = DK_DEFAULT_IDLE_TIMEOUT_S;
     o->tracking = true;
+    return dk_dist_opts_parse_onto(args, o, err, errlen);
+}
+
+int dk_dist_opts_parse_onto(const char *args, dk_dist_opts_t *o, char *err, size_t errlen)
+{
+    o->warnings[0] = '\0';
     bool seen[N_OPTIONS] = {false};
     char name[64], value[1024];
     bool quoted;

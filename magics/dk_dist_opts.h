@@ -20,6 +20,7 @@
 #include <stddef.h>
 
 #define DK_DEFAULT_TIMEOUT_S 10800.0
+#define DK_DEFAULT_IDLE_TIMEOUT_S 3600.0
 
 typedef enum { DK_OUTPUT_ALL = 0, DK_OUTPUT_RANK0 } dk_output_mode_t;
 
@@ -55,6 +56,8 @@ typedef struct {
     char qos[128];
     char constraint[256];
     char slurm_args[1024];      /* more salloc/srun options, as shell words */
+    double idle_timeout_s;      /* started ranks: end after this long idle; 0: never */
+    bool idle_given;            /* idle_timeout= was given */
     char warnings[512];         /* deprecation warnings, "" if none */
 } dk_dist_opts_t;
 
@@ -62,6 +65,11 @@ typedef struct {
  * Slurm options from the environment). Returns 0, or -1 with a message for the
  * user in ERR (naming the environment variable when its value is wrong). */
 int dk_dist_opts_parse(const char *args, dk_dist_opts_t *out, char *err, size_t errlen);
+
+/* Parse ARGS onto OUT as it is (options ARGS leaves out keep their values in
+ * OUT): cells on started ranks take the options the ranks were started with
+ * as their defaults. Returns 0, or -1 with ERR (OUT may then be changed). */
+int dk_dist_opts_parse_onto(const char *args, dk_dist_opts_t *out, char *err, size_t errlen);
 
 /* The smallest log_cap accepted (the runtime's DK_LOG_CAP_MIN). */
 #define DK_LOG_CAP_MIN_BYTES 4096ULL

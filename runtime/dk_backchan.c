@@ -32,6 +32,12 @@
  *
  * Warnings are capped: a local process looping on connect must not flood the
  * notebook.
+ *
+ * A persistent channel (started ranks) sends nothing at HELLO. Each round,
+ * dk_backchan_send_task replaces the one payload copy (every connection has
+ * written the last one by then: its rank answered it) and queues a TASK frame
+ * per connection with that connection's next sequence number; the round in
+ * the frame, and in the answer, ties each answer to its task.
  */
 #include "dk_backchan.h"
 #include "dk_err.h"
@@ -70,13 +76,14 @@ typedef struct {
     bool delivering;        /* PAYLOAD frame queued, not yet reported written */
     unsigned char nonce[DK_BC_NONCE_LEN];
     uint32_t seq_in;
+    uint32_t seq_out;       /* frames we have sent after the nonce */
     /* input: a 4-byte length, then a frame of that many bytes */
     unsigned char len_buf[4];
     size_t len_have;
     unsigned char *frame;
     size_t frame_len, frame_have;
     /* output: a small head (nonce and/or frame header), then a borrowed body */
-    unsigned char head[DK_BC_NONCE_LEN + 4 + FRAME_MIN];
+    unsigned char head[DK_BC_NONCE_LEN + 4 + FRAME_MIN + 4];
     size_t head_len, head_off;
     const unsigned char *body;
     size_t body_len, body_off;
@@ -93,6 +100,8 @@ struct dk_backchan_t {
     EVP_MAC *mac;
     unsigned char *payload;
     size_t payload_len;
+    bool persistent;        /* rounds of TASK frames; nothing sent at HELLO */
+    uint32_t round;         /* the round a RESULT or ERROR must name */
     bool *claimed;          /* per rank: a connection has said HELLO for it */
     conn_t *conns;
     size_t nconns;
@@ -264,6 +273,15 @@ fail:
     return NULL;
 }
 
+dk_backchan_t *dk_backchan_new_persistent(int world_size, const dk_backchan_sink_t *sink,
+                                          char *err, size_t errlen)
+{
+    dk_backchan_t *self = dk_backchan_new(world_size, NULL, 0, sink, err, errlen);
+    if (self)
+        self->persistent = true;
+    return self;
+}
+
 static void conn_close(conn_t *c)
 {
     if (c->fd >= 0)
@@ -365,26 +383,33 @@ static void conn_write(dk_backchan_t *self, conn_t *c)
     }
 }
 
-/* Queue the PAYLOAD frame for C's rank (sequence 0: our first frame). */
+/* Queue the PAYLOAD frame for C's rank, or in a persistent channel the TASK
+ * frame of the current round (its body head then ends with the round). */
 static bool queue_payload(dk_backchan_t *self, conn_t *c)
 {
-    unsigned char body_head[BODY_HEAD];
-    body_head[0] = DK_BC_PAYLOAD;
+    unsigned char body_head[BODY_HEAD + 4];
+    size_t head_n = BODY_HEAD;
+    body_head[0] = self->persistent ? DK_BC_TASK : DK_BC_PAYLOAD;
     put_be32(body_head + 1, (uint32_t) c->rank);
+    if (self->persistent) {
+        put_be32(body_head + BODY_HEAD, self->round);
+        head_n += 4;
+    }
     unsigned char mac[DK_BC_MAC_LEN];
-    if (!frame_mac(self, c->nonce, 0, body_head, sizeof body_head, self->payload,
+    if (!frame_mac(self, c->nonce, c->seq_out, body_head, head_n, self->payload,
                    self->payload_len, mac))
         return false;
+    c->seq_out++;
     if (c->head_off > 0) {      /* never in practice: the nonce went before the HELLO came */
         memmove(c->head, c->head + c->head_off, c->head_len - c->head_off);
         c->head_len -= c->head_off;
         c->head_off = 0;
     }
     unsigned char *h = c->head + c->head_len;
-    put_be32(h, (uint32_t) (FRAME_MIN + self->payload_len));
+    put_be32(h, (uint32_t) (DK_BC_MAC_LEN + head_n + self->payload_len));
     memcpy(h + 4, mac, sizeof mac);
-    memcpy(h + 4 + DK_BC_MAC_LEN, body_head, sizeof body_head);
-    c->head_len += 4 + FRAME_MIN;
+    memcpy(h + 4 + DK_BC_MAC_LEN, body_head, head_n);
+    c->head_len += 4 + DK_BC_MAC_LEN + head_n;
     c->body = self->payload;
     c->body_len = self->payload_len;
     c->body_off = 0;
@@ -434,7 +459,11 @@ static void conn_frame(dk_backchan_t *self, conn_t *c)
         } else {
             self->claimed[rank] = true;
             c->rank = (int) rank;
-            if (!queue_payload(self, c))
+            if (self->persistent) {
+                c->done = true;     /* nothing to answer until the first TASK */
+                if (self->sink.on_hello)
+                    self->sink.on_hello(self->sink.data, c->rank);
+            } else if (!queue_payload(self, c))
                 refuse(self, c, "OpenSSL could not sign the payload");
             else
                 conn_write(self, c);
@@ -446,12 +475,17 @@ static void conn_frame(dk_backchan_t *self, conn_t *c)
     else if (type != DK_BC_RESULT && type != DK_BC_ERROR)
         refuse(self, c, "it sent a message of an unexpected type");
     else if (c->done)
-        refuse(self, c, "it sent a second result");
+        refuse(self, c, self->persistent ? "it answered with no task waiting for an answer"
+                                         : "it sent a second result");
+    else if (self->persistent &&
+             (body_len < BODY_HEAD + 4 || get_be32(body + BODY_HEAD) != self->round))
+        refuse(self, c, "its answer did not name the current round");
     else {
         c->done = true;
+        size_t skip = BODY_HEAD + (self->persistent ? 4 : 0);
         if (self->sink.on_message)
             self->sink.on_message(self->sink.data, c->rank, type == DK_BC_ERROR,
-                                  body + BODY_HEAD, body_len - BODY_HEAD);
+                                  body + skip, body_len - skip);
     }
 }
 
@@ -658,6 +692,40 @@ void dk_backchan_poll_handle(dk_backchan_t *self, const struct pollfd *fds, size
     }
     if (first && (fds[0].revents & POLLIN))
         accept_all(self);
+}
+
+int dk_backchan_send_task(dk_backchan_t *self, uint32_t round, const void *payload, size_t len,
+                          char *err, size_t errlen)
+{
+    if (len > DK_BC_PAYLOAD_MAX - 4) {
+        dk_set_err(err, errlen, "the payload is %zu bytes; a cell can carry at most 1 GiB to its "
+                 "ranks (pass large data through files instead)", len);
+        return -1;
+    }
+    unsigned char *copy = malloc(len ? len : 1);
+    if (!copy) {
+        dk_set_err(err, errlen, "out of memory (payload of %zu bytes)", len);
+        return -1;
+    }
+    if (len)
+        memcpy(copy, payload, len);
+    /* Every frame of the last round has been written (each rank answered it),
+     * so no connection still points into the old copy. */
+    free(self->payload);
+    self->payload = copy;
+    self->payload_len = len;
+    self->round = round;
+    for (size_t i = 0; i < self->nconns; i++) {
+        conn_t *c = &self->conns[i];
+        if (c->fd < 0 || c->rank < 0)
+            continue;
+        c->done = false;
+        if (!queue_payload(self, c))
+            refuse(self, c, "OpenSSL could not sign the task");
+        else
+            conn_write(self, c);
+    }
+    return 0;
 }
 
 void dk_backchan_drain(dk_backchan_t *self)

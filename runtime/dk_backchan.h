@@ -20,6 +20,7 @@ enum {
     DK_BC_PAYLOAD = 2,
     DK_BC_RESULT = 3,
     DK_BC_ERROR = 4,
+    DK_BC_TASK = 5,
 };
 
 #define DK_BC_KEY_LEN 32
@@ -42,6 +43,9 @@ typedef struct {
     void (*on_message)(void *data, int rank, bool is_error, const void *bytes, size_t len);
     /* A refused or dropped connection, in words for the user. */
     void (*on_warning)(void *data, const char *text);
+    /* Persistent channels only: RANK's HELLO verified (it is ready for tasks).
+     * May be NULL. */
+    void (*on_hello)(void *data, int rank);
 } dk_backchan_sink_t;
 
 typedef struct dk_backchan_t dk_backchan_t;
@@ -50,6 +54,19 @@ typedef struct dk_backchan_t dk_backchan_t;
  * SINK is copied. Returns NULL with a reason in ERR. */
 dk_backchan_t *dk_backchan_new(int world_size, const void *payload, size_t payload_len,
                                const dk_backchan_sink_t *sink, char *err, size_t errlen);
+
+/* A channel for a persistent job (see dk_job.h): nothing is sent at HELLO;
+ * dk_backchan_send_task hands out each round. */
+dk_backchan_t *dk_backchan_new_persistent(int world_size, const dk_backchan_sink_t *sink,
+                                          char *err, size_t errlen);
+
+/* Persistent channels: queue a TASK frame (u32 ROUND, then PAYLOAD, copied) to
+ * every connected rank; from now on each may send one RESULT or ERROR, which
+ * must name ROUND. Call only when the previous round's frames were all written
+ * (every rank has answered). Returns -1 with ERR when out of memory or the
+ * payload is too large. */
+int dk_backchan_send_task(dk_backchan_t *self, uint32_t round, const void *payload, size_t len,
+                          char *err, size_t errlen);
 
 /* Close every descriptor, remove the socket and its directory, wipe the key. */
 void dk_backchan_destroy(dk_backchan_t **self_p);

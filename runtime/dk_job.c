@@ -97,6 +97,7 @@ typedef struct {
     bool got_result;
     bool reported;          /* sent RESULT or ERROR */
     bool failed;            /* failed on its own, before any stop signal */
+    bool interrupted;       /* persistent: sent SIGINT this round */
     /* guarded by job->lock */
     dk_rank_state_t state;
     int exit_code;
@@ -122,6 +123,27 @@ struct dk_job_t {
     bool ended;             /* guarded */
     dk_job_end_t end;       /* guarded */
     int root_cause;         /* guarded */
+
+    /* persistent jobs (see dk_job.h); guarded by lock unless said */
+    bool persistent;
+    double idle_timeout_s;
+    pthread_mutex_t log_lock;   /* the ranks' log objects: swapped between rounds */
+    bool round_active;
+    dk_job_end_t round_end;
+    int round_root;
+    double idle_since;
+    bool submit_pending;
+    void *submit_payload;
+    size_t submit_len;
+    double submit_timeout_s;
+    bool interrupt_requested;
+    /* runtime thread only */
+    uint32_t round;
+    int round_pending;          /* ranks that have not answered this round */
+    double round_started_at;
+    double round_timeout_s;
+    dk_job_end_t round_reason;  /* CANCELLED or TIMEOUT once interrupted */
+    double round_deadline;      /* the grace after our SIGINT ends; -1: none */
 
     /* runtime thread only */
     struct pollfd *fds;
@@ -191,7 +213,103 @@ static void begin_stop(dk_job_t *job, dk_job_end_t reason)
     if (job->stop_reason != DK_END_NONE)
         return;
     job->stop_reason = reason;
+    /* An idle rank of a persistent job ignores SIGINT and waits on the channel:
+     * EOF is its cue to exit. */
+    if (job->persistent) {
+        dk_backchan_close_all(job->chan);
+        for (int r = 0; r < job->world_size; r++)
+            job->ranks[r].signalled = !job->ranks[r].reaped;   /* their exit is our doing */
+    }
     signal_ranks(job, dk_stop_begin(&job->stop, dk_now_s()));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Rounds of a persistent job                                                */
+
+/* Every rank has answered (or said HELLO, in round 0): the round is over. */
+static void round_complete(dk_job_t *job)
+{
+    pthread_mutex_lock(&job->lock);
+    job->round_active = false;
+    job->round_end = job->round_reason != DK_END_NONE ? job->round_reason
+                     : job->round_root >= 0          ? DK_END_FAILED
+                                                     : DK_END_OK;
+    job->idle_since = dk_now_s();
+    pthread_cond_broadcast(&job->cond);
+    pthread_mutex_unlock(&job->lock);
+    job->round_deadline = -1;
+}
+
+static void round_answered(dk_job_t *job)
+{
+    if (--job->round_pending == 0)
+        round_complete(job);
+}
+
+/* SIGINT to every rank that has not answered; the grace starts. */
+static void interrupt_round(dk_job_t *job)
+{
+    for (int r = 0; r < job->world_size; r++) {
+        rank_t *rk = &job->ranks[r];
+        if (rk->reaped || rk->reported || rk->interrupted)
+            continue;
+        killpg(rk->pid, SIGINT);
+        rk->interrupted = true;
+    }
+    if (job->round_deadline < 0)
+        job->round_deadline = dk_now_s() + job->stop.grace;
+}
+
+/* A rank has not answered within the grace after our SIGINT: stuck (most
+ * likely in a collective whose peer has left it). Every rank ends. */
+static void round_stuck(dk_job_t *job)
+{
+    char who[256];
+    size_t n = 0;
+    who[0] = '\0';
+    for (int r = 0; r < job->world_size && n < sizeof who - 16; r++) {
+        if (!job->ranks[r].reported && !job->ranks[r].reaped)
+            n += (size_t) snprintf(who + n, sizeof who - n, "%s%d", n ? ", " : "", r);
+    }
+    pthread_mutex_lock(&job->lock);
+    int root = job->round_root;
+    if (root >= 0)
+        job->root_cause = root;
+    pthread_mutex_unlock(&job->lock);
+    warn(job, "rank %s did not return to the prompt within %.0f s of being interrupted "
+         "(stuck in a collective?); every rank is being ended", who,
+         job->stop.grace);
+    begin_stop(job, root >= 0 ? DK_END_FAILED : job->round_reason);
+}
+
+static void start_round(dk_job_t *job)
+{
+    pthread_mutex_lock(&job->lock);
+    void *payload = job->submit_payload;
+    size_t len = job->submit_len;
+    job->submit_payload = NULL;
+    job->submit_pending = false;
+    job->round_timeout_s = job->submit_timeout_s;
+    pthread_mutex_unlock(&job->lock);
+    job->round++;
+    job->round_pending = 0;
+    job->round_reason = DK_END_NONE;
+    job->round_deadline = -1;
+    job->round_started_at = dk_now_s();
+    for (int r = 0; r < job->world_size; r++) {
+        rank_t *rk = &job->ranks[r];
+        rk->reported = rk->got_result = rk->interrupted = false;
+        if (!rk->reaped)
+            job->round_pending++;
+    }
+    char err[256];
+    if (dk_backchan_send_task(job->chan, job->round, payload, len, err, sizeof err) < 0) {
+        warn(job, "cannot hand the cell to the ranks: %s", err);
+        begin_stop(job, DK_END_FAILED);
+    }
+    free(payload);
+    if (job->round_pending == 0)
+        round_complete(job);
 }
 
 #define PF_EXITING_FLAG 0x00000004   /* the kernel's PF_EXITING: in do_exit */
@@ -260,6 +378,24 @@ static void escalate(dk_job_t *job)
     if (job->stop_reason == DK_END_NONE && job->timeout_s > 0 &&
         t >= job->started_at + job->timeout_s)
         begin_stop(job, DK_END_TIMEOUT);
+    if (job->persistent && job->stop_reason == DK_END_NONE) {
+        pthread_mutex_lock(&job->lock);
+        bool active = job->round_active && !job->submit_pending;
+        double idle_since = job->idle_since;
+        pthread_mutex_unlock(&job->lock);
+        if (active && job->round > 0 && job->round_reason == DK_END_NONE &&
+            job->round_timeout_s > 0 && t >= job->round_started_at + job->round_timeout_s) {
+            job->round_reason = DK_END_TIMEOUT;
+            interrupt_round(job);
+        }
+        if (active && job->round_deadline >= 0 && t >= job->round_deadline)
+            round_stuck(job);
+        if (!active && job->idle_timeout_s > 0 && t >= idle_since + job->idle_timeout_s) {
+            warn(job, "the started ranks were idle for %g s (idle_timeout=, "
+                 "DISTKERNEL_IDLE_TIMEOUT) and are being ended", job->idle_timeout_s);
+            begin_stop(job, DK_END_IDLE);
+        }
+    }
     for (int sig; (sig = dk_stop_due(&job->stop, t)) != 0;)
         signal_ranks(job, sig);
 }
@@ -270,13 +406,59 @@ static void escalate(dk_job_t *job)
 static void bc_delivered(void *data, int r)
 {
     dk_job_t *job = data;
-    if (job->ranks[r].state == DK_RANK_STARTING && !job->ranks[r].reaped)
-        set_state(job, r, DK_RANK_RUNNING);
+    if (job->persistent ? !job->ranks[r].reported && job->stop_reason == DK_END_NONE
+                        : job->ranks[r].state == DK_RANK_STARTING)
+        if (!job->ranks[r].reaped)
+            set_state(job, r, DK_RANK_RUNNING);
+}
+
+static void bc_hello(void *data, int r)
+{
+    dk_job_t *job = data;
+    if (job->ranks[r].reaped || job->ranks[r].reported)
+        return;
+    job->ranks[r].reported = true;
+    set_state(job, r, DK_RANK_DONE);
+    round_answered(job);
+}
+
+static void drain_pipe(dk_job_t *job, int r, int which, size_t budget);
+
+/* A persistent job's rank answered the round. */
+static void round_message(dk_job_t *job, int r, bool is_error, const void *bytes, size_t len)
+{
+    rank_t *rk = &job->ranks[r];
+    rk->reported = true;
+    rk->got_result = !is_error;
+    /* It flushed its output before answering: let that output come first. */
+    drain_pipe(job, r, 0, REAP_DRAIN_BUDGET);
+    drain_pipe(job, r, 1, REAP_DRAIN_BUDGET);
+    if (job->sink.on_message)
+        job->sink.on_message(job->sink.data, r, is_error, bytes, len);
+    dk_rank_state_t state = DK_RANK_DONE;
+    if (is_error && rk->interrupted) {
+        state = DK_RANK_STOPPED;
+    } else if (is_error) {
+        state = DK_RANK_FAILED;
+        pthread_mutex_lock(&job->lock);
+        bool first = job->round_root < 0;
+        if (first)
+            job->round_root = r;
+        pthread_mutex_unlock(&job->lock);
+        if (first)
+            interrupt_round(job);   /* the others may wait for it in a collective */
+    }
+    set_state(job, r, state);
+    round_answered(job);
 }
 
 static void bc_message(void *data, int r, bool is_error, const void *bytes, size_t len)
 {
     dk_job_t *job = data;
+    if (job->persistent) {
+        round_message(job, r, is_error, bytes, len);
+        return;
+    }
     job->ranks[r].reported = true;
     if (!is_error)
         job->ranks[r].got_result = true;
@@ -324,6 +506,7 @@ static void log_bytes(dk_job_t *job, int r, const char *buf, size_t n)
 /* Assemble each capped log (its head, a marker, its tail) and close it. */
 static void close_logs(dk_job_t *job)
 {
+    pthread_mutex_lock(&job->log_lock);
     for (int r = 0; r < job->world_size; r++) {
         rank_t *rk = &job->ranks[r];
         if (rk->log && dk_logfile_close(&rk->log) != 0) {
@@ -334,6 +517,7 @@ static void close_logs(dk_job_t *job)
             pthread_mutex_unlock(&job->lock);
         }
     }
+    pthread_mutex_unlock(&job->log_lock);
 }
 
 /* Read pipe WHICH of rank R until EAGAIN, EOF or BUDGET bytes. */
@@ -354,7 +538,9 @@ static void drain_pipe(dk_job_t *job, int r, int which, size_t budget)
             close_fd(&rk->pipe_fd[which]);
             return;
         }
+        pthread_mutex_lock(&job->log_lock);
         log_bytes(job, r, buf, (size_t) n);
+        pthread_mutex_unlock(&job->log_lock);
         if (job->sink.on_output)
             job->sink.on_output(job->sink.data, r, which + 1, buf, (size_t) n);
         budget -= (size_t) n < budget ? (size_t) n : budget;
@@ -406,7 +592,15 @@ static void reap(dk_job_t *job, int r)
         warn(job, "rank %d (pid %d) was collected by another part of this program "
              "(waitpid(-1)?); how it ended is unknown", r, (int) rk->pid);
 
-    if (rk->failed) {
+    if (job->persistent) {
+        /* Its ranks only exit when we end them: any other exit is a failure. */
+        if (rk->failed || !rk->signalled) {
+            set_state(job, r, DK_RANK_FAILED);
+            note_failure(job, r);
+        } else {
+            set_state(job, r, DK_RANK_STOPPED);
+        }
+    } else if (rk->failed) {
         set_state(job, r, DK_RANK_FAILED);
     } else if ((clean || !known) && rk->got_result) {
         set_state(job, r, DK_RANK_DONE);
@@ -455,6 +649,18 @@ static int poll_timeout_ms(const dk_job_t *job)
         earliest(&next, job->last_reap_at + DRAIN_S);
     if (dk_backchan_deadline(job->chan) >= 0)
         earliest(&next, dk_backchan_deadline(job->chan));
+    if (job->persistent && job->stop_reason == DK_END_NONE) {
+        pthread_mutex_lock((pthread_mutex_t *) &job->lock);
+        bool active = job->round_active;
+        double idle_since = job->idle_since;
+        pthread_mutex_unlock((pthread_mutex_t *) &job->lock);
+        if (active && job->round_deadline >= 0)
+            earliest(&next, job->round_deadline);
+        if (active && job->round > 0 && job->round_timeout_s > 0)
+            earliest(&next, job->round_started_at + job->round_timeout_s);
+        if (!active && job->idle_timeout_s > 0)
+            earliest(&next, idle_since + job->idle_timeout_s);
+    }
     int ms = -1;
     if (next >= 0) {
         double wait = (next - dk_now_s()) * 1000.0 + 1;   /* +1: never wake just before */
@@ -474,7 +680,15 @@ static void handle_wake(dk_job_t *job)
         ;
     pthread_mutex_lock(&job->lock);
     bool cancel = job->cancel_requested;
+    bool submit = job->submit_pending, interrupt = job->interrupt_requested;
+    job->interrupt_requested = false;
     pthread_mutex_unlock(&job->lock);
+    if (submit && !cancel && job->stop_reason == DK_END_NONE)
+        start_round(job);
+    if (interrupt && job->round_reason == DK_END_NONE && job->round_pending > 0) {
+        job->round_reason = DK_END_CANCELLED;
+        interrupt_round(job);
+    }
     if (!cancel)
         return;
     if (job->unreaped > 0)
@@ -548,6 +762,11 @@ static void *job_thread(void *arg)
     /* With no stop, every rank was judged DONE (any other verdict starts one). */
     job->end = job->stop_reason == DK_END_NONE ? DK_END_OK : job->stop_reason;
     job->ended = true;
+    if (job->round_active) {    /* the job ended during a round: so did the round */
+        job->round_active = false;
+        job->round_end = job->end;
+        job->round_root = job->root_cause;
+    }
     pthread_cond_broadcast(&job->cond);
     pthread_mutex_unlock(&job->lock);
     return NULL;
@@ -600,7 +819,7 @@ static bool check_spec(const dk_job_spec_t *spec, char *err, size_t errlen)
                    spec->world_size, WORLD_MAX);
     else if (!spec->rank_exe || !*spec->rank_exe)
         dk_set_err(err, errlen, "no rank executable was given");
-    else if (spec->payload_len > 0 && !spec->payload)
+    else if (!spec->persistent && spec->payload_len > 0 && !spec->payload)
         dk_set_err(err, errlen, "payload_len is %zu but payload is NULL", spec->payload_len);
     else if (spec->payload_len > DK_BC_PAYLOAD_MAX)
         dk_set_err(err, errlen, "the payload is %zu bytes; a job can carry at most 1 GiB to its "
@@ -624,7 +843,9 @@ static void job_free(dk_job_t *job)
     close_fd(&job->wake[0]);
     close_fd(&job->wake[1]);
     pthread_mutex_destroy(&job->lock);
+    pthread_mutex_destroy(&job->log_lock);
     pthread_cond_destroy(&job->cond);
+    free(job->submit_payload);
     free(job->ranks);
     free(job->fds);
     free(job->slot_rank);
@@ -762,6 +983,14 @@ static dk_job_t *job_alloc(const dk_job_spec_t *spec, const dk_sink_t *sink)
     pthread_cond_init(&job->cond, &attr);
     pthread_condattr_destroy(&attr);
     pthread_mutex_init(&job->lock, NULL);
+    pthread_mutex_init(&job->log_lock, NULL);
+    job->persistent = spec->persistent;
+    job->idle_timeout_s = spec->idle_timeout_s;
+    job->round_root = -1;
+    job->round_deadline = -1;
+    /* Round 0 of a persistent job is its start: every rank says HELLO. */
+    job->round_active = spec->persistent;
+    job->round_pending = spec->world_size;
     if (sink)
         job->sink = *sink;
     job->world_size = spec->world_size;
@@ -809,9 +1038,11 @@ dk_job_t *dk_job_start(const dk_job_spec_t *spec, const dk_sink_t *sink, char *e
     }
     if (!open_log_dir(job, err, errlen))
         goto fail;
-    dk_backchan_sink_t bcsink = {job, bc_delivered, bc_message, bc_warning};
-    job->chan = dk_backchan_new(spec->world_size, spec->payload, spec->payload_len, &bcsink,
-                                err, errlen);
+    dk_backchan_sink_t bcsink = {job, bc_delivered, bc_message, bc_warning, bc_hello};
+    job->chan = spec->persistent
+                    ? dk_backchan_new_persistent(spec->world_size, &bcsink, err, errlen)
+                    : dk_backchan_new(spec->world_size, spec->payload, spec->payload_len,
+                                      &bcsink, err, errlen);
     if (!job->chan || (job->master_port = dk_spawn_free_port(err, errlen)) < 0)
         goto fail;
     unsigned char id[16];
@@ -994,4 +1225,162 @@ void dk_job_destroy(dk_job_t **job_p)
     pthread_join(job->thread, NULL);
     job_free(job);
     *job_p = NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Persistent jobs                                                           */
+
+int dk_job_set_log_dir(dk_job_t *job, const char *log_dir, char *err, size_t errlen)
+{
+    /* Everything that can fail happens on the side, before the swap. */
+    dk_job_t fresh;
+    memset(&fresh, 0, sizeof fresh);
+    fresh.world_size = job->world_size;
+    fresh.log_cap = job->log_cap;
+    fresh.log_dirfd = -1;
+    rank_t *ranks = calloc((size_t) job->world_size, sizeof *ranks);
+    fresh.ranks = ranks;
+    fresh.log_dir = strdup(log_dir);
+    bool ok = ranks && fresh.log_dir;
+    if (!ok)
+        dk_set_err(err, errlen, "out of memory");
+    ok = ok && open_log_dir(&fresh, err, errlen) && open_logs(&fresh, err, errlen);
+    if (ok) {
+        pthread_mutex_lock(&job->log_lock);
+        for (int r = 0; r < job->world_size; r++) {
+            rank_t *rk = &job->ranks[r];
+            dk_logfile_t *old = rk->log;
+            char *old_path = rk->log_path;
+            rk->log = ranks[r].log;
+            rk->log_path = ranks[r].log_path;
+            ranks[r].log = old;
+            ranks[r].log_path = old_path;
+            pthread_mutex_lock(&job->lock);
+            rk->log_failed = rk->log_capped = false;
+            pthread_mutex_unlock(&job->lock);
+        }
+        char *old_dir = job->log_dir;
+        int old_fd = job->log_dirfd;
+        job->log_dir = fresh.log_dir;
+        job->log_dirfd = fresh.log_dirfd;
+        fresh.log_dir = old_dir;
+        fresh.log_dirfd = old_fd;
+        pthread_mutex_unlock(&job->log_lock);
+    }
+    /* FRESH now holds what is no longer used: the old logs, or the new ones
+     * that could not all be made. */
+    for (int r = 0; ranks && r < job->world_size; r++) {
+        dk_logfile_close(&ranks[r].log);
+        free(ranks[r].log_path);
+    }
+    free(ranks);
+    close_fd(&fresh.log_dirfd);
+    free(fresh.log_dir);
+    return ok ? 0 : -1;
+}
+
+int dk_job_submit(dk_job_t *job, const void *payload, size_t len, double timeout_s, char *err,
+                  size_t errlen)
+{
+    if (len > DK_BC_PAYLOAD_MAX - 4) {
+        dk_set_err(err, errlen, "the payload is %zu bytes; a cell can carry at most 1 GiB to its "
+                 "ranks (pass large data through files instead)", len);
+        return -1;
+    }
+    void *copy = malloc(len ? len : 1);
+    if (!copy) {
+        dk_set_err(err, errlen, "out of memory (payload of %zu bytes)", len);
+        return -1;
+    }
+    if (len)
+        memcpy(copy, payload, len);
+    pthread_mutex_lock(&job->lock);
+    const char *why = !job->persistent ? "this job does not keep its ranks"
+                      : job->ended || job->cancel_requested ? "the ranks have ended"
+                      : job->round_active ? "a cell is still running on the ranks"
+                                          : NULL;
+    if (!why) {
+        job->submit_payload = copy;
+        job->submit_len = len;
+        job->submit_timeout_s = timeout_s;
+        job->submit_pending = true;
+        job->round_active = true;
+        job->round_end = DK_END_NONE;
+        job->round_root = -1;
+    }
+    pthread_mutex_unlock(&job->lock);
+    if (why) {
+        free(copy);
+        dk_set_err(err, errlen, "%s", why);
+        return -1;
+    }
+    char byte = 1;
+    ssize_t n = write(job->wake[1], &byte, 1);
+    (void) n;
+    return 0;
+}
+
+bool dk_job_round_wait(dk_job_t *job, int timeout_ms)
+{
+    struct timespec deadline;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    if (timeout_ms > 0) {
+        deadline.tv_sec += timeout_ms / 1000;
+        deadline.tv_nsec += (long) (timeout_ms % 1000) * 1000000L;
+        if (deadline.tv_nsec >= 1000000000L) {
+            deadline.tv_sec++;
+            deadline.tv_nsec -= 1000000000L;
+        }
+    }
+    pthread_mutex_lock(&job->lock);
+    while (job->round_active && !job->ended) {
+        if (timeout_ms < 0)
+            pthread_cond_wait(&job->cond, &job->lock);
+        else if (timeout_ms == 0 ||
+                 pthread_cond_timedwait(&job->cond, &job->lock, &deadline) == ETIMEDOUT)
+            break;
+    }
+    bool over = !job->round_active || job->ended;
+    pthread_mutex_unlock(&job->lock);
+    return over;
+}
+
+dk_job_end_t dk_job_round_end(dk_job_t *job)
+{
+    pthread_mutex_lock(&job->lock);
+    dk_job_end_t end = job->round_active && !job->ended ? DK_END_NONE
+                       : job->round_active                ? job->end
+                                                          : job->round_end;
+    pthread_mutex_unlock(&job->lock);
+    return end;
+}
+
+int dk_job_round_root_cause(dk_job_t *job)
+{
+    pthread_mutex_lock(&job->lock);
+    int r = job->round_root;
+    pthread_mutex_unlock(&job->lock);
+    return r;
+}
+
+void dk_job_interrupt(dk_job_t *job)
+{
+    pthread_mutex_lock(&job->lock);
+    bool ended = job->ended;
+    if (!ended)
+        job->interrupt_requested = true;
+    pthread_mutex_unlock(&job->lock);
+    if (!ended) {
+        char byte = 1;
+        ssize_t n = write(job->wake[1], &byte, 1);
+        (void) n;
+    }
+}
+
+double dk_job_idle_s(dk_job_t *job)
+{
+    pthread_mutex_lock(&job->lock);
+    double idle = job->round_active || job->idle_since <= 0 ? 0 : dk_now_s() - job->idle_since;
+    pthread_mutex_unlock(&job->lock);
+    return idle;
 }

@@ -27,11 +27,34 @@
  * 4 ERROR (rank -> runtime: opaque bytes, a description of the rank's exception).
  * A rank sends exactly one RESULT or ERROR and then exits.
  *
+ * Persistent jobs (spec.persistent) keep their ranks between rounds. The runtime
+ * sends nothing at HELLO; each round (dk_job_submit) it sends every rank
+ *     5 TASK (runtime -> rank: u32 round | the round's payload bytes)
+ * and the rank answers with one RESULT or ERROR whose payload starts with the
+ * same u32 round, then waits for the next TASK on the same connection (seq
+ * keeps counting; rounds are numbered from 1). An answer naming another round,
+ * or a second answer in a round, ends the connection. A rank exits when the
+ * connection reaches EOF. In a persistent job an ERROR is not a failure of the
+ * job: the round ends with it, and the ranks stay. A rank that exits, for any
+ * reason the runtime did not cause, is a failure and ends every rank.
+ *
  * A rank has failed when it sends ERROR, exits non-zero, dies by a signal, or
  * exits without a RESULT. The first failure observed is the root cause; the
  * runtime then ends every other rank: SIGINT, and after GRACE SIGTERM, and after
  * GRACE SIGKILL, each sent to the rank's whole process group. Cancel (interrupt,
  * shutdown) and the timeout end ranks the same way.
+ *
+ * Rounds of a persistent job. Round 0 is the start: it ends when every rank has
+ * said HELLO. A round ends when every rank has answered. An ERROR that is not
+ * an answer to our SIGINT makes its rank the round's root cause, and the ranks
+ * that have not answered get SIGINT (a Python rank raises KeyboardInterrupt and
+ * answers). dk_job_interrupt and the round's timeout do the same to every rank
+ * that has not answered. A rank that has not answered GRACE after that SIGINT
+ * is stuck (a collective whose peer is gone): the whole job is stopped as
+ * above, with the round's root cause as the job's. With idle_timeout_s, a job
+ * that has had no round running for that long is stopped (DK_END_IDLE). On
+ * stop a persistent job also closes the back channel, so an idle rank (which
+ * ignores SIGINT between rounds) exits at once.
  *
  * Threads: one runtime thread per job polls the listening socket, the
  * connections, the pipes, one pidfd per rank, and a wake pipe. Sink callbacks are
@@ -56,7 +79,8 @@ typedef enum {
     DK_END_OK,             /* every rank DONE */
     DK_END_FAILED,         /* a rank failed (root cause: first_failed_rank) */
     DK_END_CANCELLED,      /* dk_job_cancel */
-    DK_END_TIMEOUT         /* the job's timeout passed */
+    DK_END_TIMEOUT,        /* the job's timeout passed */
+    DK_END_IDLE            /* a persistent job had no round for idle_timeout_s */
 } dk_job_end_t;
 
 typedef struct {
@@ -103,6 +127,9 @@ typedef struct {
     /* Each rank-N.log keeps at most this many bytes: past it, its head and tail
      * with a marker between (dk_logfile_t). 0: DK_LOG_CAP_DEFAULT (1 GiB). */
     unsigned long long log_cap;
+    /* Keep the ranks between rounds (see the top). PAYLOAD is then unused. */
+    bool persistent;
+    double idle_timeout_s;      /* persistent jobs: <= 0: never idle out */
 } dk_job_spec_t;
 
 typedef struct dk_job_t dk_job_t;
@@ -142,6 +169,37 @@ const char *dk_job_log_dir(dk_job_t *job);
 
 /* The MASTER_PORT given to the ranks. */
 int dk_job_master_port(dk_job_t *job);
+
+/* ---- persistent jobs ---- */
+
+/* Make LOG_DIR (created 0700, checked as for spec.log_dir) the directory of the
+ * next round's rank-N.log files; output read from now on goes there. Call
+ * between rounds. Returns -1 with ERR, keeping the old logs, when it cannot. */
+int dk_job_set_log_dir(dk_job_t *job, const char *log_dir, char *err, size_t errlen);
+
+/* Start the next round: every rank gets PAYLOAD (copied) in a TASK frame.
+ * TIMEOUT_S (<= 0: none) interrupts the round when it passes. Returns -1 with
+ * ERR when the job has ended, is ending, or a round is still running. */
+int dk_job_submit(dk_job_t *job, const void *payload, size_t len, double timeout_s, char *err,
+                  size_t errlen);
+
+/* Wait up to TIMEOUT_MS (-1: forever) for the current round to end (every rank
+ * answered, or the job ended). Returns true when it has. */
+bool dk_job_round_wait(dk_job_t *job, int timeout_ms);
+
+/* How the last round ended: DK_END_NONE while it runs; DK_END_OK (every rank
+ * sent RESULT), DK_END_FAILED (a rank raised: dk_job_round_root_cause),
+ * DK_END_CANCELLED (dk_job_interrupt), DK_END_TIMEOUT; when the job ended during
+ * the round, how the job ended (then dk_job_end is not DK_END_NONE). */
+dk_job_end_t dk_job_round_end(dk_job_t *job);
+int dk_job_round_root_cause(dk_job_t *job);
+
+/* Interrupt the current round: SIGINT to every rank that has not answered; a
+ * rank still not answering after the grace ends the job. Thread-safe. */
+void dk_job_interrupt(dk_job_t *job);
+
+/* Seconds since the last round ended (0 while one runs). */
+double dk_job_idle_s(dk_job_t *job);
 
 /* Cancel if still running, wait for the end, join the runtime thread, remove the
  * back-channel directory (not the logs), free. Sets *JOB_P to NULL. */

@@ -3,6 +3,8 @@
 Every frame is  u32 length | 32-byte MAC | body,  MAC = HMAC-SHA256(key, nonce |
 u32 seq | body),  body = u8 type | u32 rank | payload. The nonce is what the
 runtime writes first on the connection; seq counts this side's frames.
+A persistent job sends TASK frames (u32 round | payload) instead of one
+PAYLOAD, and each answer's payload starts with that u32 round.
 """
 
 import hashlib
@@ -10,7 +12,7 @@ import hmac
 import socket
 import struct
 
-HELLO, PAYLOAD, RESULT, ERROR = 1, 2, 3, 4
+HELLO, PAYLOAD, RESULT, ERROR, TASK = 1, 2, 3, 4, 5
 MAX_FRAME = 1 << 30
 
 

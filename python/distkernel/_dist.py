@@ -102,3 +102,17 @@ def raise_error(ename, evalue, traceback_lines):
     if ename == "TimeoutError":
         raise TimeoutError(evalue)
     raise DistributedError(ename, evalue, traceback_lines)
+
+
+def with_env(payload, env):
+    """The payload for started ranks: as PAYLOAD, plus the environment
+    variables (the cell's MLflow run) each rank sets before running it. The
+    outer layer is a plain dict (the user's values are pickled inside it), so
+    loading it here runs none of the user's code."""
+    import pickle
+
+    if not env:
+        return payload
+    job = pickle.loads(payload)
+    job["env"] = dict(env)
+    return cloudpickle.dumps(job, protocol=5)

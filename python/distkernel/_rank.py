@@ -129,6 +129,8 @@ def _main():
     channel = bc.BackChannel(path, key, rank)
     channel.send(bc.HELLO)
     kind, payload = channel.recv()
+    if kind == bc.TASK:
+        return _serve(channel, payload)
     if kind != bc.PAYLOAD:
         raise bc.BackChannelError(f"expected the job, got frame type {kind}")
     from distkernel import _compat
@@ -139,19 +141,9 @@ def _main():
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     main_ns = sys.modules["__main__"].__dict__
     try:
-        job = cloudpickle.loads(payload)
+        box = [payload]
         del payload
-        _use_kernel_sys_path(job.get("sys_path", []))
-        _prime_linecache(job.get("sources", {}))
-        if job["kind"] == "cell":
-            for name, blob in job["names"].items():
-                main_ns[name] = cloudpickle.loads(blob)
-            value = _run_cell(job["code"], main_ns, job.get("filename", CELL_FILE),
-                              job.get("line_offset", 0))
-        else:
-            if "job" in job:
-                job = cloudpickle.loads(job["job"])
-            value = job["fn"](*job["args"], **job["kwargs"])
+        value = _run_job(box, main_ns)
     except BaseException as exc:  # noqa: B902 - KeyboardInterrupt and SystemExit too
         if isinstance(exc, SystemExit) and exc.code in (None, 0):
             value = None
@@ -161,15 +153,134 @@ def _main():
             channel.send(bc.ERROR, _error_payload(exc))
             channel.close()
             return 130 if isinstance(exc, KeyboardInterrupt) else 1
-    try:
-        blob = cloudpickle.dumps(value, protocol=5)
-    except Exception as exc:
-        blob = cloudpickle.dumps(_Unpicklable(repr(value), f"{type(exc).__name__}: {exc}"))
+    blob = _pickle_value(value)
     sys.stdout.flush()
     sys.stderr.flush()
     channel.send(bc.RESULT, blob)
     channel.close()
     return 0
+
+
+def _run_job(box, main_ns, keep_globals=False):
+    """Run one job (a pickled cell or function, the one item of BOX, which is
+    emptied so that its bytes are freed while the job runs) in MAIN_NS; its
+    value. KEEP_GLOBALS (started ranks): a notebook function runs with MAIN_NS
+    as its globals, as a cell does, so it sees and sets what earlier cells and
+    calls left there."""
+    job = cloudpickle.loads(box.pop())
+    _use_kernel_sys_path(job.get("sys_path", []))
+    _prime_linecache(job.get("sources", {}))
+    _CellEnv.apply(job.get("env", {}))
+    if job["kind"] == "cell":
+        for name, blob in job["names"].items():
+            main_ns[name] = cloudpickle.loads(blob)
+        return _run_cell(job["code"], main_ns, job.get("filename", CELL_FILE),
+                         job.get("line_offset", 0))
+    if "job" in job:
+        job = cloudpickle.loads(job["job"])
+    fn = job["fn"]
+    if keep_globals:
+        fn = _in_namespace(fn, main_ns)
+    return fn(*job["args"], **job["kwargs"])
+
+
+def _in_namespace(fn, main_ns):
+    """FN, if the notebook defined it, rebuilt on MAIN_NS: the names it was sent
+    with go there first (as a cell's notebook names do)."""
+    import types
+
+    if not isinstance(fn, types.FunctionType) or fn.__module__ != "__main__":
+        return fn
+    for name, value in fn.__globals__.items():
+        if not name.startswith("__"):
+            main_ns[name] = value
+    new = types.FunctionType(fn.__code__, main_ns, fn.__name__, fn.__defaults__,
+                             fn.__closure__)
+    new.__kwdefaults__ = fn.__kwdefaults__
+    new.__dict__.update(fn.__dict__)
+    return new
+
+
+def _pickle_value(value):
+    try:
+        return cloudpickle.dumps(value, protocol=5)
+    except Exception as exc:
+        return cloudpickle.dumps(_Unpicklable(repr(value), f"{type(exc).__name__}: {exc}"))
+
+
+class _CellEnv:
+    """The variables a cell's job sets (its MLflow run's) hold for that cell
+    only: on started ranks, each cell first puts back what the ranks started
+    with, so that a cell without tracking does not log into the last cell's
+    run."""
+
+    _saved = {}     # name -> the value at start (None: unset)
+
+    @classmethod
+    def apply(cls, env):
+        for name, value in cls._saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        for name, value in env.items():
+            cls._saved.setdefault(name, os.environ.get(name))
+            os.environ[name] = value
+
+
+class _Busy:
+    """SIGINT is a KeyboardInterrupt only while a cell runs. Between cells it is
+    ignored: the kernel interrupts only ranks it has not heard from, and one
+    whose answer was still on its way must not die of that interrupt; the
+    kernel ends idle ranks by closing the channel."""
+
+    def __init__(self):
+        self.running = False
+
+    def __call__(self, signum, frame):
+        if self.running:
+            raise KeyboardInterrupt
+
+
+def _serve(channel, task):
+    """A persistent rank: run each TASK in the same __main__ namespace, answer
+    it with its round, and wait for the next, until the kernel closes the
+    channel."""
+    import signal
+
+    from distkernel import _compat
+    _compat.install()
+    busy = _Busy()
+    signal.signal(signal.SIGINT, busy)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    main_ns = sys.modules["__main__"].__dict__
+    while True:
+        round_no, box = task[:4], [task[4:]]
+        del task
+        try:
+            busy.running = True
+            try:
+                value = _run_job(box, main_ns, keep_globals=True)
+            finally:
+                busy.running = False
+            kind, reply = bc.RESULT, _pickle_value(value)
+        except BaseException as exc:  # noqa: B902 - KeyboardInterrupt and SystemExit too
+            busy.running = False
+            if isinstance(exc, SystemExit) and exc.code in (None, 0):
+                kind, reply = bc.RESULT, _pickle_value(None)
+            else:
+                kind, reply = bc.ERROR, _error_payload(exc)
+        del box
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            channel.send(kind, round_no + reply)
+            del reply
+            frame, task = channel.recv()
+        except (OSError, bc.BackChannelError):
+            return 0    # the kernel closed the channel: the ranks are being stopped
+        if frame != bc.TASK:
+            raise bc.BackChannelError(f"expected a task, got frame type {frame}")
 
 
 def _use_kernel_sys_path(kernel_path):

@@ -321,6 +321,33 @@ def test_metric_a_rank_logs_lands_in_the_run(tracked, srv):
     assert got == [(0, 0.25), (1, 1.25)], run["data"]["metrics"]
 
 
+@pytest.mark.timeout(180)
+def test_each_cell_on_started_ranks_is_a_run_of_its_own_tagged_with_their_id(tracked, srv):
+    before = run_ids(srv)
+    r = tracked.execute("%distributed start num_processes=2", timeout=RUN)
+    assert r.status == "ok", r.describe()
+    assert run_ids(srv) == before, "starting the ranks created an MLflow run"
+    pool_id = re.search(r"\(([0-9a-f]{16})\)", r.stdout).group(1)
+    try:
+        seen = []
+        for _ in range(2):
+            r, run = run_tracked(tracked, srv, "%%distributed\nimport os\n"
+                                               "print(os.environ['MLFLOW_RUN_ID'])\n")
+            assert r.status == "ok", r.describe()
+            run_id = run["info"]["run_id"]
+            assert tags_of(run)["distkernel.pool"] == pool_id, tags_of(run)
+            assert rank_lines(r.stdout) == {0: [run_id], 1: [run_id]}, r.describe()
+            assert statuses(srv.run(run_id)) == ["RUNNING", "FINISHED"]
+            seen.append(run_id)
+        assert seen[0] != seen[1]
+        # A cell without tracking does not log into the last cell's run.
+        r = tracked.execute("%%distributed tracking=False\nimport os\n"
+                            "print(os.environ.get('MLFLOW_RUN_ID', 'no run'))\n", timeout=RUN)
+        assert rank_lines(r.stdout) == {0: ["no run"], 1: ["no run"]}, r.describe()
+    finally:
+        tracked.execute("%distributed stop", timeout=RUN)
+
+
 # -- the final status -----------------------------------------------------------------
 
 def statuses(run):

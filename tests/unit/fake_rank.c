@@ -32,6 +32,14 @@
  *                    then HELLO and PAYLOAD on its own, then wait up to 30 s for the
  *                    runtime to close the newest idle one ("idle closed after N s" or
  *                    "idle still open"), then as result
+ *   rounds           a rank of a persistent job: HELLO, then for each TASK (u32 round |
+ *                    text) act on the text and answer with the round: "result" RESULT
+ *                    "round=N rank=R"; "error" ERROR "boom in round N on rank R";
+ *                    "sleep" print "sleeping N", wait for SIGINT, ERROR
+ *                    "KeyboardInterrupt"; "stuck" print "stuck N", ignore SIGINT and
+ *                    sleep forever; "exit3" exit 3; "bad_round" RESULT naming round
+ *                    N+1. The text may be "ACTION@R": that action on rank R, "result"
+ *                    on the others. SIGINT between rounds is ignored; EOF exits 0.
  * With FAKE_PRINT_ENV set it first prints "ENV NAME=value" for the variables the
  * runtime sets, and facts about how it was started (open fds, stdin, signal
  * mask, process group).
@@ -57,7 +65,7 @@
 #include <openssl/evp.h>
 #include <openssl/params.h>
 
-enum { HELLO = 1, PAYLOAD = 2, RESULT = 3, ERROR = 4 };
+enum { HELLO = 1, PAYLOAD = 2, RESULT = 3, ERROR = 4, TASK = 5 };
 
 static unsigned char key[32];
 static int rank, world_size;
@@ -305,6 +313,76 @@ static void sleep_s(double s)
     }
 }
 
+/* Send TYPE answering round ROUND: u32 round | TEXT. */
+static void answer(conn_t *c, int type, uint32_t round, const char *text)
+{
+    size_t n = strlen(text);
+    unsigned char *buf = malloc(4 + n);
+    be32(buf, round);
+    memcpy(buf + 4, text, n);
+    send_frame(c, type, (uint32_t) rank, buf, 4 + n, false);
+    free(buf);
+}
+
+/* A persistent job's rank (mode "rounds"). */
+static int serve_rounds(void)
+{
+    struct sigaction sa = {.sa_handler = on_sigint};
+    sigaction(SIGINT, &sa, NULL);
+    conn_t c = connect_bc();
+    send_frame(&c, HELLO, (uint32_t) rank, NULL, 0, false);
+    for (;;) {
+        unsigned char h[4];
+        if (!read_all(c.fd, h, 4))
+            return 0;           /* the runtime closed the channel: we are done */
+        uint32_t n = rd32(h);
+        if (n < 41)
+            die("short task frame");
+        unsigned char *frame = malloc(n + 1);
+        if (!frame || !read_all(c.fd, frame, n))
+            die("cannot read a frame of %u bytes", n);
+        unsigned char expect[32];
+        mac(c.nonce, c.seq_in++, frame + 32, n - 32, expect);
+        if (memcmp(expect, frame, 32) != 0)
+            die("the runtime's frame did not verify");
+        if (frame[32] != TASK)
+            die("expected TASK, got type %d", frame[32]);
+        if (rd32(frame + 33) != (uint32_t) rank)
+            die("frame for another rank");
+        uint32_t round = rd32(frame + 37);
+        frame[n] = '\0';
+        char action[64];
+        snprintf(action, sizeof action, "%s", (char *) frame + 41);
+        free(frame);
+        char *at = strchr(action, '@');
+        if (at) {
+            *at = '\0';
+            if (atoi(at + 1) != rank)
+                snprintf(action, sizeof action, "result");
+        }
+        char text[128];
+        interrupted = 0;
+        if (!strcmp(action, "error")) {
+            snprintf(text, sizeof text, "boom in round %u on rank %d", round, rank);
+            answer(&c, ERROR, round, text);
+        } else if (!strcmp(action, "sleep")) {
+            dprintf(1, "sleeping %u\n", round);
+            sleep_s(60);
+            answer(&c, ERROR, round, "KeyboardInterrupt");
+        } else if (!strcmp(action, "stuck")) {
+            signal(SIGINT, SIG_IGN);
+            dprintf(1, "stuck %u\n", round);
+            for (;;)
+                pause();
+        } else if (!strcmp(action, "exit3")) {
+            return 3;
+        } else {
+            snprintf(text, sizeof text, "round=%u rank=%d", round, rank);
+            answer(&c, RESULT, round + (strcmp(action, "bad_round") == 0), text);
+        }
+    }
+}
+
 int main(void)
 {
     const char *rank_s = getenv("RANK"), *ws = getenv("WORLD_SIZE");
@@ -331,6 +409,8 @@ int main(void)
         print_facts();
     if (!strcmp(mode, "exit3_at_start"))
         return 3;
+    if (!strcmp(mode, "rounds"))
+        return serve_rounds();
 
     if (!strcmp(mode, "forge_mac") || !strcmp(mode, "bad_rank")) {
         conn_t bad = connect_bc();

@@ -805,3 +805,32 @@ Test(dist_opts, the_help_lists_the_slurm_options_and_their_variables)
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         cr_expect(strstr(dk_dist_doc, want[i]), "the help lacks %s", want[i]);
 }
+
+Test(values, idle_timeout_for_started_ranks)
+{
+    ok("");
+    cr_assert_float_eq(opts.idle_timeout_s, DK_DEFAULT_IDLE_TIMEOUT_S, 1e-9);
+    cr_assert(!opts.idle_given);
+    ok("num_processes=2 idle_timeout=90");
+    cr_assert_float_eq(opts.idle_timeout_s, 90.0, 1e-9);
+    cr_assert(opts.idle_given);
+    ok("idle_timeout=None");
+    cr_assert_float_eq(opts.idle_timeout_s, 0.0, 1e-9);
+    cr_assert(opts.idle_given);
+    fails("idle_timeout=0", "idle_timeout", "greater than 0", "None", NULL);
+    fails("idle_timeout='5'", "idle_timeout", NULL);
+    fails("idle_timeout=soon", "idle_timeout", "soon", NULL);
+}
+
+Test(values, parse_onto_keeps_what_the_text_leaves_out)
+{
+    ok("num_processes=2 output=rank0 timeout=5 experiment=e");
+    cr_assert_eq(dk_dist_opts_parse_onto("timeout=9 result=r", &opts, err, sizeof err), 0, "%s",
+                 err);
+    cr_assert_eq(opts.num_processes, 2);
+    cr_assert_eq(opts.output, DK_OUTPUT_RANK0);
+    cr_assert_float_eq(opts.timeout_s, 9.0, 1e-9);
+    cr_assert_str_eq(opts.result_name, "r");
+    cr_assert_str_eq(opts.experiment, "e");
+    cr_assert_eq(dk_dist_opts_parse_onto("output=nope", &opts, err, sizeof err), -1);
+}

@@ -264,3 +264,68 @@ Test(outcome, a_fate_can_be_asked_alone)
     dk_dist_outcome_fate(&o, 1, 0, fate, sizeof fate);
     cr_assert_str_eq(fate, "rank 1: ended by distkernel after rank 0 failed");
 }
+
+/* ---- cells on started ranks (%distributed start) ---------------------------------- */
+
+Test(outcome, an_interrupted_cell_on_started_ranks_says_they_still_run)
+{
+    o.end = DK_END_CANCELLED;
+    o.interrupted = true;
+    o.kept = true;
+    ranks[0].state = DK_RANK_DONE;
+    build(false);
+    cr_assert_str_eq(field("ename"), "KeyboardInterrupt");
+    cr_assert_str_eq(field("evalue"), "interrupted: every rank raised KeyboardInterrupt; the "
+                                      "started ranks are still running");
+    cr_assert_str_eq(line(2), "  rank 0: finished");
+    cr_assert_str_eq(line(3), "  rank 1: interrupted (KeyboardInterrupt; still running)");
+}
+
+Test(outcome, a_timed_out_cell_on_started_ranks_says_they_still_run)
+{
+    o.end = DK_END_TIMEOUT;
+    o.timeout_s = 2;
+    o.kept = true;
+    build(false);
+    cr_assert_str_eq(field("ename"), "TimeoutError");
+    cr_assert_str_eq(field("evalue"), "the cell ran past timeout=2 s and every rank was "
+                                      "interrupted; the started ranks are still running");
+    cr_assert_str_eq(line(2), "  rank 0: interrupted (timeout; still running)");
+}
+
+Test(outcome, an_exception_on_started_ranks_names_the_root_and_the_interrupted)
+{
+    raised(1);
+    o.root = 1;
+    o.kept = true;
+    build(false);
+    cr_assert_str_eq(field("ename"), "ValueError");
+    cr_assert_str_eq(field("evalue"), "[rank 1] bad shape");
+    size_t n = json_array_size(json_object_get(error, "traceback"));
+    bool found = false;
+    for (size_t i = 0; i < n; i++)
+        found = found || strcmp(line(i), "  rank 0: interrupted after rank 1 failed (still "
+                                         "running)") == 0;
+    cr_assert(found, "no line for rank 0's interrupt");
+}
+
+Test(outcome, started_ranks_that_ended_during_the_cell_say_how_to_start_again)
+{
+    o.end = DK_END_FAILED;
+    o.root = 0;
+    o.pool_gone = true;
+    ranks[0] = (dk_dist_rank_t){.state = DK_RANK_FAILED, .exit_code = 3, .got_cell = true,
+                                .log_complete = true};
+    build(false);
+    size_t n = json_array_size(json_object_get(error, "traceback"));
+    cr_assert_str_eq(line(n - 1), "The started ranks have ended; %distributed start starts "
+                                  "new ones (their variables are lost).");
+}
+
+Test(outcome, ranks_ended_for_being_idle)
+{
+    o.end = DK_END_IDLE;
+    build(false);
+    cr_assert_str_eq(field("evalue"), "the started ranks were idle past idle_timeout and ended");
+    cr_assert_str_eq(line(2), "  rank 0: ended by distkernel (idle_timeout)");
+}

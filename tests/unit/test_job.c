@@ -635,7 +635,8 @@ Test(job, the_timeout_stops_every_rank)
     cr_assert_eq(dk_job_end(job), DK_END_TIMEOUT);
     cr_assert_eq(dk_job_root_cause(job), -1);
     for (int r = 0; r < 2; r++)
-        cr_assert_eq(dk_job_rank_state(job, r), DK_RANK_STOPPED);
+        cr_assert_eq(dk_job_rank_state(job, r), DK_RANK_STOPPED, "rank %d: state %d code %d",
+                     r, dk_job_rank_state(job, r), dk_job_rank_exit_code(job, r));
     finish(&job);
 }
 
@@ -1048,4 +1049,164 @@ Test(job, a_tmpdir_others_can_write_is_refused_for_the_back_channel)
               strstr(err, "TMPDIR"), "%s", err);
     rmdir(open_dir);
     finish(&job);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Persistent jobs: rounds on ranks that stay                                */
+
+static dk_job_t *start_persistent(int world_size, double idle_timeout_s)
+{
+    const char *extra[] = {"FAKE_MODE=rounds", NULL};
+    dk_job_spec_t spec = spec_for(world_size, extra);
+    spec.persistent = true;
+    spec.idle_timeout_s = idle_timeout_s;
+    spec.grace_s = FAST_GRACE;
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_round_wait(job, 20000), "the ranks never all said HELLO");
+    cr_assert_eq(dk_job_round_end(job), DK_END_OK);
+    return job;
+}
+
+/* Submit ACTION as the next round and wait for it to end. */
+static dk_job_end_t round_of(dk_job_t *job, const char *action)
+{
+    char err[256] = "";
+    cr_assert_eq(dk_job_submit(job, action, strlen(action), 0, err, sizeof err), 0, "%s", err);
+    cr_assert(dk_job_round_wait(job, 20000), "the round did not end");
+    return dk_job_round_end(job);
+}
+
+Test(job, a_persistent_job_runs_rounds_on_the_same_ranks)
+{
+    dk_job_t *job = start_persistent(2, 0);
+    int pids[2] = {dk_job_rank_pid(job, 0), dk_job_rank_pid(job, 1)};
+    for (int round = 1; round <= 3; round++) {
+        cr_assert_eq(round_of(job, "result"), DK_END_OK);
+        for (int r = 0; r < 2; r++) {
+            char expected[64];
+            snprintf(expected, sizeof expected, "round=%d rank=%d", round, r);
+            cr_assert_str_eq(rec.msg[r].buf, expected);
+            cr_assert_eq(dk_job_rank_state(job, r), DK_RANK_DONE);
+            cr_assert_eq(dk_job_rank_pid(job, r), pids[r]);
+        }
+    }
+    cr_assert_eq(dk_job_end(job), DK_END_NONE);
+    /* A second submit while a round runs is refused. */
+    char err[256] = "";
+    cr_assert_eq(dk_job_submit(job, "sleep", 5, 0, err, sizeof err), 0);
+    wait_output(0, "sleeping 4");
+    cr_assert_eq(dk_job_submit(job, "result", 6, 0, err, sizeof err), -1);
+    cr_assert(strstr(err, "still running"), "%s", err);
+    dk_job_interrupt(job);
+    cr_assert(dk_job_round_wait(job, 20000));
+    cr_assert_eq(dk_job_round_end(job), DK_END_CANCELLED);
+    cr_assert_eq(dk_job_rank_state(job, 0), DK_RANK_STOPPED);
+    cr_assert_eq(round_of(job, "result"), DK_END_OK);
+    cr_assert_str_eq(rec.msg[1].buf, "round=5 rank=1");
+    finish(&job);
+    cr_assert_eq(kill(pids[0], 0), -1, "rank 0 outlived its job");
+}
+
+Test(job, an_error_ends_the_round_not_the_job)
+{
+    dk_job_t *job = start_persistent(2, 0);
+    cr_assert_eq(round_of(job, "error@1"), DK_END_FAILED);
+    cr_assert_eq(dk_job_round_root_cause(job), 1);
+    cr_assert(rec.msg_error[1]);
+    cr_assert_str_eq(rec.msg[1].buf, "boom in round 1 on rank 1");
+    cr_assert_eq(dk_job_rank_state(job, 1), DK_RANK_FAILED);
+    cr_assert_eq(dk_job_end(job), DK_END_NONE);
+    cr_assert_eq(round_of(job, "result"), DK_END_OK);
+    finish(&job);
+}
+
+Test(job, a_rank_that_exits_ends_every_rank_with_it_as_root_cause)
+{
+    dk_job_t *job = start_persistent(2, 0);
+    cr_assert_eq(round_of(job, "exit3@0"), DK_END_FAILED);
+    cr_assert(dk_job_wait(job, 20000));
+    cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    cr_assert_eq(dk_job_root_cause(job), 0);
+    cr_assert_eq(dk_job_rank_exit_code(job, 0), 3);
+    cr_assert_eq(dk_job_rank_state(job, 1), DK_RANK_STOPPED);
+    char err[256] = "";
+    cr_assert_eq(dk_job_submit(job, "result", 6, 0, err, sizeof err), -1);
+    cr_assert(strstr(err, "ended"), "%s", err);
+    finish(&job);
+}
+
+Test(job, a_rank_stuck_after_an_interrupt_ends_the_job_after_the_grace)
+{
+    dk_job_t *job = start_persistent(2, 0);
+    char err[256] = "";
+    cr_assert_eq(dk_job_submit(job, "stuck@1", 7, 0, err, sizeof err), 0);
+    wait_output(1, "stuck 1");
+    double t0 = now_s();
+    dk_job_interrupt(job);
+    cr_assert(dk_job_round_wait(job, 20000));
+    cr_assert(dk_job_wait(job, 20000));
+    cr_assert_geq(now_s() - t0, FAST_GRACE - 0.05);
+    cr_assert_eq(dk_job_end(job), DK_END_CANCELLED);
+    cr_assert_eq(dk_job_round_end(job), DK_END_CANCELLED);
+    cr_assert(warned("did not return to the prompt"));
+    finish(&job);
+}
+
+Test(job, the_round_timeout_interrupts_and_keeps_the_ranks)
+{
+    dk_job_t *job = start_persistent(2, 0);
+    char err[256] = "";
+    cr_assert_eq(dk_job_submit(job, "sleep", 5, 0.3, err, sizeof err), 0, "%s", err);
+    cr_assert(dk_job_round_wait(job, 20000));
+    cr_assert_eq(dk_job_round_end(job), DK_END_TIMEOUT);
+    cr_assert_eq(dk_job_end(job), DK_END_NONE);
+    cr_assert_eq(round_of(job, "result"), DK_END_OK);
+    finish(&job);
+}
+
+Test(job, an_idle_persistent_job_ends_after_its_idle_timeout)
+{
+    dk_job_t *job = start_persistent(2, 0.5);
+    cr_assert_eq(round_of(job, "result"), DK_END_OK);
+    cr_assert_eq(dk_job_end(job), DK_END_NONE);
+    cr_assert(dk_job_wait(job, 20000), "the idle job never ended");
+    cr_assert_eq(dk_job_end(job), DK_END_IDLE);
+    for (int r = 0; r < 2; r++)
+        cr_assert_eq(dk_job_rank_state(job, r), DK_RANK_STOPPED, "rank %d: state %d code %d",
+                     r, dk_job_rank_state(job, r), dk_job_rank_exit_code(job, r));
+    finish(&job);
+}
+
+Test(job, an_answer_naming_another_round_closes_the_connection)
+{
+    dk_job_t *job = start_persistent(2, 0);
+    cr_assert_neq(round_of(job, "bad_round@1"), DK_END_OK);
+    cr_assert(warned("did not name the current round"));
+    cr_assert(dk_job_wait(job, 20000));
+    cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    cr_assert_eq(dk_job_root_cause(job), 1);
+    finish(&job);
+}
+
+Test(job, each_round_can_have_its_own_log_dir)
+{
+    dk_job_t *job = start_persistent(1, 0);
+    char dir2[300], err[256] = "";
+    snprintf(dir2, sizeof dir2, "%s-2", log_dir);
+    cr_assert_eq(dk_job_set_log_dir(job, dir2, err, sizeof err), 0, "%s", err);
+    cr_assert_str_eq(dk_job_log_dir(job), dir2);
+    cr_assert_eq(dk_job_submit(job, "sleep", 5, 0, err, sizeof err), 0, "%s", err);
+    wait_output(0, "sleeping 1");
+    dk_job_interrupt(job);
+    cr_assert(dk_job_round_wait(job, 20000));
+    finish(&job);
+    char path[512], text[256] = "";
+    snprintf(path, sizeof path, "%s/rank-0.log", dir2);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "no %s", path);
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    text[n] = '\0';
+    fclose(f);
+    cr_assert(strstr(text, "sleeping 1"), "the round's log has: %s", text);
+    remove_dir(dir2);
 }

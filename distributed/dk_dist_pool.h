@@ -1,0 +1,55 @@
+/*
+ * dk_dist_pool: ranks started with `%distributed start`, kept between cells.
+ *
+ * The pool is a persistent job (runtime/dk_job.h: rounds of TASK frames on
+ * ranks that stay) with the plan and options it was started with. Each cell
+ * or .distributed() call on it is a dk_dist_run of its own (its relay, status
+ * display, log folder, MLflow run, outcome), which attaches its sink to the
+ * pool while it runs: the job's sink is the pool's, and forwards to the run
+ * attached, if any. Output a rank writes between cells goes only to its log.
+ *
+ * Owned by the feature (dk_distributed); everything here is called on the
+ * kernel's main thread except the sink, which the runtime thread calls.
+ */
+#ifndef DK_DIST_POOL_H
+#define DK_DIST_POOL_H
+
+#include "dk_dist_opts.h"
+#include "dk_dist_plan.h"
+#include "dk_job.h"
+
+typedef struct dk_dist_pool_t dk_dist_pool_t;
+
+/* A pool for ranks planned as PLAN, started with OPTS (copied), named by the
+ * random ID; no job yet. NULL when out of memory. */
+dk_dist_pool_t *dk_dist_pool_new(const dk_dist_opts_t *opts, const dk_dist_plan_t *plan,
+                                 const char *id);
+
+/* The sink to start the pool's job with: it forwards to the attached run. */
+dk_sink_t dk_dist_pool_sink(dk_dist_pool_t *self);
+
+/* The pool's job (which it owns from now on), once started. */
+void dk_dist_pool_set_job(dk_dist_pool_t *self, dk_job_t *job);
+dk_job_t *dk_dist_pool_job(dk_dist_pool_t *self);
+
+/* Route the job's callbacks to SINK (copied) while a run uses the ranks; NULL
+ * detaches (returns once no callback is still running into the old one). */
+void dk_dist_pool_attach(dk_dist_pool_t *self, const dk_sink_t *sink);
+
+const dk_dist_plan_t *dk_dist_pool_plan(const dk_dist_pool_t *self);
+const dk_dist_opts_t *dk_dist_pool_opts(const dk_dist_pool_t *self);
+const char *dk_dist_pool_id(const dk_dist_pool_t *self);
+
+/* Whether the ranks still run (the job has not ended). */
+bool dk_dist_pool_alive(dk_dist_pool_t *self);
+
+/* What `%distributed status` shows (malloc'd), or NULL when out of memory. */
+char *dk_dist_pool_status_text(dk_dist_pool_t *self);
+
+/* Why the ranks ended, in a sentence, into OUT (the job must have ended). */
+void dk_dist_pool_gone_text(dk_dist_pool_t *self, char *out, size_t outlen);
+
+/* End the ranks (if they run), wait for them, and free. Sets *SELF_P to NULL. */
+void dk_dist_pool_destroy(dk_dist_pool_t **self_p);
+
+#endif
