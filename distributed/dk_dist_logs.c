@@ -31,16 +31,39 @@ int dk_dist_logs_size_from_env(const char *name, unsigned long long dflt,
     return 0;
 }
 
-/* The kernel's own folder in ROOT, made if missing, after pruning the root. */
+/* Whether the root must be measured (and pruned) before this run: see the
+ * header. The last run's folder is measured here, in KDIR. */
+static bool must_measure(dk_dist_logs_t *self, int kdir, unsigned long long root_cap)
+{
+    if (self->runs == 0 || root_cap != self->cap_seen)
+        return true;
+    if (root_cap == 0)
+        return false;   /* no cap: exited kernels were looked at before the first run */
+    const char *last = self->kept[self->runs % DK_DIST_KEEP_RUN_LOGS];   /* see keep() */
+    unsigned long long wrote = last[0] ? dk_logdir_usage(kdir, last) : 0;
+    if (wrote >= self->room)
+        return true;
+    self->room -= wrote;
+    return false;
+}
+
+/* The kernel's own folder in ROOT, made if missing, the root pruned first when
+ * it must be. */
 static int kernel_dir(dk_dist_logs_t *self, int root, unsigned long long root_cap,
                       const char *kname, char *err, size_t errlen)
 {
+    int kdir = dk_logdir_mkdir(root, kname, false, err, errlen);
+    if (kdir < 0 || !must_measure(self, kdir, root_cap))
+        return kdir;
     dk_logdir_policy_t policy = {.keep_dead_kernels = DK_DIST_KEEP_DEAD_KERNELS,
                                  .dead_age_s = DK_DIST_DEAD_KERNEL_AGE_S, .cap = root_cap};
     if (self->runs > 0)
         policy.keep_dead_kernels = INT32_MAX;   /* exited kernels: looked at once per kernel */
-    dk_logdir_prune(root, &policy, getpid());
-    return dk_logdir_mkdir(root, kname, false, err, errlen);
+    unsigned long long usage = 0;
+    dk_logdir_prune(root, &policy, getpid(), &usage);
+    self->cap_seen = root_cap;
+    self->room = root_cap > usage ? root_cap - usage : 0;
+    return kdir;
 }
 
 /* Remember run folder NAME in the ring, removing the one it replaces. */

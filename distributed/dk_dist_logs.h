@@ -14,8 +14,14 @@
  *     old; a folder whose kernel still runs is not touched by that rule; they
  *     are looked at once per kernel, before its first run;
  *   - the whole root holds at most DISTKERNEL_LOG_ROOT_CAP (default
- *     DK_LOG_ROOT_CAP_DEFAULT): before each run, the oldest runs of any kernel go
- *     first until it fits.
+ *     DK_LOG_ROOT_CAP_DEFAULT): before a run, the oldest runs of any kernel go
+ *     first until it fits. Measuring the root reads every file's size, which
+ *     costs more than a `pass` cell on started ranks once the root holds
+ *     hundreds of runs; so the kernel measures it before its first run and
+ *     again only once its own runs since then have written more than the room
+ *     the root had left (each finished run's folder is measured, which is
+ *     cheap), or when the cap changes. Other kernels measure before their own
+ *     runs, so the root is over its cap by at most what runs write meanwhile.
  * A run folder is made fresh here and held by the job from its start; a pruner of
  * another kernel in between could only take it if it were the oldest run of an
  * over-full root, and then the run fails to start with a message, nothing worse.
@@ -34,6 +40,9 @@
 typedef struct {
     char kept[DK_DIST_KEEP_RUN_LOGS][128];
     unsigned long runs;
+    unsigned long long cap_seen;    /* the root cap at the last measurement */
+    unsigned long long room;        /* what the root had left then, less what
+                                       this kernel's runs wrote since */
 } dk_dist_logs_t;
 
 /* Make the next run's log folder (RUN_ID in its name), pruning as above with

@@ -518,6 +518,11 @@ dk_dist_run_t *dk_dist_run_start_on(const dk_dist_host_t *host, dk_dist_pool_t *
         return fail(run, PyExc_ValueError, err);
     if (run->opts.idle_given)
         return fail(run, PyExc_ValueError, "idle_timeout= is an option of `%distributed start`");
+    /* The ranks' logs are opened, with their cap, when the ranks start. */
+    if (run->opts.log_cap != dk_dist_pool_opts(pool)->log_cap)
+        return fail(run, PyExc_ValueError,
+                    "log_cap= is set when the ranks start: `%distributed stop`, then "
+                    "`%distributed start ... log_cap=SIZE`");
     if (run->opts.warnings[0]) {
         char line[600];
         snprintf(line, sizeof line, "%s\n", run->opts.warnings);

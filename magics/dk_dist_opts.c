@@ -202,10 +202,10 @@ static const char *next_token(const char *p, char *name, size_t nlen, char *valu
     return p;
 }
 
-/* Every rank is a process on this machine, and the kernel holds five
- * descriptors for each (runtime/dk_fdlimit.h); 4096 is far more than one node
- * has cores or GPUs for. Whether a count fits the descriptor limit is checked
- * when the cell runs. */
+/* The kernel holds descriptors for each rank (five for a local one,
+ * runtime/dk_fdlimit.h), its log and its output line; 4096 is far more than
+ * one node has cores or GPUs for. Whether a count fits the descriptor limit is
+ * checked when the cell runs. */
 #define RANKS_MAX 4096
 
 bool dk_dist_opts_parse_size(const char *text, unsigned long long *out)
@@ -242,9 +242,9 @@ static int parse_count(const char *name, const char *value, int *out, char *err,
     long n = strtol(value, &end, 10);
     if (!*value || *end || errno || n < 1 || n > RANKS_MAX) {
         dk_set_err(err, errlen, "%s must be a positive whole number (1 to %d), got '%s'; at "
-                 "most %d because every rank is a process on this machine holding 5 of the "
-                 "kernel's file descriptors, which is more ranks than a node has cores or GPUs "
-                 "for", name, RANKS_MAX, value, RANKS_MAX);
+                   "most %d because the kernel keeps a log and a live output line for every "
+                   "rank, and each rank on this node holds 5 of the kernel's file descriptors",
+                   name, RANKS_MAX, value, RANKS_MAX);
         return -1;
     }
     *out = (int)n;

@@ -422,7 +422,8 @@ static void list_runs(int rootfd, const entry_t *k, entries_t *out)
     close(kfd);
 }
 
-int dk_logdir_prune(int rootfd, const dk_logdir_policy_t *policy, pid_t self)
+int dk_logdir_prune(int rootfd, const dk_logdir_policy_t *policy, pid_t self,
+                    unsigned long long *usage)
 {
     entries_t kernels = {0};
     list_kernels(rootfd, self, &kernels);
@@ -465,6 +466,8 @@ int dk_logdir_prune(int rootfd, const dk_logdir_policy_t *policy, pid_t self)
             close(kfd);
         }
         free(runs.v);
+        if (usage)
+            *usage = total;
     }
     free(kernels.v);
     return removed;

@@ -84,8 +84,10 @@ typedef struct {
  * (other than SELF) beyond the newest KEEP_DEAD_KERNELS once older than
  * DEAD_AGE_S; then, while the root holds more than CAP bytes, run folders
  * (kernel-*\/run-*) oldest first, never one that is held (dk_logdir_hold), and
- * kernel folders of exited processes left empty. Returns the number of run
+ * kernel folders of exited processes left empty. With a cap, *USAGE (when not
+ * NULL) gets the bytes the root holds afterwards. Returns the number of run
  * folders removed for the cap. */
-int dk_logdir_prune(int rootfd, const dk_logdir_policy_t *policy, pid_t self);
+int dk_logdir_prune(int rootfd, const dk_logdir_policy_t *policy, pid_t self,
+                    unsigned long long *usage);
 
 #endif

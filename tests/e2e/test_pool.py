@@ -133,6 +133,10 @@ def test_another_size_while_started_is_a_clear_error_and_changes_nothing(started
     assert {int(v) for v in rank_values(r).values()} == set(pids.values()), r.describe()
     r = k.execute("%distributed start num_processes=2", timeout=RUN)
     assert r.status == "error" and "already started" in r.content["evalue"], r.describe()
+    # The logs' cap is the start's: a cell's own is refused, not ignored.
+    r = k.execute("%%distributed log_cap=1M\n1", timeout=RUN)
+    assert r.status == "error" and "log_cap= is set when the ranks start" in r.content["evalue"], \
+        r.describe()
     assert pids_of(k) == pids
 
 

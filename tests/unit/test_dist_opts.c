@@ -435,7 +435,7 @@ Test(bad_values, huge_rank_count_names_the_limit)
     fails("num_processes=5000", "num_processes", "4096", NULL);
     fails("num_accelerators=5000", "num_accelerators", "4096", NULL);
     /* ... and why it is what it is (finding 5 of issue 11). */
-    fails("num_processes=5000", "every rank is a process on this machine",
+    fails("num_processes=5000", "a live output line for every rank",
           "5 of the kernel's file descriptors", NULL);
 }
 

@@ -202,7 +202,7 @@ Test(logdir, the_root_cap_removes_the_oldest_runs_first_and_never_a_held_one)
     int root = open(base, O_RDONLY | O_DIRECTORY);
     dk_logdir_policy_t policy = {.keep_dead_kernels = 10, .dead_age_s = 86400,
                                  .cap = 160 << 10};
-    int removed = dk_logdir_prune(root, &policy, getpid());
+    int removed = dk_logdir_prune(root, &policy, getpid(), NULL);
     cr_assert_eq(removed, 2);
     cr_assert(!exists(at(DEAD)), "an exited kernel's folder left empty goes");
     cr_assert(exists(path), "a held run is never removed");
@@ -226,7 +226,7 @@ Test(logdir, folders_of_exited_kernels_go_beyond_the_newest_once_old)
     utimes(at("kernel-4194302"), mid);
     int root = open(base, O_RDONLY | O_DIRECTORY);
     dk_logdir_policy_t policy = {.keep_dead_kernels = 1, .dead_age_s = 86400};
-    dk_logdir_prune(root, &policy, getpid());
+    dk_logdir_prune(root, &policy, getpid(), NULL);
     cr_assert(exists(at(DEAD)), "the newest stays");
     cr_assert(!exists(at("kernel-4194301")) && !exists(at("kernel-4194302")));
     close(root);

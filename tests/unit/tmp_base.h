@@ -34,7 +34,7 @@ static void tmp_base_remove(void)
 }
 
 /* BASE/REL, in one of a few rotating buffers (enough for one assertion). */
-static char *at(const char *rel)
+__attribute__((unused)) static char *at(const char *rel)
 {
     static char paths[8][512];
     static int i;
