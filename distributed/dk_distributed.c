@@ -376,10 +376,18 @@ static int distributed_line_magic(void *host, void *data, const char *args, cons
     return -1;
 }
 
+/* At exit, the started ranks end and are waited for. The pool is not freed:
+ * this may run on the control thread while the main thread is still inside a
+ * cell that uses it (a shutdown that the cell did not give way to), and the
+ * process is about to end anyway. */
 static void stop_pool(void *data)
 {
     dk_distributed_t *d = data;
-    dk_dist_pool_destroy(&d->pool);
+    dk_job_t *job = d->pool ? dk_dist_pool_job(d->pool) : NULL;
+    if (job) {
+        dk_job_cancel(job);
+        dk_job_wait(job, -1);
+    }
 }
 
 static void stop_tracking_server(void *data)

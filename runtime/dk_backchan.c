@@ -477,6 +477,11 @@ static void conn_frame(dk_backchan_t *self, conn_t *c)
     else if (c->done)
         refuse(self, c, self->persistent ? "it answered with no task waiting for an answer"
                                          : "it sent a second result");
+    else if (self->persistent && conn_has_output(c))
+        /* An answer before its TASK has been read in full is not an answer to
+         * it; and the TASK still being written must not be freed or queued
+         * over by the next round. */
+        refuse(self, c, "it answered before it had read its task");
     else if (self->persistent &&
              (body_len < BODY_HEAD + 4 || get_be32(body + BODY_HEAD) != self->round))
         refuse(self, c, "its answer did not name the current round");
@@ -719,6 +724,13 @@ int dk_backchan_send_task(dk_backchan_t *self, uint32_t round, const void *paylo
         conn_t *c = &self->conns[i];
         if (c->fd < 0 || c->rank < 0)
             continue;
+        if (conn_has_output(c)) {
+            /* Cannot happen with an honest rank (it answered the last task,
+             * so it read it); a connection still owed bytes of the old copy
+             * is closed rather than left pointing into freed memory. */
+            refuse(self, c, "it had not read its last task");
+            continue;
+        }
         c->done = false;
         if (!queue_payload(self, c))
             refuse(self, c, "OpenSSL could not sign the task");

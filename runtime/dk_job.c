@@ -144,6 +144,7 @@ struct dk_job_t {
     double round_timeout_s;
     dk_job_end_t round_reason;  /* CANCELLED or TIMEOUT once interrupted */
     double round_deadline;      /* the grace after our SIGINT ends; -1: none */
+    double round_resend_at;     /* the next SIGINT to ranks still not answering */
 
     /* runtime thread only */
     struct pollfd *fds;
@@ -231,9 +232,11 @@ static void round_complete(dk_job_t *job)
 {
     pthread_mutex_lock(&job->lock);
     job->round_active = false;
-    job->round_end = job->round_reason != DK_END_NONE ? job->round_reason
-                     : job->round_root >= 0          ? DK_END_FAILED
-                                                     : DK_END_OK;
+    /* A rank's error is the root cause even when an interrupt or the timeout
+     * came while the others unwound from it. */
+    job->round_end = job->round_root >= 0             ? DK_END_FAILED
+                     : job->round_reason != DK_END_NONE ? job->round_reason
+                                                       : DK_END_OK;
     job->idle_since = dk_now_s();
     pthread_cond_broadcast(&job->cond);
     pthread_mutex_unlock(&job->lock);
@@ -246,16 +249,30 @@ static void round_answered(dk_job_t *job)
         round_complete(job);
 }
 
-/* SIGINT to every rank that has not answered; the grace starts. */
-static void interrupt_round(dk_job_t *job)
+/* SIGINT to every rank that has not answered. A rank ignores SIGINT between
+ * cells (its answer may be on its way), so one that has not yet read its
+ * TASK would lose a single signal: it is sent again every
+ * ROUND_RESEND_S until the rank answers or the grace ends. The rank takes
+ * only the first as a KeyboardInterrupt (python/distkernel/_rank.py). */
+#define ROUND_RESEND_S 0.1
+
+static void signal_unanswered(dk_job_t *job)
 {
     for (int r = 0; r < job->world_size; r++) {
         rank_t *rk = &job->ranks[r];
-        if (rk->reaped || rk->reported || rk->interrupted)
+        if (rk->reaped || rk->reported)
             continue;
         killpg(rk->pid, SIGINT);
         rk->interrupted = true;
     }
+    job->round_resend_at = dk_now_s() + ROUND_RESEND_S;
+}
+
+/* The round is interrupted: SIGINT to the ranks that have not answered; the
+ * grace starts. */
+static void interrupt_round(dk_job_t *job)
+{
+    signal_unanswered(job);
     if (job->round_deadline < 0)
         job->round_deadline = dk_now_s() + job->stop.grace;
 }
@@ -381,8 +398,12 @@ static void escalate(dk_job_t *job)
     if (job->persistent && job->stop_reason == DK_END_NONE) {
         pthread_mutex_lock(&job->lock);
         bool active = job->round_active && !job->submit_pending;
+        bool idle = !job->round_active;   /* a submit on its way is not idleness */
         double idle_since = job->idle_since;
         pthread_mutex_unlock(&job->lock);
+        if (active && job->round_deadline >= 0 && t < job->round_deadline &&
+            t >= job->round_resend_at)
+            signal_unanswered(job);
         if (active && job->round > 0 && job->round_reason == DK_END_NONE &&
             job->round_timeout_s > 0 && t >= job->round_started_at + job->round_timeout_s) {
             job->round_reason = DK_END_TIMEOUT;
@@ -390,7 +411,7 @@ static void escalate(dk_job_t *job)
         }
         if (active && job->round_deadline >= 0 && t >= job->round_deadline)
             round_stuck(job);
-        if (!active && job->idle_timeout_s > 0 && t >= idle_since + job->idle_timeout_s) {
+        if (idle && job->idle_timeout_s > 0 && t >= idle_since + job->idle_timeout_s) {
             warn(job, "the started ranks were idle for %g s (idle_timeout=, "
                  "DISTKERNEL_IDLE_TIMEOUT) and are being ended", job->idle_timeout_s);
             begin_stop(job, DK_END_IDLE);
@@ -654,8 +675,10 @@ static int poll_timeout_ms(const dk_job_t *job)
         bool active = job->round_active;
         double idle_since = job->idle_since;
         pthread_mutex_unlock((pthread_mutex_t *) &job->lock);
-        if (active && job->round_deadline >= 0)
+        if (active && job->round_deadline >= 0) {
             earliest(&next, job->round_deadline);
+            earliest(&next, job->round_resend_at);
+        }
         if (active && job->round > 0 && job->round_timeout_s > 0)
             earliest(&next, job->round_started_at + job->round_timeout_s);
         if (!active && job->idle_timeout_s > 0)

@@ -229,16 +229,20 @@ class _CellEnv:
 
 
 class _Busy:
-    """SIGINT is a KeyboardInterrupt only while a cell runs. Between cells it is
-    ignored: the kernel interrupts only ranks it has not heard from, and one
-    whose answer was still on its way must not die of that interrupt; the
-    kernel ends idle ranks by closing the channel."""
+    """SIGINT is a KeyboardInterrupt only while a cell runs, and only once per
+    cell. Between cells it is ignored: the kernel interrupts only ranks it has
+    not heard from, and one whose answer was still on its way must not die of
+    that interrupt; the kernel ends idle ranks by closing the channel. The
+    kernel sends SIGINT again every 0.1 s until a rank answers (a rank that had
+    not yet read its cell would otherwise miss it): the repeats must not cut
+    short the cell's own handling of the first."""
 
     def __init__(self):
         self.running = False
 
     def __call__(self, signum, frame):
         if self.running:
+            self.running = False
             raise KeyboardInterrupt
 
 

@@ -1156,7 +1156,7 @@ Test(job, the_round_timeout_interrupts_and_keeps_the_ranks)
 {
     dk_job_t *job = start_persistent(2, 0);
     char err[256] = "";
-    cr_assert_eq(dk_job_submit(job, "sleep", 5, 0.3, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(dk_job_submit(job, "sleep", 5, 1.0, err, sizeof err), 0, "%s", err);
     cr_assert(dk_job_round_wait(job, 20000));
     cr_assert_eq(dk_job_round_end(job), DK_END_TIMEOUT);
     cr_assert_eq(dk_job_end(job), DK_END_NONE);
@@ -1164,9 +1164,28 @@ Test(job, the_round_timeout_interrupts_and_keeps_the_ranks)
     finish(&job);
 }
 
+/* An interrupt that comes before the ranks have read their task is not lost
+ * (they ignore SIGINT between tasks): it is sent again until they answer, and
+ * the round ends interrupted with the ranks kept, not as stuck ranks. */
+Test(job, an_interrupt_right_after_a_submit_reaches_the_ranks)
+{
+    dk_job_t *job = start_persistent(2, 0);
+    for (int i = 0; i < 5; i++) {
+        char err[256] = "";
+        cr_assert_eq(dk_job_submit(job, "sleep", 5, 0, err, sizeof err), 0, "%s", err);
+        dk_job_interrupt(job);
+        cr_assert(dk_job_round_wait(job, 20000));
+        cr_assert_eq(dk_job_round_end(job), DK_END_CANCELLED);
+        cr_assert_eq(dk_job_end(job), DK_END_NONE, "the ranks were ended (round %d)", i);
+        cr_assert_not(warned("did not return to the prompt"));
+    }
+    cr_assert_eq(round_of(job, "result"), DK_END_OK);
+    finish(&job);
+}
+
 Test(job, an_idle_persistent_job_ends_after_its_idle_timeout)
 {
-    dk_job_t *job = start_persistent(2, 0.5);
+    dk_job_t *job = start_persistent(2, 3);
     cr_assert_eq(round_of(job, "result"), DK_END_OK);
     cr_assert_eq(dk_job_end(job), DK_END_NONE);
     cr_assert(dk_job_wait(job, 20000), "the idle job never ended");
