@@ -13,9 +13,9 @@
    ipykernel, --samples times after 5 warm-up cells.
 Samples 2 and 3 are interleaved in blocks of 10. Each sample is execute_request
 to the cell's idle status on iopub (dist_bench's client). The kernel's rank
-logs go to a fresh DISTKERNEL_LOG_DIR, removed at the end: a run prunes its
-log root first, and on a shared machine that root can be large enough to
-dominate a `pass` cell (see the report of this benchmark).
+logs go to a fresh DISTKERNEL_LOG_DIR, removed at the end, so that what is
+measured does not depend on what other runs left in the user's log root
+(a kernel measures that root before its first run, which the start pays).
 """
 
 import argparse
