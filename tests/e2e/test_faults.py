@@ -175,8 +175,15 @@ def test_rank_crashing_in_a_collective_is_named_with_its_signal(kernel, fault, s
     assert f"rank 1: killed by signal {number} (SIG{sig})" in r.content["evalue"], r.describe()
     fate = fates(r)
     assert "root cause" in fate.get(1, ""), f"rank 1 is not the root cause:\n{traceback_text(r)}"
-    assert fate.get(0, "").startswith("rank 0: ended by distkernel after rank 1 failed"), (
-        f"rank 0, waiting in all_reduce, was not ended by distkernel:\n{traceback_text(r)}")
+    # Rank 0 waits in all_reduce: distkernel ends it, unless gloo sees the
+    # dead peer's socket close first and raises; either way it is told as a
+    # consequence, never as the root cause.
+    zero = fate.get(0, "")
+    assert (zero.startswith("rank 0: ended by distkernel after rank 1 failed") or
+            (zero.startswith("rank 0: raised RuntimeError") and "Connection closed by peer" in zero)), (
+        f"rank 0, waiting in all_reduce, was neither ended by distkernel nor told of its peer:\n"
+        f"{traceback_text(r)}")
+    assert "root cause" not in zero, traceback_text(r)
     assert_nothing_left(kernel, *announced_run(kernel, msg_id))
 
 
