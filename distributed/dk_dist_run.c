@@ -15,7 +15,8 @@
  * while it is attached, waiting is for the round (dk_job_round_wait), and an
  * interrupt interrupts the round rather than ending the ranks. When the round
  * ends the runtime thread goes on (the ranks stay), so the run detaches from
- * the pool before its relay and records are freed.
+ * the pool as soon as the round ends: output written after that goes only to
+ * the ranks' logs, never after the cell's result.
  */
 #include "dk_dist_run.h"
 #include "dk_clock.h"
@@ -639,6 +640,12 @@ dk_job_end_t dk_dist_run_wait(dk_dist_run_t *run)
             last_status = dk_now_ms();
         }
     }
+    /* On started ranks the round is over but the ranks go on: what a rank's
+     * background thread writes from now on belongs to no cell (it goes to the
+     * rank's log), not after this cell's result. The rank drained its output
+     * before answering, so the cell's own output is in the relay already. */
+    if (run->pool)
+        dk_dist_pool_attach(run->pool, NULL);
     dk_job_end_t end = run_end(run);
     finish(run, end);
     publish_status(run, end == DK_END_OK ? "finished" : run->interrupted ? "interrupted" : "failed",

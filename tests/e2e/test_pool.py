@@ -107,6 +107,33 @@ def test_globals_and_process_group_are_kept_across_cells_on_the_same_pids(starte
     assert "cell one" not in open(os.path.join(d2, "rank-0.log")).read()
 
 
+LATE = ("%%distributed\nimport threading, time\n"
+        "def late():\n"
+        "    end = time.time() + 3\n"
+        "    i = 0\n"
+        "    while time.time() < end:\n"
+        "        print(f'late {i}', flush=True)\n"
+        "        i += 1\n"
+        "        time.sleep(0.001)\n"
+        "threading.Thread(target=late, daemon=True).start()\n"
+        "time.sleep(0.2)\nprint('last line', flush=True)\n'done'")
+
+
+@pytest.mark.timeout(300)
+def test_output_a_rank_thread_writes_after_the_cell_ends_is_not_shown_after_its_result(started):
+    k = started
+    for _ in range(3):
+        r = k.execute(LATE, timeout=RUN)
+        assert r.status == "ok", r.describe()
+        assert "[rank 0] last line" in r.stdout, r.describe()
+        at = next(i for i, m in enumerate(r.messages) if m["msg_type"] == "execute_result")
+        after = [m["content"]["text"] for m in r.messages[at:] if m["msg_type"] == "stream"]
+        assert not [t for t in after if "late" in t], r.describe()
+        time.sleep(3.5)     # the thread ends; what it wrote between cells is in the logs
+        r = k.execute("%%distributed\nprint('next cell')", timeout=RUN)
+        assert r.status == "ok" and "late" not in r.stdout, r.describe()
+
+
 @pytest.mark.timeout(300)
 def test_a_distributed_function_runs_on_the_started_ranks(started):
     k = started
