@@ -86,6 +86,12 @@ static dk_dist_pool_t *pool_for_run(dk_distributed_t *d, const char *options, bo
     *refused = false;
     if (!d->pool)
         return NULL;
+    /* Before anything else: a run in progress holds the pool, gone or not. */
+    if (dk_dist_pool_busy(d->pool)) {
+        PyErr_SetString(PyExc_RuntimeError, DK_DIST_POOL_BUSY_TEXT);
+        *refused = true;
+        return NULL;
+    }
     if (!dk_dist_pool_alive(d->pool)) {
         char why[512];
         dk_dist_pool_gone_text(d->pool, why, sizeof why);
@@ -276,8 +282,20 @@ static void exec_run_error(dk_exec_t *ex, dk_dist_run_t *run)
     json_decref(e);
 }
 
+/* Whether the started ranks are in use by a run (another thread's call may
+ * come while a cell waits with the GIL released): said as EX's error. */
+static bool pool_refused_busy(dk_exec_t *ex, dk_distributed_t *d)
+{
+    if (!d->pool || !dk_dist_pool_busy(d->pool))
+        return false;
+    dk_exec_error(ex, "RuntimeError", DK_DIST_POOL_BUSY_TEXT, NULL);
+    return true;
+}
+
 static int pool_start(dk_exec_t *ex, dk_distributed_t *d, const char *options)
 {
+    if (pool_refused_busy(ex, d))
+        return -1;
     if (d->pool && dk_dist_pool_alive(d->pool)) {
         char msg[512];
         snprintf(msg, sizeof msg, "ranks are already started (%s); `%%distributed stop` or "
@@ -307,17 +325,20 @@ static int pool_start(dk_exec_t *ex, dk_distributed_t *d, const char *options)
     return rc;
 }
 
-static void pool_stop(dk_distributed_t *d)
+static int pool_stop(dk_exec_t *ex, dk_distributed_t *d)
 {
     if (!d->pool) {
         say(d, "no ranks are started\n");
-        return;
+        return 0;
     }
+    if (pool_refused_busy(ex, d))
+        return -1;
     bool alive = dk_dist_pool_alive(d->pool);
     Py_BEGIN_ALLOW_THREADS
     dk_dist_pool_destroy(&d->pool);
     Py_END_ALLOW_THREADS
     say(d, alive ? "stopped the started ranks\n" : "the started ranks had already ended\n");
+    return 0;
 }
 
 /* %distributed start OPTIONS | status | stop | restart */
@@ -338,10 +359,8 @@ static int distributed_line_magic(void *host, void *data, const char *args, cons
                       NULL);
         return -1;
     }
-    if (strcmp(verb, "stop") == 0) {
-        pool_stop(d);
-        return 0;
-    }
+    if (strcmp(verb, "stop") == 0)
+        return pool_stop(ex, d);
     if (strcmp(verb, "restart") == 0) {
         if (!d->pool) {
             dk_exec_error(ex, "RuntimeError", "no ranks are started: `%distributed start "
@@ -350,7 +369,8 @@ static int distributed_line_magic(void *host, void *data, const char *args, cons
         }
         char options[sizeof d->pool_options];
         snprintf(options, sizeof options, "%s", d->pool_options);
-        pool_stop(d);
+        if (pool_stop(ex, d) < 0)
+            return -1;
         return pool_start(ex, d, options);
     }
     if (strcmp(verb, "status") == 0) {

@@ -135,6 +135,50 @@ def test_output_a_rank_thread_writes_after_the_cell_ends_is_not_shown_after_its_
 
 
 @pytest.mark.timeout(300)
+def test_another_thread_cannot_use_or_stop_the_ranks_while_a_cell_runs_on_them(started,
+                                                                                 tmp_path):
+    k = started
+    pids = pids_of(k)
+    marks = str(tmp_path)
+    # A thread of the kernel waits until the cell below runs on the ranks, then
+    # tries a .distributed() call, %distributed stop and restart, and says so.
+    r = k.execute(
+        "import os, threading, time\nfrom distkernel import distributed\n"
+        "@distributed()\ndef other():\n    return 'other'\n"
+        "tried = {}\n"
+        "def meddle():\n"
+        f"    while not os.path.exists({marks!r} + '/in'):\n"
+        "        time.sleep(0.05)\n"
+        "    for what, call in (('call', other.distributed),\n"
+        "                       ('stop', lambda: get_ipython().run_line_magic('distributed', 'stop')),\n"
+        "                       ('restart', lambda: get_ipython().run_line_magic('distributed', 'restart'))):\n"
+        "        try:\n"
+        "            tried[what] = repr(call())\n"
+        "        except BaseException as e:\n"
+        "            tried[what] = f'{type(e).__name__}: {e}'\n"
+        f"    open({marks!r} + '/out', 'w').close()\n"
+        "threading.Thread(target=meddle, daemon=True).start()")
+    assert r.status == "ok", r.describe()
+    r = k.execute(
+        "%%distributed\nimport os, time\nprint('cell begins', flush=True)\n"
+        f"if int(os.environ['RANK']) == 0:\n    open({marks!r} + '/in', 'w').close()\n"
+        "deadline = time.time() + 60\n"
+        f"while not os.path.exists({marks!r} + '/out') and time.time() < deadline:\n"
+        "    time.sleep(0.05)\n"
+        "print('cell ends', flush=True)\nos.path.exists(" + repr(marks) + " + '/out')",
+        timeout=RUN)
+    assert rank_values(r) == {0: "True", 1: "True"}, r.describe()
+    assert "[rank 0] cell begins" in r.stdout and "[rank 1] cell ends" in r.stdout, r.describe()
+    r = k.execute("print(tried)")
+    for what in ("call", "stop", "restart"):
+        assert f"'{what}': 'RuntimeError: " in r.stdout, r.describe()
+    assert r.stdout.count("a cell is running on the started ranks; wait for it or interrupt it") \
+        == 3, r.describe()
+    # The ranks are the same and still serve cells.
+    assert pids_of(k) == pids
+
+
+@pytest.mark.timeout(300)
 def test_a_distributed_function_runs_on_the_started_ranks(started):
     k = started
     pids = pids_of(k)
