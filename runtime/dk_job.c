@@ -1305,7 +1305,7 @@ int dk_job_set_log_dir(dk_job_t *job, const char *log_dir, char *err, size_t err
 int dk_job_submit(dk_job_t *job, const void *payload, size_t len, double timeout_s, char *err,
                   size_t errlen)
 {
-    if (len > DK_BC_PAYLOAD_MAX - 4) {
+    if (len > DK_BC_TASK_MAX) {
         dk_set_err(err, errlen, "the payload is %zu bytes; a cell can carry at most 1 GiB to its "
                  "ranks (pass large data through files instead)", len);
         return -1;
