@@ -403,6 +403,25 @@ def test_sigkill_of_the_kernel_leaves_no_started_rank(fresh_kernel):
 
 
 @pytest.mark.timeout(300)
+def test_sigkill_of_the_kernel_ends_what_the_started_ranks_started(fresh_kernel):
+    k = fresh_kernel
+    start(k)
+    pids = pids_of(k)
+    # Each rank starts a child that stays after the cell, in the rank's group.
+    r = k.execute("%%distributed\nimport subprocess\n"
+                  "kept = subprocess.Popen(['sleep', '300'])\nkept.pid", timeout=RUN)
+    sleeps = [int(v) for v in rank_values(r).values()]
+    assert len(sleeps) == 2 and support.wait_gone(sleeps, timeout=0) == sleeps, r.describe()
+    procs = support.descendants(k.pid)
+    everything = [p.pid for p in procs]
+    assert set(sleeps) | set(pids.values()) <= set(everything), everything
+    os.kill(k.pid, signal.SIGKILL)
+    k.process.wait(timeout=10)
+    assert support.wait_gone(everything, timeout=END_WITHIN) == [], \
+        support.describe_processes(procs)
+
+
+@pytest.mark.timeout(300)
 def test_shutdown_ends_the_started_ranks(fresh_kernel):
     k = fresh_kernel
     start(k)
