@@ -65,10 +65,15 @@ static int pool_fits(dk_dist_pool_t *pool, const char *started_with, const char 
         return -1;
     }
     const dk_dist_plan_t *plan = dk_dist_pool_plan(pool);
+    const dk_dist_opts_t *started = dk_dist_pool_opts(pool);
+    int nodes = started->nodes ? started->nodes : 1;
+    /* Where the ranks run is part of their size: nodes= or launcher= other
+     * than the start's would otherwise run on these ranks as if not given. */
     bool other = (o.num_processes && (plan->gpu || o.num_processes != plan->world)) ||
                  (o.num_accelerators && (!plan->gpu || o.num_accelerators != plan->world)) ||
                  (o.accelerator_model[0] && (!plan->gpu ||
-                                             strcasecmp(o.accelerator_model, plan->model) != 0));
+                                             strcasecmp(o.accelerator_model, plan->model) != 0)) ||
+                 (o.nodes && o.nodes != nodes) || o.launcher != started->launcher;
     if (!other)
         return 0;
     PyErr_Format(PyExc_ValueError,

@@ -214,6 +214,16 @@ def test_another_size_while_started_is_a_clear_error_and_changes_nothing(started
     assert {int(v) for v in rank_values(r).values()} == set(pids.values()), r.describe()
     r = k.execute("%distributed start num_processes=2", timeout=RUN)
     assert r.status == "error" and "already started" in r.content["evalue"], r.describe()
+    # Where the ranks run is part of their size: other nodes or another
+    # launcher are refused too, not run here as if not given.
+    for other in ("nodes=2", "launcher=slurm", "nodes=2 launcher=slurm"):
+        r = k.execute(f"%%distributed {other}\n1", timeout=RUN)
+        assert r.status == "error", r.describe()
+        assert "another size" in r.content["evalue"], r.describe()
+        assert other in r.content["evalue"] and "%distributed stop" in r.content["evalue"], \
+            r.describe()
+    r = k.execute("%%distributed nodes=1 launcher=local\nimport os\nos.getpid()", timeout=RUN)
+    assert {int(v) for v in rank_values(r).values()} == set(pids.values()), r.describe()
     # The logs' cap is the start's: a cell's own is refused, not ignored.
     r = k.execute("%%distributed log_cap=1M\n1", timeout=RUN)
     assert r.status == "error" and "log_cap= is set when the ranks start" in r.content["evalue"], \
