@@ -48,7 +48,8 @@ struct dk_distributed_t {
     dk_magic_t magic;
     dk_magic_t line_magic;      /* %distributed start|status|stop|restart */
     dk_dist_pool_t *pool;       /* the started ranks, or NULL */
-    char pool_options[1024];    /* what they were started with, for restart */
+    char *pool_options;         /* what they were started with, as written (restart,
+                                   messages), or NULL */
 };
 
 /* ---- started ranks -------------------------------------------------------------- */
@@ -309,15 +310,24 @@ static int pool_start(dk_exec_t *ex, dk_distributed_t *d, const char *options)
         return -1;
     }
     dk_dist_pool_destroy(&d->pool);
+    /* Kept whole, however long: restart starts exactly these again. */
+    char *kept = strdup(options);
+    if (!kept) {
+        dk_exec_error(ex, "MemoryError", "out of memory for the start's options", NULL);
+        return -1;
+    }
     dk_dist_run_t *run = dk_dist_run_start_pool(&d->host, options);
     if (!run) {
+        free(kept);
         exec_error_from_python(ex);
         return -1;
     }
     int rc = 0;
     if (dk_dist_run_wait(run) == DK_END_OK) {
         d->pool = dk_dist_run_take_pool(run);
-        snprintf(d->pool_options, sizeof d->pool_options, "%s", options);
+        free(d->pool_options);
+        d->pool_options = kept;
+        kept = NULL;
         char line[512];
         snprintf(line, sizeof line, "started %s (%s): %%%%distributed cells now run on them\n",
                  dk_dist_pool_plan(d->pool)->what, dk_dist_pool_id(d->pool));
@@ -326,6 +336,7 @@ static int pool_start(dk_exec_t *ex, dk_distributed_t *d, const char *options)
         exec_run_error(ex, run);
         rc = -1;
     }
+    free(kept);
     dk_dist_run_destroy(&run);
     return rc;
 }
@@ -372,11 +383,14 @@ static int distributed_line_magic(void *host, void *data, const char *args, cons
                           "OPTIONS` starts them", NULL);
             return -1;
         }
-        char options[sizeof d->pool_options];
-        snprintf(options, sizeof options, "%s", d->pool_options);
-        if (pool_stop(ex, d) < 0)
+        char *options = strdup(d->pool_options ? d->pool_options : "");
+        if (!options) {
+            dk_exec_error(ex, "MemoryError", "out of memory for the start's options", NULL);
             return -1;
-        return pool_start(ex, d, options);
+        }
+        int rc = pool_stop(ex, d) < 0 ? -1 : pool_start(ex, d, options);
+        free(options);
+        return rc;
     }
     if (strcmp(verb, "status") == 0) {
         if (!d->pool) {

@@ -232,6 +232,36 @@ def test_another_size_while_started_is_a_clear_error_and_changes_nothing(started
 
 
 @pytest.mark.timeout(300)
+def test_restart_starts_the_ranks_with_every_start_option_however_long(kernel):
+    # Over a kilobyte of options: restart and the messages keep all of them.
+    options = ("num_processes=2 experiment=" + "e" * 200 + " run_name=" + "r" * 200 +
+               " " * 700 + " result=kept_name")
+    r = kernel.execute(f"%distributed start {options}", timeout=RUN)
+    try:
+        assert r.status == "ok" and "started 2 CPU ranks" in r.stdout, r.describe()
+        for _ in range(2):
+            kernel.execute("kept_name = None")
+            r = kernel.execute("%%distributed\nimport os\nint(os.environ['RANK']) + 40",
+                               timeout=RUN)
+            assert r.status == "ok", r.describe()
+            r = kernel.execute("print(kept_name)")
+            assert r.stdout.strip() == "[40, 41]", r.describe()
+            r = kernel.execute("%distributed restart", timeout=RUN)
+            assert r.status == "ok" and "started 2 CPU ranks" in r.stdout, r.describe()
+        # The message of ranks that are gone names them all too.
+        pids = list(pids_from_status(kernel).values())
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        assert support.wait_gone(pids, timeout=END_WITHIN) == []
+        r = kernel.execute("%%distributed\n1", timeout=RUN)
+        assert r.status == "error" and "result=kept_name`" in r.content["evalue"], \
+            r.describe()
+    finally:
+        kernel.execute("%distributed stop", timeout=RUN)
+    assert support.wait_no_descendants(kernel.pid, timeout=END_WITHIN) == []
+
+
+@pytest.mark.timeout(300)
 def test_the_start_options_are_the_defaults_of_each_cell(kernel):
     start(kernel, "num_processes=2 output=rank0 timeout=15")
     try:
