@@ -48,11 +48,16 @@ struct dk_distributed_t {
     dk_magic_t magic;
     dk_magic_t line_magic;      /* %distributed start|status|stop|restart */
     dk_dist_pool_t *pool;       /* the started ranks, or NULL */
+    bool starting;              /* `%distributed start` is under way (pool not yet set) */
     char *pool_options;         /* what they were started with, as written (restart,
                                    messages), or NULL */
 };
 
 /* ---- started ranks -------------------------------------------------------------- */
+
+/* What another thread's use of the ranks gets while they are being started. */
+#define POOL_STARTING_TEXT                                                                  \
+    "ranks are being started by `%distributed start`; wait for it or interrupt it"
 
 /* Whether OPTIONS asks for a size other than POOL's. Sets a Python ValueError
  * (bad options, or another size) and returns -1; 0 when the run may use the
@@ -90,6 +95,13 @@ static int pool_fits(dk_dist_pool_t *pool, const char *started_with, const char 
 static dk_dist_pool_t *pool_for_run(dk_distributed_t *d, const char *options, bool *refused)
 {
     *refused = false;
+    /* A start under way: a fresh run now would compete for its devices, and
+     * this one should run on the ranks once they are there. */
+    if (d->starting) {
+        PyErr_SetString(PyExc_RuntimeError, POOL_STARTING_TEXT);
+        *refused = true;
+        return NULL;
+    }
     if (!d->pool)
         return NULL;
     /* Before anything else: a run in progress holds the pool, gone or not. */
@@ -292,6 +304,10 @@ static void exec_run_error(dk_exec_t *ex, dk_dist_run_t *run)
  * come while a cell waits with the GIL released): said as EX's error. */
 static bool pool_refused_busy(dk_exec_t *ex, dk_distributed_t *d)
 {
+    if (d->starting) {
+        dk_exec_error(ex, "RuntimeError", POOL_STARTING_TEXT, NULL);
+        return true;
+    }
     if (!d->pool || !dk_dist_pool_busy(d->pool))
         return false;
     dk_exec_error(ex, "RuntimeError", DK_DIST_POOL_BUSY_TEXT, NULL);
@@ -316,14 +332,20 @@ static int pool_start(dk_exec_t *ex, dk_distributed_t *d, const char *options)
         dk_exec_error(ex, "MemoryError", "out of memory for the start's options", NULL);
         return -1;
     }
+    /* Starting and waiting release the GIL: until the pool is set, another
+     * thread's start, stop or run is refused (POOL_STARTING_TEXT). */
+    d->starting = true;
     dk_dist_run_t *run = dk_dist_run_start_pool(&d->host, options);
     if (!run) {
+        d->starting = false;
         free(kept);
         exec_error_from_python(ex);
         return -1;
     }
     int rc = 0;
-    if (dk_dist_run_wait(run) == DK_END_OK) {
+    dk_job_end_t end = dk_dist_run_wait(run);
+    d->starting = false;
+    if (end == DK_END_OK) {
         d->pool = dk_dist_run_take_pool(run);
         free(d->pool_options);
         d->pool_options = kept;
@@ -343,12 +365,12 @@ static int pool_start(dk_exec_t *ex, dk_distributed_t *d, const char *options)
 
 static int pool_stop(dk_exec_t *ex, dk_distributed_t *d)
 {
+    if (pool_refused_busy(ex, d))
+        return -1;
     if (!d->pool) {
         say(d, "no ranks are started\n");
         return 0;
     }
-    if (pool_refused_busy(ex, d))
-        return -1;
     bool alive = dk_dist_pool_alive(d->pool);
     Py_BEGIN_ALLOW_THREADS
     dk_dist_pool_destroy(&d->pool);
@@ -378,6 +400,8 @@ static int distributed_line_magic(void *host, void *data, const char *args, cons
     if (strcmp(verb, "stop") == 0)
         return pool_stop(ex, d);
     if (strcmp(verb, "restart") == 0) {
+        if (pool_refused_busy(ex, d))
+            return -1;
         if (!d->pool) {
             dk_exec_error(ex, "RuntimeError", "no ranks are started: `%distributed start "
                           "OPTIONS` starts them", NULL);

@@ -179,6 +179,42 @@ def test_another_thread_cannot_use_or_stop_the_ranks_while_a_cell_runs_on_them(s
 
 
 @pytest.mark.timeout(300)
+def test_another_thread_cannot_start_stop_or_run_while_ranks_are_being_started(kernel):
+    # A thread of the kernel waits until the start below has forked its ranks,
+    # then tries what would race with it (a second pool, freeing one not yet set).
+    r = kernel.execute(
+        "import threading, time, psutil\nfrom distkernel import distributed\n"
+        "@distributed(num_processes=2)\ndef other():\n    return 'other'\n"
+        "tried = {}\n"
+        "def meddle():\n"
+        "    me = psutil.Process()\n"
+        "    while not any('distkernel-rank' in ' '.join(c.cmdline()) for c in me.children()):\n"
+        "        time.sleep(0.005)\n"
+        "    magic = get_ipython().run_line_magic\n"
+        "    for what, call in (('start', lambda: magic('distributed', 'start num_processes=2')),\n"
+        "                       ('stop', lambda: magic('distributed', 'stop')),\n"
+        "                       ('restart', lambda: magic('distributed', 'restart')),\n"
+        "                       ('call', other.distributed)):\n"
+        "        try:\n"
+        "            tried[what] = repr(call())\n"
+        "        except BaseException as e:\n"
+        "            tried[what] = f'{type(e).__name__}: {e}'\n"
+        "meddler = threading.Thread(target=meddle, daemon=True)\nmeddler.start()")
+    assert r.status == "ok", r.describe()
+    try:
+        start(kernel)
+        r = kernel.execute("meddler.join(60)\nprint(tried)")
+        for what in ("start", "stop", "restart", "call"):
+            assert f"'{what}': 'RuntimeError: " in r.stdout, r.describe()
+        assert r.stdout.count("ranks are being started by `%distributed start`; wait for it") \
+            == 4, r.describe()
+        assert len(pids_from_status(kernel)) == 2
+    finally:
+        kernel.execute("%distributed stop", timeout=RUN)
+    assert support.wait_no_descendants(kernel.pid, timeout=END_WITHIN) == []
+
+
+@pytest.mark.timeout(300)
 def test_a_distributed_function_runs_on_the_started_ranks(started):
     k = started
     pids = pids_of(k)
