@@ -23,6 +23,7 @@ struct dk_dist_pool_t {
     long long started_ms;
     pthread_mutex_t lock;       /* guards current */
     dk_sink_t current;          /* .data NULL: no run attached */
+    bool busy;                  /* a run uses the ranks (main thread, GIL held) */
 };
 
 dk_dist_pool_t *dk_dist_pool_new(const dk_dist_opts_t *opts, const dk_dist_plan_t *plan,
@@ -114,6 +115,16 @@ void dk_dist_pool_attach(dk_dist_pool_t *self, const dk_sink_t *sink)
     else
         memset(&self->current, 0, sizeof self->current);
     pthread_mutex_unlock(&self->lock);
+}
+
+bool dk_dist_pool_busy(const dk_dist_pool_t *self)
+{
+    return self->busy;
+}
+
+void dk_dist_pool_set_busy(dk_dist_pool_t *self, bool busy)
+{
+    self->busy = busy;
 }
 
 const dk_dist_plan_t *dk_dist_pool_plan(const dk_dist_pool_t *self)

@@ -36,6 +36,19 @@ dk_job_t *dk_dist_pool_job(dk_dist_pool_t *self);
  * detaches (returns once no callback is still running into the old one). */
 void dk_dist_pool_attach(dk_dist_pool_t *self, const dk_sink_t *sink);
 
+/* Whether a run uses the ranks now. A run waits with the GIL released, so
+ * another Python thread of the kernel may call .distributed() or
+ * `%distributed stop` meanwhile: the feature refuses both while the pool is
+ * busy. Set by the run that claims the ranks, cleared when it is destroyed;
+ * main thread (GIL held) only. */
+bool dk_dist_pool_busy(const dk_dist_pool_t *self);
+void dk_dist_pool_set_busy(dk_dist_pool_t *self, bool busy);
+
+/* The error a second use of busy ranks gets (one sentence, what to do). */
+#define DK_DIST_POOL_BUSY_TEXT                                                            \
+    "a cell is running on the started ranks; wait for it or interrupt it (one cell or "  \
+    ".distributed() call runs on them at a time)"
+
 const dk_dist_plan_t *dk_dist_pool_plan(const dk_dist_pool_t *self);
 const dk_dist_opts_t *dk_dist_pool_opts(const dk_dist_pool_t *self);
 const char *dk_dist_pool_id(const dk_dist_pool_t *self);

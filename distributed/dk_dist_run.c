@@ -15,7 +15,9 @@
  * while it is attached, waiting is for the round (dk_job_round_wait), and an
  * interrupt interrupts the round rather than ending the ranks. When the round
  * ends the runtime thread goes on (the ranks stay), so the run detaches from
- * the pool before its relay and records are freed.
+ * the pool as soon as the round ends: output written after that goes only to
+ * the ranks' logs, never after the cell's result. One run at a time uses the
+ * pool: it claims it (busy) when it starts and frees it when destroyed.
  */
 #include "dk_dist_run.h"
 #include "dk_clock.h"
@@ -63,6 +65,7 @@ struct dk_dist_run_t {
     dk_dist_pool_t *pool;
     bool owns_pool;
     bool starting;              /* the run is the pool's start (round 0) */
+    bool claimed;               /* this run set the pool busy */
 };
 
 static void write_err(dk_dist_run_t *run, const char *text)
@@ -202,6 +205,8 @@ void dk_dist_run_destroy(dk_dist_run_t **self_p)
         /* First: the job's thread calls the relay through the pool. */
         dk_dist_pool_attach(run->pool, NULL);
         run->job = NULL;        /* the pool's */
+        if (run->claimed)
+            dk_dist_pool_set_busy(run->pool, false);
         if (run->owns_pool)
             dk_dist_pool_destroy(&run->pool);
     }
@@ -500,6 +505,12 @@ dk_dist_run_t *dk_dist_run_start_on(const dk_dist_host_t *host, dk_dist_pool_t *
                                     const char *kind, const char *options, const void *payload,
                                     size_t len)
 {
+    /* The wait releases the GIL: another thread of the kernel may get here
+     * while a cell runs on the ranks, and must not take them over. */
+    if (dk_dist_pool_busy(pool)) {
+        PyErr_SetString(PyExc_RuntimeError, DK_DIST_POOL_BUSY_TEXT);
+        return NULL;
+    }
     dk_dist_run_t *run = calloc(1, sizeof *run);
     if (!run) {
         PyErr_NoMemory();
@@ -508,6 +519,11 @@ dk_dist_run_t *dk_dist_run_start_on(const dk_dist_host_t *host, dk_dist_pool_t *
     pthread_mutex_init(&run->lock, NULL);
     run->kernel = host->kernel;
     run->kind = kind;
+    /* Claimed from here: starting the round (MLflow, the log folder) may
+     * release the GIL too. Released by dk_dist_run_destroy. */
+    run->pool = pool;
+    run->claimed = true;
+    dk_dist_pool_set_busy(pool, true);
     /* The options the ranks were started with are the cell's defaults
      * (output=, timeout=, MLflow's...); the start's own are not repeated. */
     run->opts = *dk_dist_pool_opts(pool);
@@ -534,7 +550,6 @@ dk_dist_run_t *dk_dist_run_start_on(const dk_dist_host_t *host, dk_dist_pool_t *
         return fail(run, PyExc_MemoryError, NULL);
     for (int r = 0; r < run->plan.world; r++)
         run->ranks[r].gpu_index = run->plan.gpu ? run->plan.gpu_index[r] : -1;
-    run->pool = pool;
     return run_begin(run, host, payload, len);
 }
 
@@ -639,6 +654,12 @@ dk_job_end_t dk_dist_run_wait(dk_dist_run_t *run)
             last_status = dk_now_ms();
         }
     }
+    /* On started ranks the round is over but the ranks go on: what a rank's
+     * background thread writes from now on belongs to no cell (it goes to the
+     * rank's log), not after this cell's result. The rank drained its output
+     * before answering, so the cell's own output is in the relay already. */
+    if (run->pool)
+        dk_dist_pool_attach(run->pool, NULL);
     dk_job_end_t end = run_end(run);
     finish(run, end);
     publish_status(run, end == DK_END_OK ? "finished" : run->interrupted ? "interrupted" : "failed",

@@ -48,10 +48,16 @@ struct dk_distributed_t {
     dk_magic_t magic;
     dk_magic_t line_magic;      /* %distributed start|status|stop|restart */
     dk_dist_pool_t *pool;       /* the started ranks, or NULL */
-    char pool_options[1024];    /* what they were started with, for restart */
+    bool starting;              /* `%distributed start` is under way (pool not yet set) */
+    char *pool_options;         /* what they were started with, as written (restart,
+                                   messages), or NULL */
 };
 
 /* ---- started ranks -------------------------------------------------------------- */
+
+/* What another thread's use of the ranks gets while they are being started. */
+#define POOL_STARTING_TEXT                                                                  \
+    "ranks are being started by `%distributed start`; wait for it or interrupt it"
 
 /* Whether OPTIONS asks for a size other than POOL's. Sets a Python ValueError
  * (bad options, or another size) and returns -1; 0 when the run may use the
@@ -65,10 +71,15 @@ static int pool_fits(dk_dist_pool_t *pool, const char *started_with, const char 
         return -1;
     }
     const dk_dist_plan_t *plan = dk_dist_pool_plan(pool);
+    const dk_dist_opts_t *started = dk_dist_pool_opts(pool);
+    int nodes = started->nodes ? started->nodes : 1;
+    /* Where the ranks run is part of their size: nodes= or launcher= other
+     * than the start's would otherwise run on these ranks as if not given. */
     bool other = (o.num_processes && (plan->gpu || o.num_processes != plan->world)) ||
                  (o.num_accelerators && (!plan->gpu || o.num_accelerators != plan->world)) ||
                  (o.accelerator_model[0] && (!plan->gpu ||
-                                             strcasecmp(o.accelerator_model, plan->model) != 0));
+                                             strcasecmp(o.accelerator_model, plan->model) != 0)) ||
+                 (o.nodes && o.nodes != nodes) || o.launcher != started->launcher;
     if (!other)
         return 0;
     PyErr_Format(PyExc_ValueError,
@@ -84,8 +95,21 @@ static int pool_fits(dk_dist_pool_t *pool, const char *started_with, const char 
 static dk_dist_pool_t *pool_for_run(dk_distributed_t *d, const char *options, bool *refused)
 {
     *refused = false;
+    /* A start under way: a fresh run now would compete for its devices, and
+     * this one should run on the ranks once they are there. */
+    if (d->starting) {
+        PyErr_SetString(PyExc_RuntimeError, POOL_STARTING_TEXT);
+        *refused = true;
+        return NULL;
+    }
     if (!d->pool)
         return NULL;
+    /* Before anything else: a run in progress holds the pool, gone or not. */
+    if (dk_dist_pool_busy(d->pool)) {
+        PyErr_SetString(PyExc_RuntimeError, DK_DIST_POOL_BUSY_TEXT);
+        *refused = true;
+        return NULL;
+    }
     if (!dk_dist_pool_alive(d->pool)) {
         char why[512];
         dk_dist_pool_gone_text(d->pool, why, sizeof why);
@@ -276,8 +300,24 @@ static void exec_run_error(dk_exec_t *ex, dk_dist_run_t *run)
     json_decref(e);
 }
 
+/* Whether the started ranks are in use by a run (another thread's call may
+ * come while a cell waits with the GIL released): said as EX's error. */
+static bool pool_refused_busy(dk_exec_t *ex, dk_distributed_t *d)
+{
+    if (d->starting) {
+        dk_exec_error(ex, "RuntimeError", POOL_STARTING_TEXT, NULL);
+        return true;
+    }
+    if (!d->pool || !dk_dist_pool_busy(d->pool))
+        return false;
+    dk_exec_error(ex, "RuntimeError", DK_DIST_POOL_BUSY_TEXT, NULL);
+    return true;
+}
+
 static int pool_start(dk_exec_t *ex, dk_distributed_t *d, const char *options)
 {
+    if (pool_refused_busy(ex, d))
+        return -1;
     if (d->pool && dk_dist_pool_alive(d->pool)) {
         char msg[512];
         snprintf(msg, sizeof msg, "ranks are already started (%s); `%%distributed stop` or "
@@ -286,15 +326,30 @@ static int pool_start(dk_exec_t *ex, dk_distributed_t *d, const char *options)
         return -1;
     }
     dk_dist_pool_destroy(&d->pool);
+    /* Kept whole, however long: restart starts exactly these again. */
+    char *kept = strdup(options);
+    if (!kept) {
+        dk_exec_error(ex, "MemoryError", "out of memory for the start's options", NULL);
+        return -1;
+    }
+    /* Starting and waiting release the GIL: until the pool is set, another
+     * thread's start, stop or run is refused (POOL_STARTING_TEXT). */
+    d->starting = true;
     dk_dist_run_t *run = dk_dist_run_start_pool(&d->host, options);
     if (!run) {
+        d->starting = false;
+        free(kept);
         exec_error_from_python(ex);
         return -1;
     }
     int rc = 0;
-    if (dk_dist_run_wait(run) == DK_END_OK) {
+    dk_job_end_t end = dk_dist_run_wait(run);
+    d->starting = false;
+    if (end == DK_END_OK) {
         d->pool = dk_dist_run_take_pool(run);
-        snprintf(d->pool_options, sizeof d->pool_options, "%s", options);
+        free(d->pool_options);
+        d->pool_options = kept;
+        kept = NULL;
         char line[512];
         snprintf(line, sizeof line, "started %s (%s): %%%%distributed cells now run on them\n",
                  dk_dist_pool_plan(d->pool)->what, dk_dist_pool_id(d->pool));
@@ -303,21 +358,25 @@ static int pool_start(dk_exec_t *ex, dk_distributed_t *d, const char *options)
         exec_run_error(ex, run);
         rc = -1;
     }
+    free(kept);
     dk_dist_run_destroy(&run);
     return rc;
 }
 
-static void pool_stop(dk_distributed_t *d)
+static int pool_stop(dk_exec_t *ex, dk_distributed_t *d)
 {
+    if (pool_refused_busy(ex, d))
+        return -1;
     if (!d->pool) {
         say(d, "no ranks are started\n");
-        return;
+        return 0;
     }
     bool alive = dk_dist_pool_alive(d->pool);
     Py_BEGIN_ALLOW_THREADS
     dk_dist_pool_destroy(&d->pool);
     Py_END_ALLOW_THREADS
     say(d, alive ? "stopped the started ranks\n" : "the started ranks had already ended\n");
+    return 0;
 }
 
 /* %distributed start OPTIONS | status | stop | restart */
@@ -338,20 +397,24 @@ static int distributed_line_magic(void *host, void *data, const char *args, cons
                       NULL);
         return -1;
     }
-    if (strcmp(verb, "stop") == 0) {
-        pool_stop(d);
-        return 0;
-    }
+    if (strcmp(verb, "stop") == 0)
+        return pool_stop(ex, d);
     if (strcmp(verb, "restart") == 0) {
+        if (pool_refused_busy(ex, d))
+            return -1;
         if (!d->pool) {
             dk_exec_error(ex, "RuntimeError", "no ranks are started: `%distributed start "
                           "OPTIONS` starts them", NULL);
             return -1;
         }
-        char options[sizeof d->pool_options];
-        snprintf(options, sizeof options, "%s", d->pool_options);
-        pool_stop(d);
-        return pool_start(ex, d, options);
+        char *options = strdup(d->pool_options ? d->pool_options : "");
+        if (!options) {
+            dk_exec_error(ex, "MemoryError", "out of memory for the start's options", NULL);
+            return -1;
+        }
+        int rc = pool_stop(ex, d) < 0 ? -1 : pool_start(ex, d, options);
+        free(options);
+        return rc;
     }
     if (strcmp(verb, "status") == 0) {
         if (!d->pool) {

@@ -702,7 +702,7 @@ void dk_backchan_poll_handle(dk_backchan_t *self, const struct pollfd *fds, size
 int dk_backchan_send_task(dk_backchan_t *self, uint32_t round, const void *payload, size_t len,
                           char *err, size_t errlen)
 {
-    if (len > DK_BC_PAYLOAD_MAX - 4) {
+    if (len > DK_BC_TASK_MAX) {
         dk_set_err(err, errlen, "the payload is %zu bytes; a cell can carry at most 1 GiB to its "
                  "ranks (pass large data through files instead)", len);
         return -1;

@@ -26,14 +26,21 @@ enum {
 #define DK_BC_KEY_LEN 32
 #define DK_BC_NONCE_LEN 32
 #define DK_BC_MAC_LEN 32
-/* Largest payload one frame may carry, either way. A peer announcing more is
- * disconnected before anything is allocated. */
 /* Connections that may wait for their HELLO at once, and for how long. */
 #define DK_BC_PENDING_MAX 64
 #define DK_BC_HELLO_DEADLINE_S 10
 #define DK_BC_STR_(x) #x
 #define DK_BC_STR(x) DK_BC_STR_(x)
+/* The protocol's one size limit: the most bytes a frame may carry after its
+ * u8 type | u32 rank, either way. A peer announcing more is disconnected
+ * before anything is allocated. The rank side (python/distkernel/
+ * _backchannel.py, PAYLOAD_MAX and MAX_FRAME) holds the same numbers, and
+ * tests/unit/test_job.c checks that it does. */
 #define DK_BC_PAYLOAD_MAX ((size_t) 1 << 30)
+/* The largest value of a frame's length field: MAC, type and rank, payload. */
+#define DK_BC_FRAME_MAX (DK_BC_MAC_LEN + 5 + DK_BC_PAYLOAD_MAX)
+/* The largest job a TASK frame carries: its round (u32) comes first. */
+#define DK_BC_TASK_MAX (DK_BC_PAYLOAD_MAX - 4)
 
 typedef struct {
     void *data;
@@ -64,7 +71,7 @@ dk_backchan_t *dk_backchan_new_persistent(int world_size, const dk_backchan_sink
  * every connected rank; from now on each may send one RESULT or ERROR, which
  * must name ROUND. Call only when the previous round's frames were all written
  * (every rank has answered). Returns -1 with ERR when out of memory or the
- * payload is too large. */
+ * payload is larger than DK_BC_TASK_MAX. */
 int dk_backchan_send_task(dk_backchan_t *self, uint32_t round, const void *payload, size_t len,
                           char *err, size_t errlen);
 

@@ -119,6 +119,10 @@ struct dk_job_t {
 
     pthread_mutex_t lock;
     pthread_cond_t cond;
+    /* Persistent jobs: the sentinel that ends the ranks' process groups (their
+     * children too) if the host dies (dk_spawn_sentinel); -1 when none. Set at
+     * start, ended by the runtime thread once every rank is reaped. */
+    int sentinel_pid, sentinel_fd;
     bool cancel_requested;  /* guarded */
     bool ended;             /* guarded */
     dk_job_end_t end;       /* guarded */
@@ -780,6 +784,9 @@ static void *job_thread(void *arg)
     }
     close_logs(job);
     dk_backchan_close_all(job->chan);
+    /* Every rank is reaped and its group was ended as it was (reap): the
+     * sentinel has nothing left to guard. */
+    dk_spawn_sentinel_end(&job->sentinel_pid, &job->sentinel_fd);
 
     pthread_mutex_lock(&job->lock);
     /* With no stop, every rank was judged DONE (any other verdict starts one). */
@@ -862,6 +869,7 @@ static void job_free(dk_job_t *job)
         dk_logfile_close(&rk->log);
         free(rk->log_path);
     }
+    dk_spawn_sentinel_end(&job->sentinel_pid, &job->sentinel_fd);
     dk_backchan_destroy(&job->chan);
     close_fd(&job->wake[0]);
     close_fd(&job->wake[1]);
@@ -977,6 +985,26 @@ static bool start_rank(dk_job_t *job, int r, const char *program, char *const ar
     return true;
 }
 
+/* The sentinel for every rank's process group (each rank leads its own). */
+static bool start_sentinel(dk_job_t *job, char *err, size_t errlen)
+{
+    int *pgids = calloc((size_t) job->world_size, sizeof *pgids);
+    if (!pgids) {
+        dk_set_err(err, errlen, "out of memory");
+        return false;
+    }
+    for (int r = 0; r < job->world_size; r++)
+        pgids[r] = job->ranks[r].pid;
+    char why[256];
+    int rc = dk_spawn_sentinel(pgids, job->world_size, &job->sentinel_pid, &job->sentinel_fd,
+                               why, sizeof why);
+    free(pgids);
+    if (rc != 0)
+        dk_set_err(err, errlen, "cannot start the process that ends the ranks' children with "
+                   "the kernel: %s", why);
+    return rc == 0;
+}
+
 static bool start_thread(dk_job_t *job, char *err, size_t errlen)
 {
     /* The runtime thread takes no signals: the host's SIGINT belongs to its main
@@ -999,6 +1027,7 @@ static dk_job_t *job_alloc(const dk_job_spec_t *spec, const dk_sink_t *sink)
     if (!job)
         return NULL;
     job->wake[0] = job->wake[1] = job->log_dirfd = -1;
+    job->sentinel_pid = job->sentinel_fd = -1;
     job->log_cap = spec->log_cap;
     pthread_condattr_t attr;
     pthread_condattr_init(&attr);
@@ -1099,6 +1128,11 @@ dk_job_t *dk_job_start(const dk_job_spec_t *spec, const dk_sink_t *sink, char *e
         if (!start_rank(job, r, program, argv, base, run_id, err, errlen))
             goto fail;
     }
+    /* Ranks kept between cells hold what cells start (a subprocess, a
+     * DataLoader's workers) for as long as they live: those end with the host
+     * too, even when it is SIGKILLed. */
+    if (spec->persistent && !start_sentinel(job, err, errlen))
+        goto fail;
     if (!start_thread(job, err, errlen))
         goto fail;
     free(program);
@@ -1305,7 +1339,7 @@ int dk_job_set_log_dir(dk_job_t *job, const char *log_dir, char *err, size_t err
 int dk_job_submit(dk_job_t *job, const void *payload, size_t len, double timeout_s, char *err,
                   size_t errlen)
 {
-    if (len > DK_BC_PAYLOAD_MAX - 4) {
+    if (len > DK_BC_TASK_MAX) {
         dk_set_err(err, errlen, "the payload is %zu bytes; a cell can carry at most 1 GiB to its "
                  "ranks (pass large data through files instead)", len);
         return -1;

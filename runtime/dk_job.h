@@ -179,7 +179,8 @@ int dk_job_set_log_dir(dk_job_t *job, const char *log_dir, char *err, size_t err
 
 /* Start the next round: every rank gets PAYLOAD (copied) in a TASK frame.
  * TIMEOUT_S (<= 0: none) interrupts the round when it passes. Returns -1 with
- * ERR when the job has ended, is ending, or a round is still running. */
+ * ERR when the job has ended, is ending, or a round is still running, or when
+ * PAYLOAD is larger than a rank accepts (DK_BC_TASK_MAX, dk_backchan.h). */
 int dk_job_submit(dk_job_t *job, const void *payload, size_t len, double timeout_s, char *err,
                   size_t errlen);
 

@@ -1,6 +1,7 @@
 /*
  * dk_spawn: fork+exec of one process (a rank, a helper, a server's guard), the
- * way a multi-threaded host must do it.
+ * way a multi-threaded host must do it; and the sentinel that ends process
+ * groups when the host dies.
  *
  * The host (the kernel) has threads, an interpreter and perhaps a CUDA
  * context, so the child runs only async-signal-safe calls between fork and
@@ -227,6 +228,77 @@ static long sweep_limit(void)
         rl.rlim_cur > (1 << 20))
         return 1 << 20;
     return (long) rl.rlim_cur;
+}
+
+/* ---- the sentinel --------------------------------------------------------------
+ *
+ * Like a guard, a forked child of a threaded host that never execs, so
+ * async-signal-safe calls only. It holds the read end of a pipe on fd 0 and
+ * nothing else; the host holds the only write end (close-on-exec, and every
+ * child dk_spawn starts closes it). read() returns when the host's copy is
+ * closed: when the host process ends, however it ends, or when it stops the
+ * sentinel on purpose (it SIGKILLs it first, so the sentinel does not act).
+ * A group whose leader has died and been reaped still exists while any member
+ * does, so its id cannot have been reused when the sentinel signals it.
+ */
+static _Noreturn void sentinel_run(int watch_fd, const int *pgids, int n, long max_fd)
+{
+    setpgid(0, 0);      /* not ended with the host's group */
+    child_signals(false);
+    if (dup2(watch_fd, 0) < 0)
+        _exit(127);
+    if (syscall(SYS_close_range, 1, ~0U, 0) != 0) {
+        for (long fd = 1; fd < max_fd; fd++)
+            close((int) fd);
+    }
+    char byte;
+    while (read(0, &byte, 1) < 0 && errno == EINTR)
+        ;
+    for (int i = 0; i < n; i++) {
+        if (pgids[i] > 1)
+            kill(-pgids[i], SIGKILL);
+    }
+    _exit(0);
+}
+
+int dk_spawn_sentinel(const int *pgids, int n, int *pid, int *fd, char *err, size_t errlen)
+{
+    *pid = *fd = -1;
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) != 0) {
+        dk_set_err(err, errlen, "cannot create the sentinel's pipe: %s", strerror(errno));
+        return -1;
+    }
+    long max_fd = sweep_limit();
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pid_t child = fork();
+    if (child == 0)
+        sentinel_run(p[0], pgids, n, max_fd);
+    int fork_errno = errno;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    close(p[0]);
+    if (child < 0) {
+        close(p[1]);
+        dk_set_err(err, errlen, "cannot fork the sentinel: %s", strerror(fork_errno));
+        return -1;
+    }
+    setpgid(child, child);
+    *pid = child;
+    *fd = p[1];
+    return 0;
+}
+
+void dk_spawn_sentinel_end(int *pid, int *fd)
+{
+    if (*pid > 0) {
+        kill(*pid, SIGKILL);
+        while (waitpid(*pid, NULL, 0) < 0 && errno == EINTR)
+            ;
+    }
+    close_fd(fd);
+    *pid = -1;
 }
 
 /* Wait for the child's exec report. Returns true and fills REPORT if the child

@@ -54,6 +54,20 @@ int dk_spawn_with(const char *path, char *const argv[], char *const envp[],
 int dk_spawn(const char *path, char *const argv[], char *const envp[], dk_spawned_t *out,
              char *err, size_t errlen);
 
+/* A sentinel for process groups whose leaders die with the host
+ * (PR_SET_PDEATHSIG) but whose other members would not: a forked process of
+ * its own group, running no program, that waits on a pipe whose only writer
+ * is the host and, when the host goes (even by SIGKILL: the pipe's EOF), sends
+ * SIGKILL to each of the N groups PGIDS (a rank's subprocess.Popen children,
+ * a DataLoader's workers). Fills *PID and *FD (the pipe's write end, kept
+ * open and close-on-exec in the host). Returns -1 with ERR when it cannot be
+ * started (then none exists). */
+int dk_spawn_sentinel(const int *pgids, int n, int *pid, int *fd, char *err, size_t errlen);
+
+/* End a sentinel without it acting (the groups are the caller's to end):
+ * SIGKILL, reap, close *FD; sets *PID and *FD to -1. Nothing when *PID <= 0. */
+void dk_spawn_sentinel_end(int *pid, int *fd);
+
 /* PROGRAM as a path execve accepts: itself if it contains '/', else the first
  * executable match on $PATH. Returns a new string (free it) or NULL with a
  * reason in ERR. */

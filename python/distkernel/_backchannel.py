@@ -13,11 +13,20 @@ import socket
 import struct
 
 HELLO, PAYLOAD, RESULT, ERROR, TASK = 1, 2, 3, 4, 5
-MAX_FRAME = 1 << 30
+MAC_LEN = 32
+# The protocol's one size limit, as runtime/dk_backchan.h has it (and
+# tests/unit/test_job.c checks): the bytes after a frame's u8 type | u32 rank,
+# either way. A frame's length field covers the MAC, type, rank and those.
+PAYLOAD_MAX = 1 << 30
+MAX_FRAME = MAC_LEN + 5 + PAYLOAD_MAX
 
 
 class BackChannelError(Exception):
-    pass
+    """The channel broke its protocol (a bad frame, a failed MAC)."""
+
+
+class ChannelClosed(BackChannelError):
+    """The kernel closed the channel: how started ranks are told to stop."""
 
 
 class BackChannel:
@@ -35,7 +44,7 @@ class BackChannel:
         while left:
             chunk = self.sock.recv(min(left, 1 << 20))
             if not chunk:
-                raise BackChannelError("the kernel closed the back channel")
+                raise ChannelClosed("the kernel closed the back channel")
             chunks.append(chunk)
             left -= len(chunk)
         return b"".join(chunks)
@@ -48,6 +57,9 @@ class BackChannel:
         return h.digest()
 
     def send(self, kind, payload=b""):
+        if len(payload) > PAYLOAD_MAX:
+            raise BackChannelError(f"a message of {len(payload)} bytes is more than the back "
+                                   f"channel carries ({PAYLOAD_MAX} bytes)")
         body = struct.pack(">BI", kind, self.rank) + bytes(payload)
         mac = self._mac(self.send_seq, body)
         self.send_seq += 1
@@ -55,10 +67,11 @@ class BackChannel:
 
     def recv(self):
         (length,) = struct.unpack(">I", self._recv_exact(4))
-        if length < 37 or length > MAX_FRAME:
-            raise BackChannelError(f"bad frame length {length}")
-        mac = self._recv_exact(32)
-        body = self._recv_exact(length - 32)
+        if length < MAC_LEN + 5 or length > MAX_FRAME:
+            raise BackChannelError(f"bad frame length {length} (the protocol allows "
+                                   f"{MAC_LEN + 5} to {MAX_FRAME})")
+        mac = self._recv_exact(MAC_LEN)
+        body = self._recv_exact(length - MAC_LEN)
         if not hmac.compare_digest(mac, self._mac(self.recv_seq, body)):
             raise BackChannelError("a frame from the kernel failed authentication")
         self.recv_seq += 1

@@ -281,8 +281,11 @@ def _serve(channel, task):
             channel.send(kind, round_no + reply)
             del reply
             frame, task = channel.recv()
-        except (OSError, bc.BackChannelError):
+        except (ConnectionError, bc.ChannelClosed):
             return 0    # the kernel closed the channel: the ranks are being stopped
+        # Anything else (a frame that breaks the protocol) is this rank's
+        # failure, raised: the kernel reports it with its traceback, not as a
+        # clean exit.
         if frame != bc.TASK:
             raise bc.BackChannelError(f"expected a task, got frame type {frame}")
 

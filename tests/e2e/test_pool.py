@@ -107,6 +107,113 @@ def test_globals_and_process_group_are_kept_across_cells_on_the_same_pids(starte
     assert "cell one" not in open(os.path.join(d2, "rank-0.log")).read()
 
 
+LATE = ("%%distributed\nimport threading, time\n"
+        "def late():\n"
+        "    end = time.time() + 3\n"
+        "    i = 0\n"
+        "    while time.time() < end:\n"
+        "        print(f'late {i}', flush=True)\n"
+        "        i += 1\n"
+        "        time.sleep(0.001)\n"
+        "threading.Thread(target=late, daemon=True).start()\n"
+        "time.sleep(0.2)\nprint('last line', flush=True)\n'done'")
+
+
+@pytest.mark.timeout(300)
+def test_output_a_rank_thread_writes_after_the_cell_ends_is_not_shown_after_its_result(started):
+    k = started
+    for _ in range(3):
+        r = k.execute(LATE, timeout=RUN)
+        assert r.status == "ok", r.describe()
+        assert "[rank 0] last line" in r.stdout, r.describe()
+        at = next(i for i, m in enumerate(r.messages) if m["msg_type"] == "execute_result")
+        after = [m["content"]["text"] for m in r.messages[at:] if m["msg_type"] == "stream"]
+        assert not [t for t in after if "late" in t], r.describe()
+        time.sleep(3.5)     # the thread ends; what it wrote between cells is in the logs
+        r = k.execute("%%distributed\nprint('next cell')", timeout=RUN)
+        assert r.status == "ok" and "late" not in r.stdout, r.describe()
+
+
+@pytest.mark.timeout(300)
+def test_another_thread_cannot_use_or_stop_the_ranks_while_a_cell_runs_on_them(started,
+                                                                                 tmp_path):
+    k = started
+    pids = pids_of(k)
+    marks = str(tmp_path)
+    # A thread of the kernel waits until the cell below runs on the ranks, then
+    # tries a .distributed() call, %distributed stop and restart, and says so.
+    r = k.execute(
+        "import os, threading, time\nfrom distkernel import distributed\n"
+        "@distributed()\ndef other():\n    return 'other'\n"
+        "tried = {}\n"
+        "def meddle():\n"
+        f"    while not os.path.exists({marks!r} + '/in'):\n"
+        "        time.sleep(0.05)\n"
+        "    for what, call in (('call', other.distributed),\n"
+        "                       ('stop', lambda: get_ipython().run_line_magic('distributed', 'stop')),\n"
+        "                       ('restart', lambda: get_ipython().run_line_magic('distributed', 'restart'))):\n"
+        "        try:\n"
+        "            tried[what] = repr(call())\n"
+        "        except BaseException as e:\n"
+        "            tried[what] = f'{type(e).__name__}: {e}'\n"
+        f"    open({marks!r} + '/out', 'w').close()\n"
+        "threading.Thread(target=meddle, daemon=True).start()")
+    assert r.status == "ok", r.describe()
+    r = k.execute(
+        "%%distributed\nimport os, time\nprint('cell begins', flush=True)\n"
+        f"if int(os.environ['RANK']) == 0:\n    open({marks!r} + '/in', 'w').close()\n"
+        "deadline = time.time() + 60\n"
+        f"while not os.path.exists({marks!r} + '/out') and time.time() < deadline:\n"
+        "    time.sleep(0.05)\n"
+        "print('cell ends', flush=True)\nos.path.exists(" + repr(marks) + " + '/out')",
+        timeout=RUN)
+    assert rank_values(r) == {0: "True", 1: "True"}, r.describe()
+    assert "[rank 0] cell begins" in r.stdout and "[rank 1] cell ends" in r.stdout, r.describe()
+    r = k.execute("print(tried)")
+    for what in ("call", "stop", "restart"):
+        assert f"'{what}': 'RuntimeError: " in r.stdout, r.describe()
+    assert r.stdout.count("a cell is running on the started ranks; wait for it or interrupt it") \
+        == 3, r.describe()
+    # The ranks are the same and still serve cells.
+    assert pids_of(k) == pids
+
+
+@pytest.mark.timeout(300)
+def test_another_thread_cannot_start_stop_or_run_while_ranks_are_being_started(kernel):
+    # A thread of the kernel waits until the start below has forked its ranks,
+    # then tries what would race with it (a second pool, freeing one not yet set).
+    r = kernel.execute(
+        "import threading, time, psutil\nfrom distkernel import distributed\n"
+        "@distributed(num_processes=2)\ndef other():\n    return 'other'\n"
+        "tried = {}\n"
+        "def meddle():\n"
+        "    me = psutil.Process()\n"
+        "    while not any('distkernel-rank' in ' '.join(c.cmdline()) for c in me.children()):\n"
+        "        time.sleep(0.005)\n"
+        "    magic = get_ipython().run_line_magic\n"
+        "    for what, call in (('start', lambda: magic('distributed', 'start num_processes=2')),\n"
+        "                       ('stop', lambda: magic('distributed', 'stop')),\n"
+        "                       ('restart', lambda: magic('distributed', 'restart')),\n"
+        "                       ('call', other.distributed)):\n"
+        "        try:\n"
+        "            tried[what] = repr(call())\n"
+        "        except BaseException as e:\n"
+        "            tried[what] = f'{type(e).__name__}: {e}'\n"
+        "meddler = threading.Thread(target=meddle, daemon=True)\nmeddler.start()")
+    assert r.status == "ok", r.describe()
+    try:
+        start(kernel)
+        r = kernel.execute("meddler.join(60)\nprint(tried)")
+        for what in ("start", "stop", "restart", "call"):
+            assert f"'{what}': 'RuntimeError: " in r.stdout, r.describe()
+        assert r.stdout.count("ranks are being started by `%distributed start`; wait for it") \
+            == 4, r.describe()
+        assert len(pids_from_status(kernel)) == 2
+    finally:
+        kernel.execute("%distributed stop", timeout=RUN)
+    assert support.wait_no_descendants(kernel.pid, timeout=END_WITHIN) == []
+
+
 @pytest.mark.timeout(300)
 def test_a_distributed_function_runs_on_the_started_ranks(started):
     k = started
@@ -143,11 +250,51 @@ def test_another_size_while_started_is_a_clear_error_and_changes_nothing(started
     assert {int(v) for v in rank_values(r).values()} == set(pids.values()), r.describe()
     r = k.execute("%distributed start num_processes=2", timeout=RUN)
     assert r.status == "error" and "already started" in r.content["evalue"], r.describe()
+    # Where the ranks run is part of their size: other nodes or another
+    # launcher are refused too, not run here as if not given.
+    for other in ("nodes=2", "launcher=slurm", "nodes=2 launcher=slurm"):
+        r = k.execute(f"%%distributed {other}\n1", timeout=RUN)
+        assert r.status == "error", r.describe()
+        assert "another size" in r.content["evalue"], r.describe()
+        assert other in r.content["evalue"] and "%distributed stop" in r.content["evalue"], \
+            r.describe()
+    r = k.execute("%%distributed nodes=1 launcher=local\nimport os\nos.getpid()", timeout=RUN)
+    assert {int(v) for v in rank_values(r).values()} == set(pids.values()), r.describe()
     # The logs' cap is the start's: a cell's own is refused, not ignored.
     r = k.execute("%%distributed log_cap=1M\n1", timeout=RUN)
     assert r.status == "error" and "log_cap= is set when the ranks start" in r.content["evalue"], \
         r.describe()
     assert pids_of(k) == pids
+
+
+@pytest.mark.timeout(300)
+def test_restart_starts_the_ranks_with_every_start_option_however_long(kernel):
+    # Over a kilobyte of options: restart and the messages keep all of them.
+    options = ("num_processes=2 experiment=" + "e" * 200 + " run_name=" + "r" * 200 +
+               " " * 700 + " result=kept_name")
+    r = kernel.execute(f"%distributed start {options}", timeout=RUN)
+    try:
+        assert r.status == "ok" and "started 2 CPU ranks" in r.stdout, r.describe()
+        for _ in range(2):
+            kernel.execute("kept_name = None")
+            r = kernel.execute("%%distributed\nimport os\nint(os.environ['RANK']) + 40",
+                               timeout=RUN)
+            assert r.status == "ok", r.describe()
+            r = kernel.execute("print(kept_name)")
+            assert r.stdout.strip() == "[40, 41]", r.describe()
+            r = kernel.execute("%distributed restart", timeout=RUN)
+            assert r.status == "ok" and "started 2 CPU ranks" in r.stdout, r.describe()
+        # The message of ranks that are gone names them all too.
+        pids = list(pids_from_status(kernel).values())
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        assert support.wait_gone(pids, timeout=END_WITHIN) == []
+        r = kernel.execute("%%distributed\n1", timeout=RUN)
+        assert r.status == "error" and "result=kept_name`" in r.content["evalue"], \
+            r.describe()
+    finally:
+        kernel.execute("%distributed stop", timeout=RUN)
+    assert support.wait_no_descendants(kernel.pid, timeout=END_WITHIN) == []
 
 
 @pytest.mark.timeout(300)
@@ -329,6 +476,25 @@ def test_sigkill_of_the_kernel_leaves_no_started_rank(fresh_kernel):
     os.kill(k.pid, signal.SIGKILL)
     k.process.wait(timeout=10)
     assert support.wait_gone(list(pids.values()), timeout=5) == []
+
+
+@pytest.mark.timeout(300)
+def test_sigkill_of_the_kernel_ends_what_the_started_ranks_started(fresh_kernel):
+    k = fresh_kernel
+    start(k)
+    pids = pids_of(k)
+    # Each rank starts a child that stays after the cell, in the rank's group.
+    r = k.execute("%%distributed\nimport subprocess\n"
+                  "kept = subprocess.Popen(['sleep', '300'])\nkept.pid", timeout=RUN)
+    sleeps = [int(v) for v in rank_values(r).values()]
+    assert len(sleeps) == 2 and support.wait_gone(sleeps, timeout=0) == sleeps, r.describe()
+    procs = support.descendants(k.pid)
+    everything = [p.pid for p in procs]
+    assert set(sleeps) | set(pids.values()) <= set(everything), everything
+    os.kill(k.pid, signal.SIGKILL)
+    k.process.wait(timeout=10)
+    assert support.wait_gone(everything, timeout=END_WITHIN) == [], \
+        support.describe_processes(procs)
 
 
 @pytest.mark.timeout(300)

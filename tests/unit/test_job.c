@@ -26,6 +26,7 @@
 
 #include <openssl/evp.h>
 
+#include "dk_backchan.h"
 #include "dk_fdlimit.h"
 #include "dk_job.h"
 #include "dk_logdir.h"
@@ -1228,4 +1229,48 @@ Test(job, each_round_can_have_its_own_log_dir)
     fclose(f);
     cr_assert(strstr(text, "sleeping 1"), "the round's log has: %s", text);
     remove_dir(dir2);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The back channel's size limit, kernel and rank side                       */
+
+Test(job, a_task_larger_than_a_rank_accepts_is_refused_before_it_is_sent)
+{
+    dk_job_t *job = start_persistent(1, 0);
+    char err[256] = "";
+    /* Refused on its length alone: nothing of it is read or copied. */
+    static const char small[1];
+    cr_assert_eq(dk_job_submit(job, small, DK_BC_TASK_MAX + 1, 0, err, sizeof err), -1);
+    cr_assert(strstr(err, "at most 1 GiB"), "%s", err);
+    cr_assert_eq(round_of(job, "result"), DK_END_OK);
+    finish(&job);
+}
+
+#ifndef PYTHON3
+#define PYTHON3 "/usr/bin/python3"
+#endif
+
+/* python/distkernel/_backchannel.py accepts the largest TASK frame the kernel
+ * sends and refuses one byte more; distkernel._rank._serve ends cleanly when
+ * the channel closes and fails on a bad frame (tests/unit/bc_limits.py). */
+Test(backchan, the_rank_side_accepts_exactly_what_the_kernel_sends, .timeout = 60)
+{
+    char a[4][32];
+    snprintf(a[0], sizeof a[0], "%zu", DK_BC_PAYLOAD_MAX);
+    snprintf(a[1], sizeof a[1], "%zu", (size_t) DK_BC_FRAME_MAX);
+    snprintf(a[2], sizeof a[2], "%zu", DK_BC_TASK_MAX);
+    snprintf(a[3], sizeof a[3], "%d", DK_BC_MAC_LEN);
+    cr_assert_eq(DK_BC_FRAME_MAX, (size_t) DK_BC_MAC_LEN + 5 + DK_BC_PAYLOAD_MAX);
+    cr_assert_eq(DK_BC_TASK_MAX + 4, DK_BC_PAYLOAD_MAX);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        setenv("PYTHONPATH", PY_SRC, 1);
+        execl(PYTHON3, PYTHON3, BC_LIMITS_PY, a[0], a[1], a[2], a[3], (char *) NULL);
+        _exit(127);
+    }
+    int status = 0;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+              "bc_limits.py failed (status %d): see its stderr", status);
 }
