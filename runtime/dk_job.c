@@ -1148,7 +1148,10 @@ fail:
 /* ------------------------------------------------------------------------ */
 /* The handle                                                                */
 
-bool dk_job_wait(dk_job_t *job, int timeout_ms)
+/* Wait on the job's condition until DONE(job) holds (lock held when it is
+ * asked), up to TIMEOUT_MS (< 0: no limit; 0: do not wait). Returns DONE's
+ * last answer. */
+static bool wait_for(dk_job_t *job, int timeout_ms, bool (*done)(const dk_job_t *))
 {
     struct timespec deadline;
     clock_gettime(CLOCK_MONOTONIC, &deadline);
@@ -1161,29 +1164,46 @@ bool dk_job_wait(dk_job_t *job, int timeout_ms)
         }
     }
     pthread_mutex_lock(&job->lock);
-    while (!job->ended) {
+    while (!done(job)) {
         if (timeout_ms < 0)
             pthread_cond_wait(&job->cond, &job->lock);
-        else if (pthread_cond_timedwait(&job->cond, &job->lock, &deadline) == ETIMEDOUT)
+        else if (timeout_ms == 0 ||
+                 pthread_cond_timedwait(&job->cond, &job->lock, &deadline) == ETIMEDOUT)
             break;
     }
-    bool ended = job->ended;
+    bool over = done(job);
     pthread_mutex_unlock(&job->lock);
-    return ended;
+    return over;
 }
 
-void dk_job_cancel(dk_job_t *job)
+/* Set the request FLAG of a job that has not ended, and wake its thread. */
+static void request(dk_job_t *job, bool *flag)
 {
     pthread_mutex_lock(&job->lock);
     bool ended = job->ended;
     if (!ended)
-        job->cancel_requested = true;
+        *flag = true;
     pthread_mutex_unlock(&job->lock);
     if (!ended) {
         char byte = 1;
         ssize_t n = write(job->wake[1], &byte, 1);     /* full pipe: already woken */
         (void) n;
     }
+}
+
+static bool job_ended(const dk_job_t *job)
+{
+    return job->ended;
+}
+
+bool dk_job_wait(dk_job_t *job, int timeout_ms)
+{
+    return wait_for(job, timeout_ms, job_ended);
+}
+
+void dk_job_cancel(dk_job_t *job)
+{
+    request(job, &job->cancel_requested);
 }
 
 dk_job_end_t dk_job_end(dk_job_t *job)
@@ -1377,29 +1397,14 @@ int dk_job_submit(dk_job_t *job, const void *payload, size_t len, double timeout
     return 0;
 }
 
+static bool round_over(const dk_job_t *job)
+{
+    return !job->round_active || job->ended;
+}
+
 bool dk_job_round_wait(dk_job_t *job, int timeout_ms)
 {
-    struct timespec deadline;
-    clock_gettime(CLOCK_MONOTONIC, &deadline);
-    if (timeout_ms > 0) {
-        deadline.tv_sec += timeout_ms / 1000;
-        deadline.tv_nsec += (long) (timeout_ms % 1000) * 1000000L;
-        if (deadline.tv_nsec >= 1000000000L) {
-            deadline.tv_sec++;
-            deadline.tv_nsec -= 1000000000L;
-        }
-    }
-    pthread_mutex_lock(&job->lock);
-    while (job->round_active && !job->ended) {
-        if (timeout_ms < 0)
-            pthread_cond_wait(&job->cond, &job->lock);
-        else if (timeout_ms == 0 ||
-                 pthread_cond_timedwait(&job->cond, &job->lock, &deadline) == ETIMEDOUT)
-            break;
-    }
-    bool over = !job->round_active || job->ended;
-    pthread_mutex_unlock(&job->lock);
-    return over;
+    return wait_for(job, timeout_ms, round_over);
 }
 
 dk_job_end_t dk_job_round_end(dk_job_t *job)
@@ -1422,16 +1427,7 @@ int dk_job_round_root_cause(dk_job_t *job)
 
 void dk_job_interrupt(dk_job_t *job)
 {
-    pthread_mutex_lock(&job->lock);
-    bool ended = job->ended;
-    if (!ended)
-        job->interrupt_requested = true;
-    pthread_mutex_unlock(&job->lock);
-    if (!ended) {
-        char byte = 1;
-        ssize_t n = write(job->wake[1], &byte, 1);
-        (void) n;
-    }
+    request(job, &job->interrupt_requested);
 }
 
 double dk_job_idle_s(dk_job_t *job)
