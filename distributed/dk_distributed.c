@@ -89,6 +89,20 @@ static int pool_fits(dk_dist_pool_t *pool, const char *started_with, const char 
     return -1;
 }
 
+/* The started ranks have ended since the last cell: say so (once) as the
+ * pending Python exception, with how to start them again, and forget them. */
+static void gone_error(dk_distributed_t *d)
+{
+    char why[512];
+    dk_dist_pool_gone_text(d->pool, why, sizeof why);
+    PyErr_Format(PyExc_RuntimeError,
+                 "the started ranks are gone: %s; their variables are lost. Start them "
+                 "again with `%%distributed start %s`, or run `%%distributed stop` to go "
+                 "back to a fresh set of ranks per cell.",
+                 why, d->pool_options);
+    dk_dist_pool_destroy(&d->pool);
+}
+
 /* The started ranks a run should use: NULL with no exception when there are
  * none; NULL with a Python exception when the run cannot go ahead (the ranks
  * ended since the last cell: said once, then forgotten; another size). */
@@ -111,14 +125,7 @@ static dk_dist_pool_t *pool_for_run(dk_distributed_t *d, const char *options, bo
         return NULL;
     }
     if (!dk_dist_pool_alive(d->pool)) {
-        char why[512];
-        dk_dist_pool_gone_text(d->pool, why, sizeof why);
-        PyErr_Format(PyExc_RuntimeError,
-                     "the started ranks are gone: %s; their variables are lost. Start them "
-                     "again with `%%distributed start %s`, or run `%%distributed stop` to go "
-                     "back to a fresh set of ranks per cell.",
-                     why, d->pool_options);
-        dk_dist_pool_destroy(&d->pool);
+        gone_error(d);
         *refused = true;
         return NULL;
     }
@@ -137,9 +144,17 @@ static dk_dist_run_t *run_start(dk_distributed_t *d, const char *kind, const cha
     dk_dist_pool_t *pool = pool_for_run(d, options, &refused);
     if (refused)
         return NULL;
-    if (pool)
-        return dk_dist_run_start_on(&d->host, pool, kind, options, payload, len);
-    return dk_dist_run_start(&d->host, kind, options, payload, len);
+    if (!pool)
+        return dk_dist_run_start(&d->host, kind, options, payload, len);
+    dk_dist_run_t *run = dk_dist_run_start_on(&d->host, pool, kind, options, payload, len);
+    /* The ranks may end between the look above and the cell's submit (a rank
+     * killed just before): that is the same news, told the same way. */
+    if (!run && d->pool && !dk_dist_pool_busy(d->pool) && !dk_dist_pool_alive(d->pool) &&
+        PyErr_ExceptionMatches(PyExc_RuntimeError)) {
+        PyErr_Clear();
+        gone_error(d);
+    }
+    return run;
 }
 
 static PyObject *glue_call(const char *fn, const char *fmt, ...)

@@ -5,6 +5,7 @@ a teardown that leaves nothing while another cluster keeps running beside it.
 """
 import os
 import subprocess
+import time
 
 from slurm_cluster import CLUSTER, bring_up, cluster_sh
 
@@ -23,7 +24,16 @@ def test_a_killed_node_leaves_no_process_and_boots_again(slurm_cluster):
     assert gone.returncode != 0 and "not running" in gone.stderr
     slurm_cluster.start("node2")
     assert slurm_cluster.wait_state("node2", {"idle"}) == "idle"
-    run = slurm_cluster.run("srun", "-N2", "--ntasks-per-node=1", "hostname")
+    # slurmctld may call the node idle a moment before its slurmd takes step
+    # launches ("Communication connection failure"): a rebooted node must run
+    # a job again soon, not on the very first try.
+    deadline = time.monotonic() + 60
+    while True:
+        run = slurm_cluster.run("srun", "-N2", "--ntasks-per-node=1", "hostname")
+        if run.returncode == 0 or time.monotonic() > deadline or \
+                "Communication connection failure" not in run.stderr:
+            break
+        time.sleep(1)
     assert run.returncode == 0 and sorted(run.stdout.split()) == ["node1", "node2"], run.stderr
 
 
