@@ -97,6 +97,7 @@ typedef struct {
     bool got_result;
     bool reported;          /* sent RESULT or ERROR */
     bool failed;            /* failed on its own, before any stop signal */
+    bool was_exiting;       /* resolve_failure's note: exiting, unanswered */
     bool interrupted;       /* persistent: sent SIGINT this round */
     /* guarded by job->lock */
     dk_rank_state_t state;
@@ -127,6 +128,7 @@ struct dk_job_t {
     bool ended;             /* guarded */
     dk_job_end_t end;       /* guarded */
     int root_cause;         /* guarded */
+    int failure_pending;    /* runtime thread: the turn's first failure, or -1 */
 
     /* persistent jobs (see dk_job.h); guarded by lock unless said */
     bool persistent;
@@ -359,32 +361,52 @@ static bool process_exiting(pid_t pid)
     return (flags & (PF_EXITING_FLAG | PF_DUMPCORE_FLAG)) != 0;
 }
 
-/* The rank whose failure came first when rank R's was the first seen: a peer
- * already on its way out on its own (not stopped by us) failed before R,
- * which most likely only saw it go (gloo's or NCCL's "connection closed"): a
- * crashing rank can take a while to be reaped (its core dump), while the
- * error it caused arrives at once. -1 if none. */
-static int earlier_failure(dk_job_t *job, int r)
-{
-    for (int q = 0; q < job->world_size; q++) {
-        rank_t *rk = &job->ranks[q];
-        if (q != r && !rk->reaped && !rk->signalled && !rk->failed && !rk->reported &&
-            process_exiting(rk->pid))
-            return q;
-    }
-    return -1;
-}
-
-/* Rank R failed on its own: the first such failure is the root cause. */
+/* Rank R failed on its own. The first such failure is the root cause, judged
+ * at the end of the poll turn (resolve_failure): other frames and exits of
+ * the same turn are in by then. */
 static void note_failure(dk_job_t *job, int r)
 {
     rank_t *rk = &job->ranks[r];
     if (rk->signalled || rk->failed)
         return;
     rk->failed = true;
-    if (job->stop_reason != DK_END_NONE)
+    if (job->stop_reason != DK_END_NONE || job->failure_pending >= 0)
         return;             /* the stop already has its cause; this may be its echo */
-    int cause = earlier_failure(job, r);
+    job->failure_pending = r;
+}
+
+/* The first failure seen this turn, rank R's, is the root cause unless a peer
+ * was already on its way out on its own (not stopped by us) without having
+ * answered: then that peer failed first, and R most likely only saw it go
+ * (gloo's or NCCL's "connection closed"); a crashing rank can take a while to
+ * be reaped (its core dump), while the error it caused arrives at once.
+ * A peer that is exiting because it finished has sent its RESULT before it
+ * began to exit, but that frame may still wait in the socket behind R's (or
+ * may have lost the race with R's ERROR to this turn): so the peers on their
+ * way out are noted first, the back channel is drained, and only those still
+ * without an answer count. Then the stop begins. */
+static void resolve_failure(dk_job_t *job)
+{
+    int r = job->failure_pending;
+    if (r < 0)
+        return;
+    job->failure_pending = -1;
+    if (job->stop_reason != DK_END_NONE)
+        return;
+    bool any = false;
+    for (int q = 0; q < job->world_size; q++) {
+        rank_t *rk = &job->ranks[q];
+        rk->was_exiting = q != r && !rk->reaped && !rk->signalled && !rk->failed &&
+                          !rk->reported && process_exiting(rk->pid);
+        any = any || rk->was_exiting;
+    }
+    if (any)
+        dk_backchan_drain(job->chan);
+    int cause = -1;
+    for (int q = 0; q < job->world_size && cause < 0; q++) {
+        if (job->ranks[q].was_exiting && !job->ranks[q].reported)
+            cause = q;
+    }
     if (cause >= 0)
         job->ranks[cause].failed = true;   /* judged FAILED when reaped, not STOPPED */
     pthread_mutex_lock(&job->lock);
@@ -767,6 +789,7 @@ static void loop_once(dk_job_t *job)
         if (!job->ranks[r].reaped && job->ranks[r].pidfd < 0)
             reap(job, r);
     }
+    resolve_failure(job);
     escalate(job);
 }
 
@@ -1049,6 +1072,7 @@ static dk_job_t *job_alloc(const dk_job_spec_t *spec, const dk_sink_t *sink)
     job->timeout_s = spec->timeout_s;
     job->stop = dk_stop_ladder(spec->grace_s > 0 ? spec->grace_s : DEFAULT_GRACE_S);
     job->root_cause = -1;
+    job->failure_pending = -1;
     job->ranks = calloc((size_t) spec->world_size, sizeof *job->ranks);
     if (!job->ranks) {
         job_free(job);

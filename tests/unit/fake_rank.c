@@ -24,6 +24,13 @@
  *   duplicate_hello  after its own HELLO, a second connection with a valid HELLO for
  *                    the same rank; then as result on the first
  *   oversize         ... announce a 2 GiB frame, then exit 0
+ *   exiting_result   (with error_synced on another rank, files in FAKE_SYNC) connect
+ *                    once "r1" exists, print "hold", send RESULT once "held" exists,
+ *                    then stay on the way out: the main thread ends (the process
+ *                    shows PF_EXITING) while another creates "r0" and exits 0 a
+ *                    second later
+ *   error_synced     HELLO, PAYLOAD, create "r1"; once "r0" exists ERROR "boom on
+ *                    rank R", create "release", exit 1
  *   print_lots       print FAKE_LINES (1000) numbered lines to stdout and to stderr,
  *                    alternating, then as result
  *   grandchild       leave a child holding stdout and stderr for 30 s ("GRANDCHILD pid"),
@@ -48,6 +55,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -223,6 +231,45 @@ static void expect_closed(conn_t *c)
     if (read_all(c->fd, &b, 1))
         die("the runtime did not close a connection it should have refused");
     close(c->fd);
+}
+
+/* FAKE_SYNC/NAME: create it; wait (up to 20 s) until it exists. */
+static void sync_path(const char *name, char *out, size_t n)
+{
+    const char *dir = getenv("FAKE_SYNC");
+    if (!dir)
+        die("FAKE_SYNC is not set");
+    snprintf(out, n, "%s/%s", dir, name);
+}
+
+static void sync_touch(const char *name)
+{
+    char path[512];
+    sync_path(name, path, sizeof path);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        die("cannot create %s", path);
+    fclose(f);
+}
+
+static void sync_wait(const char *name)
+{
+    char path[512];
+    sync_path(name, path, sizeof path);
+    for (int i = 0; i < 2000 && access(path, F_OK) != 0; i++)
+        usleep(10000);
+    if (access(path, F_OK) != 0)
+        die("%s never appeared", path);
+}
+
+/* exiting_result: the thread that outlives main, so the process stays exiting. */
+static void *linger(void *arg)
+{
+    (void) arg;
+    usleep(50000);              /* main has called pthread_exit by now */
+    sync_touch("r0");
+    usleep(1000000);
+    exit(0);
 }
 
 static void print_facts(void)
@@ -435,6 +482,8 @@ int main(void)
     struct timespec idle_t0;
     clock_gettime(CLOCK_MONOTONIC, &idle_t0);
 
+    if (!strcmp(mode, "exiting_result"))
+        sync_wait("r1");        /* connect after rank 1: its frames are read first */
     conn_t c = connect_bc();
     send_frame(&c, HELLO, (uint32_t) rank, NULL, 0, false);
     int type;
@@ -482,6 +531,24 @@ int main(void)
         if (!strcmp(mode, "error_hang"))
             sleep_s(60);
         return 1;
+    } else if (!strcmp(mode, "error_synced")) {
+        sync_touch("r1");
+        sync_wait("r0");
+        char text[64];
+        int n = snprintf(text, sizeof text, "boom on rank %d", rank);
+        send_frame(&c, ERROR, (uint32_t) rank, text, (size_t) n, false);
+        sync_touch("release");
+        return 1;
+    } else if (!strcmp(mode, "exiting_result")) {
+        dprintf(1, "hold\n");
+        sync_wait("held");      /* the runtime's thread is held in the sink */
+        static const char text[] = "done";
+        send_frame(&c, RESULT, (uint32_t) rank, text, sizeof text - 1, false);
+        close(c.fd);
+        pthread_t t;
+        if (pthread_create(&t, NULL, linger, NULL) != 0)
+            die("pthread_create failed");
+        pthread_exit(NULL);
     } else if (!strcmp(mode, "exit3")) {
         return 3;
     } else if (!strcmp(mode, "no_result")) {

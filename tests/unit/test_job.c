@@ -83,6 +83,22 @@ static void append(bytes_t *b, const void *data, size_t len)
     b->buf[b->len] = '\0';
 }
 
+/* When set, output "hold" from a rank holds the runtime's thread in the sink:
+ * it creates HOLD_DIR/held and returns once HOLD_DIR/release exists. */
+static const char *hold_dir;
+
+static void hold_here(void)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/held", hold_dir);
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/release", hold_dir);
+    for (int i = 0; i < 2000 && access(path, F_OK) != 0; i++)
+        usleep(10000);
+}
+
 static void on_output(void *data, int rank, int fd, const char *bytes, size_t len)
 {
     (void) data;
@@ -90,6 +106,8 @@ static void on_output(void *data, int rank, int fd, const char *bytes, size_t le
     pthread_mutex_lock(&rec.lock);
     append(&rec.out[rank][fd], bytes, len);
     pthread_mutex_unlock(&rec.lock);
+    if (hold_dir && memmem(bytes, len, "hold", 4))
+        hold_here();
 }
 
 static void on_state(void *data, int rank, dk_rank_state_t state, int code, int sig)
@@ -463,6 +481,34 @@ Test(job, an_error_on_one_rank_is_the_root_cause_and_the_others_are_stopped)
         cr_assert_eq(rec.states[r][rec.nstates[r] - 1], DK_RANK_STOPPED);
     }
     finish(&job);
+}
+
+/* A peer that exits on its own while unanswered failed before the rank whose
+ * error came first (it likely only saw the peer go). But a peer that is
+ * exiting because it finished sent its RESULT first: when that RESULT waits
+ * in the socket behind the error, the peer is not the root cause. Here the
+ * runtime's thread is held while rank 0 sends its RESULT and starts exiting
+ * and rank 1 sends its ERROR, so the next turn finds both frames, rank 1's
+ * (connected first) ahead. */
+Test(job, a_peer_exiting_after_its_result_is_not_taken_for_the_root_cause)
+{
+    char dir[] = "/tmp/dk-test-sync-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char sync[600];
+    snprintf(sync, sizeof sync, "FAKE_SYNC=%s", dir);
+    hold_dir = dir;
+    const char *extra[] = {"FAKE_MODE_0=exiting_result", "FAKE_MODE_1=error_synced", sync,
+                           NULL};
+    dk_job_t *job = run(2, extra);
+    cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    cr_assert_eq(dk_job_root_cause(job), 1);
+    cr_assert_eq(dk_job_rank_state(job, 1), DK_RANK_FAILED);
+    cr_assert_eq(dk_job_rank_state(job, 0), DK_RANK_DONE);
+    cr_assert_eq(dk_job_rank_exit_code(job, 0), 0);
+    cr_assert_str_eq(rec.msg[0].buf, "done");
+    finish(&job);
+    hold_dir = NULL;
+    remove_dir(dir);
 }
 
 Test(job, a_non_zero_exit_is_a_failure_with_its_code)
