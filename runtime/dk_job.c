@@ -120,7 +120,7 @@ struct dk_job_t {
 
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    /* Persistent jobs: the sentinel that ends the ranks' process groups (their
+    /* The sentinel that ends the ranks' process groups (their
      * children too) if the host dies (dk_spawn_sentinel); -1 when none. Set at
      * start, ended by the runtime thread once every rank is reaped. */
     int sentinel_pid, sentinel_fd;
@@ -1152,10 +1152,10 @@ dk_job_t *dk_job_start(const dk_job_spec_t *spec, const dk_sink_t *sink, char *e
         if (!start_rank(job, r, program, argv, base, run_id, err, errlen))
             goto fail;
     }
-    /* Ranks kept between cells hold what cells start (a subprocess, a
-     * DataLoader's workers) for as long as they live: those end with the host
-     * too, even when it is SIGKILLed. */
-    if (spec->persistent && !start_sentinel(job, err, errlen))
+    /* What a rank starts (a subprocess, a DataLoader's workers) ends with the
+     * host too, even when it is SIGKILLed: the ranks die of PR_SET_PDEATHSIG,
+     * their children would not. */
+    if (!start_sentinel(job, err, errlen))
         goto fail;
     if (!start_thread(job, err, errlen))
         goto fail;

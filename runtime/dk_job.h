@@ -9,7 +9,10 @@
  * thread (which must outlive the job: PR_SET_PDEATHSIG follows the thread that
  * forked), in a process group of its own, with PR_SET_PDEATHSIG(SIGKILL) so no
  * rank outlives its host, its stdout and stderr on pipes the runtime always
- * drains, and every other descriptor closed.
+ * drains, and every other descriptor closed. What a rank starts in its group
+ * (a subprocess, a DataLoader's workers) ends with the host as well, even when
+ * the host is SIGKILLed: a sentinel process (dk_spawn_sentinel) ends the
+ * ranks' groups when the host's end of its pipe closes.
  *
  * Back channel. The runtime listens on a Unix socket in a fresh 0700 directory
  * and gives every rank its path and a per-job random key (environment variables

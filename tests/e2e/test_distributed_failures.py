@@ -224,10 +224,20 @@ def test_interrupt_ends_ranks_blocked_in_a_collective(kernel):
 
 # -- the kernel ends during a run ---------------------------------------------------
 
+# Each rank also leaves a child of its own (a subprocess, a DataLoader's worker):
+# it inherits the run's environment, so the search below finds it too.
+RANKS_WITH_CHILDREN = ("%%distributed num_processes=2\n" + ANNOUNCE +
+                       "import subprocess, time\n"
+                       "child = subprocess.Popen(['sleep', '300'])\n"
+                       "time.sleep(120)\n")
+
+
 @pytest.mark.timeout(180)
-def test_sigkill_of_the_kernel_leaves_no_rank_behind(fresh_kernel):
+@pytest.mark.parametrize("cell", [SLEEPING_RANKS, RANKS_WITH_CHILDREN],
+                         ids=["ranks", "ranks_with_children"])
+def test_sigkill_of_the_kernel_leaves_no_rank_behind(fresh_kernel, cell):
     k = fresh_kernel
-    msg_id = k.start_execute(SLEEPING_RANKS)
+    msg_id = k.start_execute(cell)
     ranks = support.wait_announced(k, msg_id, timeout=RUN)
     run_ids = {run for _, run in ranks.values()}
     assert len(run_ids) == 1, ranks
