@@ -87,7 +87,8 @@ static void free_template(dk_template_t *t)
 }
 
 dk_template_t *dk_template_start(const char *rank_exe, const char *const *env,
-                                 const char *modules, const char *fingerprint, char *err,
+                                 const char *modules, const char *import_path,
+                                 const char *fingerprint, char *err,
                                  size_t errlen)
 {
     dk_template_t *t = calloc(1, sizeof *t);
@@ -106,18 +107,21 @@ dk_template_t *dk_template_start(const char *rank_exe, const char *const *env,
         goto fail;
     }
     const char *const *base = env ? env : (const char *const *)environ;
-    char *sock_var = NULL, *mod_var = NULL;
-    const char *set[3];
+    char *sock_var = NULL, *mod_var = NULL, *path_var = NULL;
+    const char *set[4];
     size_t k = 0;
     if (asprintf(&sock_var, "DISTKERNEL_TEMPLATE=%s", t->socket) >= 0)
         set[k++] = sock_var;
     if (asprintf(&mod_var, "DISTKERNEL_WARM_MODULES=%s", modules ? modules : "") >= 0)
         set[k++] = mod_var;
+    if (asprintf(&path_var, "DISTKERNEL_WARM_PATH=%s", import_path ? import_path : "") >= 0)
+        set[k++] = path_var;
     if (!dk_spawn_env_get(base, "OMP_NUM_THREADS"))
         set[k++] = "OMP_NUM_THREADS=1";
-    char **envp = k >= 2 ? dk_spawn_env_build(base, set, k) : NULL;
+    char **envp = k >= 3 ? dk_spawn_env_build(base, set, k) : NULL;
     free(sock_var);
     free(mod_var);
+    free(path_var);
     if (!envp) {
         dk_set_err(err, errlen, "out of memory");
         goto fail;
@@ -284,6 +288,16 @@ long dk_template_rss_kb(const dk_template_t *t)
     if (f)
         fclose(f);
     return kb;
+}
+
+void dk_template_end(dk_template_t *t)
+{
+    if (!t || t->sp.pid <= 0)
+        return;
+    kill(-t->sp.pid, SIGKILL);
+    kill(t->sp.pid, SIGKILL);
+    unlink(t->socket);
+    rmdir(t->dir);
 }
 
 void dk_template_destroy(dk_template_t **t_p)

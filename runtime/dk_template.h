@@ -24,11 +24,15 @@ typedef struct dk_template_t dk_template_t;
 
 /* Start a template: RANK_EXE (a name on $PATH or a path) with ENV (NULL: the
  * host's environ; OMP_NUM_THREADS=1 is added unless set, as the job does for
- * ranks) importing MODULES (comma-separated, may be empty). Returns at once;
+ * ranks) importing MODULES (comma-separated, may be empty) with the folders
+ * of IMPORT_PATH (newline-separated, NULL: none) first on sys.path, as the
+ * ranks will have them (the ranks get the template's own sys.path back
+ * before they run). Returns at once;
  * dk_template_ready tells when it can serve. NULL with ERR when it could not
  * be started (then no process exists). */
 dk_template_t *dk_template_start(const char *rank_exe, const char *const *env,
-                                 const char *modules, const char *fingerprint, char *err,
+                                 const char *modules, const char *import_path,
+                                 const char *fingerprint, char *err,
                                  size_t errlen);
 
 /* Wait up to TIMEOUT_MS (-1: forever) for the template to be ready: 1 when it
@@ -45,6 +49,11 @@ const char *dk_template_fingerprint(const dk_template_t *t);
 int dk_template_pid(const dk_template_t *t);
 /* Kilobytes of the template's resident memory (VmRSS), or -1. */
 long dk_template_rss_kb(const dk_template_t *t);
+
+/* At the host's exit, from any thread: SIGKILL to the template's group and
+ * its socket and folder removed; the object stays valid (dk_template_destroy
+ * still frees it) and refuses ranks from then on. */
+void dk_template_end(dk_template_t *t);
 
 /* Kill the template (SIGKILL to its group; the ranks it forked die with it),
  * reap it, remove its socket and directory, free. Sets *T_P to NULL. */

@@ -425,7 +425,35 @@ def _become_rank(body, fds, template_pid, closing):
     numpy = sys.modules.get("numpy")
     if numpy is not None and hasattr(numpy, "random"):
         numpy.random.seed()
-    return main()
+    try:
+        rc = main()
+    except SystemExit as exc:
+        rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: B902 - as PyErr_Print would, for a cold rank
+        traceback.print_exc()
+        rc = 1
+    _exit_warm(rc)
+
+
+def _exit_warm(rc):
+    """End a forked rank as interpreter shutdown would, less the teardown of
+    every module: that touches every object the template imported, so each
+    page shared with the template is copied, seconds for torch. Non-daemon
+    threads are waited for and atexit handlers run (the output flusher's
+    among them), as at a cold rank's exit."""
+    import atexit
+    import threading
+    try:
+        threading._shutdown()
+    except BaseException:  # noqa: B902
+        pass
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(rc)
 
 
 def template_main():
@@ -438,6 +466,12 @@ def template_main():
     path = os.environ.pop("DISTKERNEL_TEMPLATE")
     names = [m.strip() for m in os.environ.pop("DISTKERNEL_WARM_MODULES", "").split(",")
              if m.strip()]
+    # Imported as the notebook would (the kernel's sys.path first); a rank
+    # gets this process's own sys.path back, and then the kernel's as a cold
+    # rank does (_use_kernel_sys_path).
+    own_path = list(sys.path)
+    _use_kernel_sys_path([p for p in os.environ.pop("DISTKERNEL_WARM_PATH", "").split("\n")
+                          if p])
     # What every rank imports anyway.
     import json  # noqa: F401
     import threading  # noqa: F401
@@ -449,6 +483,13 @@ def template_main():
             print(f"could not import warm module {name!r}: {type(exc).__name__}: {exc}",
                   file=sys.stderr, flush=True)
             return 3
+    sys.path[:] = own_path
+    # What the template holds stays out of the collector's sight: a
+    # collection in a rank would otherwise write to (and so copy) every page
+    # of it.
+    import gc
+    gc.collect()
+    gc.freeze()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(128)

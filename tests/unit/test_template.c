@@ -51,7 +51,7 @@ static const char *env[] = {"PATH=/usr/bin:/bin", "DISTKERNEL_GLUE_DIR=" PY_SRC,
 static dk_template_t *ready_template(const char *modules)
 {
     char err[2048] = "";
-    dk_template_t *t = dk_template_start(RANK_EXE, env, modules, "fp", err, sizeof err);
+    dk_template_t *t = dk_template_start(RANK_EXE, env, modules, NULL, "fp", err, sizeof err);
     cr_assert_not_null(t, "%s", err);
     int ready = dk_template_ready(t, 60000, err, sizeof err);
     cr_assert_eq(ready, 1, "the template is not ready (%d): %s", ready, err);
@@ -170,7 +170,7 @@ Test(template, a_module_that_starts_a_thread_makes_ranks_start_cold, .timeout = 
     snprintf(pp, sizeof pp, "PYTHONPATH=%s", mod_dir);
     const char *tenv[] = {"PATH=/usr/bin:/bin", "DISTKERNEL_GLUE_DIR=" PY_SRC, pp, NULL};
     char err[2048] = "";
-    dk_template_t *t = dk_template_start(RANK_EXE, tenv, "threaded_mod", "", err, sizeof err);
+    dk_template_t *t = dk_template_start(RANK_EXE, tenv, "threaded_mod", NULL, "", err, sizeof err);
     cr_assert_not_null(t, "%s", err);
     cr_assert_eq(dk_template_ready(t, 60000, err, sizeof err), 1, "%s", err);
     cr_assert_eq(dk_template_check(t, err, sizeof err), -1);
@@ -200,7 +200,7 @@ Test(template, a_module_that_starts_a_thread_makes_ranks_start_cold, .timeout = 
 Test(template, a_module_that_cannot_be_imported_is_the_reason, .timeout = 120)
 {
     char err[2048] = "";
-    dk_template_t *t = dk_template_start(RANK_EXE, env, "no_such_module_dk", "", err,
+    dk_template_t *t = dk_template_start(RANK_EXE, env, "no_such_module_dk", NULL, "", err,
                                          sizeof err);
     cr_assert_not_null(t, "%s", err);
     cr_assert_eq(dk_template_ready(t, 60000, err, sizeof err), -1);
