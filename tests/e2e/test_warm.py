@@ -159,14 +159,8 @@ def test_an_interrupt_ends_warm_ranks_with_keyboardinterrupt(kernel):
     assert r.status == "error" and "KeyboardInterrupt" in (r.content["ename"] +
                                                            r.content["evalue"]), r.describe()
     # Only the template is left.
-    template = template_of(kernel)
-    deadline = time.monotonic() + END_WITHIN
-    while time.monotonic() < deadline:
-        left = [p.pid for p in support.descendants(kernel.pid) if p.pid != template]
-        if not left:
-            break
-        time.sleep(0.05)
-    assert not left, support.describe_processes(support.descendants(kernel.pid))
+    assert template_of(kernel)
+    assert support.wait_no_descendants(kernel.pid, timeout=END_WITHIN) == []
 
 
 def test_sigkill_of_the_kernel_leaves_no_template_and_no_rank(fresh_kernel):
@@ -179,7 +173,7 @@ def test_sigkill_of_the_kernel_leaves_no_template_and_no_rank(fresh_kernel):
     k.wait_iopub(lambda m: m["msg_type"] == "stream" and
                  m["parent_header"].get("msg_id") == msg_id and
                  "[rank 1] pid" in m["content"]["text"], timeout=RUN)
-    everything = [p.pid for p in support.descendants(k.pid)]
+    everything = [p.pid for p in support.descendants(k.pid, template=True)]
     assert template in everything and len(everything) >= 5, everything
     os.kill(k.pid, signal.SIGKILL)
     k.process.wait(timeout=10)
