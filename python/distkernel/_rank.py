@@ -443,6 +443,7 @@ def _exit_warm(rc):
     among them), as at a cold rank's exit."""
     import atexit
     import threading
+    _hold_store_for_peers()
     try:
         threading._shutdown()
     except BaseException:  # noqa: B902
@@ -454,6 +455,34 @@ def _exit_warm(rc):
         except Exception:
             pass
     os._exit(rc)
+
+
+EXIT_HOLD_S = 60.0
+
+
+def _hold_store_for_peers():
+    """Rank 0 of an env:// process group hosts its TCPStore: when it exits,
+    a peer still finishing init_process_group (which talks to the store after
+    its barrier) gets "Connection reset by peer". A cold rank 0 takes long
+    enough over its interpreter's teardown that this is never seen; a warm one
+    exits at once. So each warm rank checks out in the store, and rank 0 waits
+    (at most EXIT_HOLD_S) until every rank has."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return
+        import time
+        from torch.distributed import distributed_c10d
+        store = distributed_c10d._get_default_store()
+        world = dist.get_world_size()
+        store.add("distkernel_warm_exit", 1)
+        if dist.get_rank() != 0:
+            return
+        deadline = time.monotonic() + EXIT_HOLD_S
+        while store.add("distkernel_warm_exit", 0) < world and time.monotonic() < deadline:
+            time.sleep(0.005)
+    except Exception:
+        pass    # a store that is gone already: nothing to hold
 
 
 def template_main():

@@ -256,3 +256,20 @@ def test_the_template_holds_no_cuda_library_on_a_gpu_node_model(tmp_path_factory
             assert lib not in maps, f"the template loaded {lib}"
     finally:
         k.stop()
+
+
+def test_warm_rank_0_keeps_the_process_groups_store_until_every_rank_has_left(kernel):
+    """Rank 0 hosts the env:// TCPStore. A warm rank exits at once (no
+    interpreter teardown), so without a hold a peer still using the store
+    (init_process_group does, after its barrier) got "Connection reset by
+    peer" in a few runs of ten with 8 ranks."""
+    assert_warm(kernel, probe(kernel))
+    r = kernel.execute("%%distributed num_processes=2 tracking=False\n"
+                       "import os, time, torch.distributed as dist\n"
+                       "from torch.distributed import distributed_c10d\n"
+                       "dist.init_process_group('gloo')\n"
+                       "if dist.get_rank() == 1:\n"
+                       "    time.sleep(2)\n"
+                       "    distributed_c10d._get_default_store().set('late', '1')\n"
+                       "dist.get_rank()", timeout=RUN)
+    assert r.status == "ok", r.describe()
