@@ -12,6 +12,7 @@
 #include "dk_dist_warm.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,9 +63,31 @@ static bool fingerprint(const char *modules, char *out, size_t len, char *why, s
     return true;
 }
 
+static const char *warm_socket(dk_template_t **slot, const dk_dist_opts_t *opts,
+                               const char *rank_exe, bool *interrupted, char *why,
+                               size_t whylen);
+
+/* One run at a time builds or checks the template: a run waits for the
+ * template with the GIL released, when another thread's run (a .distributed()
+ * call) could otherwise replace it under it. Taken with the GIL released, so
+ * that the thread holding it can always get the GIL back. */
+static pthread_mutex_t warm_lock = PTHREAD_MUTEX_INITIALIZER;
+
 const char *dk_dist_warm_socket(dk_template_t **slot, const dk_dist_opts_t *opts,
                                 const char *rank_exe, bool *interrupted, char *why,
                                 size_t whylen)
+{
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&warm_lock);
+    Py_END_ALLOW_THREADS
+    const char *socket = warm_socket(slot, opts, rank_exe, interrupted, why, whylen);
+    pthread_mutex_unlock(&warm_lock);
+    return socket;
+}
+
+static const char *warm_socket(dk_template_t **slot, const dk_dist_opts_t *opts,
+                               const char *rank_exe, bool *interrupted, char *why,
+                               size_t whylen)
 {
     *interrupted = false;
     const char *off = getenv("DISTKERNEL_WARM");
@@ -83,10 +106,18 @@ const char *dk_dist_warm_socket(dk_template_t **slot, const dk_dist_opts_t *opts
     if (!fingerprint(modules, fp, sizeof fp, why, whylen))
         return NULL;
     const char *rebuilt = "";
+    char gone[512];
     if (*slot && strcmp(dk_template_fingerprint(*slot), fp) != 0) {
         dk_template_destroy(slot);
         rebuilt = "a new template (the kernel's environment, working directory, sys.path, "
                   "packages or warm modules changed): ";
+    } else if (*slot && dk_template_was_ready(*slot) &&
+               dk_template_ready(*slot, 0, gone, sizeof gone) < 0) {
+        /* It served and then ended (killed, out of memory): build another. A
+         * template that never got ready stays, so that the same import error
+         * is not paid for by every run. */
+        dk_template_destroy(slot);
+        rebuilt = "a new template (the last one had ended): ";
     }
     if (!*slot) {
         char err[1024];

@@ -261,6 +261,11 @@ int dk_template_check(dk_template_t *t, char *why, size_t whylen)
     return -1;
 }
 
+bool dk_template_was_ready(const dk_template_t *t)
+{
+    return t->ready;
+}
+
 const char *dk_template_socket(const dk_template_t *t)
 {
     return t->socket;

@@ -18,6 +18,7 @@
 #ifndef DK_TEMPLATE_H
 #define DK_TEMPLATE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 typedef struct dk_template_t dk_template_t;
@@ -43,6 +44,10 @@ int dk_template_ready(dk_template_t *t, int timeout_ms, char *why, size_t whylen
 /* Ask a ready template whether it can fork a rank now: 0, or -1 with WHY
  * (a thread started in it, CUDA initialised, it is gone). */
 int dk_template_check(dk_template_t *t, char *why, size_t whylen);
+
+/* Whether the template was ready at some point (one that is gone now ended
+ * after serving, rather than failing to import). */
+bool dk_template_was_ready(const dk_template_t *t);
 
 const char *dk_template_socket(const dk_template_t *t);
 const char *dk_template_fingerprint(const dk_template_t *t);

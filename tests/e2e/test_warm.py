@@ -273,3 +273,13 @@ def test_warm_rank_0_keeps_the_process_groups_store_until_every_rank_has_left(ke
                        "    distributed_c10d._get_default_store().set('late', '1')\n"
                        "dist.get_rank()", timeout=RUN)
     assert r.status == "ok", r.describe()
+
+
+def test_a_template_that_ended_is_replaced_by_the_next_run(kernel):
+    assert_warm(kernel, probe(kernel))
+    before = template_of(kernel)
+    os.kill(before, signal.SIGKILL)
+    assert support.wait_gone([before], timeout=END_WITHIN) == []
+    ranks = probe(kernel)
+    assert template_of(kernel) not in (None, before)
+    assert_warm(kernel, ranks)
