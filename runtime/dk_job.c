@@ -982,7 +982,7 @@ static bool start_rank(dk_job_t *job, int r, const char *program, char *const ar
     if (asprintf(&log, "DISTKERNEL_LOG=%s", rk->log_path) < 0)
         log = NULL;
     char *warm = NULL;
-    if (job->warm_socket && asprintf(&warm, "DISTKERNEL_WARM=%s", job->warm_socket) < 0)
+    if (job->warm_socket && asprintf(&warm, "DISTKERNEL_WARM_SOCKET=%s", job->warm_socket) < 0)
         warm = NULL;
     char **env = NULL;
     if (bc && log && (warm || !job->warm_socket)) {

@@ -6,9 +6,9 @@
  * talks to the kernel over the back channel (and decides how the rank's
  * output is buffered).
  *
- * Warm start. With DISTKERNEL_WARM (a template's socket, dk_template.h) it
+ * Warm start. With DISTKERNEL_WARM_SOCKET (a template's socket, dk_template.h) it
  * first asks that template, which has imported torch already, to fork the
- * rank for it: it sends its environment (less DISTKERNEL_WARM), working
+ * rank for it: it sends its environment (less DISTKERNEL_WARM_SOCKET), working
  * directory, process group, stdout and stderr, then waits, with SIGINT and
  * SIGTERM blocked (they reach the rank, which is in its group), and ends as
  * the rank ended: its exit code, or the same signal. So the job judges and
@@ -205,11 +205,11 @@ int main(int argc, char **argv)
     sigaddset(&sigint, SIGINT);
     sigprocmask(SIG_BLOCK, &sigint, NULL);
 
-    const char *warm = getenv("DISTKERNEL_WARM");
+    const char *warm = getenv("DISTKERNEL_WARM_SOCKET");
     if (warm && *warm) {
         char path[PATH_MAX];
         snprintf(path, sizeof path, "%s", warm);
-        unsetenv("DISTKERNEL_WARM");
+        unsetenv("DISTKERNEL_WARM_SOCKET");
         int rc = warm_rank(path);
         if (rc >= 0)
             return rc;

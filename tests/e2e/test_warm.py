@@ -87,7 +87,7 @@ def test_a_warm_run_is_a_fresh_run_with_the_cold_runs_environment(kernel):
         for name, want in (("RANK", str(rank)), ("LOCAL_RANK", str(rank)), ("WORLD_SIZE", "2"),
                            ("MASTER_ADDR", "127.0.0.1")):
             assert w["env"][name] == want
-        assert "DISTKERNEL_WARM" not in w["env"] and "DISTKERNEL_TEMPLATE" not in w["env"]
+        assert "DISTKERNEL_WARM_SOCKET" not in w["env"] and "DISTKERNEL_TEMPLATE" not in w["env"]
         assert w["cwd"] == c["cwd"] and w["path"] == c["path"]
         # Its own process and group, as a cold rank's; one port for both ranks.
         assert w["pid"] != w["ppid"] and w["pgid"] not in (w["ppid"], kernel.pid)
@@ -202,11 +202,24 @@ def test_a_warm_module_that_starts_a_thread_makes_the_run_cold_and_says_why(fres
         r.describe()
 
 
+def log_dir_of(kernel):
+    """The log folder of a fresh one-rank run (cold, as the kernel decides)."""
+    r = kernel.execute("%%distributed num_processes=1 tracking=False\n"
+                       "import os\nos.environ['DISTKERNEL_LOG']", timeout=RUN)
+    assert r.status == "ok", r.describe()
+    return os.path.dirname(re.search(r"'(.*)'", r.result).group(1))
+
+
 def test_warm_false_and_distkernel_warm_0_start_no_template(kernelspec_installed):
     k = support.Kernel.start(env=support.kernel_env(DISTKERNEL_WARM="0"))
     try:
         ranks = probe(k)
         assert all(not i["torch_first"] and i["ppid"] == k.pid for i in ranks.values())
+        # The user's switch reaches the ranks as set; no rank tried a template.
+        assert all(i["env"].get("DISTKERNEL_WARM") == "0" for i in ranks.values()), ranks
+        with open(os.path.join(log_dir_of(k), "warm.log")) as f:
+            why = f.read()
+        assert why == "the ranks started cold: warm start is off (DISTKERNEL_WARM=0)\n", why
         assert template_of(k) is None
         ranks = probe(k, "warm=True")
         assert template_of(k) is None

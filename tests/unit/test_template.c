@@ -114,7 +114,7 @@ Test(template, ranks_are_forked_from_it_with_the_jobs_environment, .timeout = 12
     cr_assert_gt(dk_template_rss_kb(t), 0);
     dk_job_t *job = run_job(t, "import os\n"
                                "print(os.getppid(), os.environ['RANK'], os.environ['WARM_TEST'],"
-                               " 'DISTKERNEL_WARM' in os.environ, os.getpgrp() == os.getppid(),"
+                               " 'DISTKERNEL_WARM_SOCKET' in os.environ, os.getpgrp() == os.getppid(),"
                                " flush=True)\n");
     cr_assert_eq(dk_job_end(job), DK_END_OK, "end %d rank 0: %s exit %d sig %d state %d: %s", dk_job_end(job), out_text[0], dk_job_rank_exit_code(job, 0), dk_job_rank_signal(job, 0), dk_job_rank_state(job, 0), error_text);
     for (int r = 0; r < 2; r++) {
