@@ -152,9 +152,12 @@ Test(template, a_warm_ranks_exit_code_and_signal_are_the_jobs, .timeout = 120)
     cr_assert_eq(dk_job_rank_state(job, 0), DK_RANK_STOPPED);
     dk_job_destroy(&job);
     remove_logs();
-    job = run_job(t, "import os\nos._exit(3 if os.environ['RANK'] == '0' else 0)\n");
+    job = run_job(t, "import os, time\nif os.environ['RANK'] == '0':\n    os._exit(3)\n"
+                     "time.sleep(30)\n");
     cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    cr_assert_eq(dk_job_root_cause(job), 0);
     cr_assert_eq(dk_job_rank_exit_code(job, 0), 3);
+    cr_assert_eq(dk_job_rank_state(job, 1), DK_RANK_STOPPED);
     dk_job_destroy(&job);
     remove_logs();
     dk_template_destroy(&t);
