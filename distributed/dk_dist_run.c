@@ -31,6 +31,7 @@
 #include "dk_dist_relay.h"
 #include "dk_dist_slurm.h"
 #include "dk_dist_status.h"
+#include "dk_dist_warm.h"
 #include "dk_gpu.h"
 #include "dk_logdir.h"
 #include "dk_logfile.h"
@@ -45,6 +46,7 @@
 struct dk_dist_run_t {
     dk_kernel_t *kernel;
     dk_dist_logs_t *logs;       /* the feature's, outlive the run */
+    dk_template_t **warm;       /* the feature's warm-start template slot, or NULL */
     dk_tracking_t *tracking;
     const char *kind;           /* "cell" or "function" */
     dk_dist_opts_t opts;
@@ -325,6 +327,17 @@ static dk_job_t *start_job(dk_dist_run_t *run, char **env, const char *log_dir,
         spec.timeout_s = 0;
         dk_dist_pool_attach(run->pool, &sink);
         sink = dk_dist_pool_sink(run->pool);
+    } else if (run->warm) {
+        /* A fresh run: its ranks forked from the warm-start template when one
+         * fits, else cold as always, with the reason in its log folder. */
+        char why[2048];
+        bool interrupted;
+        spec.warm_socket = dk_dist_warm_socket(run->warm, &run->opts, spec.rank_exe,
+                                               &interrupted, why, sizeof why);
+        if (interrupted)
+            return NULL;
+        if (!spec.warm_socket)
+            dk_dist_warm_note(log_dir, why);
     }
     char err[1024];
     dk_job_t *job = dk_job_start(&spec, &sink, err, sizeof err);
@@ -558,6 +571,7 @@ static dk_dist_run_t *run_begin(dk_dist_run_t *run, const dk_dist_host_t *host,
 {
     dk_kernel_t *kernel = host->kernel;
     run->logs = host->logs;
+    run->warm = host->warm;
     run->tracking = host->tracking;
     if (run->opts.check && dk_dist_preflight(dk_kernel_stream(kernel), run->plan.gpu) < 0)
         return fail(run, NULL, NULL);

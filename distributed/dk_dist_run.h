@@ -24,6 +24,7 @@
 #include "dk_dist_pool.h"
 #include "dk_job.h"
 #include "dk_kernel.h"
+#include "dk_template.h"
 #include "dk_tracking.h"
 
 #include <jansson.h>
@@ -39,6 +40,7 @@ typedef struct {
     dk_kernel_t *kernel;        /* the run writes into its current cell */
     dk_dist_logs_t *logs;       /* the run folders the kernel keeps */
     dk_tracking_t *tracking;    /* MLflow's server and experiment cache */
+    dk_template_t **warm;       /* the warm-start template (dk_dist_warm), or a NULL slot */
 } dk_dist_host_t;
 
 /* Start a run of PAYLOAD (LEN bytes: the pickled cell or function, which the

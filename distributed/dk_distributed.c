@@ -48,6 +48,7 @@ struct dk_distributed_t {
     dk_magic_t magic;
     dk_magic_t line_magic;      /* %distributed start|status|stop|restart */
     dk_dist_pool_t *pool;       /* the started ranks, or NULL */
+    dk_template_t *warm;        /* the warm-start template (dk_dist_warm), or NULL */
     bool starting;              /* `%distributed start` is under way (pool not yet set) */
     char *pool_options;         /* what they were started with, as written (restart,
                                    messages), or NULL */
@@ -468,6 +469,14 @@ static void stop_pool(void *data)
     }
 }
 
+/* At exit the template goes with its folder (it would die with the kernel
+ * anyway, but leave the folder). Not freed, as for the pool. */
+static void stop_template(void *data)
+{
+    dk_distributed_t *d = data;
+    dk_template_end(d->warm);
+}
+
 static void stop_tracking_server(void *data)
 {
     dk_tracking_stop_server(data);
@@ -479,7 +488,8 @@ dk_distributed_t *dk_distributed_new(dk_kernel_t *kernel)
     if (!d)
         return NULL;
     d->tracking = dk_tracking_new();
-    d->host = (dk_dist_host_t){.kernel = kernel, .logs = &d->logs, .tracking = d->tracking};
+    d->host = (dk_dist_host_t){.kernel = kernel, .logs = &d->logs, .tracking = d->tracking,
+                               .warm = &d->warm};
     d->magic = (dk_magic_t){.name = "distributed", .kind = DK_MAGIC_CELL, .doc = dk_dist_doc,
                             .run = distributed_magic, .data = d};
     dk_kernel_function_t fn = {.name = "run_job", .fn = (void (*)(void))run_job, .flags = METH_VARARGS,
@@ -491,6 +501,7 @@ dk_distributed_t *dk_distributed_new(dk_kernel_t *kernel)
     if (!d->tracking || dk_magic_register(dk_kernel_magics(kernel), &d->magic) < 0 ||
         dk_magic_register(dk_kernel_magics(kernel), &d->line_magic) < 0 ||
         dk_kernel_on_exit(kernel, stop_pool, d) < 0 ||
+        dk_kernel_on_exit(kernel, stop_template, d) < 0 ||
         dk_kernel_add_function(kernel, &fn) < 0 ||
         dk_kernel_on_exit(kernel, stop_tracking_server, d->tracking) < 0) {
         dk_tracking_destroy(&d->tracking);

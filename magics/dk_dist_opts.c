@@ -56,6 +56,12 @@ const char dk_dist_doc[] =
     "                       $MLFLOW_EXPERIMENT_ID, else one named after the notebook).\n"
     "  run_name=NAME        the MLflow run's name (default: generated).\n"
     "  tracking=False       do not record the run in MLflow.\n"
+    "  warm=False           start this run's ranks cold, not forked from the kernel's\n"
+    "                       warm-start template (which has imported torch already;\n"
+    "                       DISTKERNEL_WARM=0 turns it off for every run).\n"
+    "  warm_modules=A,B     more modules the template imports (and those of\n"
+    "                       $DISTKERNEL_WARM_MODULES); a module that starts a thread\n"
+    "                       makes runs cold, with the reason in the run's warm.log.\n"
     "  log_cap=SIZE         the most each rank's log file keeps (default 1G, or\n"
     "                       $DISTKERNEL_LOG_CAP): past it, its first and last parts\n"
     "                       with a line saying how much was left out between them.\n"
@@ -145,8 +151,8 @@ bool dk_dist_platform_model(const char *model)
 static const char accepted[] =
     "accepted options: num_accelerators, accelerator_type, num_processes, timeout, output, "
     "result, check, experiment, run_name, tracking, log_cap, nodes, launcher, partition, "
-    "account, qos, constraint, slurm_args, idle_timeout (and the deprecated gpus, "
-    "gpu_type)";
+    "account, qos, constraint, slurm_args, idle_timeout, warm, warm_modules (and the deprecated "
+    "gpus, gpu_type)";
 
 /* One `name=value` token; VALUE is unquoted. Returns the position after it, NULL
  * at the end, or sets ERR. */
@@ -444,6 +450,29 @@ static int opt_tracking(const char *name, const char *value, bool quoted, dk_dis
     return bool_value(name, value, &o->tracking, err, errlen);
 }
 
+static int opt_warm(const char *name, const char *value, bool quoted, dk_dist_opts_t *o,
+                    char *err, size_t errlen)
+{
+    return bool_value(name, value, &o->warm, err, errlen);
+}
+
+/* Module names (dotted identifiers) separated by commas. */
+static int opt_warm_modules(const char *name, const char *value, bool quoted, dk_dist_opts_t *o,
+                            char *err, size_t errlen)
+{
+    bool ok = strlen(value) < sizeof o->warm_modules;
+    for (const char *c = value; ok && *c; c++)
+        ok = isalnum((unsigned char)*c) || *c == '_' || *c == '.' || *c == ',';
+    if (!ok) {
+        dk_set_err(err, errlen, "%s=%s: expected module names separated by commas, like "
+                   "warm_modules=transformers,numpy (at most %zu characters)", name, value,
+                   sizeof o->warm_modules - 1);
+        return -1;
+    }
+    snprintf(o->warm_modules, sizeof o->warm_modules, "%s", value);
+    return 0;
+}
+
 static int opt_check(const char *name, const char *value, bool quoted, dk_dist_opts_t *o,
                      char *err, size_t errlen)
 {
@@ -581,6 +610,8 @@ static const struct {
     {"constraint", NULL, NULL, opt_slurm_name},
     {"slurm_args", NULL, NULL, opt_slurm_args},
     {"idle_timeout", NULL, NULL, opt_idle_timeout},
+    {"warm", NULL, NULL, opt_warm},
+    {"warm_modules", NULL, NULL, opt_warm_modules},
 };
 #define N_OPTIONS (sizeof options / sizeof options[0])
 
@@ -669,6 +700,7 @@ int dk_dist_opts_parse(const char *args, dk_dist_opts_t *o, char *err, size_t er
     o->timeout_s = DK_DEFAULT_TIMEOUT_S;
     o->idle_timeout_s = DK_DEFAULT_IDLE_TIMEOUT_S;
     o->tracking = true;
+    o->warm = true;
     return dk_dist_opts_parse_onto(args, o, err, errlen);
 }
 

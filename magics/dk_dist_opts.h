@@ -58,6 +58,10 @@ typedef struct {
     char slurm_args[1024];      /* more salloc/srun options, as shell words */
     double idle_timeout_s;      /* started ranks: end after this long idle; 0: never */
     bool idle_given;            /* idle_timeout= was given */
+    bool warm;                  /* fork fresh runs' ranks from a warm-start template
+                                   (default true; also off with DISTKERNEL_WARM=0) */
+    char warm_modules[512];     /* more modules the template imports, comma-separated
+                                   (and those of DISTKERNEL_WARM_MODULES), "" if none */
     char warnings[512];         /* deprecation warnings, "" if none */
 } dk_dist_opts_t;
 

@@ -133,6 +133,7 @@ struct dk_job_t {
     /* persistent jobs (see dk_job.h); guarded by lock unless said */
     bool persistent;
     double idle_timeout_s;
+    char *warm_socket;          /* spec.warm_socket (copied), or NULL */
     pthread_mutex_t log_lock;   /* the ranks' log objects: swapped between rounds */
     bool round_active;
     dk_job_end_t round_end;
@@ -906,6 +907,7 @@ static void job_free(dk_job_t *job)
     free(job->slot_kind);
     close_fd(&job->log_dirfd);
     free(job->log_dir);
+    free(job->warm_socket);
     free(job);
 }
 
@@ -952,7 +954,7 @@ static bool start_rank(dk_job_t *job, int r, const char *program, char *const ar
     rank_t *rk = &job->ranks[r];
     int n = job->world_size;
     char vars[ENV_VARS][128];
-    const char *set[ENV_VARS + 2];
+    const char *set[ENV_VARS + 3];
     size_t k = 0;
 #define SETF(...) (snprintf(vars[k], sizeof vars[k], __VA_ARGS__), set[k] = vars[k], k++)
     SETF("RANK=%d", r);
@@ -979,14 +981,20 @@ static bool start_rank(dk_job_t *job, int r, const char *program, char *const ar
         bc = NULL;
     if (asprintf(&log, "DISTKERNEL_LOG=%s", rk->log_path) < 0)
         log = NULL;
+    char *warm = NULL;
+    if (job->warm_socket && asprintf(&warm, "DISTKERNEL_WARM_SOCKET=%s", job->warm_socket) < 0)
+        warm = NULL;
     char **env = NULL;
-    if (bc && log) {
+    if (bc && log && (warm || !job->warm_socket)) {
         set[k++] = bc;
         set[k++] = log;
+        if (warm)
+            set[k++] = warm;
         env = dk_spawn_env_build(base, set, k);
     }
     free(bc);
     free(log);
+    free(warm);
     if (!env) {
         dk_set_err(err, errlen, "out of memory building rank %d's environment", r);
         return false;
@@ -1105,6 +1113,10 @@ dk_job_t *dk_job_start(const dk_job_spec_t *spec, const dk_sink_t *sink, char *e
     char *program = dk_spawn_find_program(spec->rank_exe, err, errlen);
     if (!program)
         goto fail;
+    if (spec->warm_socket && !(job->warm_socket = strdup(spec->warm_socket))) {
+        dk_set_err(err, errlen, "out of memory");
+        goto fail;
+    }
 
     if (spec->log_dir ? !(job->log_dir = strdup(spec->log_dir))
                       : !(job->log_dir = fresh_log_dir(err, errlen))) {

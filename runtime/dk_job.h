@@ -133,6 +133,11 @@ typedef struct {
     /* Keep the ranks between rounds (see the top). PAYLOAD is then unused. */
     bool persistent;
     double idle_timeout_s;      /* persistent jobs: <= 0: never idle out */
+    /* A warm-start template's socket (dk_template_socket), or NULL. Each rank
+     * is then forked by that template (see rank_main.c): the same environment,
+     * group, pipes and exit status, judged and stopped as any rank. A rank the
+     * template refuses starts cold and says why in warm.log in the log folder. */
+    const char *warm_socket;
 } dk_job_spec_t;
 
 typedef struct dk_job_t dk_job_t;

@@ -5,12 +5,191 @@
  * embeds the same CPython as the kernel and runs distkernel._rank.main(), which
  * talks to the kernel over the back channel (and decides how the rank's
  * output is buffered).
+ *
+ * Warm start. With DISTKERNEL_WARM_SOCKET (a template's socket, dk_template.h) it
+ * first asks that template, which has imported torch already, to fork the
+ * rank for it: it sends its environment (less DISTKERNEL_WARM_SOCKET), working
+ * directory, process group, stdout and stderr, then waits, with SIGINT and
+ * SIGTERM blocked (they reach the rank, which is in its group), and ends as
+ * the rank ended: its exit code, or the same signal. So the job judges and
+ * stops it exactly as a cold rank. When the template says no, or cannot be
+ * reached, this process goes on as a cold rank and writes why to warm.log
+ * next to its rank log.
+ *
+ * With DISTKERNEL_TEMPLATE it is that template (distkernel._rank.template_main).
  */
 #include "dk_pyinit.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
+
+/* A line for the run's log folder: why this rank started cold. */
+static void note_cold(const char *why)
+{
+    const char *log = getenv("DISTKERNEL_LOG");
+    const char *slash = log ? strrchr(log, '/') : NULL;
+    if (!slash)
+        return;
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%.*s/warm.log", (int)(slash - log), log);
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return;
+    dprintf(fd, "rank %s started cold: %s\n", getenv("RANK") ? getenv("RANK") : "?", why);
+    close(fd);
+}
+
+static int write_all(int fd, const char *p, size_t n)
+{
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* One reply line into LINE. False at EOF or error. */
+static bool read_line(int fd, char *line, size_t len)
+{
+    size_t n = 0;
+    while (n + 1 < len) {
+        ssize_t r = read(fd, line + n, 1);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return false;
+        if (line[n] == '\n')
+            break;
+        n++;
+    }
+    line[n] = '\0';
+    return true;
+}
+
+/* The request body: pgid | cwd NUL | environ entries NUL-separated. */
+static char *request_body(size_t *len)
+{
+    char cwd[PATH_MAX];
+    if (!getcwd(cwd, sizeof cwd))
+        return NULL;
+    size_t n = 4 + strlen(cwd) + 1;
+    for (char **e = environ; *e; e++)
+        n += strlen(*e) + 1;
+    char *body = malloc(n);
+    if (!body)
+        return NULL;
+    uint32_t pgid = (uint32_t)getpgrp();
+    body[0] = (char)(pgid >> 24), body[1] = (char)(pgid >> 16);
+    body[2] = (char)(pgid >> 8), body[3] = (char)pgid;
+    size_t at = 4;
+    memcpy(body + at, cwd, strlen(cwd) + 1);
+    at += strlen(cwd) + 1;
+    for (char **e = environ; *e; e++) {
+        memcpy(body + at, *e, strlen(*e) + 1);
+        at += strlen(*e) + 1;
+    }
+    *len = at;
+    return body;
+}
+
+/* Run as a warm rank through the template at PATH: the rank's exit code
+ * (or death by its signal). -1 (with the reason noted) to go on cold. */
+static int warm_rank(const char *path)
+{
+    char why[512];
+    size_t len;
+    char *body = request_body(&len);
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (!body || fd < 0 || strlen(path) >= sizeof addr.sun_path) {
+        snprintf(why, sizeof why, "could not prepare the request (%s)", strerror(errno));
+        goto cold;
+    }
+    strcpy(addr.sun_path, path);
+    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) < 0) {
+        snprintf(why, sizeof why, "the template at %s cannot be reached (%s)", path,
+                 strerror(errno));
+        goto cold;
+    }
+    char head[8] = {'F', 0, 0, 0, (char)(len >> 24), (char)(len >> 16), (char)(len >> 8),
+                    (char)len};
+    int fds[2] = {1, 2};
+    union {
+        char buf[CMSG_SPACE(sizeof fds)];
+        struct cmsghdr align;
+    } ctl;
+    struct iovec iov = {.iov_base = head, .iov_len = sizeof head};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+                         .msg_controllen = sizeof ctl.buf};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof fds);
+    memcpy(CMSG_DATA(c), fds, sizeof fds);
+    char line[512];
+    if (sendmsg(fd, &msg, MSG_NOSIGNAL) != (ssize_t)sizeof head || write_all(fd, body, len) < 0 ||
+        !read_line(fd, line, sizeof line)) {
+        snprintf(why, sizeof why, "the template did not answer (%s)", strerror(errno));
+        goto cold;
+    }
+    if (strncmp(line, "ok ", 3) != 0) {
+        snprintf(why, sizeof why, "the template refused: %s",
+                 strncmp(line, "no ", 3) == 0 ? line + 3 : line);
+        goto cold;
+    }
+    free(body);
+    /* The rank is running. Stops are for it: it is in our group. */
+    sigset_t stops;
+    sigemptyset(&stops);
+    sigaddset(&stops, SIGINT);
+    sigaddset(&stops, SIGTERM);
+    sigaddset(&stops, SIGHUP);
+    sigprocmask(SIG_BLOCK, &stops, NULL);
+    if (!read_line(fd, line, sizeof line) || strncmp(line, "exit ", 5) != 0) {
+        fprintf(stderr, "distkernel-rank: the warm-start template ended before this rank "
+                        "did (the rank was killed with it)\n");
+        return 137;
+    }
+    int status = atoi(line + 5);
+    if (WIFEXITED(status))
+        return WEXITSTATUS(status);
+    int sig = WIFSIGNALED(status) ? WTERMSIG(status) : SIGKILL;
+    /* Die of the rank's signal, without a core of our own. */
+    struct rlimit none = {0, 0};
+    setrlimit(RLIMIT_CORE, &none);
+    signal(sig, SIG_DFL);
+    sigset_t one;
+    sigemptyset(&one);
+    sigaddset(&one, sig);
+    sigprocmask(SIG_UNBLOCK, &one, NULL);
+    raise(sig);
+    return 128 + sig;
+cold:
+    free(body);
+    if (fd >= 0)
+        close(fd);
+    note_cold(why);
+    return -1;
+}
 
 int main(int argc, char **argv)
 {
@@ -25,6 +204,18 @@ int main(int argc, char **argv)
     sigemptyset(&sigint);
     sigaddset(&sigint, SIGINT);
     sigprocmask(SIG_BLOCK, &sigint, NULL);
+
+    const char *warm = getenv("DISTKERNEL_WARM_SOCKET");
+    if (warm && *warm) {
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s", warm);
+        unsetenv("DISTKERNEL_WARM_SOCKET");
+        int rc = warm_rank(path);
+        if (rc >= 0)
+            return rc;
+    }
+    bool template = getenv("DISTKERNEL_TEMPLATE") != NULL;
+
     char err[512];
     if (dk_pyinit_start("distkernel-rank", err, sizeof err) < 0) {
         fprintf(stderr, "distkernel-rank: %s\n", err);
@@ -33,7 +224,8 @@ int main(int argc, char **argv)
 
     int rc = 1;
     PyObject *mod = PyImport_ImportModule("distkernel._rank");
-    PyObject *res = mod ? PyObject_CallMethod(mod, "main", NULL) : NULL;
+    PyObject *res = mod ? PyObject_CallMethod(mod, template ? "template_main" : "main", NULL)
+                        : NULL;
     if (res) {
         rc = (int)PyLong_AsLong(res);
         Py_DECREF(res);

@@ -116,3 +116,31 @@ def with_env(payload, env):
     job = pickle.loads(payload)
     job["env"] = dict(env)
     return cloudpickle.dumps(job, protocol=5)
+
+
+def warm_fingerprint(modules):
+    """What a warm-start template is built from, as a digest: the kernel's
+    environment, working directory and sys.path, the modules it imports, and
+    the state of the installed packages (the mtime of every sys.path folder,
+    which changes when pip adds or removes a package there). A template whose
+    fingerprint differs from the kernel's now is stale."""
+    import hashlib
+    import os
+    import sys
+
+    h = hashlib.sha256()
+
+    def add(*parts):
+        for part in parts:
+            h.update(repr(part).encode("utf-8", "surrogateescape"))
+            h.update(b"\0")
+
+    add("env", sorted(os.environb.items()), "cwd", os.getcwd(), "path", list(sys.path),
+        "modules", modules)
+    for entry in sys.path:
+        folder = os.path.abspath(entry or ".")
+        try:
+            add(folder, os.stat(folder).st_mtime_ns)
+        except OSError:
+            add(folder, None)
+    return h.hexdigest()

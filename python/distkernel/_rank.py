@@ -305,3 +305,308 @@ class _Unpicklable:
 
     def __repr__(self):
         return f"{self.text}  (not picklable: {self.why})"
+
+
+# ---- the warm-start template --------------------------------------------------
+#
+# A template is a distkernel-rank started by the kernel (runtime/dk_template.c)
+# with DISTKERNEL_TEMPLATE (its socket's path) and DISTKERNEL_WARM_MODULES set.
+# It imports those modules once, then forks a rank for each request on its
+# socket: the request comes from a distkernel-rank started by the job as a cold
+# rank would be (runtime/rank_main.c), which sends its own environment, working
+# directory, process group and stdout/stderr, waits, and ends as the rank ended.
+# So the rank is the cold rank's process in every way the job sees (group,
+# pipes, environment, status), less the imports.
+#
+#   request: b"F" | 3 zero bytes | u32 body length (big endian), with
+#            SCM_RIGHTS [stdout, stderr]; body: u32 pgid | cwd NUL | NAME=value NUL...
+#            b"P" | 3 zero bytes | u32 0: can a rank be forked now?
+#   replies: b"ok PID\n" | b"no REASON\n", then after an F, b"exit STATUS\n"
+#            (the raw wait status) when the rank has ended.
+
+def _template_unfit():
+    """Why a rank must not be forked from this process now, or None. A fork
+    copies only the calling thread: a thread a module started (an OpenMP pool,
+    a watcher) would be missing in the rank with its locks held; CUDA cannot
+    be used in a forked child at all."""
+    import threading
+    n = threading.active_count()
+    if n != 1:
+        names = ", ".join(t.name for t in threading.enumerate())
+        return f"{n} Python threads run in the template ({names}); a warm module started them"
+    try:
+        tasks = len(os.listdir("/proc/self/task"))
+    except OSError:
+        tasks = 1
+    if tasks != 1:
+        return f"{tasks} threads run in the template; a warm module started them"
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is not None and cuda.is_initialized():
+        return "CUDA was initialised in the template (a warm module used the GPU)"
+    return None
+
+
+def _recv_exact(conn, n):
+    buf = b""
+    while len(buf) < n:
+        chunk = conn.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("the request was cut short")
+        buf += chunk
+    return buf
+
+
+def _read_request(conn):
+    """(kind, fds, body) of one request on CONN."""
+    import array
+    import socket
+    fds = array.array("i")
+    head, anc, _flags, _addr = conn.recvmsg(8, socket.CMSG_SPACE(2 * fds.itemsize))
+    for level, typ, data in anc:
+        if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
+            fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+    if len(head) < 8:
+        head += _recv_exact(conn, 8 - len(head))
+    length = int.from_bytes(head[4:8], "big")
+    if length > 64 << 20:
+        raise ConnectionError("request too large")
+    return head[:1], list(fds), _recv_exact(conn, length)
+
+
+def _become_rank(body, fds, template_pid, closing):
+    """In the forked child: the process the request describes. Returns the
+    rank's exit code."""
+    import ctypes
+    import signal
+    for obj in closing:
+        try:
+            obj.close()
+        except Exception:
+            pass
+    signal.set_wakeup_fd(-1)
+    pgid = int.from_bytes(body[:4], "big")
+    cwd, _, env = body[4:].partition(b"\0")
+    # Into the requester's group: the job signals the rank as it would a cold one.
+    os.setpgid(0, pgid)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)     # PR_SET_PDEATHSIG: die with the template
+    if os.getppid() != template_pid:
+        os._exit(1)
+    null = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(fds[0], 1)
+    os.dup2(fds[1], 2)
+    os.closerange(3, os.sysconf("SC_OPEN_MAX") if os.sysconf("SC_OPEN_MAX") > 0 else 65536)
+    # As a cold rank starts: Python's own dispositions, SIGINT blocked until
+    # the user's code runs (rank_main.c).
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        handler = signal.SIG_DFL
+        if sig == signal.SIGINT:
+            handler = signal.default_int_handler
+        elif sig in (signal.SIGPIPE, signal.SIGXFSZ):
+            handler = signal.SIG_IGN
+        try:
+            signal.signal(sig, handler)
+        except (OSError, ValueError):
+            pass
+    signal.pthread_sigmask(signal.SIG_SETMASK, {signal.SIGINT})
+    os.environb.clear()
+    for item in env.split(b"\0"):
+        name, eq, value = item.partition(b"=")
+        if eq and name:
+            os.environb[name] = value
+    os.chdir(cwd)
+    # Seeds a cold rank would draw fresh (torch's default seed is fixed anyway).
+    if "random" in sys.modules:
+        sys.modules["random"].seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and hasattr(numpy, "random"):
+        numpy.random.seed()
+    try:
+        rc = main()
+    except SystemExit as exc:
+        rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: B902 - as PyErr_Print would, for a cold rank
+        traceback.print_exc()
+        rc = 1
+    _exit_warm(rc)
+
+
+def _exit_warm(rc):
+    """End a forked rank as interpreter shutdown would, less the teardown of
+    every module: that touches every object the template imported, so each
+    page shared with the template is copied, seconds for torch. Non-daemon
+    threads are waited for and atexit handlers run (the output flusher's
+    among them), as at a cold rank's exit."""
+    import atexit
+    import threading
+    _hold_store_for_peers()
+    try:
+        threading._shutdown()
+    except BaseException:  # noqa: B902
+        pass
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(rc)
+
+
+EXIT_HOLD_S = 60.0
+
+
+def _hold_store_for_peers():
+    """Rank 0 of an env:// process group hosts its TCPStore: when it exits,
+    a peer still finishing init_process_group (which talks to the store after
+    its barrier) gets "Connection reset by peer". A cold rank 0 takes long
+    enough over its interpreter's teardown that this is never seen; a warm one
+    exits at once. So each warm rank checks out in the store, and rank 0 waits
+    (at most EXIT_HOLD_S) until every rank has."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return
+        import time
+        from torch.distributed import distributed_c10d
+        store = distributed_c10d._get_default_store()
+        world = dist.get_world_size()
+        store.add("distkernel_warm_exit", 1)
+        if dist.get_rank() != 0:
+            return
+        deadline = time.monotonic() + EXIT_HOLD_S
+        while store.add("distkernel_warm_exit", 0) < world and time.monotonic() < deadline:
+            time.sleep(0.005)
+    except Exception:
+        pass    # a store that is gone already: nothing to hold
+
+
+def template_main():
+    import importlib
+    import selectors
+    import signal
+    import socket
+    import struct
+
+    path = os.environ.pop("DISTKERNEL_TEMPLATE")
+    names = [m.strip() for m in os.environ.pop("DISTKERNEL_WARM_MODULES", "").split(",")
+             if m.strip()]
+    # Imported as the notebook would (the kernel's sys.path first); a rank
+    # gets this process's own sys.path back, and then the kernel's as a cold
+    # rank does (_use_kernel_sys_path).
+    own_path = list(sys.path)
+    _use_kernel_sys_path([p for p in os.environ.pop("DISTKERNEL_WARM_PATH", "").split("\n")
+                          if p])
+    # What every rank imports anyway.
+    import json  # noqa: F401
+    import threading  # noqa: F401
+    from distkernel import _compat  # noqa: F401
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except BaseException as exc:  # noqa: B902
+            print(f"could not import warm module {name!r}: {type(exc).__name__}: {exc}",
+                  file=sys.stderr, flush=True)
+            return 3
+    sys.path[:] = own_path
+    # What the template holds stays out of the collector's sight: a
+    # collection in a rank would otherwise write to (and so copy) every page
+    # of it.
+    import gc
+    gc.collect()
+    gc.freeze()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(128)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda s, f: None)
+    signal.set_wakeup_fd(wake_w)
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ)
+    sel.register(wake_r, selectors.EVENT_READ)
+    children = {}       # pid -> the connection that asked for it
+    me = os.getpid()
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+
+    class _Fd:
+        def __init__(self, fd):
+            self.fd = fd
+
+        def close(self):
+            os.close(self.fd)
+
+    while True:
+        for key, _ in sel.select():
+            if key.fileobj == wake_r:
+                try:
+                    while os.read(wake_r, 4096):
+                        pass
+                except BlockingIOError:
+                    pass
+                while True:
+                    try:
+                        pid, status = os.waitpid(-1, os.WNOHANG)
+                    except ChildProcessError:
+                        break
+                    if pid == 0:
+                        break
+                    conn = children.pop(pid, None)
+                    if conn is not None:
+                        try:
+                            conn.sendall(b"exit %d\n" % status)
+                        except OSError:
+                            pass
+                        conn.close()
+                continue
+            conn, _ = listener.accept()
+            fds = []
+            try:
+                conn.settimeout(10)
+                cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                       struct.calcsize("3i"))
+                if struct.unpack("3i", cred)[1] != os.getuid():
+                    raise ConnectionError("a stranger")
+                kind, fds, body = _read_request(conn)
+                why = _template_unfit()
+                if kind == b"F" and why is None and len(fds) != 2:
+                    why = "a malformed request"
+                if kind != b"F" or why is not None:
+                    conn.sendall(b"ok 0\n" if why is None else b"no " + why.encode() + b"\n")
+                    raise ConnectionAbortedError
+                sys.stdout.flush()
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                conn.close()
+                for fd in fds:
+                    os.close(fd)
+                continue
+            # Outside the try: the rank's own errors are the rank's, not ours.
+            try:
+                pid = os.fork()
+            except OSError as exc:
+                try:
+                    conn.sendall(b"no could not fork: " + str(exc).encode() + b"\n")
+                except OSError:
+                    pass
+                conn.close()
+                for fd in fds:
+                    os.close(fd)
+                continue
+            if pid == 0:
+                closing = [sel, listener, conn, _Fd(wake_r), _Fd(wake_w)]
+                closing += children.values()
+                return _become_rank(body, fds, me, closing)
+            for fd in fds:
+                os.close(fd)
+            children[pid] = conn
+            try:
+                conn.sendall(b"ok %d\n" % pid)
+            except OSError:
+                pass

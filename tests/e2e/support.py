@@ -420,13 +420,28 @@ def log_dir(execution):
     return None
 
 
-def descendants(pid):
-    """Every living-or-zombie descendant of PID (psutil.Process objects)."""
+def descendants(pid, template=False):
+    """Every living-or-zombie descendant of PID (psutil.Process objects). The
+    kernel's warm-start template, a child that stays between runs by design
+    (tests/e2e/test_warm.py), is left out unless TEMPLATE; the ranks it forked
+    are not."""
     import psutil
     try:
-        return psutil.Process(pid).children(recursive=True)
+        procs = psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
+    return procs if template else [p for p in procs if not is_template_of(p, pid)]
+
+
+def is_template_of(proc, pid):
+    """Whether PROC is the warm-start template of the kernel PID: its child
+    started with DISTKERNEL_TEMPLATE (a rank it forked is its child, not the
+    kernel's, though /proc shows it the same starting environment)."""
+    import psutil
+    try:
+        return proc.ppid() == pid and "DISTKERNEL_TEMPLATE" in proc.environ()
+    except psutil.Error:
+        return False
 
 
 def describe_processes(procs):

@@ -247,7 +247,9 @@ def test_rank_exiting_during_start_up_is_named_as_such(kernelspec_installed, tmp
     armed = tmp_path / "armed"
     armed.touch()
     pythonpath = os.pathsep.join(p for p in [str(site), os.environ.get("PYTHONPATH")] if p)
-    env = support.kernel_env(PYTHONPATH=pythonpath, E2E_STARTUP_FAULT=armed)
+    # Cold ranks: a warm rank is forked after the template's Python start-up,
+    # so a sitecustomize runs once, in the template, not per rank.
+    env = support.kernel_env(PYTHONPATH=pythonpath, E2E_STARTUP_FAULT=armed, DISTKERNEL_WARM="0")
     with Tracked(tmp_path, env) as k:
         with support.ChildWatcher(k.pid) as watcher:
             r = k.execute("%%distributed num_processes=2\n" + ANNOUNCE +

@@ -834,3 +834,24 @@ Test(values, parse_onto_keeps_what_the_text_leaves_out)
     cr_assert_str_eq(opts.experiment, "e");
     cr_assert_eq(dk_dist_opts_parse_onto("output=nope", &opts, err, sizeof err), -1);
 }
+
+/* Warm start (distributed/dk_dist_warm.h): on by default, warm=False turns it
+ * off; warm_modules= takes module names only. */
+Test(warm, warm_start_is_on_unless_turned_off)
+{
+    ok("");
+    cr_assert(opts.warm);
+    cr_assert_str_eq(opts.warm_modules, "");
+    ok("warm=False");
+    cr_assert(!opts.warm);
+    ok("warm=True warm_modules=transformers,numpy.linalg");
+    cr_assert(opts.warm);
+    cr_assert_str_eq(opts.warm_modules, "transformers,numpy.linalg");
+}
+
+Test(warm, warm_modules_must_be_module_names)
+{
+    fails("warm_modules=\"os; import evil\"", "warm_modules", "module names separated by commas",
+          NULL);
+    fails("warm=maybe", "warm", NULL);
+}

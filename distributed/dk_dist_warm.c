@@ -1,0 +1,164 @@
+/*
+ * dk_dist_warm: the kernel's warm-start template. See the header.
+ *
+ * A template that failed (an import error) is kept, dead, under its
+ * fingerprint: the runs after it go cold at once with the same reason instead
+ * of paying for the same failure each time, until something it was built
+ * from changes.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "dk_dist_warm.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* How long a run waits for its template to import before it goes cold. */
+#define WARM_BUILD_WAIT_MS 180000
+#define WARM_SLICE_MS 100
+
+/* torch, DISTKERNEL_WARM_MODULES, then warm_modules=, comma-separated. */
+static void module_list(const dk_dist_opts_t *opts, char *out, size_t len)
+{
+    const char *env = getenv("DISTKERNEL_WARM_MODULES");
+    snprintf(out, len, "torch%s%s%s%s", env && *env ? "," : "", env && *env ? env : "",
+             opts->warm_modules[0] ? "," : "", opts->warm_modules);
+}
+
+/* The kernel's sys.path, newline-separated (a new string), or NULL. */
+static char *import_path(void)
+{
+    PyObject *path = PySys_GetObject("path");   /* borrowed */
+    PyObject *sep = PyUnicode_FromString("\n");
+    PyObject *joined = path && sep ? PyUnicode_Join(sep, path) : NULL;
+    Py_XDECREF(sep);
+    const char *s = joined ? PyUnicode_AsUTF8(joined) : NULL;
+    char *copy = s ? strdup(s) : NULL;
+    Py_XDECREF(joined);
+    PyErr_Clear();
+    return copy;
+}
+
+/* distkernel._dist.warm_fingerprint(MODULES) into OUT; false with WHY. */
+static bool fingerprint(const char *modules, char *out, size_t len, char *why, size_t whylen)
+{
+    PyObject *mod = PyImport_ImportModule("distkernel._dist");
+    PyObject *fp = mod ? PyObject_CallMethod(mod, "warm_fingerprint", "s", modules) : NULL;
+    Py_XDECREF(mod);
+    const char *s = fp ? PyUnicode_AsUTF8(fp) : NULL;
+    if (!s) {
+        PyErr_Clear();
+        snprintf(why, whylen, "the template's fingerprint could not be computed");
+        Py_XDECREF(fp);
+        return false;
+    }
+    snprintf(out, len, "%s", s);
+    Py_DECREF(fp);
+    return true;
+}
+
+static const char *warm_socket(dk_template_t **slot, const dk_dist_opts_t *opts,
+                               const char *rank_exe, bool *interrupted, char *why,
+                               size_t whylen);
+
+/* One run at a time builds or checks the template: a run waits for the
+ * template with the GIL released, when another thread's run (a .distributed()
+ * call) could otherwise replace it under it. Taken with the GIL released, so
+ * that the thread holding it can always get the GIL back. */
+static pthread_mutex_t warm_lock = PTHREAD_MUTEX_INITIALIZER;
+
+const char *dk_dist_warm_socket(dk_template_t **slot, const dk_dist_opts_t *opts,
+                                const char *rank_exe, bool *interrupted, char *why,
+                                size_t whylen)
+{
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&warm_lock);
+    Py_END_ALLOW_THREADS
+    const char *socket = warm_socket(slot, opts, rank_exe, interrupted, why, whylen);
+    pthread_mutex_unlock(&warm_lock);
+    return socket;
+}
+
+static const char *warm_socket(dk_template_t **slot, const dk_dist_opts_t *opts,
+                               const char *rank_exe, bool *interrupted, char *why,
+                               size_t whylen)
+{
+    *interrupted = false;
+    const char *off = getenv("DISTKERNEL_WARM");
+    if (!opts->warm || (off && strcmp(off, "0") == 0)) {
+        snprintf(why, whylen, "warm start is off (%s)",
+                 opts->warm ? "DISTKERNEL_WARM=0" : "warm=False");
+        return NULL;
+    }
+    if (opts->launcher != DK_LAUNCHER_LOCAL) {
+        snprintf(why, whylen, "warm start is for ranks on this node; launcher=slurm starts "
+                 "them on Slurm's nodes");
+        return NULL;
+    }
+    char modules[1024], fp[128];
+    module_list(opts, modules, sizeof modules);
+    if (!fingerprint(modules, fp, sizeof fp, why, whylen))
+        return NULL;
+    const char *rebuilt = "";
+    char gone[512];
+    if (*slot && strcmp(dk_template_fingerprint(*slot), fp) != 0) {
+        dk_template_destroy(slot);
+        rebuilt = "a new template (the kernel's environment, working directory, sys.path, "
+                  "packages or warm modules changed): ";
+    } else if (*slot && dk_template_was_ready(*slot) &&
+               dk_template_ready(*slot, 0, gone, sizeof gone) < 0) {
+        /* It served and then ended (killed, out of memory): build another. A
+         * template that never got ready stays, so that the same import error
+         * is not paid for by every run. */
+        dk_template_destroy(slot);
+        rebuilt = "a new template (the last one had ended): ";
+    }
+    if (!*slot) {
+        char err[1024];
+        char *path = import_path();
+        *slot = dk_template_start(rank_exe, NULL, modules, path, fp, err, sizeof err);
+        free(path);
+        if (!*slot) {
+            snprintf(why, whylen, "%s%s", rebuilt, err);
+            return NULL;
+        }
+    }
+    int ready = 0;
+    for (int waited = 0; ready == 0 && waited < WARM_BUILD_WAIT_MS; waited += WARM_SLICE_MS) {
+        Py_BEGIN_ALLOW_THREADS
+        ready = dk_template_ready(*slot, WARM_SLICE_MS, why, whylen);
+        Py_END_ALLOW_THREADS
+        if (PyErr_CheckSignals() < 0) {
+            /* The template goes on importing; the next run may use it. */
+            *interrupted = true;
+            return NULL;
+        }
+    }
+    if (ready == 0) {
+        snprintf(why, whylen, "the template was not ready after %d s (still importing %s)",
+                 WARM_BUILD_WAIT_MS / 1000, modules);
+        return NULL;
+    }
+    if (ready < 0 || dk_template_check(*slot, why, whylen) < 0)
+        return NULL;
+    return dk_template_socket(*slot);
+}
+
+void dk_dist_warm_note(const char *log_dir, const char *why)
+{
+    if (getenv("DISTKERNEL_DEBUG"))
+        fprintf(stderr, "distkernel: ranks start cold: %s\n", why);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/warm.log", log_dir);
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return;
+    dprintf(fd, "the ranks started cold: %s\n", why);
+    close(fd);
+}

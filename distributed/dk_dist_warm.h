@@ -1,0 +1,37 @@
+/*
+ * dk_dist_warm: which warm-start template (runtime/dk_template.h) a fresh
+ * run's ranks are forked from, if any.
+ *
+ * The kernel keeps at most one template. Nothing is started before the first
+ * fresh run that may be warm, so a kernel that runs no distributed cell pays
+ * nothing. That run builds it (the import of torch once, which the ranks then
+ * skip) and waits for it; later runs reuse it while it is fresh: its
+ * fingerprint (distkernel._dist.warm_fingerprint: the kernel's environment,
+ * working directory, sys.path, installed packages, the module list) still
+ * matches. A stale one is replaced. A run that cannot be warm (warm=False,
+ * DISTKERNEL_WARM=0, another launcher, a template that failed to import or
+ * refuses: a thread started, CUDA initialised) runs cold, and the reason is
+ * written to warm.log in the run's log folder (and to the kernel's stderr with
+ * DISTKERNEL_DEBUG set); the cell shows nothing of it.
+ */
+#ifndef DK_DIST_WARM_H
+#define DK_DIST_WARM_H
+
+#include "dk_dist_opts.h"
+#include "dk_template.h"
+
+#include <stddef.h>
+
+/* The socket of a template fit for a fresh run with OPTS, building or
+ * rebuilding the one in *SLOT as needed (RANK_EXE runs it); NULL with the
+ * reason in WHY when the run is to be cold. Returns NULL with a Python
+ * exception set (then *INTERRUPTED is true) when the user interrupted the
+ * build. Called with the GIL held; releases it while waiting. */
+const char *dk_dist_warm_socket(dk_template_t **slot, const dk_dist_opts_t *opts,
+                                const char *rank_exe, bool *interrupted, char *why,
+                                size_t whylen);
+
+/* Write WHY to warm.log in LOG_DIR (and to stderr under DISTKERNEL_DEBUG). */
+void dk_dist_warm_note(const char *log_dir, const char *why);
+
+#endif

@@ -1,0 +1,67 @@
+/*
+ * dk_template: a warm-start template, the process that fresh runs' ranks are
+ * forked from.
+ *
+ * A template is the rank program (distkernel-rank) started in template mode:
+ * it imports a list of modules (torch, and what the user adds) once, with no
+ * thread started, CUDA never initialised and no GPU held, and then forks a
+ * rank for each request on its Unix socket (protocol: python/distkernel/
+ * _rank.py, template_main; the requesting side: runtime/rank_main.c). A job
+ * uses it by naming its socket in dk_job_spec_t.warm_socket.
+ *
+ * It is started through dk_spawn like every process of the runtime: in a
+ * process group of its own, killed when the thread that started it ends (so
+ * with the host, even a SIGKILLed one: its ranks have PR_SET_PDEATHSIG too),
+ * its socket in a fresh 0700 directory. The host keeps a FINGERPRINT with it
+ * (an opaque string: what it was built from) to tell when it is stale.
+ */
+#ifndef DK_TEMPLATE_H
+#define DK_TEMPLATE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef struct dk_template_t dk_template_t;
+
+/* Start a template: RANK_EXE (a name on $PATH or a path) with ENV (NULL: the
+ * host's environ; OMP_NUM_THREADS=1 is added unless set, as the job does for
+ * ranks) importing MODULES (comma-separated, may be empty) with the folders
+ * of IMPORT_PATH (newline-separated, NULL: none) first on sys.path, as the
+ * ranks will have them (the ranks get the template's own sys.path back
+ * before they run). Returns at once;
+ * dk_template_ready tells when it can serve. NULL with ERR when it could not
+ * be started (then no process exists). */
+dk_template_t *dk_template_start(const char *rank_exe, const char *const *env,
+                                 const char *modules, const char *import_path,
+                                 const char *fingerprint, char *err,
+                                 size_t errlen);
+
+/* Wait up to TIMEOUT_MS (-1: forever) for the template to be ready: 1 when it
+ * is, 0 when still importing, -1 when it failed (it exited: WHY says how,
+ * with what it wrote to stderr). */
+int dk_template_ready(dk_template_t *t, int timeout_ms, char *why, size_t whylen);
+
+/* Ask a ready template whether it can fork a rank now: 0, or -1 with WHY
+ * (a thread started in it, CUDA initialised, it is gone). */
+int dk_template_check(dk_template_t *t, char *why, size_t whylen);
+
+/* Whether the template was ready at some point (one that is gone now ended
+ * after serving, rather than failing to import). */
+bool dk_template_was_ready(const dk_template_t *t);
+
+const char *dk_template_socket(const dk_template_t *t);
+const char *dk_template_fingerprint(const dk_template_t *t);
+int dk_template_pid(const dk_template_t *t);
+/* Kilobytes of the template's resident memory (VmRSS), or -1. */
+long dk_template_rss_kb(const dk_template_t *t);
+
+/* At the host's exit, from any thread: SIGKILL to the template's group and
+ * its socket and folder removed; the object stays valid (dk_template_destroy
+ * still frees it) and refuses ranks from then on. */
+void dk_template_end(dk_template_t *t);
+
+/* Kill the template (SIGKILL to its group; the ranks it forked die with it),
+ * reap it, remove its socket and directory, free. Sets *T_P to NULL. */
+void dk_template_destroy(dk_template_t **t_p);
+
+#endif

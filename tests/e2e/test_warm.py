@@ -1,0 +1,298 @@
+"""Warm start: a fresh run's ranks forked from the kernel's template, which has
+imported torch already (runtime/dk_template.h, distributed/dk_dist_warm.h).
+
+A warm run must be a fresh run in every way the user can see: the same values,
+environment, working directory and sys.path as a cold one (warm=False), the
+same failures (root cause, crash signal, interrupt, timeout), and nothing left
+when the kernel is SIGKILLed. The tests also check that the ranks really came
+from the template (so that a silent fallback to cold fails them), that the
+template is rebuilt when what it was built from changes, and that a template
+that cannot fork safely (a module started a thread) makes runs cold with the
+reason in the run's warm.log. No timing is asserted (bench/warm_bench.py).
+"""
+import json
+import os
+import re
+import signal
+import time
+
+import psutil
+import pytest
+
+import support
+from support import NoReply
+
+pytestmark = pytest.mark.skipif(support.KERNEL_NAME != "distkernel",
+                                reason="%distributed is distkernel's")
+
+RUN = 180        # seconds a cell may take on a busy machine (the first builds the template)
+END_WITHIN = 10
+
+# What a rank reports of itself; TORCH_FIRST is whether torch was imported
+# before the cell's first line (only a warm rank has it).
+PROBE = """%%distributed num_processes=2 tracking=False {opts}
+import sys
+TORCH_FIRST = 'torch' in sys.modules
+import json, os
+env = {{k: v for k, v in os.environ.items()
+       if k not in ('MASTER_PORT', 'TORCHELASTIC_RUN_ID', 'DISTKERNEL_LOG')}}
+json.dumps({{'env': env, 'cwd': os.getcwd(), 'path': sys.path, 'ppid': os.getppid(),
+            'pid': os.getpid(), 'pgid': os.getpgrp(), 'torch_first': TORCH_FIRST,
+            'port': os.environ['MASTER_PORT'], 'value': sum(range(10 ** 5)) + int(os.environ['RANK'])}})
+"""
+
+
+def probe(kernel, opts=""):
+    r = kernel.execute(PROBE.format(opts=opts), timeout=RUN)
+    assert r.status == "ok", r.describe()
+    ranks = {}
+    for m in re.finditer(r"^rank (\d+): '(.*)'$", r.result, re.M):
+        ranks[int(m.group(1))] = json.loads(m.group(2).encode().decode("unicode_escape"))
+    assert sorted(ranks) == [0, 1], r.describe()
+    return ranks
+
+
+def template_of(kernel):
+    """The kernel's template: its child running distkernel-rank with
+    DISTKERNEL_TEMPLATE in its environment."""
+    found = []
+    for p in psutil.Process(kernel.pid).children():
+        try:
+            if "DISTKERNEL_TEMPLATE" in p.environ():
+                found.append(p.pid)
+        except psutil.Error:
+            pass
+    assert len(found) <= 1, found
+    return found[0] if found else None
+
+
+def assert_warm(kernel, ranks):
+    template = template_of(kernel)
+    assert template, "no template runs"
+    for rank, info in ranks.items():
+        assert info["torch_first"], f"rank {rank} did not come from the template: {info}"
+        assert info["ppid"] == template, (rank, info["ppid"], template)
+
+
+def test_a_warm_run_is_a_fresh_run_with_the_cold_runs_environment(kernel):
+    warm = probe(kernel)
+    warm = probe(kernel)          # the first may have built the template
+    assert_warm(kernel, warm)
+    cold = probe(kernel, "warm=False")
+    for rank in (0, 1):
+        w, c = warm[rank], cold[rank]
+        assert not c["torch_first"] and c["ppid"] == kernel.pid, c
+        assert w["value"] == c["value"] == sum(range(10 ** 5)) + rank
+        assert w["env"] == c["env"], set(w["env"].items()) ^ set(c["env"].items())
+        for name, want in (("RANK", str(rank)), ("LOCAL_RANK", str(rank)), ("WORLD_SIZE", "2"),
+                           ("MASTER_ADDR", "127.0.0.1")):
+            assert w["env"][name] == want
+        assert "DISTKERNEL_WARM_SOCKET" not in w["env"] and "DISTKERNEL_TEMPLATE" not in w["env"]
+        assert w["cwd"] == c["cwd"] and w["path"] == c["path"]
+        # Its own process and group, as a cold rank's; one port for both ranks.
+        assert w["pid"] != w["ppid"] and w["pgid"] not in (w["ppid"], kernel.pid)
+    assert warm[0]["port"] == warm[1]["port"]
+    assert warm[0]["pgid"] != warm[1]["pgid"]
+
+
+def test_the_template_is_rebuilt_when_the_environment_cwd_or_path_change(kernel, tmp_path):
+    probe(kernel)
+    before = template_of(kernel)
+    assert before
+    same = probe(kernel)
+    assert template_of(kernel) == before
+    assert_warm(kernel, same)
+    for change, check in (
+            ("import os; os.environ['WARM_TEST_VAR'] = 'changed'",
+             lambda info: info["env"].get("WARM_TEST_VAR") == "changed"),
+            (f"import os; os.chdir({str(tmp_path)!r})",
+             lambda info: info["cwd"] == str(tmp_path)),
+            ("import sys; sys.path.append('/warm-test-path')",
+             lambda info: "/warm-test-path" in info["path"])):
+        r = kernel.execute(change)
+        assert r.status == "ok", r.describe()
+        ranks = probe(kernel)
+        now = template_of(kernel)
+        assert now and now != before, f"the template was not rebuilt after {change!r}"
+        assert_warm(kernel, ranks)
+        assert all(check(info) for info in ranks.values()), (change, ranks)
+        assert not psutil.pid_exists(before) or \
+            psutil.Process(before).status() == psutil.STATUS_ZOMBIE, "the stale template runs on"
+        before = now
+    kernel.execute("import os, sys; os.environ.pop('WARM_TEST_VAR'); "
+                   "sys.path.remove('/warm-test-path')")
+
+
+def test_failures_on_warm_ranks_are_reported_as_on_cold_ones(kernel):
+    assert_warm(kernel, probe(kernel))
+    r = kernel.execute("%%distributed num_processes=2 tracking=False\nimport os\n"
+                       "if os.environ['RANK'] == '1':\n    raise ValueError('warm root cause')\n"
+                       "import time\ntime.sleep(60)", timeout=RUN)
+    assert r.status == "error" and "warm root cause" in r.content["evalue"], r.describe()
+    assert "rank 1" in r.content["evalue"], r.describe()
+    r = kernel.execute("%%distributed num_processes=2 tracking=False\nimport os, signal\n"
+                       "if os.environ['RANK'] == '0':\n    os.kill(os.getpid(), signal.SIGSEGV)\n"
+                       "import time\ntime.sleep(60)", timeout=RUN)
+    assert r.status == "error", r.describe()
+    text = r.content["evalue"] + "\n".join(r.content.get("traceback", []))
+    assert "SIGSEGV" in text or "signal 11" in text, r.describe()
+    r = kernel.execute("%%distributed num_processes=2 tracking=False timeout=3\n"
+                       "import time\ntime.sleep(60)", timeout=RUN)
+    assert r.content.get("ename") == "TimeoutError", r.describe()
+
+
+def test_an_interrupt_ends_warm_ranks_with_keyboardinterrupt(kernel):
+    assert_warm(kernel, probe(kernel))
+    msg_id = kernel.start_execute("%%distributed num_processes=2 tracking=False\n"
+                                  "print('spinning', flush=True)\nwhile True:\n    pass\n")
+    kernel.wait_iopub(lambda m: m["msg_type"] == "stream" and
+                      m["parent_header"].get("msg_id") == msg_id and
+                      "[rank 1] spinning" in m["content"]["text"], timeout=RUN)
+    time.sleep(0.3)
+    kernel.km.interrupt_kernel()
+    try:
+        reply = kernel.reply(msg_id, timeout=END_WITHIN)
+    except NoReply:
+        kernel.restart_now()
+        pytest.fail(f"the cell still ran {END_WITHIN} s after the interrupt")
+    r = kernel.finish(msg_id, reply=reply)
+    assert r.status == "error" and "KeyboardInterrupt" in (r.content["ename"] +
+                                                           r.content["evalue"]), r.describe()
+    # Only the template is left.
+    assert template_of(kernel)
+    assert support.wait_no_descendants(kernel.pid, timeout=END_WITHIN) == []
+
+
+def test_sigkill_of_the_kernel_leaves_no_template_and_no_rank(fresh_kernel):
+    k = fresh_kernel
+    assert_warm(k, probe(k))
+    template = template_of(k)
+    msg_id = k.start_execute("%%distributed num_processes=2 tracking=False\n"
+                             "import os, time\nprint('pid', os.getpid(), flush=True)\n"
+                             "time.sleep(300)")
+    k.wait_iopub(lambda m: m["msg_type"] == "stream" and
+                 m["parent_header"].get("msg_id") == msg_id and
+                 "[rank 1] pid" in m["content"]["text"], timeout=RUN)
+    everything = [p.pid for p in support.descendants(k.pid, template=True)]
+    assert template in everything and len(everything) >= 5, everything
+    os.kill(k.pid, signal.SIGKILL)
+    k.process.wait(timeout=10)
+    assert support.wait_gone(everything, timeout=END_WITHIN) == []
+
+
+def test_a_warm_module_that_starts_a_thread_makes_the_run_cold_and_says_why(fresh_kernel,
+                                                                           tmp_path):
+    k = fresh_kernel
+    (tmp_path / "warm_threaded_mod.py").write_text(
+        "import threading, time\n"
+        "threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n")
+    r = k.execute(f"import sys; sys.path.insert(0, {str(tmp_path)!r})")
+    assert r.status == "ok", r.describe()
+    ranks = probe(k, "warm_modules=warm_threaded_mod")
+    for info in ranks.values():
+        assert not info["torch_first"] and info["ppid"] == k.pid, info
+    r = k.execute("%%distributed num_processes=1 tracking=False warm_modules=warm_threaded_mod\n"
+                  "import os\nos.environ['DISTKERNEL_LOG']", timeout=RUN)
+    assert r.status == "ok", r.describe()
+    log_dir = os.path.dirname(re.search(r"'(.*)'", r.result).group(1))
+    with open(os.path.join(log_dir, "warm.log")) as f:
+        why = f.read()
+    assert "started cold" in why and "threads" in why and "warm module" in why, why
+    assert "warm.log" not in r.stdout + r.stderr and "cold" not in r.stdout + r.stderr, \
+        r.describe()
+
+
+def log_dir_of(kernel):
+    """The log folder of a fresh one-rank run (cold, as the kernel decides)."""
+    r = kernel.execute("%%distributed num_processes=1 tracking=False\n"
+                       "import os\nos.environ['DISTKERNEL_LOG']", timeout=RUN)
+    assert r.status == "ok", r.describe()
+    return os.path.dirname(re.search(r"'(.*)'", r.result).group(1))
+
+
+def test_warm_false_and_distkernel_warm_0_start_no_template(kernelspec_installed):
+    k = support.Kernel.start(env=support.kernel_env(DISTKERNEL_WARM="0"))
+    try:
+        ranks = probe(k)
+        assert all(not i["torch_first"] and i["ppid"] == k.pid for i in ranks.values())
+        # The user's switch reaches the ranks as set; no rank tried a template.
+        assert all(i["env"].get("DISTKERNEL_WARM") == "0" for i in ranks.values()), ranks
+        with open(os.path.join(log_dir_of(k), "warm.log")) as f:
+            why = f.read()
+        assert why == "the ranks started cold: warm start is off (DISTKERNEL_WARM=0)\n", why
+        assert template_of(k) is None
+        ranks = probe(k, "warm=True")
+        assert template_of(k) is None
+    finally:
+        k.stop()
+
+
+def test_a_kernel_that_runs_no_distributed_cell_starts_no_template(fresh_kernel):
+    k = fresh_kernel
+    r = k.execute("1 + 1")
+    assert r.status == "ok"
+    assert template_of(k) is None
+    probe(k, "warm=False")
+    assert template_of(k) is None
+
+
+def test_the_template_holds_no_cuda_library_on_a_gpu_node_model(tmp_path_factory):
+    built = os.path.abspath(os.environ.get("DISTKERNEL_FAKE_CUDA", ""))
+    assert os.environ.get("DISTKERNEL_FAKE_CUDA"), \
+        "DISTKERNEL_FAKE_CUDA must name the folder holding the fake CUDA libraries"
+    libs = tmp_path_factory.mktemp("fake-cuda")
+    for name, source in {"libnvidia-ml.so.1": "libfake_nvml.so",
+                         "libcudart.so.13": "libfake_cudart.so",
+                         "libnccl.so.2": "libfake_nccl.so"}.items():
+        os.symlink(os.path.join(built, source), libs / name)
+    env = support.kernel_env(LD_LIBRARY_PATH=str(libs), FAKE_GPUS="2", CUDA_VISIBLE_DEVICES=None,
+                             DISTKERNEL_CUDART_LIB=str(libs / "libcudart.so.13"),
+                             DISTKERNEL_NCCL_LIB=str(libs / "libnccl.so.2"))
+    k = support.Kernel.start(env=env)
+    try:
+        cell = ("%%distributed num_accelerators=2 tracking=False {}\nimport sys, os\n"
+                "('torch' in sys.modules, os.environ.get('CUDA_VISIBLE_DEVICES'), "
+                "os.environ.get('LOCAL_RANK'))")
+        r1 = k.execute(cell.format(""), timeout=RUN)
+        r2 = k.execute(cell.format(""), timeout=RUN)
+        cold = k.execute(cell.format("warm=False"), timeout=RUN)
+        assert r2.status == "ok" and cold.status == "ok", (r1.describe(), r2.describe(),
+                                                           cold.describe())
+        template = template_of(k)
+        assert template
+        assert r2.result.replace("(True,", "(X,") == cold.result.replace("(False,", "(X,"), \
+            (r2.result, cold.result)
+        assert "(True," in r2.result, r2.describe()
+        with open(f"/proc/{template}/maps") as f:
+            maps = f.read()
+        for lib in ("libcudart", "libcuda.so", "libnvidia-ml", "libnccl", "libfake_"):
+            assert lib not in maps, f"the template loaded {lib}"
+    finally:
+        k.stop()
+
+
+def test_warm_rank_0_keeps_the_process_groups_store_until_every_rank_has_left(kernel):
+    """Rank 0 hosts the env:// TCPStore. A warm rank exits at once (no
+    interpreter teardown), so without a hold a peer still using the store
+    (init_process_group does, after its barrier) got "Connection reset by
+    peer" in a few runs of ten with 8 ranks."""
+    assert_warm(kernel, probe(kernel))
+    r = kernel.execute("%%distributed num_processes=2 tracking=False\n"
+                       "import os, time, torch.distributed as dist\n"
+                       "from torch.distributed import distributed_c10d\n"
+                       "dist.init_process_group('gloo')\n"
+                       "if dist.get_rank() == 1:\n"
+                       "    time.sleep(2)\n"
+                       "    distributed_c10d._get_default_store().set('late', '1')\n"
+                       "dist.get_rank()", timeout=RUN)
+    assert r.status == "ok", r.describe()
+
+
+def test_a_template_that_ended_is_replaced_by_the_next_run(kernel):
+    assert_warm(kernel, probe(kernel))
+    before = template_of(kernel)
+    os.kill(before, signal.SIGKILL)
+    assert support.wait_gone([before], timeout=END_WITHIN) == []
+    ranks = probe(kernel)
+    assert template_of(kernel) not in (None, before)
+    assert_warm(kernel, ranks)
