@@ -68,6 +68,7 @@ static struct {
     int ncaught_up[MAXR][3];
     bool last_words_first[MAXR];        /* "last words" on fd 1 and 2 before its message */
     char lost_host[MAXR][64];           /* on_lost's host, "" if not told */
+    size_t out_len_at_msg[MAXR][3];     /* output length when its message came */
 } rec = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static double now_s(void)
@@ -131,6 +132,8 @@ static void on_message(void *data, int rank, bool is_error, const void *bytes, s
     append(&rec.msg[rank], bytes, len);
     rec.msg_error[rank] = is_error;
     rec.nmsg[rank]++;
+    for (int fd = 1; fd <= 2; fd++)
+        rec.out_len_at_msg[rank][fd] = rec.out[rank][fd].len;
     rec.last_words_first[rank] = rec.out[rank][1].buf && strstr(rec.out[rank][1].buf, "last words") &&
                                  rec.out[rank][2].buf && strstr(rec.out[rank][2].buf, "last words");
     if (is_error && rec.first_error_at == 0)
@@ -1640,11 +1643,33 @@ Test(tcp, the_python_rank_over_tcp_sends_its_output_and_result, .timeout = 90)
         cr_assert(output_has(r, 1, want), "rank %d: %s", r, rec.out[r][1].buf);
         cr_assert(output_has(r, 2, "child-err\n"));
         cr_assert(output_has(r, 2, "c-level-err\n"));
+        /* ... and all of it before the result. */
+        cr_assert_not_null(memmem(rec.out[r][2].buf, rec.out_len_at_msg[r][2], "c-level-err\n", 12),
+                           "rank %d: its last output came after its result", r);
+        cr_assert_not_null(memmem(rec.out[r][1].buf, rec.out_len_at_msg[r][1], want, strlen(want)),
+                           "rank %d: its output came after its result", r);
         snprintf(want, sizeof want, "value-%d%d%d", r, r, r);
         cr_assert(!rec.msg_error[r]);
         cr_assert_not_null(memmem(rec.msg[r].buf, rec.msg[r].len, want, strlen(want)),
                            "rank %d's value is not in its result", r);
     }
     cr_assert_eq(dk_job_end(job), DK_END_OK);
+    finish(&job);
+}
+
+/* Ranks busy in their work for longer than the deadline send nothing of their
+ * own: the heartbeats both ways keep them, and the job, alive. */
+Test(tcp, quiet_ranks_outlive_the_deadline_on_heartbeats, .timeout = 60)
+{
+    const char *extra[] = {"FAKE_MODE=sleep", "FAKE_SLEEP_S=4", NULL};
+    dk_job_spec_t spec = tcp_spec(2, extra);
+    spec.heartbeat_s = 1.5;
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 30000));
+    cr_assert_eq(dk_job_end(job), DK_END_OK);
+    for (int r = 0; r < 2; r++) {
+        cr_assert_eq(dk_job_rank_state(job, r), DK_RANK_DONE);
+        cr_assert(!dk_job_rank_lost(job, r));
+    }
     finish(&job);
 }
