@@ -47,6 +47,8 @@
  *                    sleep forever; "exit3" exit 3; "bad_round" RESULT naming round
  *                    N+1. The text may be "ACTION@R": that action on rank R, "result"
  *                    on the others. SIGINT between rounds is ignored; EOF exits 0.
+ *   bad_output       (Unix socket) ... an OUTPUT frame for fd 3, wait to be closed,
+ *                    print "refused as expected", exit 0 without a result
  *   freeze           ... print "freezing", then stop itself (SIGSTOP): silent, as a
  *                    rank on a lost node is
  *   spawn_writer     ... run `sh -c` that writes "child-out" to fd 1 and "child-err"
@@ -804,6 +806,12 @@ int main(void)
             dprintf(1, "out %d\n", i);
             dprintf(2, "err %d\n", i);
         }
+    } else if (!strcmp(mode, "bad_output")) {
+        static const unsigned char bad[] = {3, 0, 'x'};
+        send_frame(&c, OUTPUT, (uint32_t) rank, bad, sizeof bad, false);
+        expect_closed(&c);
+        dprintf(1, "refused as expected\n");
+        return 0;
     } else if (!strcmp(mode, "freeze")) {
         dprintf(1, "freezing\n");
         remote_flush();

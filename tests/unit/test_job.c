@@ -1673,3 +1673,14 @@ Test(tcp, quiet_ranks_outlive_the_deadline_on_heartbeats, .timeout = 60)
     }
     finish(&job);
 }
+
+Test(tcp, output_for_another_fd_closes_the_connection_with_a_warning)
+{
+    const char *extra[] = {"FAKE_MODE_1=bad_output", NULL};
+    dk_job_t *job = run(2, extra);
+    cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    cr_assert_eq(dk_job_root_cause(job), 1);
+    cr_assert(output_has(1, 1, "refused as expected"));
+    cr_assert(warned("not for fd 1 or 2"));
+    finish(&job);
+}
