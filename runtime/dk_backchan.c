@@ -825,6 +825,11 @@ static void heartbeat(dk_backchan_t *self)
         conn_t *c = &self->conns[i];
         if (c->fd < 0 || c->rank < 0)
             continue;
+        /* Bytes waiting unread are not silence: this loop was what was busy. */
+        unsigned char peek;
+        if (!c->lost && now - c->heard_at > self->heartbeat_s &&
+            recv(c->fd, &peek, 1, MSG_PEEK | MSG_DONTWAIT) > 0)
+            c->heard_at = now;
         if (!c->lost && now - c->heard_at > self->heartbeat_s) {
             c->lost = true;
             if (self->sink.on_lost)

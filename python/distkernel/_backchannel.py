@@ -112,7 +112,15 @@ class BackChannel:
         with self._send_lock:
             mac = self._mac(self.send_seq, body)
             self.send_seq += 1
-            self.sock.sendall(struct.pack(">I", len(mac) + len(body)) + mac + body)
+            try:
+                self.sock.sendall(struct.pack(">I", len(mac) + len(body)) + mac + body)
+            except socket.timeout:
+                # Over TCP the socket's timeout is the heartbeat deadline: a
+                # kernel that takes nothing for that long is as gone as one
+                # that says nothing.
+                if self._remote is None:
+                    raise
+                self._remote._silent()
 
     def _check_length(self, length):
         if length < MAC_LEN + 5 or length > MAX_FRAME:
@@ -163,6 +171,7 @@ class _Remote:
         # The launcher's stderr, kept for the one line said when the kernel
         # goes silent (fd 2 is ours from here on).
         self.launcher_err = os.dup(2)
+        channel.sock.settimeout(self.deadline)
         os.set_inheritable(self.launcher_err, False)
         self.pipes = {}
         for fd in (1, 2):
@@ -272,8 +281,6 @@ class _Remote:
             if not reading and not self.pipes:
                 return
             now = time.monotonic()
-            if reading and now - self.heard_at > self.deadline:
-                self._silent()
             if now >= next_ping:
                 next_ping = now + PING_S
                 if reading and not self.closing:
@@ -283,11 +290,16 @@ class _Remote:
                         pass        # its reading side says what happened
             fds = list(self.pipes.values()) + ([self.ch.sock] if reading else [])
             try:
-                ready, _, _ = select.select(fds, [], [], max(0.0, next_ping - now))
+                ready, _, _ = select.select(fds, [], [],
+                                            max(0.0, next_ping - time.monotonic()))
             except (OSError, ValueError):
                 ready = []          # a pipe closed under us by flush_output
             if self.ch.sock in ready:
                 self._read_socket()
+            # Judged only after a look at the socket: time spent blocked in
+            # our own sends (a busy kernel) is not the kernel's silence.
+            elif reading and time.monotonic() - self.heard_at > self.deadline:
+                self._silent()
             for fd, r in list(self.pipes.items()):
                 if r in ready:
                     self._pump(fd, drain=False)

@@ -49,6 +49,8 @@
  *                    on the others. SIGINT between rounds is ignored; EOF exits 0.
  *   bad_output       (Unix socket) ... an OUTPUT frame for fd 3, wait to be closed,
  *                    print "refused as expected", exit 0 without a result
+ *   hold             ... print "hold" (on the runtime's pipe, before a TCP rank's
+ *                    output goes to frames), sleep FAKE_SLEEP_S (60) seconds, then as result
  *   freeze           ... print "freezing", then stop itself (SIGSTOP): silent, as a
  *                    rank on a lost node is
  *   spawn_writer     ... run `sh -c` that writes "child-out" to fd 1 and "child-err"
@@ -60,7 +62,8 @@
  * DISTKERNEL_BC_HEARTBEAT set, a PING every second, reading the runtime's
  * frames; a runtime silent past that deadline ends its process group. Before
  * RESULT its pipes are drained; after it, it shuts down its side and waits
- * for the runtime's close.
+ * for the runtime's close. FAKE_RANK_DEADLINE, if set, replaces the deadline
+ * the runtime gave.
  * With FAKE_PRINT_ENV set it first prints "ENV NAME=value" for the variables the
  * runtime sets, and facts about how it was started (open fds, stdin, signal
  * mask, process group).
@@ -80,6 +83,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/time.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -139,6 +143,8 @@ static void mac(const unsigned char *nonce, uint32_t seq, const unsigned char *b
     EVP_MAC_free(m);
 }
 
+static void (*remote_silent_hook)(void);
+
 static void write_all(int fd, const void *buf, size_t n)
 {
     const char *p = buf;
@@ -146,6 +152,8 @@ static void write_all(int fd, const void *buf, size_t n)
         ssize_t w = write(fd, p, n);
         if (w < 0 && errno == EINTR)
             continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && remote_silent_hook)
+            remote_silent_hook();   /* SO_SNDTIMEO: not a byte taken for the deadline */
         if (w <= 0)
             die("write: %s", strerror(errno));
         p += w;
@@ -465,6 +473,12 @@ static void pump(int fd, bool drain)
     pthread_mutex_unlock(&remote.out_lock);
 }
 
+static void runtime_silent(void)
+{
+    dprintf(remote.pipe[0], "fake_rank %d: the runtime is silent; ending\n", rank);
+    killpg(getpgrp(), SIGKILL);
+}
+
 /* Read the runtime's frames (PINGs) as they come; false at EOF. */
 static bool read_runtime(unsigned char *in, size_t *have)
 {
@@ -499,25 +513,27 @@ static void *remote_thread(void *arg)
         struct pollfd p[3] = {{remote.pipe[1], POLLIN, 0}, {remote.pipe[2], POLLIN, 0},
                               {reading ? remote.c->fd : -1, POLLIN, 0}};
         double now = mono_s();
-        if (remote.deadline > 0 && reading && now - heard > remote.deadline) {
-            dprintf(remote.pipe[0], "fake_rank %d: the runtime is silent; ending\n", rank);
-            killpg(getpgrp(), SIGKILL);
-        }
         if (remote.deadline > 0 && now >= next_ping) {
             next_ping = now + 1.0;
             send_frame(remote.c, PING, (uint32_t) rank, NULL, 0, false);
         }
-        int ms = (int) ((next_ping - now) * 1000) + 1;
-        if (poll(p, 3, ms < 1 ? 1 : ms > 200 ? 200 : ms) <= 0 || remote.stop)
-            continue;
-        if (p[0].revents)
+        int ms = (int) ((next_ping - mono_s()) * 1000) + 1;
+        int n = poll(p, 3, ms < 1 ? 1 : ms > 200 ? 200 : ms);
+        if (remote.stop)
+            break;
+        if (n > 0 && p[0].revents)
             pump(1, false);
-        if (p[1].revents)
+        if (n > 0 && p[1].revents)
             pump(2, false);
-        if (p[2].revents) {
+        if (n > 0 && p[2].revents) {
             reading = read_runtime(in, &have);
             heard = mono_s();
         }
+        /* Judged only after a look at the socket: time spent blocked in our
+         * own sends (a busy runtime) is not the runtime's silence. */
+        if (remote.deadline > 0 && reading && !(n > 0 && p[2].revents) &&
+            mono_s() - heard > remote.deadline)
+            runtime_silent();
     }
     return NULL;
 }
@@ -528,8 +544,17 @@ static void become_remote(conn_t *c)
     if (!over_tcp())
         return;
     remote.c = c;
-    const char *hb = getenv("DISTKERNEL_BC_HEARTBEAT");
+    const char *hb = getenv("FAKE_RANK_DEADLINE") ? getenv("FAKE_RANK_DEADLINE")
+                                                  : getenv("DISTKERNEL_BC_HEARTBEAT");
     remote.deadline = hb ? atof(hb) : 0;
+    if (remote.deadline > 0) {
+        /* A runtime that takes nothing for the deadline is as silent as one
+         * that says nothing. */
+        struct timeval tv = {(time_t) remote.deadline,
+                             (long) ((remote.deadline - (double) (time_t) remote.deadline) * 1e6)};
+        setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        remote_silent_hook = runtime_silent;
+    }
     remote.pipe[0] = dup(2);        /* the launcher's stderr, for the last word */
     for (int fd = 1; fd <= 2; fd++) {
         int p[2];
@@ -704,6 +729,8 @@ int main(void)
     unsigned char *payload = recv_frame(&c, &type, &len);
     if (type != PAYLOAD)
         die("expected PAYLOAD, got type %d", type);
+    if (!strcmp(mode, "hold"))
+        dprintf(1, "hold\n");
     become_remote(&c);
     unsigned char digest[32];
     unsigned int dlen = 0;
@@ -812,6 +839,8 @@ int main(void)
         expect_closed(&c);
         dprintf(1, "refused as expected\n");
         return 0;
+    } else if (!strcmp(mode, "hold")) {
+        sleep_s(getenv("FAKE_SLEEP_S") ? atof(getenv("FAKE_SLEEP_S")) : 60);
     } else if (!strcmp(mode, "freeze")) {
         dprintf(1, "freezing\n");
         remote_flush();

@@ -1684,3 +1684,34 @@ Test(tcp, output_for_another_fd_closes_the_connection_with_a_warning)
     cr_assert(warned("not for fd 1 or 2"));
     finish(&job);
 }
+
+/* The runtime's own loop held up past the deadline (a slow sink, a stalled
+ * disk) is not the rank's silence: what the rank sent meanwhile is waiting
+ * unread. */
+Test(tcp, a_runtime_held_up_past_the_deadline_does_not_take_its_ranks_for_lost, .timeout = 60)
+{
+    char dir[] = "/tmp/dk-test-hold-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    hold_dir = dir;
+    const char *extra[] = {"FAKE_MODE=hold", "FAKE_SLEEP_S=3", "FAKE_RANK_DEADLINE=30", NULL};
+    dk_job_spec_t spec = tcp_spec(1, extra);
+    spec.heartbeat_s = 1.0;
+    dk_job_t *job = start(&spec);
+    char held[512], release[512];
+    snprintf(held, sizeof held, "%s/held", dir);
+    snprintf(release, sizeof release, "%s/release", dir);
+    for (int i = 0; i < 2000 && access(held, F_OK) != 0; i++)
+        usleep(10000);
+    cr_assert_eq(access(held, F_OK), 0, "the runtime was never held");
+    usleep(2500000);            /* 2.5 heartbeat deadlines */
+    FILE *f = fopen(release, "w");
+    cr_assert_not_null(f);
+    fclose(f);
+    cr_assert(dk_job_wait(job, 30000));
+    cr_assert_eq(dk_job_end(job), DK_END_OK);
+    cr_assert(!dk_job_rank_lost(job, 0));
+    finish(&job);
+    unlink(held);
+    unlink(release);
+    rmdir(dir);
+}
