@@ -112,15 +112,11 @@ class BackChannel:
         with self._send_lock:
             mac = self._mac(self.send_seq, body)
             self.send_seq += 1
-            try:
-                self.sock.sendall(struct.pack(">I", len(mac) + len(body)) + mac + body)
-            except socket.timeout:
-                # Over TCP the socket's timeout is the heartbeat deadline: a
-                # kernel that takes nothing for that long is as gone as one
-                # that says nothing.
-                if self._remote is None:
-                    raise
-                self._remote._silent()
+            frame = struct.pack(">I", len(mac) + len(body)) + mac + body
+            if self._remote is None:
+                self.sock.sendall(frame)
+            else:
+                self._remote.sendall(frame)
 
     def _check_length(self, length):
         if length < MAC_LEN + 5 or length > MAX_FRAME:
@@ -171,7 +167,6 @@ class _Remote:
         # The launcher's stderr, kept for the one line said when the kernel
         # goes silent (fd 2 is ours from here on).
         self.launcher_err = os.dup(2)
-        channel.sock.settimeout(self.deadline)
         os.set_inheritable(self.launcher_err, False)
         self.pipes = {}
         for fd in (1, 2):
@@ -183,6 +178,20 @@ class _Remote:
         self.thread = threading.Thread(target=self._run, name="distkernel-backchannel",
                                        daemon=True)
         self.thread.start()
+
+    def sendall(self, data):
+        """Send DATA; a kernel that takes none of it for the deadline is as
+        gone as one that says nothing (however long the whole takes)."""
+        view = memoryview(data)
+        while view:
+            try:
+                n = self.ch.sock.send(view[:1 << 20], socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                _, writable, _ = select.select([], [self.ch.sock], [], self.deadline)
+                if not writable:
+                    self._silent()
+                continue
+            view = view[n:]
 
     # -- output --------------------------------------------------------------
 
