@@ -911,6 +911,12 @@ static bool check_spec(const dk_job_spec_t *spec, char *err, size_t errlen)
         dk_set_err(err, errlen, "no rank executable was given");
     else if (!spec->persistent && spec->payload_len > 0 && !spec->payload)
         dk_set_err(err, errlen, "payload_len is %zu but payload is NULL", spec->payload_len);
+    else if (spec->bc_tcp_addr && spec->heartbeat_s > 0 &&
+             spec->heartbeat_s < 2 * DK_BC_PING_S)
+        /* One late PING must not make a rank lost. */
+        dk_set_err(err, errlen, "heartbeat_s is %g; it must be at least %g (a PING goes every "
+                   "%g s) or 0 for the default of %g", spec->heartbeat_s, 2 * DK_BC_PING_S,
+                   DK_BC_PING_S, DK_BC_HEARTBEAT_DEFAULT_S);
     else if (spec->payload_len > DK_BC_PAYLOAD_MAX)
         dk_set_err(err, errlen, "the payload is %zu bytes; a job can carry at most 1 GiB to its "
                    "ranks (pass large data through files instead)", spec->payload_len);

@@ -157,7 +157,8 @@ typedef struct {
      * socket and no heartbeats, as for ranks on this node. */
     const char *bc_tcp_addr;
     int bc_tcp_port;
-    double heartbeat_s;         /* the silence deadline; <= 0: DK_BC_HEARTBEAT_DEFAULT_S */
+    /* The silence deadline: >= 2 * DK_BC_PING_S; <= 0: DK_BC_HEARTBEAT_DEFAULT_S. */
+    double heartbeat_s;
     /* Each rank's node name, for what is said when ranks are lost (NULL:
      * every rank is "localhost"). world_size entries, copied. */
     const char *const *rank_hosts;

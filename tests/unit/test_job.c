@@ -1495,7 +1495,7 @@ Test(tcp, silent_ranks_are_lost_and_told_by_node, .timeout = 60)
     const char *extra[] = {"FAKE_MODE=sleep", "FAKE_MODE_2=freeze", "FAKE_MODE_3=freeze", NULL};
     const char *hosts[] = {"node1", "node1", "node2", "node2"};
     dk_job_spec_t spec = tcp_spec(4, extra);
-    spec.heartbeat_s = 1.5;
+    spec.heartbeat_s = 2.0;
     spec.rank_hosts = hosts;
     dk_job_t *job = start(&spec);
     cr_assert(dk_job_wait(job, 40000), "the job did not end");
@@ -1513,6 +1513,15 @@ Test(tcp, silent_ranks_are_lost_and_told_by_node, .timeout = 60)
     cr_assert(warned("rank 2 on node2 lost"));
     cr_assert_eq(dk_job_rank_state(job, 0), DK_RANK_STOPPED);
     finish(&job);
+}
+
+Test(tcp, a_heartbeat_deadline_shorter_than_two_pings_is_refused)
+{
+    dk_job_spec_t spec = tcp_spec(1, NULL);
+    spec.heartbeat_s = 1.5;
+    char err[256] = "";
+    cr_assert_null(dk_job_start(&spec, &sink, err, sizeof err));
+    cr_assert(strstr(err, "heartbeat_s is 1.5; it must be at least 2"), "%s", err);
 }
 
 Test(tcp, a_job_without_lost_ranks_has_an_empty_summary)
@@ -1540,7 +1549,7 @@ static bool ranks_gone_after_the_host_freezes(dk_job_spec_t spec)
     pid_t host = fork();
     if (host == 0) {
         close(fds[0]);
-        spec.heartbeat_s = 1.5;
+        spec.heartbeat_s = 2.0;
         char err[512];
         dk_job_t *job = dk_job_start(&spec, &sink, err, sizeof err);
         if (!job)
@@ -1663,7 +1672,7 @@ Test(tcp, quiet_ranks_outlive_the_deadline_on_heartbeats, .timeout = 60)
 {
     const char *extra[] = {"FAKE_MODE=sleep", "FAKE_SLEEP_S=4", NULL};
     dk_job_spec_t spec = tcp_spec(2, extra);
-    spec.heartbeat_s = 1.5;
+    spec.heartbeat_s = 2.0;
     dk_job_t *job = start(&spec);
     cr_assert(dk_job_wait(job, 30000));
     cr_assert_eq(dk_job_end(job), DK_END_OK);
@@ -1695,7 +1704,7 @@ Test(tcp, a_runtime_held_up_past_the_deadline_does_not_take_its_ranks_for_lost, 
     hold_dir = dir;
     const char *extra[] = {"FAKE_MODE=hold", "FAKE_SLEEP_S=3", "FAKE_RANK_DEADLINE=30", NULL};
     dk_job_spec_t spec = tcp_spec(1, extra);
-    spec.heartbeat_s = 1.0;
+    spec.heartbeat_s = 2.0;
     dk_job_t *job = start(&spec);
     char held[512], release[512];
     snprintf(held, sizeof held, "%s/held", dir);
@@ -1703,7 +1712,7 @@ Test(tcp, a_runtime_held_up_past_the_deadline_does_not_take_its_ranks_for_lost, 
     for (int i = 0; i < 2000 && access(held, F_OK) != 0; i++)
         usleep(10000);
     cr_assert_eq(access(held, F_OK), 0, "the runtime was never held");
-    usleep(2500000);            /* 2.5 heartbeat deadlines */
+    usleep(4500000);            /* 2.25 heartbeat deadlines */
     FILE *f = fopen(release, "w");
     cr_assert_not_null(f);
     fclose(f);
@@ -1714,4 +1723,34 @@ Test(tcp, a_runtime_held_up_past_the_deadline_does_not_take_its_ranks_for_lost, 
     unlink(held);
     unlink(release);
     rmdir(dir);
+}
+
+/* Started ranks over TCP: idle between cells for longer than the deadline,
+ * kept by the heartbeats, then a cell's output and value. */
+Test(tcp, python_started_ranks_over_tcp_idle_past_the_deadline_then_run_a_cell, .timeout = 90)
+{
+    static char payload[65536];
+    size_t len = cell_payload("import os\nprint('cell on', os.environ['RANK'])\n6 * 7\n", payload,
+                              sizeof payload);
+    dk_job_spec_t spec = python_spec(2, NULL, 0);
+    spec.persistent = true;
+    spec.heartbeat_s = 2.0;
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_round_wait(job, 60000), "the ranks never said HELLO");
+    cr_assert_eq(dk_job_round_end(job), DK_END_OK);
+    usleep(4500000);            /* idle for 2.25 deadlines */
+    char err[256] = "";
+    cr_assert_eq(dk_job_submit(job, payload, len, 0, err, sizeof err), 0, "%s (%s)", err,
+                 rec.nwarnings ? rec.warnings[0] : "");
+    cr_assert(dk_job_round_wait(job, 60000));
+    cr_assert_eq(dk_job_round_end(job), DK_END_OK);
+    for (int r = 0; r < 2; r++) {
+        char want[32];
+        snprintf(want, sizeof want, "cell on %d\n", r);
+        cr_assert(output_has(r, 1, want), "rank %d: %s", r, rec.out[r][1].buf);
+        cr_assert(!dk_job_rank_lost(job, r));
+        /* cloudpickle's 42: BININT1 (K) 42 (*) */
+        cr_assert_not_null(memmem(rec.msg[r].buf, rec.msg[r].len, "K*", 2));
+    }
+    finish(&job);
 }
