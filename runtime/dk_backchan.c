@@ -100,8 +100,8 @@ typedef struct {
     size_t len_have;
     unsigned char *frame;
     size_t frame_len, frame_have;
-    /* output: a small head (nonce and/or frame header), then a borrowed body */
-    /* the nonce or a PING still being written, then a frame's header */
+    /* output: a small head (the nonce or a PING still being written, then a
+     * frame's header), then a borrowed body */
     unsigned char head[DK_BC_NONCE_LEN + 4 + FRAME_MIN + 4 + FRAME_MIN + 4];
     size_t head_len, head_off;
     const unsigned char *body;

@@ -1207,7 +1207,19 @@ dk_job_t *dk_job_start(const dk_job_spec_t *spec, const dk_sink_t *sink, char *e
     const char *const *base = spec->env ? spec->env : (const char *const *) environ;
     job->started_at = dk_now_s();
     for (int r = 0; r < spec->world_size; r++) {
-        if (!start_rank(job, r, program, argv, base, run_id, err, errlen))
+        bool ok;
+        if (spec->rank_commands && spec->rank_commands[r]) {
+            /* Through a launcher (srun on another node): its own program. */
+            char *const *cmd = (char *const *) spec->rank_commands[r];
+            char *launcher = cmd[0] ? dk_spawn_find_program(cmd[0], err, errlen) : NULL;
+            if (!cmd[0])
+                dk_set_err(err, errlen, "rank %d's command is empty", r);
+            ok = launcher && start_rank(job, r, launcher, cmd, base, run_id, err, errlen);
+            free(launcher);
+        } else {
+            ok = start_rank(job, r, program, argv, base, run_id, err, errlen);
+        }
+        if (!ok)
             goto fail;
     }
     /* Ranks kept between cells hold what cells start (a subprocess, a

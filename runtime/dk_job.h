@@ -162,6 +162,14 @@ typedef struct {
     /* Each rank's node name, for what is said when ranks are lost (NULL:
      * every rank is "localhost"). world_size entries, copied. */
     const char *const *rank_hosts;
+    /* Ranks started through a launcher (srun in an allocation, on another
+     * node): rank R runs rank_commands[R] (an argv; [0] is looked up on PATH)
+     * in place of rank_exe and rank_argv, with the same environment (the
+     * launcher passes it on: srun --export=ALL). The runtime sees, signals and
+     * judges the launcher process; output and results come over the back
+     * channel (use bc_tcp_addr). NULL, or a NULL entry: that rank runs
+     * rank_exe here. */
+    const char *const *const *rank_commands;
 } dk_job_spec_t;
 
 typedef struct dk_job_t dk_job_t;

@@ -54,7 +54,7 @@
  *   freeze           ... print "freezing", then stop itself (SIGSTOP): silent, as a
  *                    rank on a lost node is
  *   spawn_writer     ... run `sh -c` that writes "child-out" to fd 1 and "child-err"
- *                    to fd 2 (a child's C-level writes), print "last words" to
+ *                    to fd 2 and "on HOSTNAME" to fd 1 (a child's C-level writes), print "last words" to
  *                    both just before its RESULT, then as result
  * Over TCP (DISTKERNEL_BC=tcp:ADDR:PORT) it does what a remote rank does: after
  * its PAYLOAD a thread sends its fd 1 and 2 as OUTPUT frames (they are pipes
@@ -846,7 +846,7 @@ int main(void)
         remote_flush();
         raise(SIGSTOP);
     } else if (!strcmp(mode, "spawn_writer")) {
-        if (system("echo child-out; echo child-err >&2") != 0)
+        if (system("echo child-out; echo child-err >&2; echo \"on $(uname -n)\"") != 0)
             die("system failed");
         dprintf(1, "last words\n");
         dprintf(2, "last words\n");
