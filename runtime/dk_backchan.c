@@ -438,6 +438,15 @@ const char *dk_backchan_address(const dk_backchan_t *self)
     return self->address;
 }
 
+bool dk_backchan_rank_open(const dk_backchan_t *self, int rank)
+{
+    for (size_t i = 0; i < self->nconns; i++) {
+        if (self->conns[i].fd >= 0 && self->conns[i].rank == rank)
+            return true;
+    }
+    return false;
+}
+
 int dk_backchan_port(const dk_backchan_t *self)
 {
     return self->port;

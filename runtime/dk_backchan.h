@@ -124,6 +124,9 @@ const char *dk_backchan_path(const dk_backchan_t *self);
 /* What a rank is given in DISTKERNEL_BC to connect (borrowed): the socket's
  * path, or "tcp:ADDR:PORT" ("tcp:[ADDR]:PORT" for IPv6). */
 const char *dk_backchan_address(const dk_backchan_t *self);
+/* Whether RANK has a connection (it said HELLO) that is still open. */
+bool dk_backchan_rank_open(const dk_backchan_t *self, int rank);
+
 /* The TCP port listened on, or 0 for a Unix socket. */
 int dk_backchan_port(const dk_backchan_t *self);
 const char *dk_backchan_key_hex(const dk_backchan_t *self);

@@ -101,6 +101,10 @@ typedef struct {
     bool interrupted;       /* persistent: sent SIGINT this round */
     char *host;             /* its node, for what is said when it is lost */
     bool lost;              /* silent past the heartbeat deadline; guarded */
+    bool deferred;          /* collected, its verdict waiting (see reap) */
+    double deferred_until;
+    int deferred_status;
+    bool deferred_known;
     /* guarded by job->lock */
     dk_rank_state_t state;
     int exit_code;
@@ -473,6 +477,7 @@ static void bc_hello(void *data, int r)
 }
 
 static void drain_pipe(dk_job_t *job, int r, int which, size_t budget);
+static void judge(dk_job_t *job, int r, int status, bool known);
 static void deliver(dk_job_t *job, int r, int fd, const char *buf, size_t n);
 
 /* A remote rank's output: the same path as a pipe's. */
@@ -490,7 +495,7 @@ static void bc_lost(void *data, int r, double silent_s)
 {
     dk_job_t *job = data;
     rank_t *rk = &job->ranks[r];
-    if (rk->reaped)
+    if (rk->reaped && !rk->deferred)
         return;
     pthread_mutex_lock(&job->lock);
     rk->lost = true;
@@ -665,6 +670,39 @@ static void reap(dk_job_t *job, int r)
 
     rk->reaped = true;
     close_fd(&rk->pidfd);
+    /* A launcher (srun) that exits on its own while its rank's connection is
+     * still open and unanswered may be telling of a lost node before the
+     * heartbeats can: its verdict waits until the connection closes, goes
+     * silent past the deadline (then the rank is lost), or the deadline
+     * passes. */
+    if (job->heartbeat_s > 0 && !rk->reported && !rk->signalled && !rk->lost &&
+        dk_backchan_rank_open(job->chan, r)) {
+        rk->deferred = true;
+        rk->deferred_until = dk_now_s() + job->heartbeat_s;
+        rk->deferred_status = status;
+        rk->deferred_known = known;
+        return;
+    }
+    judge(job, r, status, known);
+}
+
+/* Rank R's deferred verdict is due (see reap). */
+static void judge_deferred(dk_job_t *job)
+{
+    for (int r = 0; r < job->world_size; r++) {
+        rank_t *rk = &job->ranks[r];
+        if (rk->deferred && (rk->lost || !dk_backchan_rank_open(job->chan, r) ||
+                             dk_now_s() >= rk->deferred_until)) {
+            rk->deferred = false;
+            judge(job, r, rk->deferred_status, rk->deferred_known);
+        }
+    }
+}
+
+/* Rank R has been collected with STATUS (KNOWN: by us): its verdict. */
+static void judge(dk_job_t *job, int r, int status, bool known)
+{
+    rank_t *rk = &job->ranks[r];
     job->unreaped--;
     job->last_reap_at = dk_now_s();
     bool clean = known && WIFEXITED(status) && WEXITSTATUS(status) == 0;
@@ -755,6 +793,12 @@ static int poll_timeout_ms(const dk_job_t *job)
     for (int r = 0; r < job->world_size; r++) {
         if (!job->ranks[r].reaped && job->ranks[r].pidfd < 0 && (ms < 0 || ms > NO_PIDFD_TICK_MS))
             ms = NO_PIDFD_TICK_MS;
+        if (job->ranks[r].deferred) {
+            double wait = (job->ranks[r].deferred_until - dk_now_s()) * 1000.0 + 1;
+            int d = wait <= 0 ? 0 : wait > 60000 ? 60000 : (int) wait;
+            if (ms < 0 || d < ms)
+                ms = d;
+        }
     }
     return ms;
 }
@@ -826,6 +870,7 @@ static void loop_once(dk_job_t *job)
         if (!job->ranks[r].reaped && job->ranks[r].pidfd < 0)
             reap(job, r);
     }
+    judge_deferred(job);
     resolve_failure(job);
     escalate(job);
 }

@@ -51,6 +51,9 @@
  *                    print "refused as expected", exit 0 without a result
  *   hold             ... print "hold" (on the runtime's pipe, before a TCP rank's
  *                    output goes to frames), sleep FAKE_SLEEP_S (60) seconds, then as result
+ *   orphan_silent    ... leave a child in a session of its own holding the connection
+ *                    open and stopped (silent), print "ORPHAN pid", exit 1 (as srun
+ *                    exits when its node is cut off, the rank's connection still open)
  *   freeze           ... print "freezing", then stop itself (SIGSTOP): silent, as a
  *                    rank on a lost node is
  *   spawn_writer     ... run `sh -c` that writes "child-out" to fd 1 and "child-err"
@@ -841,6 +844,16 @@ int main(void)
         return 0;
     } else if (!strcmp(mode, "hold")) {
         sleep_s(getenv("FAKE_SLEEP_S") ? atof(getenv("FAKE_SLEEP_S")) : 60);
+    } else if (!strcmp(mode, "orphan_silent")) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            setsid();
+            raise(SIGSTOP);
+            _exit(0);
+        }
+        dprintf(1, "ORPHAN %d\n", (int) pid);
+        remote_flush();
+        _exit(1);
     } else if (!strcmp(mode, "freeze")) {
         dprintf(1, "freezing\n");
         remote_flush();

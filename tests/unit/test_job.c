@@ -1754,3 +1754,29 @@ Test(tcp, python_started_ranks_over_tcp_idle_past_the_deadline_then_run_a_cell, 
     }
     finish(&job);
 }
+
+/* A launcher that exits on its own (srun whose node was cut off) while its
+ * rank's connection is still open and unanswered: the verdict waits for the
+ * heartbeats, which tell the rank lost. */
+Test(tcp, a_launcher_exiting_while_its_connection_is_open_waits_for_the_heartbeats, .timeout = 60)
+{
+    const char *extra[] = {"FAKE_MODE=orphan_silent", NULL};
+    dk_job_spec_t spec = tcp_spec(1, extra);
+    spec.heartbeat_s = 2.0;
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 30000));
+    int orphan = 0;
+    const char *at = rec.out[0][1].buf ? strstr(rec.out[0][1].buf, "ORPHAN ") : NULL;
+    if (at)
+        orphan = atoi(at + 7);
+    if (orphan > 0)
+        kill(orphan, SIGKILL);
+    cr_assert_gt(orphan, 0, "no orphan was reported");
+    cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    cr_assert_eq(dk_job_rank_exit_code(job, 0), 1);
+    cr_assert(dk_job_rank_lost(job, 0));
+    char summary[64];
+    dk_job_lost_summary(job, summary, sizeof summary);
+    cr_assert_str_eq(summary, "localhost lost (rank 0)");
+    finish(&job);
+}

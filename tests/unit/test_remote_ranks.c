@@ -58,8 +58,22 @@ static const char *shell_line(const char *cmd)
     return line;
 }
 
-Test(remote_ranks, ranks_started_with_srun_on_two_nodes_send_output_and_results_over_tcp,
-     .timeout = 180)
+#ifndef CLUSTER_SH
+#error "CLUSTER_SH (tests/slurm/cluster.sh) must be defined"
+#endif
+
+/* A 2-node allocation and what a job on it needs. */
+static struct {
+    char job_id[32], addr[64], err[512], jobopt[64], slurm_conf[512], log_dir[64];
+    const char *cmd[2][9];
+    const char *const *cmds[2];
+    const char *hosts[2];
+    const char *env[5];
+} cl;
+
+static const char *shell_line(const char *cmd);
+
+static dk_job_spec_t cluster_spec(const char *mode)
 {
     const char *conf = getenv("DISTKERNEL_TEST_SLURM_CONF");
     if (!conf || !conf[0]) {
@@ -71,51 +85,112 @@ Test(remote_ranks, ranks_started_with_srun_on_two_nodes_send_output_and_results_
     char cmd[512];
     snprintf(cmd, sizeof cmd, "salloc -N2 --no-shell -J dk-remote-ranks 2>&1 | "
              "sed -n 's/.*Granted job allocation \\([0-9]*\\).*/\\1/p'");
-    char job_id[32];
-    snprintf(job_id, sizeof job_id, "%s", shell_line(cmd));
-    cr_assert(job_id[0], "salloc gave no allocation");
-
-    char node_addr[64], addr[64], err[512] = "";
+    snprintf(cl.job_id, sizeof cl.job_id, "%s", shell_line(cmd));
+    cr_assert(cl.job_id[0], "salloc gave no allocation");
     snprintf(cmd, sizeof cmd, "sed -n 's/^NodeName=node1 NodeAddr=\\([0-9.]*\\) .*/\\1/p' %s", conf);
+    char node_addr[64];
     snprintf(node_addr, sizeof node_addr, "%s", shell_line(cmd));
-    int rc = dk_netaddr_route_to(node_addr, addr, sizeof addr, err, sizeof err);
-
-    char jobopt[64], slurm_conf[512];
-    snprintf(jobopt, sizeof jobopt, "--jobid=%s", job_id);
-    snprintf(slurm_conf, sizeof slurm_conf, "SLURM_CONF=%s", conf);
-    const char *cmd0[] = {"srun", jobopt, "-N1", "-n1", "-w", "node1", "--export=ALL", FAKE_RANK, NULL};
-    const char *cmd1[] = {"srun", jobopt, "-N1", "-n1", "-w", "node2", "--export=ALL", FAKE_RANK, NULL};
-    const char *const *cmds[] = {cmd0, cmd1};
-    const char *hosts[] = {"node1", "node2"};
-    const char *env[] = {"PATH=/usr/bin:/bin", slurm_conf, "FAKE_MODE=spawn_writer", NULL};
-    char log_dir[] = "/tmp/dk-test-remote-XXXXXX";
-    cr_assert_not_null(mkdtemp(log_dir));
+    cr_assert_eq(dk_netaddr_route_to(node_addr, cl.addr, sizeof cl.addr, cl.err, sizeof cl.err),
+                 0, "%s", cl.err);
+    snprintf(cl.jobopt, sizeof cl.jobopt, "--jobid=%s", cl.job_id);
+    snprintf(cl.slurm_conf, sizeof cl.slurm_conf, "SLURM_CONF=%s", conf);
+    static const char *nodes[2] = {"node1", "node2"};
+    for (int r = 0; r < 2; r++) {
+        const char *c[] = {"srun", cl.jobopt, "-N1", "-n1", "-w", nodes[r], "--export=ALL",
+                           FAKE_RANK, NULL};
+        memcpy(cl.cmd[r], c, sizeof c);
+        cl.cmds[r] = cl.cmd[r];
+        cl.hosts[r] = nodes[r];
+    }
+    static char mode_var[64];
+    snprintf(mode_var, sizeof mode_var, "FAKE_MODE=%s", mode);
+    const char *env[] = {"PATH=/usr/bin:/bin", cl.slurm_conf, mode_var, NULL};
+    memcpy(cl.env, env, sizeof env);
+    snprintf(cl.log_dir, sizeof cl.log_dir, "/tmp/dk-test-remote-XXXXXX");
+    cr_assert_not_null(mkdtemp(cl.log_dir));
     dk_job_spec_t spec = {
         .world_size = 2,
         .rank_exe = FAKE_RANK,
-        .env = env,
-        .log_dir = log_dir,
-        .bc_tcp_addr = addr,
-        .rank_hosts = hosts,
-        .rank_commands = cmds,
+        .env = cl.env,
+        .log_dir = cl.log_dir,
+        .bc_tcp_addr = cl.addr,
+        .rank_hosts = cl.hosts,
+        .rank_commands = cl.cmds,
     };
+    return spec;
+}
+
+static void cluster_release(void)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "scancel %s; rm -rf %s", cl.job_id, cl.log_dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+static bool said(int rank, int fd, const char *needle)
+{
+    pthread_mutex_lock(&lock);
+    bool found = strstr(out[rank][fd], needle) != NULL;
+    pthread_mutex_unlock(&lock);
+    return found;
+}
+
+Test(remote_ranks, ranks_started_with_srun_on_two_nodes_send_output_and_results_over_tcp,
+     .timeout = 180)
+{
+    dk_job_spec_t spec = cluster_spec("spawn_writer");
     dk_sink_t sink = {.on_output = on_output, .on_message = on_message};
-    dk_job_t *job = rc == 0 ? dk_job_start(&spec, &sink, err, sizeof err) : NULL;
+    char err[512] = "";
+    dk_job_t *job = dk_job_start(&spec, &sink, err, sizeof err);
     bool ended = job && dk_job_wait(job, 120000);
     dk_job_end_t end = job ? dk_job_end(job) : DK_END_NONE;
     dk_job_destroy(&job);
-    snprintf(cmd, sizeof cmd, "scancel %s; rm -rf %s", job_id, log_dir);
-    cr_assert_eq(system(cmd), 0);
-    cr_assert_eq(rc, 0, "%s", err);
-    cr_assert(ended, "the job did not end: %s %s", out[0][2], out[1][2]);
+    cluster_release();
+    cr_assert(ended, "the job did not end: %s %s %s", err, out[0][2], out[1][2]);
     cr_assert_eq(end, DK_END_OK, "rank 0: %s | %s; rank 1: %s | %s", out[0][1], out[0][2],
                  out[1][1], out[1][2]);
     for (int r = 0; r < 2; r++) {
         char want[32];
         snprintf(want, sizeof want, "on node%d\n", r + 1);
-        cr_assert(strstr(out[r][1], want), "rank %d: %s", r, out[r][1]);
-        cr_assert(strstr(out[r][1], "child-out\n") && strstr(out[r][2], "child-err\n"));
+        cr_assert(said(r, 1, want), "rank %d: %s", r, out[r][1]);
+        cr_assert(said(r, 1, "child-out\n") && said(r, 2, "child-err\n"));
         snprintf(want, sizeof want, "rank=%d len=0", r);
         cr_assert(!strncmp(msg[r], want, strlen(want)), "rank %d: %s", r, msg[r]);
     }
+}
+
+/* node2's network is cut mid-run (no FIN, no RST: its rank just goes
+ * quiet): the heartbeats tell, within seconds and without srun's help, and
+ * the job ends with node2's rank lost as the root cause. */
+Test(remote_ranks, a_node_cut_off_mid_run_is_told_lost_by_the_heartbeats, .timeout = 180)
+{
+    dk_job_spec_t spec = cluster_spec("sleep");
+    spec.heartbeat_s = 2.0;
+    spec.grace_s = 0.5;
+    dk_sink_t sink = {.on_output = on_output, .on_message = on_message};
+    char err[512] = "";
+    dk_job_t *job = dk_job_start(&spec, &sink, err, sizeof err);
+    for (int i = 0; job && i < 3000 && !(said(0, 1, "sleeping") && said(1, 1, "sleeping")); i++)
+        usleep(10000);
+    bool running = job && said(0, 1, "sleeping") && said(1, 1, "sleeping");
+    int killed = running ? system(CLUSTER_SH " exec node2 ip link set eth0 down") : -1;
+    bool ended = job && dk_job_wait(job, 30000);
+    char summary[128] = "";
+    dk_job_end_t end = DK_END_NONE;
+    int root = -1;
+    if (job) {
+        end = dk_job_end(job);
+        root = dk_job_root_cause(job);
+        dk_job_lost_summary(job, summary, sizeof summary);
+    }
+    dk_job_destroy(&job);
+    int restarted = system(CLUSTER_SH " exec node2 ip link set eth0 up");
+    cluster_release();
+    cr_assert(running, "the ranks never ran: %s %s %s", err, out[0][2], out[1][2]);
+    cr_assert_eq(killed, 0);
+    cr_assert(ended, "the job did not end within 30 s of node2's loss");
+    cr_assert_eq(end, DK_END_FAILED);
+    cr_assert_eq(root, 1);
+    cr_assert_str_eq(summary, "node2 lost (rank 1)");
+    cr_assert_eq(restarted, 0);
 }
