@@ -33,6 +33,17 @@
  * Warnings are capped: a local process looping on connect must not flood the
  * notebook.
  *
+ * Ranks on other nodes (dk_backchan_opts_t): the listener is a TCP socket
+ * bound to the one address the nodes route to, never a wildcard, so the
+ * channel is reachable from the cluster's network and from nothing else this
+ * host is on. Nothing else changes: a connection from anywhere earns nothing
+ * before its HELLO verifies, and the same limits hold. Over the network a
+ * peer can vanish without a FIN (a node powered off, a cut link), so there
+ * each side sends a PING every DK_BC_PING_S, and a connection silent for
+ * longer than the heartbeat deadline is reported (on_lost) once. A PING is
+ * queued only when nothing else is being written: a connection busy with a
+ * payload is talking anyway. Remote ranks' fd 1/2 arrive as OUTPUT frames.
+ *
  * A persistent channel (started ranks) sends nothing at HELLO. Each round,
  * dk_backchan_send_task replaces the one payload copy (every connection has
  * written the last one by then: its rank answered it) and queues a TASK frame
@@ -50,6 +61,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -74,6 +89,9 @@ typedef struct {
     double since;           /* when it was accepted (CLOCK_MONOTONIC seconds) */
     bool done;              /* RESULT or ERROR received */
     bool delivering;        /* PAYLOAD frame queued, not yet reported written */
+    double heard_at;        /* when bytes last arrived (heartbeats) */
+    double pinged_at;       /* when we last queued a PING */
+    bool lost;              /* reported silent past the deadline */
     unsigned char nonce[DK_BC_NONCE_LEN];
     uint32_t seq_in;
     uint32_t seq_out;       /* frames we have sent after the nonce */
@@ -82,8 +100,9 @@ typedef struct {
     size_t len_have;
     unsigned char *frame;
     size_t frame_len, frame_have;
-    /* output: a small head (nonce and/or frame header), then a borrowed body */
-    unsigned char head[DK_BC_NONCE_LEN + 4 + FRAME_MIN + 4];
+    /* output: a small head (the nonce or a PING still being written, then a
+     * frame's header), then a borrowed body */
+    unsigned char head[DK_BC_NONCE_LEN + 4 + FRAME_MIN + 4 + FRAME_MIN + 4];
     size_t head_len, head_off;
     const unsigned char *body;
     size_t body_len, body_off;
@@ -93,7 +112,10 @@ struct dk_backchan_t {
     int world_size;
     dk_backchan_sink_t sink;
     char *dir;
-    char *path;
+    char *path;             /* Unix socket; NULL for TCP */
+    char *address;          /* what ranks get in DISTKERNEL_BC */
+    int port;               /* TCP only */
+    double heartbeat_s;     /* > 0: PINGs and the silence deadline */
     int listen_fd;
     unsigned char key[DK_BC_KEY_LEN];
     char key_hex[DK_BC_KEY_LEN * 2 + 1];
@@ -222,8 +244,77 @@ static bool listen_on(dk_backchan_t *self, char *err, size_t errlen)
     return true;
 }
 
+/* A numeric address, with its port, bound and listening; a wildcard is
+ * refused (the channel must be reachable on the cluster's network only). */
+static bool listen_tcp(dk_backchan_t *self, const char *host, int port, char *err, size_t errlen)
+{
+    struct addrinfo hints, *ai = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+    char service[16];
+    snprintf(service, sizeof service, "%d", port);
+    int rc = port < 0 || port > 65535 ? EAI_SERVICE : getaddrinfo(host, service, &hints, &ai);
+    if (rc != 0) {
+        dk_set_err(err, errlen, "the back channel's address \"%s\" port %d is not a numeric "
+                   "IPv4 or IPv6 address and port (%s); give this host's address on the "
+                   "network the nodes reach it by", host, port, gai_strerror(rc));
+        return false;
+    }
+    bool wildcard =
+        (ai->ai_family == AF_INET &&
+         ((struct sockaddr_in *) ai->ai_addr)->sin_addr.s_addr == htonl(INADDR_ANY)) ||
+        (ai->ai_family == AF_INET6 &&
+         IN6_IS_ADDR_UNSPECIFIED(&((struct sockaddr_in6 *) ai->ai_addr)->sin6_addr));
+    if (wildcard) {
+        dk_set_err(err, errlen, "the back channel's address %s would listen on every network "
+                   "this host is on; give the one address the nodes reach it by", host);
+        freeaddrinfo(ai);
+        return false;
+    }
+    int one = 1;
+    self->listen_fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    bool ok = self->listen_fd >= 0 &&
+              (ai->ai_family != AF_INET6 ||
+               setsockopt(self->listen_fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one) == 0) &&
+              bind(self->listen_fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+              listen(self->listen_fd, 128) == 0;
+    int family = ai->ai_family;
+    freeaddrinfo(ai);
+    struct sockaddr_storage bound;
+    socklen_t blen = sizeof bound;
+    if (ok)
+        ok = getsockname(self->listen_fd, (struct sockaddr *) &bound, &blen) == 0;
+    if (!ok) {
+        dk_set_err(err, errlen, "cannot listen for ranks on %s port %d: %s (is it an address "
+                   "of this host?)", host, port, strerror(errno));
+        return false;
+    }
+    char text[INET6_ADDRSTRLEN];
+    const void *a = family == AF_INET6 ? (const void *) &((struct sockaddr_in6 *) &bound)->sin6_addr
+                                       : (const void *) &((struct sockaddr_in *) &bound)->sin_addr;
+    inet_ntop(family, a, text, sizeof text);
+    self->port = ntohs(family == AF_INET6 ? ((struct sockaddr_in6 *) &bound)->sin6_port
+                                          : ((struct sockaddr_in *) &bound)->sin_port);
+    if (asprintf(&self->address, family == AF_INET6 ? "tcp:[%s]:%d" : "tcp:%s:%d", text,
+                 self->port) < 0) {
+        self->address = NULL;
+        dk_set_err(err, errlen, "out of memory");
+        return false;
+    }
+    return true;
+}
+
 dk_backchan_t *dk_backchan_new(int world_size, const void *payload, size_t payload_len,
                                const dk_backchan_sink_t *sink, char *err, size_t errlen)
+{
+    return dk_backchan_new_opts(world_size, false, payload, payload_len, sink, NULL, err, errlen);
+}
+
+dk_backchan_t *dk_backchan_new_opts(int world_size, bool persistent, const void *payload,
+                                    size_t payload_len, const dk_backchan_sink_t *sink,
+                                    const dk_backchan_opts_t *opts, char *err, size_t errlen)
 {
     dk_backchan_t *self = calloc(1, sizeof *self);
     if (!self) {
@@ -256,6 +347,14 @@ dk_backchan_t *dk_backchan_new(int world_size, const void *payload, size_t paylo
     self->payload_len = payload_len;
     for (size_t i = 0; i < sizeof self->key; i++)
         snprintf(self->key_hex + 2 * i, 3, "%02x", self->key[i]);
+    self->persistent = persistent;
+    if (opts && opts->heartbeat_s > 0)
+        self->heartbeat_s = opts->heartbeat_s;
+    if (opts && opts->tcp_addr) {
+        if (!listen_tcp(self, opts->tcp_addr, opts->tcp_port, err, errlen))
+            goto fail;
+        return self;
+    }
 
     if (!(self->dir = make_dir(err, errlen)))
         goto fail;
@@ -267,6 +366,10 @@ dk_backchan_t *dk_backchan_new(int world_size, const void *payload, size_t paylo
     snprintf(self->path, plen, "%s/%s", self->dir, SOCKET_NAME);
     if (!listen_on(self, err, errlen))
         goto fail;
+    if (!(self->address = strdup(self->path))) {
+        dk_set_err(err, errlen, "out of memory");
+        goto fail;
+    }
     return self;
 fail:
     dk_backchan_destroy(&self);
@@ -276,10 +379,7 @@ fail:
 dk_backchan_t *dk_backchan_new_persistent(int world_size, const dk_backchan_sink_t *sink,
                                           char *err, size_t errlen)
 {
-    dk_backchan_t *self = dk_backchan_new(world_size, NULL, 0, sink, err, errlen);
-    if (self)
-        self->persistent = true;
-    return self;
+    return dk_backchan_new_opts(world_size, true, NULL, 0, sink, NULL, err, errlen);
 }
 
 static void conn_close(conn_t *c)
@@ -322,6 +422,7 @@ void dk_backchan_destroy(dk_backchan_t **self_p)
     free(self->conns);
     free(self->polled);
     free(self->path);
+    free(self->address);
     free(self->dir);
     free(self);
     *self_p = NULL;
@@ -330,6 +431,25 @@ void dk_backchan_destroy(dk_backchan_t **self_p)
 const char *dk_backchan_path(const dk_backchan_t *self)
 {
     return self->path;
+}
+
+const char *dk_backchan_address(const dk_backchan_t *self)
+{
+    return self->address;
+}
+
+bool dk_backchan_rank_open(const dk_backchan_t *self, int rank)
+{
+    for (size_t i = 0; i < self->nconns; i++) {
+        if (self->conns[i].fd >= 0 && self->conns[i].rank == rank)
+            return true;
+    }
+    return false;
+}
+
+int dk_backchan_port(const dk_backchan_t *self)
+{
+    return self->port;
 }
 
 const char *dk_backchan_key_hex(const dk_backchan_t *self)
@@ -417,6 +537,26 @@ static bool queue_payload(dk_backchan_t *self, conn_t *c)
     return true;
 }
 
+/* Queue a PING on C (nothing else is being written on it). */
+static bool queue_ping(dk_backchan_t *self, conn_t *c)
+{
+    unsigned char body[BODY_HEAD];
+    body[0] = DK_BC_PING;
+    put_be32(body + 1, (uint32_t) c->rank);
+    unsigned char mac[DK_BC_MAC_LEN];
+    if (!frame_mac(self, c->nonce, c->seq_out, body, sizeof body, NULL, 0, mac))
+        return false;
+    c->seq_out++;
+    put_be32(c->head, (uint32_t) (DK_BC_MAC_LEN + sizeof body));
+    memcpy(c->head + 4, mac, sizeof mac);
+    memcpy(c->head + 4 + DK_BC_MAC_LEN, body, sizeof body);
+    c->head_off = 0;
+    c->head_len = 4 + DK_BC_MAC_LEN + sizeof body;
+    c->body = NULL;
+    c->body_len = c->body_off = 0;
+    return true;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Reading                                                                   */
 
@@ -470,14 +610,25 @@ static void conn_frame(dk_backchan_t *self, conn_t *c)
         }
         return;
     }
-    if (rank != (uint32_t) c->rank)
+    if (rank != (uint32_t) c->rank) {
         refuse(self, c, "a message named another rank");
-    else if (type != DK_BC_RESULT && type != DK_BC_ERROR)
+    } else if (type == DK_BC_PING) {
+        /* Its arrival was the point (heard_at). */
+    } else if (type == DK_BC_OUTPUT) {
+        int fd = body_len >= BODY_HEAD + 2 ? body[BODY_HEAD] : 0;
+        if ((fd != 1 && fd != 2) || body_len - BODY_HEAD - 2 > DK_BC_OUTPUT_MAX)
+            refuse(self, c, "it sent output that is not for fd 1 or 2, or more than 64 KiB "
+                   "in one message");
+        else if (self->sink.on_output)
+            self->sink.on_output(self->sink.data, c->rank, fd, body + BODY_HEAD + 2,
+                                 body_len - BODY_HEAD - 2,
+                                 (body[BODY_HEAD + 1] & DK_BC_OUTPUT_CAUGHT_UP) != 0);
+    } else if (type != DK_BC_RESULT && type != DK_BC_ERROR)
         refuse(self, c, "it sent a message of an unexpected type");
     else if (c->done)
         refuse(self, c, self->persistent ? "it answered with no task waiting for an answer"
                                          : "it sent a second result");
-    else if (self->persistent && conn_has_output(c))
+    else if (self->persistent && c->delivering)
         /* An answer before its TASK has been read in full is not an answer to
          * it; and the TASK still being written must not be freed or queued
          * over by the next round. */
@@ -545,6 +696,7 @@ static void conn_read(dk_backchan_t *self, conn_t *c, size_t budget)
             return;
         }
         budget -= (size_t) n;
+        c->heard_at = dk_now_s();
         if (!c->frame) {
             c->len_have += (size_t) n;
             if (c->len_have == sizeof c->len_buf && !conn_frame_start(self, c))
@@ -603,6 +755,16 @@ double dk_backchan_deadline(const dk_backchan_t *self)
     if (!free_slot((dk_backchan_t *) self, &oldest) && oldest &&
         oldest->since + EVICT_AFTER_S < next)
         next = oldest->since + EVICT_AFTER_S;
+    for (size_t i = 0; self->heartbeat_s > 0 && i < self->nconns; i++) {
+        const conn_t *c = &self->conns[i];
+        if (c->fd < 0 || c->rank < 0)
+            continue;
+        double ping = c->pinged_at + DK_BC_PING_S, silent = c->heard_at + self->heartbeat_s;
+        if (!conn_has_output(c) && (next < 0 || ping < next))
+            next = ping;
+        if (!c->lost && (next < 0 || silent < next))
+            next = silent;
+    }
     return next;
 }
 
@@ -642,7 +804,12 @@ static void accept_all(dk_backchan_t *self)
         conn_close(slot);
         slot->fd = fd;
         slot->rank = -1;
-        slot->since = dk_now_s();
+        slot->since = slot->heard_at = slot->pinged_at = dk_now_s();
+        if (self->port) {
+            /* Frames are small and answered at once: no Nagle delay. */
+            int one = 1;
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        }
         if (RAND_bytes(slot->nonce, sizeof slot->nonce) != 1) {
             refuse(self, slot, "OpenSSL could not make a nonce");
             continue;
@@ -656,9 +823,41 @@ static void accept_all(dk_backchan_t *self)
 /* ------------------------------------------------------------------------ */
 /* Polling                                                                   */
 
+/* Heartbeats: a PING to each rank that is due one, and the report of a rank
+ * silent past the deadline. */
+static void heartbeat(dk_backchan_t *self)
+{
+    if (self->heartbeat_s <= 0)
+        return;
+    double now = dk_now_s();
+    for (size_t i = 0; i < self->nconns; i++) {
+        conn_t *c = &self->conns[i];
+        if (c->fd < 0 || c->rank < 0)
+            continue;
+        /* Bytes waiting unread are not silence: this loop was what was busy. */
+        unsigned char peek;
+        if (!c->lost && now - c->heard_at > self->heartbeat_s &&
+            recv(c->fd, &peek, 1, MSG_PEEK | MSG_DONTWAIT) > 0)
+            c->heard_at = now;
+        if (!c->lost && now - c->heard_at > self->heartbeat_s) {
+            c->lost = true;
+            if (self->sink.on_lost)
+                self->sink.on_lost(self->sink.data, c->rank, now - c->heard_at);
+        }
+        if (c->fd >= 0 && now >= c->pinged_at + DK_BC_PING_S && !conn_has_output(c)) {
+            c->pinged_at = now;
+            if (!queue_ping(self, c))
+                refuse(self, c, "OpenSSL could not sign a heartbeat");
+            else
+                conn_write(self, c);
+        }
+    }
+}
+
 size_t dk_backchan_poll_fill(dk_backchan_t *self, struct pollfd *fds)
 {
     expire_pending(self);
+    heartbeat(self);
     size_t n = 0;
     /* With every pending slot taken by connections too young to close, new
      * ones wait in the backlog; polling the listener then would only spin. */
@@ -724,7 +923,7 @@ int dk_backchan_send_task(dk_backchan_t *self, uint32_t round, const void *paylo
         conn_t *c = &self->conns[i];
         if (c->fd < 0 || c->rank < 0)
             continue;
-        if (conn_has_output(c)) {
+        if (c->delivering) {
             /* Cannot happen with an honest rank (it answered the last task,
              * so it read it); a connection still owed bytes of the old copy
              * is closed rather than left pointing into freed memory. */

@@ -2,10 +2,12 @@
  * dk_backchan: the runtime's end of the authenticated back channel.
  *
  * Internal to the runtime (dk_job drives it from its poll loop); the wire
- * protocol is specified in dk_job.h. The channel owns a listening Unix socket in
- * a fresh 0700 directory, the job's key, one copy of the payload, and every
- * connection. It never blocks: the job's loop polls the descriptors that
- * dk_backchan_poll_fill lists and hands the results to dk_backchan_poll_handle.
+ * protocol is specified in dk_job.h. The channel owns a listening socket (a
+ * Unix socket in a fresh 0700 directory, or, for ranks on other nodes, a TCP
+ * socket bound to one given address), the job's key, one copy of the payload,
+ * and every connection. It never blocks: the job's loop polls the descriptors
+ * that dk_backchan_poll_fill lists and hands the results to
+ * dk_backchan_poll_handle.
  */
 #ifndef DK_BACKCHAN_H
 #define DK_BACKCHAN_H
@@ -21,7 +23,20 @@ enum {
     DK_BC_RESULT = 3,
     DK_BC_ERROR = 4,
     DK_BC_TASK = 5,
+    DK_BC_OUTPUT = 6,   /* rank -> runtime: u8 fd | u8 flags | bytes */
+    DK_BC_PING = 7,     /* either way, empty: I am here */
 };
+
+/* OUTPUT flags: the rank's read found nothing more waiting on that fd. */
+#define DK_BC_OUTPUT_CAUGHT_UP 0x01
+/* The most bytes of output one OUTPUT frame carries (after fd and flags), so a
+ * rank's flood is interleaved with its heartbeats and reaches the sink in
+ * pieces of the size a pipe read gives. */
+#define DK_BC_OUTPUT_MAX ((size_t) 64 << 10)
+/* Heartbeats: each side sends a PING every DK_BC_PING_S while connected; a
+ * peer silent for longer than its deadline is lost (default below). */
+#define DK_BC_PING_S 1.0
+#define DK_BC_HEARTBEAT_DEFAULT_S 5.0
 
 #define DK_BC_KEY_LEN 32
 #define DK_BC_NONCE_LEN 32
@@ -53,7 +68,26 @@ typedef struct {
     /* Persistent channels only: RANK's HELLO verified (it is ready for tasks).
      * May be NULL. */
     void (*on_hello)(void *data, int rank);
+    /* RANK's OUTPUT frame: BYTES it wrote to FD (1 or 2), valid during the
+     * call; CAUGHT_UP when the rank had nothing more waiting. May be NULL. */
+    void (*on_output)(void *data, int rank, int fd, const void *bytes, size_t len,
+                      bool caught_up);
+    /* Heartbeats only: RANK's connection has been silent for SILENT_S, past
+     * the deadline. Told once per connection. May be NULL. */
+    void (*on_lost)(void *data, int rank, double silent_s);
 } dk_backchan_sink_t;
+
+/* How a channel listens. Zeroed (or NULL): today's local channel, a Unix
+ * socket and no heartbeats. */
+typedef struct {
+    /* Listen on TCP, bound to this numeric IPv4 or IPv6 address only (never a
+     * wildcard: "0.0.0.0" and "::" are refused). NULL: a Unix socket. */
+    const char *tcp_addr;
+    int tcp_port;           /* with tcp_addr: 0 for an ephemeral port */
+    /* > 0: send every connected rank a PING each DK_BC_PING_S and report one
+     * silent for longer than this (on_lost). */
+    double heartbeat_s;
+} dk_backchan_opts_t;
 
 typedef struct dk_backchan_t dk_backchan_t;
 
@@ -67,6 +101,13 @@ dk_backchan_t *dk_backchan_new(int world_size, const void *payload, size_t paylo
 dk_backchan_t *dk_backchan_new_persistent(int world_size, const dk_backchan_sink_t *sink,
                                           char *err, size_t errlen);
 
+/* Either of the above (PERSISTENT picks), listening as OPTS says (NULL: a Unix
+ * socket). Returns NULL with a reason in ERR: an address that is not numeric,
+ * a wildcard, or one this host does not have (bind fails) is named there. */
+dk_backchan_t *dk_backchan_new_opts(int world_size, bool persistent, const void *payload,
+                                    size_t payload_len, const dk_backchan_sink_t *sink,
+                                    const dk_backchan_opts_t *opts, char *err, size_t errlen);
+
 /* Persistent channels: queue a TASK frame (u32 ROUND, then PAYLOAD, copied) to
  * every connected rank; from now on each may send one RESULT or ERROR, which
  * must name ROUND. Call only when the previous round's frames were all written
@@ -78,15 +119,24 @@ int dk_backchan_send_task(dk_backchan_t *self, uint32_t round, const void *paylo
 /* Close every descriptor, remove the socket and its directory, wipe the key. */
 void dk_backchan_destroy(dk_backchan_t **self_p);
 
-/* The socket's path and the key as 64 hex digits (borrowed). */
+/* The socket's path (NULL for TCP) and the key as 64 hex digits (borrowed). */
 const char *dk_backchan_path(const dk_backchan_t *self);
+/* What a rank is given in DISTKERNEL_BC to connect (borrowed): the socket's
+ * path, or "tcp:ADDR:PORT" ("tcp:[ADDR]:PORT" for IPv6). */
+const char *dk_backchan_address(const dk_backchan_t *self);
+/* Whether RANK has a connection (it said HELLO) that is still open. */
+bool dk_backchan_rank_open(const dk_backchan_t *self, int rank);
+
+/* The TCP port listened on, or 0 for a Unix socket. */
+int dk_backchan_port(const dk_backchan_t *self);
 const char *dk_backchan_key_hex(const dk_backchan_t *self);
 
 /* Most pollfd entries dk_backchan_poll_fill can write. */
 size_t dk_backchan_max_fds(const dk_backchan_t *self);
 
 /* When (CLOCK_MONOTONIC seconds) the next connection waiting for its HELLO
- * runs out of time, or -1 if none waits: the poll must wake by then. */
+ * runs out of time, or the next heartbeat is due or missed, or -1 if none:
+ * the poll must wake by then. */
 double dk_backchan_deadline(const dk_backchan_t *self);
 
 /* Write the descriptors to poll into FDS; returns how many. Connections past

@@ -82,7 +82,7 @@ extern char **environ;
 #define PIPE_BUDGET ((size_t) 1 << 20)      /* bytes per pipe per poll turn */
 #define REAP_DRAIN_BUDGET ((size_t) 16 << 20)
 #define NO_PIDFD_TICK_MS 50                 /* kernels before 5.3: poll waitpid */
-#define ENV_VARS 19
+#define ENV_VARS 20
 
 typedef struct {
     pid_t pid;
@@ -99,6 +99,12 @@ typedef struct {
     bool failed;            /* failed on its own, before any stop signal */
     bool was_exiting;       /* resolve_failure's note: exiting, unanswered */
     bool interrupted;       /* persistent: sent SIGINT this round */
+    char *host;             /* its node, for what is said when it is lost */
+    bool lost;              /* silent past the heartbeat deadline; guarded */
+    bool deferred;          /* collected, its verdict waiting (see reap) */
+    double deferred_until;
+    int deferred_status;
+    bool deferred_known;
     /* guarded by job->lock */
     dk_rank_state_t state;
     int exit_code;
@@ -134,6 +140,7 @@ struct dk_job_t {
     bool persistent;
     double idle_timeout_s;
     char *warm_socket;          /* spec.warm_socket (copied), or NULL */
+    double heartbeat_s;         /* > 0: ranks over TCP, with heartbeats */
     pthread_mutex_t log_lock;   /* the ranks' log objects: swapped between rounds */
     bool round_active;
     dk_job_end_t round_end;
@@ -471,6 +478,34 @@ static void bc_hello(void *data, int r)
 }
 
 static void drain_pipe(dk_job_t *job, int r, int which, size_t budget);
+static void judge(dk_job_t *job, int r, int status, bool known);
+static void deliver(dk_job_t *job, int r, int fd, const char *buf, size_t n);
+
+/* A remote rank's output: the same path as a pipe's. */
+static void bc_output(void *data, int r, int fd, const void *bytes, size_t len, bool caught_up)
+{
+    dk_job_t *job = data;
+    if (len > 0)
+        deliver(job, r, fd, bytes, len);
+    if (caught_up && job->sink.on_caught_up)
+        job->sink.on_caught_up(job->sink.data, r, fd);
+}
+
+/* Rank R's connection went silent: it is lost, and that is a failure. */
+static void bc_lost(void *data, int r, double silent_s)
+{
+    dk_job_t *job = data;
+    rank_t *rk = &job->ranks[r];
+    if (rk->reaped && !rk->deferred)
+        return;
+    pthread_mutex_lock(&job->lock);
+    rk->lost = true;
+    pthread_mutex_unlock(&job->lock);
+    warn(job, "rank %d on %s lost: nothing heard from it for %.1f s", r, rk->host, silent_s);
+    if (job->sink.on_lost)
+        job->sink.on_lost(job->sink.data, r, rk->host);
+    note_failure(job, r);
+}
 
 /* A persistent job's rank answered the round. */
 static void round_message(dk_job_t *job, int r, bool is_error, const void *bytes, size_t len)
@@ -568,6 +603,17 @@ static void close_logs(dk_job_t *job)
     pthread_mutex_unlock(&job->log_lock);
 }
 
+/* Rank R's output on FD (1 or 2), from its pipe or its OUTPUT frames: to the
+ * log and the sink. */
+static void deliver(dk_job_t *job, int r, int fd, const char *buf, size_t n)
+{
+    pthread_mutex_lock(&job->log_lock);
+    log_bytes(job, r, buf, n);
+    pthread_mutex_unlock(&job->log_lock);
+    if (job->sink.on_output)
+        job->sink.on_output(job->sink.data, r, fd, buf, n);
+}
+
 /* Read pipe WHICH of rank R until EAGAIN, EOF or BUDGET bytes. */
 static void drain_pipe(dk_job_t *job, int r, int which, size_t budget)
 {
@@ -586,11 +632,7 @@ static void drain_pipe(dk_job_t *job, int r, int which, size_t budget)
             close_fd(&rk->pipe_fd[which]);
             return;
         }
-        pthread_mutex_lock(&job->log_lock);
-        log_bytes(job, r, buf, (size_t) n);
-        pthread_mutex_unlock(&job->log_lock);
-        if (job->sink.on_output)
-            job->sink.on_output(job->sink.data, r, which + 1, buf, (size_t) n);
+        deliver(job, r, which + 1, buf, (size_t) n);
         budget -= (size_t) n < budget ? (size_t) n : budget;
     }
 }
@@ -629,6 +671,41 @@ static void reap(dk_job_t *job, int r)
 
     rk->reaped = true;
     close_fd(&rk->pidfd);
+    /* A launcher (srun) that exits on its own while its rank's connection is
+     * still open and unanswered may be telling of a lost node before the
+     * heartbeats can: its verdict waits until the connection closes, goes
+     * silent past the deadline (then the rank is lost), or the deadline
+     * passes. */
+    if (job->heartbeat_s > 0 && !rk->reported && !rk->signalled && !rk->lost &&
+        dk_backchan_rank_open(job->chan, r)) {
+        rk->deferred = true;
+        /* The backchannel judges silence at the start of a poll turn, this
+         * verdict at its end: give the heartbeats a ping's margin to speak first. */
+        rk->deferred_until = dk_now_s() + job->heartbeat_s + DK_BC_PING_S;
+        rk->deferred_status = status;
+        rk->deferred_known = known;
+        return;
+    }
+    judge(job, r, status, known);
+}
+
+/* Rank R's deferred verdict is due (see reap). */
+static void judge_deferred(dk_job_t *job)
+{
+    for (int r = 0; r < job->world_size; r++) {
+        rank_t *rk = &job->ranks[r];
+        if (rk->deferred && (rk->lost || !dk_backchan_rank_open(job->chan, r) ||
+                             dk_now_s() >= rk->deferred_until)) {
+            rk->deferred = false;
+            judge(job, r, rk->deferred_status, rk->deferred_known);
+        }
+    }
+}
+
+/* Rank R has been collected with STATUS (KNOWN: by us): its verdict. */
+static void judge(dk_job_t *job, int r, int status, bool known)
+{
+    rank_t *rk = &job->ranks[r];
     job->unreaped--;
     job->last_reap_at = dk_now_s();
     bool clean = known && WIFEXITED(status) && WEXITSTATUS(status) == 0;
@@ -719,6 +796,12 @@ static int poll_timeout_ms(const dk_job_t *job)
     for (int r = 0; r < job->world_size; r++) {
         if (!job->ranks[r].reaped && job->ranks[r].pidfd < 0 && (ms < 0 || ms > NO_PIDFD_TICK_MS))
             ms = NO_PIDFD_TICK_MS;
+        if (job->ranks[r].deferred) {
+            double wait = (job->ranks[r].deferred_until - dk_now_s()) * 1000.0 + 1;
+            int d = wait <= 0 ? 0 : wait > 60000 ? 60000 : (int) wait;
+            if (ms < 0 || d < ms)
+                ms = d;
+        }
     }
     return ms;
 }
@@ -790,6 +873,7 @@ static void loop_once(dk_job_t *job)
         if (!job->ranks[r].reaped && job->ranks[r].pidfd < 0)
             reap(job, r);
     }
+    judge_deferred(job);
     resolve_failure(job);
     escalate(job);
 }
@@ -875,6 +959,12 @@ static bool check_spec(const dk_job_spec_t *spec, char *err, size_t errlen)
         dk_set_err(err, errlen, "no rank executable was given");
     else if (!spec->persistent && spec->payload_len > 0 && !spec->payload)
         dk_set_err(err, errlen, "payload_len is %zu but payload is NULL", spec->payload_len);
+    else if (spec->bc_tcp_addr && spec->heartbeat_s > 0 &&
+             spec->heartbeat_s < 2 * DK_BC_PING_S)
+        /* One late PING must not make a rank lost. */
+        dk_set_err(err, errlen, "heartbeat_s is %g; it must be at least %g (a PING goes every "
+                   "%g s) or 0 for the default of %g", spec->heartbeat_s, 2 * DK_BC_PING_S,
+                   DK_BC_PING_S, DK_BC_HEARTBEAT_DEFAULT_S);
     else if (spec->payload_len > DK_BC_PAYLOAD_MAX)
         dk_set_err(err, errlen, "the payload is %zu bytes; a job can carry at most 1 GiB to its "
                    "ranks (pass large data through files instead)", spec->payload_len);
@@ -892,6 +982,7 @@ static void job_free(dk_job_t *job)
         close_fd(&rk->pipe_fd[1]);
         dk_logfile_close(&rk->log);
         free(rk->log_path);
+        free(rk->host);
     }
     dk_spawn_sentinel_end(&job->sentinel_pid, &job->sentinel_fd);
     dk_backchan_destroy(&job->chan);
@@ -972,12 +1063,14 @@ static bool start_rank(dk_job_t *job, int r, const char *program, char *const ar
     SETF("TORCHELASTIC_RESTART_COUNT=0");
     SETF("TORCHELASTIC_MAX_RESTARTS=0");
     SETF("DISTKERNEL_BC_KEY=%s", dk_backchan_key_hex(job->chan));
+    if (job->heartbeat_s > 0)
+        SETF("DISTKERNEL_BC_HEARTBEAT=%g", job->heartbeat_s);
     if (!dk_spawn_env_get(base, "OMP_NUM_THREADS"))
         SETF("OMP_NUM_THREADS=1");
 #undef SETF
     /* Paths can be long: these two point at strings that outlive the call. */
     char *bc = NULL, *log = NULL;
-    if (asprintf(&bc, "DISTKERNEL_BC=%s", dk_backchan_path(job->chan)) < 0)
+    if (asprintf(&bc, "DISTKERNEL_BC=%s", dk_backchan_address(job->chan)) < 0)
         bc = NULL;
     if (asprintf(&log, "DISTKERNEL_LOG=%s", rk->log_path) < 0)
         log = NULL;
@@ -1086,11 +1179,21 @@ static dk_job_t *job_alloc(const dk_job_spec_t *spec, const dk_sink_t *sink)
         job_free(job);
         return NULL;
     }
+    if (spec->bc_tcp_addr)
+        job->heartbeat_s = spec->heartbeat_s > 0 ? spec->heartbeat_s : DK_BC_HEARTBEAT_DEFAULT_S;
     for (int r = 0; r < spec->world_size; r++) {
         rank_t *rk = &job->ranks[r];
         rk->pid = -1;
         rk->pidfd = rk->pipe_fd[0] = rk->pipe_fd[1] = -1;
         rk->exit_code = -1;
+    }
+    for (int r = 0; r < spec->world_size; r++) {
+        const char *host = spec->rank_hosts && spec->rank_hosts[r] ? spec->rank_hosts[r]
+                                                                   : "localhost";
+        if (!(job->ranks[r].host = strdup(host))) {
+            job_free(job);
+            return NULL;
+        }
     }
     return job;
 }
@@ -1126,11 +1229,13 @@ dk_job_t *dk_job_start(const dk_job_spec_t *spec, const dk_sink_t *sink, char *e
     }
     if (!open_log_dir(job, err, errlen))
         goto fail;
-    dk_backchan_sink_t bcsink = {job, bc_delivered, bc_message, bc_warning, bc_hello};
-    job->chan = spec->persistent
-                    ? dk_backchan_new_persistent(spec->world_size, &bcsink, err, errlen)
-                    : dk_backchan_new(spec->world_size, spec->payload, spec->payload_len,
-                                      &bcsink, err, errlen);
+    dk_backchan_sink_t bcsink = {job,       bc_delivered, bc_message, bc_warning,
+                                 bc_hello,  bc_output,    bc_lost};
+    dk_backchan_opts_t opts = {spec->bc_tcp_addr, spec->bc_tcp_port, 0};
+    if (spec->bc_tcp_addr)
+        opts.heartbeat_s = spec->heartbeat_s > 0 ? spec->heartbeat_s : DK_BC_HEARTBEAT_DEFAULT_S;
+    job->chan = dk_backchan_new_opts(spec->world_size, spec->persistent, spec->payload,
+                                     spec->payload_len, &bcsink, &opts, err, errlen);
     if (!job->chan || (job->master_port = dk_spawn_free_port(err, errlen)) < 0)
         goto fail;
     unsigned char id[16];
@@ -1161,7 +1266,19 @@ dk_job_t *dk_job_start(const dk_job_spec_t *spec, const dk_sink_t *sink, char *e
     const char *const *base = spec->env ? spec->env : (const char *const *) environ;
     job->started_at = dk_now_s();
     for (int r = 0; r < spec->world_size; r++) {
-        if (!start_rank(job, r, program, argv, base, run_id, err, errlen))
+        bool ok;
+        if (spec->rank_commands && spec->rank_commands[r]) {
+            /* Through a launcher (srun on another node): its own program. */
+            char *const *cmd = (char *const *) spec->rank_commands[r];
+            char *launcher = cmd[0] ? dk_spawn_find_program(cmd[0], err, errlen) : NULL;
+            if (!cmd[0])
+                dk_set_err(err, errlen, "rank %d's command is empty", r);
+            ok = launcher && start_rank(job, r, launcher, cmd, base, run_id, err, errlen);
+            free(launcher);
+        } else {
+            ok = start_rank(job, r, program, argv, base, run_id, err, errlen);
+        }
+        if (!ok)
             goto fail;
     }
     /* What a rank starts (a subprocess, a DataLoader's workers) ends with the
@@ -1316,6 +1433,84 @@ int dk_job_rank_signal(dk_job_t *job, int rank)
 int dk_job_rank_pid(dk_job_t *job, int rank)
 {
     return rank_ok(job, rank) ? (int) job->ranks[rank].pid : -1;
+}
+
+bool dk_job_rank_lost(dk_job_t *job, int rank)
+{
+    if (!rank_ok(job, rank))
+        return false;
+    pthread_mutex_lock(&job->lock);
+    bool lost = job->ranks[rank].lost;
+    pthread_mutex_unlock(&job->lock);
+    return lost;
+}
+
+/* Append to BUF (of LEN, holding *AT bytes) as snprintf would, never past it. */
+static void put(char *buf, size_t len, size_t *at, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void put(char *buf, size_t len, size_t *at, const char *fmt, ...)
+{
+    if (*at >= len)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf + *at, len - *at, fmt, ap);
+    va_end(ap);
+    *at = n < 0 ? len : *at + (size_t) n;
+}
+
+void dk_job_lost_summary(dk_job_t *job, char *buf, size_t len)
+{
+    if (!buf || len == 0)
+        return;
+    buf[0] = '\0';
+    size_t at = 0;
+    int n = job->world_size;
+    bool *lost = calloc((size_t) n, sizeof *lost), *said = calloc((size_t) n, sizeof *said);
+    if (!lost || !said) {
+        free(lost);
+        free(said);
+        return;
+    }
+    pthread_mutex_lock(&job->lock);
+    for (int r = 0; r < n; r++)
+        lost[r] = job->ranks[r].lost;
+    pthread_mutex_unlock(&job->lock);
+    /* One entry per node, in the order of its first lost rank; its lost
+     * ranks as runs ("4-7", "8, 10-11"). */
+    for (int r = 0; r < n; r++) {
+        if (!lost[r] || said[r])
+            continue;
+        const char *host = job->ranks[r].host;
+        int count = 0;
+        for (int q = r; q < n; q++)
+            count += lost[q] && !strcmp(job->ranks[q].host, host);
+        put(buf, len, &at, "%s%s lost (rank%s ", at ? "; " : "", host, count > 1 ? "s" : "");
+        bool first = true;
+        for (int q = r; q < n; q++) {
+            if (!lost[q] || said[q] || strcmp(job->ranks[q].host, host))
+                continue;
+            int end = q;
+            while (end + 1 < n && lost[end + 1] && !strcmp(job->ranks[end + 1].host, host))
+                end++;
+            for (int k = q; k <= end; k++)
+                said[k] = true;
+            if (end == q)
+                put(buf, len, &at, "%s%d", first ? "" : ", ", q);
+            else
+                put(buf, len, &at, "%s%d-%d", first ? "" : ", ", q, end);
+            first = false;
+        }
+        put(buf, len, &at, ")");
+    }
+    free(lost);
+    free(said);
+}
+
+const char *dk_job_bc_address(dk_job_t *job)
+{
+    return dk_backchan_address(job->chan);
 }
 
 const char *dk_job_log_dir(dk_job_t *job)

@@ -30,6 +30,25 @@
  * 4 ERROR (rank -> runtime: opaque bytes, a description of the rank's exception).
  * A rank sends exactly one RESULT or ERROR and then exits.
  *
+ * Ranks on other nodes (spec.bc_tcp_addr). The runtime listens on TCP, bound
+ * to that one address, and DISTKERNEL_BC is "tcp:ADDR:PORT" ("tcp:[ADDR]:PORT"
+ * for IPv6); the key still travels only in the environment. Frames are as
+ * above, and two more types are used:
+ *     6 OUTPUT (rank -> runtime: u8 fd (1 or 2) | u8 flags | at most 64 KiB of
+ *              what the rank wrote there; flag 1: nothing more was waiting)
+ *     7 PING   (either way, empty payload)
+ * A rank there captures its own fd 1 and 2 (C-level writes and its children's
+ * included) and sends them as OUTPUT frames, which reach on_output, the logs
+ * and on_caught_up exactly as pipe output does; it sends every OUTPUT frame
+ * for what it wrote before its RESULT or ERROR, and after that shuts down its
+ * side and waits for the runtime to close, so nothing it sent is still in
+ * flight when its exit is judged. Both sides send a PING every second
+ * (DK_BC_PING_S) while connected. A rank whose connection is silent for
+ * longer than spec.heartbeat_s is lost: a failure (the first is the root
+ * cause; on_lost, dk_job_lost_summary); a rank whose runtime is silent that
+ * long ends itself and its process group (DISTKERNEL_BC_HEARTBEAT gives it
+ * the deadline), so a host killed by SIGKILL leaves no rank on any node.
+ *
  * Persistent jobs (spec.persistent) keep their ranks between rounds. The runtime
  * sends nothing at HELLO; each round (dk_job_submit) it sends every rank
  *     5 TASK (runtime -> rank: u32 round | the round's payload bytes)
@@ -104,6 +123,9 @@ typedef struct {
      * the pipe empty). May be NULL. Tells a line the rank left unfinished from
      * one whose rest is still in the pipe behind a busy reader. */
     void (*on_caught_up)(void *data, int rank, int fd);
+    /* RANK, on HOST (spec.rank_hosts, or "localhost"), has been silent past
+     * the heartbeat deadline: it is lost and counts as failed. May be NULL. */
+    void (*on_lost)(void *data, int rank, const char *host);
 } dk_sink_t;
 
 typedef struct {
@@ -138,6 +160,24 @@ typedef struct {
      * group, pipes and exit status, judged and stopped as any rank. A rank the
      * template refuses starts cold and says why in warm.log in the log folder. */
     const char *warm_socket;
+    /* Ranks on other nodes: listen on TCP bound to this numeric address only
+     * (bc_tcp_port, 0: ephemeral), with heartbeats (see the top). NULL: a Unix
+     * socket and no heartbeats, as for ranks on this node. */
+    const char *bc_tcp_addr;
+    int bc_tcp_port;
+    /* The silence deadline: >= 2 * DK_BC_PING_S; <= 0: DK_BC_HEARTBEAT_DEFAULT_S. */
+    double heartbeat_s;
+    /* Each rank's node name, for what is said when ranks are lost (NULL:
+     * every rank is "localhost"). world_size entries, copied. */
+    const char *const *rank_hosts;
+    /* Ranks started through a launcher (srun in an allocation, on another
+     * node): rank R runs rank_commands[R] (an argv; [0] is looked up on PATH)
+     * in place of rank_exe and rank_argv, with the same environment (the
+     * launcher passes it on: srun --export=ALL). The runtime sees, signals and
+     * judges the launcher process; output and results come over the back
+     * channel (use bc_tcp_addr). NULL, or a NULL entry: that rank runs
+     * rank_exe here. */
+    const char *const *const *rank_commands;
 } dk_job_spec_t;
 
 typedef struct dk_job_t dk_job_t;
@@ -171,6 +211,17 @@ bool dk_job_rank_log_complete(dk_job_t *job, int rank);
 bool dk_job_rank_log_capped(dk_job_t *job, int rank);
 int dk_job_rank_signal(dk_job_t *job, int rank);        /* 0 if none */
 int dk_job_rank_pid(dk_job_t *job, int rank);
+
+/* Whether RANK was lost (silent past the heartbeat deadline). */
+bool dk_job_rank_lost(dk_job_t *job, int rank);
+
+/* The lost ranks grouped by node, for the user: "node2 lost (ranks 4-7)",
+ * "node2 lost (rank 4); node3 lost (ranks 8, 10-11)". Empty when none was
+ * lost. Truncated to fit BUF. */
+void dk_job_lost_summary(dk_job_t *job, char *buf, size_t len);
+
+/* The address ranks were given in DISTKERNEL_BC (borrowed). */
+const char *dk_job_bc_address(dk_job_t *job);
 
 /* The directory holding rank-N.log (borrowed). */
 const char *dk_job_log_dir(dk_job_t *job);

@@ -5,20 +5,41 @@ u32 seq | body),  body = u8 type | u32 rank | payload. The nonce is what the
 runtime writes first on the connection; seq counts this side's frames.
 A persistent job sends TASK frames (u32 round | payload) instead of one
 PAYLOAD, and each answer's payload starts with that u32 round.
+
+Over TCP (DISTKERNEL_BC=tcp:HOST:PORT, ranks on another node than the
+kernel), once the rank has said HELLO a thread of this module carries the
+rest: it replaces fd 1 and 2 with pipes and sends what they get (C-level
+writes and children's included) as OUTPUT frames; it sends a PING every
+second and reads the kernel's frames, so that a kernel silent for longer than
+DISTKERNEL_BC_HEARTBEAT seconds (killed, its node gone) ends this rank and its
+process group; and an answer (RESULT, ERROR) goes only after every byte
+written to fd 1 and 2 before it. Closing shuts down our side and waits for the
+kernel's close, so nothing sent is still in flight when the rank exits.
 """
 
+import collections
 import hashlib
 import hmac
+import os
+import select
+import signal
 import socket
 import struct
+import threading
+import time
 
-HELLO, PAYLOAD, RESULT, ERROR, TASK = 1, 2, 3, 4, 5
+HELLO, PAYLOAD, RESULT, ERROR, TASK, OUTPUT, PING = 1, 2, 3, 4, 5, 6, 7
 MAC_LEN = 32
 # The protocol's one size limit, as runtime/dk_backchan.h has it (and
 # tests/unit/test_job.c checks): the bytes after a frame's u8 type | u32 rank,
 # either way. A frame's length field covers the MAC, type, rank and those.
 PAYLOAD_MAX = 1 << 30
 MAX_FRAME = MAC_LEN + 5 + PAYLOAD_MAX
+# OUTPUT frames: u8 fd | u8 flags | at most OUTPUT_MAX bytes (dk_backchan.h).
+OUTPUT_MAX = 64 << 10
+OUTPUT_CAUGHT_UP = 0x01
+PING_S = 1.0
+HEARTBEAT_DEFAULT_S = 5.0
 
 
 class BackChannelError(Exception):
@@ -29,15 +50,35 @@ class ChannelClosed(BackChannelError):
     """The kernel closed the channel: how started ranks are told to stop."""
 
 
+def parse_address(address):
+    """("unix", path) or ("tcp", (host, port)) from DISTKERNEL_BC."""
+    if not address.startswith("tcp:"):
+        return "unix", address
+    host, _, port = address[4:].rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host or not port.isdigit():
+        raise BackChannelError(f"DISTKERNEL_BC={address!r} is not tcp:HOST:PORT")
+    return "tcp", (host, int(port))
+
+
 class BackChannel:
     def __init__(self, path, key, rank):
         self.key = key
         self.rank = rank
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(path)
+        kind, where = parse_address(path)
+        if kind == "tcp":
+            self.sock = socket.create_connection(where)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        else:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.connect(where)
+        self.remote = kind == "tcp"
         self.nonce = self._recv_exact(32)
         self.send_seq = 0
         self.recv_seq = 0
+        self._send_lock = threading.Lock()
+        self._remote = None
 
     def _recv_exact(self, n):
         chunks, left = [], n
@@ -60,23 +101,229 @@ class BackChannel:
         if len(payload) > PAYLOAD_MAX:
             raise BackChannelError(f"a message of {len(payload)} bytes is more than the back "
                                    f"channel carries ({PAYLOAD_MAX} bytes)")
-        body = struct.pack(">BI", kind, self.rank) + bytes(payload)
-        mac = self._mac(self.send_seq, body)
-        self.send_seq += 1
-        self.sock.sendall(struct.pack(">I", len(mac) + len(body)) + mac + body)
+        if self._remote is not None and kind in (RESULT, ERROR):
+            self._remote.flush_output()     # what the rank wrote comes first
+        self._send(kind, payload)
+        if kind == HELLO and self.remote and self._remote is None:
+            self._remote = _Remote(self)
 
-    def recv(self):
-        (length,) = struct.unpack(">I", self._recv_exact(4))
+    def _send(self, kind, payload=b""):
+        body = struct.pack(">BI", kind, self.rank) + bytes(payload)
+        with self._send_lock:
+            mac = self._mac(self.send_seq, body)
+            self.send_seq += 1
+            frame = struct.pack(">I", len(mac) + len(body)) + mac + body
+            if self._remote is None:
+                self.sock.sendall(frame)
+            else:
+                self._remote.sendall(frame)
+
+    def _check_length(self, length):
         if length < MAC_LEN + 5 or length > MAX_FRAME:
             raise BackChannelError(f"bad frame length {length} (the protocol allows "
                                    f"{MAC_LEN + 5} to {MAX_FRAME})")
-        mac = self._recv_exact(MAC_LEN)
-        body = self._recv_exact(length - MAC_LEN)
+
+    def _open(self, mac, body):
+        """Verify one frame from the kernel; (kind, payload)."""
         if not hmac.compare_digest(mac, self._mac(self.recv_seq, body)):
             raise BackChannelError("a frame from the kernel failed authentication")
         self.recv_seq += 1
         kind, rank = struct.unpack(">BI", body[:5])
         return kind, body[5:]
 
+    def recv(self):
+        if self._remote is not None:
+            return self._remote.next_frame()
+        while True:
+            (length,) = struct.unpack(">I", self._recv_exact(4))
+            self._check_length(length)
+            mac = self._recv_exact(MAC_LEN)
+            body = self._recv_exact(length - MAC_LEN)
+            kind, payload = self._open(mac, body)
+            if kind != PING:
+                return kind, payload
+
     def close(self):
+        if self._remote is not None:
+            self._remote.close()
         self.sock.close()
+
+
+class _Remote:
+    """The thread of a rank on another node: output, heartbeats, and reading
+    the kernel's frames (see the top)."""
+
+    def __init__(self, channel):
+        self.ch = channel
+        self.deadline = float(os.environ.get("DISTKERNEL_BC_HEARTBEAT") or HEARTBEAT_DEFAULT_S)
+        self.frames = collections.deque()
+        self.cond = threading.Condition()
+        self.closed = False         # the kernel closed (or the channel broke)
+        self.error = None
+        self.closing = False        # we have shut down our side
+        self.heard_at = time.monotonic()
+        self.out_lock = threading.Lock()
+        self.inbuf = bytearray()
+        # The launcher's stderr, kept for the one line said when the kernel
+        # goes silent (fd 2 is ours from here on).
+        self.launcher_err = os.dup(2)
+        os.set_inheritable(self.launcher_err, False)
+        self.pipes = {}
+        for fd in (1, 2):
+            r, w = os.pipe()
+            os.dup2(w, fd)
+            os.close(w)
+            os.set_blocking(r, False)
+            self.pipes[fd] = r
+        self.thread = threading.Thread(target=self._run, name="distkernel-backchannel",
+                                       daemon=True)
+        self.thread.start()
+
+    def sendall(self, data):
+        """Send DATA; a kernel that takes none of it for the deadline is as
+        gone as one that says nothing (however long the whole takes)."""
+        view = memoryview(data)
+        while view:
+            try:
+                n = self.ch.sock.send(view[:1 << 20], socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                _, writable, _ = select.select([], [self.ch.sock], [], self.deadline)
+                if not writable:
+                    self._silent()
+                continue
+            view = view[n:]
+
+    # -- output --------------------------------------------------------------
+
+    def _pump(self, fd, drain):
+        """Send what fd FD's pipe holds: one read, or (DRAIN) until it is empty.
+        False once the pipe is at EOF."""
+        r = self.pipes.get(fd)
+        if r is None:
+            return False
+        with self.out_lock:
+            while True:
+                try:
+                    data = os.read(r, OUTPUT_MAX)
+                except BlockingIOError:
+                    return True
+                except InterruptedError:
+                    continue
+                if not data:
+                    os.close(r)
+                    del self.pipes[fd]
+                    return False
+                flags = OUTPUT_CAUGHT_UP if len(data) < OUTPUT_MAX else 0
+                if not self.closing:
+                    self.ch._send(OUTPUT, struct.pack(">BB", fd, flags) + data)
+                if not drain:
+                    return True
+
+    def flush_output(self):
+        for fd in (1, 2):
+            self._pump(fd, drain=True)
+
+    # -- the kernel's frames ---------------------------------------------------
+
+    def _read_socket(self):
+        try:
+            data = self.ch.sock.recv(1 << 20)
+        except (ConnectionError, OSError) as exc:
+            self._end(ChannelClosed(f"the back channel broke: {exc}"))
+            return
+        if not data:
+            self._end(None)
+            return
+        self.heard_at = time.monotonic()
+        self.inbuf += data
+        try:
+            while len(self.inbuf) >= 4:
+                (length,) = struct.unpack(">I", self.inbuf[:4])
+                self.ch._check_length(length)
+                if len(self.inbuf) < 4 + length:
+                    break
+                frame = bytes(self.inbuf[4:4 + length])
+                del self.inbuf[:4 + length]
+                kind, payload = self.ch._open(frame[:MAC_LEN], frame[MAC_LEN:])
+                if kind != PING:
+                    with self.cond:
+                        self.frames.append((kind, payload))
+                        self.cond.notify_all()
+        except BackChannelError as exc:
+            self._end(exc)
+
+    def _end(self, error):
+        with self.cond:
+            self.closed = True
+            self.error = error
+            self.cond.notify_all()
+
+    def next_frame(self):
+        with self.cond:
+            while not self.frames and not self.closed:
+                self.cond.wait()
+            if self.frames:
+                return self.frames.popleft()
+            if self.error is not None and not isinstance(self.error, ChannelClosed):
+                raise self.error
+            raise ChannelClosed("the kernel closed the back channel")
+
+    # -- the thread ------------------------------------------------------------
+
+    def _silent(self):
+        """The kernel has said nothing past the deadline: it is gone (killed,
+        its node lost, the network cut). Nothing of this rank may outlive it."""
+        msg = (f"distkernel: rank {self.ch.rank}: nothing heard from the kernel for "
+               f"{time.monotonic() - self.heard_at:.1f} s; ending this rank\n")
+        try:
+            os.write(self.launcher_err, msg.encode())
+        except OSError:
+            pass
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+        os._exit(1)
+
+    def _run(self):
+        next_ping = time.monotonic() + PING_S
+        while True:
+            with self.cond:
+                reading = not self.closed
+            if not reading and not self.pipes:
+                return
+            now = time.monotonic()
+            if now >= next_ping:
+                next_ping = now + PING_S
+                if reading and not self.closing:
+                    try:
+                        self.ch._send(PING)
+                    except OSError:
+                        pass        # its reading side says what happened
+            fds = list(self.pipes.values()) + ([self.ch.sock] if reading else [])
+            try:
+                ready, _, _ = select.select(fds, [], [],
+                                            max(0.0, next_ping - time.monotonic()))
+            except (OSError, ValueError):
+                ready = []          # a pipe closed under us by flush_output
+            if self.ch.sock in ready:
+                self._read_socket()
+            # Judged only after a look at the socket: time spent blocked in
+            # our own sends (a busy kernel) is not the kernel's silence.
+            elif reading and time.monotonic() - self.heard_at > self.deadline:
+                self._silent()
+            for fd, r in list(self.pipes.items()):
+                if r in ready:
+                    self._pump(fd, drain=False)
+
+    def close(self):
+        """Every byte written so far to fd 1 and 2, then our end, then wait
+        (up to the deadline) for the kernel to read all and close."""
+        self.flush_output()
+        with self.out_lock:
+            self.closing = True
+        try:
+            self.ch.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        end = time.monotonic() + self.deadline
+        with self.cond:
+            while not self.closed and time.monotonic() < end:
+                self.cond.wait(end - time.monotonic())

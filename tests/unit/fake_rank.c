@@ -47,13 +47,35 @@
  *                    sleep forever; "exit3" exit 3; "bad_round" RESULT naming round
  *                    N+1. The text may be "ACTION@R": that action on rank R, "result"
  *                    on the others. SIGINT between rounds is ignored; EOF exits 0.
+ *   bad_output       (Unix socket) ... an OUTPUT frame for fd 3, wait to be closed,
+ *                    print "refused as expected", exit 0 without a result
+ *   hold             ... print "hold" (on the runtime's pipe, before a TCP rank's
+ *                    output goes to frames), sleep FAKE_SLEEP_S (60) seconds, then as result
+ *   orphan_silent    ... leave a child in a session of its own holding the connection
+ *                    open and stopped (silent), print "ORPHAN pid", exit 1 (as srun
+ *                    exits when its node is cut off, the rank's connection still open)
+ *   freeze           ... print "freezing", then stop itself (SIGSTOP): silent, as a
+ *                    rank on a lost node is
+ *   spawn_writer     ... run `sh -c` that writes "child-out" to fd 1 and "child-err"
+ *                    to fd 2 and "on HOSTNAME" to fd 1 (a child's C-level writes), print "last words" to
+ *                    both just before its RESULT, then as result
+ * Over TCP (DISTKERNEL_BC=tcp:ADDR:PORT) it does what a remote rank does: after
+ * its PAYLOAD a thread sends its fd 1 and 2 as OUTPUT frames (they are pipes
+ * it reads; the runtime's pipes are no longer held), and, with
+ * DISTKERNEL_BC_HEARTBEAT set, a PING every second, reading the runtime's
+ * frames; a runtime silent past that deadline ends its process group. Before
+ * RESULT its pipes are drained; after it, it shuts down its side and waits
+ * for the runtime's close. FAKE_RANK_DEADLINE, if set, replaces the deadline
+ * the runtime gave.
  * With FAKE_PRINT_ENV set it first prints "ENV NAME=value" for the variables the
  * runtime sets, and facts about how it was started (open fds, stdin, signal
  * mask, process group).
  */
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -64,6 +86,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/time.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -73,7 +96,7 @@
 #include <openssl/evp.h>
 #include <openssl/params.h>
 
-enum { HELLO = 1, PAYLOAD = 2, RESULT = 3, ERROR = 4, TASK = 5 };
+enum { HELLO = 1, PAYLOAD = 2, RESULT = 3, ERROR = 4, TASK = 5, OUTPUT = 6, PING = 7 };
 
 static unsigned char key[32];
 static int rank, world_size;
@@ -123,6 +146,8 @@ static void mac(const unsigned char *nonce, uint32_t seq, const unsigned char *b
     EVP_MAC_free(m);
 }
 
+static void (*remote_silent_hook)(void);
+
 static void write_all(int fd, const void *buf, size_t n)
 {
     const char *p = buf;
@@ -130,6 +155,8 @@ static void write_all(int fd, const void *buf, size_t n)
         ssize_t w = write(fd, p, n);
         if (w < 0 && errno == EINTR)
             continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && remote_silent_hook)
+            remote_silent_hook();   /* SO_SNDTIMEO: not a byte taken for the deadline */
         if (w <= 0)
             die("write: %s", strerror(errno));
         p += w;
@@ -166,12 +193,48 @@ typedef struct {
     uint32_t seq_out, seq_in;
 } conn_t;
 
+static bool over_tcp(void)
+{
+    const char *a = getenv("DISTKERNEL_BC");
+    return a && !strncmp(a, "tcp:", 4);
+}
+
+/* "tcp:ADDR:PORT" or "tcp:[ADDR]:PORT": a connected TCP socket. */
+static int connect_tcp(const char *address)
+{
+    char host[128];
+    const char *colon = strrchr(address + 4, ':');
+    if (!colon)
+        die("bad address %s", address);
+    const char *h = address + 4;
+    size_t n = (size_t) (colon - h);
+    if (n >= 2 && h[0] == '[' && h[n - 1] == ']') {
+        h++;
+        n -= 2;
+    }
+    snprintf(host, sizeof host, "%.*s", (int) n, h);
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICHOST}, *ai;
+    if (getaddrinfo(host, colon + 1, &hints, &ai) != 0)
+        die("bad address %s", address);
+    int fd = socket(ai->ai_family, SOCK_STREAM, 0);
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0)
+        die("connect %s: %s", address, strerror(errno));
+    freeaddrinfo(ai);
+    return fd;
+}
+
 static conn_t connect_bc(void)
 {
     const char *path = getenv("DISTKERNEL_BC");
     if (!path)
         die("DISTKERNEL_BC is not set");
     conn_t c = {0};
+    if (over_tcp()) {
+        c.fd = connect_tcp(path);
+        if (!read_all(c.fd, c.nonce, 32))
+            die("no nonce");
+        return c;
+    }
     c.fd = socket(AF_UNIX, SOCK_STREAM, 0);
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path);
@@ -182,9 +245,12 @@ static conn_t connect_bc(void)
     return c;
 }
 
+static pthread_mutex_t send_lock = PTHREAD_MUTEX_INITIALIZER;
+
 static void send_frame(conn_t *c, int type, uint32_t r, const void *payload, size_t len,
                        bool forge)
 {
+    pthread_mutex_lock(&send_lock);
     size_t body_len = 5 + len;
     unsigned char *frame = malloc(4 + 32 + body_len);
     be32(frame, (uint32_t) (32 + body_len));
@@ -197,12 +263,14 @@ static void send_frame(conn_t *c, int type, uint32_t r, const void *payload, siz
     if (forge)
         frame[4] ^= 0x01;
     write_all(c->fd, frame, 4 + 32 + body_len);
+    pthread_mutex_unlock(&send_lock);
     free(frame);
 }
 
-/* Receive one frame; returns its payload (malloc'd) and length. */
+/* Receive one frame other than PING; returns its payload (malloc'd) and length. */
 static unsigned char *recv_frame(conn_t *c, int *type, size_t *len)
 {
+again:;
     unsigned char h[4];
     if (!read_all(c->fd, h, 4))
         die("the runtime closed the back channel");
@@ -219,6 +287,10 @@ static unsigned char *recv_frame(conn_t *c, int *type, size_t *len)
     *type = frame[32];
     if (rd32(frame + 33) != (uint32_t) rank)
         die("frame for another rank");
+    if (*type == PING) {
+        free(frame);
+        goto again;
+    }
     *len = n - 37;
     memmove(frame, frame + 37, *len);
     return frame;
@@ -360,6 +432,175 @@ static void sleep_s(double s)
     }
 }
 
+/* ------------------------------------------------------------------------ */
+/* What a rank on another node does (over TCP)                               */
+
+static struct {
+    conn_t *c;
+    int pipe[3];                /* read ends for fd 1 and 2; -1 at EOF */
+    double deadline;            /* DISTKERNEL_BC_HEARTBEAT; 0: no heartbeats */
+    pthread_mutex_t out_lock;
+    pthread_t thread;
+    volatile int stop;          /* set by main: no more reading or sending */
+} remote = {.pipe = {-1, -1, -1}, .out_lock = PTHREAD_MUTEX_INITIALIZER};
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
+}
+
+/* Send what fd FD's pipe holds: one read, or (DRAIN) until it is empty. */
+static void pump(int fd, bool drain)
+{
+    pthread_mutex_lock(&remote.out_lock);
+    unsigned char buf[2 + 65536];
+    while (remote.pipe[fd] >= 0) {
+        ssize_t n = read(remote.pipe[fd], buf + 2, sizeof buf - 2);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            break;      /* EAGAIN: empty */
+        if (n == 0) {
+            close(remote.pipe[fd]);
+            remote.pipe[fd] = -1;
+            break;
+        }
+        buf[0] = (unsigned char) fd;
+        buf[1] = (size_t) n < sizeof buf - 2 ? 1 : 0;
+        send_frame(remote.c, OUTPUT, (uint32_t) rank, buf, 2 + (size_t) n, false);
+        if (!drain)
+            break;
+    }
+    pthread_mutex_unlock(&remote.out_lock);
+}
+
+static void runtime_silent(void)
+{
+    dprintf(remote.pipe[0], "fake_rank %d: the runtime is silent; ending\n", rank);
+    killpg(getpgrp(), SIGKILL);
+}
+
+/* Read the runtime's frames (PINGs) as they come; false at EOF. */
+static bool read_runtime(unsigned char *in, size_t *have)
+{
+    ssize_t n = read(remote.c->fd, in + *have, 4096 - *have);
+    if (n <= 0)
+        return false;
+    *have += (size_t) n;
+    while (*have >= 4) {
+        uint32_t len = rd32(in);
+        if (len < 37 || len > 4096 - 4)
+            die("unexpected frame of %u bytes from the runtime", len);
+        if (*have < 4 + len)
+            break;
+        unsigned char expect[32];
+        mac(remote.c->nonce, remote.c->seq_in++, in + 4 + 32, len - 32, expect);
+        if (memcmp(expect, in + 4, 32) != 0)
+            die("the runtime's frame did not verify");
+        memmove(in, in + 4 + len, *have - 4 - len);
+        *have -= 4 + len;
+    }
+    return true;
+}
+
+static void *remote_thread(void *arg)
+{
+    (void) arg;
+    unsigned char in[4096];
+    size_t have = 0;
+    double heard = mono_s(), next_ping = heard + 1.0;
+    bool reading = true;
+    while (!remote.stop) {
+        struct pollfd p[3] = {{remote.pipe[1], POLLIN, 0}, {remote.pipe[2], POLLIN, 0},
+                              {reading ? remote.c->fd : -1, POLLIN, 0}};
+        double now = mono_s();
+        if (remote.deadline > 0 && now >= next_ping) {
+            next_ping = now + 1.0;
+            send_frame(remote.c, PING, (uint32_t) rank, NULL, 0, false);
+        }
+        int ms = (int) ((next_ping - mono_s()) * 1000) + 1;
+        int n = poll(p, 3, ms < 1 ? 1 : ms > 200 ? 200 : ms);
+        if (remote.stop)
+            break;
+        if (n > 0 && p[0].revents)
+            pump(1, false);
+        if (n > 0 && p[1].revents)
+            pump(2, false);
+        if (n > 0 && p[2].revents) {
+            reading = read_runtime(in, &have);
+            heard = mono_s();
+        }
+        /* Judged only after a look at the socket: time spent blocked in our
+         * own sends (a busy runtime) is not the runtime's silence. */
+        if (remote.deadline > 0 && reading && !(n > 0 && p[2].revents) &&
+            mono_s() - heard > remote.deadline)
+            runtime_silent();
+    }
+    return NULL;
+}
+
+/* After PAYLOAD, over TCP: fd 1 and 2 become pipes this process reads. */
+static void become_remote(conn_t *c)
+{
+    if (!over_tcp())
+        return;
+    remote.c = c;
+    const char *hb = getenv("FAKE_RANK_DEADLINE") ? getenv("FAKE_RANK_DEADLINE")
+                                                  : getenv("DISTKERNEL_BC_HEARTBEAT");
+    remote.deadline = hb ? atof(hb) : 0;
+    if (remote.deadline > 0) {
+        /* A runtime that takes nothing for the deadline is as silent as one
+         * that says nothing. */
+        struct timeval tv = {(time_t) remote.deadline,
+                             (long) ((remote.deadline - (double) (time_t) remote.deadline) * 1e6)};
+        setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        remote_silent_hook = runtime_silent;
+    }
+    remote.pipe[0] = dup(2);        /* the launcher's stderr, for the last word */
+    for (int fd = 1; fd <= 2; fd++) {
+        int p[2];
+        if (pipe(p) != 0 || dup2(p[1], fd) < 0)
+            die("pipe: %s", strerror(errno));
+        close(p[1]);
+        fcntl(p[0], F_SETFL, O_NONBLOCK);
+        remote.pipe[fd] = p[0];
+    }
+    if (pthread_create(&remote.thread, NULL, remote_thread, NULL) != 0)
+        die("pthread_create failed");
+}
+
+/* Before an answer: every byte written to fd 1 and 2 so far is sent. */
+static void remote_flush(void)
+{
+    if (remote.c) {
+        pump(1, true);
+        pump(2, true);
+    }
+}
+
+/* After the answer: our side shut down, then the runtime's close awaited, so
+ * nothing is in flight when we exit. */
+static void remote_close(conn_t *c)
+{
+    if (!remote.c) {
+        close(c->fd);
+        return;
+    }
+    remote_flush();
+    remote.stop = 1;
+    pthread_join(remote.thread, NULL);
+    shutdown(c->fd, SHUT_WR);
+    unsigned char buf[4096];
+    for (;;) {
+        struct pollfd p = {c->fd, POLLIN, 0};
+        if (poll(&p, 1, 10000) <= 0 || read(c->fd, buf, sizeof buf) <= 0)
+            break;
+    }
+    close(c->fd);
+}
+
 /* Send TYPE answering round ROUND: u32 round | TEXT. */
 static void answer(conn_t *c, int type, uint32_t round, const char *text)
 {
@@ -491,6 +732,9 @@ int main(void)
     unsigned char *payload = recv_frame(&c, &type, &len);
     if (type != PAYLOAD)
         die("expected PAYLOAD, got type %d", type);
+    if (!strcmp(mode, "hold"))
+        dprintf(1, "hold\n");
+    become_remote(&c);
     unsigned char digest[32];
     unsigned int dlen = 0;
     EVP_Digest(payload, len, digest, &dlen, EVP_sha256(), NULL);
@@ -527,6 +771,7 @@ int main(void)
     } else if (!strcmp(mode, "error") || !strcmp(mode, "error_hang")) {
         char text[64];
         int n = snprintf(text, sizeof text, "boom on rank %d", rank);
+        remote_flush();
         send_frame(&c, ERROR, (uint32_t) rank, text, (size_t) n, false);
         if (!strcmp(mode, "error_hang"))
             sleep_s(60);
@@ -591,6 +836,45 @@ int main(void)
             dprintf(1, "out %d\n", i);
             dprintf(2, "err %d\n", i);
         }
+    } else if (!strcmp(mode, "bad_output")) {
+        static const unsigned char bad[] = {3, 0, 'x'};
+        send_frame(&c, OUTPUT, (uint32_t) rank, bad, sizeof bad, false);
+        expect_closed(&c);
+        dprintf(1, "refused as expected\n");
+        return 0;
+    } else if (!strcmp(mode, "hold")) {
+        sleep_s(getenv("FAKE_SLEEP_S") ? atof(getenv("FAKE_SLEEP_S")) : 60);
+    } else if (!strcmp(mode, "orphan_silent")) {
+        /* The child must have left our group before we exit: the runtime
+         * SIGKILLs what is left in a rank's group when it reaps the rank. */
+        int left[2];
+        if (pipe(left) != 0)
+            die("pipe: %s", strerror(errno));
+        pid_t pid = fork();
+        if (pid == 0) {
+            setsid();
+            close(left[0]);
+            close(left[1]);     /* EOF: it is in a session of its own */
+            raise(SIGSTOP);
+            _exit(0);
+        }
+        close(left[1]);
+        char b;
+        while (read(left[0], &b, 1) < 0 && errno == EINTR)
+            ;
+        close(left[0]);
+        dprintf(1, "ORPHAN %d\n", (int) pid);
+        remote_flush();
+        _exit(1);
+    } else if (!strcmp(mode, "freeze")) {
+        dprintf(1, "freezing\n");
+        remote_flush();
+        raise(SIGSTOP);
+    } else if (!strcmp(mode, "spawn_writer")) {
+        if (system("echo child-out; echo child-err >&2; echo \"on $(uname -n)\"") != 0)
+            die("system failed");
+        dprintf(1, "last words\n");
+        dprintf(2, "last words\n");
     } else if (!strcmp(mode, "grandchild")) {
         pid_t pid = fork();
         if (pid == 0) {
@@ -603,7 +887,8 @@ int main(void)
 
     char result[160];
     int n = snprintf(result, sizeof result, "rank=%d len=%zu sha256=%s", rank, len, digest_hex);
+    remote_flush();
     send_frame(&c, RESULT, (uint32_t) rank, result, (size_t) n, false);
-    close(c.fd);
+    remote_close(&c);
     return 0;
 }

@@ -66,6 +66,9 @@ static struct {
     double first_error_at;
     size_t caught_up_at_len[MAXR][3];   /* output length at the last on_caught_up */
     int ncaught_up[MAXR][3];
+    bool last_words_first[MAXR];        /* "last words" on fd 1 and 2 before its message */
+    char lost_host[MAXR][64];           /* on_lost's host, "" if not told */
+    size_t out_len_at_msg[MAXR][3];     /* output length when its message came */
 } rec = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static double now_s(void)
@@ -129,6 +132,10 @@ static void on_message(void *data, int rank, bool is_error, const void *bytes, s
     append(&rec.msg[rank], bytes, len);
     rec.msg_error[rank] = is_error;
     rec.nmsg[rank]++;
+    for (int fd = 1; fd <= 2; fd++)
+        rec.out_len_at_msg[rank][fd] = rec.out[rank][fd].len;
+    rec.last_words_first[rank] = rec.out[rank][1].buf && strstr(rec.out[rank][1].buf, "last words") &&
+                                 rec.out[rank][2].buf && strstr(rec.out[rank][2].buf, "last words");
     if (is_error && rec.first_error_at == 0)
         rec.first_error_at = now_s();
     pthread_mutex_unlock(&rec.lock);
@@ -153,7 +160,16 @@ static void on_caught_up(void *data, int rank, int fd)
     pthread_mutex_unlock(&rec.lock);
 }
 
-static const dk_sink_t sink = {NULL, on_output, on_state, on_message, on_warning, on_caught_up};
+static void on_lost(void *data, int rank, const char *host)
+{
+    (void) data;
+    pthread_mutex_lock(&rec.lock);
+    snprintf(rec.lost_host[rank], sizeof rec.lost_host[rank], "%s", host);
+    pthread_mutex_unlock(&rec.lock);
+}
+
+static const dk_sink_t sink = {NULL,       on_output,    on_state, on_message,
+                               on_warning, on_caught_up, on_lost};
 
 static bool output_has(int rank, int fd, const char *needle)
 {
@@ -1319,4 +1335,448 @@ Test(backchan, the_rank_side_accepts_exactly_what_the_kernel_sends, .timeout = 6
     cr_assert_eq(waitpid(pid, &status, 0), pid);
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
               "bc_limits.py failed (status %d): see its stderr", status);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Ranks on other nodes: the back channel over TCP                          */
+
+#include "proc_alive.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+static dk_job_spec_t tcp_spec(int world_size, const char *const *extra)
+{
+    dk_job_spec_t spec = spec_for(world_size, extra);
+    spec.bc_tcp_addr = "127.0.0.1";
+    return spec;
+}
+
+static int connect_v4(const char *addr, int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t) port)};
+    inet_pton(AF_INET, addr, &sa.sin_addr);
+    int rc = connect(fd, (struct sockaddr *) &sa, sizeof sa);
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return rc;
+}
+
+Test(tcp, the_listener_is_bound_to_the_given_address_only)
+{
+    dk_backchan_sink_t none = {0};
+    dk_backchan_opts_t opts = {.tcp_addr = "127.0.0.1"};
+    char err[512] = "";
+    dk_backchan_t *ch = dk_backchan_new_opts(1, false, "x", 1, &none, &opts, err, sizeof err);
+    cr_assert_not_null(ch, "%s", err);
+    int port = dk_backchan_port(ch);
+    cr_assert_gt(port, 0);
+    char want[64];
+    snprintf(want, sizeof want, "tcp:127.0.0.1:%d", port);
+    cr_assert_str_eq(dk_backchan_address(ch), want);
+    cr_assert_null(dk_backchan_path(ch));
+    cr_assert_eq(connect_v4("127.0.0.1", port), 0, "%s", strerror(errno));
+    /* Another address of this same host: nothing listens there. */
+    cr_assert_neq(connect_v4("127.0.0.2", port), 0);
+    cr_assert_eq(errno, ECONNREFUSED);
+    dk_backchan_destroy(&ch);
+}
+
+Test(tcp, a_wildcard_or_a_name_is_refused_with_what_to_give)
+{
+    dk_backchan_sink_t none = {0};
+    const char *bad[] = {"0.0.0.0", "::", "localhost"};
+    const char *why[] = {"every network", "every network", "not a numeric"};
+    for (int i = 0; i < 3; i++) {
+        dk_backchan_opts_t opts = {.tcp_addr = bad[i]};
+        char err[512] = "";
+        dk_backchan_t *ch = dk_backchan_new_opts(1, false, "x", 1, &none, &opts, err, sizeof err);
+        cr_assert_null(ch, "%s was accepted", bad[i]);
+        cr_assert(strstr(err, why[i]), "%s: %s", bad[i], err);
+    }
+}
+
+Test(tcp, ranks_connect_over_tcp_and_their_results_and_payload_arrive_intact, .timeout = 60)
+{
+    size_t len = 4u << 20;
+    unsigned char *payload = malloc(len);
+    for (size_t i = 0; i < len; i++)
+        payload[i] = (unsigned char) (i * 2654435761u >> 13);
+    char digest[65];
+    sha256_hex(payload, len, digest);
+    const char *extra[] = {"FAKE_PRINT_ENV=1", NULL};
+    dk_job_spec_t spec = tcp_spec(3, extra);
+    spec.payload = payload;
+    spec.payload_len = len;
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 30000));
+    cr_assert_eq(dk_job_end(job), DK_END_OK);
+    for (int r = 0; r < 3; r++) {
+        char want[160];
+        snprintf(want, sizeof want, "rank=%d len=%zu sha256=%s", r, len, digest);
+        cr_assert_str_eq(rec.msg[r].buf, want);
+        cr_assert_str_eq(env_of(r, "DISTKERNEL_BC"), dk_job_bc_address(job));
+        cr_assert(output_has(r, 1, "KEYLEN 64"));
+    }
+    cr_assert(!strncmp(dk_job_bc_address(job), "tcp:127.0.0.1:", 14), "%s",
+              dk_job_bc_address(job));
+    free(payload);
+    finish(&job);
+}
+
+Test(tcp, a_forged_mac_over_tcp_is_refused)
+{
+    const char *extra[] = {"FAKE_MODE_0=forge_mac", NULL};
+    dk_job_spec_t spec = tcp_spec(2, extra);
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 20000));
+    cr_assert_eq(dk_job_end(job), DK_END_OK);
+    cr_assert(output_has(0, 1, "refused as expected"));
+    cr_assert(warned("did not verify"));
+    finish(&job);
+}
+
+Test(tcp, output_sent_as_frames_reaches_the_sink_and_the_log_in_order, .timeout = 60)
+{
+    const char *extra[] = {"FAKE_MODE=print_lots", "FAKE_LINES=3000", NULL};
+    dk_job_spec_t spec = tcp_spec(2, extra);
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 30000));
+    cr_assert_eq(dk_job_end(job), DK_END_OK);
+    for (int r = 0; r < 2; r++) {
+        const char *out = rec.out[r][1].buf, *err = rec.out[r][2].buf;
+        cr_assert(out && err, "rank %d: no output came", r);
+        const char *at_out = out, *at_err = err;
+        for (int i = 0; i < 3000; i++) {
+            char line[32];
+            snprintf(line, sizeof line, "out %d\n", i);
+            at_out = strstr(at_out, line);
+            cr_assert_not_null(at_out, "rank %d: \"out %d\" missing or out of order", r, i);
+            snprintf(line, sizeof line, "err %d\n", i);
+            at_err = strstr(at_err, line);
+            cr_assert_not_null(at_err, "rank %d: \"err %d\" missing or out of order", r, i);
+        }
+        cr_assert_gt(rec.ncaught_up[r][1], 0);
+        char path[512];
+        snprintf(path, sizeof path, "%s/rank-%d.log", log_dir, r);
+        FILE *f = fopen(path, "r");
+        cr_assert_not_null(f);
+        char *text = calloc(1, 1 << 20);
+        size_t n = fread(text, 1, (1 << 20) - 1, f);
+        fclose(f);
+        text[n] = '\0';
+        cr_assert(strstr(text, "out 2999\n") && strstr(text, "err 2999\n"));
+        free(text);
+    }
+    finish(&job);
+}
+
+Test(tcp, a_childs_output_and_the_last_words_arrive_before_the_result)
+{
+    const char *extra[] = {"FAKE_MODE=spawn_writer", NULL};
+    dk_job_spec_t spec = tcp_spec(2, extra);
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 20000));
+    cr_assert_eq(dk_job_end(job), DK_END_OK);
+    for (int r = 0; r < 2; r++) {
+        cr_assert(output_has(r, 1, "child-out"), "rank %d", r);
+        cr_assert(output_has(r, 2, "child-err"), "rank %d", r);
+        cr_assert(rec.last_words_first[r], "rank %d: its last output came after its result", r);
+        cr_assert_eq(dk_job_rank_state(job, r), DK_RANK_DONE);
+    }
+    finish(&job);
+}
+
+Test(tcp, silent_ranks_are_lost_and_told_by_node, .timeout = 60)
+{
+    const char *extra[] = {"FAKE_MODE=sleep", "FAKE_MODE_2=freeze", "FAKE_MODE_3=freeze", NULL};
+    const char *hosts[] = {"node1", "node1", "node2", "node2"};
+    dk_job_spec_t spec = tcp_spec(4, extra);
+    spec.heartbeat_s = 2.0;
+    spec.rank_hosts = hosts;
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 40000), "the job did not end");
+    cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    int root = dk_job_root_cause(job);
+    cr_assert(root == 2 || root == 3, "root cause %d", root);
+    for (int r = 0; r < 4; r++)
+        cr_assert_eq(dk_job_rank_lost(job, r), r >= 2, "rank %d", r);
+    cr_assert_str_eq(rec.lost_host[2], "node2");
+    cr_assert_str_eq(rec.lost_host[3], "node2");
+    cr_assert_str_eq(rec.lost_host[0], "");
+    char summary[128];
+    dk_job_lost_summary(job, summary, sizeof summary);
+    cr_assert_str_eq(summary, "node2 lost (ranks 2-3)");
+    cr_assert(warned("rank 2 on node2 lost"));
+    cr_assert_eq(dk_job_rank_state(job, 0), DK_RANK_STOPPED);
+    finish(&job);
+}
+
+Test(tcp, a_heartbeat_deadline_shorter_than_two_pings_is_refused)
+{
+    dk_job_spec_t spec = tcp_spec(1, NULL);
+    spec.heartbeat_s = 1.5;
+    char err[256] = "";
+    cr_assert_null(dk_job_start(&spec, &sink, err, sizeof err));
+    cr_assert(strstr(err, "heartbeat_s is 1.5; it must be at least 2"), "%s", err);
+}
+
+Test(tcp, a_job_without_lost_ranks_has_an_empty_summary)
+{
+    dk_job_spec_t spec = tcp_spec(1, NULL);
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 20000));
+    char summary[64] = "x";
+    dk_job_lost_summary(job, summary, sizeof summary);
+    cr_assert_str_eq(summary, "");
+    finish(&job);
+}
+
+/* The host freezes (as a SIGKILLed kernel's node, or a cut network, looks from
+ * a rank): every rank ends itself once the host has been silent past the
+ * deadline. Nothing else would end them here: the host process still exists,
+ * so PR_SET_PDEATHSIG never fires. */
+/* Start a 2-rank job over TCP in a child (the host) with SPEC's ranks, wait
+ * for both to print "sleeping", freeze the host, and tell whether both ranks
+ * were gone within 10 s. */
+static bool ranks_gone_after_the_host_freezes(dk_job_spec_t spec)
+{
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    pid_t host = fork();
+    if (host == 0) {
+        close(fds[0]);
+        spec.heartbeat_s = 2.0;
+        char err[512];
+        dk_job_t *job = dk_job_start(&spec, &sink, err, sizeof err);
+        if (!job)
+            _exit(2);
+        for (int i = 0; i < 1000 && !(output_has(0, 1, "sleeping") &&
+                                      output_has(1, 1, "sleeping")); i++)
+            usleep(10000);
+        int pids[2] = {dk_job_rank_pid(job, 0), dk_job_rank_pid(job, 1)};
+        if (write(fds[1], pids, sizeof pids) != (ssize_t) sizeof pids)
+            _exit(3);
+        for (;;)
+            pause();
+    }
+    close(fds[1]);
+    int pids[2];
+    cr_assert_eq(read(fds[0], pids, sizeof pids), (ssize_t) sizeof pids, "the host did not start");
+    cr_assert(alive(pids[0]) && alive(pids[1]));
+    kill(host, SIGSTOP);
+    bool gone = gone_within(pids[0], 10000) && gone_within(pids[1], 2000);
+    kill(host, SIGKILL);
+    waitpid(host, NULL, 0);
+    if (log_dir[0])
+        remove_dir(log_dir);
+    return gone;
+}
+
+Test(tcp, ranks_end_themselves_when_their_host_goes_silent, .timeout = 60)
+{
+    const char *extra[] = {"FAKE_MODE=sleep", NULL};
+    cr_assert(ranks_gone_after_the_host_freezes(tcp_spec(2, extra)),
+              "a rank outlived its silent host");
+}
+
+#ifndef RANK_PY
+#define RANK_PY "import sys; from distkernel import _rank; sys.exit(_rank.main())"
+#endif
+
+/* The cell's job, pickled by the real cloudpickle, into BUF; its length. */
+static size_t cell_payload(const char *code, char *buf, size_t size)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "PYTHONPATH=%s %s -c 'import sys, cloudpickle; sys.stdout.buffer.write("
+             "cloudpickle.dumps({\"kind\": \"cell\", \"names\": {}, \"code\": sys.argv[1]}))' "
+             "\"$(cat <<'CODE'\n%sCODE\n)\"",
+             PY_SRC, PYTHON3, code);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    size_t len = fread(buf, 1, size, p);
+    cr_assert_eq(pclose(p), 0);
+    cr_assert_gt(len, 0);
+    return len;
+}
+
+static const char *python_rank_argv[] = {PYTHON3, "-c", RANK_PY, NULL};
+
+static dk_job_spec_t python_spec(int world_size, const void *payload, size_t len)
+{
+    static const char *extra[] = {"PYTHONPATH=" PY_SRC, NULL};
+    dk_job_spec_t spec = tcp_spec(world_size, extra);
+    spec.rank_exe = PYTHON3;
+    spec.rank_argv = python_rank_argv;
+    spec.payload = payload;
+    spec.payload_len = len;
+    return spec;
+}
+
+Test(tcp, python_ranks_end_themselves_when_their_host_goes_silent, .timeout = 60)
+{
+    static char payload[65536];
+    size_t len = cell_payload("import time\nprint('sleeping', flush=True)\ntime.sleep(60)\n",
+                              payload, sizeof payload);
+    cr_assert(ranks_gone_after_the_host_freezes(python_spec(2, payload, len)),
+              "a Python rank outlived its silent host");
+}
+
+/* The real rank side (python/distkernel/_rank.py and _backchannel.py) over
+ * TCP: its print()s, a child's writes and C-level writes arrive as OUTPUT
+ * frames (fd 1 is no longer the runtime's pipe), and its value intact. */
+Test(tcp, the_python_rank_over_tcp_sends_its_output_and_result, .timeout = 90)
+{
+    const char *code =
+        "import os\n"
+        "print('hello from', os.environ['RANK'])\n"
+        "os.system('echo child-' + os.environ['RANK'] + '; echo child-err >&2')\n"
+        "os.write(2, b'c-level-err\\n')\n"
+        "'value-' + os.environ['RANK'] * 3\n";
+    static char payload[65536];
+    size_t len = cell_payload(code, payload, sizeof payload);
+    dk_job_spec_t spec = python_spec(2, payload, len);
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 60000), "the job did not end");
+    for (int r = 0; r < 2; r++) {
+        char want[64];
+        cr_assert_eq(dk_job_rank_state(job, r), DK_RANK_DONE, "rank %d: %s %s", r,
+                     rec.out[r][2].buf ? rec.out[r][2].buf : "", rec.msg[r].buf ? rec.msg[r].buf : "");
+        snprintf(want, sizeof want, "hello from %d\n", r);
+        cr_assert(output_has(r, 1, want), "rank %d: %s", r, rec.out[r][1].buf);
+        snprintf(want, sizeof want, "child-%d\n", r);
+        cr_assert(output_has(r, 1, want), "rank %d: %s", r, rec.out[r][1].buf);
+        cr_assert(output_has(r, 2, "child-err\n"));
+        cr_assert(output_has(r, 2, "c-level-err\n"));
+        /* ... and all of it before the result. */
+        cr_assert_not_null(memmem(rec.out[r][2].buf, rec.out_len_at_msg[r][2], "c-level-err\n", 12),
+                           "rank %d: its last output came after its result", r);
+        cr_assert_not_null(memmem(rec.out[r][1].buf, rec.out_len_at_msg[r][1], want, strlen(want)),
+                           "rank %d: its output came after its result", r);
+        snprintf(want, sizeof want, "value-%d%d%d", r, r, r);
+        cr_assert(!rec.msg_error[r]);
+        cr_assert_not_null(memmem(rec.msg[r].buf, rec.msg[r].len, want, strlen(want)),
+                           "rank %d's value is not in its result", r);
+    }
+    cr_assert_eq(dk_job_end(job), DK_END_OK);
+    finish(&job);
+}
+
+/* Ranks busy in their work for longer than the deadline send nothing of their
+ * own: the heartbeats both ways keep them, and the job, alive. */
+Test(tcp, quiet_ranks_outlive_the_deadline_on_heartbeats, .timeout = 60)
+{
+    const char *extra[] = {"FAKE_MODE=sleep", "FAKE_SLEEP_S=4", NULL};
+    dk_job_spec_t spec = tcp_spec(2, extra);
+    spec.heartbeat_s = 2.0;
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 30000));
+    cr_assert_eq(dk_job_end(job), DK_END_OK);
+    for (int r = 0; r < 2; r++) {
+        cr_assert_eq(dk_job_rank_state(job, r), DK_RANK_DONE);
+        cr_assert(!dk_job_rank_lost(job, r));
+    }
+    finish(&job);
+}
+
+Test(tcp, output_for_another_fd_closes_the_connection_with_a_warning)
+{
+    const char *extra[] = {"FAKE_MODE_1=bad_output", NULL};
+    dk_job_t *job = run(2, extra);
+    cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    cr_assert_eq(dk_job_root_cause(job), 1);
+    cr_assert(output_has(1, 1, "refused as expected"));
+    cr_assert(warned("not for fd 1 or 2"));
+    finish(&job);
+}
+
+/* The runtime's own loop held up past the deadline (a slow sink, a stalled
+ * disk) is not the rank's silence: what the rank sent meanwhile is waiting
+ * unread. */
+Test(tcp, a_runtime_held_up_past_the_deadline_does_not_take_its_ranks_for_lost, .timeout = 60)
+{
+    char dir[] = "/tmp/dk-test-hold-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    hold_dir = dir;
+    const char *extra[] = {"FAKE_MODE=hold", "FAKE_SLEEP_S=3", "FAKE_RANK_DEADLINE=30", NULL};
+    dk_job_spec_t spec = tcp_spec(1, extra);
+    spec.heartbeat_s = 2.0;
+    dk_job_t *job = start(&spec);
+    char held[512], release[512];
+    snprintf(held, sizeof held, "%s/held", dir);
+    snprintf(release, sizeof release, "%s/release", dir);
+    for (int i = 0; i < 2000 && access(held, F_OK) != 0; i++)
+        usleep(10000);
+    cr_assert_eq(access(held, F_OK), 0, "the runtime was never held");
+    usleep(4500000);            /* 2.25 heartbeat deadlines */
+    FILE *f = fopen(release, "w");
+    cr_assert_not_null(f);
+    fclose(f);
+    cr_assert(dk_job_wait(job, 30000));
+    cr_assert_eq(dk_job_end(job), DK_END_OK);
+    cr_assert(!dk_job_rank_lost(job, 0));
+    finish(&job);
+    unlink(held);
+    unlink(release);
+    rmdir(dir);
+}
+
+/* Started ranks over TCP: idle between cells for longer than the deadline,
+ * kept by the heartbeats, then a cell's output and value. */
+Test(tcp, python_started_ranks_over_tcp_idle_past_the_deadline_then_run_a_cell, .timeout = 90)
+{
+    static char payload[65536];
+    size_t len = cell_payload("import os\nprint('cell on', os.environ['RANK'])\n6 * 7\n", payload,
+                              sizeof payload);
+    dk_job_spec_t spec = python_spec(2, NULL, 0);
+    spec.persistent = true;
+    spec.heartbeat_s = 2.0;
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_round_wait(job, 60000), "the ranks never said HELLO");
+    cr_assert_eq(dk_job_round_end(job), DK_END_OK);
+    usleep(4500000);            /* idle for 2.25 deadlines */
+    char err[256] = "";
+    cr_assert_eq(dk_job_submit(job, payload, len, 0, err, sizeof err), 0, "%s (%s)", err,
+                 rec.nwarnings ? rec.warnings[0] : "");
+    cr_assert(dk_job_round_wait(job, 60000));
+    cr_assert_eq(dk_job_round_end(job), DK_END_OK);
+    for (int r = 0; r < 2; r++) {
+        char want[32];
+        snprintf(want, sizeof want, "cell on %d\n", r);
+        cr_assert(output_has(r, 1, want), "rank %d: %s", r, rec.out[r][1].buf);
+        cr_assert(!dk_job_rank_lost(job, r));
+        /* cloudpickle's 42: BININT1 (K) 42 (*) */
+        cr_assert_not_null(memmem(rec.msg[r].buf, rec.msg[r].len, "K*", 2));
+    }
+    finish(&job);
+}
+
+/* A launcher that exits on its own (srun whose node was cut off) while its
+ * rank's connection is still open and unanswered: the verdict waits for the
+ * heartbeats, which tell the rank lost. */
+Test(tcp, a_launcher_exiting_while_its_connection_is_open_waits_for_the_heartbeats, .timeout = 60)
+{
+    const char *extra[] = {"FAKE_MODE=orphan_silent", NULL};
+    dk_job_spec_t spec = tcp_spec(1, extra);
+    spec.heartbeat_s = 2.0;
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 30000));
+    int orphan = 0;
+    const char *at = rec.out[0][1].buf ? strstr(rec.out[0][1].buf, "ORPHAN ") : NULL;
+    if (at)
+        orphan = atoi(at + 7);
+    if (orphan > 0)
+        kill(orphan, SIGKILL);
+    cr_assert_gt(orphan, 0, "no orphan was reported");
+    cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    cr_assert_eq(dk_job_rank_exit_code(job, 0), 1);
+    cr_assert(dk_job_rank_lost(job, 0));
+    char summary[64];
+    dk_job_lost_summary(job, summary, sizeof summary);
+    cr_assert_str_eq(summary, "localhost lost (rank 0)");
+    finish(&job);
 }
