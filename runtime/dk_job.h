@@ -47,7 +47,9 @@
  * longer than spec.heartbeat_s is lost: a failure (the first is the root
  * cause; on_lost, dk_job_lost_summary); a rank whose runtime is silent that
  * long ends itself and its process group (DISTKERNEL_BC_HEARTBEAT gives it
- * the deadline), so a host killed by SIGKILL leaves no rank on any node.
+ * the deadline), and so does one whose connection the runtime closed while it
+ * still had work (a SIGKILLed host's connections close rather than go
+ * silent), so a host killed by SIGKILL leaves no rank on any node.
  *
  * Persistent jobs (spec.persistent) keep their ranks between rounds. The runtime
  * sends nothing at HELLO; each round (dk_job_submit) it sends every rank

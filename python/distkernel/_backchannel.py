@@ -214,8 +214,12 @@ class _Remote:
                     del self.pipes[fd]
                     return False
                 flags = OUTPUT_CAUGHT_UP if len(data) < OUTPUT_MAX else 0
-                if not self.closing:
-                    self.ch._send(OUTPUT, struct.pack(">BB", fd, flags) + data)
+                if not self.closing and not self.closed:
+                    try:
+                        self.ch._send(OUTPUT, struct.pack(">BB", fd, flags) + data)
+                    except OSError:
+                        pass    # the kernel is gone: the pipe is still drained, and
+                                # _run ends this rank within the deadline
                 if not drain:
                     return True
 
@@ -270,11 +274,11 @@ class _Remote:
 
     # -- the thread ------------------------------------------------------------
 
-    def _silent(self):
+    def _silent(self, why=None):
         """The kernel has said nothing past the deadline: it is gone (killed,
         its node lost, the network cut). Nothing of this rank may outlive it."""
-        msg = (f"distkernel: rank {self.ch.rank}: nothing heard from the kernel for "
-               f"{time.monotonic() - self.heard_at:.1f} s; ending this rank\n")
+        why = why or f"nothing heard from the kernel for {time.monotonic() - self.heard_at:.1f} s"
+        msg = f"distkernel: rank {self.ch.rank}: {why}; ending this rank\n"
         try:
             os.write(self.launcher_err, msg.encode())
         except OSError:
@@ -284,12 +288,22 @@ class _Remote:
 
     def _run(self):
         next_ping = time.monotonic() + PING_S
+        closed_at = None
         while True:
             with self.cond:
                 reading = not self.closed
-            if not reading and not self.pipes:
-                return
             now = time.monotonic()
+            if not reading and not self.closing:
+                # The kernel closed the channel while this rank still had work:
+                # killed (SIGKILL shows here as a close, not as silence), or it
+                # refused us. A started rank between cells exits on that close
+                # by itself; give it the deadline, then end whatever is left.
+                closed_at = closed_at or now
+                if now - closed_at > self.deadline:
+                    self._silent("the kernel closed the back channel "
+                                 f"{now - closed_at:.1f} s ago")
+            elif not reading and not self.pipes:
+                return
             if now >= next_ping:
                 next_ping = now + PING_S
                 if reading and not self.closing:
@@ -298,9 +312,9 @@ class _Remote:
                     except OSError:
                         pass        # its reading side says what happened
             fds = list(self.pipes.values()) + ([self.ch.sock] if reading else [])
+            wake = next_ping if closed_at is None else min(next_ping, closed_at + self.deadline)
             try:
-                ready, _, _ = select.select(fds, [], [],
-                                            max(0.0, next_ping - time.monotonic()))
+                ready, _, _ = select.select(fds, [], [], max(0.0, wake - time.monotonic()))
             except (OSError, ValueError):
                 ready = []          # a pipe closed under us by flush_output
             if self.ch.sock in ready:

@@ -1626,6 +1626,56 @@ Test(tcp, python_ranks_end_themselves_when_their_host_goes_silent, .timeout = 60
               "a Python rank outlived its silent host");
 }
 
+/* A SIGKILLed host shows on a remote rank's connection as a close, not as
+ * silence, and nothing else reaches a rank on another node (srun dies with the
+ * host; its tasks do not). Here each rank's launcher is `setsid -w`, so the
+ * Python rank is in a session of its own, out of reach of the parent-death
+ * signal and the sentinel, as a task of srun on another node is; it prints
+ * its pid, the host is SIGKILLed, and the rank must end itself. */
+Test(tcp, python_ranks_end_themselves_when_their_host_is_killed, .timeout = 60)
+{
+    static char payload[65536];
+    size_t len = cell_payload("import os, time\nprint('sleeping', os.getpid(), flush=True)\n"
+                              "time.sleep(60)\n", payload, sizeof payload);
+    static const char *cmd[] = {"setsid", "-w", PYTHON3, "-c", RANK_PY, NULL};
+    static const char *const *cmds[] = {cmd};
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    pid_t host = fork();
+    if (host == 0) {
+        close(fds[0]);
+        dk_job_spec_t spec = python_spec(1, payload, len);
+        spec.heartbeat_s = 2.0;
+        spec.rank_commands = cmds;
+        char err[512];
+        dk_job_t *job = dk_job_start(&spec, &sink, err, sizeof err);
+        if (!job)
+            _exit(2);
+        for (int i = 0; i < 2000 && !output_has(0, 1, "sleeping "); i++)
+            usleep(10000);
+        const char *at = output_has(0, 1, "sleeping ") ? strstr(rec.out[0][1].buf, "sleeping ")
+                                                       : NULL;
+        int pid = at ? atoi(at + 9) : 0;
+        if (write(fds[1], &pid, sizeof pid) != (ssize_t) sizeof pid)
+            _exit(3);
+        for (;;)
+            pause();
+    }
+    close(fds[1]);
+    int pid = 0;
+    cr_assert_eq(read(fds[0], &pid, sizeof pid), (ssize_t) sizeof pid, "the host did not start");
+    cr_assert_gt(pid, 0, "the rank did not say its pid");
+    cr_assert(alive(pid));
+    kill(host, SIGKILL);
+    waitpid(host, NULL, 0);
+    bool gone = gone_within(pid, 15000);
+    if (!gone)
+        kill(pid, SIGKILL);
+    if (log_dir[0])
+        remove_dir(log_dir);
+    cr_assert(gone, "a remote rank outlived its SIGKILLed host");
+}
+
 /* The real rank side (python/distkernel/_rank.py and _backchannel.py) over
  * TCP: its print()s, a child's writes and C-level writes arrive as OUTPUT
  * frames (fd 1 is no longer the runtime's pipe), and its value intact. */
