@@ -108,7 +108,7 @@ dk_template_t *dk_template_start(const char *rank_exe, const char *const *env,
     }
     const char *const *base = env ? env : (const char *const *)environ;
     char *sock_var = NULL, *mod_var = NULL, *path_var = NULL;
-    const char *set[4];
+    const char *set[5];
     size_t k = 0;
     if (asprintf(&sock_var, "DISTKERNEL_TEMPLATE=%s", t->socket) >= 0)
         set[k++] = sock_var;
@@ -118,6 +118,10 @@ dk_template_t *dk_template_start(const char *rank_exe, const char *const *env,
         set[k++] = path_var;
     if (!dk_spawn_env_get(base, "OMP_NUM_THREADS"))
         set[k++] = "OMP_NUM_THREADS=1";
+    /* torch.cuda.is_available() in a warm module then asks NVML, not the
+     * driver: cuInit in the template would break CUDA in every rank forked
+     * from it. The template's own: a rank gets the requester's environment. */
+    set[k++] = "PYTORCH_NVML_BASED_CUDA_CHECK=1";
     char **envp = k >= 3 ? dk_spawn_env_build(base, set, k) : NULL;
     free(sock_var);
     free(mod_var);

@@ -344,6 +344,31 @@ def _template_unfit():
     cuda = getattr(torch, "cuda", None)
     if cuda is not None and cuda.is_initialized():
         return "CUDA was initialised in the template (a warm module used the GPU)"
+    # torch.cuda.is_initialized() is not enough: torch.cuda.is_available()
+    # runs cuInit (without the NVML check, which the kernel asks for, a
+    # module may still call the driver itself) and leaves it False. The
+    # driver mapped or its device files open is what poisons a fork.
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                lib = line.rpartition("/")[2].strip()
+                if lib.startswith(("libcuda.so", "libnvidia")):
+                    return (f"{lib} (the CUDA driver) is loaded in the template; a warm "
+                            "module used the GPU, and a forked rank could not")
+    except OSError:
+        pass
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        fds = []
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/dev/nvidia"):
+            return (f"{target} is open in the template; a warm module used the GPU, "
+                    "and a forked rank could not")
     return None
 
 

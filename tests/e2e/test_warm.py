@@ -296,3 +296,42 @@ def test_a_template_that_ended_is_replaced_by_the_next_run(kernel):
     ranks = probe(kernel)
     assert template_of(kernel) not in (None, before)
     assert_warm(kernel, ranks)
+
+
+def warm_log_of(kernel, modules):
+    """What the run's warm.log says, for a one-rank run with MODULES warm."""
+    r = kernel.execute(f"%%distributed num_processes=1 tracking=False warm_modules={modules}\n"
+                       "import os\nos.environ['DISTKERNEL_LOG']", timeout=RUN)
+    assert r.status == "ok", r.describe()
+    log_dir = os.path.dirname(re.search(r"'(.*)'", r.result).group(1))
+    try:
+        with open(os.path.join(log_dir, "warm.log")) as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
+
+
+def test_a_warm_module_that_loads_the_cuda_driver_makes_the_run_cold(fresh_kernel, tmp_path):
+    """torch.cuda.is_available() runs cuInit yet leaves is_initialized() False:
+    a template holding the driver would hand every rank a broken CUDA. The
+    driver here is the fake one, copied (so /proc/self/maps names it
+    libcuda.so.1) and loaded with ctypes at import."""
+    k = fresh_kernel
+    built = os.path.abspath(os.environ.get("DISTKERNEL_FAKE_CUDA", ""))
+    assert os.environ.get("DISTKERNEL_FAKE_CUDA"), \
+        "DISTKERNEL_FAKE_CUDA must name the folder holding the fake CUDA libraries"
+    import shutil
+    shutil.copy(os.path.join(built, "libfake_cudart.so"), tmp_path / "libcuda.so.1")
+    (tmp_path / "warm_cuda_mod.py").write_text(
+        f"import ctypes\nctypes.CDLL({str(tmp_path / 'libcuda.so.1')!r})\n")
+    r = k.execute(f"import sys; sys.path.insert(0, {str(tmp_path)!r})")
+    assert r.status == "ok", r.describe()
+    ranks = probe(k, "warm_modules=warm_cuda_mod")
+    for info in ranks.values():
+        assert not info["torch_first"] and info["ppid"] == k.pid, info
+    why = warm_log_of(k, "warm_cuda_mod")
+    assert "started cold" in why and "libcuda.so.1" in why and "warm module" in why, why
+    # The template itself was asked to use NVML for is_available().
+    template = template_of(k)
+    assert template
+    assert psutil.Process(template).environ().get("PYTORCH_NVML_BASED_CUDA_CHECK") == "1"
