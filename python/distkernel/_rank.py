@@ -557,7 +557,8 @@ def template_main():
     sel.register(wake_r, selectors.EVENT_READ)
     children = {}       # pid -> the connection that asked for it
     me = os.getpid()
-    sys.stdout.write("ready\n")
+    # On a line of its own, whatever a warm module printed before it.
+    sys.stdout.write("\nready\n")
     sys.stdout.flush()
 
     class _Fd:

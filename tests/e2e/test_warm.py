@@ -335,3 +335,34 @@ def test_a_warm_module_that_loads_the_cuda_driver_makes_the_run_cold(fresh_kerne
     template = template_of(k)
     assert template
     assert psutil.Process(template).environ().get("PYTORCH_NVML_BASED_CUDA_CHECK") == "1"
+
+
+def test_a_warm_module_that_prints_a_banner_at_import_runs_warm(fresh_kernel, tmp_path):
+    """The template says "ready" on its stdout: 200 bytes printed before it
+    once hid it, and every run waited for the template and went cold."""
+    k = fresh_kernel
+    (tmp_path / "warm_banner_mod.py").write_text("print('banner ' * 40)\n")
+    r = k.execute(f"import sys; sys.path.insert(0, {str(tmp_path)!r})")
+    assert r.status == "ok", r.describe()
+    probe(k, "warm_modules=warm_banner_mod")
+    assert_warm(k, probe(k, "warm_modules=warm_banner_mod"))
+
+
+def test_a_template_not_ready_in_time_is_ended_and_not_waited_for_again(kernelspec_installed,
+                                                                        tmp_path):
+    (tmp_path / "warm_slow_mod.py").write_text("import time\ntime.sleep(3600)\n")
+    k = support.Kernel.start(env=support.kernel_env(DISTKERNEL_WARM_WAIT_S="1"))
+    try:
+        r = k.execute(f"import sys; sys.path.insert(0, {str(tmp_path)!r})")
+        assert r.status == "ok", r.describe()
+        why = warm_log_of(k, "warm_slow_mod")
+        assert "not ready after 1.0 s" in why, why
+        assert template_of(k) is None, "the template that was not ready runs on"
+        why = warm_log_of(k, "warm_slow_mod")
+        assert "failed before" in why and "not ready after 1.0 s" in why, why
+        assert template_of(k) is None
+        # Another fingerprint is tried afresh (whether torch imports within
+        # the 1 s is up to the machine).
+        assert "failed before" not in warm_log_of(k, "json")
+    finally:
+        k.stop()

@@ -215,3 +215,45 @@ Test(template, a_module_that_cannot_be_imported_is_the_reason, .timeout = 120)
     cr_assert(strstr(err, "no_such_module_dk") && strstr(err, "exited with code 3"), "%s", err);
     dk_template_destroy(&t);
 }
+
+/* A template whose one warm module, in a fresh folder, is SOURCE. */
+static dk_template_t *template_with_module(const char *source, char *mod_dir, char *path,
+                                           size_t pathlen)
+{
+    cr_assert_not_null(mkdtemp(mod_dir));
+    snprintf(path, pathlen, "%s/banner_mod.py", mod_dir);
+    FILE *f = fopen(path, "w");
+    fputs(source, f);
+    fclose(f);
+    char pp[320];
+    snprintf(pp, sizeof pp, "PYTHONPATH=%s", mod_dir);
+    const char *tenv[] = {"PATH=/usr/bin:/bin", "DISTKERNEL_GLUE_DIR=" PY_SRC, pp, NO_LEAK_CHECK,
+                          NULL};
+    char err[2048] = "";
+    dk_template_t *t = dk_template_start(RANK_EXE, tenv, "banner_mod", NULL, "", err, sizeof err);
+    cr_assert_not_null(t, "%s", err);
+    return t;
+}
+
+Test(template, a_long_banner_printed_at_import_does_not_hide_ready, .timeout = 120)
+{
+    char mod_dir[] = "/tmp/dk-test-mod-XXXXXX", path[300], err[2048] = "";
+    dk_template_t *t = template_with_module("print('b' * 200)\nprint('x' * 5000, end='')\n",
+                                            mod_dir, path, sizeof path);
+    cr_assert_eq(dk_template_ready(t, 60000, err, sizeof err), 1, "%s", err);
+    cr_assert_eq(dk_template_check(t, err, sizeof err), 0, "%s", err);
+    dk_template_destroy(&t);
+    unlink(path);
+    rmdir(mod_dir);
+}
+
+Test(template, ready_counts_only_as_a_line_of_its_own, .timeout = 120)
+{
+    char mod_dir[] = "/tmp/dk-test-mod-XXXXXX", path[300], err[2048] = "";
+    dk_template_t *t = template_with_module("import time\nprint('already', flush=True)\n"
+                                            "time.sleep(3600)\n", mod_dir, path, sizeof path);
+    cr_assert_eq(dk_template_ready(t, 3000, err, sizeof err), 0, "%s", err);
+    dk_template_destroy(&t);
+    unlink(path);
+    rmdir(mod_dir);
+}
