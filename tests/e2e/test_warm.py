@@ -366,3 +366,35 @@ def test_a_template_not_ready_in_time_is_ended_and_not_waited_for_again(kernelsp
         assert "failed before" not in warm_log_of(k, "json")
     finally:
         k.stop()
+
+
+def test_a_file_written_in_the_working_directory_keeps_the_template_an_edited_module_not(
+        fresh_kernel, tmp_path):
+    """A notebook's autosave writes into its folder (cwd, '' on sys.path): the
+    folder's mtime must not rebuild the template. A warm module's file edited
+    in place (its folder's mtime as before) must."""
+    k = fresh_kernel
+    work, mods = tmp_path / "work", tmp_path / "mods"
+    work.mkdir()
+    mods.mkdir()
+    mod = mods / "warm_local_mod.py"
+    mod.write_text("VALUE = 1\n")
+    r = k.execute(f"import os, sys; os.chdir({str(work)!r}); sys.path.insert(0, {str(mods)!r})")
+    assert r.status == "ok", r.describe()
+    opts = "warm_modules=warm_local_mod"
+    probe(k, opts)
+    assert_warm(k, probe(k, opts))
+    before = template_of(k)
+    (work / ".~notebook.ipynb").write_text("{}")
+    (work / ".~notebook.ipynb").unlink()
+    (work / "out.txt").write_text("x")
+    assert_warm(k, probe(k, opts))
+    assert template_of(k) == before, "a file written in the working directory rebuilt it"
+    folder = os.stat(mods)
+    time.sleep(0.05)
+    mod.write_text("VALUE = 2\n")
+    os.utime(mods, ns=(folder.st_atime_ns, folder.st_mtime_ns))
+    os.utime(mod, ns=(folder.st_atime_ns, folder.st_mtime_ns + 1_000_000_000))
+    ranks = probe(k, opts)
+    assert template_of(k) not in (None, before), "the edited warm module did not rebuild it"
+    assert_warm(k, ranks)
