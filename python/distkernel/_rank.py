@@ -450,6 +450,7 @@ def _become_rank(body, fds, template_pid, closing):
     numpy = sys.modules.get("numpy")
     if numpy is not None and hasattr(numpy, "random"):
         numpy.random.seed()
+    template_names = set(sys.modules["__main__"].__dict__)
     try:
         rc = main()
     except SystemExit as exc:
@@ -457,16 +458,20 @@ def _become_rank(body, fds, template_pid, closing):
     except BaseException:  # noqa: B902 - as PyErr_Print would, for a cold rank
         traceback.print_exc()
         rc = 1
-    _exit_warm(rc)
+    _exit_warm(rc, template_names)
 
 
-def _exit_warm(rc):
+def _exit_warm(rc, template_names=()):
     """End a forked rank as interpreter shutdown would, less the teardown of
     every module: that touches every object the template imported, so each
     page shared with the template is copied, seconds for torch. Non-daemon
     threads are waited for and atexit handlers run (the output flusher's
-    among them), as at a cold rank's exit."""
+    among them), as at a cold rank's exit; then what the user's code made
+    (its names in __main__, all but TEMPLATE_NAMES) is dropped and
+    collected, so that a file left open is closed (its buffer written) and
+    __del__ runs, as the teardown of __main__ would."""
     import atexit
+    import gc
     import threading
     _hold_store_for_peers()
     try:
@@ -474,6 +479,16 @@ def _exit_warm(rc):
     except BaseException:  # noqa: B902
         pass
     atexit._run_exitfuncs()
+    try:
+        for name in ("last_type", "last_value", "last_traceback"):
+            if hasattr(sys, name):
+                setattr(sys, name, None)
+        main_ns = sys.modules["__main__"].__dict__
+        for name in [n for n in main_ns if n not in template_names]:
+            del main_ns[name]
+        gc.collect()
+    except BaseException:  # noqa: B902 - a __del__ that raises ends nothing
+        pass
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -398,3 +398,26 @@ def test_a_file_written_in_the_working_directory_keeps_the_template_an_edited_mo
     ranks = probe(k, opts)
     assert template_of(k) not in (None, before), "the edited warm module did not rebuild it"
     assert_warm(k, ranks)
+
+
+def test_a_file_a_warm_cell_left_open_is_written_as_on_a_cold_rank(kernel, tmp_path):
+    """A cold rank's interpreter teardown clears __main__, closing the file;
+    a warm rank ends with os._exit and must do the same first."""
+    r = kernel.execute(f"import os; _cwd = os.getcwd(); os.chdir({str(tmp_path)!r})")
+    assert r.status == "ok", r.describe()
+    results = []
+    try:
+        for opts in ("", "", "warm=False"):
+            out = tmp_path / "out.txt"
+            if out.exists():
+                out.unlink()
+            r = kernel.execute(f"%%distributed num_processes=1 tracking=False {opts}\n"
+                               "import sys\nWARM = 'torch' in sys.modules\n"
+                               "f = open('out.txt','w'); f.write('x')\nWARM", timeout=RUN)
+            assert r.status == "ok", r.describe()
+            assert out.read_text() == "x", (opts, r.result)
+            results.append(r.result)
+        # The second ran warm (the first may have built the template).
+        assert "True" in results[1] and "False" in results[2], results
+    finally:
+        kernel.execute("os.chdir(_cwd)")
