@@ -65,6 +65,9 @@ def main():
         # Stopped before the user's code ran (another rank failed first, or the
         # cell was interrupted): nothing of ours is worth a traceback.
         return 130
+    finally:
+        # Every rank, cold or warm: a warm rank 0 waits for all of them.
+        _check_out_of_store()
 
 
 FLUSH_INTERVAL = 0.02
@@ -498,6 +501,30 @@ def _exit_warm(rc, template_names=()):
 
 
 EXIT_HOLD_S = 60.0
+CHECK_OUT_KEY = "distkernel_warm_exit"
+
+
+def _default_store():
+    """The env:// process group's store, or None."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return None
+        from torch.distributed import distributed_c10d
+        return distributed_c10d._get_default_store()
+    except Exception:
+        return None
+
+
+def _check_out_of_store():
+    """Tell rank 0 (which may be warm and hold the store for its peers) that
+    this rank is done with the store."""
+    store = _default_store()
+    try:
+        if store is not None:
+            store.add(CHECK_OUT_KEY, 1)
+    except Exception:
+        pass    # a store that is gone already: nobody waits
 
 
 def _hold_store_for_peers():
@@ -505,21 +532,21 @@ def _hold_store_for_peers():
     a peer still finishing init_process_group (which talks to the store after
     its barrier) gets "Connection reset by peer". A cold rank 0 takes long
     enough over its interpreter's teardown that this is never seen; a warm one
-    exits at once. So each warm rank checks out in the store, and rank 0 waits
-    (at most EXIT_HOLD_S) until every rank has."""
-    dist = sys.modules.get("torch.distributed")
+    exits at once. So every rank, cold or warm, checks out in the store as its
+    main() ends (_check_out_of_store), and a warm rank 0 waits (at most
+    EXIT_HOLD_S, for a peer that died without checking out) until every rank
+    has."""
+    store = _default_store()
     try:
-        if dist is None or not dist.is_available() or not dist.is_initialized():
+        if store is None:
             return
         import time
-        from torch.distributed import distributed_c10d
-        store = distributed_c10d._get_default_store()
-        world = dist.get_world_size()
-        store.add("distkernel_warm_exit", 1)
+        dist = sys.modules["torch.distributed"]
         if dist.get_rank() != 0:
             return
+        world = dist.get_world_size()
         deadline = time.monotonic() + EXIT_HOLD_S
-        while store.add("distkernel_warm_exit", 0) < world and time.monotonic() < deadline:
+        while store.add(CHECK_OUT_KEY, 0) < world and time.monotonic() < deadline:
             time.sleep(0.005)
     except Exception:
         pass    # a store that is gone already: nothing to hold
