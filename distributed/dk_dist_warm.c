@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* How long a run waits for its template to import before it goes cold
@@ -173,6 +174,22 @@ static const char *warm_socket(dk_template_t **slot, const dk_dist_opts_t *opts,
     if (ready <= 0 || dk_template_check(*slot, why, whylen) < 0)
         return NULL;
     return dk_template_socket(*slot);
+}
+
+void dk_dist_warm_end(dk_template_t **slot)
+{
+    /* A run may hold the lock while it waits for the template (up to the
+     * build wait): exit does not wait that long. Without the lock only the
+     * pidfd is safe to signal (the run may reap the template meanwhile). */
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 2;
+    if (pthread_mutex_timedlock(&warm_lock, &until) != 0) {
+        dk_template_kill(*slot);
+        return;
+    }
+    dk_template_end(*slot);
+    pthread_mutex_unlock(&warm_lock);
 }
 
 void dk_dist_warm_note(const char *log_dir, const char *why)

@@ -31,6 +31,10 @@ const char *dk_dist_warm_socket(dk_template_t **slot, const dk_dist_opts_t *opts
                                 const char *rank_exe, bool *interrupted, char *why,
                                 size_t whylen);
 
+/* At the kernel's exit, from any thread: end the template in *SLOT
+ * (dk_template_end) under the lock the runs take. */
+void dk_dist_warm_end(dk_template_t **slot);
+
 /* Write WHY to warm.log in LOG_DIR (and to stderr under DISTKERNEL_DEBUG). */
 void dk_dist_warm_note(const char *log_dir, const char *why);
 

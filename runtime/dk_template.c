@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -313,10 +314,20 @@ void dk_template_end(dk_template_t *t)
 {
     if (!t || t->sp.pid <= 0)
         return;
-    kill(-t->sp.pid, SIGKILL);
-    kill(t->sp.pid, SIGKILL);
+    /* Once reaped, its pid (and group id) may be another process's now. */
+    if (!t->reaped) {
+        kill(-t->sp.pid, SIGKILL);
+        kill(t->sp.pid, SIGKILL);
+    }
     unlink(t->socket);
     rmdir(t->dir);
+}
+
+void dk_template_kill(const dk_template_t *t)
+{
+    /* The pidfd names this process and no other, reaped or not. */
+    if (t && t->sp.pidfd >= 0)
+        syscall(SYS_pidfd_send_signal, t->sp.pidfd, SIGKILL, NULL, 0);
 }
 
 void dk_template_destroy(dk_template_t **t_p)

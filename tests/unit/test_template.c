@@ -257,3 +257,15 @@ Test(template, ready_counts_only_as_a_line_of_its_own, .timeout = 120)
     unlink(path);
     rmdir(mod_dir);
 }
+
+Test(template, dk_template_kill_ends_it_through_its_pidfd, .timeout = 120)
+{
+    dk_template_t *t = ready_template("");
+    char err[2048] = "";
+    dk_template_kill(t);
+    cr_assert_eq(dk_template_ready(t, 10000, err, sizeof err), -1, "%s", err);
+    cr_assert(strstr(err, "killed by signal 9"), "%s", err);
+    /* Reaped: ending it now signals nothing (its pid may be another's). */
+    dk_template_end(t);
+    dk_template_destroy(&t);
+}
