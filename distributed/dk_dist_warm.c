@@ -89,16 +89,43 @@ static const char *warm_socket(dk_template_t **slot, const dk_dist_opts_t *opts,
  * that the thread holding it can always get the GIL back. */
 static pthread_mutex_t warm_lock = PTHREAD_MUTEX_INITIALIZER;
 
-const char *dk_dist_warm_socket(dk_template_t **slot, const dk_dist_opts_t *opts,
-                                const char *rank_exe, bool *interrupted, char *why,
-                                size_t whylen)
+/* Whether the calling thread is Python's main thread (the kernel's). */
+static bool on_main_thread(void)
 {
+    PyObject *threading = PyImport_ImportModule("threading");
+    PyObject *main = threading ? PyObject_CallMethod(threading, "main_thread", NULL) : NULL;
+    PyObject *ident = main ? PyObject_GetAttrString(main, "ident") : NULL;
+    unsigned long id = ident ? PyLong_AsUnsignedLong(ident) : 0;
+    Py_XDECREF(ident);
+    Py_XDECREF(main);
+    Py_XDECREF(threading);
+    PyErr_Clear();
+    return ident && id == PyThread_get_thread_ident();
+}
+
+char *dk_dist_warm_socket(dk_template_t **slot, const dk_dist_opts_t *opts,
+                          const char *rank_exe, bool *interrupted, char *why, size_t whylen)
+{
+    *interrupted = false;
+    /* Only the main thread: the template's PR_SET_PDEATHSIG follows the
+     * thread that started it (a worker's exit would kill it and its ranks),
+     * and a run from another thread with another fingerprint would replace
+     * the template under a run that is starting ranks from it. */
+    if (opts->warm && !on_main_thread()) {
+        snprintf(why, whylen, "warm start is for runs from the kernel's main thread; this "
+                 "run came from another thread (a .distributed() call in a thread)");
+        return NULL;
+    }
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&warm_lock);
     Py_END_ALLOW_THREADS
     const char *socket = warm_socket(slot, opts, rank_exe, interrupted, why, whylen);
+    /* Copied under the lock: the template may be replaced once it is let go. */
+    char *copy = socket ? strdup(socket) : NULL;
+    if (socket && !copy)
+        snprintf(why, whylen, "out of memory");
     pthread_mutex_unlock(&warm_lock);
-    return socket;
+    return copy;
 }
 
 static const char *warm_socket(dk_template_t **slot, const dk_dist_opts_t *opts,

@@ -421,3 +421,29 @@ def test_a_file_a_warm_cell_left_open_is_written_as_on_a_cold_rank(kernel, tmp_p
         assert "True" in results[1] and "False" in results[2], results
     finally:
         kernel.execute("os.chdir(_cwd)")
+
+
+def test_a_run_from_another_thread_is_cold_and_leaves_the_template(kernel):
+    """The template's PR_SET_PDEATHSIG follows the thread that started it, and
+    a thread's run could replace the template under the main thread's: only
+    the kernel's main thread uses it."""
+    assert_warm(kernel, probe(kernel))
+    template = template_of(kernel)
+    r = kernel.execute("import threading\n"
+                       "from distkernel import distributed\n"
+                       "@distributed(num_processes=1, tracking=False)\n"
+                       "def f():\n"
+                       "    import os, sys\n"
+                       "    return ('torch' in sys.modules, os.environ['DISTKERNEL_LOG'])\n"
+                       "out = []\n"
+                       "t = threading.Thread(target=lambda: out.append(f.distributed()))\n"
+                       "t.start(); t.join()\n"
+                       "print(repr(out))", timeout=RUN)
+    assert r.status == "ok", r.describe()
+    assert "(False, '" in r.stdout, r.describe()
+    log = re.search(r"\(False, '([^']*)'\)", r.stdout).group(1)
+    with open(os.path.join(os.path.dirname(log), "warm.log")) as f:
+        why = f.read()
+    assert "main thread" in why, why
+    assert template_of(kernel) == template
+    assert_warm(kernel, probe(kernel))
