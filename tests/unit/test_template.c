@@ -12,11 +12,14 @@
 
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 static char out_text[2][8192];
@@ -79,7 +82,7 @@ static char *payload_of(const char *code, size_t *len)
 
 static char log_dir[256];
 
-static dk_job_t *run_job(dk_template_t *t, const char *code)
+static dk_job_t *run_job_env(const char *socket, const char *const *job_env, const char *code)
 {
     snprintf(log_dir, sizeof log_dir, "/tmp/dk-test-template-XXXXXX");
     cr_assert_not_null(mkdtemp(log_dir));
@@ -88,15 +91,20 @@ static dk_job_t *run_job(dk_template_t *t, const char *code)
     error_text[0] = '\0';
     size_t len;
     char *payload = payload_of(code, &len);
-    dk_job_spec_t spec = {.world_size = 2, .rank_exe = RANK_EXE, .env = env,
+    dk_job_spec_t spec = {.world_size = 2, .rank_exe = RANK_EXE, .env = job_env,
                           .payload = payload, .payload_len = len, .grace_s = 1,
-                          .log_dir = log_dir, .warm_socket = dk_template_socket(t)};
+                          .log_dir = log_dir, .warm_socket = socket};
     char err[512] = "";
     dk_job_t *job = dk_job_start(&spec, &sink, err, sizeof err);
     free(payload);
     cr_assert_not_null(job, "%s", err);
     cr_assert(dk_job_wait(job, 60000), "the job did not end");
     return job;
+}
+
+static dk_job_t *run_job(dk_template_t *t, const char *code)
+{
+    return run_job_env(dk_template_socket(t), env, code);
 }
 
 static void remove_logs(void)
@@ -274,4 +282,57 @@ Test(template, dk_template_kill_ends_it_through_its_pidfd, .timeout = 120)
     /* Reaped: ending it now signals nothing (its pid may be another's). */
     dk_template_end(t);
     dk_template_destroy(&t);
+}
+
+/* A "template" that hangs up on each request after its header. */
+static void *hang_up(void *arg)
+{
+    int listener = *(int *)arg;
+    for (int i = 0; i < 2; i++) {
+        int c = accept(listener, NULL, NULL);
+        if (c < 0)
+            continue;
+        char head[8];   /* the header (its fds dropped), then no more */
+        ssize_t n = recv(c, head, sizeof head, MSG_WAITALL);
+        (void)n;
+        close(c);
+    }
+    return NULL;
+}
+
+Test(template, a_template_that_hangs_up_mid_request_sends_the_rank_cold, .timeout = 120)
+{
+    char dir[] = "/tmp/dk-test-hangup-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    snprintf(addr.sun_path, sizeof addr.sun_path, "%s/template", dir);
+    int listener = socket(AF_UNIX, SOCK_STREAM, 0);
+    cr_assert(listener >= 0 && bind(listener, (struct sockaddr *)&addr, sizeof addr) == 0 &&
+              listen(listener, 8) == 0);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, hang_up, &listener), 0);
+    /* A request far larger than the socket's buffer: the rank is still
+     * sending it when the template hangs up. */
+    static char big[8][100000];
+    const char *big_env[16];
+    size_t k = 0;
+    for (; env[k]; k++)
+        big_env[k] = env[k];
+    for (int i = 0; i < 8; i++) {
+        snprintf(big[i], 16, "BIG%d=", i);
+        memset(big[i] + 5, 'x', sizeof big[i] - 6);
+        big[i][sizeof big[i] - 1] = '\0';
+        big_env[k++] = big[i];
+    }
+    big_env[k] = NULL;
+    dk_job_t *job = run_job_env(addr.sun_path, big_env, "print('cold', flush=True)\n");
+    pthread_join(th, NULL);
+    cr_assert_eq(dk_job_end(job), DK_END_OK, "rank 0 exit %d signal %d: %s",
+                 dk_job_rank_exit_code(job, 0), dk_job_rank_signal(job, 0), error_text);
+    cr_assert_str_eq(out_text[0], "cold\n");
+    dk_job_destroy(&job);
+    remove_logs();
+    close(listener);
+    unlink(addr.sun_path);
+    rmdir(dir);
 }
