@@ -674,6 +674,13 @@ def template_main():
             for fd in fds:
                 os.close(fd)
             children[pid] = conn
+            # The child joins the group itself too; done here as well (as
+            # dk_spawn does), it is in the group before "ok", so a killpg
+            # the requester's job sends after it reaches the rank.
+            try:
+                os.setpgid(pid, int.from_bytes(body[:4], "big"))
+            except OSError:
+                pass
             try:
                 conn.sendall(b"ok %d\n" % pid)
             except OSError:
