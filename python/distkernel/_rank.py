@@ -394,12 +394,19 @@ def _read_request(conn):
     for level, typ, data in anc:
         if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
             fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
-    if len(head) < 8:
-        head += _recv_exact(conn, 8 - len(head))
-    length = int.from_bytes(head[4:8], "big")
-    if length > 64 << 20:
-        raise ConnectionError("request too large")
-    return head[:1], list(fds), _recv_exact(conn, length)
+    try:
+        if len(head) < 8:
+            head += _recv_exact(conn, 8 - len(head))
+        length = int.from_bytes(head[4:8], "big")
+        if length > 64 << 20:
+            raise ConnectionError("request too large")
+        return head[:1], list(fds), _recv_exact(conn, length)
+    except BaseException:
+        # The fds arrived with the header: ours to close, or the template
+        # keeps them (the requester's pipes) open for good.
+        for fd in fds:
+            os.close(fd)
+        raise
 
 
 def _become_rank(body, fds, template_pid, closing):
@@ -668,9 +675,18 @@ def template_main():
                     os.close(fd)
                 continue
             if pid == 0:
-                closing = [sel, listener, conn, _Fd(wake_r), _Fd(wake_w)]
-                closing += children.values()
-                return _become_rank(body, fds, me, closing)
+                # The child never returns into the template's code: an early
+                # error would run the template's finalization (and more) here.
+                try:
+                    closing = [sel, listener, conn, _Fd(wake_r), _Fd(wake_w)]
+                    closing += children.values()
+                    _become_rank(body, fds, me, closing)
+                except BaseException:  # noqa: B902
+                    try:
+                        traceback.print_exc()
+                    except BaseException:  # noqa: B902
+                        pass
+                os._exit(1)
             for fd in fds:
                 os.close(fd)
             children[pid] = conn

@@ -336,3 +336,52 @@ Test(template, a_template_that_hangs_up_mid_request_sends_the_rank_cold, .timeou
     unlink(addr.sun_path);
     rmdir(dir);
 }
+
+static int count_fds(int pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd", pid);
+    DIR *d = opendir(path);
+    cr_assert_not_null(d);
+    int n = 0;
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
+}
+
+Test(template, a_request_cut_short_after_its_fds_leaks_none_in_the_template, .timeout = 120)
+{
+    dk_template_t *t = ready_template("");
+    int pid = dk_template_pid(t);
+    int before = count_fds(pid);
+    for (int i = 0; i < 3; i++) {
+        struct sockaddr_un addr = {.sun_family = AF_UNIX};
+        snprintf(addr.sun_path, sizeof addr.sun_path, "%s", dk_template_socket(t));
+        int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+        cr_assert(fd >= 0 && connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0);
+        /* An F request promising a body of 100 bytes, with two fds; then gone. */
+        char head[8] = {'F', 0, 0, 0, 0, 0, 0, 100};
+        int fds[2] = {1, 2};
+        union {
+            char buf[CMSG_SPACE(sizeof fds)];
+            struct cmsghdr align;
+        } ctl;
+        struct iovec iov = {.iov_base = head, .iov_len = sizeof head};
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+                             .msg_controllen = sizeof ctl.buf};
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof fds);
+        memcpy(CMSG_DATA(c), fds, sizeof fds);
+        cr_assert_eq(sendmsg(fd, &msg, MSG_NOSIGNAL), (ssize_t)sizeof head);
+        close(fd);
+    }
+    /* The template still serves (it handled all three), and holds no more fds. */
+    char err[2048] = "";
+    cr_assert_eq(dk_template_check(t, err, sizeof err), 0, "%s", err);
+    int after = count_fds(pid);
+    cr_assert_eq(after, before, "the template holds %d fds, %d before", after, before);
+    dk_template_destroy(&t);
+}
