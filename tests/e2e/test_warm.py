@@ -96,6 +96,7 @@ def test_a_warm_run_is_a_fresh_run_with_the_cold_runs_environment(kernel):
 
 
 def test_the_template_is_rebuilt_when_the_environment_cwd_or_path_change(kernel, tmp_path):
+    cwd = probe(kernel)[0]["cwd"]
     probe(kernel)
     before = template_of(kernel)
     assert before
@@ -121,24 +122,39 @@ def test_the_template_is_rebuilt_when_the_environment_cwd_or_path_change(kernel,
         before = now
     kernel.execute("import os, sys; os.environ.pop('WARM_TEST_VAR'); "
                    "sys.path.remove('/warm-test-path')")
+    kernel.execute(f"os.chdir({cwd!r})")
+
+
+# The first line of a cell that must run warm: a silent fallback to cold
+# prints False.
+WARM_LINE = "import sys\nprint('warm', 'torch' in sys.modules, flush=True)\n"
+
+
+def assert_ran_warm(r):
+    assert "[rank 0] warm True" in r.stdout and "[rank 1] warm True" in r.stdout, r.describe()
 
 
 def test_failures_on_warm_ranks_are_reported_as_on_cold_ones(kernel):
     assert_warm(kernel, probe(kernel))
-    r = kernel.execute("%%distributed num_processes=2 tracking=False\nimport os\n"
+    r = kernel.execute("%%distributed num_processes=2 tracking=False\n" + WARM_LINE +
+                       "import os, time\ntime.sleep(1)\n"
                        "if os.environ['RANK'] == '1':\n    raise ValueError('warm root cause')\n"
-                       "import time\ntime.sleep(60)", timeout=RUN)
+                       "time.sleep(60)", timeout=RUN)
     assert r.status == "error" and "warm root cause" in r.content["evalue"], r.describe()
     assert "rank 1" in r.content["evalue"], r.describe()
-    r = kernel.execute("%%distributed num_processes=2 tracking=False\nimport os, signal\n"
+    assert_ran_warm(r)
+    r = kernel.execute("%%distributed num_processes=2 tracking=False\n" + WARM_LINE +
+                       "import os, signal, time\ntime.sleep(1)\n"
                        "if os.environ['RANK'] == '0':\n    os.kill(os.getpid(), signal.SIGSEGV)\n"
-                       "import time\ntime.sleep(60)", timeout=RUN)
+                       "time.sleep(60)", timeout=RUN)
     assert r.status == "error", r.describe()
     text = r.content["evalue"] + "\n".join(r.content.get("traceback", []))
     assert "SIGSEGV" in text or "signal 11" in text, r.describe()
-    r = kernel.execute("%%distributed num_processes=2 tracking=False timeout=3\n"
+    assert_ran_warm(r)
+    r = kernel.execute("%%distributed num_processes=2 tracking=False timeout=3\n" + WARM_LINE +
                        "import time\ntime.sleep(60)", timeout=RUN)
     assert r.content.get("ename") == "TimeoutError", r.describe()
+    assert_ran_warm(r)
 
 
 def test_an_interrupt_ends_warm_ranks_with_keyboardinterrupt(kernel):

@@ -123,12 +123,14 @@ Test(template, ranks_are_forked_from_it_with_the_jobs_environment, .timeout = 12
     dk_job_t *job = run_job(t, "import os\n"
                                "print(os.getppid(), os.environ['RANK'], os.environ['WARM_TEST'],"
                                " 'DISTKERNEL_WARM_SOCKET' in os.environ, os.getpgrp() == os.getppid(),"
-                               " flush=True)\n");
+                               " os.getpgrp(), flush=True)\n");
     cr_assert_eq(dk_job_end(job), DK_END_OK, "end %d rank 0: %s exit %d sig %d state %d: %s", dk_job_end(job), out_text[0], dk_job_rank_exit_code(job, 0), dk_job_rank_signal(job, 0), dk_job_rank_state(job, 0), error_text);
     for (int r = 0; r < 2; r++) {
         char want[128];
-        /* Parent: the template. Group: the job's (not the template's). */
-        snprintf(want, sizeof want, "%d %d from-the-job False False\n", dk_template_pid(t), r);
+        /* Parent: the template. Group: the job's rank's (the stub's), not the
+         * template's. */
+        snprintf(want, sizeof want, "%d %d from-the-job False False %d\n", dk_template_pid(t),
+                 r, dk_job_rank_pid(job, r));
         cr_assert_str_eq(out_text[r], want);
     }
     char warm_log[300];
