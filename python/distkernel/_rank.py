@@ -553,8 +553,25 @@ def _hold_store_for_peers():
             return
         world = dist.get_world_size()
         deadline = time.monotonic() + EXIT_HOLD_S
-        while store.add(CHECK_OUT_KEY, 0) < world and time.monotonic() < deadline:
-            time.sleep(0.005)
+        # The job stops its ranks (SIGTERM, after a peer failed) while we
+        # hold: this rank has its result in and is done, so it exits as
+        # done, not as stopped by the job.
+        import signal
+
+        class _Stop(Exception):
+            pass
+
+        def stop(_sig, _frame):
+            raise _Stop
+
+        old = signal.signal(signal.SIGTERM, stop)
+        try:
+            while store.add(CHECK_OUT_KEY, 0) < world and time.monotonic() < deadline:
+                time.sleep(0.005)
+        except _Stop:
+            pass
+        finally:
+            signal.signal(signal.SIGTERM, old)
     except Exception:
         pass    # a store that is gone already: nothing to hold
 

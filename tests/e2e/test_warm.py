@@ -463,3 +463,20 @@ def test_a_run_from_another_thread_is_cold_and_leaves_the_template(kernel):
     assert "main thread" in why, why
     assert template_of(kernel) == template
     assert_warm(kernel, probe(kernel))
+
+
+def test_a_peer_crash_after_warm_rank_0_returned_leaves_rank_0_finished(kernel):
+    """Warm rank 0 holds the store for its peers after its RESULT; the job's
+    stop after rank 1 crashed must not make it "ended by distkernel"."""
+    assert_warm(kernel, probe(kernel))
+    r = kernel.execute("%%distributed num_processes=2 tracking=False\n" + WARM_LINE +
+                       "import os, signal, time, torch.distributed as dist\n"
+                       "dist.init_process_group('gloo')\n"
+                       "if dist.get_rank() == 1:\n"
+                       "    time.sleep(2)\n"
+                       "    os.kill(os.getpid(), signal.SIGKILL)\n"
+                       "dist.get_rank()", timeout=RUN)
+    assert r.status == "error", r.describe()
+    assert_ran_warm(r)
+    text = r.content["evalue"] + "\n".join(r.content.get("traceback", []))
+    assert "rank 0: finished" in text, r.describe()
