@@ -316,6 +316,7 @@ static dk_job_t *start_job(dk_dist_run_t *run, char **env, const char *log_dir,
         .timeout_s = run->opts.timeout_s,
         .grace_s = DK_DIST_KILL_GRACE_S,
     };
+    char *warm_socket = NULL;    /* ours: freed once dk_job_start copied it */
     dk_sink_t sink = run_sink(run);
     if (run->pool) {
         /* Started ranks: the job outlives this run, so its sink is the pool's,
@@ -332,15 +333,17 @@ static dk_job_t *start_job(dk_dist_run_t *run, char **env, const char *log_dir,
          * fits, else cold as always, with the reason in its log folder. */
         char why[2048];
         bool interrupted;
-        spec.warm_socket = dk_dist_warm_socket(run->warm, &run->opts, spec.rank_exe,
-                                               &interrupted, why, sizeof why);
+        warm_socket = dk_dist_warm_socket(run->warm, &run->opts, spec.rank_exe,
+                                          &interrupted, why, sizeof why);
         if (interrupted)
             return NULL;
-        if (!spec.warm_socket)
+        if (!warm_socket)
             dk_dist_warm_note(log_dir, why);
+        spec.warm_socket = warm_socket;
     }
     char err[1024];
     dk_job_t *job = dk_job_start(&spec, &sink, err, sizeof err);
+    free(warm_socket);
     if (job && run->pool)
         dk_dist_pool_set_job(run->pool, job);
     if (!job)

@@ -1,10 +1,10 @@
 /*
  * dk_dist_warm: the kernel's warm-start template. See the header.
  *
- * A template that failed (an import error) is kept, dead, under its
- * fingerprint: the runs after it go cold at once with the same reason instead
- * of paying for the same failure each time, until something it was built
- * from changes.
+ * A template that failed (an import error, or not ready within the wait) is
+ * ended and its fingerprint remembered with the reason: the runs after it go
+ * cold at once with that reason instead of paying for the same failure (up to
+ * WARM_BUILD_WAIT_MS) each time, until something it was built from changes.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -17,11 +17,27 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
-/* How long a run waits for its template to import before it goes cold. */
+/* How long a run waits for its template to import before it goes cold
+ * (DISTKERNEL_WARM_WAIT_S overrides it). */
 #define WARM_BUILD_WAIT_MS 180000
 #define WARM_SLICE_MS 100
+
+/* The fingerprint whose template failed, and why (under warm_lock). */
+static char failed_fp[128];
+static char failed_why[1024];
+
+static int build_wait_ms(void)
+{
+    const char *v = getenv("DISTKERNEL_WARM_WAIT_S");
+    char *end;
+    double s = v && *v ? strtod(v, &end) : -1;
+    if (!v || !*v || *end || s < 0 || s > 86400)
+        return WARM_BUILD_WAIT_MS;
+    return (int)(s * 1000);
+}
 
 /* torch, DISTKERNEL_WARM_MODULES, then warm_modules=, comma-separated. */
 static void module_list(const dk_dist_opts_t *opts, char *out, size_t len)
@@ -73,16 +89,43 @@ static const char *warm_socket(dk_template_t **slot, const dk_dist_opts_t *opts,
  * that the thread holding it can always get the GIL back. */
 static pthread_mutex_t warm_lock = PTHREAD_MUTEX_INITIALIZER;
 
-const char *dk_dist_warm_socket(dk_template_t **slot, const dk_dist_opts_t *opts,
-                                const char *rank_exe, bool *interrupted, char *why,
-                                size_t whylen)
+/* Whether the calling thread is Python's main thread (the kernel's). */
+static bool on_main_thread(void)
 {
+    PyObject *threading = PyImport_ImportModule("threading");
+    PyObject *main = threading ? PyObject_CallMethod(threading, "main_thread", NULL) : NULL;
+    PyObject *ident = main ? PyObject_GetAttrString(main, "ident") : NULL;
+    unsigned long id = ident ? PyLong_AsUnsignedLong(ident) : 0;
+    Py_XDECREF(ident);
+    Py_XDECREF(main);
+    Py_XDECREF(threading);
+    PyErr_Clear();
+    return ident && id == PyThread_get_thread_ident();
+}
+
+char *dk_dist_warm_socket(dk_template_t **slot, const dk_dist_opts_t *opts,
+                          const char *rank_exe, bool *interrupted, char *why, size_t whylen)
+{
+    *interrupted = false;
+    /* Only the main thread: the template's PR_SET_PDEATHSIG follows the
+     * thread that started it (a worker's exit would kill it and its ranks),
+     * and a run from another thread with another fingerprint would replace
+     * the template under a run that is starting ranks from it. */
+    if (opts->warm && !on_main_thread()) {
+        snprintf(why, whylen, "warm start is for runs from the kernel's main thread; this "
+                 "run came from another thread (a .distributed() call in a thread)");
+        return NULL;
+    }
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&warm_lock);
     Py_END_ALLOW_THREADS
     const char *socket = warm_socket(slot, opts, rank_exe, interrupted, why, whylen);
+    /* Copied under the lock: the template may be replaced once it is let go. */
+    char *copy = socket ? strdup(socket) : NULL;
+    if (socket && !copy)
+        snprintf(why, whylen, "out of memory");
     pthread_mutex_unlock(&warm_lock);
-    return socket;
+    return copy;
 }
 
 static const char *warm_socket(dk_template_t **slot, const dk_dist_opts_t *opts,
@@ -105,6 +148,13 @@ static const char *warm_socket(dk_template_t **slot, const dk_dist_opts_t *opts,
     module_list(opts, modules, sizeof modules);
     if (!fingerprint(modules, fp, sizeof fp, why, whylen))
         return NULL;
+    if (failed_fp[0] && strcmp(failed_fp, fp) == 0) {
+        snprintf(why, whylen, "the template built from this kernel's state failed before "
+                 "(%s); a change to the environment, working directory, sys.path, packages "
+                 "or warm modules builds a new one", failed_why);
+        return NULL;
+    }
+    failed_fp[0] = '\0';
     const char *rebuilt = "";
     char gone[512];
     if (*slot && strcmp(dk_template_fingerprint(*slot), fp) != 0) {
@@ -113,9 +163,7 @@ static const char *warm_socket(dk_template_t **slot, const dk_dist_opts_t *opts,
                   "packages or warm modules changed): ";
     } else if (*slot && dk_template_was_ready(*slot) &&
                dk_template_ready(*slot, 0, gone, sizeof gone) < 0) {
-        /* It served and then ended (killed, out of memory): build another. A
-         * template that never got ready stays, so that the same import error
-         * is not paid for by every run. */
+        /* It served and then ended (killed, out of memory): build another. */
         dk_template_destroy(slot);
         rebuilt = "a new template (the last one had ended): ";
     }
@@ -129,8 +177,8 @@ static const char *warm_socket(dk_template_t **slot, const dk_dist_opts_t *opts,
             return NULL;
         }
     }
-    int ready = 0;
-    for (int waited = 0; ready == 0 && waited < WARM_BUILD_WAIT_MS; waited += WARM_SLICE_MS) {
+    int ready = 0, wait_ms = build_wait_ms();
+    for (int waited = 0; ready == 0 && waited < wait_ms; waited += WARM_SLICE_MS) {
         Py_BEGIN_ALLOW_THREADS
         ready = dk_template_ready(*slot, WARM_SLICE_MS, why, whylen);
         Py_END_ALLOW_THREADS
@@ -140,14 +188,35 @@ static const char *warm_socket(dk_template_t **slot, const dk_dist_opts_t *opts,
             return NULL;
         }
     }
-    if (ready == 0) {
-        snprintf(why, whylen, "the template was not ready after %d s (still importing %s)",
-                 WARM_BUILD_WAIT_MS / 1000, modules);
+    if (ready == 0)
+        snprintf(why, whylen, "the template was not ready after %.1f s (still importing %s)",
+                 wait_ms / 1000.0, modules);
+    if (ready <= 0 && !dk_template_was_ready(*slot)) {
+        /* Never ready: end it, and let no later run wait for the same. */
+        snprintf(failed_fp, sizeof failed_fp, "%s", fp);
+        snprintf(failed_why, sizeof failed_why, "%s", why);
+        dk_template_destroy(slot);
         return NULL;
     }
-    if (ready < 0 || dk_template_check(*slot, why, whylen) < 0)
+    if (ready <= 0 || dk_template_check(*slot, why, whylen) < 0)
         return NULL;
     return dk_template_socket(*slot);
+}
+
+void dk_dist_warm_end(dk_template_t **slot)
+{
+    /* A run may hold the lock while it waits for the template (up to the
+     * build wait): exit does not wait that long. Without the lock only the
+     * pidfd is safe to signal (the run may reap the template meanwhile). */
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 2;
+    if (pthread_mutex_timedlock(&warm_lock, &until) != 0) {
+        dk_template_kill(*slot);
+        return;
+    }
+    dk_template_end(*slot);
+    pthread_mutex_unlock(&warm_lock);
 }
 
 void dk_dist_warm_note(const char *log_dir, const char *why)

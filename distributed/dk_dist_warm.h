@@ -22,14 +22,19 @@
 
 #include <stddef.h>
 
-/* The socket of a template fit for a fresh run with OPTS, building or
- * rebuilding the one in *SLOT as needed (RANK_EXE runs it); NULL with the
- * reason in WHY when the run is to be cold. Returns NULL with a Python
- * exception set (then *INTERRUPTED is true) when the user interrupted the
- * build. Called with the GIL held; releases it while waiting. */
-const char *dk_dist_warm_socket(dk_template_t **slot, const dk_dist_opts_t *opts,
-                                const char *rank_exe, bool *interrupted, char *why,
-                                size_t whylen);
+/* The socket path (a new string, the caller frees it) of a template fit for
+ * a fresh run with OPTS, building or rebuilding the one in *SLOT as needed
+ * (RANK_EXE runs it); NULL with the reason in WHY when the run is to be cold
+ * (always, for a run from a thread other than the kernel's main thread).
+ * Returns NULL with a Python exception set (then *INTERRUPTED is true) when
+ * the user interrupted the build. Called with the GIL held; releases it while
+ * waiting. */
+char *dk_dist_warm_socket(dk_template_t **slot, const dk_dist_opts_t *opts,
+                          const char *rank_exe, bool *interrupted, char *why, size_t whylen);
+
+/* At the kernel's exit, from any thread: end the template in *SLOT
+ * (dk_template_end) under the lock the runs take. */
+void dk_dist_warm_end(dk_template_t **slot);
 
 /* Write WHY to warm.log in LOG_DIR (and to stderr under DISTKERNEL_DEBUG). */
 void dk_dist_warm_note(const char *log_dir, const char *why);

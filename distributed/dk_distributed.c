@@ -28,6 +28,7 @@
 #include "dk_distributed.h"
 #include "dk_dist_logs.h"
 #include "dk_dist_opts.h"
+#include "dk_dist_warm.h"
 #include "dk_dist_pool.h"
 #include "dk_dist_run.h"
 #include "dk_python.h"
@@ -474,7 +475,7 @@ static void stop_pool(void *data)
 static void stop_template(void *data)
 {
     dk_distributed_t *d = data;
-    dk_template_end(d->warm);
+    dk_dist_warm_end(&d->warm);
 }
 
 static void stop_tracking_server(void *data)

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -29,6 +30,7 @@
 
 #define DK_TEMPLATE_TAIL 2048
 #define SOCKET_NAME "template"
+#define READY_LINE "\nready\n"
 
 extern char **environ;
 
@@ -37,7 +39,10 @@ struct dk_template_t {
     bool ready, reaped;
     int status;
     char *dir, *socket, *fingerprint;
-    char out[64];                   /* stdout so far (only "ready\n" is expected) */
+    /* The last bytes of stdout: "ready" is looked for as a whole line over
+     * this window and each new read, so that a warm module's banner of any
+     * length, printed at import, does not hide it. */
+    char out[sizeof READY_LINE];
     size_t out_len;
     char tail[DK_TEMPLATE_TAIL];    /* the last of stderr */
     size_t tail_len;
@@ -97,6 +102,8 @@ dk_template_t *dk_template_start(const char *rank_exe, const char *const *env,
         return NULL;
     }
     t->sp.pid = -1;
+    t->out[0] = '\n';      /* the first byte of stdout starts a line */
+    t->out_len = 1;
     char *program = dk_spawn_find_program(rank_exe, err, errlen);
     if (!program || !(t->dir = make_dir(err, errlen)))
         goto fail;
@@ -108,7 +115,7 @@ dk_template_t *dk_template_start(const char *rank_exe, const char *const *env,
     }
     const char *const *base = env ? env : (const char *const *)environ;
     char *sock_var = NULL, *mod_var = NULL, *path_var = NULL;
-    const char *set[4];
+    const char *set[5];
     size_t k = 0;
     if (asprintf(&sock_var, "DISTKERNEL_TEMPLATE=%s", t->socket) >= 0)
         set[k++] = sock_var;
@@ -118,6 +125,10 @@ dk_template_t *dk_template_start(const char *rank_exe, const char *const *env,
         set[k++] = path_var;
     if (!dk_spawn_env_get(base, "OMP_NUM_THREADS"))
         set[k++] = "OMP_NUM_THREADS=1";
+    /* torch.cuda.is_available() in a warm module then asks NVML, not the
+     * driver: cuInit in the template would break CUDA in every rank forked
+     * from it. The template's own: a rank gets the requester's environment. */
+    set[k++] = "PYTORCH_NVML_BASED_CUDA_CHECK=1";
     char **envp = k >= 3 ? dk_spawn_env_build(base, set, k) : NULL;
     free(sock_var);
     free(mod_var);
@@ -150,12 +161,18 @@ static void drain(dk_template_t *t)
 {
     char buf[4096];
     ssize_t n;
+    const size_t keep_out = sizeof READY_LINE - 2;     /* all of the line but one byte */
+    char scan[sizeof READY_LINE + sizeof buf];
     while (t->sp.out_fd >= 0 && (n = read(t->sp.out_fd, buf, sizeof buf)) > 0) {
-        size_t room = sizeof t->out - 1 - t->out_len;
-        size_t take = (size_t)n < room ? (size_t)n : room;
-        memcpy(t->out + t->out_len, buf, take);
-        t->out_len += take;
-        t->out[t->out_len] = '\0';
+        if (t->ready)
+            continue;
+        memcpy(scan, t->out, t->out_len);
+        memcpy(scan + t->out_len, buf, (size_t)n);
+        size_t len = t->out_len + (size_t)n;
+        if (memmem(scan, len, READY_LINE, sizeof READY_LINE - 1))
+            t->ready = true;
+        t->out_len = len < keep_out ? len : keep_out;
+        memcpy(t->out, scan + len - t->out_len, t->out_len);
     }
     while (t->sp.err_fd >= 0 && (n = read(t->sp.err_fd, buf, sizeof buf)) > 0) {
         if ((size_t)n >= sizeof t->tail) {
@@ -170,8 +187,6 @@ static void drain(dk_template_t *t)
         }
         t->tail[t->tail_len] = '\0';
     }
-    if (!t->ready && strstr(t->out, "ready\n"))
-        t->ready = true;
 }
 
 /* True (and the reason in WHY) when the template has exited. */
@@ -299,10 +314,20 @@ void dk_template_end(dk_template_t *t)
 {
     if (!t || t->sp.pid <= 0)
         return;
-    kill(-t->sp.pid, SIGKILL);
-    kill(t->sp.pid, SIGKILL);
+    /* Once reaped, its pid (and group id) may be another process's now. */
+    if (!t->reaped) {
+        kill(-t->sp.pid, SIGKILL);
+        kill(t->sp.pid, SIGKILL);
+    }
     unlink(t->socket);
     rmdir(t->dir);
+}
+
+void dk_template_kill(const dk_template_t *t)
+{
+    /* The pidfd names this process and no other, reaped or not. */
+    if (t && t->sp.pidfd >= 0)
+        syscall(SYS_pidfd_send_signal, t->sp.pidfd, SIGKILL, NULL, 0);
 }
 
 void dk_template_destroy(dk_template_t **t_p)

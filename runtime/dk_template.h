@@ -55,10 +55,16 @@ int dk_template_pid(const dk_template_t *t);
 /* Kilobytes of the template's resident memory (VmRSS), or -1. */
 long dk_template_rss_kb(const dk_template_t *t);
 
-/* At the host's exit, from any thread: SIGKILL to the template's group and
- * its socket and folder removed; the object stays valid (dk_template_destroy
- * still frees it) and refuses ranks from then on. */
+/* At the host's exit, holding what serializes the template's other calls
+ * (it reads whether the template was reaped): SIGKILL to the template's group
+ * unless reaped, and its socket and folder removed; the object stays valid
+ * (dk_template_destroy still frees it) and refuses ranks from then on. */
 void dk_template_end(dk_template_t *t);
+
+/* SIGKILL to the template process alone, through its pidfd (nothing without
+ * one): safe from any thread, even while another reaps it, since a pidfd
+ * never names a later process that reuses the pid. */
+void dk_template_kill(const dk_template_t *t);
 
 /* Kill the template (SIGKILL to its group; the ranks it forked die with it),
  * reap it, remove its socket and directory, free. Sets *T_P to NULL. */

@@ -53,10 +53,12 @@ static void note_cold(const char *why)
     close(fd);
 }
 
-static int write_all(int fd, const char *p, size_t n)
+static int send_all(int fd, const char *p, size_t n)
 {
     while (n) {
-        ssize_t w = write(fd, p, n);
+        /* Not write(): a template that died mid-request must not SIGPIPE us,
+         * only send us cold. */
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
         if (w < 0 && errno == EINTR)
             continue;
         if (w <= 0)
@@ -146,13 +148,13 @@ static int warm_rank(const char *path)
     c->cmsg_len = CMSG_LEN(sizeof fds);
     memcpy(CMSG_DATA(c), fds, sizeof fds);
     char line[512];
-    if (sendmsg(fd, &msg, MSG_NOSIGNAL) != (ssize_t)sizeof head || write_all(fd, body, len) < 0 ||
+    if (sendmsg(fd, &msg, MSG_NOSIGNAL) != (ssize_t)sizeof head || send_all(fd, body, len) < 0 ||
         !read_line(fd, line, sizeof line)) {
         snprintf(why, sizeof why, "the template did not answer (%s)", strerror(errno));
         goto cold;
     }
     if (strncmp(line, "ok ", 3) != 0) {
-        snprintf(why, sizeof why, "the template refused: %s",
+        snprintf(why, sizeof why, "the template refused: %.400s",
                  strncmp(line, "no ", 3) == 0 ? line + 3 : line);
         goto cold;
     }
@@ -164,6 +166,12 @@ static int warm_rank(const char *path)
     sigaddset(&stops, SIGTERM);
     sigaddset(&stops, SIGHUP);
     sigprocmask(SIG_BLOCK, &stops, NULL);
+    /* An interrupt that came while we asked (SIGINT is blocked from our
+     * start) was for the rank, which did not exist yet: pass it on to the
+     * group, the rank in it now (the template set its group before "ok"). */
+    sigset_t pending;
+    if (sigpending(&pending) == 0 && sigismember(&pending, SIGINT))
+        killpg(0, SIGINT);
     if (!read_line(fd, line, sizeof line) || strncmp(line, "exit ", 5) != 0) {
         fprintf(stderr, "distkernel-rank: the warm-start template ended before this rank "
                         "did (the rank was killed with it)\n");

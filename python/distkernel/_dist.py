@@ -8,6 +8,8 @@ result.
 
 import ast
 import linecache
+import os
+import sys
 
 import cloudpickle
 from IPython.core.interactiveshell import InteractiveShell
@@ -118,15 +120,42 @@ def with_env(payload, env):
     return cloudpickle.dumps(job, protocol=5)
 
 
+def _is_package_folder(folder):
+    """Whether pip installs into FOLDER: its mtime then says when a package
+    came or went. Any other folder on sys.path ('' and the working directory
+    among them) changes with every file written there, a notebook's autosave
+    too, and must not rebuild the template."""
+    if os.path.basename(folder) in ("site-packages", "dist-packages"):
+        return True
+    try:
+        with os.scandir(folder) as entries:
+            return any(e.name.endswith((".dist-info", ".egg-info", ".pth")) for e in entries)
+    except OSError:
+        return False
+
+
+def _module_file(name):
+    """The file NAME would be imported from, found without importing it (for
+    a dotted name whose parent is not imported yet, the top package's)."""
+    import importlib.util
+
+    parent = name.rpartition(".")[0]
+    if parent and parent not in sys.modules:
+        name = name.partition(".")[0]
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    return getattr(spec, "origin", None)
+
+
 def warm_fingerprint(modules):
     """What a warm-start template is built from, as a digest: the kernel's
-    environment, working directory and sys.path, the modules it imports, and
-    the state of the installed packages (the mtime of every sys.path folder,
-    which changes when pip adds or removes a package there). A template whose
-    fingerprint differs from the kernel's now is stale."""
+    environment, working directory and sys.path, the modules it imports, the
+    state of the installed packages (the mtime of each package folder on
+    sys.path, which changes when pip adds or removes a package there) and of
+    the warm modules' own files (edited in place, they change no folder)."""
     import hashlib
-    import os
-    import sys
 
     h = hashlib.sha256()
 
@@ -139,8 +168,17 @@ def warm_fingerprint(modules):
         "modules", modules)
     for entry in sys.path:
         folder = os.path.abspath(entry or ".")
+        if not _is_package_folder(folder):
+            continue
         try:
             add(folder, os.stat(folder).st_mtime_ns)
         except OSError:
             add(folder, None)
+    for name in modules.split(","):
+        name = name.strip()
+        origin = _module_file(name) if name else None
+        try:
+            add(name, origin, os.stat(origin).st_mtime_ns if origin else None)
+        except OSError:
+            add(name, origin, None)
     return h.hexdigest()

@@ -65,6 +65,9 @@ def main():
         # Stopped before the user's code ran (another rank failed first, or the
         # cell was interrupted): nothing of ours is worth a traceback.
         return 130
+    finally:
+        # Every rank, cold or warm: a warm rank 0 waits for all of them.
+        _check_out_of_store()
 
 
 FLUSH_INTERVAL = 0.02
@@ -344,6 +347,31 @@ def _template_unfit():
     cuda = getattr(torch, "cuda", None)
     if cuda is not None and cuda.is_initialized():
         return "CUDA was initialised in the template (a warm module used the GPU)"
+    # torch.cuda.is_initialized() is not enough: torch.cuda.is_available()
+    # runs cuInit (without the NVML check, which the kernel asks for, a
+    # module may still call the driver itself) and leaves it False. The
+    # driver mapped or its device files open is what poisons a fork.
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                lib = line.rpartition("/")[2].strip()
+                if lib.startswith(("libcuda.so", "libnvidia")):
+                    return (f"{lib} (the CUDA driver) is loaded in the template; a warm "
+                            "module used the GPU, and a forked rank could not")
+    except OSError:
+        pass
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        fds = []
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/dev/nvidia"):
+            return (f"{target} is open in the template; a warm module used the GPU, "
+                    "and a forked rank could not")
     return None
 
 
@@ -366,12 +394,19 @@ def _read_request(conn):
     for level, typ, data in anc:
         if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
             fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
-    if len(head) < 8:
-        head += _recv_exact(conn, 8 - len(head))
-    length = int.from_bytes(head[4:8], "big")
-    if length > 64 << 20:
-        raise ConnectionError("request too large")
-    return head[:1], list(fds), _recv_exact(conn, length)
+    try:
+        if len(head) < 8:
+            head += _recv_exact(conn, 8 - len(head))
+        length = int.from_bytes(head[4:8], "big")
+        if length > 64 << 20:
+            raise ConnectionError("request too large")
+        return head[:1], list(fds), _recv_exact(conn, length)
+    except BaseException:
+        # The fds arrived with the header: ours to close, or the template
+        # keeps them (the requester's pipes) open for good.
+        for fd in fds:
+            os.close(fd)
+        raise
 
 
 def _become_rank(body, fds, template_pid, closing):
@@ -425,6 +460,7 @@ def _become_rank(body, fds, template_pid, closing):
     numpy = sys.modules.get("numpy")
     if numpy is not None and hasattr(numpy, "random"):
         numpy.random.seed()
+    template_names = set(sys.modules["__main__"].__dict__)
     try:
         rc = main()
     except SystemExit as exc:
@@ -432,16 +468,20 @@ def _become_rank(body, fds, template_pid, closing):
     except BaseException:  # noqa: B902 - as PyErr_Print would, for a cold rank
         traceback.print_exc()
         rc = 1
-    _exit_warm(rc)
+    _exit_warm(rc, template_names)
 
 
-def _exit_warm(rc):
+def _exit_warm(rc, template_names=()):
     """End a forked rank as interpreter shutdown would, less the teardown of
     every module: that touches every object the template imported, so each
     page shared with the template is copied, seconds for torch. Non-daemon
     threads are waited for and atexit handlers run (the output flusher's
-    among them), as at a cold rank's exit."""
+    among them), as at a cold rank's exit; then what the user's code made
+    (its names in __main__, all but TEMPLATE_NAMES) is dropped and
+    collected, so that a file left open is closed (its buffer written) and
+    __del__ runs, as the teardown of __main__ would."""
     import atexit
+    import gc
     import threading
     _hold_store_for_peers()
     try:
@@ -449,6 +489,16 @@ def _exit_warm(rc):
     except BaseException:  # noqa: B902
         pass
     atexit._run_exitfuncs()
+    try:
+        for name in ("last_type", "last_value", "last_traceback"):
+            if hasattr(sys, name):
+                setattr(sys, name, None)
+        main_ns = sys.modules["__main__"].__dict__
+        for name in [n for n in main_ns if n not in template_names]:
+            del main_ns[name]
+        gc.collect()
+    except BaseException:  # noqa: B902 - a __del__ that raises ends nothing
+        pass
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -458,6 +508,30 @@ def _exit_warm(rc):
 
 
 EXIT_HOLD_S = 60.0
+CHECK_OUT_KEY = "distkernel_warm_exit"
+
+
+def _default_store():
+    """The env:// process group's store, or None."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return None
+        from torch.distributed import distributed_c10d
+        return distributed_c10d._get_default_store()
+    except Exception:
+        return None
+
+
+def _check_out_of_store():
+    """Tell rank 0 (which may be warm and hold the store for its peers) that
+    this rank is done with the store."""
+    store = _default_store()
+    try:
+        if store is not None:
+            store.add(CHECK_OUT_KEY, 1)
+    except Exception:
+        pass    # a store that is gone already: nobody waits
 
 
 def _hold_store_for_peers():
@@ -465,22 +539,39 @@ def _hold_store_for_peers():
     a peer still finishing init_process_group (which talks to the store after
     its barrier) gets "Connection reset by peer". A cold rank 0 takes long
     enough over its interpreter's teardown that this is never seen; a warm one
-    exits at once. So each warm rank checks out in the store, and rank 0 waits
-    (at most EXIT_HOLD_S) until every rank has."""
-    dist = sys.modules.get("torch.distributed")
+    exits at once. So every rank, cold or warm, checks out in the store as its
+    main() ends (_check_out_of_store), and a warm rank 0 waits (at most
+    EXIT_HOLD_S, for a peer that died without checking out) until every rank
+    has."""
+    store = _default_store()
     try:
-        if dist is None or not dist.is_available() or not dist.is_initialized():
+        if store is None:
             return
         import time
-        from torch.distributed import distributed_c10d
-        store = distributed_c10d._get_default_store()
-        world = dist.get_world_size()
-        store.add("distkernel_warm_exit", 1)
+        dist = sys.modules["torch.distributed"]
         if dist.get_rank() != 0:
             return
+        world = dist.get_world_size()
         deadline = time.monotonic() + EXIT_HOLD_S
-        while store.add("distkernel_warm_exit", 0) < world and time.monotonic() < deadline:
-            time.sleep(0.005)
+        # The job stops its ranks (SIGTERM, after a peer failed) while we
+        # hold: this rank has its result in and is done, so it exits as
+        # done, not as stopped by the job.
+        import signal
+
+        class _Stop(Exception):
+            pass
+
+        def stop(_sig, _frame):
+            raise _Stop
+
+        old = signal.signal(signal.SIGTERM, stop)
+        try:
+            while store.add(CHECK_OUT_KEY, 0) < world and time.monotonic() < deadline:
+                time.sleep(0.005)
+        except _Stop:
+            pass
+        finally:
+            signal.signal(signal.SIGTERM, old)
     except Exception:
         pass    # a store that is gone already: nothing to hold
 
@@ -532,7 +623,8 @@ def template_main():
     sel.register(wake_r, selectors.EVENT_READ)
     children = {}       # pid -> the connection that asked for it
     me = os.getpid()
-    sys.stdout.write("ready\n")
+    # On a line of its own, whatever a warm module printed before it.
+    sys.stdout.write("\nready\n")
     sys.stdout.flush()
 
     class _Fd:
@@ -600,12 +692,28 @@ def template_main():
                     os.close(fd)
                 continue
             if pid == 0:
-                closing = [sel, listener, conn, _Fd(wake_r), _Fd(wake_w)]
-                closing += children.values()
-                return _become_rank(body, fds, me, closing)
+                # The child never returns into the template's code: an early
+                # error would run the template's finalization (and more) here.
+                try:
+                    closing = [sel, listener, conn, _Fd(wake_r), _Fd(wake_w)]
+                    closing += children.values()
+                    _become_rank(body, fds, me, closing)
+                except BaseException:  # noqa: B902
+                    try:
+                        traceback.print_exc()
+                    except BaseException:  # noqa: B902
+                        pass
+                os._exit(1)
             for fd in fds:
                 os.close(fd)
             children[pid] = conn
+            # The child joins the group itself too; done here as well (as
+            # dk_spawn does), it is in the group before "ok", so a killpg
+            # the requester's job sends after it reaches the rank.
+            try:
+                os.setpgid(pid, int.from_bytes(body[:4], "big"))
+            except OSError:
+                pass
             try:
                 conn.sendall(b"ok %d\n" % pid)
             except OSError:

@@ -96,6 +96,7 @@ def test_a_warm_run_is_a_fresh_run_with_the_cold_runs_environment(kernel):
 
 
 def test_the_template_is_rebuilt_when_the_environment_cwd_or_path_change(kernel, tmp_path):
+    cwd = probe(kernel)[0]["cwd"]
     probe(kernel)
     before = template_of(kernel)
     assert before
@@ -121,24 +122,39 @@ def test_the_template_is_rebuilt_when_the_environment_cwd_or_path_change(kernel,
         before = now
     kernel.execute("import os, sys; os.environ.pop('WARM_TEST_VAR'); "
                    "sys.path.remove('/warm-test-path')")
+    kernel.execute(f"os.chdir({cwd!r})")
+
+
+# The first line of a cell that must run warm: a silent fallback to cold
+# prints False.
+WARM_LINE = "import sys\nprint('warm', 'torch' in sys.modules, flush=True)\n"
+
+
+def assert_ran_warm(r):
+    assert "[rank 0] warm True" in r.stdout and "[rank 1] warm True" in r.stdout, r.describe()
 
 
 def test_failures_on_warm_ranks_are_reported_as_on_cold_ones(kernel):
     assert_warm(kernel, probe(kernel))
-    r = kernel.execute("%%distributed num_processes=2 tracking=False\nimport os\n"
+    r = kernel.execute("%%distributed num_processes=2 tracking=False\n" + WARM_LINE +
+                       "import os, time\ntime.sleep(1)\n"
                        "if os.environ['RANK'] == '1':\n    raise ValueError('warm root cause')\n"
-                       "import time\ntime.sleep(60)", timeout=RUN)
+                       "time.sleep(60)", timeout=RUN)
     assert r.status == "error" and "warm root cause" in r.content["evalue"], r.describe()
     assert "rank 1" in r.content["evalue"], r.describe()
-    r = kernel.execute("%%distributed num_processes=2 tracking=False\nimport os, signal\n"
+    assert_ran_warm(r)
+    r = kernel.execute("%%distributed num_processes=2 tracking=False\n" + WARM_LINE +
+                       "import os, signal, time\ntime.sleep(1)\n"
                        "if os.environ['RANK'] == '0':\n    os.kill(os.getpid(), signal.SIGSEGV)\n"
-                       "import time\ntime.sleep(60)", timeout=RUN)
+                       "time.sleep(60)", timeout=RUN)
     assert r.status == "error", r.describe()
     text = r.content["evalue"] + "\n".join(r.content.get("traceback", []))
     assert "SIGSEGV" in text or "signal 11" in text, r.describe()
-    r = kernel.execute("%%distributed num_processes=2 tracking=False timeout=3\n"
+    assert_ran_warm(r)
+    r = kernel.execute("%%distributed num_processes=2 tracking=False timeout=3\n" + WARM_LINE +
                        "import time\ntime.sleep(60)", timeout=RUN)
     assert r.content.get("ename") == "TimeoutError", r.describe()
+    assert_ran_warm(r)
 
 
 def test_an_interrupt_ends_warm_ranks_with_keyboardinterrupt(kernel):
@@ -296,3 +312,171 @@ def test_a_template_that_ended_is_replaced_by_the_next_run(kernel):
     ranks = probe(kernel)
     assert template_of(kernel) not in (None, before)
     assert_warm(kernel, ranks)
+
+
+def warm_log_of(kernel, modules):
+    """What the run's warm.log says, for a one-rank run with MODULES warm."""
+    r = kernel.execute(f"%%distributed num_processes=1 tracking=False warm_modules={modules}\n"
+                       "import os\nos.environ['DISTKERNEL_LOG']", timeout=RUN)
+    assert r.status == "ok", r.describe()
+    log_dir = os.path.dirname(re.search(r"'(.*)'", r.result).group(1))
+    try:
+        with open(os.path.join(log_dir, "warm.log")) as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
+
+
+def test_a_warm_module_that_loads_the_cuda_driver_makes_the_run_cold(fresh_kernel, tmp_path):
+    """torch.cuda.is_available() runs cuInit yet leaves is_initialized() False:
+    a template holding the driver would hand every rank a broken CUDA. The
+    driver here is the fake one, copied (so /proc/self/maps names it
+    libcuda.so.1) and loaded with ctypes at import."""
+    k = fresh_kernel
+    built = os.path.abspath(os.environ.get("DISTKERNEL_FAKE_CUDA", ""))
+    assert os.environ.get("DISTKERNEL_FAKE_CUDA"), \
+        "DISTKERNEL_FAKE_CUDA must name the folder holding the fake CUDA libraries"
+    import shutil
+    shutil.copy(os.path.join(built, "libfake_cudart.so"), tmp_path / "libcuda.so.1")
+    (tmp_path / "warm_cuda_mod.py").write_text(
+        f"import ctypes\nctypes.CDLL({str(tmp_path / 'libcuda.so.1')!r})\n")
+    r = k.execute(f"import sys; sys.path.insert(0, {str(tmp_path)!r})")
+    assert r.status == "ok", r.describe()
+    ranks = probe(k, "warm_modules=warm_cuda_mod")
+    for info in ranks.values():
+        assert not info["torch_first"] and info["ppid"] == k.pid, info
+    why = warm_log_of(k, "warm_cuda_mod")
+    assert "started cold" in why and "libcuda.so.1" in why and "warm module" in why, why
+    # The template itself was asked to use NVML for is_available().
+    template = template_of(k)
+    assert template
+    assert psutil.Process(template).environ().get("PYTORCH_NVML_BASED_CUDA_CHECK") == "1"
+
+
+def test_a_warm_module_that_prints_a_banner_at_import_runs_warm(fresh_kernel, tmp_path):
+    """The template says "ready" on its stdout: 200 bytes printed before it
+    once hid it, and every run waited for the template and went cold."""
+    k = fresh_kernel
+    (tmp_path / "warm_banner_mod.py").write_text("print('banner ' * 40)\n")
+    r = k.execute(f"import sys; sys.path.insert(0, {str(tmp_path)!r})")
+    assert r.status == "ok", r.describe()
+    probe(k, "warm_modules=warm_banner_mod")
+    assert_warm(k, probe(k, "warm_modules=warm_banner_mod"))
+
+
+def test_a_template_not_ready_in_time_is_ended_and_not_waited_for_again(kernelspec_installed,
+                                                                        tmp_path):
+    (tmp_path / "warm_slow_mod.py").write_text("import time\ntime.sleep(3600)\n")
+    k = support.Kernel.start(env=support.kernel_env(DISTKERNEL_WARM_WAIT_S="1"))
+    try:
+        r = k.execute(f"import sys; sys.path.insert(0, {str(tmp_path)!r})")
+        assert r.status == "ok", r.describe()
+        why = warm_log_of(k, "warm_slow_mod")
+        assert "not ready after 1.0 s" in why, why
+        assert template_of(k) is None, "the template that was not ready runs on"
+        why = warm_log_of(k, "warm_slow_mod")
+        assert "failed before" in why and "not ready after 1.0 s" in why, why
+        assert template_of(k) is None
+        # Another fingerprint is tried afresh (whether torch imports within
+        # the 1 s is up to the machine).
+        assert "failed before" not in warm_log_of(k, "json")
+    finally:
+        k.stop()
+
+
+def test_a_file_written_in_the_working_directory_keeps_the_template_an_edited_module_not(
+        fresh_kernel, tmp_path):
+    """A notebook's autosave writes into its folder (cwd, '' on sys.path): the
+    folder's mtime must not rebuild the template. A warm module's file edited
+    in place (its folder's mtime as before) must."""
+    k = fresh_kernel
+    work, mods = tmp_path / "work", tmp_path / "mods"
+    work.mkdir()
+    mods.mkdir()
+    mod = mods / "warm_local_mod.py"
+    mod.write_text("VALUE = 1\n")
+    r = k.execute(f"import os, sys; os.chdir({str(work)!r}); sys.path.insert(0, {str(mods)!r})")
+    assert r.status == "ok", r.describe()
+    opts = "warm_modules=warm_local_mod"
+    probe(k, opts)
+    assert_warm(k, probe(k, opts))
+    before = template_of(k)
+    (work / ".~notebook.ipynb").write_text("{}")
+    (work / ".~notebook.ipynb").unlink()
+    (work / "out.txt").write_text("x")
+    assert_warm(k, probe(k, opts))
+    assert template_of(k) == before, "a file written in the working directory rebuilt it"
+    folder = os.stat(mods)
+    time.sleep(0.05)
+    mod.write_text("VALUE = 2\n")
+    os.utime(mods, ns=(folder.st_atime_ns, folder.st_mtime_ns))
+    os.utime(mod, ns=(folder.st_atime_ns, folder.st_mtime_ns + 1_000_000_000))
+    ranks = probe(k, opts)
+    assert template_of(k) not in (None, before), "the edited warm module did not rebuild it"
+    assert_warm(k, ranks)
+
+
+def test_a_file_a_warm_cell_left_open_is_written_as_on_a_cold_rank(kernel, tmp_path):
+    """A cold rank's interpreter teardown clears __main__, closing the file;
+    a warm rank ends with os._exit and must do the same first."""
+    r = kernel.execute(f"import os; _cwd = os.getcwd(); os.chdir({str(tmp_path)!r})")
+    assert r.status == "ok", r.describe()
+    results = []
+    try:
+        for opts in ("", "", "warm=False"):
+            out = tmp_path / "out.txt"
+            if out.exists():
+                out.unlink()
+            r = kernel.execute(f"%%distributed num_processes=1 tracking=False {opts}\n"
+                               "import sys\nWARM = 'torch' in sys.modules\n"
+                               "f = open('out.txt','w'); f.write('x')\nWARM", timeout=RUN)
+            assert r.status == "ok", r.describe()
+            assert out.read_text() == "x", (opts, r.result)
+            results.append(r.result)
+        # The second ran warm (the first may have built the template).
+        assert "True" in results[1] and "False" in results[2], results
+    finally:
+        kernel.execute("os.chdir(_cwd)")
+
+
+def test_a_run_from_another_thread_is_cold_and_leaves_the_template(kernel):
+    """The template's PR_SET_PDEATHSIG follows the thread that started it, and
+    a thread's run could replace the template under the main thread's: only
+    the kernel's main thread uses it."""
+    assert_warm(kernel, probe(kernel))
+    template = template_of(kernel)
+    r = kernel.execute("import threading\n"
+                       "from distkernel import distributed\n"
+                       "@distributed(num_processes=1, tracking=False)\n"
+                       "def f():\n"
+                       "    import os, sys\n"
+                       "    return ('torch' in sys.modules, os.environ['DISTKERNEL_LOG'])\n"
+                       "out = []\n"
+                       "t = threading.Thread(target=lambda: out.append(f.distributed()))\n"
+                       "t.start(); t.join()\n"
+                       "print(repr(out))", timeout=RUN)
+    assert r.status == "ok", r.describe()
+    assert "(False, '" in r.stdout, r.describe()
+    log = re.search(r"\(False, '([^']*)'\)", r.stdout).group(1)
+    with open(os.path.join(os.path.dirname(log), "warm.log")) as f:
+        why = f.read()
+    assert "main thread" in why, why
+    assert template_of(kernel) == template
+    assert_warm(kernel, probe(kernel))
+
+
+def test_a_peer_crash_after_warm_rank_0_returned_leaves_rank_0_finished(kernel):
+    """Warm rank 0 holds the store for its peers after its RESULT; the job's
+    stop after rank 1 crashed must not make it "ended by distkernel"."""
+    assert_warm(kernel, probe(kernel))
+    r = kernel.execute("%%distributed num_processes=2 tracking=False\n" + WARM_LINE +
+                       "import os, signal, time, torch.distributed as dist\n"
+                       "dist.init_process_group('gloo')\n"
+                       "if dist.get_rank() == 1:\n"
+                       "    time.sleep(2)\n"
+                       "    os.kill(os.getpid(), signal.SIGKILL)\n"
+                       "dist.get_rank()", timeout=RUN)
+    assert r.status == "error", r.describe()
+    assert_ran_warm(r)
+    text = r.content["evalue"] + "\n".join(r.content.get("traceback", []))
+    assert "rank 0: finished" in text, r.describe()
