@@ -192,42 +192,6 @@ static bool frame_mac(dk_backchan_t *self, const unsigned char *nonce, uint32_t 
 /* ------------------------------------------------------------------------ */
 /* Setup and teardown                                                        */
 
-/* A fresh 0700 directory whose socket path fits in sun_path: under $TMPDIR, or
- * under /tmp when $TMPDIR is too long for a Unix socket. The base is checked
- * first (dk_logdir_open: reached only through directories of root or the user,
- * and sticky if others can write it), so that nobody else can rename the fresh
- * directory away and put their own in its place before the socket is bound. */
-static char *make_dir(char *err, size_t errlen)
-{
-    const char *bases[2] = {getenv("TMPDIR"), "/tmp"};
-    for (int i = 0; i < 2; i++) {
-        const char *base = bases[i];
-        if (!base || !*base)
-            continue;
-        size_t need = strlen(base) + sizeof "/distkernel-bc-XXXXXX/" SOCKET_NAME;
-        if (need > sizeof ((struct sockaddr_un *) 0)->sun_path)
-            continue;
-        int fd = dk_logdir_open(base, DK_LOGDIR_SHARED_OK,
-                                "set TMPDIR to a directory that is yours alone", err, errlen);
-        if (fd < 0)
-            return NULL;
-        close(fd);
-        char *dir = malloc(need);
-        if (!dir)
-            break;
-        snprintf(dir, need, "%s/distkernel-bc-XXXXXX", base);
-        if (mkdtemp(dir))
-            return dir;
-        dk_set_err(err, errlen, "cannot create the back-channel directory in %s: %s", base,
-                   strerror(errno));
-        free(dir);
-        return NULL;
-    }
-    dk_set_err(err, errlen, "cannot create the back-channel directory: no usable temporary "
-               "directory ($TMPDIR is unset, too long for a socket path, or /tmp is missing)");
-    return NULL;
-}
-
 static bool listen_on(dk_backchan_t *self, char *err, size_t errlen)
 {
     struct sockaddr_un addr;
@@ -356,7 +320,8 @@ dk_backchan_t *dk_backchan_new_opts(int world_size, bool persistent, const void 
         return self;
     }
 
-    if (!(self->dir = make_dir(err, errlen)))
+    if (!(self->dir = dk_logdir_socket_dir("bc", SOCKET_NAME, "the back-channel directory", err,
+                                           errlen)))
         goto fail;
     size_t plen = strlen(self->dir) + sizeof "/" SOCKET_NAME;
     if (!(self->path = malloc(plen))) {

@@ -35,6 +35,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -471,4 +472,36 @@ int dk_logdir_prune(int rootfd, const dk_logdir_policy_t *policy, pid_t self,
     }
     free(kernels.v);
     return removed;
+}
+
+char *dk_logdir_socket_dir(const char *kind, const char *socket_name, const char *what,
+                           char *err, size_t errlen)
+{
+    const char *bases[2] = {getenv("TMPDIR"), "/tmp"};
+    for (int i = 0; i < 2; i++) {
+        const char *base = bases[i];
+        if (!base || !*base)
+            continue;
+        /* "BASE/distkernel-KIND-XXXXXX/SOCKET_NAME" and its NUL */
+        size_t dir_len = strlen(base) + strlen("/distkernel-") + strlen(kind) + strlen("-XXXXXX");
+        if (dir_len + 1 + strlen(socket_name) + 1 > sizeof ((struct sockaddr_un *) 0)->sun_path)
+            continue;
+        int fd = dk_logdir_open(base, DK_LOGDIR_SHARED_OK,
+                                "set TMPDIR to a directory that is yours alone", err, errlen);
+        if (fd < 0)
+            return NULL;
+        close(fd);
+        char *dir = malloc(dir_len + 1);
+        if (!dir)
+            break;
+        snprintf(dir, dir_len + 1, "%s/distkernel-%s-XXXXXX", base, kind);
+        if (mkdtemp(dir))
+            return dir;
+        dk_set_err(err, errlen, "cannot create %s in %s: %s", what, base, strerror(errno));
+        free(dir);
+        return NULL;
+    }
+    dk_set_err(err, errlen, "cannot create %s: no usable temporary directory ($TMPDIR is "
+               "unset, too long for a socket path, or /tmp is missing)", what);
+    return NULL;
 }

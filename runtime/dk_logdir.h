@@ -51,6 +51,16 @@ char *dk_logdir_default_root(char *err, size_t errlen);
  * "set DISTKERNEL_LOG_DIR to a directory of yours". */
 int dk_logdir_open(const char *path, int flags, const char *hint, char *err, size_t errlen);
 
+/* A fresh 0700 directory "BASE/distkernel-KIND-XXXXXX" for a Unix socket
+ * named SOCKET_NAME: under $TMPDIR, or under /tmp when $TMPDIR is unset or
+ * too long for a socket path. The base is checked first (dk_logdir_open with
+ * DK_LOGDIR_SHARED_OK), so that nobody else can rename the fresh directory
+ * away and put their own in its place before the socket is bound. Returns the
+ * path (malloc'd) or NULL with a reason in ERR that names WHAT ("the back
+ * channel's directory"). */
+char *dk_logdir_socket_dir(const char *kind, const char *socket_name, const char *what,
+                           char *err, size_t errlen);
+
 /* Directory NAME in DIRFD: created 0700 (with FRESH, one that already exists
  * is an error), opened O_NOFOLLOW and checked (the user's, not writable by
  * others). Returns its descriptor or -1 with a reason in ERR. */

@@ -48,37 +48,6 @@ struct dk_template_t {
     size_t tail_len;
 };
 
-static char *make_dir(char *err, size_t errlen)
-{
-    const char *bases[2] = {getenv("TMPDIR"), "/tmp"};
-    for (int i = 0; i < 2; i++) {
-        const char *base = bases[i];
-        if (!base || !*base)
-            continue;
-        size_t need = strlen(base) + sizeof "/distkernel-warm-XXXXXX/" SOCKET_NAME;
-        if (need > sizeof ((struct sockaddr_un *) 0)->sun_path)
-            continue;
-        int fd = dk_logdir_open(base, DK_LOGDIR_SHARED_OK,
-                                "set TMPDIR to a directory that is yours alone", err, errlen);
-        if (fd < 0)
-            return NULL;
-        close(fd);
-        char *dir = malloc(need);
-        if (!dir)
-            break;
-        snprintf(dir, need, "%s/distkernel-warm-XXXXXX", base);
-        if (mkdtemp(dir))
-            return dir;
-        dk_set_err(err, errlen, "cannot create the template's directory in %s: %s", base,
-                   strerror(errno));
-        free(dir);
-        return NULL;
-    }
-    dk_set_err(err, errlen, "cannot create the template's directory: no usable temporary "
-               "directory ($TMPDIR is unset, too long for a socket path, or /tmp is missing)");
-    return NULL;
-}
-
 static void free_template(dk_template_t *t)
 {
     if (t->socket)
@@ -105,7 +74,8 @@ dk_template_t *dk_template_start(const char *rank_exe, const char *const *env,
     t->out[0] = '\n';      /* the first byte of stdout starts a line */
     t->out_len = 1;
     char *program = dk_spawn_find_program(rank_exe, err, errlen);
-    if (!program || !(t->dir = make_dir(err, errlen)))
+    if (!program || !(t->dir = dk_logdir_socket_dir("warm", SOCKET_NAME, "the template's directory",
+                                                    err, errlen)))
         goto fail;
     if (asprintf(&t->socket, "%s/" SOCKET_NAME, t->dir) < 0 ||
         !(t->fingerprint = strdup(fingerprint ? fingerprint : ""))) {

@@ -231,3 +231,49 @@ Test(logdir, folders_of_exited_kernels_go_beyond_the_newest_once_old)
     cr_assert(!exists(at("kernel-4194301")) && !exists(at("kernel-4194302")));
     close(root);
 }
+
+/* ---- socket directories ------------------------------------------------------- */
+
+Test(logdir, a_socket_directory_is_fresh_private_and_under_tmpdir)
+{
+    cr_assert_eq(mkdir(at("t"), 0700), 0);
+    setenv("TMPDIR", at("t"), 1);
+    char *dir = dk_logdir_socket_dir("test", "sock", "the test's directory", err, sizeof err);
+    cr_assert_not_null(dir, "%s", err);
+    cr_assert(strncmp(dir, at("t/distkernel-test-"), strlen(at("t/distkernel-test-"))) == 0,
+              "%s", dir);
+    struct stat st;
+    cr_assert_eq(stat(dir, &st), 0);
+    cr_assert(S_ISDIR(st.st_mode) && (st.st_mode & 0777) == 0700);
+    char *again = dk_logdir_socket_dir("test", "sock", "the test's directory", err, sizeof err);
+    cr_assert_not_null(again, "%s", err);
+    cr_assert_str_neq(again, dir);
+    rmdir(again);
+    rmdir(dir);
+    free(again);
+    free(dir);
+}
+
+Test(logdir, a_tmpdir_too_long_for_a_socket_path_falls_back_to_tmp)
+{
+    char longdir[200];
+    memset(longdir, 'x', sizeof longdir - 1);
+    longdir[0] = '/';
+    longdir[sizeof longdir - 1] = '\0';
+    setenv("TMPDIR", longdir, 1);
+    char *dir = dk_logdir_socket_dir("test", "sock", "the test's directory", err, sizeof err);
+    cr_assert_not_null(dir, "%s", err);
+    cr_assert(strncmp(dir, "/tmp/distkernel-test-", 21) == 0, "%s", dir);
+    rmdir(dir);
+    free(dir);
+}
+
+Test(logdir, a_tmpdir_others_can_write_is_refused_naming_what_and_why)
+{
+    cr_assert_eq(mkdir(at("open"), 0777), 0);
+    cr_assert_eq(chmod(at("open"), 0777), 0);
+    setenv("TMPDIR", at("open"), 1);
+    char *dir = dk_logdir_socket_dir("test", "sock", "the test's directory", err, sizeof err);
+    cr_assert_null(dir);
+    cr_assert(strstr(err, "writable by other users") && strstr(err, "TMPDIR"), "%s", err);
+}
