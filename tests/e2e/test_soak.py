@@ -293,8 +293,9 @@ def ours(tmpdir, run_ids):
 
 def orphans(kernel_pid, tmpdir, run_ids):
     """Processes of this kernel's runs not under the kernel (every one of them
-    once the kernel has ended), described."""
-    under = {p.pid for p in support.descendants(kernel_pid)} | {kernel_pid}
+    once the kernel has ended), described. The warm-start template is under
+    the kernel: it stays between runs by design, and ends with the kernel."""
+    under = {p.pid for p in support.descendants(kernel_pid, template=True)} | {kernel_pid}
     return describe([pid for pid in ours(tmpdir, run_ids) if pid not in under])
 
 
