@@ -67,7 +67,7 @@ if [ "${SANITIZE:-1}" != 0 ]; then
     -Db_sanitize=address,undefined -Db_lundef=false
   export UBSAN_OPTIONS="print_stacktrace=1:log_path=$reports/ubsan"
   ASAN_OPTIONS="detect_leaks=1:log_path=$reports/asan" \
-    LSAN_OPTIONS="suppressions=$PWD/tests/unit/lsan.supp" units build-asan
+    LSAN_OPTIONS="suppressions=$PWD/tests/unit/lsan.supp:print_suppressions=0" units build-asan
   # The kernel and its ranks embed CPython, which is not instrumented and keeps
   # its memory until the process ends, so leak checking is for the C units.
   # Timing figures under the sanitizers mean nothing: the flood test then checks
