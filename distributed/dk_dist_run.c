@@ -716,6 +716,18 @@ json_t *dk_dist_run_error(dk_dist_run_t *run, bool headline)
     return dk_dist_outcome_error(&o, headline);
 }
 
+bool dk_dist_run_pool_gone_before_cell(dk_dist_run_t *run)
+{
+    if (!run->pool || run->starting || run->interrupted || run->shutdown ||
+        dk_job_end(run->job) != DK_END_FAILED)
+        return false;
+    int root = dk_job_root_cause(run->job);
+    pthread_mutex_lock(&run->lock);
+    bool early = root >= 0 && !run->ranks[root].got_cell;
+    pthread_mutex_unlock(&run->lock);
+    return early;
+}
+
 const char *dk_dist_run_log_dir(dk_dist_run_t *run)
 {
     return dk_job_log_dir(run->job);

@@ -83,6 +83,13 @@ PyObject *dk_dist_run_results(dk_dist_run_t *self);
  * reference, NULL when out of memory. */
 json_t *dk_dist_run_error(dk_dist_run_t *self, bool headline);
 
+/* Whether a run on started ranks failed because they were gone before its
+ * cell reached them: the root cause is a rank that ended (killed, exited)
+ * without taking the cell. A rank killed just before the cell was sent is
+ * news about the ranks, not about the cell (the same news a cell gets when the
+ * kernel had noticed first). */
+bool dk_dist_run_pool_gone_before_cell(dk_dist_run_t *self);
+
 /* The run's log folder. */
 const char *dk_dist_run_log_dir(dk_dist_run_t *self);
 

@@ -159,6 +159,19 @@ static dk_dist_run_t *run_start(dk_distributed_t *d, const char *kind, const cha
     return run;
 }
 
+/* A run on the started ranks that failed because they had ended before its
+ * cell reached them (killed while idle, and the kernel had not seen it yet):
+ * frees the run and sets the same exception pool_for_run gives when the kernel
+ * had seen it, so the message does not depend on who was first. */
+static bool run_gone_before_cell(dk_distributed_t *d, dk_dist_run_t **run)
+{
+    if (!d->pool || !dk_dist_run_pool_gone_before_cell(*run))
+        return false;
+    dk_dist_run_destroy(run);  /* frees the pool it borrowed */
+    gone_error(d);
+    return true;
+}
+
 static PyObject *glue_call(const char *fn, const char *fmt, ...)
 {
     PyObject *mod = PyImport_ImportModule("distkernel._dist");
@@ -243,6 +256,9 @@ static int distributed_magic(void *host, void *data, const char *args, const cha
     int rc;
     if (dk_dist_run_wait(run) == DK_END_OK) {
         rc = cell_result(ex, run);
+    } else if (run_gone_before_cell(d, &run)) {
+        exec_error_from_python(ex);
+        rc = -1;
     } else {
         exec_run_error(ex, run);
         rc = -1;
@@ -295,6 +311,8 @@ static PyObject *run_job(PyObject *self, PyObject *args)
         PyObject *results = dk_dist_run_results(run);
         if (results)
             out = Py_BuildValue("(Nss)", results, dk_dist_run_log_dir(run), dk_dist_run_url(run));
+    } else if (run_gone_before_cell(d, &run)) {
+        /* the exception is set */
     } else {
         raise_run_error(run);
     }

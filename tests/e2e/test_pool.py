@@ -60,13 +60,7 @@ def start(kernel, options="num_processes=2"):
 
 @pytest.fixture(scope="module")
 def kernel(kernelspec_installed):
-    """This module's kernel runs its fresh cells cold (DISTKERNEL_WARM=0): the
-    tests here are about started ranks, and a fresh warm run right after
-    started ranks were SIGKILLed once had a rank SIGKILLed during its start-up
-    (test_restart_starts_the_ranks_with_every_start_option_however_long, under
-    the sanitizers); that is under investigation with warm start
-    (tests/e2e/test_warm.py), not hidden here for good."""
-    k = support.Kernel.start(env=support.kernel_env(DISTKERNEL_WARM="0"))
+    k = support.Kernel.start()
     yield k
     k.stop()
 
@@ -307,6 +301,33 @@ def test_restart_starts_the_ranks_with_every_start_option_however_long(kernel):
             r.describe()
     finally:
         kernel.execute("%distributed stop", timeout=RUN)
+    assert support.wait_no_descendants(kernel.pid, timeout=END_WITHIN) == []
+
+
+@pytest.mark.timeout(300)
+def test_ranks_killed_just_before_a_cell_are_reported_gone_whoever_sees_it_first(kernel):
+    # The cell comes right after the kill: the kernel may have seen the deaths
+    # (the pool is gone), or not yet (the cell is sent to dead ranks). Either
+    # way the user reads the same thing: the ranks are gone and how to start
+    # them again, never a "start-up" failure of the cell.
+    for _ in range(5):
+        start(kernel)
+        try:
+            pids = list(pids_from_status(kernel).values())
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+            r = kernel.execute("%%distributed\n1", timeout=RUN)
+            assert r.status == "error", r.describe()
+            assert r.content["ename"] == "RuntimeError", r.describe()
+            assert "the started ranks are gone: rank " in r.content["evalue"], r.describe()
+            assert "killed by signal 9" in r.content["evalue"], r.describe()
+            assert "%distributed start num_processes=2`" in r.content["evalue"], r.describe()
+            # Said once: the next cell is a fresh run.
+            r = kernel.execute("%%distributed num_processes=2\nimport os\nint(os.environ['RANK'])",
+                               timeout=RUN)
+            assert r.status == "ok", r.describe()
+        finally:
+            kernel.execute("%distributed stop", timeout=RUN)
     assert support.wait_no_descendants(kernel.pid, timeout=END_WITHIN) == []
 
 
