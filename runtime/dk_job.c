@@ -121,6 +121,8 @@ struct dk_job_t {
     int log_dirfd;          /* held (dk_logdir_hold) while the job exists */
     unsigned long long log_cap;
     int master_port;
+    char *master_addr;      /* NULL: 127.0.0.1 */
+    int ranks_per_node;     /* >= 1 */
     int wake[2];
     pthread_t thread;
 
@@ -965,6 +967,16 @@ static bool check_spec(const dk_job_spec_t *spec, char *err, size_t errlen)
         dk_set_err(err, errlen, "heartbeat_s is %g; it must be at least %g (a PING goes every "
                    "%g s) or 0 for the default of %g", spec->heartbeat_s, 2 * DK_BC_PING_S,
                    DK_BC_PING_S, DK_BC_HEARTBEAT_DEFAULT_S);
+    else if (spec->ranks_per_node < 0 ||
+             (spec->ranks_per_node > 0 && spec->world_size % spec->ranks_per_node != 0))
+        dk_set_err(err, errlen, "ranks_per_node is %d; it must divide world_size (%d)",
+                   spec->ranks_per_node, spec->world_size);
+    else if (spec->master_addr && (!*spec->master_addr || strlen(spec->master_addr) > 100))
+        dk_set_err(err, errlen, "master_addr must be a host name or address of 1 to 100 "
+                   "characters");
+    else if (spec->master_port < 0 || spec->master_port > 65535)
+        dk_set_err(err, errlen, "master_port is %d; it must be a TCP port (1-65535) or 0",
+                   spec->master_port);
     else if (spec->payload_len > DK_BC_PAYLOAD_MAX)
         dk_set_err(err, errlen, "the payload is %zu bytes; a job can carry at most 1 GiB to its "
                    "ranks (pass large data through files instead)", spec->payload_len);
@@ -985,6 +997,7 @@ static void job_free(dk_job_t *job)
         free(rk->host);
     }
     dk_spawn_sentinel_end(&job->sentinel_pid, &job->sentinel_fd);
+    free(job->master_addr);
     dk_backchan_destroy(&job->chan);
     close_fd(&job->wake[0]);
     close_fd(&job->wake[1]);
@@ -1048,16 +1061,18 @@ static bool start_rank(dk_job_t *job, int r, const char *program, char *const ar
     const char *set[ENV_VARS + 3];
     size_t k = 0;
 #define SETF(...) (snprintf(vars[k], sizeof vars[k], __VA_ARGS__), set[k] = vars[k], k++)
+    int per = job->ranks_per_node;
     SETF("RANK=%d", r);
-    SETF("LOCAL_RANK=%d", r);
+    SETF("LOCAL_RANK=%d", r % per);
     SETF("WORLD_SIZE=%d", n);
-    SETF("LOCAL_WORLD_SIZE=%d", n);
-    SETF("GROUP_RANK=0");
+    SETF("LOCAL_WORLD_SIZE=%d", per);
+    SETF("GROUP_RANK=%d", r / per);
+    SETF("NODE_RANK=%d", r / per);
     SETF("ROLE_RANK=%d", r);
     SETF("ROLE_NAME=default");
-    SETF("GROUP_WORLD_SIZE=1");
+    SETF("GROUP_WORLD_SIZE=%d", n / per);
     SETF("ROLE_WORLD_SIZE=%d", n);
-    SETF("MASTER_ADDR=127.0.0.1");
+    SETF("MASTER_ADDR=%s", job->master_addr ? job->master_addr : "127.0.0.1");
     SETF("MASTER_PORT=%d", job->master_port);
     SETF("TORCHELASTIC_RUN_ID=%s", run_id);
     SETF("TORCHELASTIC_RESTART_COUNT=0");
@@ -1170,6 +1185,11 @@ static dk_job_t *job_alloc(const dk_job_spec_t *spec, const dk_sink_t *sink)
     if (sink)
         job->sink = *sink;
     job->world_size = spec->world_size;
+    job->ranks_per_node = spec->ranks_per_node > 0 ? spec->ranks_per_node : spec->world_size;
+    if (spec->master_addr && !(job->master_addr = strdup(spec->master_addr))) {
+        job_free(job);
+        return NULL;
+    }
     job->timeout_s = spec->timeout_s;
     job->stop = dk_stop_ladder(spec->grace_s > 0 ? spec->grace_s : DEFAULT_GRACE_S);
     job->root_cause = -1;
@@ -1236,7 +1256,11 @@ dk_job_t *dk_job_start(const dk_job_spec_t *spec, const dk_sink_t *sink, char *e
         opts.heartbeat_s = spec->heartbeat_s > 0 ? spec->heartbeat_s : DK_BC_HEARTBEAT_DEFAULT_S;
     job->chan = dk_backchan_new_opts(spec->world_size, spec->persistent, spec->payload,
                                      spec->payload_len, &bcsink, &opts, err, errlen);
-    if (!job->chan || (job->master_port = dk_spawn_free_port(err, errlen)) < 0)
+    if (!job->chan)
+        goto fail;
+    if (spec->master_port > 0)
+        job->master_port = spec->master_port;
+    else if ((job->master_port = dk_spawn_free_port(err, errlen)) < 0)
         goto fail;
     unsigned char id[16];
     char run_id[2 * sizeof id + 1];

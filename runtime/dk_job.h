@@ -136,8 +136,9 @@ typedef struct {
     const char *const *rank_argv; /* argv for it (NULL: just the program name) */
     /* The base environment (NULL: the host's `environ` at start). The runtime
      * adds RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK=0,
-     * ROLE_RANK, ROLE_NAME=default, GROUP_WORLD_SIZE=1, ROLE_WORLD_SIZE,
-     * MASTER_ADDR=127.0.0.1, MASTER_PORT (a port free at start),
+     * NODE_RANK=0, ROLE_RANK, ROLE_NAME=default, GROUP_WORLD_SIZE=1,
+     * ROLE_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT (a port free at
+     * start) (see ranks_per_node and master_addr for ranks on several nodes),
      * TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT=0, TORCHELASTIC_MAX_RESTARTS=0,
      * OMP_NUM_THREADS=1 unless set, DISTKERNEL_BC, DISTKERNEL_BC_KEY,
      * DISTKERNEL_LOG (the rank's log file). */
@@ -180,6 +181,15 @@ typedef struct {
      * channel (use bc_tcp_addr). NULL, or a NULL entry: that rank runs
      * rank_exe here. */
     const char *const *const *rank_commands;
+    /* Ranks spread over nodes, RANKS_PER_NODE on each, in rank order (0:
+     * all on one node). Then LOCAL_RANK = RANK % it, LOCAL_WORLD_SIZE = it,
+     * GROUP_RANK (and NODE_RANK) = RANK / it, GROUP_WORLD_SIZE = the nodes.
+     * WORLD_SIZE must be a multiple of it. */
+    int ranks_per_node;
+    /* Where rank 0's store listens: MASTER_ADDR (NULL: 127.0.0.1) and
+     * MASTER_PORT (0: a port free here at start; give one for another node). */
+    const char *master_addr;
+    int master_port;
 } dk_job_spec_t;
 
 typedef struct dk_job_t dk_job_t;

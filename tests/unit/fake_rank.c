@@ -347,7 +347,7 @@ static void *linger(void *arg)
 static void print_facts(void)
 {
     static const char *names[] = {
-        "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+        "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "ROLE_RANK",
         "ROLE_NAME", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
         "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
         "OMP_NUM_THREADS", "DISTKERNEL_BC", "DISTKERNEL_LOG", "FAKE_EXTRA",

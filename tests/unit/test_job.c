@@ -389,6 +389,7 @@ Test(job, ranks_get_the_torch_distributed_environment)
         cr_assert_str_eq(env_of(r, "LOCAL_WORLD_SIZE"), "3");
         cr_assert_str_eq(env_of(r, "ROLE_WORLD_SIZE"), "3");
         cr_assert_str_eq(env_of(r, "GROUP_RANK"), "0");
+        cr_assert_str_eq(env_of(r, "NODE_RANK"), "0");
         cr_assert_str_eq(env_of(r, "GROUP_WORLD_SIZE"), "1");
         cr_assert_str_eq(env_of(r, "ROLE_NAME"), "default");
         cr_assert_str_eq(env_of(r, "MASTER_ADDR"), "127.0.0.1");
@@ -403,6 +404,55 @@ Test(job, ranks_get_the_torch_distributed_environment)
     }
     cr_assert_gt(dk_job_master_port(job), 0);
     finish(&job);
+}
+
+Test(job, ranks_spread_over_nodes_get_their_node_and_local_rank_and_the_given_store)
+{
+    const char *extra[] = {"FAKE_PRINT_ENV=1", NULL};
+    dk_job_spec_t spec = spec_for(6, extra);
+    spec.ranks_per_node = 3;
+    spec.master_addr = "10.9.8.7";
+    spec.master_port = 29123;
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 20000), "the job did not end");
+    cr_assert_eq(dk_job_end(job), DK_END_OK);
+    cr_assert_eq(dk_job_master_port(job), 29123);
+    for (int r = 0; r < 6; r++) {
+        char rs[8], local[8], node[8];
+        snprintf(rs, sizeof rs, "%d", r);
+        snprintf(local, sizeof local, "%d", r % 3);
+        snprintf(node, sizeof node, "%d", r / 3);
+        cr_assert_str_eq(env_of(r, "RANK"), rs);
+        cr_assert_str_eq(env_of(r, "LOCAL_RANK"), local);
+        cr_assert_str_eq(env_of(r, "LOCAL_WORLD_SIZE"), "3");
+        cr_assert_str_eq(env_of(r, "GROUP_RANK"), node);
+        cr_assert_str_eq(env_of(r, "NODE_RANK"), node);
+        cr_assert_str_eq(env_of(r, "GROUP_WORLD_SIZE"), "2");
+        cr_assert_str_eq(env_of(r, "WORLD_SIZE"), "6");
+        cr_assert_str_eq(env_of(r, "ROLE_WORLD_SIZE"), "6");
+        cr_assert_str_eq(env_of(r, "MASTER_ADDR"), "10.9.8.7");
+        cr_assert_str_eq(env_of(r, "MASTER_PORT"), "29123");
+    }
+    finish(&job);
+}
+
+Test(job, ranks_per_node_must_divide_the_world)
+{
+    dk_job_spec_t spec = spec_for(4, NULL);
+    spec.ranks_per_node = 3;
+    char err[512] = "";
+    cr_assert_null(dk_job_start(&spec, &sink, err, sizeof err));
+    cr_assert(strstr(err, "ranks_per_node is 3; it must divide world_size (4)"), "%s", err);
+    spec.ranks_per_node = 2;
+    spec.master_addr = "";
+    cr_assert_null(dk_job_start(&spec, &sink, err, sizeof err));
+    cr_assert(strstr(err, "master_addr"), "%s", err);
+    spec.master_addr = NULL;
+    spec.master_port = 70000;
+    cr_assert_null(dk_job_start(&spec, &sink, err, sizeof err));
+    cr_assert(strstr(err, "master_port is 70000"), "%s", err);
+    dk_job_t *none = NULL;
+    finish(&none);
 }
 
 Test(job, omp_num_threads_is_kept_when_the_host_sets_it)
