@@ -14,7 +14,9 @@
  * failure before the id is known (salloc hung, killed, or died saying
  * nothing) still cancels it: `scancel --name`. Every later failure cancels by
  * id. The only job this code does not cancel is one it did not ask for (the
- * allocation it runs inside).
+ * allocation it runs inside). And a process killed outright (a kernel's
+ * SIGKILL) cancels too: before salloc runs, a last word (dk_spawn_last_word)
+ * is armed with `scancel --name=distkernel-<random>`; release disarms it.
  *
  * Bounded time. Every command has a deadline (command_timeout_s) enforced by
  * the same cancel callback; past it, the stop ladder with a short grace ends
@@ -32,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 extern char **environ;
@@ -50,6 +53,10 @@ struct dk_slurm_t {
     char **names;
     char **addrs;
     size_t count;
+    /* For an owned job: `scancel --name` run if this process dies before
+     * releasing it (dk_spawn_last_word), so a SIGKILLed kernel leaves no job
+     * in the queue nor an allocation held. -1 when none. */
+    int last_word_pid, last_word_fd;
 };
 
 /* ---- running one command ------------------------------------------------- */
@@ -212,8 +219,10 @@ int dk_slurm_reachable(double timeout_s, char *err, size_t errlen)
 static dk_slurm_t *job_new(double timeout_s)
 {
     dk_slurm_t *self = calloc(1, sizeof *self);
-    if (self)
+    if (self) {
         self->timeout_s = timeout_s > 0 ? timeout_s : DK_SLURM_COMMAND_TIMEOUT_S;
+        self->last_word_pid = self->last_word_fd = -1;
+    }
     return self;
 }
 
@@ -461,6 +470,13 @@ static dk_slurm_t *request(const dk_slurm_request_t *req, int *cancelled, char *
     }
     self->owned = true;
     unique_name(self->job_name, sizeof self->job_name);
+    /* Armed before the request exists: a kernel killed while salloc waits
+     * leaves a queued job otherwise (salloc dies with it, its request stays). */
+    char name_arg[96];
+    snprintf(name_arg, sizeof name_arg, "--name=%s", self->job_name);
+    char *scancel[] = {"scancel", name_arg, NULL};
+    if (dk_spawn_last_word(scancel, &self->last_word_pid, &self->last_word_fd, err, errlen) < 0)
+        goto fail;
     char **args = salloc_args(req, self->job_name, err, errlen);
     if (!args)
         goto fail;
@@ -554,6 +570,7 @@ int dk_slurm_release(dk_slurm_t *self, char *err, size_t errlen)
     if (cancel_job(self, err, errlen) < 0)
         return -1;
     self->released = true;
+    dk_spawn_sentinel_end(&self->last_word_pid, &self->last_word_fd);
     return 0;
 }
 
@@ -565,6 +582,12 @@ void dk_slurm_destroy(dk_slurm_t **self_p)
     /* A failed release gets one more try; a job must not outlive its owner. */
     if (dk_slurm_release(self, NULL, 0) < 0)
         dk_slurm_release(self, NULL, 0);
+    if (self->last_word_pid > 0) {
+        /* Both releases failed: the last word tries once more, now, on its
+         * own (closing its pipe is what it waits for); reaped if done. */
+        close(self->last_word_fd);
+        waitpid(self->last_word_pid, NULL, WNOHANG);
+    }
     free_nodes(self);
     free(self);
     *self_p = NULL;

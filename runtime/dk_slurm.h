@@ -16,7 +16,9 @@
  * Every command runs through dk_proc (its own process group, nothing left
  * running) under a deadline; a command that hangs is ended with the stop
  * ladder. A job is never left behind: every request carries a job name of its
- * own, so an error before salloc said the job's id still cancels it by name.
+ * own, so an error before salloc said the job's id still cancels it by name,
+ * and a process that dies holding an owned job (even by SIGKILL) has it
+ * cancelled by name by a process that outlives it (dk_spawn_last_word).
  *
  * Slurm's commands are found on PATH and run with the process's environment,
  * where a site sets SLURM_CONF (and the user's defaults, SLURM_PARTITION ...).

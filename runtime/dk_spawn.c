@@ -52,6 +52,8 @@
 #include <time.h>
 #include <unistd.h>
 
+extern char **environ;
+
 /* How long the parent waits to hear that exec happened. Only reached when
  * another thread of the host forks without exec at that moment and so holds
  * the report pipe open; then the rank is taken as started. */
@@ -282,6 +284,90 @@ int dk_spawn_sentinel(const int *pgids, int n, int *pid, int *fd, char *err, siz
     if (child < 0) {
         close(p[1]);
         dk_set_err(err, errlen, "cannot fork the sentinel: %s", strerror(fork_errno));
+        return -1;
+    }
+    setpgid(child, child);
+    *pid = child;
+    *fd = p[1];
+    return 0;
+}
+
+/* ---- the last word ------------------------------------------------------------
+ *
+ * A sentinel that runs a command in place of signalling groups: it waits on
+ * the pipe on fd 0 with SIGINT, SIGTERM and SIGHUP ignored (a Ctrl-C or a
+ * hangup meant for the host's session must not disarm it), then, on EOF,
+ * restores default signals, puts /dev/null on 0-2 and execs the command,
+ * which was resolved and built before the fork. */
+static _Noreturn void last_word_run(int watch_fd, const char *path, char *const argv[],
+                                    char *const envp[], long max_fd)
+{
+    setpgid(0, 0);
+    /* Every signal is still blocked (as at the fork): ignore these before the
+     * mask opens, so one already pending is discarded, not acted on. */
+    struct sigaction act;
+    memset(&act, 0, sizeof act);
+    sigemptyset(&act.sa_mask);
+    for (int sig = 1; sig < NSIG; sig++) {
+        bool quiet = sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGPIPE;
+        act.sa_handler = quiet ? SIG_IGN : SIG_DFL;
+        if (sig != SIGKILL && sig != SIGSTOP)
+            sigaction(sig, &act, NULL);
+    }
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    if (dup2(watch_fd, 0) < 0)
+        _exit(127);
+    if (syscall(SYS_close_range, 1, ~0U, 0) != 0) {
+        for (long fd = 1; fd < max_fd; fd++)
+            close((int) fd);
+    }
+    char byte;
+    while (read(0, &byte, 1) < 0 && errno == EINTR)
+        ;
+    int null = open("/dev/null", O_RDWR);
+    if (null < 0 || dup2(null, 0) < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0)
+        _exit(127);
+    if (null > 2)
+        close(null);
+    child_signals(false);
+    execve(path, argv, envp);
+    _exit(127);
+}
+
+int dk_spawn_last_word(char *const argv[], int *pid, int *fd, char *err, size_t errlen)
+{
+    *pid = *fd = -1;
+    if (!argv || !argv[0]) {
+        dk_set_err(err, errlen, "no command was given for the host's death");
+        return -1;
+    }
+    char *path = dk_spawn_find_program(argv[0], err, errlen);
+    if (!path)
+        return -1;
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) != 0) {
+        dk_set_err(err, errlen, "cannot create a pipe for the command run at the host's death: "
+                   "%s", strerror(errno));
+        free(path);
+        return -1;
+    }
+    long max_fd = sweep_limit();
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pid_t child = fork();
+    if (child == 0)
+        last_word_run(p[0], path, argv, environ, max_fd);
+    int fork_errno = errno;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    close(p[0]);
+    free(path);
+    if (child < 0) {
+        close(p[1]);
+        dk_set_err(err, errlen, "cannot fork the process that acts at the host's death: %s",
+                   strerror(fork_errno));
         return -1;
     }
     setpgid(child, child);

@@ -64,6 +64,16 @@ int dk_spawn(const char *path, char *const argv[], char *const envp[], dk_spawne
  * started (then none exists). */
 int dk_spawn_sentinel(const int *pgids, int n, int *pid, int *fd, char *err, size_t errlen);
 
+/* The last word: a process that runs ARGV (looked up on PATH now, with the
+ * host's environment as it is now) when the host ends, however it ends (even
+ * SIGKILL: the same pipe as the sentinel's), and not otherwise. It ignores
+ * SIGINT, SIGTERM and SIGHUP while it waits (a terminal's Ctrl-C must not
+ * disarm it) and runs ARGV with /dev/null on 0-2 and default signals. For what
+ * must not outlive the host elsewhere: a Slurm allocation (`scancel`). Fills
+ * *PID and *FD as dk_spawn_sentinel does; disarm it with
+ * dk_spawn_sentinel_end. Returns -1 with ERR when it cannot be started. */
+int dk_spawn_last_word(char *const argv[], int *pid, int *fd, char *err, size_t errlen);
+
 /* End a sentinel without it acting (the groups are the caller's to end):
  * SIGKILL, reap, close *FD; sets *PID and *FD to -1. Nothing when *PID <= 0. */
 void dk_spawn_sentinel_end(int *pid, int *fd);

@@ -17,7 +17,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "dk_clock.h"
@@ -424,6 +426,71 @@ Test(slurm_cluster, cancelling_a_queued_request_leaves_no_job)
     cr_expect_lt(dk_now_s() - t0, 20.0);
     cr_expect(strstr(err, "cancelled while PENDING: PartitionDown"), "%s", err);
     cr_expect(ended(seen_id), "job %s is %s", seen_id, squeue_state(seen_id));
+}
+
+/* The host below says its job's id once, queued or granted. */
+static int said_fd = -1;
+
+static void say_id(void *data, const char *id, const char *state, const char *reason)
+{
+    (void) data, (void) state, (void) reason;
+    if (said_fd >= 0 && id[0]) {
+        dprintf(said_fd, "%s\n", id);
+        close(said_fd);
+        said_fd = -1;
+    }
+}
+
+/* A host process asks for an allocation on PARTITION, says the job's id
+ * (while queued, or once granted) and is SIGKILLed by the test, as a kernel
+ * killed outright would be: the job must end all the same. */
+static void killed_host_leaves_no_job(const char *partition, const char *state)
+{
+    int p[2];
+    cr_assert_eq(pipe(p), 0);
+    pid_t h = fork();
+    cr_assert_geq(h, 0);
+    if (h == 0) {
+        close(p[0]);
+        said_fd = p[1];
+        dk_slurm_request_t req = {.nodes = 2, .tasks_per_node = 1, .partition = partition,
+                                  .on_wait = say_id};
+        char err[1024] = "";
+        dk_slurm_t *job = dk_slurm_allocate(&req, NULL, err, sizeof err);
+        if (!job)
+            _exit(3);
+        say_id(NULL, dk_slurm_job_id(job), "", "");
+        pause();
+        _exit(4);
+    }
+    close(p[1]);
+    char id[32] = "";
+    FILE *f = fdopen(p[0], "r");
+    cr_assert(f);
+    bool got = fgets(id, sizeof id, f) != NULL;
+    fclose(f);
+    id[strcspn(id, "\n")] = '\0';
+    if (!got || !id[0]) {
+        kill(h, SIGKILL);
+        waitpid(h, NULL, 0);
+        cr_assert_fail("the host said no job id");
+    }
+    cr_expect_str_eq(squeue_state(id), state);
+    kill(h, SIGKILL);
+    waitpid(h, NULL, 0);
+    cr_expect(ended(id), "job %s is %s after its owner was SIGKILLed", id, squeue_state(id));
+}
+
+Test(slurm_cluster, an_owner_killed_outright_leaves_no_running_job)
+{
+    need_cluster();
+    killed_host_leaves_no_job("sim", "RUNNING");
+}
+
+Test(slurm_cluster, an_owner_killed_while_queued_leaves_no_queued_job)
+{
+    need_cluster();
+    killed_host_leaves_no_job("stuck", "PENDING");
 }
 
 Test(slurm_cluster, slurms_refusal_is_quoted)

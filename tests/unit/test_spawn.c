@@ -1,0 +1,133 @@
+/*
+ * runtime/dk_spawn's last word: a command run when its host ends, however it
+ * ends, and never when the host disarms it. The host here is a forked child
+ * of the test, which arms the last word and then dies (or disarms it); the
+ * command writes a file whose presence is the evidence.
+ */
+#include "dk_spawn.h"
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char dir[64], mark[128];
+
+static void setup(void)
+{
+    snprintf(dir, sizeof dir, "/tmp/dk-test-spawn-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(mark, sizeof mark, "%s/said", dir);
+}
+
+static void teardown(void)
+{
+    unlink(mark);
+    rmdir(dir);
+}
+
+TestSuite(last_word, .init = setup, .fini = teardown);
+
+static bool appears(const char *path, int within_ms)
+{
+    for (int waited = 0; waited <= within_ms; waited += 20) {
+        if (access(path, F_OK) == 0)
+            return true;
+        usleep(20000);
+    }
+    return false;
+}
+
+/* How the host ends after arming. */
+enum { DIE_KILL, DIE_EXIT, DISARM, SIGNAL_IT_THEN_KILL };
+
+/* A host process that arms the last word ("write MARK") and then ends as told.
+ * Returns the last word's pid (reported through a pipe). */
+static pid_t host(int how)
+{
+    int p[2];
+    cr_assert_eq(pipe(p), 0);
+    pid_t h = fork();
+    cr_assert_geq(h, 0);
+    if (h == 0) {
+        close(p[0]);
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "echo said > %s", mark);
+        char *argv[] = {"sh", "-c", cmd, NULL};
+        int pid, fd;
+        char err[256];
+        if (dk_spawn_last_word(argv, &pid, &fd, err, sizeof err) < 0) {
+            fprintf(stderr, "%s\n", err);
+            _exit(3);
+        }
+        if (write(p[1], &pid, sizeof pid) != sizeof pid)
+            _exit(4);
+        if (how == SIGNAL_IT_THEN_KILL) {
+            /* What a terminal's Ctrl-C or a hangup would send: ignored. */
+            kill(pid, SIGINT);
+            kill(pid, SIGTERM);
+            kill(pid, SIGHUP);
+            usleep(200000);
+        }
+        if (how == DISARM) {
+            dk_spawn_sentinel_end(&pid, &fd);
+            _exit(pid == -1 && fd == -1 ? 0 : 5);
+        }
+        if (how == DIE_EXIT)
+            _exit(0);
+        raise(SIGKILL);
+        _exit(6);
+    }
+    close(p[1]);
+    int pid = -1;
+    cr_assert_eq(read(p[0], &pid, sizeof pid), (ssize_t) sizeof pid);
+    close(p[0]);
+    int status;
+    cr_assert_eq(waitpid(h, &status, 0), h);
+    if (how == DISARM)
+        cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d", status);
+    return pid;
+}
+
+Test(last_word, runs_when_its_host_is_killed)
+{
+    host(DIE_KILL);
+    cr_expect(appears(mark, 5000), "the command did not run after the host's SIGKILL");
+}
+
+Test(last_word, runs_when_its_host_exits)
+{
+    host(DIE_EXIT);
+    cr_expect(appears(mark, 5000), "the command did not run after the host's exit");
+}
+
+Test(last_word, outlives_interrupt_terminate_and_hangup_meant_for_the_host)
+{
+    host(SIGNAL_IT_THEN_KILL);
+    cr_expect(appears(mark, 5000), "SIGINT/SIGTERM/SIGHUP disarmed the last word");
+}
+
+Test(last_word, never_runs_when_disarmed)
+{
+    pid_t pid = host(DISARM);
+    cr_assert_gt(pid, 0);
+    cr_expect_not(appears(mark, 600), "a disarmed last word ran its command");
+    /* and it is gone (reaped by its host) */
+    cr_expect(kill(pid, 0) != 0 && errno == ESRCH, "the last word %d is still there", pid);
+}
+
+Test(last_word, a_command_not_found_is_said_before_anything_starts)
+{
+    char *argv[] = {"no-such-command-dk", NULL};
+    int pid = 7, fd = 7;
+    char err[256] = "";
+    cr_assert_eq(dk_spawn_last_word(argv, &pid, &fd, err, sizeof err), -1);
+    cr_expect_eq(pid, -1);
+    cr_expect_eq(fd, -1);
+    cr_expect(strstr(err, "no-such-command-dk"), "%s", err);
+}
