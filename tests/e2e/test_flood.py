@@ -386,10 +386,11 @@ def test_flood_with_a_reader_that_stalls_for_4_s(fresh_kernel):
     assert out["reply"]["content"]["status"] == "ok", out["reply"]["content"]
     logs = check_logs(out)
     summarise("stalled", out, logs)
-    # Ranks at full speed make far more in 4 s than IOPub holds: the kernel waits
-    # 500 ms, then thins. (Under the sanitizers the kernel itself may be slow
-    # enough that the buffers absorb the stall, and the cell is complete.)
-    assert not TIMED or logs["thinned_notice"], "a 4 s stall was absorbed without thinning"
+    # Whether the stall was thinned or absorbed by the buffers depends on how
+    # fast this machine runs the ranks and the kernel (a busy CI machine once
+    # absorbed it), so it is a figure (printed above), not a pass/fail rule;
+    # check_logs holds what must hold either way: every line, or a notice
+    # naming the folder.
     assert_probes(out)
     assert_recovered(fresh_kernel)
 
