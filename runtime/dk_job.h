@@ -87,6 +87,8 @@
 #ifndef DK_JOB_H
 #define DK_JOB_H
 
+#include "dk_lost.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -227,9 +229,9 @@ int dk_job_rank_pid(dk_job_t *job, int rank);
 /* Whether RANK was lost (silent past the heartbeat deadline). */
 bool dk_job_rank_lost(dk_job_t *job, int rank);
 
-/* The lost ranks grouped by node, for the user: "node2 lost (ranks 4-7)",
- * "node2 lost (rank 4); node3 lost (ranks 8, 10-11)". Empty when none was
- * lost. Truncated to fit BUF. */
+/* The lost ranks grouped by node, for the user: "node2 lost (ranks 4–7)",
+ * "node2 lost (rank 4); node3 lost (ranks 8, 10–11)" (runs of ranks with an
+ * en dash, DK_EN_DASH). Empty when none was lost. Truncated to fit BUF. */
 void dk_job_lost_summary(dk_job_t *job, char *buf, size_t len);
 
 /* The address ranks were given in DISTKERNEL_BC (borrowed). */

@@ -1559,7 +1559,7 @@ Test(tcp, silent_ranks_are_lost_and_told_by_node, .timeout = 60)
     cr_assert_str_eq(rec.lost_host[0], "");
     char summary[128];
     dk_job_lost_summary(job, summary, sizeof summary);
-    cr_assert_str_eq(summary, "node2 lost (ranks 2-3)");
+    cr_assert_str_eq(summary, "node2 lost (ranks 2" DK_EN_DASH "3)");
     cr_assert(warned("rank 2 on node2 lost"));
     cr_assert_eq(dk_job_rank_state(job, 0), DK_RANK_STOPPED);
     finish(&job);
@@ -1880,3 +1880,34 @@ Test(tcp, a_launcher_exiting_while_its_connection_is_open_waits_for_the_heartbea
     cr_assert_str_eq(summary, "localhost lost (rank 0)");
     finish(&job);
 }
+
+/* The words for lost ranks from plain records: one clause per node, runs of
+ * ranks with an en dash, nodes in the order of their first lost rank. */
+Test(tcp, lost_ranks_are_told_by_node_with_runs)
+{
+    const char *hosts[] = {"node1", "node1", "node1", "node1", "node2", "node2",
+                           "node2", "node2", "node3", "node3", "node3", "node3", NULL};
+    bool lost[12] = {false};
+    char buf[200];
+    dk_lost_format(12, lost, hosts, "; ", buf, sizeof buf);
+    cr_assert_str_eq(buf, "");
+    for (int r = 4; r < 8; r++)
+        lost[r] = true;
+    dk_lost_format(12, lost, hosts, "; ", buf, sizeof buf);
+    cr_assert_str_eq(buf, "node2 lost (ranks 4" DK_EN_DASH "7)");
+    lost[6] = false;
+    lost[8] = true;
+    lost[10] = lost[11] = true;
+    dk_lost_format(12, lost, hosts, "\n", buf, sizeof buf);
+    cr_assert_str_eq(buf, "node2 lost (ranks 4" DK_EN_DASH "5, 7)\n"
+                          "node3 lost (ranks 8, 10" DK_EN_DASH "11)");
+    /* No hosts: every rank is on "localhost". */
+    bool one[2] = {false, true};
+    dk_lost_format(2, one, NULL, "; ", buf, sizeof buf);
+    cr_assert_str_eq(buf, "localhost lost (rank 1)");
+    /* Truncated, never overrun. */
+    char small[12];
+    dk_lost_format(12, lost, hosts, "; ", small, sizeof small);
+    cr_assert_eq(strlen(small), sizeof small - 1);
+}
+
