@@ -165,11 +165,15 @@ static uint32_t get_be32(const unsigned char *p)
     return (uint32_t) p[0] << 24 | (uint32_t) p[1] << 16 | (uint32_t) p[2] << 8 | p[3];
 }
 
-/* MAC = HMAC-SHA256(key, nonce | u32 seq | head | tail); head and tail are the
- * body in at most two pieces, so a PAYLOAD frame is never assembled in memory. */
-static bool frame_mac(dk_backchan_t *self, const unsigned char *nonce, uint32_t seq,
-                      const unsigned char *head, size_t head_len, const unsigned char *tail,
-                      size_t tail_len, unsigned char out[DK_BC_MAC_LEN])
+/* MAC = HMAC-SHA256(key, nonce | u8 direction | u32 seq | head | tail); head
+ * and tail are the body in at most two pieces, so a PAYLOAD frame is never
+ * assembled in memory. DIR is DK_BC_DIR_TO_RANK for what we send and
+ * DK_BC_DIR_TO_RUNTIME for what we verify: a frame of ours sent back to us
+ * (a PING's body is the same both ways) does not verify. */
+static bool frame_mac(dk_backchan_t *self, const unsigned char *nonce, unsigned char dir,
+                      uint32_t seq, const unsigned char *head, size_t head_len,
+                      const unsigned char *tail, size_t tail_len,
+                      unsigned char out[DK_BC_MAC_LEN])
 {
     char digest[] = "SHA256";
     OSSL_PARAM params[] = {
@@ -181,7 +185,8 @@ static bool frame_mac(dk_backchan_t *self, const unsigned char *nonce, uint32_t 
     size_t out_len = 0;
     EVP_MAC_CTX *ctx = EVP_MAC_CTX_new(self->mac);
     bool ok = ctx && EVP_MAC_init(ctx, self->key, sizeof self->key, params) &&
-              EVP_MAC_update(ctx, nonce, DK_BC_NONCE_LEN) && EVP_MAC_update(ctx, seq_be, 4) &&
+              EVP_MAC_update(ctx, nonce, DK_BC_NONCE_LEN) && EVP_MAC_update(ctx, &dir, 1) &&
+              EVP_MAC_update(ctx, seq_be, 4) &&
               EVP_MAC_update(ctx, head, head_len) &&
               (tail_len == 0 || EVP_MAC_update(ctx, tail, tail_len)) &&
               EVP_MAC_final(ctx, out, &out_len, DK_BC_MAC_LEN) && out_len == DK_BC_MAC_LEN;
@@ -481,8 +486,8 @@ static bool queue_payload(dk_backchan_t *self, conn_t *c)
         head_n += 4;
     }
     unsigned char mac[DK_BC_MAC_LEN];
-    if (!frame_mac(self, c->nonce, c->seq_out, body_head, head_n, self->payload,
-                   self->payload_len, mac))
+    if (!frame_mac(self, c->nonce, DK_BC_DIR_TO_RANK, c->seq_out, body_head, head_n,
+                   self->payload, self->payload_len, mac))
         return false;
     c->seq_out++;
     if (c->head_off > 0) {      /* never in practice: the nonce went before the HELLO came */
@@ -509,7 +514,8 @@ static bool queue_ping(dk_backchan_t *self, conn_t *c)
     body[0] = DK_BC_PING;
     put_be32(body + 1, (uint32_t) c->rank);
     unsigned char mac[DK_BC_MAC_LEN];
-    if (!frame_mac(self, c->nonce, c->seq_out, body, sizeof body, NULL, 0, mac))
+    if (!frame_mac(self, c->nonce, DK_BC_DIR_TO_RANK, c->seq_out, body, sizeof body, NULL, 0,
+                   mac))
         return false;
     c->seq_out++;
     put_be32(c->head, (uint32_t) (DK_BC_MAC_LEN + sizeof body));
@@ -540,7 +546,8 @@ static void conn_frame(dk_backchan_t *self, conn_t *c)
     const unsigned char *body = c->frame + DK_BC_MAC_LEN;
     size_t body_len = c->frame_len - DK_BC_MAC_LEN;
     unsigned char expected[DK_BC_MAC_LEN];
-    if (!frame_mac(self, c->nonce, c->seq_in, body, body_len, NULL, 0, expected) ||
+    if (!frame_mac(self, c->nonce, DK_BC_DIR_TO_RUNTIME, c->seq_in, body, body_len, NULL, 0,
+                   expected) ||
         CRYPTO_memcmp(expected, c->frame, DK_BC_MAC_LEN) != 0) {
         refuse(self, c, "a message did not verify (it was not signed with this job's key)");
         return;

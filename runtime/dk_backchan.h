@@ -38,6 +38,12 @@ enum {
 #define DK_BC_PING_S 1.0
 #define DK_BC_HEARTBEAT_DEFAULT_S 5.0
 
+/* The direction byte in every frame's MAC (dk_job.h): a frame verifies only
+ * in the direction it was sent, so one side's frame reflected back to it is
+ * refused. */
+#define DK_BC_DIR_TO_RUNTIME 'R'    /* rank -> runtime */
+#define DK_BC_DIR_TO_RANK 'K'       /* runtime (kernel) -> rank */
+
 #define DK_BC_KEY_LEN 32
 #define DK_BC_NONCE_LEN 32
 #define DK_BC_MAC_LEN 32

@@ -20,9 +20,13 @@
  * runtime first writes a 32-byte random nonce. After that, every frame in both
  * directions is
  *     u32 length (big endian, of what follows) | 32-byte MAC | body
- *     MAC  = HMAC-SHA256(key, nonce | u32 seq | body)
+ *     MAC  = HMAC-SHA256(key, nonce | u8 dir | u32 seq | body)
  *     body = u8 type | u32 rank | payload
- * where seq counts the frames sent by that side on that connection from 0. A frame
+ * where dir is 'R' (0x52) on frames from a rank to the runtime and 'K' (0x4B)
+ * on frames from the runtime to a rank, and seq counts the frames sent by that
+ * side on that connection from 0. The direction keeps a frame from verifying
+ * when sent back to the side that wrote it (a PING's body is the same both
+ * ways, and the two seqs run side by side): a reflected frame is refused. A frame
  * whose MAC does not verify ends the connection (and is reported as a warning):
  * only a process that was given the key, on this connection, can speak.
  * Types: 1 HELLO (rank -> runtime, empty payload), 2 PAYLOAD (runtime -> rank: the

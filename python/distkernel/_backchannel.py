@@ -1,8 +1,10 @@
 """The rank side of the runtime's back channel (see runtime/dk_job.h).
 
 Every frame is  u32 length | 32-byte MAC | body,  MAC = HMAC-SHA256(key, nonce |
-u32 seq | body),  body = u8 type | u32 rank | payload. The nonce is what the
-runtime writes first on the connection; seq counts this side's frames.
+u8 dir | u32 seq | body),  body = u8 type | u32 rank | payload. The nonce is
+what the runtime writes first on the connection; dir is b"R" on what a rank
+sends and b"K" on what the kernel sends, so a frame of ours sent back to us
+does not verify; seq counts the sending side's frames.
 A persistent job sends TASK frames (u32 round | payload) instead of one
 PAYLOAD, and each answer's payload starts with that u32 round.
 
@@ -30,6 +32,9 @@ import time
 
 HELLO, PAYLOAD, RESULT, ERROR, TASK, OUTPUT, PING = 1, 2, 3, 4, 5, 6, 7
 MAC_LEN = 32
+# The direction byte of the MAC (dk_backchan.h, DK_BC_DIR_TO_*).
+TO_KERNEL = b"R"
+TO_RANK = b"K"
 # The protocol's one size limit, as runtime/dk_backchan.h has it (and
 # tests/unit/test_job.c checks): the bytes after a frame's u8 type | u32 rank,
 # either way. A frame's length field covers the MAC, type, rank and those.
@@ -90,9 +95,10 @@ class BackChannel:
             left -= len(chunk)
         return b"".join(chunks)
 
-    def _mac(self, seq, body):
+    def _mac(self, direction, seq, body):
         h = hmac.new(self.key, digestmod=hashlib.sha256)
         h.update(self.nonce)
+        h.update(direction)
         h.update(struct.pack(">I", seq))
         h.update(body)
         return h.digest()
@@ -110,7 +116,7 @@ class BackChannel:
     def _send(self, kind, payload=b""):
         body = struct.pack(">BI", kind, self.rank) + bytes(payload)
         with self._send_lock:
-            mac = self._mac(self.send_seq, body)
+            mac = self._mac(TO_KERNEL, self.send_seq, body)
             self.send_seq += 1
             frame = struct.pack(">I", len(mac) + len(body)) + mac + body
             if self._remote is None:
@@ -125,7 +131,7 @@ class BackChannel:
 
     def _open(self, mac, body):
         """Verify one frame from the kernel; (kind, payload)."""
-        if not hmac.compare_digest(mac, self._mac(self.recv_seq, body)):
+        if not hmac.compare_digest(mac, self._mac(TO_RANK, self.recv_seq, body)):
             raise BackChannelError("a frame from the kernel failed authentication")
         self.recv_seq += 1
         kind, rank = struct.unpack(">BI", body[:5])

@@ -1911,3 +1911,19 @@ Test(tcp, lost_ranks_are_told_by_node_with_runs)
     cr_assert_eq(strlen(small), sizeof small - 1);
 }
 
+/* Reflection (review of issue 13): a PING's body is the same both ways, so
+ * without the direction in the MAC a man in the middle could send the
+ * runtime's own PING back to it with the seq it expects next, and it would
+ * verify. With it, the reflected frame is refused like any forgery, and the
+ * rank's connection ends (so the rank fails). */
+Test(tcp, a_frame_of_the_runtime_reflected_back_to_it_is_refused, .timeout = 60)
+{
+    const char *extra[] = {"FAKE_MODE=reflect", NULL};
+    dk_job_spec_t spec = tcp_spec(1, extra);
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 40000), "the job did not end");
+    cr_assert(output_has(0, 1, "reflected seq 1"), "the fake rank did not reflect a PING");
+    cr_assert(warned("did not verify"), "the reflected PING was not refused");
+    cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    finish(&job);
+}
