@@ -65,6 +65,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -913,8 +914,20 @@ int dk_backchan_send_task(dk_backchan_t *self, uint32_t round, const void *paylo
 
 void dk_backchan_drain(dk_backchan_t *self)
 {
+    /* What has arrived so far, and no more: a remote rank that keeps sending
+     * (a flood of OUTPUT) would otherwise keep this loop reading for as long
+     * as it likes, and nothing else (a verdict, an interrupt, the timeout)
+     * would happen meanwhile. The bytes queued on the socket now are all that
+     * an exited rank can have sent; what comes later is read by the poll loop
+     * under its budget. The queue is bounded by the socket's receive buffer. */
     for (size_t i = 0; i < self->nconns; i++) {
-        if (self->conns[i].fd >= 0)
-            conn_read(self, &self->conns[i], SIZE_MAX);
+        conn_t *c = &self->conns[i];
+        if (c->fd < 0)
+            continue;
+        int queued = 0;
+        if (ioctl(c->fd, FIONREAD, &queued) != 0 || queued < 0)
+            queued = (int) READ_BUDGET;
+        /* One byte more, so that an end of file behind them is seen too. */
+        conn_read(self, c, (size_t) queued + 1);
     }
 }

@@ -154,7 +154,8 @@ size_t dk_backchan_poll_fill(dk_backchan_t *self, struct pollfd *fds);
  * loop. */
 void dk_backchan_poll_handle(dk_backchan_t *self, const struct pollfd *fds, size_t n);
 
-/* Read everything already received on every connection, without a budget:
+/* Read everything already received on every connection (the bytes queued on
+ * its socket when called, and no more, however fast a peer keeps sending):
  * called when a rank has exited, so its last frames are seen before its exit
  * is judged. */
 void dk_backchan_drain(dk_backchan_t *self);

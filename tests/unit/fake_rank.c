@@ -60,6 +60,9 @@
  *                    seq is the one the runtime expects of us next, and send its
  *                    bytes back unchanged (a man in the middle reflecting it); then
  *                    as result. The runtime must refuse it: the MAC's direction differs.
+ *   flood            (over TCP) ... print "flooding", then send OUTPUT frames of one
+ *                    byte ('.') as fast as they are taken for FAKE_FLOOD_S (60)
+ *                    seconds, then exit 0 without a result
  *   spawn_writer     ... run `sh -c` that writes "child-out" to fd 1 and "child-err"
  *                    to fd 2 and "on HOSTNAME" to fd 1 (a child's C-level writes), print "last words" to
  *                    both just before its RESULT, then as result
@@ -270,6 +273,35 @@ static void send_frame(conn_t *c, int type, uint32_t r, const void *payload, siz
     write_all(c->fd, frame, 4 + 32 + body_len);
     pthread_mutex_unlock(&send_lock);
     free(frame);
+}
+
+/* Mode flood: send OUTPUT frames of one byte for S seconds, as fast as the
+ * connection takes them, many to a write, so the runtime (two reads, a MAC,
+ * a log write and a callback per frame) cannot keep up. */
+static void flood(conn_t *c, double s)
+{
+    enum { BATCH = 256, FRAME = 4 + 32 + 5 + 3 };
+    static unsigned char buf[BATCH * FRAME];
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((double) (t.tv_sec - t0.tv_sec) + (double) (t.tv_nsec - t0.tv_nsec) / 1e9 >= s)
+            return;
+        pthread_mutex_lock(&send_lock);
+        for (int i = 0; i < BATCH; i++) {
+            unsigned char *f = buf + i * FRAME, *body = f + 36;
+            be32(f, FRAME - 4);
+            body[0] = OUTPUT;
+            be32(body + 1, (uint32_t) rank);
+            body[5] = 1;        /* fd 1 */
+            body[6] = 0;
+            body[7] = '.';
+            mac(c->nonce, 'R', c->seq_out++, body, FRAME - 36, f + 4);
+        }
+        write_all(c->fd, buf, sizeof buf);
+        pthread_mutex_unlock(&send_lock);
+    }
 }
 
 /* Receive one frame other than PING; returns its payload (malloc'd) and length. */
@@ -902,6 +934,11 @@ int main(void)
         dprintf(1, "ORPHAN %d\n", (int) pid);
         remote_flush();
         _exit(1);
+    } else if (!strcmp(mode, "flood")) {
+        dprintf(1, "flooding\n");
+        remote_flush();
+        flood(&c, getenv("FAKE_FLOOD_S") ? atof(getenv("FAKE_FLOOD_S")) : 60);
+        return 0;
     } else if (!strcmp(mode, "freeze")) {
         dprintf(1, "freezing\n");
         remote_flush();

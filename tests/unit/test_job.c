@@ -1927,3 +1927,37 @@ Test(tcp, a_frame_of_the_runtime_reflected_back_to_it_is_refused, .timeout = 60)
     cr_assert_eq(dk_job_end(job), DK_END_FAILED);
     finish(&job);
 }
+
+/* A remote rank that keeps sending (review of issue 13): when another rank
+ * exits, the runtime reads what has arrived before judging it, and that read
+ * must end although the flood does not. Here rank 1 finishes while rank 0
+ * floods for 60 s: its verdict (DONE) must come while the flood goes on, and
+ * a cancel must then end the flooder. Unbounded, the read went on until the
+ * flooder, hearing no PING from the runtime stuck in it, took the runtime for
+ * dead and ended itself. */
+Test(tcp, a_flooding_rank_does_not_hold_up_another_ranks_verdict, .timeout = 150)
+{
+    const char *extra[] = {"FAKE_MODE_0=flood", "FAKE_MODE_1=sleep", "FAKE_SLEEP_S=2", NULL};
+    dk_job_spec_t spec = tcp_spec(2, extra);
+    dk_job_t *job = start(&spec);
+    bool done = false;
+    for (int i = 0; i < 3000 && !done; i++) {
+        pthread_mutex_lock(&rec.lock);
+        done = rec.nstates[1] > 0 && rec.states[1][rec.nstates[1] - 1] == DK_RANK_DONE;
+        pthread_mutex_unlock(&rec.lock);
+        if (!done)
+            usleep(10000);
+    }
+    bool flooding = dk_job_end(job) == DK_END_NONE;
+    pthread_mutex_lock(&rec.lock);
+    size_t dots = rec.out[0][1].len;
+    pthread_mutex_unlock(&rec.lock);
+    dk_job_cancel(job);
+    bool ended = dk_job_wait(job, 60000);
+    cr_assert(done, "rank 1's verdict did not come within 30 s while rank 0 flooded");
+    cr_assert(flooding, "the flood ended before rank 1's verdict");
+    cr_assert_gt(dots, 1000, "rank 0 did not flood (%zu bytes)", dots);
+    cr_assert(ended, "the cancelled job did not end");
+    cr_assert_eq(dk_job_end(job), DK_END_CANCELLED);
+    finish(&job);
+}
