@@ -55,6 +55,15 @@ class ChannelClosed(BackChannelError):
     """The kernel closed the channel: how started ranks are told to stop."""
 
 
+class ConnectFailed(BackChannelError):
+    """The kernel's address did not answer (or refused) within the deadline."""
+
+
+def heartbeat_deadline():
+    """The silence after which the kernel counts as gone (DISTKERNEL_BC_HEARTBEAT)."""
+    return float(os.environ.get("DISTKERNEL_BC_HEARTBEAT") or HEARTBEAT_DEFAULT_S)
+
+
 def parse_address(address):
     """("unix", path) or ("tcp", (host, port)) from DISTKERNEL_BC."""
     if not address.startswith("tcp:"):
@@ -72,18 +81,45 @@ class BackChannel:
         self.key = key
         self.rank = rank
         kind, where = parse_address(path)
-        if kind == "tcp":
-            self.sock = socket.create_connection(where)
-            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.remote = kind == "tcp"
+        if self.remote:
+            self.nonce = self._connect_tcp(where)
         else:
             self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self.sock.connect(where)
-        self.remote = kind == "tcp"
-        self.nonce = self._recv_exact(32)
+            self.nonce = self._recv_exact(32)
         self.send_seq = 0
         self.recv_seq = 0
         self._send_lock = threading.Lock()
         self._remote = None
+
+    def _connect_tcp(self, where):
+        """Connect to the kernel on another node and read its nonce, both
+        within the heartbeat deadline: an address whose packets are dropped
+        (a firewall, a wrong route) would otherwise hold the rank for the
+        system's connect timeout (about two minutes), long after the kernel
+        has counted it lost. Returns the nonce."""
+        deadline = heartbeat_deadline()
+        host, port = where
+        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        try:
+            self.sock = socket.create_connection(where, timeout=deadline)
+        except OSError as exc:
+            why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+            raise ConnectFailed(
+                f"could not connect to the kernel's back channel at {shown} within "
+                f"{deadline:g} s ({why}); this node must reach that address and port over "
+                f"TCP (a firewall or a route may be in the way, or the kernel is gone)"
+            ) from None
+        try:
+            nonce = self._recv_exact(32)
+        except (TimeoutError, ChannelClosed, OSError) as exc:
+            self.sock.close()
+            raise ConnectFailed(f"the kernel's back channel at {shown} accepted the connection "
+                                f"but did not start it within {deadline:g} s ({exc})") from None
+        self.sock.settimeout(None)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return nonce
 
     def _recv_exact(self, n):
         chunks, left = [], n
@@ -161,7 +197,7 @@ class _Remote:
 
     def __init__(self, channel):
         self.ch = channel
-        self.deadline = float(os.environ.get("DISTKERNEL_BC_HEARTBEAT") or HEARTBEAT_DEFAULT_S)
+        self.deadline = heartbeat_deadline()
         self.frames = collections.deque()
         self.cond = threading.Condition()
         self.closed = False         # the kernel closed (or the channel broke)

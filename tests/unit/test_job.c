@@ -12,6 +12,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -1960,4 +1961,90 @@ Test(tcp, a_flooding_rank_does_not_hold_up_another_ranks_verdict, .timeout = 150
     cr_assert(ended, "the cancelled job did not end");
     cr_assert_eq(dk_job_end(job), DK_END_CANCELLED);
     finish(&job);
+}
+
+/* A TCP listener on 127.0.0.1 that takes no more connections: its accept
+ * queue is full and nobody accepts, so Linux drops further SYNs, as a
+ * firewall that drops packets does. Returns the listener; *PORT its port;
+ * HELD[0..*NHELD) the connections that filled the queue. */
+static int dropping_listener(int *port, int *held, int *nheld)
+{
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    cr_assert_eq(bind(lfd, (struct sockaddr *) &sa, sizeof sa), 0);
+    cr_assert_eq(listen(lfd, 0), 0);
+    socklen_t sl = sizeof sa;
+    getsockname(lfd, (struct sockaddr *) &sa, &sl);
+    *port = ntohs(sa.sin_port);
+    *nheld = 0;
+    /* Connect until one does not complete: from then on SYNs are dropped. */
+    for (int i = 0; i < 16; i++) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        held[(*nheld)++] = fd;
+        if (connect(fd, (struct sockaddr *) &sa, sizeof sa) == 0)
+            continue;
+        cr_assert_eq(errno, EINPROGRESS);
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        if (poll(&p, 1, 500) == 0)
+            return lfd;
+    }
+    cr_assert_fail("the listener's queue never filled");
+    return -1;
+}
+
+/* A rank whose kernel address does not answer (SYNs dropped) gives up within
+ * the heartbeat deadline, saying so on stderr, rather than waiting out the
+ * system's connect timeout (about two minutes with tcp_syn_retries 6): by
+ * then the kernel has long counted it lost. */
+Test(tcp, a_python_rank_whose_kernel_does_not_answer_gives_up_and_says_so, .timeout = 120)
+{
+    int port, held[16], nheld;
+    int lfd = dropping_listener(&port, held, &nheld);
+    int err_pipe[2];
+    cr_assert_eq(pipe(err_pipe), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        char bc[64];
+        snprintf(bc, sizeof bc, "tcp:127.0.0.1:%d", port);
+        setenv("PYTHONPATH", PY_SRC, 1);
+        setenv("DISTKERNEL_BC", bc, 1);
+        setenv("DISTKERNEL_BC_KEY", "00000000000000000000000000000000"
+                                    "00000000000000000000000000000000", 1);
+        setenv("DISTKERNEL_BC_HEARTBEAT", "2", 1);
+        setenv("RANK", "0", 1);
+        dup2(err_pipe[1], 2);
+        close(err_pipe[0]);
+        close(err_pipe[1]);
+        execl(PYTHON3, PYTHON3, "-c", RANK_PY, (char *) NULL);
+        _exit(127);
+    }
+    close(err_pipe[1]);
+    /* Well inside the system's timeout, well past the deadline of 2 s. */
+    int status = 0;
+    pid_t got = 0;
+    for (int i = 0; i < 400 && got == 0; i++) {
+        got = waitpid(pid, &status, WNOHANG);
+        if (got == 0)
+            usleep(100000);
+    }
+    if (got == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+    }
+    char err[4096] = "";
+    ssize_t n = read(err_pipe[0], err, sizeof err - 1);
+    err[n > 0 ? n : 0] = '\0';
+    close(err_pipe[0]);
+    for (int i = 0; i < nheld; i++)
+        close(held[i]);
+    close(lfd);
+    cr_assert_neq(got, 0, "the rank was still connecting after 40 s");
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 1, "status %d: %s", status, err);
+    char want[128];
+    snprintf(want, sizeof want, "could not connect to the kernel's back channel at "
+             "127.0.0.1:%d within 2 s (no answer)", port);
+    cr_assert(strstr(err, want), "stderr: %s", err);
+    cr_assert_null(strstr(err, "Traceback"), "stderr: %s", err);
 }
