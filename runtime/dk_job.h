@@ -47,7 +47,9 @@
  * for what it wrote before its RESULT or ERROR, and after that shuts down its
  * side and waits for the runtime to close, so nothing it sent is still in
  * flight when its exit is judged. Both sides send a PING every second
- * (DK_BC_PING_S) while connected. A rank whose connection is silent for
+ * (DK_BC_PING_S) while connected; distkernel-rank sends its PINGs from a
+ * native thread (runtime/dk_rankchan.c), so a rank whose main thread holds
+ * the GIL in a long C call is still heard. A rank whose connection is silent for
  * longer than spec.heartbeat_s is lost: a failure (the first is the root
  * cause; on_lost, dk_job_lost_summary); a rank whose runtime is silent that
  * long ends itself and its process group (DISTKERNEL_BC_HEARTBEAT gives it

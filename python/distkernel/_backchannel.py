@@ -11,8 +11,11 @@ PAYLOAD, and each answer's payload starts with that u32 round.
 Over TCP (DISTKERNEL_BC=tcp:HOST:PORT, ranks on another node than the
 kernel), once the rank has said HELLO a thread of this module carries the
 rest: it replaces fd 1 and 2 with pipes and sends what they get (C-level
-writes and children's included) as OUTPUT frames; it sends a PING every
-second and reads the kernel's frames, so that a kernel silent for longer than
+writes and children's included) as OUTPUT frames; a PING goes every second
+(from a native thread of distkernel-rank, _distkernel_rankchan, which then
+sends every frame, so that a main thread holding the GIL in a long C call
+does not silence the rank; from this thread under a plain python3); it reads
+the kernel's frames, so that a kernel silent for longer than
 DISTKERNEL_BC_HEARTBEAT seconds (killed, its node gone) ends this rank and its
 process group; and an answer (RESULT, ERROR) goes only after every byte
 written to fd 1 and 2 before it. Closing shuts down our side and waits for the
@@ -29,6 +32,14 @@ import socket
 import struct
 import threading
 import time
+
+try:
+    # distkernel-rank has it built in (runtime/dk_rankchan.c): the sending side
+    # in C, with PINGs from a native thread that needs no GIL. A plain python3
+    # has not; its PINGs then come from the Python thread below.
+    import _distkernel_rankchan as _native
+except ImportError:
+    _native = None
 
 HELLO, PAYLOAD, RESULT, ERROR, TASK, OUTPUT, PING = 1, 2, 3, 4, 5, 6, 7
 MAC_LEN = 32
@@ -150,6 +161,13 @@ class BackChannel:
             self._remote = _Remote(self)
 
     def _send(self, kind, payload=b""):
+        if self._remote is not None and self._remote.native:
+            try:
+                _native.send(kind, payload)
+            except TimeoutError:
+                self._remote._silent("the kernel took nothing for "
+                                     f"{self._remote.deadline:g} s")
+            return
         body = struct.pack(">BI", kind, self.rank) + bytes(payload)
         with self._send_lock:
             mac = self._mac(TO_KERNEL, self.send_seq, body)
@@ -217,6 +235,13 @@ class _Remote:
             os.close(w)
             os.set_blocking(r, False)
             self.pipes[fd] = r
+        # Heartbeats that a main thread holding the GIL (a long C call) cannot
+        # silence: from here on frames are sent by C, PINGs by a native thread.
+        self.native = _native is not None
+        if self.native:
+            _native.attach(channel.sock.fileno(), channel.key, channel.nonce, channel.rank,
+                           channel.send_seq, self.deadline, self.launcher_err)
+            _native.start_pings(PING_S)
         self.thread = threading.Thread(target=self._run, name="distkernel-backchannel",
                                        daemon=True)
         self.thread.start()
@@ -298,6 +323,12 @@ class _Remote:
         except BackChannelError as exc:
             self._end(exc)
 
+    def _readable_now(self):
+        try:
+            return bool(select.select([self.ch.sock], [], [], 0)[0])
+        except (OSError, ValueError):
+            return False
+
     def _end(self, error):
         with self.cond:
             self.closed = True
@@ -348,7 +379,7 @@ class _Remote:
                 return
             if now >= next_ping:
                 next_ping = now + PING_S
-                if reading and not self.closing:
+                if reading and not self.closing and not self.native:
                     try:
                         self.ch._send(PING)
                     except OSError:
@@ -362,9 +393,14 @@ class _Remote:
             if self.ch.sock in ready:
                 self._read_socket()
             # Judged only after a look at the socket: time spent blocked in
-            # our own sends (a busy kernel) is not the kernel's silence.
+            # our own sends (a busy kernel) is not the kernel's silence, nor is
+            # time this thread waited for the GIL (a main thread in a long C
+            # call) after that select: look again, now, before the verdict.
             elif reading and time.monotonic() - self.heard_at > self.deadline:
-                self._silent()
+                if self._readable_now():
+                    self._read_socket()
+                else:
+                    self._silent()
             for fd, r in list(self.pipes.items()):
                 if r in ready:
                     self._pump(fd, drain=False)
@@ -375,6 +411,8 @@ class _Remote:
         self.flush_output()
         with self.out_lock:
             self.closing = True
+        if self.native:
+            _native.stop()      # no PING after our end is shut
         try:
             self.ch.sock.shutdown(socket.SHUT_WR)
         except OSError:

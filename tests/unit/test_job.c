@@ -1677,6 +1677,17 @@ Test(tcp, python_ranks_end_themselves_when_their_host_goes_silent, .timeout = 60
               "a Python rank outlived its silent host");
 }
 
+Test(tcp, rank_programs_end_themselves_when_their_host_goes_silent, .timeout = 60)
+{
+    static char payload[65536];
+    size_t len = cell_payload("import time\nprint('sleeping', flush=True)\ntime.sleep(60)\n",
+                              payload, sizeof payload);
+    dk_job_spec_t spec = python_spec(2, payload, len);
+    spec.rank_exe = RANK_EXE;
+    spec.rank_argv = NULL;
+    cr_assert(ranks_gone_after_the_host_freezes(spec), "a rank outlived its silent host");
+}
+
 /* A SIGKILLed host shows on a remote rank's connection as a close, not as
  * silence, and nothing else reaches a rank on another node (srun dies with the
  * host; its tasks do not). Here each rank's launcher is `setsid -w`, so the
@@ -1730,7 +1741,21 @@ Test(tcp, python_ranks_end_themselves_when_their_host_is_killed, .timeout = 60)
 /* The real rank side (python/distkernel/_rank.py and _backchannel.py) over
  * TCP: its print()s, a child's writes and C-level writes arrive as OUTPUT
  * frames (fd 1 is no longer the runtime's pipe), and its value intact. */
+static void output_and_result(bool rank_exe);
+
 Test(tcp, the_python_rank_over_tcp_sends_its_output_and_result, .timeout = 90)
+{
+    output_and_result(false);
+}
+
+/* The same run by distkernel-rank, whose frames and PINGs are sent by C
+ * (runtime/dk_rankchan.c). */
+Test(tcp, the_rank_program_over_tcp_sends_its_output_and_result, .timeout = 90)
+{
+    output_and_result(true);
+}
+
+static void output_and_result(bool rank_exe)
 {
     const char *code =
         "import os\n"
@@ -1741,6 +1766,10 @@ Test(tcp, the_python_rank_over_tcp_sends_its_output_and_result, .timeout = 90)
     static char payload[65536];
     size_t len = cell_payload(code, payload, sizeof payload);
     dk_job_spec_t spec = python_spec(2, payload, len);
+    if (rank_exe) {
+        spec.rank_exe = RANK_EXE;
+        spec.rank_argv = NULL;
+    }
     dk_job_t *job = start(&spec);
     cr_assert(dk_job_wait(job, 60000), "the job did not end");
     for (int r = 0; r < 2; r++) {
@@ -2047,4 +2076,29 @@ Test(tcp, a_python_rank_whose_kernel_does_not_answer_gives_up_and_says_so, .time
              "127.0.0.1:%d within 2 s (no answer)", port);
     cr_assert(strstr(err, want), "stderr: %s", err);
     cr_assert_null(strstr(err, "Traceback"), "stderr: %s", err);
+}
+
+/* Heartbeats and the GIL (review of issue 13): a rank whose main thread holds
+ * the GIL in a long C call (here libc's sleep through ctypes.PyDLL, which,
+ * unlike CDLL, keeps the GIL) for three times the deadline is alive, and must
+ * not be declared lost: its PINGs come from a thread that needs no GIL. Run
+ * by distkernel-rank, as ranks are. */
+Test(tcp, a_rank_holding_the_gil_in_a_long_c_call_is_not_lost, .timeout = 90)
+{
+    static char payload[65536];
+    size_t len = cell_payload("import ctypes\nprint('holding', flush=True)\n"
+                              "ctypes.PyDLL(None).sleep(6)\nprint('released', flush=True)\n"
+                              "'held'\n", payload, sizeof payload);
+    dk_job_spec_t spec = python_spec(1, payload, len);
+    spec.rank_exe = RANK_EXE;
+    spec.rank_argv = NULL;
+    spec.heartbeat_s = 2.0;
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 60000), "the job did not end");
+    cr_assert(!dk_job_rank_lost(job, 0), "a rank holding the GIL was declared lost");
+    cr_assert_eq(dk_job_rank_state(job, 0), DK_RANK_DONE, "%s",
+                 rec.out[0][2].buf ? rec.out[0][2].buf : "");
+    cr_assert(output_has(0, 1, "released"));
+    cr_assert_eq(dk_job_end(job), DK_END_OK);
+    finish(&job);
 }

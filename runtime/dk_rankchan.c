@@ -1,0 +1,336 @@
+/*
+ * dk_rankchan: a remote rank's sending side, with heartbeats that need no
+ * GIL. See the header.
+ *
+ * Why in C: the rank's PINGs used to come from a Python thread, and a thread
+ * runs Python only while it holds the GIL. A main thread in a C call that
+ * keeps the GIL (an extension that never releases it, ctypes.PyDLL, a long
+ * pure-C loop in a module) silenced the heartbeats, and past the deadline the
+ * kernel counted a live rank lost and ended the job. Here a pthread sends the
+ * PINGs and never touches Python.
+ *
+ * The two senders share one socket and one sequence number (every frame's MAC
+ * covers its seq, and the kernel expects them in order), so a mutex guards
+ * both, and a frame is written whole under it: a PING is never spliced into
+ * the middle of a large RESULT. Python's send releases the GIL before it
+ * takes the mutex, so a PING waiting for the socket never holds up Python,
+ * and the pinger never waits for the GIL.
+ *
+ * A kernel that takes no byte for the heartbeat deadline is gone (killed, its
+ * node lost, the network cut): Python's send then raises TimeoutError and
+ * _backchannel.py ends the rank; the pinger, which has no one to tell, says
+ * one line on the launcher's stderr and ends the rank's process group itself,
+ * as _backchannel.py's _silent does. A broken connection (EPIPE, reset) only
+ * stops the pings: the Python thread reading the socket sees the close and
+ * acts on it.
+ *
+ * After fork() the child has no pinger and must not wait on a mutex the
+ * pinger held at the fork: an atfork handler detaches the child.
+ */
+#include "dk_rankchan.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <openssl/core_names.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/params.h>
+
+enum { KEY_LEN = 32, NONCE_LEN = 32, MAC_LEN = 32, BODY_HEAD = 5, PING = 7 };
+#define DIR_TO_RUNTIME 'R'      /* dk_backchan.h: DK_BC_DIR_TO_RUNTIME */
+
+static struct {
+    pthread_mutex_t lock;       /* the socket's sending side and seq */
+    pthread_cond_t wake;        /* the pinger's sleep, ended by stop() */
+    int fd;                     /* -1: not attached */
+    int silent_fd;
+    unsigned char key[KEY_LEN];
+    unsigned char nonce[NONCE_LEN];
+    uint32_t rank;
+    uint32_t seq;
+    double deadline;
+    EVP_MAC *mac;
+    bool pinging;               /* the thread exists (joinable) */
+    bool stop;
+    double interval;
+    pthread_t thread;
+} ch = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER, .fd = -1,
+        .silent_fd = -1};
+
+static bool atfork_set;
+
+static void put_be32(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char) (v >> 24);
+    p[1] = (unsigned char) (v >> 16);
+    p[2] = (unsigned char) (v >> 8);
+    p[3] = (unsigned char) v;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
+}
+
+/* In the child of a fork: nothing here is ours any more. */
+static void atfork_child(void)
+{
+    pthread_mutex_init(&ch.lock, NULL);
+    pthread_cond_init(&ch.wake, NULL);
+    ch.fd = -1;
+    ch.pinging = false;
+    ch.stop = false;
+}
+
+/* Write one frame of type KIND with PAYLOAD, whole. Call with ch.lock held.
+ * Returns 0; -1 with errno when the connection broke; -2 when the kernel took
+ * no byte for the deadline. */
+static int write_frame(int kind, const unsigned char *payload, size_t len)
+{
+    unsigned char head[4 + MAC_LEN + BODY_HEAD];
+    unsigned char *body = head + 4 + MAC_LEN;
+    put_be32(head, (uint32_t) (MAC_LEN + BODY_HEAD + len));
+    body[0] = (unsigned char) kind;
+    put_be32(body + 1, ch.rank);
+    /* MAC = HMAC-SHA256(key, nonce | u8 dir | u32 seq | body) (dk_job.h). */
+    char digest[] = "SHA256";
+    OSSL_PARAM params[] = {
+        OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
+        OSSL_PARAM_construct_end(),
+    };
+    unsigned char dir = DIR_TO_RUNTIME, seq_be[4];
+    put_be32(seq_be, ch.seq);
+    size_t out_len = 0;
+    EVP_MAC_CTX *ctx = EVP_MAC_CTX_new(ch.mac);
+    bool ok = ctx && EVP_MAC_init(ctx, ch.key, KEY_LEN, params) &&
+              EVP_MAC_update(ctx, ch.nonce, NONCE_LEN) && EVP_MAC_update(ctx, &dir, 1) &&
+              EVP_MAC_update(ctx, seq_be, 4) && EVP_MAC_update(ctx, body, BODY_HEAD) &&
+              (len == 0 || EVP_MAC_update(ctx, payload, len)) &&
+              EVP_MAC_final(ctx, head + 4, &out_len, MAC_LEN) && out_len == MAC_LEN;
+    EVP_MAC_CTX_free(ctx);
+    if (!ok) {
+        errno = EPROTO;
+        return -1;
+    }
+    ch.seq++;
+    size_t at = 0, total = sizeof head + len;
+    while (at < total) {
+        struct iovec part[2];
+        int n = 0;
+        if (at < sizeof head)
+            part[n++] = (struct iovec){head + at, sizeof head - at};
+        size_t pay_at = at > sizeof head ? at - sizeof head : 0;
+        if (len > pay_at)
+            part[n++] = (struct iovec){(unsigned char *) payload + pay_at, len - pay_at};
+        struct msghdr msg = {.msg_iov = part, .msg_iovlen = (size_t) n};
+        ssize_t w = sendmsg(ch.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w > 0) {
+            at += (size_t) w;
+            continue;
+        }
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            /* A kernel that takes no byte for the deadline is as gone as one
+             * that says nothing (however long the whole frame takes). */
+            struct pollfd p = {.fd = ch.fd, .events = POLLOUT};
+            int r;
+            do
+                r = poll(&p, 1, (int) (ch.deadline * 1000));
+            while (r < 0 && errno == EINTR);
+            if (r == 0)
+                return -2;
+            if (r < 0)
+                return -1;
+            continue;
+        }
+        if (w == 0)
+            errno = EPIPE;
+        return -1;
+    }
+    return 0;
+}
+
+static void *pinger(void *arg)
+{
+    (void) arg;
+    /* Signals are the main thread's (SIGINT is the user's KeyboardInterrupt). */
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL);
+    pthread_mutex_lock(&ch.lock);
+    double next = now_s() + ch.interval;
+    while (!ch.stop) {
+        double left = next - now_s();
+        if (left > 0) {
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_sec += (time_t) left;
+            until.tv_nsec += (long) ((left - (double) (time_t) left) * 1e9);
+            if (until.tv_nsec >= 1000000000L) {
+                until.tv_sec++;
+                until.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&ch.wake, &ch.lock, &until);
+            continue;
+        }
+        next = now_s() + ch.interval;
+        int rc = write_frame(PING, NULL, 0);
+        if (rc == -2) {
+            char line[160];
+            int n = snprintf(line, sizeof line,
+                             "distkernel: rank %u: the kernel took nothing for %.1f s; ending "
+                             "this rank\n", ch.rank, ch.deadline);
+            if (ch.silent_fd >= 0 && n > 0 && write(ch.silent_fd, line, (size_t) n) < 0)
+                n = 0;
+            killpg(getpgrp(), SIGKILL);
+            _exit(1);
+        }
+        if (rc < 0)
+            break;      /* the connection broke: the reading thread acts on it */
+    }
+    pthread_mutex_unlock(&ch.lock);
+    return NULL;
+}
+
+static PyObject *py_attach(PyObject *self, PyObject *args)
+{
+    (void) self;
+    int fd, silent_fd;
+    Py_buffer key, nonce;
+    unsigned long rank, seq;
+    double deadline;
+    if (!PyArg_ParseTuple(args, "iy*y*kkdi", &fd, &key, &nonce, &rank, &seq, &deadline,
+                          &silent_fd))
+        return NULL;
+    PyObject *ret = NULL;
+    if (key.len != KEY_LEN || nonce.len != NONCE_LEN) {
+        PyErr_Format(PyExc_ValueError, "key and nonce must be %d bytes each", KEY_LEN);
+    } else if (ch.fd >= 0) {
+        PyErr_SetString(PyExc_RuntimeError, "the back channel is attached already");
+    } else if (!ch.mac && !(ch.mac = EVP_MAC_fetch(NULL, "HMAC", NULL))) {
+        PyErr_SetString(PyExc_RuntimeError, "OpenSSL has no HMAC");
+    } else {
+        if (!atfork_set && pthread_atfork(NULL, NULL, atfork_child) == 0)
+            atfork_set = true;
+        pthread_mutex_lock(&ch.lock);
+        memcpy(ch.key, key.buf, KEY_LEN);
+        memcpy(ch.nonce, nonce.buf, NONCE_LEN);
+        ch.rank = (uint32_t) rank;
+        ch.seq = (uint32_t) seq;
+        ch.deadline = deadline > 0 ? deadline : 5.0;
+        ch.silent_fd = silent_fd;
+        ch.fd = fd;
+        ch.stop = false;
+        pthread_mutex_unlock(&ch.lock);
+        ret = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&key);
+    PyBuffer_Release(&nonce);
+    return ret;
+}
+
+static PyObject *py_send(PyObject *self, PyObject *args)
+{
+    (void) self;
+    int kind;
+    Py_buffer payload;
+    if (!PyArg_ParseTuple(args, "iy*", &kind, &payload))
+        return NULL;
+    int rc, saved = 0;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&ch.lock);
+    if (ch.fd < 0) {
+        rc = -1;
+        saved = EBADF;
+    } else {
+        rc = write_frame(kind, payload.buf, (size_t) payload.len);
+        saved = errno;
+    }
+    pthread_mutex_unlock(&ch.lock);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&payload);
+    if (rc == -2) {
+        PyErr_Format(PyExc_TimeoutError, "the kernel took nothing for %.1f s", ch.deadline);
+        return NULL;
+    }
+    if (rc < 0) {
+        errno = saved;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_start_pings(PyObject *self, PyObject *args)
+{
+    (void) self;
+    double interval;
+    if (!PyArg_ParseTuple(args, "d", &interval))
+        return NULL;
+    pthread_mutex_lock(&ch.lock);
+    int err = 0;
+    if (ch.fd < 0)
+        err = EBADF;
+    else if (!ch.pinging) {
+        ch.interval = interval > 0 ? interval : 1.0;
+        ch.stop = false;
+        err = pthread_create(&ch.thread, NULL, pinger, NULL);
+        ch.pinging = err == 0;
+    }
+    pthread_mutex_unlock(&ch.lock);
+    if (err) {
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_stop(PyObject *self, PyObject *args)
+{
+    (void) self;
+    (void) args;
+    pthread_mutex_lock(&ch.lock);
+    bool join = ch.pinging;
+    ch.stop = true;
+    ch.pinging = false;
+    pthread_cond_broadcast(&ch.wake);
+    pthread_mutex_unlock(&ch.lock);
+    if (join) {
+        Py_BEGIN_ALLOW_THREADS
+        pthread_join(ch.thread, NULL);
+        Py_END_ALLOW_THREADS
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"attach", py_attach, METH_VARARGS, "Take over sending on the back channel's socket."},
+    {"send", py_send, METH_VARARGS, "Send one frame, whole."},
+    {"start_pings", py_start_pings, METH_VARARGS, "PINGs from a native thread."},
+    {"stop", py_stop, METH_NOARGS, "No more PINGs."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, DK_RANKCHAN_MODULE,
+    "A remote rank's back-channel sending side, with heartbeats that need no GIL.", -1,
+    methods, NULL, NULL, NULL, NULL,
+};
+
+PyObject *dk_rankchan_init(void)
+{
+    return PyModule_Create(&module);
+}
