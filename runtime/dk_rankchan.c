@@ -306,6 +306,7 @@ static PyObject *py_stop(PyObject *self, PyObject *args)
     bool join = ch.pinging;
     ch.stop = true;
     ch.pinging = false;
+    ch.fd = -1;     /* Python closes the socket next: never write to a reused fd */
     pthread_cond_broadcast(&ch.wake);
     pthread_mutex_unlock(&ch.lock);
     if (join) {
@@ -320,7 +321,7 @@ static PyMethodDef methods[] = {
     {"attach", py_attach, METH_VARARGS, "Take over sending on the back channel's socket."},
     {"send", py_send, METH_VARARGS, "Send one frame, whole."},
     {"start_pings", py_start_pings, METH_VARARGS, "PINGs from a native thread."},
-    {"stop", py_stop, METH_NOARGS, "No more PINGs."},
+    {"stop", py_stop, METH_NOARGS, "No more PINGs, nor frames: detach."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -20,7 +20,8 @@
  *       TimeoutError: the kernel took no byte for DEADLINE; OSError: the
  *       connection broke.
  *   start_pings(interval)   a PING every INTERVAL s from a native thread.
- *   stop()                  no more PINGs (joins the thread); sends still work.
+ *   stop()                  no more PINGs (joins the thread), and detach: a
+ *                           send after it is an OSError (EBADF).
  */
 #ifndef DK_RANKCHAN_H
 #define DK_RANKCHAN_H
