@@ -77,6 +77,12 @@
 #include <openssl/rand.h>
 
 #define READ_BUDGET ((size_t) 4 << 20)     /* bytes per connection per poll turn */
+/* ... and seconds: a flood of tiny frames costs a MAC and a callback each, so
+ * bytes alone do not bound a turn's time (4 MiB of 44-byte frames is ~95,000
+ * of them). The drain's slice is longer: it is reading what ranks said
+ * before they exited. */
+#define READ_SLICE_S 0.05
+#define DRAIN_SLICE_S 0.25
 #define ACCEPT_BUDGET 32                   /* connections accepted per poll turn */
 #define EVICT_AFTER_S 1.0                  /* a pending connection's HELLO time when others wait */
 #define WARNINGS_MAX 20
@@ -644,9 +650,11 @@ static bool conn_frame_start(dk_backchan_t *self, conn_t *c)
     return true;
 }
 
-/* Read until EAGAIN, EOF or BUDGET bytes. */
-static void conn_read(dk_backchan_t *self, conn_t *c, size_t budget)
+/* Read until EAGAIN, EOF, BUDGET bytes, or the first whole frame after
+ * SLICE_S seconds. */
+static void conn_read(dk_backchan_t *self, conn_t *c, size_t budget, double slice_s)
 {
+    double until = dk_now_s() + slice_s;
     while (c->fd >= 0 && budget > 0) {
         unsigned char *dst;
         size_t want;
@@ -681,6 +689,8 @@ static void conn_read(dk_backchan_t *self, conn_t *c, size_t budget)
             free(c->frame);
             c->frame = NULL;
             c->len_have = 0;
+            if (dk_now_s() >= until)
+                return;
         }
     }
 }
@@ -865,7 +875,7 @@ void dk_backchan_poll_handle(dk_backchan_t *self, const struct pollfd *fds, size
         if (re & POLLOUT)
             conn_write(self, c);
         if (c->fd >= 0 && (re & (POLLIN | POLLHUP | POLLERR)))
-            conn_read(self, c, READ_BUDGET);
+            conn_read(self, c, READ_BUDGET, READ_SLICE_S);
     }
     if (first && (fds[0].revents & POLLIN))
         accept_all(self);
@@ -916,10 +926,12 @@ void dk_backchan_drain(dk_backchan_t *self)
 {
     /* What has arrived so far, and no more: a remote rank that keeps sending
      * (a flood of OUTPUT) would otherwise keep this loop reading for as long
-     * as it likes, and nothing else (a verdict, an interrupt, the timeout)
-     * would happen meanwhile. The bytes queued on the socket now are all that
-     * an exited rank can have sent; what comes later is read by the poll loop
-     * under its budget. The queue is bounded by the socket's receive buffer. */
+     * as it likes, and nothing else (a verdict, an interrupt, the timeout, our
+     * PINGs) would happen meanwhile. The bytes queued on the socket now are
+     * all that an exited rank can have sent; what comes later is read by the
+     * poll loop under its budget. The queue is bounded by the socket's
+     * receive buffer, and its reading by DRAIN_SLICE_S (a buffer full of tiny
+     * frames is a flood, not a rank's last words). */
     for (size_t i = 0; i < self->nconns; i++) {
         conn_t *c = &self->conns[i];
         if (c->fd < 0)
@@ -928,6 +940,6 @@ void dk_backchan_drain(dk_backchan_t *self)
         if (ioctl(c->fd, FIONREAD, &queued) != 0 || queued < 0)
             queued = (int) READ_BUDGET;
         /* One byte more, so that an end of file behind them is seen too. */
-        conn_read(self, c, (size_t) queued + 1);
+        conn_read(self, c, (size_t) queued + 1, DRAIN_SLICE_S);
     }
 }

@@ -150,12 +150,13 @@ double dk_backchan_deadline(const dk_backchan_t *self);
 size_t dk_backchan_poll_fill(dk_backchan_t *self, struct pollfd *fds);
 
 /* Act on the poll results for the N entries last filled: accept, read, write.
- * Reads are budgeted per connection so that one busy peer cannot starve the
- * loop. */
+ * Reads are budgeted per connection (bytes and time) so that one busy peer
+ * cannot starve the loop. */
 void dk_backchan_poll_handle(dk_backchan_t *self, const struct pollfd *fds, size_t n);
 
 /* Read everything already received on every connection (the bytes queued on
- * its socket when called, and no more, however fast a peer keeps sending):
+ * its socket when called, and no more, however fast a peer keeps sending; at
+ * most a quarter second per connection):
  * called when a rank has exited, so its last frames are seen before its exit
  * is judged. */
 void dk_backchan_drain(dk_backchan_t *self);
