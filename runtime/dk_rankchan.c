@@ -2,12 +2,14 @@
  * dk_rankchan: a remote rank's sending side, with heartbeats that need no
  * GIL. See the header.
  *
- * Why in C: the rank's PINGs used to come from a Python thread, and a thread
- * runs Python only while it holds the GIL. A main thread in a C call that
- * keeps the GIL (an extension that never releases it, ctypes.PyDLL, a long
- * pure-C loop in a module) silenced the heartbeats, and past the deadline the
- * kernel counted a live rank lost and ended the job. Here a pthread sends the
- * PINGs and never touches Python.
+ * Why in C: the rank's PINGs and output used to go from a Python thread, and
+ * a thread runs Python only while it holds the GIL. A main thread in a C call
+ * that keeps the GIL (an extension that never releases it, ctypes.PyDLL, a
+ * long pure-C loop in a module) silenced the heartbeats, and past the
+ * deadline the kernel counted a live rank lost and ended the job; and if that
+ * call wrote more than a pipe holds (64 KiB) to fd 1 or 2, it blocked for
+ * good on a pipe only that Python thread could empty. Here a
+ * pthread sends the PINGs and reads the pipes, and never touches Python.
  *
  * The two senders share one socket and one sequence number (every frame's MAC
  * covers its seq, and the kernel expects them in order), so a mutex guards
@@ -30,6 +32,7 @@
 #include "dk_rankchan.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -47,12 +50,14 @@
 #include <openssl/evp.h>
 #include <openssl/params.h>
 
-enum { KEY_LEN = 32, NONCE_LEN = 32, MAC_LEN = 32, BODY_HEAD = 5, PING = 7 };
+enum { KEY_LEN = 32, NONCE_LEN = 32, MAC_LEN = 32, BODY_HEAD = 5, OUTPUT = 6, PING = 7 };
+/* dk_backchan.h: DK_BC_OUTPUT_MAX, DK_BC_OUTPUT_CAUGHT_UP. */
+#define OUTPUT_MAX ((size_t) 64 << 10)
+#define OUTPUT_CAUGHT_UP 0x01
 #define DIR_TO_RUNTIME 'R'      /* dk_backchan.h: DK_BC_DIR_TO_RUNTIME */
 
 static struct {
     pthread_mutex_t lock;       /* the socket's sending side and seq */
-    pthread_cond_t wake;        /* the pinger's sleep, ended by stop() */
     int fd;                     /* -1: not attached */
     int silent_fd;
     unsigned char key[KEY_LEN];
@@ -61,12 +66,19 @@ static struct {
     uint32_t seq;
     double deadline;
     EVP_MAC *mac;
-    bool pinging;               /* the thread exists (joinable) */
+    bool running;               /* the thread exists (joinable) */
     bool stop;
+    bool broken;                /* a send failed: the connection is gone */
     double interval;
     pthread_t thread;
-} ch = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER, .fd = -1,
-        .silent_fd = -1};
+    /* The rank's fd 1 and 2 are pipes whose read ends are here ([1], [2]; -1
+     * at EOF). OUT_LOCK is held from a read until its frame is written, so
+     * output goes out in the order it was read; it is taken before LOCK. */
+    pthread_mutex_t out_lock;
+    int pipes[3];
+    int wake[2];                /* stop() writes a byte: the thread's poll ends */
+} ch = {.lock = PTHREAD_MUTEX_INITIALIZER, .out_lock = PTHREAD_MUTEX_INITIALIZER, .fd = -1,
+        .silent_fd = -1, .pipes = {-1, -1, -1}, .wake = {-1, -1}};
 
 static bool atfork_set;
 
@@ -89,9 +101,9 @@ static double now_s(void)
 static void atfork_child(void)
 {
     pthread_mutex_init(&ch.lock, NULL);
-    pthread_cond_init(&ch.wake, NULL);
+    pthread_mutex_init(&ch.out_lock, NULL);
     ch.fd = -1;
-    ch.pinging = false;
+    ch.running = false;
     ch.stop = false;
 }
 
@@ -164,6 +176,63 @@ static int write_frame(int kind, const unsigned char *payload, size_t len)
     return 0;
 }
 
+/* The kernel took nothing for the deadline: it is gone. Nothing of this rank
+ * may outlive it (as _backchannel.py's _silent). */
+static void kernel_gone(void)
+{
+    char line[160];
+    int n = snprintf(line, sizeof line,
+                     "distkernel: rank %u: the kernel took nothing for %.1f s; ending this "
+                     "rank\n", ch.rank, ch.deadline);
+    if (ch.silent_fd >= 0 && n > 0 && write(ch.silent_fd, line, (size_t) n) < 0)
+        n = 0;
+    killpg(getpgrp(), SIGKILL);
+    _exit(1);
+}
+
+/* Send one frame from the thread or flush(): a broken connection is noted
+ * (the reading side acts on it), a kernel taking nothing for the deadline
+ * ends the rank. Takes LOCK. */
+static void send_noted(int kind, const unsigned char *payload, size_t len)
+{
+    pthread_mutex_lock(&ch.lock);
+    int rc = ch.fd >= 0 && !ch.broken ? write_frame(kind, payload, len) : 0;
+    if (rc == -1)
+        ch.broken = true;
+    pthread_mutex_unlock(&ch.lock);
+    if (rc == -2)
+        kernel_gone();
+}
+
+/* Pass on what pipe FD (1 or 2) holds: one read, or (DRAIN) until it is
+ * empty. Once the connection is gone, what is read is dropped, so that the
+ * rank's writers never block on a full pipe. Takes OUT_LOCK. */
+static void pump(int fd, bool drain)
+{
+    static unsigned char buf[2 + OUTPUT_MAX];
+    pthread_mutex_lock(&ch.out_lock);
+    while (ch.pipes[fd] >= 0) {
+        ssize_t n = read(ch.pipes[fd], buf + 2, OUTPUT_MAX);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            break;      /* EAGAIN: empty */
+        if (n == 0) {
+            close(ch.pipes[fd]);
+            ch.pipes[fd] = -1;
+            break;
+        }
+        buf[0] = (unsigned char) fd;
+        buf[1] = (size_t) n < OUTPUT_MAX ? OUTPUT_CAUGHT_UP : 0;
+        send_noted(OUTPUT, buf, 2 + (size_t) n);
+        if (!drain)
+            break;
+    }
+    pthread_mutex_unlock(&ch.out_lock);
+}
+
+/* The native thread: fd 1 and 2 as OUTPUT frames, and a PING every interval,
+ * without the GIL. */
 static void *pinger(void *arg)
 {
     (void) arg;
@@ -171,38 +240,24 @@ static void *pinger(void *arg)
     sigset_t all;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, NULL);
-    pthread_mutex_lock(&ch.lock);
     double next = now_s() + ch.interval;
-    while (!ch.stop) {
+    while (!__atomic_load_n(&ch.stop, __ATOMIC_ACQUIRE)) {
         double left = next - now_s();
-        if (left > 0) {
-            struct timespec until;
-            clock_gettime(CLOCK_REALTIME, &until);
-            until.tv_sec += (time_t) left;
-            until.tv_nsec += (long) ((left - (double) (time_t) left) * 1e9);
-            if (until.tv_nsec >= 1000000000L) {
-                until.tv_sec++;
-                until.tv_nsec -= 1000000000L;
-            }
-            pthread_cond_timedwait(&ch.wake, &ch.lock, &until);
+        if (left <= 0) {
+            next = now_s() + ch.interval;
+            send_noted(PING, NULL, 0);
             continue;
         }
-        next = now_s() + ch.interval;
-        int rc = write_frame(PING, NULL, 0);
-        if (rc == -2) {
-            char line[160];
-            int n = snprintf(line, sizeof line,
-                             "distkernel: rank %u: the kernel took nothing for %.1f s; ending "
-                             "this rank\n", ch.rank, ch.deadline);
-            if (ch.silent_fd >= 0 && n > 0 && write(ch.silent_fd, line, (size_t) n) < 0)
-                n = 0;
-            killpg(getpgrp(), SIGKILL);
-            _exit(1);
+        struct pollfd p[3] = {{ch.wake[0], POLLIN, 0}, {ch.pipes[1], POLLIN, 0},
+                              {ch.pipes[2], POLLIN, 0}};
+        int r = poll(p, 3, (int) (left * 1000) + 1);
+        if (r < 0 && errno != EINTR)
+            break;
+        for (int fd = 1; r > 0 && fd <= 2; fd++) {
+            if (p[fd].revents)
+                pump(fd, false);
         }
-        if (rc < 0)
-            break;      /* the connection broke: the reading thread acts on it */
     }
-    pthread_mutex_unlock(&ch.lock);
     return NULL;
 }
 
@@ -274,23 +329,29 @@ static PyObject *py_send(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-static PyObject *py_start_pings(PyObject *self, PyObject *args)
+static PyObject *py_start(PyObject *self, PyObject *args)
 {
     (void) self;
     double interval;
-    if (!PyArg_ParseTuple(args, "d", &interval))
+    int out_fd, err_fd;
+    if (!PyArg_ParseTuple(args, "dii", &interval, &out_fd, &err_fd))
         return NULL;
-    pthread_mutex_lock(&ch.lock);
     int err = 0;
-    if (ch.fd < 0)
+    if (ch.fd < 0) {
         err = EBADF;
-    else if (!ch.pinging) {
-        ch.interval = interval > 0 ? interval : 1.0;
-        ch.stop = false;
-        err = pthread_create(&ch.thread, NULL, pinger, NULL);
-        ch.pinging = err == 0;
+    } else if (!ch.running) {
+        if (ch.wake[0] < 0 && pipe2(ch.wake, O_CLOEXEC | O_NONBLOCK) != 0)
+            err = errno;
+        if (!err) {
+            ch.pipes[1] = out_fd;
+            ch.pipes[2] = err_fd;
+            ch.interval = interval > 0 ? interval : 1.0;
+            ch.stop = false;
+            ch.broken = false;
+            err = pthread_create(&ch.thread, NULL, pinger, NULL);
+            ch.running = err == 0;
+        }
     }
-    pthread_mutex_unlock(&ch.lock);
     if (err) {
         errno = err;
         return PyErr_SetFromErrno(PyExc_OSError);
@@ -298,30 +359,43 @@ static PyObject *py_start_pings(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+static PyObject *py_flush(PyObject *self, PyObject *args)
+{
+    (void) self;
+    (void) args;
+    Py_BEGIN_ALLOW_THREADS
+    pump(1, true);
+    pump(2, true);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_stop(PyObject *self, PyObject *args)
 {
     (void) self;
     (void) args;
-    pthread_mutex_lock(&ch.lock);
-    bool join = ch.pinging;
-    ch.stop = true;
-    ch.pinging = false;
-    ch.fd = -1;     /* Python closes the socket next: never write to a reused fd */
-    pthread_cond_broadcast(&ch.wake);
-    pthread_mutex_unlock(&ch.lock);
+    bool join = ch.running;
+    ch.running = false;
+    __atomic_store_n(&ch.stop, true, __ATOMIC_RELEASE);
     if (join) {
         Py_BEGIN_ALLOW_THREADS
+        if (write(ch.wake[1], "x", 1) < 0)
+            (void) 0;   /* full: a byte is waiting already */
         pthread_join(ch.thread, NULL);
         Py_END_ALLOW_THREADS
     }
+    pthread_mutex_lock(&ch.lock);
+    ch.fd = -1;     /* Python closes the socket next: never write to a reused fd */
+    pthread_mutex_unlock(&ch.lock);
     Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
     {"attach", py_attach, METH_VARARGS, "Take over sending on the back channel's socket."},
     {"send", py_send, METH_VARARGS, "Send one frame, whole."},
-    {"start_pings", py_start_pings, METH_VARARGS, "PINGs from a native thread."},
-    {"stop", py_stop, METH_NOARGS, "No more PINGs, nor frames: detach."},
+    {"start", py_start, METH_VARARGS, "Output and PINGs from a native thread."},
+    {"flush", py_flush, METH_NOARGS, "Send what fd 1 and 2 hold now."},
+    {"stop", py_stop, METH_NOARGS, "No more output, PINGs, nor frames: detach."},
     {NULL, NULL, 0, NULL},
 };
 

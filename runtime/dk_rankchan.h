@@ -5,9 +5,10 @@
  * starts), as the built-in module _distkernel_rankchan that
  * python/distkernel/_backchannel.py uses when it is there. Once a rank on
  * another node has said HELLO, every frame it sends goes through here, and a
- * native thread sends its PINGs: a rank whose main thread holds the GIL in a
- * long C call (an extension that never releases it) still sends heartbeats,
- * and is not declared lost while alive. The wire format is dk_job.h's.
+ * native thread sends its PINGs and its fd 1 and 2 (OUTPUT frames): a rank
+ * whose main thread holds the GIL in a long C call (an extension that never
+ * releases it) still sends heartbeats and output, and is not declared lost
+ * while alive. The wire format is dk_job.h's.
  *
  * Python API (all module functions; one channel per process):
  *   attach(fd, key, nonce, rank, seq, deadline, silent_fd)
@@ -19,9 +20,13 @@
  *       one frame, whole, with the GIL released while it waits for the socket.
  *       TimeoutError: the kernel took no byte for DEADLINE; OSError: the
  *       connection broke.
- *   start_pings(interval)   a PING every INTERVAL s from a native thread.
- *   stop()                  no more PINGs (joins the thread), and detach: a
- *                           send after it is an OSError (EBADF).
+ *   start(interval, out_fd, err_fd)
+ *       a native thread sends a PING every INTERVAL s, and what the read ends
+ *       OUT_FD and ERR_FD (non-blocking pipes that are the rank's fd 1 and 2)
+ *       get, as OUTPUT frames (flag 1 when a read found no more); it owns them.
+ *   flush()                 send what the pipes hold now (before an answer).
+ *   stop()                  no more PINGs or output (joins the thread), and
+ *                           detach: a send after it is an OSError (EBADF).
  */
 #ifndef DK_RANKCHAN_H
 #define DK_RANKCHAN_H

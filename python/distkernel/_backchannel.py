@@ -235,13 +235,15 @@ class _Remote:
             os.close(w)
             os.set_blocking(r, False)
             self.pipes[fd] = r
-        # Heartbeats that a main thread holding the GIL (a long C call) cannot
-        # silence: from here on frames are sent by C, PINGs by a native thread.
+        # Heartbeats and output that a main thread holding the GIL (a long C
+        # call) cannot stop: from here on frames are sent by C, and PINGs and
+        # fd 1 and 2 by a native thread, which owns the pipes.
         self.native = _native is not None
         if self.native:
             _native.attach(channel.sock.fileno(), channel.key, channel.nonce, channel.rank,
                            channel.send_seq, self.deadline, self.launcher_err)
-            _native.start_pings(PING_S)
+            _native.start(PING_S, self.pipes[1], self.pipes[2])
+            self.pipes = {}
         self.thread = threading.Thread(target=self._run, name="distkernel-backchannel",
                                        daemon=True)
         self.thread.start()
@@ -291,6 +293,9 @@ class _Remote:
                     return True
 
     def flush_output(self):
+        if self.native:
+            _native.flush()
+            return
         for fd in (1, 2):
             self._pump(fd, drain=True)
 
@@ -376,7 +381,7 @@ class _Remote:
                     self._silent("the kernel closed the back channel "
                                  f"{now - closed_at:.1f} s ago")
             elif not reading and not self.pipes:
-                return
+                return      # (the native thread, if any, goes on until stop)
             if now >= next_ping:
                 next_ping = now + PING_S
                 if reading and not self.closing and not self.native:

@@ -1657,12 +1657,14 @@ static size_t cell_payload(const char *code, char *buf, size_t size)
 
 static const char *python_rank_argv[] = {PYTHON3, "-c", RANK_PY, NULL};
 
-/* The same run by distkernel-rank, as ranks are run. Under the sanitizers it
- * is instrumented too: what its embedded CPython keeps at exit is not ours to
- * report (as in test_template.c). */
+/* The same run by distkernel-rank, as ranks are run, with this tree's Python
+ * (not the installed one). Under the sanitizers it is instrumented too: what
+ * its embedded CPython keeps at exit is not ours to report (as in
+ * test_template.c). */
 static dk_job_spec_t rank_exe_spec(int world_size, const void *payload, size_t len)
 {
-    static const char *extra[] = {"PYTHONPATH=" PY_SRC, "ASAN_OPTIONS=detect_leaks=0", NULL};
+    static const char *extra[] = {"PYTHONPATH=" PY_SRC, "DISTKERNEL_GLUE_DIR=" PY_SRC,
+                                  "ASAN_OPTIONS=detect_leaks=0", NULL};
     dk_job_spec_t spec = tcp_spec(world_size, extra);
     spec.rank_exe = RANK_EXE;
     spec.payload = payload;
@@ -2101,9 +2103,31 @@ Test(tcp, a_rank_holding_the_gil_in_a_long_c_call_is_not_lost, .timeout = 90)
     dk_job_t *job = start(&spec);
     cr_assert(dk_job_wait(job, 60000), "the job did not end");
     cr_assert(!dk_job_rank_lost(job, 0), "a rank holding the GIL was declared lost");
-    cr_assert_eq(dk_job_rank_state(job, 0), DK_RANK_DONE, "%s",
+    cr_assert_eq(dk_job_rank_state(job, 0), DK_RANK_DONE, "exit %d signal %d: %s", dk_job_rank_exit_code(job, 0), dk_job_rank_signal(job, 0),
                  rec.out[0][2].buf ? rec.out[0][2].buf : "");
     cr_assert(output_has(0, 1, "released"));
     cr_assert_eq(dk_job_end(job), DK_END_OK);
+    finish(&job);
+}
+
+/* ... and its output flows meanwhile: a C call that holds the GIL and writes
+ * more than a pipe holds (300 kB to fd 1, through ctypes.PyDLL) used to block
+ * for good, since only a Python thread emptied the pipe. The timeout ends it
+ * if it does. */
+Test(tcp, a_rank_writing_much_while_holding_the_gil_is_not_stuck, .timeout = 90)
+{
+    static char payload[65536];
+    size_t len = cell_payload("import ctypes\n"
+                              "ctypes.PyDLL(None).write(1, b'x' * 300000, 300000)\n"
+                              "print('released', flush=True)\n'held'\n", payload, sizeof payload);
+    dk_job_spec_t spec = rank_exe_spec(1, payload, len);
+    spec.heartbeat_s = 2.0;
+    spec.timeout_s = 30;
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 60000), "the job did not end");
+    cr_assert_eq(dk_job_end(job), DK_END_OK, "end %d, %zu bytes of output", dk_job_end(job),
+                 rec.out[0][1].len);
+    cr_assert(output_has(0, 1, "released"));
+    cr_assert_eq(rec.out[0][1].len, 300000 + strlen("released\n"));
     finish(&job);
 }
