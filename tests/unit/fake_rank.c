@@ -147,7 +147,8 @@ static void mac(const unsigned char *nonce, unsigned char dir, uint32_t seq,
     be32(s, seq);
     size_t len = 0;
     if (!EVP_MAC_init(ctx, key, sizeof key, params) || !EVP_MAC_update(ctx, nonce, 32) ||
-        !EVP_MAC_update(ctx, &dir, 1) || !EVP_MAC_update(ctx, s, 4) || !EVP_MAC_update(ctx, body, body_len) ||
+        !EVP_MAC_update(ctx, &dir, 1) || !EVP_MAC_update(ctx, s, 4) ||
+        !EVP_MAC_update(ctx, body, body_len) ||
         !EVP_MAC_final(ctx, out, &len, 32))
         die("HMAC failed");
     EVP_MAC_CTX_free(ctx);

@@ -1993,7 +1993,8 @@ Test(tcp, a_flooding_rank_does_not_hold_up_another_ranks_verdict, .timeout = 150
     pthread_mutex_unlock(&rec.lock);
     dk_job_cancel(job);
     bool ended = dk_job_wait(job, 60000);
-    cr_assert(done, "rank 1's verdict did not come within 30 s while rank 0 flooded: %s %s", rec.out[1][1].buf ? rec.out[1][1].buf : "", rec.out[1][2].buf ? rec.out[1][2].buf : "");
+    cr_assert(done, "rank 1's verdict did not come within 30 s while rank 0 flooded: %s %s",
+              rec.out[1][1].buf ? rec.out[1][1].buf : "", rec.out[1][2].buf ? rec.out[1][2].buf : "");
     cr_assert(flooding, "the flood ended before rank 1's verdict");
     cr_assert_gt(dots, 1000, "rank 0 did not flood (%zu bytes)", dots);
     cr_assert(ended, "the cancelled job did not end");
@@ -2103,7 +2104,8 @@ Test(tcp, a_rank_holding_the_gil_in_a_long_c_call_is_not_lost, .timeout = 90)
     dk_job_t *job = start(&spec);
     cr_assert(dk_job_wait(job, 60000), "the job did not end");
     cr_assert(!dk_job_rank_lost(job, 0), "a rank holding the GIL was declared lost");
-    cr_assert_eq(dk_job_rank_state(job, 0), DK_RANK_DONE, "exit %d signal %d: %s", dk_job_rank_exit_code(job, 0), dk_job_rank_signal(job, 0),
+    cr_assert_eq(dk_job_rank_state(job, 0), DK_RANK_DONE, "exit %d signal %d: %s",
+                 dk_job_rank_exit_code(job, 0), dk_job_rank_signal(job, 0),
                  rec.out[0][2].buf ? rec.out[0][2].buf : "");
     cr_assert(output_has(0, 1, "released"));
     cr_assert_eq(dk_job_end(job), DK_END_OK);
