@@ -66,8 +66,7 @@ static struct {
     uint32_t seq;
     double deadline;
     EVP_MAC *mac;
-    bool running;               /* the thread exists (joinable) */
-    bool stop;
+    bool running;               /* the thread exists */
     bool broken;                /* a send failed: the connection is gone */
     double interval;
     pthread_t thread;
@@ -76,9 +75,8 @@ static struct {
      * output goes out in the order it was read; it is taken before LOCK. */
     pthread_mutex_t out_lock;
     int pipes[3];
-    int wake[2];                /* stop() writes a byte: the thread's poll ends */
 } ch = {.lock = PTHREAD_MUTEX_INITIALIZER, .out_lock = PTHREAD_MUTEX_INITIALIZER, .fd = -1,
-        .silent_fd = -1, .pipes = {-1, -1, -1}, .wake = {-1, -1}};
+        .silent_fd = -1, .pipes = {-1, -1, -1}};
 
 static bool atfork_set;
 
@@ -104,7 +102,6 @@ static void atfork_child(void)
     pthread_mutex_init(&ch.out_lock, NULL);
     ch.fd = -1;
     ch.running = false;
-    ch.stop = false;
 }
 
 /* Write one frame of type KIND with PAYLOAD, whole. Call with ch.lock held.
@@ -241,15 +238,16 @@ static void *pinger(void *arg)
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, NULL);
     double next = now_s() + ch.interval;
-    while (!__atomic_load_n(&ch.stop, __ATOMIC_ACQUIRE)) {
+    for (;;) {
         double left = next - now_s();
         if (left <= 0) {
             next = now_s() + ch.interval;
             send_noted(PING, NULL, 0);
             continue;
         }
-        struct pollfd p[3] = {{ch.wake[0], POLLIN, 0}, {ch.pipes[1], POLLIN, 0},
-                              {ch.pipes[2], POLLIN, 0}};
+        pthread_mutex_lock(&ch.out_lock);       /* flush() may close one at EOF */
+        struct pollfd p[3] = {{-1, 0, 0}, {ch.pipes[1], POLLIN, 0}, {ch.pipes[2], POLLIN, 0}};
+        pthread_mutex_unlock(&ch.out_lock);
         int r = poll(p, 3, (int) (left * 1000) + 1);
         if (r < 0 && errno != EINTR)
             break;
@@ -289,7 +287,6 @@ static PyObject *py_attach(PyObject *self, PyObject *args)
         ch.deadline = deadline > 0 ? deadline : 5.0;
         ch.silent_fd = silent_fd;
         ch.fd = fd;
-        ch.stop = false;
         pthread_mutex_unlock(&ch.lock);
         ret = Py_NewRef(Py_None);
     }
@@ -340,17 +337,14 @@ static PyObject *py_start(PyObject *self, PyObject *args)
     if (ch.fd < 0) {
         err = EBADF;
     } else if (!ch.running) {
-        if (ch.wake[0] < 0 && pipe2(ch.wake, O_CLOEXEC | O_NONBLOCK) != 0)
-            err = errno;
-        if (!err) {
-            ch.pipes[1] = out_fd;
-            ch.pipes[2] = err_fd;
-            ch.interval = interval > 0 ? interval : 1.0;
-            ch.stop = false;
-            ch.broken = false;
-            err = pthread_create(&ch.thread, NULL, pinger, NULL);
-            ch.running = err == 0;
-        }
+        ch.pipes[1] = out_fd;
+        ch.pipes[2] = err_fd;
+        ch.interval = interval > 0 ? interval : 1.0;
+        ch.broken = false;
+        err = pthread_create(&ch.thread, NULL, pinger, NULL);
+        ch.running = err == 0;
+        if (!err)
+            pthread_detach(ch.thread);      /* it runs until the process ends */
     }
     if (err) {
         errno = err;
@@ -374,18 +368,12 @@ static PyObject *py_stop(PyObject *self, PyObject *args)
 {
     (void) self;
     (void) args;
-    bool join = ch.running;
-    ch.running = false;
-    __atomic_store_n(&ch.stop, true, __ATOMIC_RELEASE);
-    if (join) {
-        Py_BEGIN_ALLOW_THREADS
-        if (write(ch.wake[1], "x", 1) < 0)
-            (void) 0;   /* full: a byte is waiting already */
-        pthread_join(ch.thread, NULL);
-        Py_END_ALLOW_THREADS
-    }
+    /* Detach: no frame after this (our end is shut next, and Python closes
+     * the socket: never write to a reused fd). The thread goes on reading the
+     * pipes and dropping what it reads, so that whatever still writes to fd
+     * 1 or 2 (Python's finalization, a child) never blocks on a full pipe. */
     pthread_mutex_lock(&ch.lock);
-    ch.fd = -1;     /* Python closes the socket next: never write to a reused fd */
+    ch.fd = -1;
     pthread_mutex_unlock(&ch.lock);
     Py_RETURN_NONE;
 }
@@ -395,7 +383,7 @@ static PyMethodDef methods[] = {
     {"send", py_send, METH_VARARGS, "Send one frame, whole."},
     {"start", py_start, METH_VARARGS, "Output and PINGs from a native thread."},
     {"flush", py_flush, METH_NOARGS, "Send what fd 1 and 2 hold now."},
-    {"stop", py_stop, METH_NOARGS, "No more output, PINGs, nor frames: detach."},
+    {"stop", py_stop, METH_NOARGS, "No more frames: detach (the pipes are still drained)."},
     {NULL, NULL, 0, NULL},
 };
 

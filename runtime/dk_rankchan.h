@@ -25,8 +25,9 @@
  *       OUT_FD and ERR_FD (non-blocking pipes that are the rank's fd 1 and 2)
  *       get, as OUTPUT frames (flag 1 when a read found no more); it owns them.
  *   flush()                 send what the pipes hold now (before an answer).
- *   stop()                  no more PINGs or output (joins the thread), and
- *                           detach: a send after it is an OSError (EBADF).
+ *   stop()                  detach: no frame after it (a send is an OSError,
+ *                           EBADF); the thread goes on emptying the pipes, and
+ *                           drops what it reads, until the process ends.
  */
 #ifndef DK_RANKCHAN_H
 #define DK_RANKCHAN_H

@@ -2133,3 +2133,21 @@ Test(tcp, a_rank_writing_much_while_holding_the_gil_is_not_stuck, .timeout = 90)
     cr_assert_eq(rec.out[0][1].len, 300000 + strlen("released\n"));
     finish(&job);
 }
+
+/* What a rank writes after its answer (here 300 kB from an atexit handler,
+ * as Python's finalization or a child may) is dropped, not left to block the
+ * rank's exit on a full pipe. */
+Test(tcp, output_after_the_answer_does_not_keep_a_rank_from_exiting, .timeout = 90)
+{
+    static char payload[65536];
+    size_t len = cell_payload("import atexit, os\n"
+                              "atexit.register(lambda: os.write(1, b'x' * 300000))\n"
+                              "'answered'\n", payload, sizeof payload);
+    dk_job_spec_t spec = rank_exe_spec(1, payload, len);
+    spec.timeout_s = 30;
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 60000), "the job did not end");
+    cr_assert_eq(dk_job_end(job), DK_END_OK, "end %d", dk_job_end(job));
+    cr_assert_eq(dk_job_rank_state(job, 0), DK_RANK_DONE);
+    finish(&job);
+}
