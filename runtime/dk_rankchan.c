@@ -22,9 +22,13 @@
  * node lost, the network cut): Python's send then raises TimeoutError and
  * _backchannel.py ends the rank; the pinger, which has no one to tell, says
  * one line on the launcher's stderr and ends the rank's process group itself,
- * as _backchannel.py's _silent does. A broken connection (EPIPE, reset) only
- * stops the pings: the Python thread reading the socket sees the close and
- * acts on it.
+ * as _backchannel.py's _silent does. A broken connection (EPIPE, reset: the
+ * kernel closed it, or was SIGKILLed) stops the pings; the Python thread
+ * reading the socket sees the close and acts on it, but not while the main
+ * thread holds the GIL, so the pinger also ends the rank when the connection
+ * has been broken for the deadline and the rank is still here (a rank told
+ * to stop by a close exits by itself well before; _backchannel.py allows the
+ * same).
  *
  * After fork() the child has no pinger and must not wait on a mutex the
  * pinger held at the fork: an atfork handler detaches the child.
@@ -68,6 +72,7 @@ static struct {
     EVP_MAC *mac;
     bool running;               /* the thread exists */
     bool broken;                /* a send failed: the connection is gone */
+    double broken_at;
     double interval;
     pthread_t thread;
     /* The rank's fd 1 and 2 are pipes whose read ends are here ([1], [2]; -1
@@ -173,14 +178,15 @@ static int write_frame(int kind, const unsigned char *payload, size_t len)
     return 0;
 }
 
-/* The kernel took nothing for the deadline: it is gone. Nothing of this rank
- * may outlive it (as _backchannel.py's _silent). */
-static void kernel_gone(void)
+/* The kernel took nothing for the deadline, or closed the connection that
+ * long ago (CLOSED): it is gone. Nothing of this rank may outlive it (as
+ * _backchannel.py's _silent). */
+static void kernel_gone(bool closed)
 {
-    char line[160];
-    int n = snprintf(line, sizeof line,
-                     "distkernel: rank %u: the kernel took nothing for %.1f s; ending this "
-                     "rank\n", ch.rank, ch.deadline);
+    char line[200];
+    int n = snprintf(line, sizeof line, "distkernel: rank %u: %s %.1f s%s; ending this rank\n",
+                     ch.rank, closed ? "the kernel closed the back channel" :
+                     "the kernel took nothing for", ch.deadline, closed ? " ago" : "");
     if (ch.silent_fd >= 0 && n > 0 && write(ch.silent_fd, line, (size_t) n) < 0)
         n = 0;
     killpg(getpgrp(), SIGKILL);
@@ -194,11 +200,13 @@ static void send_noted(int kind, const unsigned char *payload, size_t len)
 {
     pthread_mutex_lock(&ch.lock);
     int rc = ch.fd >= 0 && !ch.broken ? write_frame(kind, payload, len) : 0;
-    if (rc == -1)
+    if (rc == -1) {
         ch.broken = true;
+        ch.broken_at = now_s();
+    }
     pthread_mutex_unlock(&ch.lock);
     if (rc == -2)
-        kernel_gone();
+        kernel_gone(false);
 }
 
 /* Pass on what pipe FD (1 or 2) holds: one read, or (DRAIN) until it is
@@ -239,6 +247,11 @@ static void *pinger(void *arg)
     pthread_sigmask(SIG_BLOCK, &all, NULL);
     double next = now_s() + ch.interval;
     for (;;) {
+        pthread_mutex_lock(&ch.lock);
+        bool gone = ch.fd >= 0 && ch.broken && now_s() - ch.broken_at > ch.deadline;
+        pthread_mutex_unlock(&ch.lock);
+        if (gone)
+            kernel_gone(true);
         double left = next - now_s();
         if (left <= 0) {
             next = now_s() + ch.interval;

@@ -1707,19 +1707,17 @@ Test(tcp, rank_programs_end_themselves_when_their_host_goes_silent, .timeout = 6
  * Python rank is in a session of its own, out of reach of the parent-death
  * signal and the sentinel, as a task of srun on another node is; it prints
  * its pid, the host is SIGKILLed, and the rank must end itself. */
-Test(tcp, python_ranks_end_themselves_when_their_host_is_killed, .timeout = 60)
+/* SPEC's one rank, started by CMD (in a session of its own), says "sleeping
+ * PID"; its host is SIGKILLed: whether the rank is gone within 15 s. */
+static bool rank_gone_after_its_host_is_killed(dk_job_spec_t spec, const char *const *cmd)
 {
-    static char payload[65536];
-    size_t len = cell_payload("import os, time\nprint('sleeping', os.getpid(), flush=True)\n"
-                              "time.sleep(60)\n", payload, sizeof payload);
-    static const char *cmd[] = {"setsid", "-w", PYTHON3, "-c", RANK_PY, NULL};
-    static const char *const *cmds[] = {cmd};
+    static const char *const *cmds[1];
+    cmds[0] = cmd;
     int fds[2];
     cr_assert_eq(pipe(fds), 0);
     pid_t host = fork();
     if (host == 0) {
         close(fds[0]);
-        dk_job_spec_t spec = python_spec(1, payload, len);
         spec.heartbeat_s = 2.0;
         spec.rank_commands = cmds;
         char err[512];
@@ -1748,7 +1746,30 @@ Test(tcp, python_ranks_end_themselves_when_their_host_is_killed, .timeout = 60)
         kill(pid, SIGKILL);
     if (log_dir[0])
         remove_dir(log_dir);
-    cr_assert(gone, "a remote rank outlived its SIGKILLed host");
+    return gone;
+}
+
+Test(tcp, python_ranks_end_themselves_when_their_host_is_killed, .timeout = 60)
+{
+    static char payload[65536];
+    size_t len = cell_payload("import os, time\nprint('sleeping', os.getpid(), flush=True)\n"
+                              "time.sleep(60)\n", payload, sizeof payload);
+    static const char *cmd[] = {"setsid", "-w", PYTHON3, "-c", RANK_PY, NULL};
+    cr_assert(rank_gone_after_its_host_is_killed(python_spec(1, payload, len), cmd),
+              "a remote rank outlived its SIGKILLed host");
+}
+
+/* ... and so does distkernel-rank while its main thread holds the GIL (a C
+ * call through ctypes.PyDLL): the Python thread that would see the close
+ * cannot run, the native one that sends PINGs finds the connection broken. */
+Test(tcp, a_rank_holding_the_gil_ends_itself_when_its_host_is_killed, .timeout = 60)
+{
+    static char payload[65536];
+    size_t len = cell_payload("import ctypes, os\nprint('sleeping', os.getpid(), flush=True)\n"
+                              "ctypes.PyDLL(None).sleep(60)\n", payload, sizeof payload);
+    static const char *cmd[] = {"setsid", "-w", RANK_EXE, NULL};
+    cr_assert(rank_gone_after_its_host_is_killed(rank_exe_spec(1, payload, len), cmd),
+              "a rank holding the GIL outlived its SIGKILLed host");
 }
 
 /* The real rank side (python/distkernel/_rank.py and _backchannel.py) over
