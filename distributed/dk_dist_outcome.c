@@ -9,11 +9,19 @@
  * died before its cell was delivered, that is said too: the cause is then in
  * how ranks start (the environment, sitecustomize, a broken install), not in
  * the user's code.
+ *
+ * A rank on another node that went silent past the heartbeat deadline is
+ * lost, and so, as a rule, are the other ranks of its node with it: the
+ * headline names the nodes, one clause each with their ranks as runs
+ * ("node2 lost (ranks 4–7); node3 lost (rank 8)"), and the traceback gives
+ * each lost node a line of its own, since the node, not a rank's code, is
+ * what the user must look at.
  */
 #include "dk_dist_outcome.h"
 
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const char *signal_name(int sig)
@@ -78,6 +86,9 @@ void dk_dist_outcome_fate(const dk_dist_outcome_t *o, int r, int root, char *out
     json_t *e = NULL;
     if (ri->state == DK_RANK_DONE) {
         snprintf(out, outlen, "rank %d: finished", r);
+    } else if (ri->lost) {
+        snprintf(out, outlen, "rank %d: lost with %s (nothing heard from it past the heartbeat "
+                 "deadline)", r, ri->host ? ri->host : "localhost");
     } else if (ri->state == DK_RANK_STOPPED) {
         ended_by_us(o, ri, r, root, out, outlen);
     } else if (ri->is_error && ri->message) {
@@ -97,6 +108,26 @@ void dk_dist_outcome_fate(const dk_dist_outcome_t *o, int r, int root, char *out
     }
     if (root == r)
         snprintf(out + strlen(out), outlen - strlen(out), "   <- root cause (first failure)");
+}
+
+/* The lost ranks by node into BUF, clauses separated by SEP (dk_lost_format);
+ * empty when none was lost. */
+static void lost_nodes(const dk_dist_outcome_t *o, const char *sep, char *buf, size_t len)
+{
+    buf[0] = '\0';
+    if (o->world <= 0)
+        return;
+    bool *lost = calloc((size_t) o->world, sizeof *lost);
+    const char **hosts = calloc((size_t) o->world, sizeof *hosts);
+    if (lost && hosts) {
+        for (int r = 0; r < o->world; r++) {
+            lost[r] = o->ranks[r].lost;
+            hosts[r] = o->ranks[r].host;
+        }
+        dk_lost_format(o->world, lost, hosts, sep, buf, len);
+    }
+    free(lost);
+    free(hosts);
 }
 
 /* ename and evalue of the run, and, when the root cause raised, its traceback
@@ -127,6 +158,22 @@ static void cause(const dk_dist_outcome_t *o, json_t *tb, char *ename, size_t en
                  "the job ran past timeout=%g s and every rank was ended; give a larger "
                  "timeout= or timeout=None",
                  o->timeout_s);
+    } else if (o->root >= 0 && o->ranks[o->root].lost) {
+        /* The first failure is a lost rank: name every lost node with its
+         * ranks, one line each. */
+        snprintf(ename, enamelen, "NodeLost");
+        lost_nodes(o, "; ", evalue, evaluelen);
+        char lines[1024];
+        lost_nodes(o, "\n", lines, sizeof lines);
+        for (char *at = lines, *nl; at && *at; at = nl ? nl + 1 : NULL) {
+            nl = strchr(at, '\n');
+            if (nl)
+                *nl = '\0';
+            json_array_append_new(tb, json_string(at));
+        }
+        json_array_append_new(tb, json_string(
+            "Nothing was heard from them past the heartbeat deadline: the node is down, its "
+            "network is cut, or its ranks are frozen. The other ranks were ended."));
     } else if (o->root >= 0) {
         const dk_dist_rank_t *ri = &o->ranks[o->root];
         json_t *e = rank_error(ri);

@@ -26,6 +26,11 @@ typedef struct {
     bool log_capped;            /* its log keeps only head and tail (log_cap) */
     int gpu_index;              /* NVML index, -1 for CPU ranks */
     int pid;
+    /* Ranks on other nodes: its node's name (borrowed; NULL: this node), and
+     * whether it went silent past the heartbeat deadline (dk_job_rank_lost):
+     * the outcome then says which nodes were lost, and their ranks. */
+    const char *host;
+    bool lost;
 } dk_dist_rank_t;
 
 #endif

@@ -65,6 +65,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -76,6 +77,12 @@
 #include <openssl/rand.h>
 
 #define READ_BUDGET ((size_t) 4 << 20)     /* bytes per connection per poll turn */
+/* ... and seconds: a flood of tiny frames costs a MAC and a callback each, so
+ * bytes alone do not bound a turn's time (4 MiB of 44-byte frames is ~95,000
+ * of them). The drain's slice is longer: it is reading what ranks said
+ * before they exited. */
+#define READ_SLICE_S 0.05
+#define DRAIN_SLICE_S 0.25
 #define ACCEPT_BUDGET 32                   /* connections accepted per poll turn */
 #define EVICT_AFTER_S 1.0                  /* a pending connection's HELLO time when others wait */
 #define WARNINGS_MAX 20
@@ -165,11 +172,15 @@ static uint32_t get_be32(const unsigned char *p)
     return (uint32_t) p[0] << 24 | (uint32_t) p[1] << 16 | (uint32_t) p[2] << 8 | p[3];
 }
 
-/* MAC = HMAC-SHA256(key, nonce | u32 seq | head | tail); head and tail are the
- * body in at most two pieces, so a PAYLOAD frame is never assembled in memory. */
-static bool frame_mac(dk_backchan_t *self, const unsigned char *nonce, uint32_t seq,
-                      const unsigned char *head, size_t head_len, const unsigned char *tail,
-                      size_t tail_len, unsigned char out[DK_BC_MAC_LEN])
+/* MAC = HMAC-SHA256(key, nonce | u8 direction | u32 seq | head | tail); head
+ * and tail are the body in at most two pieces, so a PAYLOAD frame is never
+ * assembled in memory. DIR is DK_BC_DIR_TO_RANK for what we send and
+ * DK_BC_DIR_TO_RUNTIME for what we verify: a frame of ours sent back to us
+ * (a PING's body is the same both ways) does not verify. */
+static bool frame_mac(dk_backchan_t *self, const unsigned char *nonce, unsigned char dir,
+                      uint32_t seq, const unsigned char *head, size_t head_len,
+                      const unsigned char *tail, size_t tail_len,
+                      unsigned char out[DK_BC_MAC_LEN])
 {
     char digest[] = "SHA256";
     OSSL_PARAM params[] = {
@@ -181,7 +192,8 @@ static bool frame_mac(dk_backchan_t *self, const unsigned char *nonce, uint32_t 
     size_t out_len = 0;
     EVP_MAC_CTX *ctx = EVP_MAC_CTX_new(self->mac);
     bool ok = ctx && EVP_MAC_init(ctx, self->key, sizeof self->key, params) &&
-              EVP_MAC_update(ctx, nonce, DK_BC_NONCE_LEN) && EVP_MAC_update(ctx, seq_be, 4) &&
+              EVP_MAC_update(ctx, nonce, DK_BC_NONCE_LEN) && EVP_MAC_update(ctx, &dir, 1) &&
+              EVP_MAC_update(ctx, seq_be, 4) &&
               EVP_MAC_update(ctx, head, head_len) &&
               (tail_len == 0 || EVP_MAC_update(ctx, tail, tail_len)) &&
               EVP_MAC_final(ctx, out, &out_len, DK_BC_MAC_LEN) && out_len == DK_BC_MAC_LEN;
@@ -481,8 +493,8 @@ static bool queue_payload(dk_backchan_t *self, conn_t *c)
         head_n += 4;
     }
     unsigned char mac[DK_BC_MAC_LEN];
-    if (!frame_mac(self, c->nonce, c->seq_out, body_head, head_n, self->payload,
-                   self->payload_len, mac))
+    if (!frame_mac(self, c->nonce, DK_BC_DIR_TO_RANK, c->seq_out, body_head, head_n,
+                   self->payload, self->payload_len, mac))
         return false;
     c->seq_out++;
     if (c->head_off > 0) {      /* never in practice: the nonce went before the HELLO came */
@@ -509,7 +521,8 @@ static bool queue_ping(dk_backchan_t *self, conn_t *c)
     body[0] = DK_BC_PING;
     put_be32(body + 1, (uint32_t) c->rank);
     unsigned char mac[DK_BC_MAC_LEN];
-    if (!frame_mac(self, c->nonce, c->seq_out, body, sizeof body, NULL, 0, mac))
+    if (!frame_mac(self, c->nonce, DK_BC_DIR_TO_RANK, c->seq_out, body, sizeof body, NULL, 0,
+                   mac))
         return false;
     c->seq_out++;
     put_be32(c->head, (uint32_t) (DK_BC_MAC_LEN + sizeof body));
@@ -540,7 +553,8 @@ static void conn_frame(dk_backchan_t *self, conn_t *c)
     const unsigned char *body = c->frame + DK_BC_MAC_LEN;
     size_t body_len = c->frame_len - DK_BC_MAC_LEN;
     unsigned char expected[DK_BC_MAC_LEN];
-    if (!frame_mac(self, c->nonce, c->seq_in, body, body_len, NULL, 0, expected) ||
+    if (!frame_mac(self, c->nonce, DK_BC_DIR_TO_RUNTIME, c->seq_in, body, body_len, NULL, 0,
+                   expected) ||
         CRYPTO_memcmp(expected, c->frame, DK_BC_MAC_LEN) != 0) {
         refuse(self, c, "a message did not verify (it was not signed with this job's key)");
         return;
@@ -636,9 +650,11 @@ static bool conn_frame_start(dk_backchan_t *self, conn_t *c)
     return true;
 }
 
-/* Read until EAGAIN, EOF or BUDGET bytes. */
-static void conn_read(dk_backchan_t *self, conn_t *c, size_t budget)
+/* Read until EAGAIN, EOF, BUDGET bytes, or the first whole frame after
+ * SLICE_S seconds. */
+static void conn_read(dk_backchan_t *self, conn_t *c, size_t budget, double slice_s)
 {
+    double until = dk_now_s() + slice_s;
     while (c->fd >= 0 && budget > 0) {
         unsigned char *dst;
         size_t want;
@@ -673,6 +689,8 @@ static void conn_read(dk_backchan_t *self, conn_t *c, size_t budget)
             free(c->frame);
             c->frame = NULL;
             c->len_have = 0;
+            if (dk_now_s() >= until)
+                return;
         }
     }
 }
@@ -857,7 +875,7 @@ void dk_backchan_poll_handle(dk_backchan_t *self, const struct pollfd *fds, size
         if (re & POLLOUT)
             conn_write(self, c);
         if (c->fd >= 0 && (re & (POLLIN | POLLHUP | POLLERR)))
-            conn_read(self, c, READ_BUDGET);
+            conn_read(self, c, READ_BUDGET, READ_SLICE_S);
     }
     if (first && (fds[0].revents & POLLIN))
         accept_all(self);
@@ -906,8 +924,22 @@ int dk_backchan_send_task(dk_backchan_t *self, uint32_t round, const void *paylo
 
 void dk_backchan_drain(dk_backchan_t *self)
 {
+    /* What has arrived so far, and no more: a remote rank that keeps sending
+     * (a flood of OUTPUT) would otherwise keep this loop reading for as long
+     * as it likes, and nothing else (a verdict, an interrupt, the timeout, our
+     * PINGs) would happen meanwhile. The bytes queued on the socket now are
+     * all that an exited rank can have sent; what comes later is read by the
+     * poll loop under its budget. The queue is bounded by the socket's
+     * receive buffer, and its reading by DRAIN_SLICE_S (a buffer full of tiny
+     * frames is a flood, not a rank's last words). */
     for (size_t i = 0; i < self->nconns; i++) {
-        if (self->conns[i].fd >= 0)
-            conn_read(self, &self->conns[i], SIZE_MAX);
+        conn_t *c = &self->conns[i];
+        if (c->fd < 0)
+            continue;
+        int queued = 0;
+        if (ioctl(c->fd, FIONREAD, &queued) != 0 || queued < 0)
+            queued = (int) READ_BUDGET;
+        /* One byte more, so that an end of file behind them is seen too. */
+        conn_read(self, c, (size_t) queued + 1, DRAIN_SLICE_S);
     }
 }

@@ -38,6 +38,12 @@ enum {
 #define DK_BC_PING_S 1.0
 #define DK_BC_HEARTBEAT_DEFAULT_S 5.0
 
+/* The direction byte in every frame's MAC (dk_job.h): a frame verifies only
+ * in the direction it was sent, so one side's frame reflected back to it is
+ * refused. */
+#define DK_BC_DIR_TO_RUNTIME 'R'    /* rank -> runtime */
+#define DK_BC_DIR_TO_RANK 'K'       /* runtime (kernel) -> rank */
+
 #define DK_BC_KEY_LEN 32
 #define DK_BC_NONCE_LEN 32
 #define DK_BC_MAC_LEN 32
@@ -144,11 +150,13 @@ double dk_backchan_deadline(const dk_backchan_t *self);
 size_t dk_backchan_poll_fill(dk_backchan_t *self, struct pollfd *fds);
 
 /* Act on the poll results for the N entries last filled: accept, read, write.
- * Reads are budgeted per connection so that one busy peer cannot starve the
- * loop. */
+ * Reads are budgeted per connection (bytes and time) so that one busy peer
+ * cannot starve the loop. */
 void dk_backchan_poll_handle(dk_backchan_t *self, const struct pollfd *fds, size_t n);
 
-/* Read everything already received on every connection, without a budget:
+/* Read everything already received on every connection (the bytes queued on
+ * its socket when called, and no more, however fast a peer keeps sending; at
+ * most a quarter second per connection):
  * called when a rank has exited, so its last frames are seen before its exit
  * is judged. */
 void dk_backchan_drain(dk_backchan_t *self);

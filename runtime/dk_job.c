@@ -1469,67 +1469,25 @@ bool dk_job_rank_lost(dk_job_t *job, int rank)
     return lost;
 }
 
-/* Append to BUF (of LEN, holding *AT bytes) as snprintf would, never past it. */
-static void put(char *buf, size_t len, size_t *at, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static void put(char *buf, size_t len, size_t *at, const char *fmt, ...)
-{
-    if (*at >= len)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(buf + *at, len - *at, fmt, ap);
-    va_end(ap);
-    *at = n < 0 ? len : *at + (size_t) n;
-}
-
 void dk_job_lost_summary(dk_job_t *job, char *buf, size_t len)
 {
     if (!buf || len == 0)
         return;
     buf[0] = '\0';
-    size_t at = 0;
     int n = job->world_size;
-    bool *lost = calloc((size_t) n, sizeof *lost), *said = calloc((size_t) n, sizeof *said);
-    if (!lost || !said) {
-        free(lost);
-        free(said);
-        return;
-    }
-    pthread_mutex_lock(&job->lock);
-    for (int r = 0; r < n; r++)
-        lost[r] = job->ranks[r].lost;
-    pthread_mutex_unlock(&job->lock);
-    /* One entry per node, in the order of its first lost rank; its lost
-     * ranks as runs ("4-7", "8, 10-11"). */
-    for (int r = 0; r < n; r++) {
-        if (!lost[r] || said[r])
-            continue;
-        const char *host = job->ranks[r].host;
-        int count = 0;
-        for (int q = r; q < n; q++)
-            count += lost[q] && !strcmp(job->ranks[q].host, host);
-        put(buf, len, &at, "%s%s lost (rank%s ", at ? "; " : "", host, count > 1 ? "s" : "");
-        bool first = true;
-        for (int q = r; q < n; q++) {
-            if (!lost[q] || said[q] || strcmp(job->ranks[q].host, host))
-                continue;
-            int end = q;
-            while (end + 1 < n && lost[end + 1] && !strcmp(job->ranks[end + 1].host, host))
-                end++;
-            for (int k = q; k <= end; k++)
-                said[k] = true;
-            if (end == q)
-                put(buf, len, &at, "%s%d", first ? "" : ", ", q);
-            else
-                put(buf, len, &at, "%s%d-%d", first ? "" : ", ", q, end);
-            first = false;
+    bool *lost = calloc((size_t) n, sizeof *lost);
+    const char **hosts = calloc((size_t) n, sizeof *hosts);
+    if (lost && hosts) {
+        pthread_mutex_lock(&job->lock);
+        for (int r = 0; r < n; r++) {
+            lost[r] = job->ranks[r].lost;
+            hosts[r] = job->ranks[r].host;
         }
-        put(buf, len, &at, ")");
+        pthread_mutex_unlock(&job->lock);
+        dk_lost_format(n, lost, hosts, "; ", buf, len);
     }
     free(lost);
-    free(said);
+    free(hosts);
 }
 
 const char *dk_job_bc_address(dk_job_t *job)

@@ -20,9 +20,13 @@
  * runtime first writes a 32-byte random nonce. After that, every frame in both
  * directions is
  *     u32 length (big endian, of what follows) | 32-byte MAC | body
- *     MAC  = HMAC-SHA256(key, nonce | u32 seq | body)
+ *     MAC  = HMAC-SHA256(key, nonce | u8 dir | u32 seq | body)
  *     body = u8 type | u32 rank | payload
- * where seq counts the frames sent by that side on that connection from 0. A frame
+ * where dir is 'R' (0x52) on frames from a rank to the runtime and 'K' (0x4B)
+ * on frames from the runtime to a rank, and seq counts the frames sent by that
+ * side on that connection from 0. The direction keeps a frame from verifying
+ * when sent back to the side that wrote it (a PING's body is the same both
+ * ways, and the two seqs run side by side): a reflected frame is refused. A frame
  * whose MAC does not verify ends the connection (and is reported as a warning):
  * only a process that was given the key, on this connection, can speak.
  * Types: 1 HELLO (rank -> runtime, empty payload), 2 PAYLOAD (runtime -> rank: the
@@ -43,7 +47,9 @@
  * for what it wrote before its RESULT or ERROR, and after that shuts down its
  * side and waits for the runtime to close, so nothing it sent is still in
  * flight when its exit is judged. Both sides send a PING every second
- * (DK_BC_PING_S) while connected. A rank whose connection is silent for
+ * (DK_BC_PING_S) while connected; distkernel-rank sends its PINGs from a
+ * native thread (runtime/dk_rankchan.c), so a rank whose main thread holds
+ * the GIL in a long C call is still heard. A rank whose connection is silent for
  * longer than spec.heartbeat_s is lost: a failure (the first is the root
  * cause; on_lost, dk_job_lost_summary); a rank whose runtime is silent that
  * long ends itself and its process group (DISTKERNEL_BC_HEARTBEAT gives it
@@ -86,6 +92,8 @@
  */
 #ifndef DK_JOB_H
 #define DK_JOB_H
+
+#include "dk_lost.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -227,9 +235,9 @@ int dk_job_rank_pid(dk_job_t *job, int rank);
 /* Whether RANK was lost (silent past the heartbeat deadline). */
 bool dk_job_rank_lost(dk_job_t *job, int rank);
 
-/* The lost ranks grouped by node, for the user: "node2 lost (ranks 4-7)",
- * "node2 lost (rank 4); node3 lost (ranks 8, 10-11)". Empty when none was
- * lost. Truncated to fit BUF. */
+/* The lost ranks grouped by node, for the user: "node2 lost (ranks 4–7)",
+ * "node2 lost (rank 4); node3 lost (ranks 8, 10–11)" (runs of ranks with an
+ * en dash, DK_EN_DASH). Empty when none was lost. Truncated to fit BUF. */
 void dk_job_lost_summary(dk_job_t *job, char *buf, size_t len);
 
 /* The address ranks were given in DISTKERNEL_BC (borrowed). */

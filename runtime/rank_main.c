@@ -19,6 +19,7 @@
  * With DISTKERNEL_TEMPLATE it is that template (distkernel._rank.template_main).
  */
 #include "dk_pyinit.h"
+#include "dk_rankchan.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -224,6 +225,12 @@ int main(int argc, char **argv)
     }
     bool template = getenv("DISTKERNEL_TEMPLATE") != NULL;
 
+    /* The back channel's sending side for ranks on other nodes: heartbeats
+     * from a native thread, not one that needs the GIL (dk_rankchan.h). */
+    if (PyImport_AppendInittab(DK_RANKCHAN_MODULE, dk_rankchan_init) < 0) {
+        fprintf(stderr, "distkernel-rank: cannot register " DK_RANKCHAN_MODULE "\n");
+        return 1;
+    }
     char err[512];
     if (dk_pyinit_start("distkernel-rank", err, sizeof err) < 0) {
         fprintf(stderr, "distkernel-rank: %s\n", err);

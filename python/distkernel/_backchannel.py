@@ -1,16 +1,21 @@
 """The rank side of the runtime's back channel (see runtime/dk_job.h).
 
 Every frame is  u32 length | 32-byte MAC | body,  MAC = HMAC-SHA256(key, nonce |
-u32 seq | body),  body = u8 type | u32 rank | payload. The nonce is what the
-runtime writes first on the connection; seq counts this side's frames.
+u8 dir | u32 seq | body),  body = u8 type | u32 rank | payload. The nonce is
+what the runtime writes first on the connection; dir is b"R" on what a rank
+sends and b"K" on what the kernel sends, so a frame of ours sent back to us
+does not verify; seq counts the sending side's frames.
 A persistent job sends TASK frames (u32 round | payload) instead of one
 PAYLOAD, and each answer's payload starts with that u32 round.
 
 Over TCP (DISTKERNEL_BC=tcp:HOST:PORT, ranks on another node than the
 kernel), once the rank has said HELLO a thread of this module carries the
 rest: it replaces fd 1 and 2 with pipes and sends what they get (C-level
-writes and children's included) as OUTPUT frames; it sends a PING every
-second and reads the kernel's frames, so that a kernel silent for longer than
+writes and children's included) as OUTPUT frames; a PING goes every second
+(from a native thread of distkernel-rank, _distkernel_rankchan, which then
+sends every frame, so that a main thread holding the GIL in a long C call
+does not silence the rank; from this thread under a plain python3); it reads
+the kernel's frames, so that a kernel silent for longer than
 DISTKERNEL_BC_HEARTBEAT seconds (killed, its node gone) ends this rank and its
 process group; and an answer (RESULT, ERROR) goes only after every byte
 written to fd 1 and 2 before it. Closing shuts down our side and waits for the
@@ -28,8 +33,19 @@ import struct
 import threading
 import time
 
+try:
+    # distkernel-rank has it built in (runtime/dk_rankchan.c): the sending side
+    # in C, with PINGs from a native thread that needs no GIL. A plain python3
+    # has not; its PINGs then come from the Python thread below.
+    import _distkernel_rankchan as _native
+except ImportError:
+    _native = None
+
 HELLO, PAYLOAD, RESULT, ERROR, TASK, OUTPUT, PING = 1, 2, 3, 4, 5, 6, 7
 MAC_LEN = 32
+# The direction byte of the MAC (dk_backchan.h, DK_BC_DIR_TO_*).
+TO_KERNEL = b"R"
+TO_RANK = b"K"
 # The protocol's one size limit, as runtime/dk_backchan.h has it (and
 # tests/unit/test_job.c checks): the bytes after a frame's u8 type | u32 rank,
 # either way. A frame's length field covers the MAC, type, rank and those.
@@ -50,6 +66,15 @@ class ChannelClosed(BackChannelError):
     """The kernel closed the channel: how started ranks are told to stop."""
 
 
+class ConnectFailed(BackChannelError):
+    """The kernel's address did not answer (or refused) within the deadline."""
+
+
+def heartbeat_deadline():
+    """The silence after which the kernel counts as gone (DISTKERNEL_BC_HEARTBEAT)."""
+    return float(os.environ.get("DISTKERNEL_BC_HEARTBEAT") or HEARTBEAT_DEFAULT_S)
+
+
 def parse_address(address):
     """("unix", path) or ("tcp", (host, port)) from DISTKERNEL_BC."""
     if not address.startswith("tcp:"):
@@ -67,18 +92,45 @@ class BackChannel:
         self.key = key
         self.rank = rank
         kind, where = parse_address(path)
-        if kind == "tcp":
-            self.sock = socket.create_connection(where)
-            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.remote = kind == "tcp"
+        if self.remote:
+            self.nonce = self._connect_tcp(where)
         else:
             self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self.sock.connect(where)
-        self.remote = kind == "tcp"
-        self.nonce = self._recv_exact(32)
+            self.nonce = self._recv_exact(32)
         self.send_seq = 0
         self.recv_seq = 0
         self._send_lock = threading.Lock()
         self._remote = None
+
+    def _connect_tcp(self, where):
+        """Connect to the kernel on another node and read its nonce, both
+        within the heartbeat deadline: an address whose packets are dropped
+        (a firewall, a wrong route) would otherwise hold the rank for the
+        system's connect timeout (about two minutes), long after the kernel
+        has counted it lost. Returns the nonce."""
+        deadline = heartbeat_deadline()
+        host, port = where
+        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        try:
+            self.sock = socket.create_connection(where, timeout=deadline)
+        except OSError as exc:
+            why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+            raise ConnectFailed(
+                f"could not connect to the kernel's back channel at {shown} within "
+                f"{deadline:g} s ({why}); this node must reach that address and port over "
+                f"TCP (a firewall or a route may be in the way, or the kernel is gone)"
+            ) from None
+        try:
+            nonce = self._recv_exact(32)
+        except (TimeoutError, ChannelClosed, OSError) as exc:
+            self.sock.close()
+            raise ConnectFailed(f"the kernel's back channel at {shown} accepted the connection "
+                                f"but did not start it within {deadline:g} s ({exc})") from None
+        self.sock.settimeout(None)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return nonce
 
     def _recv_exact(self, n):
         chunks, left = [], n
@@ -90,9 +142,10 @@ class BackChannel:
             left -= len(chunk)
         return b"".join(chunks)
 
-    def _mac(self, seq, body):
+    def _mac(self, direction, seq, body):
         h = hmac.new(self.key, digestmod=hashlib.sha256)
         h.update(self.nonce)
+        h.update(direction)
         h.update(struct.pack(">I", seq))
         h.update(body)
         return h.digest()
@@ -108,9 +161,16 @@ class BackChannel:
             self._remote = _Remote(self)
 
     def _send(self, kind, payload=b""):
+        if self._remote is not None and self._remote.native:
+            try:
+                _native.send(kind, payload)
+            except TimeoutError:
+                self._remote._silent("the kernel took nothing for "
+                                     f"{self._remote.deadline:g} s")
+            return
         body = struct.pack(">BI", kind, self.rank) + bytes(payload)
         with self._send_lock:
-            mac = self._mac(self.send_seq, body)
+            mac = self._mac(TO_KERNEL, self.send_seq, body)
             self.send_seq += 1
             frame = struct.pack(">I", len(mac) + len(body)) + mac + body
             if self._remote is None:
@@ -125,7 +185,7 @@ class BackChannel:
 
     def _open(self, mac, body):
         """Verify one frame from the kernel; (kind, payload)."""
-        if not hmac.compare_digest(mac, self._mac(self.recv_seq, body)):
+        if not hmac.compare_digest(mac, self._mac(TO_RANK, self.recv_seq, body)):
             raise BackChannelError("a frame from the kernel failed authentication")
         self.recv_seq += 1
         kind, rank = struct.unpack(">BI", body[:5])
@@ -155,7 +215,7 @@ class _Remote:
 
     def __init__(self, channel):
         self.ch = channel
-        self.deadline = float(os.environ.get("DISTKERNEL_BC_HEARTBEAT") or HEARTBEAT_DEFAULT_S)
+        self.deadline = heartbeat_deadline()
         self.frames = collections.deque()
         self.cond = threading.Condition()
         self.closed = False         # the kernel closed (or the channel broke)
@@ -175,6 +235,15 @@ class _Remote:
             os.close(w)
             os.set_blocking(r, False)
             self.pipes[fd] = r
+        # Heartbeats and output that a main thread holding the GIL (a long C
+        # call) cannot stop: from here on frames are sent by C, and PINGs and
+        # fd 1 and 2 by a native thread, which owns the pipes.
+        self.native = _native is not None
+        if self.native:
+            _native.attach(channel.sock.fileno(), channel.key, channel.nonce, channel.rank,
+                           channel.send_seq, self.deadline, self.launcher_err)
+            _native.start(PING_S, self.pipes[1], self.pipes[2])
+            self.pipes = {}
         self.thread = threading.Thread(target=self._run, name="distkernel-backchannel",
                                        daemon=True)
         self.thread.start()
@@ -224,6 +293,9 @@ class _Remote:
                     return True
 
     def flush_output(self):
+        if self.native:
+            _native.flush()
+            return
         for fd in (1, 2):
             self._pump(fd, drain=True)
 
@@ -255,6 +327,12 @@ class _Remote:
                         self.cond.notify_all()
         except BackChannelError as exc:
             self._end(exc)
+
+    def _readable_now(self):
+        try:
+            return bool(select.select([self.ch.sock], [], [], 0)[0])
+        except (OSError, ValueError):
+            return False
 
     def _end(self, error):
         with self.cond:
@@ -303,10 +381,10 @@ class _Remote:
                     self._silent("the kernel closed the back channel "
                                  f"{now - closed_at:.1f} s ago")
             elif not reading and not self.pipes:
-                return
+                return      # (the native thread, if any, goes on until stop)
             if now >= next_ping:
                 next_ping = now + PING_S
-                if reading and not self.closing:
+                if reading and not self.closing and not self.native:
                     try:
                         self.ch._send(PING)
                     except OSError:
@@ -320,9 +398,14 @@ class _Remote:
             if self.ch.sock in ready:
                 self._read_socket()
             # Judged only after a look at the socket: time spent blocked in
-            # our own sends (a busy kernel) is not the kernel's silence.
+            # our own sends (a busy kernel) is not the kernel's silence, nor is
+            # time this thread waited for the GIL (a main thread in a long C
+            # call) after that select: look again, now, before the verdict.
             elif reading and time.monotonic() - self.heard_at > self.deadline:
-                self._silent()
+                if self._readable_now():
+                    self._read_socket()
+                else:
+                    self._silent()
             for fd, r in list(self.pipes.items()):
                 if r in ready:
                     self._pump(fd, drain=False)
@@ -333,6 +416,8 @@ class _Remote:
         self.flush_output()
         with self.out_lock:
             self.closing = True
+        if self.native:
+            _native.stop()      # no PING after our end is shut
         try:
             self.ch.sock.shutdown(socket.SHUT_WR)
         except OSError:

@@ -129,7 +129,13 @@ def _main():
     path = os.environ.pop("DISTKERNEL_BC")
     key = bytes.fromhex(os.environ.pop("DISTKERNEL_BC_KEY"))
     rank = int(os.environ["RANK"])
-    channel = bc.BackChannel(path, key, rank)
+    try:
+        channel = bc.BackChannel(path, key, rank)
+    except bc.ConnectFailed as exc:
+        # Said in words on stderr (where srun or the pipe takes it to the
+        # kernel's log of this rank), not as a traceback.
+        print(f"distkernel-rank {rank}: {exc}", file=sys.stderr, flush=True)
+        return 1
     channel.send(bc.HELLO)
     kind, payload = channel.recv()
     if kind == bc.TASK:

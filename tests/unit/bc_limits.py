@@ -4,12 +4,14 @@ Run by tests/unit/test_job.c with the C constants as arguments:
     bc_limits.py PAYLOAD_MAX FRAME_MAX TASK_MAX MAC_LEN
 Exits 0 when the rank accepts exactly what the kernel sends and refuses one
 byte more, and when _serve treats a closed channel as the end and a bad frame
-as an error. Nothing of the frame's size is allocated: the length field is
+as an error, and when a frame of the rank's own sent back to it is refused.
+Nothing of the frame's size is allocated: the length field is
 judged before its bytes are read.
 """
 import socket
 import struct
 import sys
+import threading
 
 import cloudpickle
 
@@ -31,6 +33,28 @@ def recv_with_length(length):
     ch.sock, ch.key, ch.rank, ch.nonce, ch.send_seq, ch.recv_seq = ours, b"k" * 32, 0, b"n" * 32, 0, 0
     ch._remote = None
     theirs.sendall(struct.pack(">I", length))
+    theirs.close()
+    try:
+        ch.recv()
+    except bc.BackChannelError as e:
+        return e
+    finally:
+        ours.close()
+    return None
+
+
+def reflected():
+    """What BackChannel.recv raises when the kernel's side sends back the very
+    PING frame the rank sent, with the seq the rank expects next (a man in the
+    middle reflecting it): the direction in the MAC must refuse it."""
+    ours, theirs = socket.socketpair()
+    ch = bc.BackChannel.__new__(bc.BackChannel)
+    ch.sock, ch.key, ch.rank, ch.nonce, ch.send_seq, ch.recv_seq = ours, b"k" * 32, 0, b"n" * 32, 0, 0
+    ch._remote = None
+    ch._send_lock = threading.Lock()
+    ch._send(bc.PING)
+    frame = theirs.recv(1 << 16)
+    theirs.sendall(frame)
     theirs.close()
     try:
         ch.recv()
@@ -63,6 +87,10 @@ def main():
     e = recv_with_length(largest + 1)
     check(type(e) is bc.BackChannelError and "bad frame length" in str(e),
           f"a frame one byte over the limit was not refused: {e!r}")
+    # A frame of the rank's own, sent back to it, does not verify.
+    e = reflected()
+    check(type(e) is bc.BackChannelError and "authentication" in str(e),
+          f"a reflected PING was not refused: {e!r}")
     # _serve: a closed channel ends the rank cleanly; a bad frame is an error.
     task = struct.pack(">I", 1) + cloudpickle.dumps(
         {"kind": "function", "fn": int, "args": (), "kwargs": {}})

@@ -56,6 +56,13 @@
  *                    exits when its node is cut off, the rank's connection still open)
  *   freeze           ... print "freezing", then stop itself (SIGSTOP): silent, as a
  *                    rank on a lost node is
+ *   reflect          (over TCP) ... wait for the runtime's next frame, a PING whose
+ *                    seq is the one the runtime expects of us next, and send its
+ *                    bytes back unchanged (a man in the middle reflecting it); then
+ *                    as result. The runtime must refuse it: the MAC's direction differs.
+ *   flood            (over TCP) ... print "flooding", then send OUTPUT frames of one
+ *                    byte ('.') as fast as they are taken for FAKE_FLOOD_S (60)
+ *                    seconds, then exit 0 without a result
  *   spawn_writer     ... run `sh -c` that writes "child-out" to fd 1 and "child-err"
  *                    to fd 2 and "on HOSTNAME" to fd 1 (a child's C-level writes), print "last words" to
  *                    both just before its RESULT, then as result
@@ -125,8 +132,9 @@ static uint32_t rd32(const unsigned char *p)
     return (uint32_t) p[0] << 24 | (uint32_t) p[1] << 16 | (uint32_t) p[2] << 8 | p[3];
 }
 
-static void mac(const unsigned char *nonce, uint32_t seq, const unsigned char *body,
-                size_t body_len, unsigned char out[32])
+/* DIR: 'R' on what we send, 'K' on what the runtime sends (dk_job.h). */
+static void mac(const unsigned char *nonce, unsigned char dir, uint32_t seq,
+                const unsigned char *body, size_t body_len, unsigned char out[32])
 {
     EVP_MAC *m = EVP_MAC_fetch(NULL, "HMAC", NULL);
     EVP_MAC_CTX *ctx = EVP_MAC_CTX_new(m);
@@ -139,7 +147,8 @@ static void mac(const unsigned char *nonce, uint32_t seq, const unsigned char *b
     be32(s, seq);
     size_t len = 0;
     if (!EVP_MAC_init(ctx, key, sizeof key, params) || !EVP_MAC_update(ctx, nonce, 32) ||
-        !EVP_MAC_update(ctx, s, 4) || !EVP_MAC_update(ctx, body, body_len) ||
+        !EVP_MAC_update(ctx, &dir, 1) || !EVP_MAC_update(ctx, s, 4) ||
+        !EVP_MAC_update(ctx, body, body_len) ||
         !EVP_MAC_final(ctx, out, &len, 32))
         die("HMAC failed");
     EVP_MAC_CTX_free(ctx);
@@ -259,12 +268,41 @@ static void send_frame(conn_t *c, int type, uint32_t r, const void *payload, siz
     be32(body + 1, r);
     if (len)
         memcpy(body + 5, payload, len);
-    mac(c->nonce, c->seq_out++, body, body_len, frame + 4);
+    mac(c->nonce, 'R', c->seq_out++, body, body_len, frame + 4);
     if (forge)
         frame[4] ^= 0x01;
     write_all(c->fd, frame, 4 + 32 + body_len);
     pthread_mutex_unlock(&send_lock);
     free(frame);
+}
+
+/* Mode flood: send OUTPUT frames of one byte for S seconds, as fast as the
+ * connection takes them, many to a write, so the runtime (two reads, a MAC,
+ * a log write and a callback per frame) cannot keep up. */
+static void flood(conn_t *c, double s)
+{
+    enum { BATCH = 256, FRAME = 4 + 32 + 5 + 3 };
+    static unsigned char buf[BATCH * FRAME];
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((double) (t.tv_sec - t0.tv_sec) + (double) (t.tv_nsec - t0.tv_nsec) / 1e9 >= s)
+            return;
+        pthread_mutex_lock(&send_lock);
+        for (int i = 0; i < BATCH; i++) {
+            unsigned char *f = buf + i * FRAME, *body = f + 36;
+            be32(f, FRAME - 4);
+            body[0] = OUTPUT;
+            be32(body + 1, (uint32_t) rank);
+            body[5] = 1;        /* fd 1 */
+            body[6] = 0;
+            body[7] = '.';
+            mac(c->nonce, 'R', c->seq_out++, body, FRAME - 36, f + 4);
+        }
+        write_all(c->fd, buf, sizeof buf);
+        pthread_mutex_unlock(&send_lock);
+    }
 }
 
 /* Receive one frame other than PING; returns its payload (malloc'd) and length. */
@@ -281,7 +319,7 @@ again:;
     if (!frame || !read_all(c->fd, frame, n))
         die("cannot read a frame of %u bytes", n);
     unsigned char expect[32];
-    mac(c->nonce, c->seq_in++, frame + 32, n - 32, expect);
+    mac(c->nonce, 'K', c->seq_in++, frame + 32, n - 32, expect);
     if (memcmp(expect, frame, 32) != 0)
         die("the runtime's frame did not verify");
     *type = frame[32];
@@ -294,6 +332,35 @@ again:;
     *len = n - 37;
     memmove(frame, frame + 37, *len);
     return frame;
+}
+
+/* Mode reflect: read the runtime's next frame (a PING), verify it, and write
+ * its bytes back as they came, once its seq is the one the runtime expects of
+ * us (our seq_out); that seq is then used up on both sides. */
+static void reflect_ping(conn_t *c)
+{
+    for (;;) {
+        unsigned char frame[4 + 37];
+        if (!read_all(c->fd, frame, 4))
+            die("the runtime closed the back channel");
+        if (rd32(frame) != 37)
+            die("expected a PING, got a frame of %u bytes", rd32(frame));
+        if (!read_all(c->fd, frame + 4, 37))
+            die("EOF inside a PING");
+        unsigned char expect[32];
+        uint32_t seq = c->seq_in++;
+        mac(c->nonce, 'K', seq, frame + 4 + 32, 5, expect);
+        if (memcmp(expect, frame + 4, 32) != 0)
+            die("the runtime's frame did not verify");
+        if (frame[4 + 32] != PING)
+            die("expected a PING, got type %d", frame[4 + 32]);
+        if (seq != c->seq_out)
+            continue;       /* not aligned with ours yet */
+        write_all(c->fd, frame, sizeof frame);
+        c->seq_out++;
+        dprintf(1, "reflected seq %u\n", seq);
+        return;
+    }
 }
 
 /* Wait until the runtime closes C (it refused it). */
@@ -496,7 +563,7 @@ static bool read_runtime(unsigned char *in, size_t *have)
         if (*have < 4 + len)
             break;
         unsigned char expect[32];
-        mac(remote.c->nonce, remote.c->seq_in++, in + 4 + 32, len - 32, expect);
+        mac(remote.c->nonce, 'K', remote.c->seq_in++, in + 4 + 32, len - 32, expect);
         if (memcmp(expect, in + 4, 32) != 0)
             die("the runtime's frame did not verify");
         memmove(in, in + 4 + len, *have - 4 - len);
@@ -630,7 +697,7 @@ static int serve_rounds(void)
         if (!frame || !read_all(c.fd, frame, n))
             die("cannot read a frame of %u bytes", n);
         unsigned char expect[32];
-        mac(c.nonce, c.seq_in++, frame + 32, n - 32, expect);
+        mac(c.nonce, 'K', c.seq_in++, frame + 32, n - 32, expect);
         if (memcmp(expect, frame, 32) != 0)
             die("the runtime's frame did not verify");
         if (frame[32] != TASK)
@@ -734,6 +801,8 @@ int main(void)
         die("expected PAYLOAD, got type %d", type);
     if (!strcmp(mode, "hold"))
         dprintf(1, "hold\n");
+    if (!strcmp(mode, "reflect"))
+        reflect_ping(&c);
     become_remote(&c);
     unsigned char digest[32];
     unsigned int dlen = 0;
@@ -866,6 +935,11 @@ int main(void)
         dprintf(1, "ORPHAN %d\n", (int) pid);
         remote_flush();
         _exit(1);
+    } else if (!strcmp(mode, "flood")) {
+        dprintf(1, "flooding\n");
+        remote_flush();
+        flood(&c, getenv("FAKE_FLOOD_S") ? atof(getenv("FAKE_FLOOD_S")) : 60);
+        return 0;
     } else if (!strcmp(mode, "freeze")) {
         dprintf(1, "freezing\n");
         remote_flush();

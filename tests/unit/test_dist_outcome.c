@@ -329,3 +329,67 @@ Test(outcome, ranks_ended_for_being_idle)
     cr_assert_str_eq(field("evalue"), "the started ranks were idle past idle_timeout and ended");
     cr_assert_str_eq(line(2), "  rank 0: ended by distkernel (idle_timeout)");
 }
+
+/* Ranks on other nodes: RANKS_PER_NODE each on node1, node2, ...; the ranks
+ * in LOST (ending with -1) went silent. */
+static dk_dist_rank_t big[12];
+static void nodes_lost(int world, int ranks_per_node, const int *lost)
+{
+    static char names[12][16];
+    for (int r = 0; r < world; r++) {
+        snprintf(names[r], sizeof names[r], "node%d", r / ranks_per_node + 1);
+        big[r] = (dk_dist_rank_t){.state = DK_RANK_STOPPED, .got_cell = true,
+                                  .log_complete = true, .gpu_index = -1, .host = names[r]};
+    }
+    for (int i = 0; lost[i] >= 0; i++) {
+        big[lost[i]].state = DK_RANK_FAILED;
+        big[lost[i]].lost = true;
+    }
+    o.world = world;
+    o.ranks = big;
+    o.root = lost[0];
+}
+
+Test(outcome, a_lost_node_is_named_with_its_ranks_as_a_range)
+{
+    nodes_lost(12, 4, (const int[]){5, 4, 6, 7, -1});
+    build(true);
+    cr_assert_str_eq(field("ename"), "NodeLost");
+    cr_assert_str_eq(field("evalue"), "node2 lost (ranks 4–7)");
+    cr_assert_str_eq(line(0), RED "NodeLost" RESET ": node2 lost (ranks 4–7)");
+    cr_assert_str_eq(line(1), "");
+    cr_assert_str_eq(line(2), "node2 lost (ranks 4–7)");
+    cr_assert(strstr(line(3), "heartbeat deadline"), "%s", line(3));
+    cr_assert_str_eq(line(6), "  rank 0: ended by distkernel after rank 5 failed");
+    cr_assert_str_eq(line(10), "  rank 4: lost with node2 (nothing heard from it past the "
+                               "heartbeat deadline)");
+    cr_assert_str_eq(line(11), "  rank 5: lost with node2 (nothing heard from it past the "
+                               "heartbeat deadline)   <- root cause (first failure)");
+}
+
+Test(outcome, several_lost_nodes_get_one_clause_and_one_line_each)
+{
+    nodes_lost(12, 4, (const int[]){8, 4, 5, 7, -1});
+    build(false);
+    cr_assert_str_eq(field("evalue"), "node2 lost (ranks 4–5, 7); node3 lost (rank 8)");
+    cr_assert_str_eq(line(0), "node2 lost (ranks 4–5, 7)");
+    cr_assert_str_eq(line(1), "node3 lost (rank 8)");
+    cr_assert(strstr(line(2), "heartbeat deadline"), "%s", line(2));
+}
+
+Test(outcome, a_lost_rank_after_another_root_cause_keeps_that_root)
+{
+    nodes_lost(8, 4, (const int[]){6, -1});
+    big[1].state = DK_RANK_FAILED;
+    big[1].is_error = true;
+    big[1].message = (void *)ERROR_MSG;
+    big[1].message_len = strlen(ERROR_MSG);
+    o.root = 1;
+    build(false);
+    cr_assert_str_eq(field("ename"), "ValueError");
+    bool said = false;
+    for (size_t i = 0; i < lines(); i++)
+        said |= !strcmp(line(i), "  rank 6: lost with node2 (nothing heard from it past the "
+                                 "heartbeat deadline)");
+    cr_assert(said, "rank 6's fate does not say it was lost");
+}

@@ -12,6 +12,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -1559,7 +1560,7 @@ Test(tcp, silent_ranks_are_lost_and_told_by_node, .timeout = 60)
     cr_assert_str_eq(rec.lost_host[0], "");
     char summary[128];
     dk_job_lost_summary(job, summary, sizeof summary);
-    cr_assert_str_eq(summary, "node2 lost (ranks 2-3)");
+    cr_assert_str_eq(summary, "node2 lost (ranks 2" DK_EN_DASH "3)");
     cr_assert(warned("rank 2 on node2 lost"));
     cr_assert_eq(dk_job_rank_state(job, 0), DK_RANK_STOPPED);
     finish(&job);
@@ -1656,6 +1657,21 @@ static size_t cell_payload(const char *code, char *buf, size_t size)
 
 static const char *python_rank_argv[] = {PYTHON3, "-c", RANK_PY, NULL};
 
+/* The same run by distkernel-rank, as ranks are run, with this tree's Python
+ * (not the installed one). Under the sanitizers it is instrumented too: what
+ * its embedded CPython keeps at exit is not ours to report (as in
+ * test_template.c). */
+static dk_job_spec_t rank_exe_spec(int world_size, const void *payload, size_t len)
+{
+    static const char *extra[] = {"PYTHONPATH=" PY_SRC, "DISTKERNEL_GLUE_DIR=" PY_SRC,
+                                  "ASAN_OPTIONS=detect_leaks=0", NULL};
+    dk_job_spec_t spec = tcp_spec(world_size, extra);
+    spec.rank_exe = RANK_EXE;
+    spec.payload = payload;
+    spec.payload_len = len;
+    return spec;
+}
+
 static dk_job_spec_t python_spec(int world_size, const void *payload, size_t len)
 {
     static const char *extra[] = {"PYTHONPATH=" PY_SRC, NULL};
@@ -1676,25 +1692,32 @@ Test(tcp, python_ranks_end_themselves_when_their_host_goes_silent, .timeout = 60
               "a Python rank outlived its silent host");
 }
 
+Test(tcp, rank_programs_end_themselves_when_their_host_goes_silent, .timeout = 60)
+{
+    static char payload[65536];
+    size_t len = cell_payload("import time\nprint('sleeping', flush=True)\ntime.sleep(60)\n",
+                              payload, sizeof payload);
+    cr_assert(ranks_gone_after_the_host_freezes(rank_exe_spec(2, payload, len)),
+              "a rank outlived its silent host");
+}
+
 /* A SIGKILLed host shows on a remote rank's connection as a close, not as
  * silence, and nothing else reaches a rank on another node (srun dies with the
  * host; its tasks do not). Here each rank's launcher is `setsid -w`, so the
  * Python rank is in a session of its own, out of reach of the parent-death
  * signal and the sentinel, as a task of srun on another node is; it prints
  * its pid, the host is SIGKILLed, and the rank must end itself. */
-Test(tcp, python_ranks_end_themselves_when_their_host_is_killed, .timeout = 60)
+/* SPEC's one rank, started by CMD (in a session of its own), says "sleeping
+ * PID"; its host is SIGKILLed: whether the rank is gone within 15 s. */
+static bool rank_gone_after_its_host_is_killed(dk_job_spec_t spec, const char *const *cmd)
 {
-    static char payload[65536];
-    size_t len = cell_payload("import os, time\nprint('sleeping', os.getpid(), flush=True)\n"
-                              "time.sleep(60)\n", payload, sizeof payload);
-    static const char *cmd[] = {"setsid", "-w", PYTHON3, "-c", RANK_PY, NULL};
-    static const char *const *cmds[] = {cmd};
+    static const char *const *cmds[1];
+    cmds[0] = cmd;
     int fds[2];
     cr_assert_eq(pipe(fds), 0);
     pid_t host = fork();
     if (host == 0) {
         close(fds[0]);
-        dk_job_spec_t spec = python_spec(1, payload, len);
         spec.heartbeat_s = 2.0;
         spec.rank_commands = cmds;
         char err[512];
@@ -1723,13 +1746,50 @@ Test(tcp, python_ranks_end_themselves_when_their_host_is_killed, .timeout = 60)
         kill(pid, SIGKILL);
     if (log_dir[0])
         remove_dir(log_dir);
-    cr_assert(gone, "a remote rank outlived its SIGKILLed host");
+    return gone;
+}
+
+Test(tcp, python_ranks_end_themselves_when_their_host_is_killed, .timeout = 60)
+{
+    static char payload[65536];
+    size_t len = cell_payload("import os, time\nprint('sleeping', os.getpid(), flush=True)\n"
+                              "time.sleep(60)\n", payload, sizeof payload);
+    static const char *cmd[] = {"setsid", "-w", PYTHON3, "-c", RANK_PY, NULL};
+    cr_assert(rank_gone_after_its_host_is_killed(python_spec(1, payload, len), cmd),
+              "a remote rank outlived its SIGKILLed host");
+}
+
+/* ... and so does distkernel-rank while its main thread holds the GIL (a C
+ * call through ctypes.PyDLL): the Python thread that would see the close
+ * cannot run, the native one that sends PINGs finds the connection broken. */
+Test(tcp, a_rank_holding_the_gil_ends_itself_when_its_host_is_killed, .timeout = 60)
+{
+    static char payload[65536];
+    size_t len = cell_payload("import ctypes, os\nprint('sleeping', os.getpid(), flush=True)\n"
+                              "ctypes.PyDLL(None).sleep(60)\n", payload, sizeof payload);
+    static const char *cmd[] = {"setsid", "-w", RANK_EXE, NULL};
+    cr_assert(rank_gone_after_its_host_is_killed(rank_exe_spec(1, payload, len), cmd),
+              "a rank holding the GIL outlived its SIGKILLed host");
 }
 
 /* The real rank side (python/distkernel/_rank.py and _backchannel.py) over
  * TCP: its print()s, a child's writes and C-level writes arrive as OUTPUT
  * frames (fd 1 is no longer the runtime's pipe), and its value intact. */
+static void output_and_result(bool rank_exe);
+
 Test(tcp, the_python_rank_over_tcp_sends_its_output_and_result, .timeout = 90)
+{
+    output_and_result(false);
+}
+
+/* The same run by distkernel-rank, whose frames and PINGs are sent by C
+ * (runtime/dk_rankchan.c). */
+Test(tcp, the_rank_program_over_tcp_sends_its_output_and_result, .timeout = 90)
+{
+    output_and_result(true);
+}
+
+static void output_and_result(bool rank_exe)
 {
     const char *code =
         "import os\n"
@@ -1739,7 +1799,7 @@ Test(tcp, the_python_rank_over_tcp_sends_its_output_and_result, .timeout = 90)
         "'value-' + os.environ['RANK'] * 3\n";
     static char payload[65536];
     size_t len = cell_payload(code, payload, sizeof payload);
-    dk_job_spec_t spec = python_spec(2, payload, len);
+    dk_job_spec_t spec = rank_exe ? rank_exe_spec(2, payload, len) : python_spec(2, payload, len);
     dk_job_t *job = start(&spec);
     cr_assert(dk_job_wait(job, 60000), "the job did not end");
     for (int r = 0; r < 2; r++) {
@@ -1878,5 +1938,237 @@ Test(tcp, a_launcher_exiting_while_its_connection_is_open_waits_for_the_heartbea
     char summary[64];
     dk_job_lost_summary(job, summary, sizeof summary);
     cr_assert_str_eq(summary, "localhost lost (rank 0)");
+    finish(&job);
+}
+
+/* The words for lost ranks from plain records: one clause per node, runs of
+ * ranks with an en dash, nodes in the order of their first lost rank. */
+Test(tcp, lost_ranks_are_told_by_node_with_runs)
+{
+    const char *hosts[] = {"node1", "node1", "node1", "node1", "node2", "node2",
+                           "node2", "node2", "node3", "node3", "node3", "node3", NULL};
+    bool lost[12] = {false};
+    char buf[200];
+    dk_lost_format(12, lost, hosts, "; ", buf, sizeof buf);
+    cr_assert_str_eq(buf, "");
+    for (int r = 4; r < 8; r++)
+        lost[r] = true;
+    dk_lost_format(12, lost, hosts, "; ", buf, sizeof buf);
+    cr_assert_str_eq(buf, "node2 lost (ranks 4" DK_EN_DASH "7)");
+    lost[6] = false;
+    lost[8] = true;
+    lost[10] = lost[11] = true;
+    dk_lost_format(12, lost, hosts, "\n", buf, sizeof buf);
+    cr_assert_str_eq(buf, "node2 lost (ranks 4" DK_EN_DASH "5, 7)\n"
+                          "node3 lost (ranks 8, 10" DK_EN_DASH "11)");
+    /* No hosts: every rank is on "localhost". */
+    bool one[2] = {false, true};
+    dk_lost_format(2, one, NULL, "; ", buf, sizeof buf);
+    cr_assert_str_eq(buf, "localhost lost (rank 1)");
+    /* Truncated, never overrun. */
+    char small[12];
+    dk_lost_format(12, lost, hosts, "; ", small, sizeof small);
+    cr_assert_eq(strlen(small), sizeof small - 1);
+}
+
+/* Reflection (review of issue 13): a PING's body is the same both ways, so
+ * without the direction in the MAC a man in the middle could send the
+ * runtime's own PING back to it with the seq it expects next, and it would
+ * verify. With it, the reflected frame is refused like any forgery, and the
+ * rank's connection ends (so the rank fails). */
+Test(tcp, a_frame_of_the_runtime_reflected_back_to_it_is_refused, .timeout = 60)
+{
+    const char *extra[] = {"FAKE_MODE=reflect", NULL};
+    dk_job_spec_t spec = tcp_spec(1, extra);
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 40000), "the job did not end");
+    cr_assert(output_has(0, 1, "reflected seq 1"), "the fake rank did not reflect a PING");
+    cr_assert(warned("did not verify"), "the reflected PING was not refused");
+    cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    finish(&job);
+}
+
+/* A remote rank that keeps sending (review of issue 13): when another rank
+ * exits, the runtime reads what has arrived before judging it, and that read
+ * must end although the flood does not. Here rank 1 finishes while rank 0
+ * floods for 60 s: its verdict (DONE) must come while the flood goes on, and
+ * a cancel must then end the flooder. Unbounded, the read went on until the
+ * flooder, hearing no PING from the runtime stuck in it, took the runtime for
+ * dead and ended itself. */
+Test(tcp, a_flooding_rank_does_not_hold_up_another_ranks_verdict, .timeout = 150)
+{
+    const char *extra[] = {"FAKE_MODE_0=flood", "FAKE_MODE_1=sleep", "FAKE_SLEEP_S=2", NULL};
+    dk_job_spec_t spec = tcp_spec(2, extra);
+    dk_job_t *job = start(&spec);
+    bool done = false;
+    for (int i = 0; i < 3000 && !done; i++) {
+        pthread_mutex_lock(&rec.lock);
+        done = rec.nstates[1] > 0 && rec.states[1][rec.nstates[1] - 1] == DK_RANK_DONE;
+        pthread_mutex_unlock(&rec.lock);
+        if (!done)
+            usleep(10000);
+    }
+    bool flooding = dk_job_end(job) == DK_END_NONE;
+    pthread_mutex_lock(&rec.lock);
+    size_t dots = rec.out[0][1].len;
+    pthread_mutex_unlock(&rec.lock);
+    dk_job_cancel(job);
+    bool ended = dk_job_wait(job, 60000);
+    cr_assert(done, "rank 1's verdict did not come within 30 s while rank 0 flooded: %s %s",
+              rec.out[1][1].buf ? rec.out[1][1].buf : "", rec.out[1][2].buf ? rec.out[1][2].buf : "");
+    cr_assert(flooding, "the flood ended before rank 1's verdict");
+    cr_assert_gt(dots, 1000, "rank 0 did not flood (%zu bytes)", dots);
+    cr_assert(ended, "the cancelled job did not end");
+    cr_assert_eq(dk_job_end(job), DK_END_CANCELLED);
+    finish(&job);
+}
+
+/* A TCP listener on 127.0.0.1 that takes no more connections: its accept
+ * queue is full and nobody accepts, so Linux drops further SYNs, as a
+ * firewall that drops packets does. Returns the listener; *PORT its port;
+ * HELD[0..*NHELD) the connections that filled the queue. */
+static int dropping_listener(int *port, int *held, int *nheld)
+{
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    cr_assert_eq(bind(lfd, (struct sockaddr *) &sa, sizeof sa), 0);
+    cr_assert_eq(listen(lfd, 0), 0);
+    socklen_t sl = sizeof sa;
+    getsockname(lfd, (struct sockaddr *) &sa, &sl);
+    *port = ntohs(sa.sin_port);
+    *nheld = 0;
+    /* Connect until one does not complete: from then on SYNs are dropped. */
+    for (int i = 0; i < 16; i++) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        held[(*nheld)++] = fd;
+        if (connect(fd, (struct sockaddr *) &sa, sizeof sa) == 0)
+            continue;
+        cr_assert_eq(errno, EINPROGRESS);
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        if (poll(&p, 1, 500) == 0)
+            return lfd;
+    }
+    cr_assert_fail("the listener's queue never filled");
+    return -1;
+}
+
+/* A rank whose kernel address does not answer (SYNs dropped) gives up within
+ * the heartbeat deadline, saying so on stderr, rather than waiting out the
+ * system's connect timeout (about two minutes with tcp_syn_retries 6): by
+ * then the kernel has long counted it lost. */
+Test(tcp, a_python_rank_whose_kernel_does_not_answer_gives_up_and_says_so, .timeout = 120)
+{
+    int port, held[16], nheld;
+    int lfd = dropping_listener(&port, held, &nheld);
+    int err_pipe[2];
+    cr_assert_eq(pipe(err_pipe), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        char bc[64];
+        snprintf(bc, sizeof bc, "tcp:127.0.0.1:%d", port);
+        setenv("PYTHONPATH", PY_SRC, 1);
+        setenv("DISTKERNEL_BC", bc, 1);
+        setenv("DISTKERNEL_BC_KEY", "00000000000000000000000000000000"
+                                    "00000000000000000000000000000000", 1);
+        setenv("DISTKERNEL_BC_HEARTBEAT", "2", 1);
+        setenv("RANK", "0", 1);
+        dup2(err_pipe[1], 2);
+        close(err_pipe[0]);
+        close(err_pipe[1]);
+        execl(PYTHON3, PYTHON3, "-c", RANK_PY, (char *) NULL);
+        _exit(127);
+    }
+    close(err_pipe[1]);
+    /* Well inside the system's timeout, well past the deadline of 2 s. */
+    int status = 0;
+    pid_t got = 0;
+    for (int i = 0; i < 400 && got == 0; i++) {
+        got = waitpid(pid, &status, WNOHANG);
+        if (got == 0)
+            usleep(100000);
+    }
+    if (got == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+    }
+    char err[4096] = "";
+    ssize_t n = read(err_pipe[0], err, sizeof err - 1);
+    err[n > 0 ? n : 0] = '\0';
+    close(err_pipe[0]);
+    for (int i = 0; i < nheld; i++)
+        close(held[i]);
+    close(lfd);
+    cr_assert_neq(got, 0, "the rank was still connecting after 40 s");
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 1, "status %d: %s", status, err);
+    char want[128];
+    snprintf(want, sizeof want, "could not connect to the kernel's back channel at "
+             "127.0.0.1:%d within 2 s (no answer)", port);
+    cr_assert(strstr(err, want), "stderr: %s", err);
+    cr_assert_null(strstr(err, "Traceback"), "stderr: %s", err);
+}
+
+/* Heartbeats and the GIL (review of issue 13): a rank whose main thread holds
+ * the GIL in a long C call (here libc's sleep through ctypes.PyDLL, which,
+ * unlike CDLL, keeps the GIL) for three times the deadline is alive, and must
+ * not be declared lost: its PINGs come from a thread that needs no GIL. Run
+ * by distkernel-rank, as ranks are. */
+Test(tcp, a_rank_holding_the_gil_in_a_long_c_call_is_not_lost, .timeout = 90)
+{
+    static char payload[65536];
+    size_t len = cell_payload("import ctypes\nprint('holding', flush=True)\n"
+                              "ctypes.PyDLL(None).sleep(6)\nprint('released', flush=True)\n"
+                              "'held'\n", payload, sizeof payload);
+    dk_job_spec_t spec = rank_exe_spec(1, payload, len);
+    spec.heartbeat_s = 2.0;
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 60000), "the job did not end");
+    cr_assert(!dk_job_rank_lost(job, 0), "a rank holding the GIL was declared lost");
+    cr_assert_eq(dk_job_rank_state(job, 0), DK_RANK_DONE, "exit %d signal %d: %s",
+                 dk_job_rank_exit_code(job, 0), dk_job_rank_signal(job, 0),
+                 rec.out[0][2].buf ? rec.out[0][2].buf : "");
+    cr_assert(output_has(0, 1, "released"));
+    cr_assert_eq(dk_job_end(job), DK_END_OK);
+    finish(&job);
+}
+
+/* ... and its output flows meanwhile: a C call that holds the GIL and writes
+ * more than a pipe holds (300 kB to fd 1, through ctypes.PyDLL) used to block
+ * for good, since only a Python thread emptied the pipe. The timeout ends it
+ * if it does. */
+Test(tcp, a_rank_writing_much_while_holding_the_gil_is_not_stuck, .timeout = 90)
+{
+    static char payload[65536];
+    size_t len = cell_payload("import ctypes\n"
+                              "ctypes.PyDLL(None).write(1, b'x' * 300000, 300000)\n"
+                              "print('released', flush=True)\n'held'\n", payload, sizeof payload);
+    dk_job_spec_t spec = rank_exe_spec(1, payload, len);
+    spec.heartbeat_s = 2.0;
+    spec.timeout_s = 30;
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 60000), "the job did not end");
+    cr_assert_eq(dk_job_end(job), DK_END_OK, "end %d, %zu bytes of output", dk_job_end(job),
+                 rec.out[0][1].len);
+    cr_assert(output_has(0, 1, "released"));
+    cr_assert_eq(rec.out[0][1].len, 300000 + strlen("released\n"));
+    finish(&job);
+}
+
+/* What a rank writes after its answer (here 300 kB from an atexit handler,
+ * as Python's finalization or a child may) is dropped, not left to block the
+ * rank's exit on a full pipe. */
+Test(tcp, output_after_the_answer_does_not_keep_a_rank_from_exiting, .timeout = 90)
+{
+    static char payload[65536];
+    size_t len = cell_payload("import atexit, os\n"
+                              "atexit.register(lambda: os.write(1, b'x' * 300000))\n"
+                              "'answered'\n", payload, sizeof payload);
+    dk_job_spec_t spec = rank_exe_spec(1, payload, len);
+    spec.timeout_s = 30;
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 60000), "the job did not end");
+    cr_assert_eq(dk_job_end(job), DK_END_OK, "end %d", dk_job_end(job));
+    cr_assert_eq(dk_job_rank_state(job, 0), DK_RANK_DONE);
     finish(&job);
 }
