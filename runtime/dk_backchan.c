@@ -99,6 +99,7 @@ typedef struct {
     double heard_at;        /* when bytes last arrived (heartbeats) */
     double pinged_at;       /* when we last queued a PING */
     bool lost;              /* reported silent past the deadline */
+    bool interrupt_due;     /* an INTERRUPT to send once the output is written */
     unsigned char nonce[DK_BC_NONCE_LEN];
     uint32_t seq_in;
     uint32_t seq_out;       /* frames we have sent after the nonce */
@@ -424,6 +425,24 @@ bool dk_backchan_rank_open(const dk_backchan_t *self, int rank)
     return false;
 }
 
+static void heartbeat(dk_backchan_t *self);
+
+bool dk_backchan_interrupt(dk_backchan_t *self, int rank)
+{
+    for (size_t i = 0; i < self->nconns; i++) {
+        conn_t *c = &self->conns[i];
+        if (c->fd < 0 || c->rank != rank)
+            continue;
+        c->interrupt_due = true;
+        /* Now, when the connection is free; else after what it is writing
+         * (the next turn's heartbeat). */
+        if (self->heartbeat_s > 0)
+            heartbeat(self);
+        return true;
+    }
+    return false;
+}
+
 int dk_backchan_port(const dk_backchan_t *self)
 {
     return self->port;
@@ -514,11 +533,12 @@ static bool queue_payload(dk_backchan_t *self, conn_t *c)
     return true;
 }
 
-/* Queue a PING on C (nothing else is being written on it). */
-static bool queue_ping(dk_backchan_t *self, conn_t *c)
+/* Queue an empty frame of TYPE (a PING, an INTERRUPT) on C (nothing else is
+ * being written on it). */
+static bool queue_empty(dk_backchan_t *self, conn_t *c, unsigned char type)
 {
     unsigned char body[BODY_HEAD];
-    body[0] = DK_BC_PING;
+    body[0] = type;
     put_be32(body + 1, (uint32_t) c->rank);
     unsigned char mac[DK_BC_MAC_LEN];
     if (!frame_mac(self, c->nonce, DK_BC_DIR_TO_RANK, c->seq_out, body, sizeof body, NULL, 0,
@@ -827,9 +847,16 @@ static void heartbeat(dk_backchan_t *self)
             if (self->sink.on_lost)
                 self->sink.on_lost(self->sink.data, c->rank, now - c->heard_at);
         }
+        if (c->fd >= 0 && c->interrupt_due && !conn_has_output(c)) {
+            c->interrupt_due = false;
+            if (!queue_empty(self, c, DK_BC_INTERRUPT))
+                refuse(self, c, "OpenSSL could not sign an interrupt");
+            else
+                conn_write(self, c);
+        }
         if (c->fd >= 0 && now >= c->pinged_at + DK_BC_PING_S && !conn_has_output(c)) {
             c->pinged_at = now;
-            if (!queue_ping(self, c))
+            if (!queue_empty(self, c, DK_BC_PING))
                 refuse(self, c, "OpenSSL could not sign a heartbeat");
             else
                 conn_write(self, c);

@@ -25,6 +25,7 @@ enum {
     DK_BC_TASK = 5,
     DK_BC_OUTPUT = 6,   /* rank -> runtime: u8 fd | u8 flags | bytes */
     DK_BC_PING = 7,     /* either way, empty: I am here */
+    DK_BC_INTERRUPT = 8,/* runtime -> rank, empty: raise SIGINT in your process group */
 };
 
 /* OUTPUT flags: the rank's read found nothing more waiting on that fd. */
@@ -132,6 +133,13 @@ const char *dk_backchan_path(const dk_backchan_t *self);
 const char *dk_backchan_address(const dk_backchan_t *self);
 /* Whether RANK has a connection (it said HELLO) that is still open. */
 bool dk_backchan_rank_open(const dk_backchan_t *self, int rank);
+
+/* Ask RANK (connected over TCP: a rank on another node, whose launcher does
+ * not pass a SIGINT on) to interrupt itself: an INTERRUPT frame goes as soon
+ * as nothing else is being written on its connection, and the rank raises
+ * SIGINT in its own process group, as a local rank's group gets it. Returns
+ * false when RANK has no connection (nothing will be sent). */
+bool dk_backchan_interrupt(dk_backchan_t *self, int rank);
 
 /* The TCP port listened on, or 0 for a Unix socket. */
 int dk_backchan_port(const dk_backchan_t *self);

@@ -100,6 +100,7 @@ typedef struct {
     bool was_exiting;       /* resolve_failure's note: exiting, unanswered */
     bool interrupted;       /* persistent: sent SIGINT this round */
     char *host;             /* its node, for what is said when it is lost */
+    bool launched;          /* through a launcher (srun): SIGINT goes over the channel */
     bool lost;              /* silent past the heartbeat deadline; guarded */
     bool deferred;          /* collected, its verdict waiting (see reap) */
     double deferred_until;
@@ -220,8 +221,13 @@ static void signal_ranks(dk_job_t *job, int sig)
             continue;       /* its pid, and so its group id, may belong to another now */
         if (sig == SIGINT && rk->reported)
             continue;       /* past its code and on its way out: let it exit cleanly */
-        killpg(rk->pid, sig);
         rk->signalled = true;
+        /* srun takes a SIGINT as "print the tasks' state", and passes nothing
+         * on: the rank is asked over its connection. SIGTERM to srun ends
+         * the step (the tasks get SIGTERM, then SIGKILL), as the ladder means. */
+        if (sig == SIGINT && rk->launched && dk_backchan_interrupt(job->chan, r))
+            continue;
+        killpg(rk->pid, sig);
     }
 }
 
@@ -278,7 +284,8 @@ static void signal_unanswered(dk_job_t *job)
         rank_t *rk = &job->ranks[r];
         if (rk->reaped || rk->reported)
             continue;
-        killpg(rk->pid, SIGINT);
+        if (!rk->launched || !dk_backchan_interrupt(job->chan, r))
+            killpg(rk->pid, SIGINT);
         rk->interrupted = true;
     }
     job->round_resend_at = dk_now_s() + ROUND_RESEND_S;
@@ -1299,6 +1306,7 @@ dk_job_t *dk_job_start(const dk_job_spec_t *spec, const dk_sink_t *sink, char *e
                 dk_set_err(err, errlen, "rank %d's command is empty", r);
             ok = launcher && start_rank(job, r, launcher, cmd, base, run_id, err, errlen);
             free(launcher);
+            job->ranks[r].launched = true;
         } else {
             ok = start_rank(job, r, program, argv, base, run_id, err, errlen);
         }

@@ -41,6 +41,10 @@
  *     6 OUTPUT (rank -> runtime: u8 fd (1 or 2) | u8 flags | at most 64 KiB of
  *              what the rank wrote there; flag 1: nothing more was waiting)
  *     7 PING   (either way, empty payload)
+ *     8 INTERRUPT (runtime -> rank, empty: raise SIGINT in your process group;
+ *              sent in place of the ladder's SIGINT to a rank started through
+ *              a launcher, since srun takes a SIGINT as "print the tasks'
+ *              state" and passes nothing on; SIGTERM to srun ends the step)
  * A rank there captures its own fd 1 and 2 (C-level writes and its children's
  * included) and sends them as OUTPUT frames, which reach on_output, the logs
  * and on_caught_up exactly as pipe output does; it sends every OUTPUT frame

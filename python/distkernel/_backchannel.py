@@ -41,7 +41,7 @@ try:
 except ImportError:
     _native = None
 
-HELLO, PAYLOAD, RESULT, ERROR, TASK, OUTPUT, PING = 1, 2, 3, 4, 5, 6, 7
+HELLO, PAYLOAD, RESULT, ERROR, TASK, OUTPUT, PING, INTERRUPT = 1, 2, 3, 4, 5, 6, 7, 8
 MAC_LEN = 32
 # The direction byte of the MAC (dk_backchan.h, DK_BC_DIR_TO_*).
 TO_KERNEL = b"R"
@@ -209,6 +209,19 @@ class BackChannel:
         self.sock.close()
 
 
+def _interrupt_self():
+    """The kernel's interrupt, for a rank its launcher (srun) does not pass a
+    SIGINT to: SIGINT to this rank's process group when it leads one (its
+    children get it too, as a local rank's group does), else to itself."""
+    try:
+        if os.getpgrp() == os.getpid():
+            os.killpg(0, signal.SIGINT)
+        else:
+            os.kill(os.getpid(), signal.SIGINT)
+    except OSError:
+        pass
+
+
 class _Remote:
     """The thread of a rank on another node: output, heartbeats, and reading
     the kernel's frames (see the top)."""
@@ -321,7 +334,9 @@ class _Remote:
                 frame = bytes(self.inbuf[4:4 + length])
                 del self.inbuf[:4 + length]
                 kind, payload = self.ch._open(frame[:MAC_LEN], frame[MAC_LEN:])
-                if kind != PING:
+                if kind == INTERRUPT:
+                    _interrupt_self()
+                elif kind != PING:
                     with self.cond:
                         self.frames.append((kind, payload))
                         self.cond.notify_all()

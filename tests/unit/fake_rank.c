@@ -103,7 +103,8 @@
 #include <openssl/evp.h>
 #include <openssl/params.h>
 
-enum { HELLO = 1, PAYLOAD = 2, RESULT = 3, ERROR = 4, TASK = 5, OUTPUT = 6, PING = 7 };
+enum { HELLO = 1, PAYLOAD = 2, RESULT = 3, ERROR = 4, TASK = 5, OUTPUT = 6, PING = 7,
+       INTERRUPT = 8 };
 
 static unsigned char key[32];
 static int rank, world_size;
@@ -325,7 +326,9 @@ again:;
     *type = frame[32];
     if (rd32(frame + 33) != (uint32_t) rank)
         die("frame for another rank");
-    if (*type == PING) {
+    if (*type == PING || *type == INTERRUPT) {
+        if (*type == INTERRUPT)
+            kill(0, SIGINT);        /* as a signal to the group would */
         free(frame);
         goto again;
     }
@@ -566,6 +569,11 @@ static bool read_runtime(unsigned char *in, size_t *have)
         mac(remote.c->nonce, 'K', remote.c->seq_in++, in + 4 + 32, len - 32, expect);
         if (memcmp(expect, in + 4, 32) != 0)
             die("the runtime's frame did not verify");
+        if (in[4 + 32] == INTERRUPT) {
+            printf("INTERRUPT\n");
+            fflush(stdout);
+            kill(0, SIGINT);        /* as a signal to the group would */
+        }
         memmove(in, in + 4 + len, *have - 4 - len);
         *have -= 4 + len;
     }

@@ -2172,3 +2172,47 @@ Test(tcp, output_after_the_answer_does_not_keep_a_rank_from_exiting, .timeout = 
     cr_assert_eq(dk_job_rank_state(job, 0), DK_RANK_DONE);
     finish(&job);
 }
+
+/* A rank started through a launcher that does not pass SIGINT on (srun takes
+ * one as "print the tasks' state"): here `sh` that traps INT and runs the rank
+ * in a session of its own. The job's interrupt must still reach the rank, as
+ * a KeyboardInterrupt in its cell: over the back channel (INTERRUPT frame). */
+static void interrupt_through_a_launcher(bool rank_exe)
+{
+    static char payload[65536];
+    size_t len = cell_payload("import time\ntry:\n    print('sleeping', flush=True)\n"
+                              "    time.sleep(60)\nexcept KeyboardInterrupt:\n"
+                              "    print('rank got KeyboardInterrupt', flush=True)\n    raise\n",
+                              payload, sizeof payload);
+    static const char *py_cmd[] = {"sh", "-c", "trap : INT; setsid \"$0\" \"$@\"", PYTHON3, "-c",
+                                   RANK_PY, NULL};
+    static const char *exe_cmd[] = {"sh", "-c", "trap : INT; setsid \"$0\" \"$@\"", RANK_EXE,
+                                    NULL};
+    static const char *const *cmds[1];
+    cmds[0] = rank_exe ? exe_cmd : py_cmd;
+    dk_job_spec_t spec = rank_exe ? rank_exe_spec(1, payload, len) : python_spec(1, payload, len);
+    spec.rank_commands = cmds;
+    spec.grace_s = 10;      /* SIGTERM would come after this: well after the interrupt */
+    dk_job_t *job = start(&spec);
+    for (int i = 0; i < 3000 && !output_has(0, 1, "sleeping"); i++)
+        usleep(10000);
+    cr_assert(output_has(0, 1, "sleeping"), "the rank did not start: %s", rec.out[0][2].buf);
+    double t0 = now_s();
+    dk_job_cancel(job);
+    cr_assert(dk_job_wait(job, 30000), "the job did not end");
+    cr_expect(output_has(0, 1, "rank got KeyboardInterrupt"),
+              "the interrupt did not reach the rank as a KeyboardInterrupt: %s / %s",
+              rec.out[0][1].buf, rec.out[0][2].buf);
+    cr_expect_lt(now_s() - t0, 8.0, "the rank ended only by the later rungs");
+    finish(&job);
+}
+
+Test(tcp, an_interrupt_reaches_a_python_rank_whose_launcher_keeps_sigint, .timeout = 90)
+{
+    interrupt_through_a_launcher(false);
+}
+
+Test(tcp, an_interrupt_reaches_a_rank_program_whose_launcher_keeps_sigint, .timeout = 90)
+{
+    interrupt_through_a_launcher(true);
+}
