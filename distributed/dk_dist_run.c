@@ -350,6 +350,8 @@ static int slurm_nodes(dk_dist_run_t *run, dk_job_spec_t *spec)
     }
     if (dk_dist_slurm_spec(run->slurm, spec->rank_exe, spec) < 0)
         return -1;
+    dk_dist_mlflow_slurm(&run->mlflow, run->kernel, dk_dist_slurm_job_id(run->slurm),
+                         dk_dist_slurm_node_list(run->slurm));
     run->hosts = spec->rank_hosts;
     return 0;
 }

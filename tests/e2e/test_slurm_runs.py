@@ -10,11 +10,15 @@ job of ours is in squeue and no rank process lives on any node.
 """
 import os
 import signal
+import sys
 import time
 
 import pytest
 
 import support
+
+sys.path.insert(0, str(support.REPO_ROOT / "tests"))
+from mlflow_server import MlflowTestServer  # noqa: E402
 
 ALL_GONE_WITHIN = 30
 
@@ -27,8 +31,8 @@ def start(tmp_path, cluster, **env):
             k not in ("DISTKERNEL_NODES", "DISTKERNEL_LAUNCHER")}
     logs = tmp_path / "logs"
     logs.mkdir(mode=0o700)
-    base.update(DISTKERNEL_LOG_DIR=str(logs), MLFLOW_TRACKING_URI="",
-                SLURM_CONF=cluster.conf, **env)
+    base.update(DISTKERNEL_LOG_DIR=str(logs), MLFLOW_TRACKING_URI="", SLURM_CONF=cluster.conf)
+    base.update(env)
     return support.Kernel.start(env=base)
 
 
@@ -249,3 +253,25 @@ def test_a_kernel_killed_mid_run_leaves_nothing_on_the_cluster(slurm_cluster, tm
     finally:
         k.kc.stop_channels()
     assert wait_clean(slurm_cluster, timeout=60) == []
+
+
+@pytest.mark.timeout(300)
+def test_the_mlflow_run_records_the_slurm_job_and_the_nodes(slurm_cluster, tmp_path):
+    with MlflowTestServer() as srv:
+        k = start(tmp_path, slurm_cluster, MLFLOW_TRACKING_URI=srv.url)
+        try:
+            r = k.execute("%%distributed num_processes=2 nodes=2\nimport os\n"
+                                   "os.environ['RANK']\n", timeout=240)
+            assert r.status == "ok", r.describe()
+            shown = [m["content"]["data"]["text/plain"]
+                     for m in r.of_type("display_data", "update_display_data")
+                     if "Slurm job" in m["content"]["data"]["text/plain"]]
+            job = shown[0].split("Slurm job ", 1)[1].split()[0]
+        finally:
+            k.stop()
+        runs = srv.runs()
+        assert len(runs) == 1, runs
+        params = {p["key"]: p["value"] for p in runs[0]["data"]["params"]}
+        assert params["slurm_job_id"] == job, params
+        assert params["nodes"] == "node1,node2", params
+    assert wait_clean(slurm_cluster) == []
