@@ -275,3 +275,30 @@ def test_the_mlflow_run_records_the_slurm_job_and_the_nodes(slurm_cluster, tmp_p
         assert params["slurm_job_id"] == job, params
         assert params["nodes"] == "node1,node2", params
     assert wait_clean(slurm_cluster) == []
+
+
+@pytest.mark.timeout(400)
+def test_node_2_lost_mid_run_ends_the_cell_and_leaves_nothing(kernel, slurm_cluster):
+    # What ends it first here is Slurm (srun's "Node failure on node2", ~25 s
+    # after the crash), not the 30 s heartbeat; the error does not yet say
+    # "node2 lost (ranks 2-3)" (dk_dist_outcome does not use dk_job_lost_summary).
+    code = ("%%distributed num_processes=4 nodes=2\n"
+            "import time\nprint('READY', flush=True)\ntime.sleep(300)\n")
+    msg_id = kernel.start_execute(code)
+    kernel.wait_iopub(lambda m: m["msg_type"] == "stream" and
+                      m["parent_header"].get("msg_id") == msg_id and
+                      "[rank 3] READY" in m["content"]["text"], timeout=180)
+    t0 = time.monotonic()
+    slurm_cluster.kill("node2")
+    try:
+        r = kernel.finish(msg_id, timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        slurm_cluster.start("node2")
+        slurm_cluster.wait_state("node2", {"idle"})
+    assert r.status == "error", r.describe()
+    assert took < 60, took
+    text = r.content["evalue"] + "\n".join(r.content["traceback"]) + r.stderr
+    assert r.content["ename"] == "RankExited", r.describe()
+    assert "Node failure on node2" in text, r.describe()
+    still_serves(kernel)
