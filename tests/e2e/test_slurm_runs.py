@@ -302,3 +302,29 @@ def test_node_2_lost_mid_run_ends_the_cell_and_leaves_nothing(kernel, slurm_clus
     assert r.content["ename"] == "RankExited", r.describe()
     assert "Node failure on node2" in text, r.describe()
     still_serves(kernel)
+
+
+@pytest.mark.timeout(300)
+def test_inside_an_allocation_the_ranks_are_its_steps_and_it_is_kept(slurm_cluster, tmp_path):
+    got = slurm_cluster.run("salloc", "-N2", "--ntasks-per-node=2", "--no-shell",
+                            "--job-name=batch-of-user")
+    assert got.returncode == 0, got.stderr
+    job = got.stderr.split("Granted job allocation ")[1].split()[0]
+    try:
+        k = start(tmp_path, slurm_cluster, SLURM_JOB_ID=job, SLURM_JOB_NODELIST="node[1-2]")
+        try:
+            r = k.execute("%%distributed num_processes=4 nodes=2\n"
+                          "import os\n(os.environ['SLURM_JOB_ID'], os.environ['SLURMD_NODENAME'])\n",
+                          timeout=240)
+            assert r.status == "ok", r.describe()
+            assert r.result == (f"rank 0: ('{job}', 'node1')\nrank 1: ('{job}', 'node1')\n"
+                                f"rank 2: ('{job}', 'node2')\nrank 3: ('{job}', 'node2')"), \
+                r.describe()
+            assert our_jobs(slurm_cluster) == []
+            state = slurm_cluster.run("squeue", "-h", "-j", job, "-o", "%T").stdout.strip()
+            assert state == "RUNNING", "the kernel's own allocation was ended"
+        finally:
+            k.stop()
+        assert rank_processes(slurm_cluster) == []
+    finally:
+        slurm_cluster.run("scancel", job)
