@@ -189,6 +189,13 @@ json_t *dk_dist_outcome_error(const dk_dist_outcome_t *o, bool headline)
         return NULL;
     char ename[128], evalue[1024];
     cause(o, tb, ename, sizeof ename, evalue, sizeof evalue);
+    if (o->lost && o->lost[0] && o->end == DK_END_FAILED) {
+        /* A lost node explains its ranks' failure better than any one of them. */
+        char was[sizeof evalue];
+        snprintf(was, sizeof was, "%s", evalue);
+        snprintf(evalue, sizeof evalue, "%.300s: nothing heard from %s within the heartbeat "
+                 "deadline (%.600s)", o->lost, strstr(o->lost, "(rank ") ? "it" : "them", was);
+    }
     json_array_append_new(tb, json_string(""));
     json_array_append_new(tb, json_string("Ranks:"));
     for (int r = 0; r < o->world; r++) {

@@ -27,6 +27,9 @@ typedef struct {
      * POOL_GONE, the ranks ended during the cell. */
     bool kept;
     bool pool_gone;
+    /* Ranks on other nodes that went silent (dk_job_lost_summary: "node2 lost
+     * (ranks 2-3)"), or NULL / "": the error's value starts with it. */
+    const char *lost;
 } dk_dist_outcome_t;
 
 /* The fate of rank R in a few words into OUT ("rank 1: raised ValueError: bad"),

@@ -771,7 +771,10 @@ json_t *dk_dist_run_error(dk_dist_run_t *run, bool headline)
     int root = end != DK_END_FAILED ? -1
                : run->pool && !gone ? dk_job_round_root_cause(run->job)
                                     : dk_job_root_cause(run->job);
-    dk_dist_outcome_t o = {.end = end, .root = root,
+    char lost[512] = "";
+    if (!run->pool)
+        dk_job_lost_summary(run->job, lost, sizeof lost);
+    dk_dist_outcome_t o = {.end = end, .root = root, .lost = lost,
                            .kept = run->pool && !gone, .pool_gone = gone && !run->starting,
                            .interrupted = run->interrupted, .shutdown = run->shutdown,
                            .timeout_s = run->opts.timeout_s, .log_dir = dk_job_log_dir(run->job),

@@ -19,6 +19,7 @@ import support
 
 sys.path.insert(0, str(support.REPO_ROOT / "tests"))
 from mlflow_server import MlflowTestServer  # noqa: E402
+from slurm_cluster import cluster_sh  # noqa: E402
 
 ALL_GONE_WITHIN = 30
 
@@ -328,3 +329,31 @@ def test_inside_an_allocation_the_ranks_are_its_steps_and_it_is_kept(slurm_clust
         assert rank_processes(slurm_cluster) == []
     finally:
         slurm_cluster.run("scancel", job)
+
+
+@pytest.mark.timeout(300)
+def test_node_2_cut_off_mid_run_is_reported_lost_with_its_ranks(slurm_cluster, tmp_path):
+    # no FIN, no RST: node2's ranks just go quiet; the heartbeats tell (3 s
+    # here, DISTKERNEL_SLURM_HEARTBEAT), well before Slurm notices the node
+    k = start(tmp_path, slurm_cluster, DISTKERNEL_SLURM_HEARTBEAT="3")
+    try:
+        msg_id = k.start_execute("%%distributed num_processes=4 nodes=2\n"
+                                 "import time\nprint('READY', flush=True)\ntime.sleep(300)\n")
+        k.wait_iopub(lambda m: m["msg_type"] == "stream" and
+                     m["parent_header"].get("msg_id") == msg_id and
+                     "[rank 3] READY" in m["content"]["text"], timeout=180)
+        t0 = time.monotonic()
+        cluster_sh("exec", "node2", "ip", "link", "set", "eth0", "down")
+        try:
+            r = k.finish(msg_id, timeout=120)
+            took = time.monotonic() - t0
+        finally:
+            cluster_sh("exec", "node2", "ip", "link", "set", "eth0", "up")
+        assert r.status == "error", r.describe()
+        assert r.content["evalue"].startswith("node2 lost (ranks 2-3): nothing heard from them"), \
+            r.describe()
+        assert took < 20, took
+        still_serves(k)
+    finally:
+        k.stop()
+    assert wait_clean(slurm_cluster, timeout=60) == []

@@ -329,3 +329,20 @@ Test(outcome, ranks_ended_for_being_idle)
     cr_assert_str_eq(field("evalue"), "the started ranks were idle past idle_timeout and ended");
     cr_assert_str_eq(line(2), "  rank 0: ended by distkernel (idle_timeout)");
 }
+
+Test(outcome, a_lost_node_leads_the_error_with_its_ranks)
+{
+    o.world = 4;
+    ranks[2] = (dk_dist_rank_t){.state = DK_RANK_FAILED, .exit_code = 143, .got_cell = true,
+                                .log_complete = true};
+    o.root = 2;
+    o.lost = "node2 lost (ranks 2-3)";
+    build(false);
+    cr_assert_str_eq(field("evalue"), "node2 lost (ranks 2-3): nothing heard from them within the "
+                     "heartbeat deadline (rank 2: exited with code 143 before returning a "
+                     "result)");
+    o.lost = "";
+    json_decref(error);
+    build(false);
+    cr_assert_str_eq(field("evalue"), "rank 2: exited with code 143 before returning a result");
+}
