@@ -357,3 +357,17 @@ def test_node_2_cut_off_mid_run_is_reported_lost_with_its_ranks(slurm_cluster, t
     finally:
         k.stop()
     assert wait_clean(slurm_cluster, timeout=60) == []
+
+
+@pytest.mark.timeout(120)
+def test_options_salloc_refuses_are_a_clear_error_and_nothing_is_left(kernel, slurm_cluster):
+    r = kernel.execute("%%distributed num_processes=2 nodes=2 slurm_args='--no-such-option'\n1\n",
+                       timeout=60)
+    assert r.status == "error", r.describe()
+    assert r.content["ename"] == "RuntimeError", r.describe()
+    evalue = r.content["evalue"]
+    assert evalue.startswith("nodes=2: Slurm gave no nodes: salloc could not allocate 2 nodes:"), \
+        evalue
+    assert "--no-such-option" in evalue and "No rank was started" in evalue, evalue
+    assert our_jobs(slurm_cluster) == []
+    still_serves(kernel)
