@@ -91,6 +91,14 @@ void dk_dist_mlflow_end(dk_dist_mlflow_t *self, dk_kernel_t *kernel, const char 
     note_line(kernel, note);
 }
 
+void dk_dist_mlflow_slurm(dk_dist_mlflow_t *self, dk_kernel_t *kernel, const char *job_id,
+                          const char *nodes)
+{
+    char note[1200];
+    dk_tracking_log_slurm(&self->tracked, job_id, nodes, note, sizeof note);
+    note_line(kernel, note);
+}
+
 void dk_dist_mlflow_publish_link(dk_dist_mlflow_t *self, dk_kernel_t *kernel)
 {
     if (!self->tracked.active)

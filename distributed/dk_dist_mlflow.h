@@ -30,6 +30,11 @@ char **dk_dist_mlflow_begin(dk_dist_mlflow_t *self, dk_tracking_t *tracking, dk_
  * one; tracking's note goes to KERNEL's stderr. */
 void dk_dist_mlflow_end(dk_dist_mlflow_t *self, dk_kernel_t *kernel, const char *status);
 
+/* Record the Slurm job and the nodes a run got (dk_tracking_log_slurm);
+ * tracking's note goes to KERNEL's stderr. */
+void dk_dist_mlflow_slurm(dk_dist_mlflow_t *self, dk_kernel_t *kernel, const char *job_id,
+                          const char *nodes);
+
 /* Show a link to the run's page in the cell (nothing when not tracked). */
 void dk_dist_mlflow_publish_link(dk_dist_mlflow_t *self, dk_kernel_t *kernel);
 

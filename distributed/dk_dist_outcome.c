@@ -132,6 +132,28 @@ static void lost_nodes(const dk_dist_outcome_t *o, const char *sep, char *buf, s
 
 /* ename and evalue of the run, and, when the root cause raised, its traceback
  * under a line naming it, appended to TB. */
+/* Whether the run's error leads with its lost nodes: the first failure is a
+ * lost rank, or a rank of a lost node, or a rank that died without a Python
+ * error while ranks were lost (a node cut off mid-collective takes its peers'
+ * launchers or connections down before the heartbeat deadline tells it). A
+ * Python exception on a node that was not lost stays the root cause. */
+static bool lost_leads(const dk_dist_outcome_t *o)
+{
+    if (o->root < 0)
+        return false;
+    const dk_dist_rank_t *root = &o->ranks[o->root];
+    if (root->lost)
+        return true;
+    bool any = false, root_node = false;
+    for (int r = 0; r < o->world; r++) {
+        if (!o->ranks[r].lost)
+            continue;
+        any = true;
+        root_node |= root->host && o->ranks[r].host && !strcmp(root->host, o->ranks[r].host);
+    }
+    return any && (root_node || !root->is_error);
+}
+
 static void cause(const dk_dist_outcome_t *o, json_t *tb, char *ename, size_t enamelen,
                   char *evalue, size_t evaluelen)
 {
@@ -158,9 +180,8 @@ static void cause(const dk_dist_outcome_t *o, json_t *tb, char *ename, size_t en
                  "the job ran past timeout=%g s and every rank was ended; give a larger "
                  "timeout= or timeout=None",
                  o->timeout_s);
-    } else if (o->root >= 0 && o->ranks[o->root].lost) {
-        /* The first failure is a lost rank: name every lost node with its
-         * ranks, one line each. */
+    } else if (lost_leads(o)) {
+        /* Name every lost node with its ranks, one line each. */
         snprintf(ename, enamelen, "NodeLost");
         lost_nodes(o, "; ", evalue, evaluelen);
         char lines[1024];

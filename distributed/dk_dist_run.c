@@ -68,6 +68,11 @@ struct dk_dist_run_t {
     bool owns_pool;
     bool starting;              /* the run is the pool's start (round 0) */
     bool claimed;               /* this run set the pool busy */
+    /* launcher=slurm: the run's allocation (released when the run is
+     * destroyed), and the node of each rank (the allocation's), for the status. */
+    dk_dist_slurm_t *slurm;
+    const char *const *hosts;
+    char log_dir[4096];         /* the run's log folder, once made */
 };
 
 static void write_err(dk_dist_run_t *run, const char *text)
@@ -126,8 +131,9 @@ static void publish_status(dk_dist_run_t *run, const char *headline, bool force)
     dk_dist_status_t st = {.what = run->plan.what,
                            .elapsed_s = (double)(dk_now_ms() - run->t0_ms) / 1000.0,
                            .headline = headline, .world = run->plan.world, .ranks = run->ranks,
-                           .gpu = run->plan.gpu, .log_dir = dk_job_log_dir(run->job),
-                           .gpu_memory = dk_gpu_process_memory};
+                           .gpu = run->plan.gpu,
+                           .log_dir = run->job ? dk_job_log_dir(run->job) : run->log_dir,
+                           .hosts = run->hosts, .gpu_memory = dk_gpu_process_memory};
     pthread_mutex_lock(&run->lock);
     char *text = dk_dist_status_text(&st);
     run->status_dirty = false;
@@ -213,6 +219,7 @@ void dk_dist_run_destroy(dk_dist_run_t **self_p)
             dk_dist_pool_destroy(&run->pool);
     }
     dk_job_destroy(&run->job);   /* first: its thread calls the relay */
+    dk_dist_slurm_destroy(&run->slurm);     /* after: the ranks are its steps */
     dk_dist_relay_destroy(&run->relay);
     for (int r = 0; run->ranks && r < run->plan.world; r++)
         free(run->ranks[r].message);
@@ -268,6 +275,11 @@ static dk_dist_run_t *run_plan(dk_kernel_t *kernel, const char *kind, const char
         write_err(run, line);
     }
     /* Before the local plan: GPUs are counted on Slurm's nodes, not this one. */
+    if (run->opts.launcher == DK_LAUNCHER_SLURM && strcmp(kind, "start") == 0)
+        return fail(run, PyExc_RuntimeError,
+                    "`%distributed start` keeps ranks on this node only; it cannot start them "
+                    "on a Slurm cluster (nodes=, launcher=slurm). Nothing was started. Run each "
+                    "cell on the cluster with %%distributed nodes=N ... instead");
     if (run->opts.launcher == DK_LAUNCHER_SLURM && dk_dist_slurm_preflight(&run->opts) < 0)
         return fail(run, NULL, NULL);
     dk_gpu_list_t gpus = {0};
@@ -302,6 +314,48 @@ static dk_sink_t run_sink(dk_dist_run_t *run)
                        .on_warning = sink_warning};
 }
 
+/* The status while Slurm's queue holds the request. */
+static void slurm_on_wait(void *data, const char *job_id, const char *state, const char *reason)
+{
+    dk_dist_run_t *run = data;
+    char headline[256];
+    bool why = reason[0] && strcmp(reason, "None") != 0;    /* Slurm's "no reason" */
+    snprintf(headline, sizeof headline, "Slurm job %s %s%s%s%s", job_id, state,
+             why ? " (" : "", why ? reason : "", why ? ")" : "");
+    publish_status(run, headline, true);
+}
+
+static bool slurm_shutting_down(void *data)
+{
+    dk_dist_run_t *run = data;
+    return dk_kernel_shutting_down(run->kernel);
+}
+
+/* launcher=slurm: the run's nodes from Slurm, and SPEC's ranks as steps on
+ * them. -1 with a Python exception set. */
+static int slurm_nodes(dk_dist_run_t *run, dk_job_spec_t *spec)
+{
+    char headline[128];
+    snprintf(headline, sizeof headline, "asking Slurm for %d node%s",
+             run->opts.nodes > 1 ? run->opts.nodes : 1, run->opts.nodes > 1 ? "s" : "");
+    publish_status(run, headline, true);
+    dk_dist_slurm_hooks_t hooks = {.on_wait = slurm_on_wait,
+                                   .shutting_down = slurm_shutting_down, .data = run};
+    run->slurm = dk_dist_slurm_allocate(&run->opts, run->plan.world, &hooks);
+    if (!run->slurm) {
+        publish_status(run, PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)
+                                ? "interrupted while waiting for Slurm" : "no nodes from Slurm",
+                       true);
+        return -1;
+    }
+    if (dk_dist_slurm_spec(run->slurm, spec->rank_exe, spec) < 0)
+        return -1;
+    dk_dist_mlflow_slurm(&run->mlflow, run->kernel, dk_dist_slurm_job_id(run->slurm),
+                         dk_dist_slurm_node_list(run->slurm));
+    run->hosts = spec->rank_hosts;
+    return 0;
+}
+
 static dk_job_t *start_job(dk_dist_run_t *run, char **env, const char *log_dir,
                            unsigned long long log_cap, const void *payload, size_t len)
 {
@@ -328,6 +382,10 @@ static dk_job_t *start_job(dk_dist_run_t *run, char **env, const char *log_dir,
         spec.timeout_s = 0;
         dk_dist_pool_attach(run->pool, &sink);
         sink = dk_dist_pool_sink(run->pool);
+    } else if (run->opts.launcher == DK_LAUNCHER_SLURM) {
+        /* Ranks on Slurm's nodes: warm start is for ranks on this node. */
+        if (slurm_nodes(run, &spec) < 0)
+            return NULL;
     } else if (run->warm) {
         /* A fresh run: its ranks forked from the warm-start template when one
          * fits, else cold as always, with the reason in its log folder. */
@@ -428,13 +486,17 @@ static bool launch(dk_dist_run_t *run, const void *payload, size_t len)
     else if (dk_dist_logs_next(run->logs, run->run_id, root_cap, log_dir, sizeof log_dir, err,
                                sizeof err) < 0)
         PyErr_SetString(PyExc_RuntimeError, err);
-    else if (run->pool && !run->starting)
-        run->job = submit_round(run, env, log_dir, payload, len);
-    else
-        run->job = start_job(run, env, log_dir, log_cap, payload, len);
+    else {
+        snprintf(run->log_dir, sizeof run->log_dir, "%s", log_dir);
+        if (run->pool && !run->starting)
+            run->job = submit_round(run, env, log_dir, payload, len);
+        else
+            run->job = start_job(run, env, log_dir, log_cap, payload, len);
+    }
     free(env);
     if (!run->job)
-        dk_dist_mlflow_end(&run->mlflow, run->kernel, "FAILED");
+        dk_dist_mlflow_end(&run->mlflow, run->kernel,
+                           PyErr_ExceptionMatches(PyExc_KeyboardInterrupt) ? "KILLED" : "FAILED");
     return run->job != NULL;
 }
 
@@ -585,6 +647,7 @@ static dk_dist_run_t *run_begin(dk_dist_run_t *run, const dk_dist_host_t *host,
                                    run->opts.output == DK_OUTPUT_RANK0, &io);
     if (!run->relay)
         return fail(run, PyExc_MemoryError, NULL);
+    run->t0_ms = dk_now_ms();   /* the wait for Slurm's nodes; announce starts the ranks' */
     if (!launch(run, payload, len))
         return fail(run, NULL, NULL);
     announce(run);
@@ -708,6 +771,13 @@ json_t *dk_dist_run_error(dk_dist_run_t *run, bool headline)
     int root = end != DK_END_FAILED ? -1
                : run->pool && !gone ? dk_job_round_root_cause(run->job)
                                     : dk_job_root_cause(run->job);
+    /* Ranks on other nodes: which went silent, and where they ran. */
+    pthread_mutex_lock(&run->lock);
+    for (int r = 0; r < run->plan.world; r++) {
+        run->ranks[r].lost = dk_job_rank_lost(run->job, r);
+        run->ranks[r].host = run->hosts ? run->hosts[r] : NULL;
+    }
+    pthread_mutex_unlock(&run->lock);
     dk_dist_outcome_t o = {.end = end, .root = root,
                            .kept = run->pool && !gone, .pool_gone = gone && !run->starting,
                            .interrupted = run->interrupted, .shutdown = run->shutdown,

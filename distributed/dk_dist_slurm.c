@@ -1,17 +1,76 @@
 /*
- * dk_dist_slurm: the Slurm preflight of a run. See the header.
+ * dk_dist_slurm: the Slurm part of a run. See the header.
+ *
+ * The wait in Slurm's queue runs in this thread (dk_slurm_allocate), with the
+ * GIL released; dk_slurm asks its `cancelled` callback about every 100 ms,
+ * and that is where the GIL is taken back for a moment to let Python run its
+ * signal handlers: the kernel's interrupt is a SIGINT, which Python only
+ * turns into a KeyboardInterrupt in the main thread, holding the GIL.
+ *
+ * Each rank is its own step (`srun --nodes=1 --ntasks=1 --nodelist=NODE`),
+ * not one srun for all: the runtime watches, signals and judges each rank's
+ * launcher as it does a local rank, and a failure on one node is that rank's.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include "dk_dist_slurm.h"
+#include "dk_netaddr.h"
 #include "dk_slurm.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 /* sinfo's deadline here: a cell waits on it, and a healthy controller answers
  * in milliseconds. */
 #define PREFLIGHT_TIMEOUT_S 15.0
+
+/* The allocation outlives the ranks' timeout by this much: their start
+ * (import torch on a busy node), the stop ladder, and the kernel's release. */
+#define TIME_LIMIT_MARGIN_S 300.0
+
+/* How long a rank on another node may be silent before it is lost: longer
+ * than on one machine's loopback (a busy network, a node swapping), still
+ * "within seconds", and well under Slurm's own node failure detection
+ * (SlurmdTimeout, 300 s by default). distkernel-rank sends its PINGs from a
+ * native thread, so a rank whose main thread holds the GIL (torch's
+ * rendezvous waiting for a late peer) is not silent. */
+#define HEARTBEAT_S 10.0
+/* A site (or a test) may set its own, in seconds (>= 2). */
+#define HEARTBEAT_ENV "DISTKERNEL_SLURM_HEARTBEAT"
+
+static double heartbeat_s(void)
+{
+    const char *v = getenv(HEARTBEAT_ENV);
+    char *end;
+    double s = v && *v ? strtod(v, &end) : 0;
+    return v && *v && !*end && s >= 2.0 ? s : HEARTBEAT_S;
+}
+
+/* rank_commands' argv: srun and 7 options, the rank program, NULL. */
+#define CMD_WORDS 10
+
+extern char **environ;
+
+struct dk_dist_slurm_t {
+    dk_slurm_t *alloc;
+    int world, per_node;
+    char node_list[4096];
+    char bc_addr[64];
+    char jobopt[64];
+    char (*nodeopt)[300];       /* per rank: --nodelist=NODE */
+    const char **hosts;         /* per rank: its node's name (the allocation's) */
+    const char *(*cmd)[CMD_WORDS];
+    const char *const **cmds;   /* per rank: cmd[r] */
+};
 
 /* "nodes=2", "remote=True / launcher=slurm": what asked for Slurm, for messages. */
 static void what_asked(const dk_dist_opts_t *opts, char *out, size_t len)
@@ -35,11 +94,219 @@ int dk_dist_slurm_preflight(const dk_dist_opts_t *opts)
                      "started.", asked, err);
         return -1;
     }
-    PyErr_Format(PyExc_RuntimeError,
-                 "%s asks for a Slurm cluster, and Slurm is reachable, but this version of "
-                 "distkernel cannot run ranks through Slurm yet: multi-node runs are not "
-                 "available in this version. No rank was started and nothing was asked of "
-                 "Slurm. Run on this node instead (without nodes, launcher=slurm or "
-                 "remote=True).", asked);
-    return -1;
+    return 0;
+}
+
+/* ---- the wait ------------------------------------------------------------------ */
+
+typedef struct {
+    const dk_dist_slurm_hooks_t *hooks;
+    PyThreadState *ts;          /* ours while the GIL is released */
+    bool interrupted, shutdown;
+} waiter_t;
+
+static void waiter_on_wait(void *data, const char *job_id, const char *state, const char *reason)
+{
+    waiter_t *w = data;
+    if (w->hooks && w->hooks->on_wait)
+        w->hooks->on_wait(w->hooks->data, job_id, state, reason);
+}
+
+static bool waiter_cancelled(void *data)
+{
+    waiter_t *w = data;
+    PyEval_RestoreThread(w->ts);
+    if (PyErr_CheckSignals() < 0) {
+        /* Ours to report, as a KeyboardInterrupt saying what was cancelled. */
+        PyErr_Clear();
+        w->interrupted = true;
+    }
+    w->ts = PyEval_SaveThread();
+    if (w->hooks && w->hooks->shutting_down && w->hooks->shutting_down(w->hooks->data))
+        w->shutdown = true;
+    return w->interrupted || w->shutdown;
+}
+
+/* The request for OPTS: WORLD ranks over the nodes, a time limit after the
+ * ranks' timeout, a wait no longer than it. */
+static dk_slurm_request_t request_for(const dk_dist_opts_t *opts, int world, waiter_t *w)
+{
+    int nodes = opts->nodes > 0 ? opts->nodes : 1;
+    dk_slurm_request_t req = {
+        .nodes = nodes, .tasks_per_node = world / nodes,
+        .partition = opts->partition, .account = opts->account, .qos = opts->qos,
+        .constraint = opts->constraint, .extra_args = opts->slurm_args,
+        .on_wait = waiter_on_wait, .cancelled = waiter_cancelled, .data = w,
+    };
+    if (opts->timeout_s > 0) {
+        /* Slurm counts its limits in whole minutes: round up, never under. */
+        double limit = opts->timeout_s + TIME_LIMIT_MARGIN_S;
+        req.time_limit_s = 60.0 * (double)(long)((limit + 59.999) / 60.0);
+        req.wait_s = opts->timeout_s;
+    }
+    return req;
+}
+
+static void allocation_error(const dk_dist_opts_t *opts, const waiter_t *w, int stopped,
+                             const char *err)
+{
+    char asked[64];
+    what_asked(opts, asked, sizeof asked);
+    if (w->interrupted)
+        PyErr_Format(PyExc_KeyboardInterrupt, "interrupted while waiting for Slurm's nodes: %s. "
+                     "No rank was started.", err);
+    else if (w->shutdown)
+        PyErr_Format(PyExc_RuntimeError, "the kernel is shutting down: %s. No rank was started.",
+                     err);
+    else if (stopped == 2) {
+        char timeout[32];       /* PyErr_Format knows no %g */
+        snprintf(timeout, sizeof timeout, "%g", opts->timeout_s);
+        PyErr_Format(PyExc_TimeoutError, "%s: timeout=%s passed while waiting for Slurm's nodes: "
+                     "%s. No rank was started. Ask for a partition with free nodes, or a longer "
+                     "timeout=.", asked, timeout, err);
+    }
+    else
+        PyErr_Format(PyExc_RuntimeError, "%s: Slurm gave no nodes: %s. No rank was started.",
+                     asked, err);
+}
+
+static dk_dist_slurm_t *slurm_new(dk_slurm_t *alloc, int world, int per_node)
+{
+    dk_dist_slurm_t *self = calloc(1, sizeof *self);
+    if (!self)
+        return NULL;
+    self->alloc = alloc;
+    self->world = world;
+    self->per_node = per_node;
+    self->nodeopt = calloc((size_t)world, sizeof *self->nodeopt);
+    self->hosts = calloc((size_t)world, sizeof *self->hosts);
+    self->cmd = calloc((size_t)world, sizeof *self->cmd);
+    self->cmds = calloc((size_t)world, sizeof *self->cmds);
+    size_t n = 0;
+    for (size_t i = 0; i < dk_slurm_node_count(alloc); i++)
+        n += (size_t)snprintf(self->node_list + n, n < sizeof self->node_list
+                              ? sizeof self->node_list - n : 0, "%s%s", i ? "," : "",
+                              dk_slurm_node_name(alloc, i));
+    if (!self->nodeopt || !self->hosts || !self->cmd || !self->cmds) {
+        self->alloc = NULL;     /* the caller's still */
+        dk_dist_slurm_destroy(&self);
+        return NULL;
+    }
+    return self;
+}
+
+dk_dist_slurm_t *dk_dist_slurm_allocate(const dk_dist_opts_t *opts, int world,
+                                        const dk_dist_slurm_hooks_t *hooks)
+{
+    waiter_t w = {.hooks = hooks};
+    dk_slurm_request_t req = request_for(opts, world, &w);
+    char err[2048] = "";
+    int stopped = 0;
+    w.ts = PyEval_SaveThread();
+    dk_slurm_t *alloc = dk_slurm_allocate(&req, &stopped, err, sizeof err);
+    PyEval_RestoreThread(w.ts);
+    if (!alloc) {
+        allocation_error(opts, &w, stopped, err);
+        return NULL;
+    }
+    if (dk_slurm_node_count(alloc) < (size_t)req.nodes) {
+        PyErr_Format(PyExc_RuntimeError, "Slurm job %s has %zu nodes, the run needs %d",
+                     dk_slurm_job_id(alloc), dk_slurm_node_count(alloc), req.nodes);
+        dk_slurm_t *a = alloc;
+        dk_slurm_destroy(&a);
+        return NULL;
+    }
+    dk_dist_slurm_t *self = slurm_new(alloc, world, req.tasks_per_node);
+    if (!self) {
+        dk_slurm_destroy(&alloc);
+        PyErr_NoMemory();
+    }
+    return self;
+}
+
+/* ---- the job -------------------------------------------------------------------- */
+
+/* MASTER_PORT on the first node. The kernel cannot ask that node which ports
+ * are free (nothing of ours runs there before the ranks), so it picks one at
+ * random in 20000-32767: above the usual service ports, below Linux's
+ * ephemeral range (32768-60999) where the node's own outgoing connections
+ * take theirs, and random so that two runs sharing a node rarely meet. */
+static int pick_master_port(void)
+{
+    unsigned short r = 0;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || read(fd, &r, sizeof r) != (ssize_t)sizeof r)
+        r = (unsigned short)(getpid() ^ (int)time(NULL));
+    if (fd >= 0)
+        close(fd);
+    return 20000 + r % 12768;
+}
+
+int dk_dist_slurm_spec(dk_dist_slurm_t *self, const char *rank_exe, dk_job_spec_t *spec)
+{
+    char err[1024];
+    const char *first = dk_slurm_node_addr(self->alloc, 0);
+    if (dk_netaddr_advertise(NULL, first, self->bc_addr, sizeof self->bc_addr, err,
+                             sizeof err) < 0) {
+        PyErr_Format(PyExc_RuntimeError, "no address of this host reaches Slurm job %s's "
+                     "first node (%s): %s", dk_slurm_job_id(self->alloc), first, err);
+        return -1;
+    }
+    snprintf(self->jobopt, sizeof self->jobopt, "--jobid=%s", dk_slurm_job_id(self->alloc));
+    for (int r = 0; r < self->world; r++) {
+        const char *node = dk_slurm_node_name(self->alloc, (size_t)(r / self->per_node));
+        self->hosts[r] = node;
+        snprintf(self->nodeopt[r], sizeof self->nodeopt[r], "--nodelist=%s", node);
+        /* --exact: the step takes its one task's CPUs, not the node's, so that
+         * the node's other ranks' steps start beside it rather than wait. */
+        const char *argv[CMD_WORDS] = {"srun", self->jobopt, "--nodes=1", "--ntasks=1",
+                                       "--exact", self->nodeopt[r], "--export=ALL",
+                                       "--quiet", rank_exe, NULL};
+        memcpy(self->cmd[r], argv, sizeof argv);
+        self->cmds[r] = self->cmd[r];
+    }
+    spec->bc_tcp_addr = self->bc_addr;
+    spec->rank_hosts = self->hosts;
+    spec->rank_commands = self->cmds;
+    spec->ranks_per_node = self->per_node;
+    spec->master_addr = first;
+    spec->master_port = pick_master_port();
+    spec->warm_socket = NULL;
+    spec->heartbeat_s = heartbeat_s();
+    return 0;
+}
+
+const char *dk_dist_slurm_job_id(const dk_dist_slurm_t *self)
+{
+    return dk_slurm_job_id(self->alloc);
+}
+
+const char *dk_dist_slurm_node_list(const dk_dist_slurm_t *self)
+{
+    return self->node_list;
+}
+
+void dk_dist_slurm_destroy(dk_dist_slurm_t **self_p)
+{
+    dk_dist_slurm_t *self = *self_p;
+    if (!self)
+        return;
+    if (self->alloc) {
+        char err[1024] = "";
+        int rc;
+        PyThreadState *ts = PyGILState_Check() ? PyEval_SaveThread() : NULL;
+        rc = dk_slurm_release(self->alloc, err, sizeof err);
+        if (ts)
+            PyEval_RestoreThread(ts);
+        if (rc < 0)
+            fprintf(stderr, "distkernel: could not release Slurm job %s: %s\n",
+                    dk_slurm_job_id(self->alloc), err);
+        dk_slurm_destroy(&self->alloc);
+    }
+    free(self->nodeopt);
+    free(self->hosts);
+    free(self->cmd);
+    free(self->cmds);
+    free(self);
+    *self_p = NULL;
 }

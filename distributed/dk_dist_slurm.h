@@ -1,22 +1,76 @@
 /*
- * dk_dist_slurm: a run that asks for Slurm (launcher=slurm, nodes > 1, or the
- * decorator's remote=True), before anything starts.
+ * dk_dist_slurm: the Slurm part of a run that asks for it (launcher=slurm,
+ * nodes > 1, or the decorator's remote=True).
  *
- * Slurm must be reachable from the kernel (runtime/dk_slurm.h says what that
- * means); otherwise the user reads what is missing and what to set, and no
- * rank, log folder or MLflow run is made. Ranks do not run through Slurm yet
- * (they need the network back channel), so a run that passes this check still
- * stops here, saying so, rather than running on this node behind the user's
- * back.
+ * Before anything starts, Slurm must be reachable from the kernel
+ * (runtime/dk_slurm.h says what that means); otherwise the user reads what is
+ * missing and what to set, and no rank, log folder or MLflow run is made.
+ *
+ * Then, once the run's log folder exists, the run's nodes: an allocation of
+ * `nodes` nodes with world/nodes tasks each (the run's partition, account,
+ * qos, constraint and slurm_args), from salloc, or the allocation the kernel
+ * runs in (SLURM_JOB_ID). Its time limit follows timeout= (the ranks' timeout
+ * plus a margin for their start and their ending), and timeout= also bounds
+ * the wait in the queue. While the request is queued the caller hears the
+ * job's id, state and Slurm's reason; an interrupt or the kernel's shutdown
+ * cancels it. The GIL is released while Slurm works.
+ *
+ * Then the job's spec: each rank is one step of the allocation on its node,
+ * started by srun, reaching the kernel over TCP on the address that routes to
+ * the first node (DISTKERNEL_ADVERTISE_ADDR overrides it). Destroying the
+ * object releases an allocation it asked for (scancel); one the kernel runs
+ * in is left alone.
  */
 #ifndef DK_DIST_SLURM_H
 #define DK_DIST_SLURM_H
 
 #include "dk_dist_opts.h"
+#include "dk_job.h"
+
+#include <stdbool.h>
+
+typedef struct dk_dist_slurm_t dk_dist_slurm_t;
 
 /* The Slurm preflight of a run with OPTS (whose launcher is slurm). Returns 0
  * when the run may go on, or -1 with a Python RuntimeError set. Holds the GIL,
  * and releases it while Slurm's commands run. */
 int dk_dist_slurm_preflight(const dk_dist_opts_t *opts);
+
+typedef struct {
+    /* The request's state changed while queued (see dk_slurm_request_t). Called
+     * without the GIL. May be NULL. */
+    void (*on_wait)(void *data, const char *job_id, const char *state, const char *reason);
+    /* True ends the wait as a shutdown would (the kernel is going). Called
+     * without the GIL. May be NULL. */
+    bool (*shutting_down)(void *data);
+    void *data;
+} dk_dist_slurm_hooks_t;
+
+/* The nodes for a run of WORLD ranks as OPTS asks (nodes, Slurm options,
+ * timeout). Holds the GIL; releases it while Slurm works, taking it back about
+ * every 100 ms to notice an interrupt (PyErr_CheckSignals) as a run's wait
+ * does. Returns the allocation, or NULL with a Python exception set, and no
+ * job of the request left in Slurm's queue: KeyboardInterrupt when
+ * interrupted while queued, TimeoutError when timeout= passed in the queue,
+ * RuntimeError otherwise (Slurm's words included). */
+dk_dist_slurm_t *dk_dist_slurm_allocate(const dk_dist_opts_t *opts, int world,
+                                        const dk_dist_slurm_hooks_t *hooks);
+
+/* Fill SPEC's fields for ranks on the allocation's nodes: bc_tcp_addr,
+ * rank_hosts, rank_commands (srun of RANK_EXE, one step per rank),
+ * ranks_per_node, master_addr, master_port, heartbeat_s (longer than on
+ * one node: see HEARTBEAT_S in the .c). What SPEC points to belongs to
+ * SELF (dk_job_start copies it). Returns 0, or -1 with a Python RuntimeError
+ * set. Warm start does not apply: the caller leaves spec.warm_socket NULL. */
+int dk_dist_slurm_spec(dk_dist_slurm_t *self, const char *rank_exe, dk_job_spec_t *spec);
+
+/* The Slurm job's id, and its nodes as one comma-separated list. */
+const char *dk_dist_slurm_job_id(const dk_dist_slurm_t *self);
+const char *dk_dist_slurm_node_list(const dk_dist_slurm_t *self);
+
+/* Release an allocation asked for (scancel; the GIL released meanwhile, when
+ * held), leave one the kernel runs in, and free. *SELF_P becomes NULL. A
+ * failed scancel is written to stderr: nothing else can be done then. */
+void dk_dist_slurm_destroy(dk_dist_slurm_t **self_p);
 
 #endif

@@ -24,7 +24,7 @@ static const char *state_word(dk_rank_state_t st)
 
 char *dk_dist_status_text(const dk_dist_status_t *st)
 {
-    size_t cap = 512 + (size_t)st->world * 96;
+    size_t cap = 512 + (size_t)st->world * 140;
     char *text = malloc(cap);
     if (!text)
         return NULL;
@@ -34,8 +34,11 @@ char *dk_dist_status_text(const dk_dist_status_t *st)
                           st->headline ? st->headline : "");
     for (int r = 0; r < st->world && n < cap; r++) {
         const dk_dist_rank_t *ri = &st->ranks[r];
-        n += (size_t)snprintf(text + n, cap - n, "%srank %d %s", r ? " · " : "  ", r,
+        n += (size_t)snprintf(text + n, cap - n, "%srank %d%s%.40s %s", r ? " · " : "  ", r,
+                              st->hosts ? " on " : "", st->hosts ? st->hosts[r] : "",
                               state_word(ri->state));
+        if (n >= cap)
+            break;
         if (st->gpu && ri->gpu_index >= 0 && ri->state == DK_RANK_RUNNING && ri->pid > 0) {
             unsigned long long used = st->gpu_memory(ri->gpu_index, ri->pid);
             if (used && n < cap)

@@ -289,6 +289,24 @@ void dk_tracking_begin(dk_tracking_t *self, const dk_tracking_request_t *req, dk
     dk_mlflow_run_url(uri, out->experiment_id, out->run_id, out->url, sizeof out->url);
 }
 
+void dk_tracking_log_slurm(dk_tracked_run_t *run, const char *job_id, const char *nodes,
+                           char *note, size_t notelen)
+{
+    note[0] = '\0';
+    if (!run->active)
+        return;
+    char err[1024];
+    json_t *params = json_pack("{s:s, s:s}", "slurm_job_id", job_id, "nodes", nodes);
+    dk_mlflow_t *c = params ? client_for(run->tracking_uri, err, sizeof err) : NULL;
+    if (!params)
+        snprintf(err, sizeof err, "out of memory");
+    if (!c || dk_mlflow_log_params(c, run->run_id, params, err, sizeof err) < 0)
+        snprintf(note, notelen, "MLflow: the run's Slurm job and nodes were not recorded (%s)",
+                 err);
+    json_decref(params);
+    dk_mlflow_destroy(&c);
+}
+
 void dk_tracking_end(dk_tracked_run_t *run, const char *status, char *note, size_t notelen)
 {
     note[0] = '\0';

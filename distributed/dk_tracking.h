@@ -65,6 +65,12 @@ void dk_tracking_begin(dk_tracking_t *self, const dk_tracking_request_t *req, dk
  * (no-op if it is not active). A warning for the user may go into NOTE. */
 void dk_tracking_end(dk_tracked_run_t *run, const char *status, char *note, size_t notelen);
 
+/* Record where a run on a Slurm cluster ran: parameters slurm_job_id (JOB_ID)
+ * and nodes (NODES, comma-separated), once Slurm has given them (after the run
+ * was created). No-op if RUN is not active; a warning may go into NOTE. */
+void dk_tracking_log_slurm(dk_tracked_run_t *run, const char *job_id, const char *nodes,
+                           char *note, size_t notelen);
+
 /* Stop the tracking server SELF started, if any. Safe to call from any
  * thread, more than once, and on the way out of the process. */
 void dk_tracking_stop_server(dk_tracking_t *self);

@@ -1,13 +1,12 @@
 """
 `%%distributed` and `@distributed(remote=True)` asking for a Slurm cluster.
 
-What this version does: a run that asks for Slurm (launcher=slurm, nodes > 1,
-remote=True) checks that Slurm is reachable before anything starts, and says
-what is missing when it is not; when it is, it says plainly that multi-node runs
-are not available in this version. Either way no rank, run folder or Slurm job
-is made, and the kernel keeps serving. The options' own errors (an uneven split
-over the nodes) come before all of it. The reachable case runs against the
-simulated cluster (tests/slurm/).
+A run that asks for Slurm (launcher=slurm, nodes > 1, remote=True) checks that
+Slurm is reachable before anything starts, and says what is missing when it is
+not: no rank, run folder or Slurm job is made, and the kernel keeps serving. The
+options' own errors (an uneven split over the nodes) come before all of it.
+`%distributed start` with nodes= is refused, before Slurm is asked. The runs
+that do run on a cluster are test_slurm_runs.py's.
 """
 import os
 import pathlib
@@ -116,18 +115,15 @@ def test_site_defaults_from_the_kernel_environment(tmp_path):
         k.stop()
 
 
-def test_with_slurm_reachable_the_run_says_multi_node_is_not_available_yet(slurm_cluster,
-                                                                          tmp_path):
+def test_started_ranks_on_slurm_are_refused_before_slurm_is_asked(slurm_cluster, tmp_path):
     before = slurm_cluster.run("squeue", "-h", "-o", "%i").stdout.split()
     k = start(tmp_path, SLURM_CONF=slurm_cluster.conf)
     try:
-        r = k.execute(CELL)
+        r = k.execute("%distributed start nodes=2 num_processes=4\n")
         assert r.status == "error", r.describe()
         evalue = r.content["evalue"]
-        assert evalue.startswith("nodes=2 asks for a Slurm cluster, and Slurm is reachable, "
-                                 "but this version of distkernel cannot run ranks through "
-                                 "Slurm yet: multi-node runs are not available in this "
-                                 "version."), evalue
+        assert evalue.startswith("`%distributed start` keeps ranks on this node only; it "
+                                 "cannot start them on a Slurm cluster"), evalue
         nothing_started(tmp_path)
         after = slurm_cluster.run("squeue", "-h", "-o", "%i").stdout.split()
         assert after == before, "a Slurm job was left behind"

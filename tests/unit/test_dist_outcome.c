@@ -393,3 +393,21 @@ Test(outcome, a_lost_rank_after_another_root_cause_keeps_that_root)
                                  "heartbeat deadline)");
     cr_assert(said, "rank 6's fate does not say it was lost");
 }
+
+/* A node cut off mid-collective: its peers' launchers or connections fail
+ * before the heartbeat deadline tells the loss, so the first failure is a
+ * rank of a node that was not lost, without a Python error. The node leads. */
+Test(outcome, a_lost_node_leads_the_error_when_the_first_failure_is_no_python_error)
+{
+    nodes_lost(4, 2, (const int[]){2, 3, -1});
+    big[0].state = DK_RANK_FAILED;
+    big[0].exit_code = 143;
+    o.root = 0;
+    build(false);
+    cr_assert_str_eq(field("ename"), "NodeLost");
+    cr_assert_str_eq(field("evalue"), "node2 lost (ranks 2–3)");
+    bool said = false;
+    for (size_t i = 0; i < lines(); i++)
+        said |= strstr(line(i), "rank 0: exited with code 143") != NULL;
+    cr_assert(said, "rank 0's own fate is not listed");
+}

@@ -166,3 +166,20 @@ Test(status, cpu_ranks_without_headline)
                            "  rank 0 starting · rank 1 stopped\n  logs: /l");
     free(text);
 }
+
+Test(status, ranks_on_several_nodes_say_their_node)
+{
+    dk_dist_rank_t ranks[4] = {{.state = DK_RANK_RUNNING, .gpu_index = -1},
+                               {.state = DK_RANK_RUNNING, .gpu_index = -1},
+                               {.state = DK_RANK_DONE, .gpu_index = -1},
+                               {.state = DK_RANK_STARTING, .gpu_index = -1}};
+    const char *hosts[4] = {"node1", "node1", "node2", "node2"};
+    dk_dist_status_t st = {.what = "4 CPU ranks", .elapsed_s = 1.0, .world = 4, .ranks = ranks,
+                           .log_dir = "/l", .hosts = hosts, .headline = "Slurm job 7 RUNNING"};
+    char *text = dk_dist_status_text(&st);
+    cr_assert_str_eq(text, "distributed: 4 CPU ranks · 1.0 s · Slurm job 7 RUNNING\n"
+                           "  rank 0 on node1 running · rank 1 on node1 running · "
+                           "rank 2 on node2 done · rank 3 on node2 starting\n"
+                           "  logs: /l");
+    free(text);
+}

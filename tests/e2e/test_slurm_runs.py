@@ -1,0 +1,382 @@
+"""
+`%%distributed` and `@distributed(remote=True)` running on a Slurm cluster: the
+simulated one of tests/slurm/ (2 nodes), through a real kernel.
+
+A run asks Slurm for the nodes (salloc --no-shell), starts each rank as a step
+on its node (srun), and the ranks reach the kernel over TCP. The tests check
+what the user sees (output of both nodes, results, the root cause, the
+interrupt, a request that never runs) and what is left: after each test no
+job of ours is in squeue and no rank process lives on any node.
+"""
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+import support
+
+sys.path.insert(0, str(support.REPO_ROOT / "tests"))
+from mlflow_server import MlflowTestServer  # noqa: E402
+from slurm_cluster import cluster_sh  # noqa: E402
+
+ALL_GONE_WITHIN = 30
+
+
+def start(tmp_path, cluster, **env):
+    """A kernel with the cluster's client environment (SLURM_CONF), less any
+    Slurm setting of ours; its rank logs under tmp_path/logs."""
+    base = {k: v for k, v in cluster.env.items()
+            if not k.startswith(("SLURM_", "DISTKERNEL_SLURM_")) and
+            k not in ("DISTKERNEL_NODES", "DISTKERNEL_LAUNCHER")}
+    logs = tmp_path / "logs"
+    logs.mkdir(mode=0o700)
+    base.update(DISTKERNEL_LOG_DIR=str(logs), MLFLOW_TRACKING_URI="", SLURM_CONF=cluster.conf)
+    base.update(env)
+    return support.Kernel.start(env=base)
+
+
+def our_jobs(cluster):
+    """The kernel's jobs in squeue (their names start with distkernel-)."""
+    out = cluster.run("squeue", "-h", "-o", "%i %j %T").stdout
+    return [line for line in out.splitlines() if " distkernel-" in line]
+
+
+def rank_processes(cluster):
+    """Rank programs (and their srun steps' tasks) living on the nodes."""
+    found = []
+    for node in cluster.node_names():
+        for pid in cluster.pids(node):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if "distkernel-rank" in cmd:
+                found.append(f"{node}: {pid} {cmd}")
+    return found
+
+
+def wait_clean(cluster, timeout=ALL_GONE_WITHIN):
+    """Wait until no job of ours is queued and no rank lives on a node; what is left."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = our_jobs(cluster) + rank_processes(cluster)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def kernel(slurm_cluster, tmp_path):
+    k = start(tmp_path, slurm_cluster)
+    yield k
+    k.stop()
+    assert wait_clean(slurm_cluster) == [], "left behind after the test"
+
+
+def still_serves(k):
+    r = k.execute("1 + 1")
+    assert r.status == "ok" and "2" in str(r.of_type("execute_result")), r.describe()
+
+
+GLOO_CELL = """%%distributed num_processes=4 nodes=2
+import socket, os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1) * (dist.get_rank() + 1)
+dist.all_reduce(t)
+print("host", socket.gethostname(), "rank", dist.get_rank(), "local", os.environ["LOCAL_RANK"],
+      "sum", int(t.item()), flush=True)
+(socket.gethostname(), dist.get_rank(), int(t.item()))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_2_node_gloo_cell_runs_on_both_nodes(kernel, slurm_cluster):
+    r = kernel.execute(GLOO_CELL, timeout=240)
+    assert r.status == "ok", r.describe()
+    out = r.stdout
+    for rank, host, local in ((0, "node1", 0), (1, "node1", 1), (2, "node2", 0), (3, "node2", 1)):
+        assert f"[rank {rank}] host {host} rank {rank} local {local} sum 10" in out, out
+    assert r.result == ("rank 0: ('node1', 0, 10)\nrank 1: ('node1', 1, 10)\n"
+                        "rank 2: ('node2', 2, 10)\nrank 3: ('node2', 3, 10)"), r.describe()
+    status = [m for m in r.of_type("display_data", "update_display_data")
+              if "distributed:" in m["content"]["data"]["text/plain"]]
+    final = status[-1]["content"]["data"]["text/plain"]
+    assert "rank 0 on node1 done" in final and "rank 3 on node2 done" in final, final
+
+
+@pytest.mark.timeout(300)
+def test_the_decorator_with_remote_true_returns_every_rank_result(kernel):
+    code = ("from distkernel import distributed\n"
+            "@distributed(num_processes=4, nodes=2, remote=True)\n"
+            "def where(x):\n"
+            "    import os, socket\n"
+            "    return (socket.gethostname(), int(os.environ['RANK']), x)\n"
+            "res = where.distributed(7)\n"
+            "print(sorted(res))\n")
+    r = kernel.execute(code, timeout=240)
+    assert r.status == "ok", r.describe()
+    assert "[('node1', 0, 7), ('node1', 1, 7), ('node2', 2, 7), ('node2', 3, 7)]" in r.stdout, \
+        r.describe()
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_failing_on_node_2_is_the_root_cause(kernel):
+    code = ("%%distributed num_processes=4 nodes=2\n"
+            "import os, socket, time\n"
+            "if os.environ['RANK'] == '3':\n"
+            "    raise ValueError('broken on ' + socket.gethostname())\n"
+            "time.sleep(120)\n")
+    t0 = time.monotonic()
+    r = kernel.execute(code, timeout=240)
+    assert r.status == "error", r.describe()
+    assert time.monotonic() - t0 < 100, "the other ranks were not ended"
+    assert r.content["ename"] == "ValueError", r.describe()
+    assert "broken on node2" in r.content["evalue"], r.describe()
+    assert "rank 3" in str(r.content), r.describe()
+    still_serves(kernel)
+
+
+@pytest.mark.timeout(300)
+def test_interrupt_while_running_ends_the_ranks_on_every_node(kernel, slurm_cluster):
+    # Each rank sees the interrupt as a KeyboardInterrupt in its code, as on
+    # one node (srun passes no SIGINT on: the kernel asks each rank itself).
+    code = ("%%distributed num_processes=4 nodes=2\n"
+            "import time, socket\n"
+            "try:\n"
+            "    print('READY', flush=True)\n"
+            "    time.sleep(300)\n"
+            "except KeyboardInterrupt:\n"
+            "    print('KeyboardInterrupt on', socket.gethostname(), flush=True)\n"
+            "    raise\n")
+    msg_id = kernel.start_execute(code)
+    kernel.wait_iopub(lambda m: m["msg_type"] == "stream" and
+                      m["parent_header"].get("msg_id") == msg_id and
+                      "[rank 3] READY" in m["content"]["text"], timeout=180)
+    assert len(rank_processes(slurm_cluster)) >= 4
+    t0 = time.monotonic()
+    kernel.km.interrupt_kernel()
+    r = kernel.finish(msg_id, timeout=60)
+    assert time.monotonic() - t0 < 60
+    assert r.status == "error", r.describe()
+    assert r.content["ename"] == "KeyboardInterrupt", r.describe()
+    for rank, node in ((0, "node1"), (1, "node1"), (2, "node2"), (3, "node2")):
+        assert f"[rank {rank}] KeyboardInterrupt on {node}" in r.stdout, r.describe()
+    assert wait_clean(slurm_cluster) == []
+    still_serves(kernel)
+
+
+@pytest.mark.timeout(300)
+def test_interrupt_while_queued_cancels_the_request(kernel, slurm_cluster):
+    code = "%%distributed num_processes=2 nodes=2 partition=stuck\n1\n"
+    msg_id = kernel.start_execute(code)
+    shown = kernel.wait_iopub(
+        lambda m: m["msg_type"] in ("display_data", "update_display_data") and
+        m["parent_header"].get("msg_id") == msg_id and
+        "PENDING (PartitionDown)" in m["content"]["data"]["text/plain"], timeout=60)
+    text = shown["content"]["data"]["text/plain"]
+    job = text.split("Slurm job ", 1)[1].split()[0]
+    assert [line.split()[0] for line in our_jobs(slurm_cluster)] == [job]
+    kernel.km.interrupt_kernel()
+    r = kernel.finish(msg_id, timeout=30)
+    assert r.status == "error", r.describe()
+    assert r.content["ename"] == "KeyboardInterrupt", r.describe()
+    evalue = r.content["evalue"]
+    assert f"Slurm request {job} was cancelled while PENDING: PartitionDown" in evalue, evalue
+    assert our_jobs(slurm_cluster) == []
+    still_serves(kernel)
+
+
+@pytest.mark.timeout(300)
+def test_a_partition_that_never_runs_the_job_ends_at_the_timeout(kernel, slurm_cluster):
+    t0 = time.monotonic()
+    r = kernel.execute("%%distributed num_processes=2 nodes=2 partition=stuck timeout=4\n1\n",
+                       timeout=60)
+    took = time.monotonic() - t0
+    assert r.status == "error", r.describe()
+    assert r.content["ename"] == "TimeoutError", r.describe()
+    evalue = r.content["evalue"]
+    assert "timeout=4 passed while waiting for Slurm's nodes" in evalue, evalue
+    assert "PENDING: PartitionDown" in evalue and "No rank was started" in evalue, evalue
+    assert 3.5 < took < 40, took
+    assert our_jobs(slurm_cluster) == []
+    still_serves(kernel)
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_late_to_the_rendezvous_is_not_taken_for_lost(kernel):
+    # rank 0 waits for rank 3 in init_process_group, inside a C call that holds
+    # its GIL: its heartbeats stop meanwhile, which must not read as a lost node
+    code = ("%%distributed num_processes=4 nodes=2\n"
+            "import os, time, torch, torch.distributed as dist\n"
+            "if os.environ['RANK'] == '3':\n"
+            "    time.sleep(12)\n"
+            "dist.init_process_group('gloo')\n"
+            "t = torch.ones(1)\n"
+            "dist.all_reduce(t)\n"
+            "int(t.item())\n")
+    r = kernel.execute(code, timeout=240)
+    assert r.status == "ok", r.describe()
+    assert r.result == "rank 0: 4\nrank 1: 4\nrank 2: 4\nrank 3: 4", r.describe()
+
+
+@pytest.mark.timeout(300)
+def test_the_run_timeout_ends_the_ranks_and_releases_the_nodes(kernel, slurm_cluster):
+    code = ("%%distributed num_processes=2 nodes=2 timeout=15\n"
+            "import time\nprint('READY', flush=True)\ntime.sleep(300)\n")
+    r = kernel.execute(code, timeout=120)
+    assert r.status == "error", r.describe()
+    assert "15" in r.content["evalue"] and "timeout" in r.content["evalue"].lower(), r.describe()
+    assert "[rank 1] READY" in r.stdout, r.describe()
+    assert wait_clean(slurm_cluster) == []
+    still_serves(kernel)
+
+
+@pytest.mark.timeout(300)
+def test_shutdown_mid_run_releases_the_nodes(slurm_cluster, tmp_path):
+    k = start(tmp_path, slurm_cluster)
+    try:
+        msg_id = k.start_execute("%%distributed num_processes=4 nodes=2\n"
+                                 "import time\nprint('READY', flush=True)\ntime.sleep(300)\n")
+        k.wait_iopub(lambda m: m["msg_type"] == "stream" and
+                     m["parent_header"].get("msg_id") == msg_id and
+                     "[rank 3] READY" in m["content"]["text"], timeout=180)
+        assert our_jobs(slurm_cluster)
+    finally:
+        k.stop()
+    assert wait_clean(slurm_cluster) == []
+
+
+@pytest.mark.timeout(300)
+def test_a_kernel_killed_mid_run_leaves_nothing_on_the_cluster(slurm_cluster, tmp_path):
+    k = start(tmp_path, slurm_cluster)
+    try:
+        msg_id = k.start_execute("%%distributed num_processes=4 nodes=2\n"
+                                 "import time\nprint('READY', flush=True)\ntime.sleep(300)\n")
+        k.wait_iopub(lambda m: m["msg_type"] == "stream" and
+                     m["parent_header"].get("msg_id") == msg_id and
+                     "[rank 3] READY" in m["content"]["text"], timeout=180)
+        assert our_jobs(slurm_cluster) and len(rank_processes(slurm_cluster)) >= 4
+        os.kill(k.pid, signal.SIGKILL)
+        k.process.wait(timeout=30)
+    finally:
+        k.kc.stop_channels()
+    assert wait_clean(slurm_cluster, timeout=60) == []
+
+
+@pytest.mark.timeout(300)
+def test_the_mlflow_run_records_the_slurm_job_and_the_nodes(slurm_cluster, tmp_path):
+    with MlflowTestServer() as srv:
+        k = start(tmp_path, slurm_cluster, MLFLOW_TRACKING_URI=srv.url)
+        try:
+            r = k.execute("%%distributed num_processes=2 nodes=2\nimport os\n"
+                                   "os.environ['RANK']\n", timeout=240)
+            assert r.status == "ok", r.describe()
+            shown = [m["content"]["data"]["text/plain"]
+                     for m in r.of_type("display_data", "update_display_data")
+                     if "Slurm job" in m["content"]["data"]["text/plain"]]
+            job = shown[0].split("Slurm job ", 1)[1].split()[0]
+        finally:
+            k.stop()
+        runs = srv.runs()
+        assert len(runs) == 1, runs
+        params = {p["key"]: p["value"] for p in runs[0]["data"]["params"]}
+        assert params["slurm_job_id"] == job, params
+        assert params["nodes"] == "node1,node2", params
+    assert wait_clean(slurm_cluster) == []
+
+
+@pytest.mark.timeout(400)
+def test_node_2_lost_mid_run_ends_the_cell_and_leaves_nothing(kernel, slurm_cluster):
+    # The heartbeats (10 s) tell it before Slurm does (srun's "Node failure on
+    # node2", ~25 s after the crash): the error names the node and its ranks.
+    code = ("%%distributed num_processes=4 nodes=2\n"
+            "import time\nprint('READY', flush=True)\ntime.sleep(300)\n")
+    msg_id = kernel.start_execute(code)
+    kernel.wait_iopub(lambda m: m["msg_type"] == "stream" and
+                      m["parent_header"].get("msg_id") == msg_id and
+                      "[rank 3] READY" in m["content"]["text"], timeout=180)
+    t0 = time.monotonic()
+    slurm_cluster.kill("node2")
+    try:
+        r = kernel.finish(msg_id, timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        slurm_cluster.start("node2")
+        slurm_cluster.wait_state("node2", {"idle"})
+    assert r.status == "error", r.describe()
+    assert took < 60, took
+    assert r.content["ename"] == "NodeLost", r.describe()
+    assert r.content["evalue"] == "node2 lost (ranks 2–3)", r.describe()
+    assert "node2 lost (ranks 2–3)" in r.content["traceback"], r.describe()
+    still_serves(kernel)
+
+
+@pytest.mark.timeout(300)
+def test_inside_an_allocation_the_ranks_are_its_steps_and_it_is_kept(slurm_cluster, tmp_path):
+    got = slurm_cluster.run("salloc", "-N2", "--ntasks-per-node=2", "--no-shell",
+                            "--job-name=batch-of-user")
+    assert got.returncode == 0, got.stderr
+    job = got.stderr.split("Granted job allocation ")[1].split()[0]
+    try:
+        k = start(tmp_path, slurm_cluster, SLURM_JOB_ID=job, SLURM_JOB_NODELIST="node[1-2]")
+        try:
+            r = k.execute("%%distributed num_processes=4 nodes=2\n"
+                          "import os\n(os.environ['SLURM_JOB_ID'], os.environ['SLURMD_NODENAME'])\n",
+                          timeout=240)
+            assert r.status == "ok", r.describe()
+            assert r.result == (f"rank 0: ('{job}', 'node1')\nrank 1: ('{job}', 'node1')\n"
+                                f"rank 2: ('{job}', 'node2')\nrank 3: ('{job}', 'node2')"), \
+                r.describe()
+            assert our_jobs(slurm_cluster) == []
+            state = slurm_cluster.run("squeue", "-h", "-j", job, "-o", "%T").stdout.strip()
+            assert state == "RUNNING", "the kernel's own allocation was ended"
+        finally:
+            k.stop()
+        assert rank_processes(slurm_cluster) == []
+    finally:
+        slurm_cluster.run("scancel", job)
+
+
+@pytest.mark.timeout(300)
+def test_node_2_cut_off_mid_run_is_reported_lost_with_its_ranks(slurm_cluster, tmp_path):
+    # no FIN, no RST: node2's ranks just go quiet; the heartbeats tell (3 s
+    # here, DISTKERNEL_SLURM_HEARTBEAT), well before Slurm notices the node
+    k = start(tmp_path, slurm_cluster, DISTKERNEL_SLURM_HEARTBEAT="3")
+    try:
+        msg_id = k.start_execute("%%distributed num_processes=4 nodes=2\n"
+                                 "import time\nprint('READY', flush=True)\ntime.sleep(300)\n")
+        k.wait_iopub(lambda m: m["msg_type"] == "stream" and
+                     m["parent_header"].get("msg_id") == msg_id and
+                     "[rank 3] READY" in m["content"]["text"], timeout=180)
+        t0 = time.monotonic()
+        cluster_sh("exec", "node2", "ip", "link", "set", "eth0", "down")
+        try:
+            r = k.finish(msg_id, timeout=120)
+            took = time.monotonic() - t0
+        finally:
+            cluster_sh("exec", "node2", "ip", "link", "set", "eth0", "up")
+        assert r.status == "error", r.describe()
+        assert r.content["ename"] == "NodeLost", r.describe()
+        assert r.content["evalue"] == "node2 lost (ranks 2–3)", r.describe()
+        assert took < 20, took
+        still_serves(k)
+    finally:
+        k.stop()
+    assert wait_clean(slurm_cluster, timeout=60) == []
+
+
+@pytest.mark.timeout(120)
+def test_options_salloc_refuses_are_a_clear_error_and_nothing_is_left(kernel, slurm_cluster):
+    r = kernel.execute("%%distributed num_processes=2 nodes=2 slurm_args='--no-such-option'\n1\n",
+                       timeout=60)
+    assert r.status == "error", r.describe()
+    assert r.content["ename"] == "RuntimeError", r.describe()
+    evalue = r.content["evalue"]
+    assert evalue.startswith("nodes=2: Slurm gave no nodes: salloc could not allocate 2 nodes:"), \
+        evalue
+    assert "--no-such-option" in evalue and "No rank was started" in evalue, evalue
+    assert our_jobs(slurm_cluster) == []
+    still_serves(kernel)
