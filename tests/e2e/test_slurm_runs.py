@@ -290,8 +290,10 @@ def test_the_mlflow_run_records_the_slurm_job_and_the_nodes(slurm_cluster, tmp_p
 
 @pytest.mark.timeout(400)
 def test_node_2_lost_mid_run_ends_the_cell_and_leaves_nothing(kernel, slurm_cluster):
-    # The heartbeats (10 s) tell it before Slurm does (srun's "Node failure on
-    # node2", ~25 s after the crash): the error names the node and its ranks.
+    # The test cluster's crash SIGKILLs the node's processes before it drops
+    # its network, so the ranks' connections close (FIN) rather than go silent:
+    # not a loss the heartbeats see (test_node_2_cut_off_mid_run_... is), but
+    # ranks that exited without a result, and srun says why.
     code = ("%%distributed num_processes=4 nodes=2\n"
             "import time\nprint('READY', flush=True)\ntime.sleep(300)\n")
     msg_id = kernel.start_execute(code)
@@ -308,9 +310,9 @@ def test_node_2_lost_mid_run_ends_the_cell_and_leaves_nothing(kernel, slurm_clus
         slurm_cluster.wait_state("node2", {"idle"})
     assert r.status == "error", r.describe()
     assert took < 60, took
-    assert r.content["ename"] == "NodeLost", r.describe()
-    assert r.content["evalue"] == "node2 lost (ranks 2–3)", r.describe()
-    assert "node2 lost (ranks 2–3)" in r.content["traceback"], r.describe()
+    text = r.content["evalue"] + "\n".join(r.content["traceback"]) + r.stderr
+    assert r.content["ename"] == "RankExited", r.describe()
+    assert "Node failure on node2" in text or "DUE TO NODE FAILURE" in text, r.describe()
     still_serves(kernel)
 
 
