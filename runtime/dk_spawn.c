@@ -243,10 +243,11 @@ static long sweep_limit(void)
  * A group whose leader has died and been reaped still exists while any member
  * does, so its id cannot have been reused when the sentinel signals it.
  */
-static _Noreturn void sentinel_run(int watch_fd, const int *pgids, int n, long max_fd)
+
+/* In a watcher (a sentinel, a last word): keep only WATCH_FD, as fd 0, and
+ * return when it reaches EOF (the host's copy of the write end is closed). */
+static void wait_for_host(int watch_fd, long max_fd)
 {
-    setpgid(0, 0);      /* not ended with the host's group */
-    child_signals(false);
     if (dup2(watch_fd, 0) < 0)
         _exit(127);
     if (syscall(SYS_close_range, 1, ~0U, 0) != 0) {
@@ -256,51 +257,37 @@ static _Noreturn void sentinel_run(int watch_fd, const int *pgids, int n, long m
     char byte;
     while (read(0, &byte, 1) < 0 && errno == EINTR)
         ;
-    for (int i = 0; i < n; i++) {
-        if (pgids[i] > 1)
-            kill(-pgids[i], SIGKILL);
-    }
-    _exit(0);
 }
 
-int dk_spawn_sentinel(const int *pgids, int n, int *pid, int *fd, char *err, size_t errlen)
+/* What a watcher does when its host is gone: SIGKILL PGIDS (a sentinel), or
+ * exec PATH with ARGV (a last word). */
+typedef struct {
+    const int *pgids;
+    int n;
+    const char *path;
+    char *const *argv;
+} watch_t;
+
+static _Noreturn void sentinel_run(int watch_fd, const watch_t *w, long max_fd)
 {
-    *pid = *fd = -1;
-    int p[2];
-    if (pipe2(p, O_CLOEXEC) != 0) {
-        dk_set_err(err, errlen, "cannot create the sentinel's pipe: %s", strerror(errno));
-        return -1;
+    setpgid(0, 0);      /* not ended with the host's group */
+    child_signals(false);
+    wait_for_host(watch_fd, max_fd);
+    for (int i = 0; i < w->n; i++) {
+        if (w->pgids[i] > 1)
+            kill(-w->pgids[i], SIGKILL);
     }
-    long max_fd = sweep_limit();
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pid_t child = fork();
-    if (child == 0)
-        sentinel_run(p[0], pgids, n, max_fd);
-    int fork_errno = errno;
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    close(p[0]);
-    if (child < 0) {
-        close(p[1]);
-        dk_set_err(err, errlen, "cannot fork the sentinel: %s", strerror(fork_errno));
-        return -1;
-    }
-    setpgid(child, child);
-    *pid = child;
-    *fd = p[1];
-    return 0;
+    _exit(0);
 }
 
 /* ---- the last word ------------------------------------------------------------
  *
  * A sentinel that runs a command in place of signalling groups: it waits on
- * the pipe on fd 0 with SIGINT, SIGTERM and SIGHUP ignored (a Ctrl-C or a
- * hangup meant for the host's session must not disarm it), then, on EOF,
- * restores default signals, puts /dev/null on 0-2 and execs the command,
- * which was resolved and built before the fork. */
-static _Noreturn void last_word_run(int watch_fd, const char *path, char *const argv[],
-                                    char *const envp[], long max_fd)
+ * the pipe with SIGINT, SIGTERM and SIGHUP ignored (a Ctrl-C or a hangup meant
+ * for the host's session must not disarm it), then, on EOF, restores default
+ * signals, puts /dev/null on 0-2 and execs the command, which was resolved
+ * and built before the fork. */
+static _Noreturn void last_word_run(int watch_fd, const watch_t *w, long max_fd)
 {
     setpgid(0, 0);
     /* Every signal is still blocked (as at the fork): ignore these before the
@@ -317,23 +304,55 @@ static _Noreturn void last_word_run(int watch_fd, const char *path, char *const 
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
-    if (dup2(watch_fd, 0) < 0)
-        _exit(127);
-    if (syscall(SYS_close_range, 1, ~0U, 0) != 0) {
-        for (long fd = 1; fd < max_fd; fd++)
-            close((int) fd);
-    }
-    char byte;
-    while (read(0, &byte, 1) < 0 && errno == EINTR)
-        ;
+    wait_for_host(watch_fd, max_fd);
     int null = open("/dev/null", O_RDWR);
     if (null < 0 || dup2(null, 0) < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0)
         _exit(127);
     if (null > 2)
         close(null);
     child_signals(false);
-    execve(path, argv, envp);
+    execve(w->path, w->argv, environ);
     _exit(127);
+}
+
+/* Fork a watcher of the host doing W (WHAT names it in errors). */
+static int fork_watcher(const watch_t *w, const char *what, int *pid, int *fd, char *err,
+                        size_t errlen)
+{
+    *pid = *fd = -1;
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) != 0) {
+        dk_set_err(err, errlen, "cannot create %s's pipe: %s", what, strerror(errno));
+        return -1;
+    }
+    long max_fd = sweep_limit();
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pid_t child = fork();
+    if (child == 0) {
+        if (w->path)
+            last_word_run(p[0], w, max_fd);
+        sentinel_run(p[0], w, max_fd);
+    }
+    int fork_errno = errno;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    close(p[0]);
+    if (child < 0) {
+        close(p[1]);
+        dk_set_err(err, errlen, "cannot fork %s: %s", what, strerror(fork_errno));
+        return -1;
+    }
+    setpgid(child, child);
+    *pid = child;
+    *fd = p[1];
+    return 0;
+}
+
+int dk_spawn_sentinel(const int *pgids, int n, int *pid, int *fd, char *err, size_t errlen)
+{
+    watch_t w = {.pgids = pgids, .n = n};
+    return fork_watcher(&w, "the sentinel", pid, fd, err, errlen);
 }
 
 int dk_spawn_last_word(char *const argv[], int *pid, int *fd, char *err, size_t errlen)
@@ -346,34 +365,11 @@ int dk_spawn_last_word(char *const argv[], int *pid, int *fd, char *err, size_t 
     char *path = dk_spawn_find_program(argv[0], err, errlen);
     if (!path)
         return -1;
-    int p[2];
-    if (pipe2(p, O_CLOEXEC) != 0) {
-        dk_set_err(err, errlen, "cannot create a pipe for the command run at the host's death: "
-                   "%s", strerror(errno));
-        free(path);
-        return -1;
-    }
-    long max_fd = sweep_limit();
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pid_t child = fork();
-    if (child == 0)
-        last_word_run(p[0], path, argv, environ, max_fd);
-    int fork_errno = errno;
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    close(p[0]);
+    watch_t w = {.path = path, .argv = argv};
+    int rc = fork_watcher(&w, "the process that acts at the host's death", pid, fd, err,
+                          errlen);
     free(path);
-    if (child < 0) {
-        close(p[1]);
-        dk_set_err(err, errlen, "cannot fork the process that acts at the host's death: %s",
-                   strerror(fork_errno));
-        return -1;
-    }
-    setpgid(child, child);
-    *pid = child;
-    *fd = p[1];
-    return 0;
+    return rc;
 }
 
 void dk_spawn_sentinel_end(int *pid, int *fd)
