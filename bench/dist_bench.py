@@ -442,9 +442,9 @@ class LineCheck:
 RANK_LINE = re.compile(r"^\[rank (\d+)\] (.*)$")
 
 
-def relay_dk(kern, ranks, lines, keep_logs):
-    code = (f"%%distributed num_processes={ranks}\nimport os\nrank = int(os.environ['RANK'])\n"
-            + RELAY_LOOP.format(lines=lines))
+def relay_dk(kern, ranks, lines, keep_logs, options=""):
+    code = (f"%%distributed num_processes={ranks} {options}\nimport os\n"
+            "rank = int(os.environ['RANK'])\n" + RELAY_LOOP.format(lines=lines))
     cpu0 = kern.cpu()
     elapsed, raw, reply = kern.run(code)
     cpu1 = kern.cpu()
@@ -679,7 +679,12 @@ class Cluster:
 def bench_relay(args, dk):
     print(f"\n== relay: {args.ranks} ranks x {args.lines} lines, "
           f"{args.relay_trials} interleaved trial(s) each", flush=True)
-    res = {"dk": [], "ipp": [], "load_before": loadavg(), "ipp_status": "not run"}
+    res = {"dk": [], "ipp": [], "remote": [], "load_before": loadavg(), "ipp_status": "not run"}
+    remote = f"nodes={args.remote_nodes}" if args.remote_nodes else ""
+    if remote:
+        print(f"  and remote: the same ranks over {args.remote_nodes} Slurm nodes "
+              f"(SLURM_CONF={os.environ.get('SLURM_CONF', '')}), their output over the "
+              "network back channel", flush=True)
     ipp_kern = cluster = None
     engines = args.engines or args.ranks
     if not args.no_ipyparallel:
@@ -725,13 +730,17 @@ def bench_relay(args, dk):
             relay_dk(dk, args.ranks, min(args.lines, 1000), args.keep_logs)
             if ipp_kern:
                 relay_ipp(ipp_kern, engines, min(args.lines, 1000), cluster)
+            if remote:
+                relay_dk(dk, args.ranks, min(args.lines, 1000), args.keep_logs, remote)
         for trial in range(args.relay_trials):
-            order = ("dk", "ipp") if trial % 2 == 0 else ("ipp", "dk")
+            order = ("dk", "ipp", "remote") if trial % 2 == 0 else ("remote", "ipp", "dk")
             for who in order:
-                if who == "ipp" and not ipp_kern:
+                if who == "ipp" and not ipp_kern or who == "remote" and not remote:
                     continue
                 if who == "dk":
                     r = relay_dk(dk, args.ranks, args.lines, args.keep_logs)
+                elif who == "remote":
+                    r = relay_dk(dk, args.ranks, args.lines, args.keep_logs, remote)
                 else:
                     r = relay_ipp(ipp_kern, engines, args.lines, cluster)
                 r["load"] = loadavg()
@@ -751,7 +760,7 @@ def bench_relay(args, dk):
         if cluster:
             cluster.stop()
     res["load_after"] = loadavg()
-    for who in ("dk", "ipp"):
+    for who in ("dk", "ipp", "remote"):
         runs = res[who]
         res[f"{who}_median_mb_per_s"] = median([r["mb_per_s"] for r in runs])
         res[f"{who}_median_s"] = median([r["seconds"] for r in runs])
@@ -762,6 +771,14 @@ def bench_relay(args, dk):
     if res["dk_median_mb_per_s"] and res["ipp_median_mb_per_s"]:
         res["ratio"] = res["dk_median_mb_per_s"] / res["ipp_median_mb_per_s"]
         res["target_met"] = res["ratio"] >= 2.0
+    if remote and res["remote_median_stream_mb_per_s"] and res["dk_median_stream_mb_per_s"]:
+        # First to last output line: the relay itself, without salloc and srun.
+        res["remote_vs_local_stream"] = (res["remote_median_stream_mb_per_s"] /
+                                         res["dk_median_stream_mb_per_s"])
+        res["remote_target_met"] = res["remote_vs_local_stream"] >= 0.8
+        print(f"  remote relay (first->last output): {fmt(res['remote_median_stream_mb_per_s'])} "
+              f"MB/s vs local {fmt(res['dk_median_stream_mb_per_s'])} MB/s: "
+              f"{fmt(res['remote_vs_local_stream'])}x (target >= 0.8x)", flush=True)
     print(f"  median: distkernel {fmt(res['dk_median_mb_per_s'])} MB/s, ipyparallel "
           f"{fmt(res['ipp_median_mb_per_s'])} MB/s, ratio {fmt(res.get('ratio'))}x "
           f"(target >= 2x); ipyparallel: {res['ipp_status']}", flush=True)
@@ -786,6 +803,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=1, help="untimed warm-up runs each")
     ap.add_argument("--only", choices=("fanout", "relay"), help="run one benchmark only")
     ap.add_argument("--no-ipyparallel", action="store_true", help="relay: distkernel only")
+    ap.add_argument("--remote-nodes", type=int, default=0,
+                    help="relay: also run the ranks over N Slurm nodes (SLURM_CONF set; "
+                         "e.g. the test cluster, tests/slurm/cluster.sh up N)")
     ap.add_argument("--keep-logs", action="store_true",
                     help="keep the rank log folders distkernel writes for each run")
     ap.add_argument("--json", help="write all results to this file")
