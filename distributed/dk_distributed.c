@@ -57,6 +57,10 @@ struct dk_distributed_t {
 
 /* ---- started ranks -------------------------------------------------------------- */
 
+/* The longest wait for started ranks to finish ending once one has exited:
+ * the others get the stop ladder (a grace of 2 s between its rungs). */
+#define POOL_ENDING_WAIT_MS 10000
+
 /* What another thread's use of the ranks gets while they are being started. */
 #define POOL_STARTING_TEXT                                                                  \
     "ranks are being started by `%distributed start`; wait for it or interrupt it"
@@ -125,6 +129,15 @@ static dk_dist_pool_t *pool_for_run(dk_distributed_t *d, const char *options, bo
         PyErr_SetString(PyExc_RuntimeError, DK_DIST_POOL_BUSY_TEXT);
         *refused = true;
         return NULL;
+    }
+    /* A rank killed just now (the out-of-memory killer, a user's kill) may
+     * not have been seen by the job's thread yet: a cell sent now would fail
+     * as if the cell had killed it. Such a job ends at once; wait for it. */
+    dk_job_t *job = dk_dist_pool_job(d->pool);
+    if (dk_dist_pool_alive(d->pool) && job && dk_job_any_rank_exited(job)) {
+        Py_BEGIN_ALLOW_THREADS
+        dk_job_wait(job, POOL_ENDING_WAIT_MS);
+        Py_END_ALLOW_THREADS
     }
     if (!dk_dist_pool_alive(d->pool)) {
         gone_error(d);

@@ -1467,6 +1467,25 @@ int dk_job_rank_pid(dk_job_t *job, int rank)
     return rank_ok(job, rank) ? (int) job->ranks[rank].pid : -1;
 }
 
+bool dk_job_any_rank_exited(dk_job_t *job)
+{
+    for (int r = 0; r < job->world_size; r++) {
+        pid_t pid = job->ranks[r].pid;     /* set before the runtime thread starts */
+        if (pid <= 0)
+            continue;
+        siginfo_t si;
+        memset(&si, 0, sizeof si);
+        int rc;
+        do
+            rc = waitid(P_PID, (id_t) pid, &si, WEXITED | WNOHANG | WNOWAIT);
+        while (rc < 0 && errno == EINTR);
+        /* exited and not yet collected, or collected already (ECHILD) */
+        if ((rc == 0 && si.si_pid == pid) || (rc < 0 && errno == ECHILD))
+            return true;
+    }
+    return false;
+}
+
 bool dk_job_rank_lost(dk_job_t *job, int rank)
 {
     if (!rank_ok(job, rank))

@@ -236,6 +236,12 @@ bool dk_job_rank_log_capped(dk_job_t *job, int rank);
 int dk_job_rank_signal(dk_job_t *job, int rank);        /* 0 if none */
 int dk_job_rank_pid(dk_job_t *job, int rank);
 
+/* Whether any rank's process has already exited, judged or not: a look at the
+ * processes themselves (waitid without collecting), for a host about to hand
+ * work to a persistent job's ranks, since the runtime thread may not have seen
+ * a death yet. Thread-safe. */
+bool dk_job_any_rank_exited(dk_job_t *job);
+
 /* Whether RANK was lost (silent past the heartbeat deadline). */
 bool dk_job_rank_lost(dk_job_t *job, int rank);
 

@@ -306,16 +306,18 @@ def test_restart_starts_the_ranks_with_every_start_option_however_long(kernel):
 
 @pytest.mark.timeout(300)
 def test_ranks_killed_just_before_a_cell_are_reported_gone_whoever_sees_it_first(kernel):
-    # The cell comes right after the kill: the kernel may have seen the deaths
-    # (the pool is gone), or not yet (the cell is sent to dead ranks). Either
-    # way the user reads the same thing: the ranks are gone and how to start
-    # them again, never a "start-up" failure of the cell.
+    # The cell comes as soon as the ranks are dead (zombies count): the
+    # kernel's job thread may have seen the deaths (the pool is gone) or not
+    # yet. Either way the user reads the same thing: the ranks are gone and how
+    # to start them again, never a failure of the cell. (A kill that lands
+    # after the cell was sent is the cell's failure, rightly.)
     for _ in range(5):
         start(kernel)
         try:
             pids = list(pids_from_status(kernel).values())
             for pid in pids:
                 os.kill(pid, signal.SIGKILL)
+            assert support.wait_gone(pids, timeout=END_WITHIN) == []
             r = kernel.execute("%%distributed\n1", timeout=RUN)
             assert r.status == "error", r.describe()
             assert r.content["ename"] == "RuntimeError", r.describe()
