@@ -305,35 +305,6 @@ def test_restart_starts_the_ranks_with_every_start_option_however_long(kernel):
 
 
 @pytest.mark.timeout(300)
-def test_ranks_killed_just_before_a_cell_are_reported_gone_whoever_sees_it_first(kernel):
-    # The cell comes as soon as the ranks are dead (zombies count): the
-    # kernel's job thread may have seen the deaths (the pool is gone) or not
-    # yet. Either way the user reads the same thing: the ranks are gone and how
-    # to start them again, never a failure of the cell. (A kill that lands
-    # after the cell was sent is the cell's failure, rightly.)
-    for _ in range(5):
-        start(kernel)
-        try:
-            pids = list(pids_from_status(kernel).values())
-            for pid in pids:
-                os.kill(pid, signal.SIGKILL)
-            assert support.wait_gone(pids, timeout=END_WITHIN) == []
-            r = kernel.execute("%%distributed\n1", timeout=RUN)
-            assert r.status == "error", r.describe()
-            assert r.content["ename"] == "RuntimeError", r.describe()
-            assert "the started ranks are gone: rank " in r.content["evalue"], r.describe()
-            assert "killed by signal 9" in r.content["evalue"], r.describe()
-            assert "%distributed start num_processes=2`" in r.content["evalue"], r.describe()
-            # Said once: the next cell is a fresh run.
-            r = kernel.execute("%%distributed num_processes=2\nimport os\nint(os.environ['RANK'])",
-                               timeout=RUN)
-            assert r.status == "ok", r.describe()
-        finally:
-            kernel.execute("%distributed stop", timeout=RUN)
-    assert support.wait_no_descendants(kernel.pid, timeout=END_WITHIN) == []
-
-
-@pytest.mark.timeout(300)
 def test_the_start_options_are_the_defaults_of_each_cell(kernel):
     start(kernel, "num_processes=2 output=rank0 timeout=15")
     try:
