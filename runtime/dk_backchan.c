@@ -425,6 +425,11 @@ bool dk_backchan_rank_open(const dk_backchan_t *self, int rank)
     return false;
 }
 
+bool dk_backchan_rank_connected_once(const dk_backchan_t *self, int rank)
+{
+    return rank >= 0 && rank < self->world_size && self->claimed[rank];
+}
+
 static void heartbeat(dk_backchan_t *self);
 
 bool dk_backchan_interrupt(dk_backchan_t *self, int rank)

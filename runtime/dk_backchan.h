@@ -133,6 +133,8 @@ const char *dk_backchan_path(const dk_backchan_t *self);
 const char *dk_backchan_address(const dk_backchan_t *self);
 /* Whether RANK has a connection (it said HELLO) that is still open. */
 bool dk_backchan_rank_open(const dk_backchan_t *self, int rank);
+/* Whether RANK has ever said a valid HELLO (its connection may be closed since). */
+bool dk_backchan_rank_connected_once(const dk_backchan_t *self, int rank);
 
 /* Ask RANK (connected over TCP: a rank on another node, whose launcher does
  * not pass a SIGINT on) to interrupt itself: an INTERRUPT frame goes as soon

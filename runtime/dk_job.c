@@ -500,20 +500,37 @@ static void bc_output(void *data, int r, int fd, const void *bytes, size_t len, 
         job->sink.on_caught_up(job->sink.data, r, fd);
 }
 
-/* Rank R's connection went silent: it is lost, and that is a failure. */
+static void mark_lost(dk_job_t *job, int r)
+{
+    rank_t *rk = &job->ranks[r];
+    pthread_mutex_lock(&job->lock);
+    rk->lost = true;
+    pthread_mutex_unlock(&job->lock);
+    if (job->sink.on_lost)
+        job->sink.on_lost(job->sink.data, r, rk->host);
+}
+
+/* Rank R's connection went silent: it is lost, and that is a failure. The
+ * ranks of its node that have not connected yet (still starting when the node
+ * went quiet) are lost with it: there is no connection of theirs to time out,
+ * and their launchers only wait on a node they cannot reach. */
 static void bc_lost(void *data, int r, double silent_s)
 {
     dk_job_t *job = data;
     rank_t *rk = &job->ranks[r];
     if (rk->reaped && !rk->deferred)
         return;
-    pthread_mutex_lock(&job->lock);
-    rk->lost = true;
-    pthread_mutex_unlock(&job->lock);
+    mark_lost(job, r);
     warn(job, "rank %d on %s lost: nothing heard from it for %.1f s", r, rk->host, silent_s);
-    if (job->sink.on_lost)
-        job->sink.on_lost(job->sink.data, r, rk->host);
     note_failure(job, r);
+    for (int q = 0; rk->host && q < job->world_size; q++) {
+        rank_t *mate = &job->ranks[q];
+        if (q == r || mate->lost || (mate->reaped && !mate->deferred) || !mate->host ||
+            strcmp(mate->host, rk->host) || dk_backchan_rank_connected_once(job->chan, q))
+            continue;
+        mark_lost(job, q);
+        warn(job, "rank %d on %s lost with it: it had not connected yet", q, mate->host);
+    }
 }
 
 /* A persistent job's rank answered the round. */

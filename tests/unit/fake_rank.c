@@ -56,6 +56,8 @@
  *                    exits when its node is cut off, the rank's connection still open)
  *   freeze           ... print "freezing", then stop itself (SIGSTOP): silent, as a
  *                    rank on a lost node is
+ *   freeze_at_start  print "freezing before connecting" and stop itself before any
+ *                    connection: a rank whose node went quiet while it was starting
  *   reflect          (over TCP) ... wait for the runtime's next frame, a PING whose
  *                    seq is the one the runtime expects of us next, and send its
  *                    bytes back unchanged (a man in the middle reflecting it); then
@@ -772,6 +774,10 @@ int main(void)
         print_facts();
     if (!strcmp(mode, "exit3_at_start"))
         return 3;
+    if (!strcmp(mode, "freeze_at_start")) {
+        dprintf(1, "freezing before connecting\n");
+        raise(SIGSTOP);
+    }
     if (!strcmp(mode, "rounds"))
         return serve_rounds();
 

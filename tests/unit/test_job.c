@@ -1566,6 +1566,31 @@ Test(tcp, silent_ranks_are_lost_and_told_by_node, .timeout = 60)
     finish(&job);
 }
 
+/* Node2 goes quiet while rank 2 is still starting: rank 3's connection times
+ * out, and rank 2, which never connected, is lost with its node rather than
+ * reported as a rank ended after rank 3 failed. */
+Test(tcp, a_rank_still_starting_on_a_lost_node_is_lost_with_it, .timeout = 60)
+{
+    const char *extra[] = {"FAKE_MODE=sleep", "FAKE_MODE_2=freeze_at_start", "FAKE_MODE_3=freeze",
+                           NULL};
+    const char *hosts[] = {"node1", "node1", "node2", "node2"};
+    dk_job_spec_t spec = tcp_spec(4, extra);
+    spec.heartbeat_s = 2.0;
+    spec.rank_hosts = hosts;
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 40000), "the job did not end");
+    cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    cr_assert_eq(dk_job_root_cause(job), 3);
+    for (int r = 0; r < 4; r++)
+        cr_assert_eq(dk_job_rank_lost(job, r), r >= 2, "rank %d", r);
+    cr_assert_str_eq(rec.lost_host[2], "node2");
+    char summary[128];
+    dk_job_lost_summary(job, summary, sizeof summary);
+    cr_assert_str_eq(summary, "node2 lost (ranks 2" DK_EN_DASH "3)");
+    cr_assert(warned("rank 2 on node2 lost with it: it had not connected yet"));
+    finish(&job);
+}
+
 Test(tcp, a_heartbeat_deadline_shorter_than_two_pings_is_refused)
 {
     dk_job_spec_t spec = tcp_spec(1, NULL);
