@@ -211,3 +211,24 @@ def test_a_kernel_killed_with_started_ranks_leaves_nothing_within_a_minute(slurm
         k.kc.stop_channels()
     assert wait_clean(slurm_cluster, timeout=60) == []
     assert time.monotonic() - t0 < 60
+
+
+@pytest.mark.timeout(300)
+def test_a_start_queued_in_slurm_shows_its_state_and_an_interrupt_cancels_it(kernel,
+                                                                               slurm_cluster):
+    msg_id = kernel.start_execute(START + " partition=stuck")
+    shown = kernel.wait_iopub(
+        lambda m: m["msg_type"] in ("display_data", "update_display_data") and
+        m["parent_header"].get("msg_id") == msg_id and
+        "PENDING (PartitionDown)" in m["content"]["data"]["text/plain"], timeout=60)
+    job = shown["content"]["data"]["text/plain"].split("Slurm job ", 1)[1].split()[0]
+    assert [line.split()[0] for line in our_jobs(slurm_cluster)] == [job]
+    kernel.km.interrupt_kernel()
+    r = kernel.finish(msg_id, timeout=30)
+    assert r.status == "error", r.describe()
+    assert r.content["ename"] == "KeyboardInterrupt", r.describe()
+    assert f"Slurm request {job} was cancelled while PENDING" in r.content["evalue"], r.describe()
+    assert our_jobs(slurm_cluster) == []
+    r = kernel.execute("%distributed status")
+    assert "no ranks are started" in r.stdout, r.describe()
+    still_serves(kernel)
