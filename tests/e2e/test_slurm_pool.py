@@ -232,3 +232,33 @@ def test_a_start_queued_in_slurm_shows_its_state_and_an_interrupt_cancels_it(ker
     r = kernel.execute("%distributed status")
     assert "no ranks are started" in r.stdout, r.describe()
     still_serves(kernel)
+
+
+@pytest.mark.timeout(600)
+def test_a_rank_killed_between_cells_ends_them_all_and_releases_the_job(kernel, slurm_cluster):
+    start_ranks(kernel)
+    where = rank_values(kernel.execute(WHERE, timeout=RUN))
+    node, pid = where[3]
+    cluster_sh("exec", node, "kill", "-KILL", str(pid))
+    # No cell runs: the job is released when the ranks end, not when a cell notices.
+    assert wait_clean(slurm_cluster, timeout=60) == []
+    r = kernel.execute("%%distributed\n1", timeout=RUN)
+    assert r.status == "error", r.describe()
+    evalue = r.content["evalue"]
+    assert evalue.startswith("the started ranks are gone: rank 3 "), evalue
+    assert f"`{START}`" in evalue, evalue
+    still_serves(kernel)
+
+
+@pytest.mark.timeout(600)
+def test_restart_releases_the_job_and_asks_for_a_new_one(kernel, slurm_cluster):
+    job = start_ranks(kernel)
+    before = rank_values(kernel.execute(WHERE, timeout=RUN))
+    r = kernel.execute("%distributed restart", timeout=RUN)
+    assert r.status == "ok" and "started 4 CPU ranks" in r.stdout, r.describe()
+    jobs = [line.split()[0] for line in our_jobs(slurm_cluster)]
+    assert len(jobs) == 1 and jobs != [job], jobs
+    after = rank_values(kernel.execute(WHERE, timeout=RUN))
+    assert [h for h, _ in after.values()] == [h for h, _ in before.values()]
+    assert [p for _, p in after.values()] != [p for _, p in before.values()]
+    stop_and_check_released(kernel, slurm_cluster)
