@@ -9,6 +9,7 @@
  */
 #include "dk_dist_pool.h"
 #include "dk_clock.h"
+#include "dk_dist_slurm.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -24,6 +25,13 @@ struct dk_dist_pool_t {
     pthread_mutex_t lock;       /* guards current */
     dk_sink_t current;          /* .data NULL: no run attached */
     bool busy;                  /* a run uses the ranks (main thread, GIL held) */
+    /* On Slurm's nodes: the allocation, and the releaser (see the top). */
+    dk_dist_slurm_t *slurm;
+    pthread_t releaser;
+    bool releaser_running;      /* started and not yet joined */
+    pthread_mutex_t rel_lock;   /* guards released, quit */
+    pthread_cond_t rel_cond;
+    bool released, quit;
 };
 
 dk_dist_pool_t *dk_dist_pool_new(const dk_dist_opts_t *opts, const dk_dist_plan_t *plan,
@@ -36,6 +44,8 @@ dk_dist_pool_t *dk_dist_pool_new(const dk_dist_opts_t *opts, const dk_dist_plan_
     p->plan = *plan;
     snprintf(p->id, sizeof p->id, "%s", id);
     pthread_mutex_init(&p->lock, NULL);
+    pthread_mutex_init(&p->rel_lock, NULL);
+    pthread_cond_init(&p->rel_cond, NULL);
     p->started_ms = dk_now_ms();
     return p;
 }
@@ -102,6 +112,61 @@ void dk_dist_pool_set_job(dk_dist_pool_t *self, dk_job_t *job)
     self->started_ms = dk_now_ms();
 }
 
+/* How often the releaser looks at its quit flag while the job runs. */
+#define RELEASER_SLICE_MS 200
+
+static void *releaser_main(void *arg)
+{
+    dk_dist_pool_t *p = arg;
+    for (;;) {
+        pthread_mutex_lock(&p->rel_lock);
+        bool quit = p->quit;
+        pthread_mutex_unlock(&p->rel_lock);
+        if (quit || dk_job_wait(p->job, RELEASER_SLICE_MS))
+            break;
+    }
+    /* The ranks were steps of the allocation: they are gone once the job
+     * has ended (dk_job ends and reaps every srun). On quit the job may
+     * still run: destroy releases after ending it. */
+    char err[1024] = "";
+    bool ended = dk_job_end(p->job) != DK_END_NONE;
+    if (ended && dk_dist_slurm_release(p->slurm, err, sizeof err) < 0)
+        fprintf(stderr, "distkernel: could not release Slurm job %s: %s\n",
+                dk_dist_slurm_job_id(p->slurm), err);
+    pthread_mutex_lock(&p->rel_lock);
+    p->released = true;
+    pthread_cond_broadcast(&p->rel_cond);
+    pthread_mutex_unlock(&p->rel_lock);
+    return NULL;
+}
+
+void dk_dist_pool_set_slurm(dk_dist_pool_t *self, dk_dist_slurm_t *slurm)
+{
+    self->slurm = slurm;
+    if (pthread_create(&self->releaser, NULL, releaser_main, self) == 0)
+        self->releaser_running = true;
+    /* else: released when the pool is destroyed, as a fresh run's is */
+}
+
+const char *const *dk_dist_pool_hosts(const dk_dist_pool_t *self)
+{
+    return self->slurm ? dk_dist_slurm_hosts(self->slurm) : NULL;
+}
+
+void dk_dist_pool_end(dk_dist_pool_t *self)
+{
+    if (!self->job)
+        return;
+    dk_job_cancel(self->job);
+    dk_job_wait(self->job, -1);
+    if (!self->releaser_running)
+        return;
+    pthread_mutex_lock(&self->rel_lock);
+    while (!self->released)
+        pthread_cond_wait(&self->rel_cond, &self->rel_lock);
+    pthread_mutex_unlock(&self->rel_lock);
+}
+
 dk_job_t *dk_dist_pool_job(dk_dist_pool_t *self)
 {
     return self->job;
@@ -162,17 +227,59 @@ char *dk_dist_pool_status_text(dk_dist_pool_t *self)
     if (n < cap && self->opts.idle_timeout_s > 0)
         n += (size_t)snprintf(text + n, cap - n, " (ended after %g s idle)",
                               self->opts.idle_timeout_s);
-    for (int r = 0; r < self->plan.world && n < cap; r++)
-        n += (size_t)snprintf(text + n, cap - n, "%srank %d pid %d", r ? " · " : "\n  ", r,
-                              dk_job_rank_pid(self->job, r));
+    if (self->slurm && n < cap) {
+        const char *limit = dk_dist_slurm_time_limit(self->slurm);
+        n += (size_t)snprintf(text + n, cap - n, "\n  Slurm job %s on %s (time limit %s)",
+                              dk_dist_slurm_job_id(self->slurm),
+                              dk_dist_slurm_node_list(self->slurm),
+                              limit[0] ? limit : "Slurm's default");
+    }
+    const char *const *hosts = dk_dist_pool_hosts(self);
+    for (int r = 0; r < self->plan.world && n < cap; r++) {
+        /* On other nodes the pid here is srun's, the rank's own is the node's. */
+        if (hosts)
+            n += (size_t)snprintf(text + n, cap - n, "%srank %d on %s", r ? " · " : "\n  ", r,
+                                  hosts[r]);
+        else
+            n += (size_t)snprintf(text + n, cap - n, "%srank %d pid %d", r ? " · " : "\n  ", r,
+                                  dk_job_rank_pid(self->job, r));
+    }
     return text;
+}
+
+/* The nodes a lost rank ran on, each with all its ranks ("node2 lost (ranks
+ * 2–3)"), into BUF; empty when none was lost. A node cut off loses every
+ * rank on it, but only the first one heard to go silent is marked lost: the
+ * job's stop then closes the others' connections before their own heartbeat
+ * deadline passes. */
+static void lost_nodes(dk_dist_pool_t *self, char *buf, size_t len)
+{
+    buf[0] = '\0';
+    const char *const *hosts = dk_dist_pool_hosts(self);
+    int n = self->plan.world;
+    bool *lost = hosts ? calloc((size_t)n, sizeof *lost) : NULL;
+    if (!lost)
+        return;
+    bool any = false;
+    for (int r = 0; r < n; r++)
+        if (dk_job_rank_lost(self->job, r))
+            for (int o = 0; o < n; o++)
+                if (strcmp(hosts[o], hosts[r]) == 0)
+                    any = lost[o] = true;
+    if (any)
+        dk_lost_format(n, lost, hosts, "; ", buf, len);
+    free(lost);
 }
 
 void dk_dist_pool_gone_text(dk_dist_pool_t *self, char *out, size_t outlen)
 {
     dk_job_end_t end = dk_job_end(self->job);
     int root = dk_job_root_cause(self->job);
-    if (end == DK_END_IDLE)
+    char lost[400];
+    lost_nodes(self, lost, sizeof lost);
+    if (lost[0])        /* "node2 lost (ranks 2–3)": the node, not a rank's code */
+        snprintf(out, outlen, "%s", lost);
+    else if (end == DK_END_IDLE)
         snprintf(out, outlen, "they were idle for longer than idle_timeout=%g s",
                  self->opts.idle_timeout_s);
     else if (end == DK_END_FAILED && root >= 0) {
@@ -195,7 +302,16 @@ void dk_dist_pool_destroy(dk_dist_pool_t **self_p)
     if (!p)
         return;
     dk_dist_pool_attach(p, NULL);
+    if (p->releaser_running) {
+        pthread_mutex_lock(&p->rel_lock);
+        p->quit = true;
+        pthread_mutex_unlock(&p->rel_lock);
+        pthread_join(p->releaser, NULL);
+    }
     dk_job_destroy(&p->job);
+    dk_dist_slurm_destroy(&p->slurm);   /* after: the ranks were its steps */
+    pthread_cond_destroy(&p->rel_cond);
+    pthread_mutex_destroy(&p->rel_lock);
     pthread_mutex_destroy(&p->lock);
     free(p);
     *self_p = NULL;

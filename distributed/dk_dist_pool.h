@@ -16,6 +16,7 @@
 
 #include "dk_dist_opts.h"
 #include "dk_dist_plan.h"
+#include "dk_dist_slurm.h"
 #include "dk_job.h"
 
 typedef struct dk_dist_pool_t dk_dist_pool_t;
@@ -31,6 +32,18 @@ dk_sink_t dk_dist_pool_sink(dk_dist_pool_t *self);
 /* The pool's job (which it owns from now on), once started. */
 void dk_dist_pool_set_job(dk_dist_pool_t *self, dk_job_t *job);
 dk_job_t *dk_dist_pool_job(dk_dist_pool_t *self);
+
+/* On Slurm's nodes: the allocation the ranks are steps of, which the pool owns
+ * from now on (after set_job). A thread of the pool releases it as soon as the
+ * job ends, however it ends; destroy releases it at the latest. */
+void dk_dist_pool_set_slurm(dk_dist_pool_t *self, dk_dist_slurm_t *slurm);
+
+/* Each rank's node name on Slurm's nodes (world entries), or NULL on this node. */
+const char *const *dk_dist_pool_hosts(const dk_dist_pool_t *self);
+
+/* End the ranks and wait for them and for the allocation's release, without
+ * freeing (the kernel's exit: another thread may still use the pool). */
+void dk_dist_pool_end(dk_dist_pool_t *self);
 
 /* Route the job's callbacks to SINK (copied) while a run uses the ranks; NULL
  * detaches (returns once no callback is still running into the old one). */

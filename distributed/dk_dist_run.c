@@ -274,12 +274,6 @@ static dk_dist_run_t *run_plan(dk_kernel_t *kernel, const char *kind, const char
         snprintf(line, sizeof line, "%s\n", run->opts.warnings);
         write_err(run, line);
     }
-    /* Before the local plan: GPUs are counted on Slurm's nodes, not this one. */
-    if (run->opts.launcher == DK_LAUNCHER_SLURM && strcmp(kind, "start") == 0)
-        return fail(run, PyExc_RuntimeError,
-                    "`%distributed start` keeps ranks on this node only; it cannot start them "
-                    "on a Slurm cluster (nodes=, launcher=slurm). Nothing was started. Run each "
-                    "cell on the cluster with %%distributed nodes=N ... instead");
     if (run->opts.launcher == DK_LAUNCHER_SLURM && dk_dist_slurm_preflight(&run->opts) < 0)
         return fail(run, NULL, NULL);
     dk_gpu_list_t gpus = {0};
@@ -341,7 +335,7 @@ static int slurm_nodes(dk_dist_run_t *run, dk_job_spec_t *spec)
     publish_status(run, headline, true);
     dk_dist_slurm_hooks_t hooks = {.on_wait = slurm_on_wait,
                                    .shutting_down = slurm_shutting_down, .data = run};
-    run->slurm = dk_dist_slurm_allocate(&run->opts, run->plan.world, &hooks);
+    run->slurm = dk_dist_slurm_allocate(&run->opts, run->plan.world, run->pool != NULL, &hooks);
     if (!run->slurm) {
         publish_status(run, PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)
                                 ? "interrupted while waiting for Slurm" : "no nodes from Slurm",
@@ -380,6 +374,10 @@ static dk_job_t *start_job(dk_dist_run_t *run, char **env, const char *log_dir,
         spec.payload = NULL;
         spec.payload_len = 0;
         spec.timeout_s = 0;
+        /* On Slurm's nodes: the allocation is asked for once, here, and is
+         * the pool's from the ranks' start (it releases it when they end). */
+        if (run->opts.launcher == DK_LAUNCHER_SLURM && slurm_nodes(run, &spec) < 0)
+            return NULL;
         dk_dist_pool_attach(run->pool, &sink);
         sink = dk_dist_pool_sink(run->pool);
     } else if (run->opts.launcher == DK_LAUNCHER_SLURM) {
@@ -402,8 +400,13 @@ static dk_job_t *start_job(dk_dist_run_t *run, char **env, const char *log_dir,
     char err[1024];
     dk_job_t *job = dk_job_start(&spec, &sink, err, sizeof err);
     free(warm_socket);
-    if (job && run->pool)
+    if (job && run->pool) {
         dk_dist_pool_set_job(run->pool, job);
+        if (run->slurm) {
+            dk_dist_pool_set_slurm(run->pool, run->slurm);
+            run->slurm = NULL;  /* the pool's; run->hosts point into it still */
+        }
+    }
     if (!job)
         PyErr_Format(PyExc_RuntimeError, "could not start the ranks: %s", err);
     return job;
@@ -623,6 +626,7 @@ dk_dist_run_t *dk_dist_run_start_on(const dk_dist_host_t *host, dk_dist_pool_t *
         write_err(run, line);
     }
     run->plan = *dk_dist_pool_plan(pool);
+    run->hosts = dk_dist_pool_hosts(pool);      /* on Slurm's nodes: where each rank is */
     run->ranks = calloc((size_t)run->plan.world, sizeof *run->ranks);
     if (!run->ranks)
         return fail(run, PyExc_MemoryError, NULL);

@@ -129,7 +129,8 @@ static bool waiter_cancelled(void *data)
 
 /* The request for OPTS: WORLD ranks over the nodes, a time limit after the
  * ranks' timeout, a wait no longer than it. */
-static dk_slurm_request_t request_for(const dk_dist_opts_t *opts, int world, waiter_t *w)
+static dk_slurm_request_t request_for(const dk_dist_opts_t *opts, int world, bool persistent,
+                                      waiter_t *w)
 {
     int nodes = opts->nodes > 0 ? opts->nodes : 1;
     dk_slurm_request_t req = {
@@ -138,7 +139,16 @@ static dk_slurm_request_t request_for(const dk_dist_opts_t *opts, int world, wai
         .constraint = opts->constraint, .extra_args = opts->slurm_args,
         .on_wait = waiter_on_wait, .cancelled = waiter_cancelled, .data = w,
     };
-    if (opts->timeout_s > 0) {
+    if (persistent) {
+        /* Started ranks live until stopped, idle past idle_timeout=, or the
+         * kernel ends, and timeout= is per cell: no limit follows from the
+         * options. Slurm's default would be the partition's DefaultTime, which
+         * sites keep short, and would end the ranks under the user; the
+         * partition's MaxTime is the longest Slurm allows, and the pool
+         * releases the allocation as soon as the ranks end. The queue wait is
+         * the user's to interrupt. */
+        req.longest_time = true;
+    } else if (opts->timeout_s > 0) {
         /* Slurm counts its limits in whole minutes: round up, never under. */
         double limit = opts->timeout_s + TIME_LIMIT_MARGIN_S;
         req.time_limit_s = 60.0 * (double)(long)((limit + 59.999) / 60.0);
@@ -195,11 +205,11 @@ static dk_dist_slurm_t *slurm_new(dk_slurm_t *alloc, int world, int per_node)
     return self;
 }
 
-dk_dist_slurm_t *dk_dist_slurm_allocate(const dk_dist_opts_t *opts, int world,
+dk_dist_slurm_t *dk_dist_slurm_allocate(const dk_dist_opts_t *opts, int world, bool persistent,
                                         const dk_dist_slurm_hooks_t *hooks)
 {
     waiter_t w = {.hooks = hooks};
-    dk_slurm_request_t req = request_for(opts, world, &w);
+    dk_slurm_request_t req = request_for(opts, world, persistent, &w);
     char err[2048] = "";
     int stopped = 0;
     w.ts = PyEval_SaveThread();
@@ -284,6 +294,21 @@ const char *dk_dist_slurm_job_id(const dk_dist_slurm_t *self)
 const char *dk_dist_slurm_node_list(const dk_dist_slurm_t *self)
 {
     return self->node_list;
+}
+
+const char *dk_dist_slurm_time_limit(const dk_dist_slurm_t *self)
+{
+    return dk_slurm_time_limit(self->alloc);
+}
+
+const char *const *dk_dist_slurm_hosts(const dk_dist_slurm_t *self)
+{
+    return self->hosts;
+}
+
+int dk_dist_slurm_release(dk_dist_slurm_t *self, char *err, size_t errlen)
+{
+    return dk_slurm_release(self->alloc, err, errlen);
 }
 
 void dk_dist_slurm_destroy(dk_dist_slurm_t **self_p)

@@ -47,13 +47,15 @@ typedef struct {
 } dk_dist_slurm_hooks_t;
 
 /* The nodes for a run of WORLD ranks as OPTS asks (nodes, Slurm options,
- * timeout). Holds the GIL; releases it while Slurm works, taking it back about
+ * timeout). PERSISTENT: for started ranks, which live until released: the
+ * time limit is the partition's MaxTime (not one from timeout=, which is per
+ * cell), and the wait in the queue is unbounded (an interrupt ends it). Holds the GIL; releases it while Slurm works, taking it back about
  * every 100 ms to notice an interrupt (PyErr_CheckSignals) as a run's wait
  * does. Returns the allocation, or NULL with a Python exception set, and no
  * job of the request left in Slurm's queue: KeyboardInterrupt when
  * interrupted while queued, TimeoutError when timeout= passed in the queue,
  * RuntimeError otherwise (Slurm's words included). */
-dk_dist_slurm_t *dk_dist_slurm_allocate(const dk_dist_opts_t *opts, int world,
+dk_dist_slurm_t *dk_dist_slurm_allocate(const dk_dist_opts_t *opts, int world, bool persistent,
                                         const dk_dist_slurm_hooks_t *hooks);
 
 /* Fill SPEC's fields for ranks on the allocation's nodes: bc_tcp_addr,
@@ -67,6 +69,18 @@ int dk_dist_slurm_spec(dk_dist_slurm_t *self, const char *rank_exe, dk_job_spec_
 /* The Slurm job's id, and its nodes as one comma-separated list. */
 const char *dk_dist_slurm_job_id(const dk_dist_slurm_t *self);
 const char *dk_dist_slurm_node_list(const dk_dist_slurm_t *self);
+
+/* The time limit asked for ("infinite", "2-00:00:00"), or "" for Slurm's
+ * default or an allocation the kernel runs in. */
+const char *dk_dist_slurm_time_limit(const dk_dist_slurm_t *self);
+
+/* Each rank's node name, once dk_dist_slurm_spec ran (world entries). */
+const char *const *dk_dist_slurm_hosts(const dk_dist_slurm_t *self);
+
+/* Release an allocation asked for now (scancel), without the GIL and from any
+ * one thread at a time; the object stays, for its names, until destroyed.
+ * Idempotent. Returns 0, or -1 with ERR (destroy tries again). */
+int dk_dist_slurm_release(dk_dist_slurm_t *self, char *err, size_t errlen);
 
 /* Release an allocation asked for (scancel; the GIL released meanwhile, when
  * held), leave one the kernel runs in, and free. *SELF_P becomes NULL. A

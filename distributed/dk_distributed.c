@@ -85,7 +85,10 @@ static int pool_fits(dk_dist_pool_t *pool, const char *started_with, const char 
                  (o.num_accelerators && (!plan->gpu || o.num_accelerators != plan->world)) ||
                  (o.accelerator_model[0] && (!plan->gpu ||
                                              strcasecmp(o.accelerator_model, plan->model) != 0)) ||
-                 (o.nodes && o.nodes != nodes) || o.launcher != started->launcher;
+                 (o.nodes && o.nodes != nodes) ||
+                 /* A cell that names no launcher parses as local (its default):
+                  * it runs on ranks started on Slurm's nodes as on any. */
+                 (o.launcher == DK_LAUNCHER_SLURM && started->launcher != DK_LAUNCHER_SLURM);
     if (!other)
         return 0;
     PyErr_Format(PyExc_ValueError,
@@ -494,11 +497,9 @@ static int distributed_line_magic(void *host, void *data, const char *args, cons
 static void stop_pool(void *data)
 {
     dk_distributed_t *d = data;
-    dk_job_t *job = d->pool ? dk_dist_pool_job(d->pool) : NULL;
-    if (job) {
-        dk_job_cancel(job);
-        dk_job_wait(job, -1);
-    }
+    /* On Slurm's nodes this also waits for the allocation's release. */
+    if (d->pool)
+        dk_dist_pool_end(d->pool);
 }
 
 /* At exit the template goes with its folder (it would die with the kernel

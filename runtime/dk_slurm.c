@@ -50,6 +50,7 @@ struct dk_slurm_t {
     bool owned;
     bool released;
     double timeout_s;
+    char time_limit[64];        /* --time as asked, or "" */
     char **names;
     char **addrs;
     size_t count;
@@ -331,9 +332,11 @@ static void unique_name(char *name, size_t len)
              r[5]);
 }
 
-/* salloc's argument list for REQ; NULL with ERR. */
-static char **salloc_args(const dk_slurm_request_t *req, const char *name, char *err,
-                          size_t errlen)
+/* salloc's argument list for REQ, TIME_LIMIT its --time ("": none); NULL with
+ * ERR. The site's or user's extra_args come last: an option there (a --time
+ * of their own) wins over ours. */
+static char **salloc_args(const dk_slurm_request_t *req, const char *name,
+                          const char *time_limit, char *err, size_t errlen)
 {
     char **extra = NULL;
     size_t nextra = 0;
@@ -356,10 +359,8 @@ static char **salloc_args(const dk_slurm_request_t *req, const char *name, char 
         ADD("--qos=%s", req->qos);
     if (req->constraint && req->constraint[0])
         ADD("--constraint=%s", req->constraint);
-    if (req->time_limit_s > 0) {
-        long s = (long) (req->time_limit_s + 0.999);
-        ADD("--time=%ld:%02ld", s / 60, s % 60);        /* minutes:seconds */
-    }
+    if (time_limit && time_limit[0])
+        ADD("--time=%s", time_limit);
     for (size_t i = 0; i < nextra; i++)
         ADD("%s", extra[i]);
 #undef ADD
@@ -460,6 +461,65 @@ fail:
     return NULL;
 }
 
+bool dk_slurm_partition_limit(const char *text, const char *partition, char *out,
+                              size_t outlen)
+{
+    char want[256] = "";
+    if (partition && partition[0])
+        snprintf(want, sizeof want, "%.*s", (int) strcspn(partition, ","), partition);
+    for (const char *line = text; line && *line; ) {
+        const char *eol = strchr(line, '\n');
+        size_t len = eol ? (size_t) (eol - line) : strlen(line);
+        char copy[512], part[256], limit[64];
+        /* One line at a time: a line of one word must not take the next's. */
+        snprintf(copy, sizeof copy, "%.*s", (int) (len < sizeof copy ? len : 0), line);
+        if (sscanf(copy, "%255s %63s", part, limit) == 2) {
+            size_t n = strlen(part);
+            bool dflt = n && part[n - 1] == '*';
+            if (dflt)
+                part[--n] = '\0';
+            if ((want[0] ? strcmp(part, want) == 0 : dflt) && strcmp(limit, "n/a") != 0) {
+                snprintf(out, outlen, "%s", limit);
+                return true;
+            }
+        }
+        line = eol ? eol + 1 : NULL;
+    }
+    return false;
+}
+
+/* SELF->time_limit for REQ: time_limit_s in minutes:seconds, or with
+ * longest_time the partition's MaxTime from sinfo. Returns 0, or -1 with ERR. */
+static int request_time_limit(const dk_slurm_request_t *req, dk_slurm_t *self, char *err,
+                              size_t errlen)
+{
+    if (req->time_limit_s > 0) {
+        long s = (long) (req->time_limit_s + 0.999);
+        snprintf(self->time_limit, sizeof self->time_limit, "%ld:%02ld", s / 60, s % 60);
+        return 0;
+    }
+    if (!req->longest_time)
+        return 0;
+    command_t c = {0};
+    static const char *const args[] = {"-h", "-o", "%P %l", NULL};
+    char *out = NULL;
+    int rc = run("sinfo", args, self->timeout_s, &c, &out, err, errlen);
+    bool found = rc == 0 && out &&
+                 dk_slurm_partition_limit(out, req->partition, self->time_limit,
+                                          sizeof self->time_limit);
+    free(out);
+    if (rc < 0)
+        return -1;
+    if (rc != 0) {
+        dk_set_err(err, errlen, "sinfo could not say the partition's time limit: %s",
+                   said_text(&c));
+        return -1;
+    }
+    if (!found)     /* a partition sinfo does not list: salloc will say so */
+        self->time_limit[0] = '\0';
+    return 0;
+}
+
 static dk_slurm_t *request(const dk_slurm_request_t *req, int *cancelled, char *err,
                            size_t errlen)
 {
@@ -477,7 +537,9 @@ static dk_slurm_t *request(const dk_slurm_request_t *req, int *cancelled, char *
     char *scancel[] = {"scancel", name_arg, NULL};
     if (dk_spawn_last_word(scancel, &self->last_word_pid, &self->last_word_fd, err, errlen) < 0)
         goto fail;
-    char **args = salloc_args(req, self->job_name, err, errlen);
+    if (request_time_limit(req, self, err, errlen) < 0)
+        goto fail;
+    char **args = salloc_args(req, self->job_name, self->time_limit, err, errlen);
     if (!args)
         goto fail;
     command_t c = {.req = req, .job = self};
@@ -546,6 +608,7 @@ dk_slurm_t *dk_slurm_allocate(const dk_slurm_request_t *req, int *cancelled, cha
 }
 
 const char *dk_slurm_job_id(const dk_slurm_t *self) { return self->job_id; }
+const char *dk_slurm_time_limit(const dk_slurm_t *self) { return self->time_limit; }
 bool dk_slurm_owned(const dk_slurm_t *self) { return self->owned; }
 size_t dk_slurm_node_count(const dk_slurm_t *self) { return self->count; }
 const char *dk_slurm_node_name(const dk_slurm_t *self, size_t i) { return self->names[i]; }

@@ -44,6 +44,11 @@ typedef struct {
     const char *constraint;
     const char *extra_args;     /* more salloc options, split like a shell's words */
     double time_limit_s;        /* the allocation's time limit; <= 0: Slurm's default */
+    /* With time_limit_s <= 0: ask for the partition's MaxTime (from sinfo), the
+     * longest Slurm allows, rather than its DefaultTime, which a site may keep
+     * short for jobs that name no limit. For an allocation that lives as long
+     * as its user keeps it (started ranks), released by its owner. */
+    bool longest_time;
     double wait_s;              /* the longest wait in the queue; <= 0: no limit */
     double command_timeout_s;   /* each command's deadline; <= 0: DK_SLURM_COMMAND_TIMEOUT_S */
     /* Called when the request's state or Slurm's reason changes while it waits
@@ -72,6 +77,11 @@ dk_slurm_t *dk_slurm_allocate(const dk_slurm_request_t *req, int *cancelled, cha
 
 /* The job's id ("1234"). */
 const char *dk_slurm_job_id(const dk_slurm_t *self);
+
+/* The time limit asked for, as given to salloc's --time ("infinite",
+ * "1-00:00:00", "65:00"), or "" when Slurm's default applies (no
+ * longest_time nor time_limit_s, or an adopted allocation). */
+const char *dk_slurm_time_limit(const dk_slurm_t *self);
 
 /* True when this object asked for the job (and so ends it); false for an
  * allocation it runs inside. */
@@ -120,6 +130,14 @@ typedef struct {
     char nodes[1024];
 } dk_slurm_squeue_t;
 int dk_slurm_parse_squeue(const char *line, dk_slurm_squeue_t *out);
+
+/* The time limit of PARTITION (NULL or "": the default one, marked '*') in
+ * the output of `sinfo -h -o '%P %l'` (lines "PART[*] LIMIT"), copied into
+ * OUT: "infinite", "1-00:00:00", "30:00" as sinfo writes it. Where PARTITION
+ * is a list ("a,b"), its first. False when TEXT names no such partition, or
+ * its limit is "n/a". */
+bool dk_slurm_partition_limit(const char *text, const char *partition, char *out,
+                              size_t outlen);
 
 /* The job id in salloc's words on stderr ("salloc: Pending job allocation 12",
  * "salloc: Granted job allocation 12", "salloc: job 12 queued and waiting for

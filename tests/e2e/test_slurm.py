@@ -113,20 +113,3 @@ def test_site_defaults_from_the_kernel_environment(tmp_path):
         assert r.status == "ok", r.describe()
     finally:
         k.stop()
-
-
-def test_started_ranks_on_slurm_are_refused_before_slurm_is_asked(slurm_cluster, tmp_path):
-    before = slurm_cluster.run("squeue", "-h", "-o", "%i").stdout.split()
-    k = start(tmp_path, SLURM_CONF=slurm_cluster.conf)
-    try:
-        r = k.execute("%distributed start nodes=2 num_processes=4\n")
-        assert r.status == "error", r.describe()
-        evalue = r.content["evalue"]
-        assert evalue.startswith("`%distributed start` keeps ranks on this node only; it "
-                                 "cannot start them on a Slurm cluster"), evalue
-        nothing_started(tmp_path)
-        after = slurm_cluster.run("squeue", "-h", "-o", "%i").stdout.split()
-        assert after == before, "a Slurm job was left behind"
-        still_serves(k)
-    finally:
-        k.stop()

@@ -117,6 +117,24 @@ Test(slurm_text, squeue_lines_give_id_state_reason_and_nodes)
     cr_expect_eq(dk_slurm_parse_squeue("7|RUNNING|None", &q), -1);
 }
 
+Test(slurm_text, a_partitions_time_limit_is_read_from_sinfo)
+{
+    const char *text = "debug 30:00\nsim* infinite\ngpu 2-00:00:00\nlone\nold n/a\n";
+    char out[64] = "";
+    cr_assert(dk_slurm_partition_limit(text, NULL, out, sizeof out));
+    cr_expect_str_eq(out, "infinite");          /* the default, marked '*' */
+    cr_assert(dk_slurm_partition_limit(text, "", out, sizeof out));
+    cr_expect_str_eq(out, "infinite");
+    cr_assert(dk_slurm_partition_limit(text, "gpu", out, sizeof out));
+    cr_expect_str_eq(out, "2-00:00:00");
+    cr_assert(dk_slurm_partition_limit(text, "debug,gpu", out, sizeof out));
+    cr_expect_str_eq(out, "30:00");             /* a list: its first */
+    cr_expect_not(dk_slurm_partition_limit(text, "nope", out, sizeof out));
+    cr_expect_not(dk_slurm_partition_limit(text, "lone", out, sizeof out));
+    cr_expect_not(dk_slurm_partition_limit(text, "old", out, sizeof out));
+    cr_expect_not(dk_slurm_partition_limit("debug 30:00\n", NULL, out, sizeof out));
+}
+
 Test(slurm_text, salloc_says_the_job_id_pending_queued_or_granted)
 {
     char id[32];
@@ -264,6 +282,27 @@ Test(slurm_fake, options_and_extra_args_reach_salloc)
     cr_expect(strstr(log, " --nodes=3 --ntasks-per-node=4 --partition=gpu --account=proj1 "
                           "--qos=high --constraint=h100 --time=1:30 --exclusive --comment=a b\n"),
               "%s", log);
+}
+
+Test(slurm_fake, the_longest_time_is_the_partitions_and_extra_args_still_win)
+{
+    fake_slurm("echo 'sim* 1:00:00'; echo 'gpu 3-00:00:00'",
+               "echo 'salloc: error: no' >&2; exit 1", NULL);
+    dk_slurm_request_t req = {.nodes = 1, .tasks_per_node = 1, .partition = "gpu",
+                              .longest_time = true, .extra_args = "--time=5:00"};
+    char err[1024] = "";
+    cr_assert_null(dk_slurm_allocate(&req, NULL, err, sizeof err));
+    char *log = calls();
+    cr_expect(strstr(log, "sinfo -h -o %P %l\n"), "%s", log);
+    cr_expect(strstr(log, " --partition=gpu --time=3-00:00:00 --time=5:00\n"), "%s", log);
+
+    /* No partition named: the default's. */
+    fake_slurm("echo 'sim* 1:00:00'; echo 'gpu 3-00:00:00'",
+               "echo 'salloc: error: no' >&2; exit 1", NULL);
+    dk_slurm_request_t dflt = {.nodes = 1, .tasks_per_node = 1, .longest_time = true};
+    cr_assert_null(dk_slurm_allocate(&dflt, NULL, err, sizeof err));
+    log = calls();
+    cr_expect(strstr(log, " --ntasks-per-node=1 --time=1:00:00\n"), "%s", log);
 }
 
 /* ---- slurm_cluster -------------------------------------------------------- */
@@ -516,6 +555,22 @@ Test(slurm_cluster, extra_args_and_time_limit_reach_the_job)
     cr_assert(p && fgets(line, sizeof line, p));
     pclose(p);
     cr_expect_str_eq(line, "from a test|2:00\n");
+    dk_slurm_destroy(&job);
+}
+
+Test(slurm_cluster, the_longest_time_is_the_partitions_max_time)
+{
+    need_cluster();
+    dk_slurm_request_t req = {.nodes = 1, .tasks_per_node = 1, .longest_time = true};
+    char err[1024] = "", cmd[256], line[256] = "";
+    dk_slurm_t *job = dk_slurm_allocate(&req, NULL, err, sizeof err);
+    cr_assert_not_null(job, "%s", err);
+    cr_expect_str_eq(dk_slurm_time_limit(job), "infinite");    /* sim: MaxTime=INFINITE */
+    snprintf(cmd, sizeof cmd, "squeue -h -j %s -o '%%l'", dk_slurm_job_id(job));
+    FILE *p = popen(cmd, "r");
+    cr_assert(p && fgets(line, sizeof line, p));
+    pclose(p);
+    cr_expect_str_eq(line, "UNLIMITED\n");
     dk_slurm_destroy(&job);
 }
 
