@@ -65,6 +65,7 @@ struct dk_dist_slurm_t {
     int world, per_node;
     char node_list[4096];
     char bc_addr[64];
+    char advertise[64];         /* advertise_addr=, "" if not given */
     char jobopt[64];
     char (*nodeopt)[300];       /* per rank: --nodelist=NODE */
     const char **hosts;         /* per rank: its node's name (the allocation's) */
@@ -85,6 +86,16 @@ int dk_dist_slurm_preflight(const dk_dist_opts_t *opts)
 {
     char err[2048], asked[64];
     what_asked(opts, asked, sizeof asked);
+    /* A given address is checked before Slurm is asked for anything (the
+     * route, when none is given, needs the nodes: dk_dist_slurm_spec). */
+    if ((opts->advertise_addr[0] || (getenv(DK_NETADDR_ENV) && *getenv(DK_NETADDR_ENV)))) {
+        char addr[64];
+        if (dk_netaddr_advertise(opts->advertise_addr, NULL, 0, addr, sizeof addr, err,
+                                 sizeof err) < 0) {
+            PyErr_Format(PyExc_ValueError, "%s: %s. No rank was started.", asked, err);
+            return -1;
+        }
+    }
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = dk_slurm_reachable(PREFLIGHT_TIMEOUT_S, err, sizeof err);
@@ -230,7 +241,9 @@ dk_dist_slurm_t *dk_dist_slurm_allocate(const dk_dist_opts_t *opts, int world, b
     if (!self) {
         dk_slurm_destroy(&alloc);
         PyErr_NoMemory();
+        return NULL;
     }
+    snprintf(self->advertise, sizeof self->advertise, "%s", opts->advertise_addr);
     return self;
 }
 
@@ -255,11 +268,23 @@ static int pick_master_port(void)
 int dk_dist_slurm_spec(dk_dist_slurm_t *self, const char *rank_exe, dk_job_spec_t *spec)
 {
     char err[1024];
-    const char *first = dk_slurm_node_addr(self->alloc, 0);
-    if (dk_netaddr_advertise(NULL, first, self->bc_addr, sizeof self->bc_addr, err,
-                             sizeof err) < 0) {
+    /* The nodes the run uses, in its order: the route to the first that is
+     * not this host gives the address (dk_netaddr_advertise). */
+    size_t count = dk_slurm_node_count(self->alloc);
+    size_t used = self->per_node > 0
+                      ? (size_t)((self->world + self->per_node - 1) / self->per_node) : count;
+    if (used > count)
+        used = count;
+    const char *nodes[64];
+    if (used > sizeof nodes / sizeof nodes[0])
+        used = sizeof nodes / sizeof nodes[0];
+    for (size_t i = 0; i < used; i++)
+        nodes[i] = dk_slurm_node_addr(self->alloc, i);
+    if (dk_netaddr_advertise(self->advertise, nodes, used, self->bc_addr, sizeof self->bc_addr,
+                             err, sizeof err) < 0) {
         PyErr_Format(PyExc_RuntimeError, "no address of this host reaches Slurm job %s's "
-                     "first node (%s): %s", dk_slurm_job_id(self->alloc), first, err);
+                     "nodes (%s, ...): %s", dk_slurm_job_id(self->alloc),
+                     used ? nodes[0] : "none", err);
         return -1;
     }
     snprintf(self->jobopt, sizeof self->jobopt, "--jobid=%s", dk_slurm_job_id(self->alloc));
@@ -279,7 +304,7 @@ int dk_dist_slurm_spec(dk_dist_slurm_t *self, const char *rank_exe, dk_job_spec_
     spec->rank_hosts = self->hosts;
     spec->rank_commands = self->cmds;
     spec->ranks_per_node = self->per_node;
-    spec->master_addr = first;
+    spec->master_addr = dk_slurm_node_addr(self->alloc, 0);
     spec->master_port = pick_master_port();
     spec->warm_socket = NULL;
     spec->heartbeat_s = heartbeat_s();

@@ -56,6 +56,8 @@ typedef struct {
     char qos[128];
     char constraint[256];
     char slurm_args[1024];      /* more salloc/srun options, as shell words */
+    char advertise_addr[64];    /* this host's address the nodes reach it by, numeric;
+                                   "": $DISTKERNEL_ADVERTISE_ADDR, else the route */
     double idle_timeout_s;      /* started ranks: end after this long idle; 0: never */
     bool idle_given;            /* idle_timeout= was given */
     bool warm;                  /* fork fresh runs' ranks from a warm-start template

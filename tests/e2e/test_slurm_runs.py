@@ -382,3 +382,29 @@ def test_options_salloc_refuses_are_a_clear_error_and_nothing_is_left(kernel, sl
     assert "--no-such-option" in evalue and "No rank was started" in evalue, evalue
     assert our_jobs(slurm_cluster) == []
     still_serves(kernel)
+
+
+@pytest.mark.timeout(300)
+def test_advertise_addr_in_the_cell_wins_over_its_variable(slurm_cluster, tmp_path):
+    # The variable names an address this host does not have (the channel could
+    # not listen there); the cell's option names the one the nodes reach.
+    login = slurm_cluster.login_addr
+    k = start(tmp_path, slurm_cluster, DISTKERNEL_ADVERTISE_ADDR="192.0.2.7")
+    try:
+        r = k.execute("%%distributed num_processes=2 nodes=2\n1\n", timeout=240)
+        assert r.status == "error" and r.content["ename"] == "ValueError", r.describe()
+        assert "No rank was started" in r.content["evalue"], r.describe()
+        assert ("DISTKERNEL_ADVERTISE_ADDR is 192.0.2.7, which is not an address of this host"
+                in r.content["evalue"]), r.describe()
+        assert wait_clean(slurm_cluster) == []
+        r = k.execute(f"%%distributed num_processes=2 nodes=2 advertise_addr={login}\n"
+                      "import os\nos.environ['SLURMD_NODENAME']\n", timeout=240)
+        assert r.status == "ok", r.describe()
+        assert r.result == "rank 0: 'node1'\nrank 1: 'node2'", r.describe()
+        r = k.execute("%%distributed num_processes=2 nodes=2 advertise_addr=login\n1\n")
+        assert r.status == "error" and r.content["ename"] == "ValueError", r.describe()
+        assert "advertise_addr must be a numeric" in r.content["evalue"], r.describe()
+        still_serves(k)
+    finally:
+        k.stop()
+    assert wait_clean(slurm_cluster) == []

@@ -752,6 +752,20 @@ Test(dist_opts, bad_slurm_values_are_refused_with_what_is_accepted)
     fails("bogus=1", "nodes, launcher, partition, account, qos, constraint, slurm_args", NULL);
 }
 
+Test(dist_opts, advertise_addr_is_a_numeric_address_of_this_host)
+{
+    no_slurm_env();
+    ok("nodes=2 num_processes=4");
+    cr_expect_str_eq(opts.advertise_addr, "");
+    ok("nodes=2 num_processes=4 advertise_addr=10.1.2.3");
+    cr_expect_str_eq(opts.advertise_addr, "10.1.2.3");
+    ok("nodes=2 num_processes=4 advertise_addr=fd00::7");
+    cr_expect_str_eq(opts.advertise_addr, "fd00::7");
+    fails("nodes=2 num_processes=4 advertise_addr=login1", "advertise_addr must be a numeric",
+          "'login1'", NULL);
+    fails("advertise_addr=10.0.0", "advertise_addr must be a numeric", NULL);
+}
+
 Test(dist_opts, slurm_defaults_come_from_the_environment_and_the_cell_wins)
 {
     no_slurm_env();
