@@ -7,6 +7,7 @@
  */
 #include "dk_dist_opts.h"
 #include "dk_err.h"
+#include "dk_slurm.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -577,6 +578,10 @@ static int opt_slurm_args(const char *name, const char *value, bool quoted, dk_d
                    "--mem=0\", got '%s'", sizeof o->slurm_args, value);
         return -1;
     }
+    /* Refused here, before anything of the run exists, rather than by salloc's
+     * caller once the log folder and the MLflow run do. */
+    if (dk_slurm_check_args(value, err, errlen) < 0)
+        return -1;
     snprintf(o->slurm_args, sizeof o->slurm_args, "%s", value);
     return 0;
 }

@@ -16,7 +16,9 @@
  * id. The only job this code does not cancel is one it did not ask for (the
  * allocation it runs inside). And a process killed outright (a kernel's
  * SIGKILL) cancels too: before salloc runs, a last word (dk_spawn_last_word)
- * is armed with `scancel --name=distkernel-<random>`; release disarms it.
+ * is armed with `scancel --name=distkernel-<random>`, replaced by `scancel
+ * ID` as soon as salloc says the id; release disarms it. The name cannot be
+ * changed from slurm_args (dk_slurm_check_args refuses -J).
  *
  * Bounded time. Every command has a deadline (command_timeout_s) enforced by
  * the same cancel callback; past it, the stop ladder with a short grace ends
@@ -58,6 +60,7 @@ struct dk_slurm_t {
      * releasing it (dk_spawn_last_word), so a SIGKILLed kernel leaves no job
      * in the queue nor an allocation held. -1 when none. */
     int last_word_pid, last_word_fd;
+    bool last_word_by_id;       /* `scancel ID` once the id is known */
 };
 
 /* ---- running one command ------------------------------------------------- */
@@ -88,6 +91,24 @@ static void on_stderr(void *data, const char *bytes, size_t len)
 }
 
 static void watch_wait(command_t *c);
+
+/* Once the job's id is known, the last word cancels by it: an id names this
+ * job alone, whatever its name turned out to be (a job_submit plugin may
+ * rename it). The last word by name is ended only once the new one is
+ * armed; if it cannot be, the old one stays. */
+static void last_word_by_id(dk_slurm_t *self)
+{
+    if (self->last_word_by_id || !self->job_id[0])
+        return;
+    char *scancel[] = {"scancel", self->job_id, NULL};
+    int pid = -1, fd = -1;
+    if (dk_spawn_last_word(scancel, &pid, &fd, NULL, 0) < 0)
+        return;
+    dk_spawn_sentinel_end(&self->last_word_pid, &self->last_word_fd);
+    self->last_word_pid = pid;
+    self->last_word_fd = fd;
+    self->last_word_by_id = true;
+}
 
 static bool should_stop(void *data)
 {
@@ -305,6 +326,7 @@ static void watch_wait(command_t *c)
     /* Slurm took the request: from here on it waits in the queue, which the
      * wait limit bounds, not the command's deadline. */
     c->deadline = 1e300;
+    last_word_by_id(c->job);
     if (now < c->next_poll)
         return;
     c->next_poll = now + POLL_EVERY_S;
@@ -334,12 +356,15 @@ static void unique_name(char *name, size_t len)
 
 /* salloc's argument list for REQ, TIME_LIMIT its --time ("": none); NULL with
  * ERR. The site's or user's extra_args come last: an option there (a --time
- * of their own) wins over ours. */
+ * of their own) wins over ours, except those dk_slurm_check_args refuses
+ * (the job's name and shape), which nothing may change. */
 static char **salloc_args(const dk_slurm_request_t *req, const char *name,
                           const char *time_limit, char *err, size_t errlen)
 {
     char **extra = NULL;
     size_t nextra = 0;
+    if (req->extra_args && dk_slurm_check_args(req->extra_args, err, errlen) < 0)
+        return NULL;
     if (req->extra_args &&
         dk_slurm_split_words(req->extra_args, &extra, &nextra, err, errlen) < 0)
         return NULL;
@@ -572,6 +597,7 @@ static dk_slurm_t *request(const dk_slurm_request_t *req, int *cancelled, char *
                    said_text(&c));
         goto fail;
     }
+    last_word_by_id(self);
     dk_slurm_squeue_t q;
     int found = squeue_job(self, &q, err, errlen);
     if (found == 0)

@@ -121,6 +121,16 @@ void dk_slurm_names_free(char **names, size_t count);
 int dk_slurm_split_words(const char *text, char ***words, size_t *count, char *err,
                          size_t errlen);
 
+/* Whether TEXT, more salloc options as shell words (slurm_args), leaves alone
+ * what distkernel relies on: the job's name (-J, --job-name: the request is
+ * found and cancelled by it, even after the kernel is SIGKILLed) and its shape
+ * (-N, --nodes, -n, --ntasks, --ntasks-per-node: the ranks are placed by it).
+ * Long options are refused also as the prefixes salloc accepts for them
+ * ("--job-n"), short ones also run together ("-vN2"). Returns 0, or -1 with
+ * ERR naming the option, why it is refused and what to give instead (an
+ * unterminated quote is also -1). */
+int dk_slurm_check_args(const char *text, char *err, size_t errlen);
+
 /* One line of `squeue -h -o '%i|%T|%r|%N'` into its fields (each NUL-terminated
  * and truncated to its buffer). Returns 0, or -1 when LINE is not such a line. */
 typedef struct {

@@ -149,6 +149,36 @@ Test(slurm_text, salloc_says_the_job_id_pending_queued_or_granted)
                                          id, sizeof id));
 }
 
+static void expect_refused(const char *args, const char *option)
+{
+    char err[1024] = "";
+    cr_expect_eq(dk_slurm_check_args(args, err, sizeof err), -1, "%s accepted", args);
+    cr_expect(strstr(err, option), "%s: %s", args, err);
+}
+
+Test(slurm_text, extra_args_may_not_name_the_job_nor_shape_it)
+{
+    expect_refused("-J exp1", "may not set --job-name (-J), as '-J' does");
+    expect_refused("-Jexp1", "--job-name");
+    expect_refused("--job-name=exp1", "--job-name");
+    expect_refused("--exclusive --job-name exp1", "--job-name");
+    expect_refused("--job-n=exp1", "--job-name");         /* salloc's prefix */
+    expect_refused("-N 2", "may not set --nodes (-N)");
+    expect_refused("-N2", "--nodes");
+    expect_refused("--nodes=1-3", "--nodes");
+    expect_refused("-vN2", "--nodes");                    /* run together */
+    expect_refused("-n 4", "may not set --ntasks (-n)");
+    expect_refused("--ntasks=4", "--ntasks");
+    expect_refused("--ntasks-per-node=2", "may not set --ntasks-per-node, as");
+    expect_refused("--ntasks-per-n 2", "--ntasks-per-node");
+    char err[1024] = "";
+    const char *fine[] = {"", "--exclusive --mem=0", "--ntasks-per-core=1", "--nodelist=n1",
+                          "-pdebugN", "-w node1", "--comment='-J x'", "--gres=gpu:8", NULL};
+    for (int i = 0; fine[i]; i++)
+        cr_expect_eq(dk_slurm_check_args(fine[i], err, sizeof err), 0, "%s: %s", fine[i], err);
+    cr_expect_eq(dk_slurm_check_args("--comment='open", err, sizeof err), -1);
+}
+
 /* ---- slurm_fake ----------------------------------------------------------- */
 
 static char fakedir[256];
@@ -303,6 +333,62 @@ Test(slurm_fake, the_longest_time_is_the_partitions_and_extra_args_still_win)
     cr_assert_null(dk_slurm_allocate(&dflt, NULL, err, sizeof err));
     log = calls();
     cr_expect(strstr(log, " --ntasks-per-node=1 --time=1:00:00\n"), "%s", log);
+}
+
+Test(slurm_fake, salloc_never_gets_a_job_name_or_shape_from_extra_args)
+{
+    fake_slurm(NULL, "echo 'salloc: Granted job allocation 7' >&2", NULL);
+    dk_slurm_request_t req = {.nodes = 1, .tasks_per_node = 1, .extra_args = "-J mine"};
+    char err[1024] = "";
+    cr_assert_null(dk_slurm_allocate(&req, NULL, err, sizeof err));
+    cr_expect(strstr(err, "may not set --job-name"), "%s", err);
+    cr_expect_null(strstr(calls(), "salloc"), "%s", calls());
+}
+
+static int id_fd = -1;
+
+static void tell_id(void *data, const char *id, const char *state, const char *reason)
+{
+    (void) data, (void) state, (void) reason;
+    if (id_fd >= 0) {
+        dprintf(id_fd, "%s\n", id);
+        close(id_fd);
+        id_fd = -1;
+    }
+}
+
+Test(slurm_fake, once_the_id_is_known_a_killed_owner_cancels_by_id)
+{
+    fake_slurm(NULL, "echo 'salloc: Pending job allocation 4242' >&2; sleep 30",
+               "echo '4242|PENDING|Priority|'");
+    int p[2];
+    cr_assert_eq(pipe(p), 0);
+    pid_t h = fork();
+    cr_assert_geq(h, 0);
+    if (h == 0) {
+        close(p[0]);
+        id_fd = p[1];
+        dk_slurm_request_t req = {.nodes = 1, .tasks_per_node = 1, .on_wait = tell_id};
+        char err[1024];
+        dk_slurm_allocate(&req, NULL, err, sizeof err);
+        _exit(3);
+    }
+    close(p[1]);
+    char id[32] = "";
+    FILE *f = fdopen(p[0], "r");
+    cr_assert(f);
+    bool got = fgets(id, sizeof id, f) != NULL;
+    fclose(f);
+    kill(h, SIGKILL);
+    waitpid(h, NULL, 0);
+    cr_assert(got, "the owner said no id");
+    bool by_id = false;
+    for (int i = 0; i < 100 && !by_id; i++) {
+        by_id = strstr(calls(), "scancel 4242\n") != NULL;
+        usleep(50000);
+    }
+    cr_expect(by_id, "%s", calls());
+    cr_expect_null(strstr(calls(), "scancel --name"), "%s", calls());
 }
 
 /* ---- slurm_cluster -------------------------------------------------------- */
