@@ -153,6 +153,15 @@ static dk_slurm_request_t request_for(const dk_dist_opts_t *opts, int world, boo
         double limit = opts->timeout_s + TIME_LIMIT_MARGIN_S;
         req.time_limit_s = 60.0 * (double)(long)((limit + 59.999) / 60.0);
         req.wait_s = opts->timeout_s;
+        /* The default timeout is no one's wish: on a partition whose MaxTime
+         * is shorter (a 30-minute debug partition) the run gets that rather
+         * than a request that waits for ever. A timeout= given is the
+         * user's: over the MaxTime, the wait ends at once saying so. */
+        req.clamp_time = !opts->timeout_given;
+    } else {
+        /* timeout=None: no end of ours, so the longest Slurm allows, not the
+         * partition's DefaultTime, which would end the ranks as failures. */
+        req.longest_time = true;
     }
     return req;
 }
@@ -172,8 +181,19 @@ static void allocation_error(const dk_dist_opts_t *opts, const waiter_t *w, int 
         char timeout[32];       /* PyErr_Format knows no %g */
         snprintf(timeout, sizeof timeout, "%g", opts->timeout_s);
         PyErr_Format(PyExc_TimeoutError, "%s: timeout=%s passed while waiting for Slurm's nodes: "
-                     "%s. No rank was started. Ask for a partition with free nodes, or a longer "
-                     "timeout=.", asked, timeout, err);
+                     "%s. No rank was started. Ask for a partition with free nodes "
+                     "(partition=), or fewer nodes.", asked, timeout, err);
+    }
+    else if (stopped == 3) {
+        /* The time limit asked for is timeout= plus the margin: a shorter
+         * timeout= is what makes it fit. */
+        char timeout[32];
+        snprintf(timeout, sizeof timeout, "%g", opts->timeout_s);
+        PyErr_Format(PyExc_RuntimeError, "%s: Slurm will not run the request: %s. No rank was "
+                     "started. The allocation asks for timeout= (%s s%s) plus %d minutes: give a "
+                     "shorter timeout=, or a %s whose limit allows it.", asked, err, timeout,
+                     opts->timeout_given ? "" : ", the default", (int)(TIME_LIMIT_MARGIN_S / 60),
+                     strstr(err, "MaxWall") ? "qos= (or account=)" : "partition=");
     }
     else
         PyErr_Format(PyExc_RuntimeError, "%s: Slurm gave no nodes: %s. No rank was started.",

@@ -367,6 +367,7 @@ static int opt_accelerator_type(const char *name, const char *value, bool quoted
 static int opt_timeout(const char *name, const char *value, bool quoted, dk_dist_opts_t *o,
                        char *err, size_t errlen)
 {
+    o->timeout_given = true;
     if (!quoted && strcmp(value, "None") == 0) {
         o->timeout_s = 0;
         return 0;

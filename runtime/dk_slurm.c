@@ -91,6 +91,7 @@ static void on_stderr(void *data, const char *bytes, size_t len)
 }
 
 static void watch_wait(command_t *c);
+static void note_state(command_t *c, const dk_slurm_squeue_t *q);
 
 /* Once the job's id is known, the last word cancels by it: an id names this
  * job alone, whatever its name turned out to be (a job_submit plugin may
@@ -331,13 +332,26 @@ static void watch_wait(command_t *c)
         return;
     c->next_poll = now + POLL_EVERY_S;
     dk_slurm_squeue_t q;
-    if (squeue_job(c->job, &q, NULL, 0) == 1 &&
-        (strcmp(q.state, c->state) || strcmp(q.reason, c->reason))) {
-        snprintf(c->state, sizeof c->state, "%s", q.state);
-        snprintf(c->reason, sizeof c->reason, "%s", q.reason);
+    if (squeue_job(c->job, &q, NULL, 0) == 1)
+        note_state(c, &q);
+}
+
+/* Q, the job's line while it waits: reported when its state or reason
+ * changed; a reason that cannot change while it waits ends the wait. */
+static void note_state(command_t *c, const dk_slurm_squeue_t *q)
+{
+    const dk_slurm_request_t *req = c->req;
+    if (strcmp(q->state, c->state) || strcmp(q->reason, c->reason)) {
+        snprintf(c->state, sizeof c->state, "%s", q->state);
+        snprintf(c->reason, sizeof c->reason, "%s", q->reason);
         if (req->on_wait)
-            req->on_wait(req->data, c->job->job_id, q.state, q.reason);
+            req->on_wait(req->data, c->job->job_id, q->state, q->reason);
     }
+    /* Over a partition's MaxTime or a QOS's MaxWall, a job waits for ever
+     * where the site does not enforce the limits at submission (Slurm's
+     * default): say so now rather than at the end of the wait. */
+    if (strcmp(q->state, "PENDING") == 0 && dk_slurm_time_limit_reason(q->reason))
+        c->stop = 3;
 }
 
 static void unique_name(char *name, size_t len)
@@ -521,18 +535,28 @@ static int request_time_limit(const dk_slurm_request_t *req, dk_slurm_t *self, c
     if (req->time_limit_s > 0) {
         long s = (long) (req->time_limit_s + 0.999);
         snprintf(self->time_limit, sizeof self->time_limit, "%ld:%02ld", s / 60, s % 60);
+        if (!req->clamp_time)
+            return 0;
+    } else if (!req->longest_time) {
         return 0;
     }
-    if (!req->longest_time)
-        return 0;
     command_t c = {0};
     static const char *const args[] = {"-h", "-o", "%P %l", NULL};
     char *out = NULL;
+    char max[sizeof self->time_limit];
     int rc = run("sinfo", args, self->timeout_s, &c, &out, err, errlen);
-    bool found = rc == 0 && out &&
-                 dk_slurm_partition_limit(out, req->partition, self->time_limit,
-                                          sizeof self->time_limit);
+    bool found = rc == 0 && out && dk_slurm_partition_limit(out, req->partition, max, sizeof max);
     free(out);
+    if (req->time_limit_s > 0) {
+        /* Clamping is a courtesy: where sinfo cannot say, the wish stands
+         * (and a limit Slurm refuses ends the wait at once, watch_wait). */
+        long longest = found ? dk_slurm_time_s(max) : -1;
+        if (longest > 0 && longest < (long) (req->time_limit_s + 0.999))
+            snprintf(self->time_limit, sizeof self->time_limit, "%s", max);
+        return 0;
+    }
+    if (found)
+        snprintf(self->time_limit, sizeof self->time_limit, "%s", max);
     if (rc < 0)
         return -1;
     if (rc != 0) {
@@ -572,19 +596,8 @@ static dk_slurm_t *request(const dk_slurm_request_t *req, int *cancelled, char *
         c.wait_end = dk_now_s() + req->wait_s;
     int rc = run("salloc", (const char *const *) args, self->timeout_s, &c, NULL, err, errlen);
     free_args(args);
-    if (c.stop) {
-        if (cancelled)
-            *cancelled = c.stop;
-        if (c.stop == 1)
-            dk_set_err(err, errlen, "the Slurm request%s%s was cancelled while %s%s%s",
-                       self->job_id[0] ? " " : "", self->job_id,
-                       c.state[0] ? c.state : "waiting", c.reason[0] ? ": " : "", c.reason);
-        else
-            dk_set_err(err, errlen, "Slurm did not grant the request%s%s within %.0f s (%s%s%s); "
-                       "it was cancelled", self->job_id[0] ? " " : "", self->job_id, req->wait_s,
-                       c.state[0] ? c.state : "waiting", c.reason[0] ? ": " : "", c.reason);
-        goto fail;
-    }
+    if (c.stop)
+        goto stopped;
     if (rc != 0) {
         if (rc > 0)
             dk_set_err(err, errlen, "salloc could not allocate %d node%s: %s", req->nodes,
@@ -600,6 +613,24 @@ static dk_slurm_t *request(const dk_slurm_request_t *req, int *cancelled, char *
     last_word_by_id(self);
     dk_slurm_squeue_t q;
     int found = squeue_job(self, &q, err, errlen);
+    /* Granted is not yet running where nodes boot first (power saving, cloud
+     * nodes) or a prolog runs at allocation (PrologFlags=Alloc): the job is
+     * CONFIGURING, and waited for within the same wait as the queue. */
+    while (found == 1 && strcmp(q.state, "CONFIGURING") == 0) {
+        note_state(&c, &q);
+        double next = dk_now_s() + POLL_EVERY_S;
+        while (!c.stop && dk_now_s() < next) {
+            if (req->cancelled && req->cancelled(req->data))
+                c.stop = 1;
+            else if (c.wait_end > 0 && dk_now_s() >= c.wait_end)
+                c.stop = 2;
+            else
+                usleep(100000);
+        }
+        if (c.stop)
+            goto stopped;
+        found = squeue_job(self, &q, err, errlen);
+    }
     if (found == 0)
         dk_set_err(err, errlen, "Slurm job %s ended right after it was granted", self->job_id);
     if (found != 1)
@@ -612,6 +643,23 @@ static dk_slurm_t *request(const dk_slurm_request_t *req, int *cancelled, char *
     if (learn_nodes(self, q.nodes, err, errlen) < 0)
         goto fail;
     return self;
+stopped:
+    if (cancelled)
+        *cancelled = c.stop;
+    if (c.stop == 1)
+        dk_set_err(err, errlen, "the Slurm request%s%s was cancelled while %s%s%s",
+                   self->job_id[0] ? " " : "", self->job_id,
+                   c.state[0] ? c.state : "waiting", c.reason[0] ? ": " : "", c.reason);
+    else if (c.stop == 2)
+        dk_set_err(err, errlen, "Slurm did not grant the request%s%s within %.0f s (%s%s%s); "
+                   "it was cancelled", self->job_id[0] ? " " : "", self->job_id, req->wait_s,
+                   c.state[0] ? c.state : "waiting", c.reason[0] ? ": " : "", c.reason);
+    else
+        dk_set_err(err, errlen, "Slurm will not run job %s: its time limit (%s) is over a "
+                   "limit of %s (PENDING: %s); it was cancelled", self->job_id,
+                   self->time_limit[0] ? self->time_limit : "the partition's default",
+                   strstr(c.reason, "MaxWall") ? "its QOS or account" : "the partition",
+                   c.reason);
 fail:
     dk_slurm_destroy(&self);       /* cancels it, by id or by name */
     return NULL;

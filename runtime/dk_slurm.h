@@ -49,6 +49,11 @@ typedef struct {
      * short for jobs that name no limit. For an allocation that lives as long
      * as its user keeps it (started ranks), released by its owner. */
     bool longest_time;
+    /* With time_limit_s > 0: the limit is a wish, not the user's (no
+     * timeout= was given). Where the partition's MaxTime (from sinfo) is
+     * shorter, ask for that instead: a request over it would wait in the
+     * queue for ever where the site does not enforce partition limits. */
+    bool clamp_time;
     double wait_s;              /* the longest wait in the queue; <= 0: no limit */
     double command_timeout_s;   /* each command's deadline; <= 0: DK_SLURM_COMMAND_TIMEOUT_S */
     /* Called when the request's state or Slurm's reason changes while it waits
@@ -70,8 +75,12 @@ int dk_slurm_reachable(double timeout_s, char *err, size_t errlen);
  * (REQ->nodes must fit it), else a new one from salloc, waited for (REQ's
  * callbacks say how the wait goes). Returns the allocation, its node list
  * known, or NULL with ERR (Slurm's own words included); on NULL no job of this
- * request is left in Slurm's queue. When the wait was cancelled or passed
- * REQ->wait_s, *CANCELLED (may be NULL) says which: 1 cancelled, 2 wait_s. */
+ * request is left in Slurm's queue. A job that is CONFIGURING once granted
+ * (nodes booting, a prolog) is waited for until RUNNING, within the same
+ * wait. When the wait was cancelled, passed REQ->wait_s, or cannot end
+ * because a limit of Slurm's refuses the request's time limit (a reason
+ * dk_slurm_time_limit_reason knows), *CANCELLED (may be NULL) says which: 1
+ * cancelled, 2 wait_s, 3 the time limit. */
 dk_slurm_t *dk_slurm_allocate(const dk_slurm_request_t *req, int *cancelled, char *err,
                               size_t errlen);
 
@@ -148,6 +157,17 @@ int dk_slurm_parse_squeue(const char *line, dk_slurm_squeue_t *out);
  * its limit is "n/a". */
 bool dk_slurm_partition_limit(const char *text, const char *partition, char *out,
                               size_t outlen);
+
+/* Whether Slurm's REASON for a pending job says its time limit is over a
+ * limit that will not change while it waits: the partition's MaxTime
+ * ("PartitionTimeLimit"), a QOS's or association's MaxWall
+ * ("QOSMaxWallDurationPerJobLimit", "AssocMaxWallDurationPerJobLimit"). */
+bool dk_slurm_time_limit_reason(const char *reason);
+
+/* A Slurm time as sinfo and squeue write it ("30:00", "1:00:00",
+ * "2-00:00:00", "5", "2-12") in seconds; -1 for "infinite", "UNLIMITED" or
+ * what is not such a time. */
+long dk_slurm_time_s(const char *text);
 
 /* The job id in salloc's words on stderr ("salloc: Pending job allocation 12",
  * "salloc: Granted job allocation 12", "salloc: job 12 queued and waiting for

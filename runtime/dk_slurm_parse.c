@@ -260,6 +260,52 @@ bool dk_slurm_salloc_job_id(const char *text, char *id, size_t idlen)
     return false;
 }
 
+bool dk_slurm_time_limit_reason(const char *reason)
+{
+    size_t n = strlen(reason), tail = strlen("TimeLimit");
+    return (n >= tail && strcmp(reason + n - tail, "TimeLimit") == 0) ||
+           strstr(reason, "MaxWall") != NULL;
+}
+
+long dk_slurm_time_s(const char *text)
+{
+    /* [days-]hours[:minutes[:seconds]] with a day, else
+     * minutes[:seconds] or hours:minutes:seconds */
+    long v[4];
+    int n = 0;
+    long days = -1;
+    const char *p = text;
+    if (!isdigit((unsigned char) *p))
+        return -1;
+    while (n < 4) {
+        char *end;
+        long x = strtol(p, &end, 10);
+        if (end == p || x < 0 || x > 1000000)
+            return -1;
+        if (*end == '-' && days < 0 && n == 0) {
+            days = x;
+            p = end + 1;
+            continue;
+        }
+        v[n++] = x;
+        if (*end == '\0')
+            break;
+        if (*end != ':')
+            return -1;
+        p = end + 1;
+    }
+    if (n == 0 || n > 3 || *p == '\0')
+        return -1;
+    long s;
+    if (days >= 0)
+        s = days * 86400 + v[0] * 3600 + (n > 1 ? v[1] * 60 : 0) + (n > 2 ? v[2] : 0);
+    else if (n == 3)
+        s = v[0] * 3600 + v[1] * 60 + v[2];
+    else
+        s = v[0] * 60 + (n > 1 ? v[1] : 0);
+    return s;
+}
+
 /* ---- slurm_args ------------------------------------------------------------ */
 
 /* The options slurm_args may not give, and why. */

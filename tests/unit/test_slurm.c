@@ -149,6 +149,33 @@ Test(slurm_text, salloc_says_the_job_id_pending_queued_or_granted)
                                          id, sizeof id));
 }
 
+Test(slurm_text, slurm_times_are_read_in_seconds)
+{
+    cr_expect_eq(dk_slurm_time_s("30:00"), 1800);
+    cr_expect_eq(dk_slurm_time_s("5"), 300);
+    cr_expect_eq(dk_slurm_time_s("1:00:00"), 3600);
+    cr_expect_eq(dk_slurm_time_s("2-00:00:00"), 172800);
+    cr_expect_eq(dk_slurm_time_s("1-02"), 93600);
+    cr_expect_eq(dk_slurm_time_s("1-02:30"), 95400);
+    cr_expect_eq(dk_slurm_time_s("185:00"), 11100);
+    cr_expect_eq(dk_slurm_time_s("infinite"), -1);
+    cr_expect_eq(dk_slurm_time_s("UNLIMITED"), -1);
+    cr_expect_eq(dk_slurm_time_s("n/a"), -1);
+    cr_expect_eq(dk_slurm_time_s("1:"), -1);
+    cr_expect_eq(dk_slurm_time_s("1:2:3:4"), -1);
+    cr_expect_eq(dk_slurm_time_s(""), -1);
+}
+
+Test(slurm_text, reasons_that_a_time_limit_never_gets_past)
+{
+    cr_expect(dk_slurm_time_limit_reason("PartitionTimeLimit"));
+    cr_expect(dk_slurm_time_limit_reason("QOSMaxWallDurationPerJobLimit"));
+    cr_expect(dk_slurm_time_limit_reason("AssocMaxWallDurationPerJobLimit"));
+    cr_expect_not(dk_slurm_time_limit_reason("Resources"));
+    cr_expect_not(dk_slurm_time_limit_reason("PartitionDown"));
+    cr_expect_not(dk_slurm_time_limit_reason("Priority"));
+}
+
 static void expect_refused(const char *args, const char *option)
 {
     char err[1024] = "";
@@ -343,6 +370,108 @@ Test(slurm_fake, salloc_never_gets_a_job_name_or_shape_from_extra_args)
     cr_assert_null(dk_slurm_allocate(&req, NULL, err, sizeof err));
     cr_expect(strstr(err, "may not set --job-name"), "%s", err);
     cr_expect_null(strstr(calls(), "salloc"), "%s", calls());
+}
+
+Test(slurm_fake, a_wished_time_limit_is_clamped_to_the_partitions_max_time)
+{
+    const char *sinfo = "echo 'sim* infinite'; echo 'debug 30:00'";
+    fake_slurm(sinfo, "echo 'salloc: error: no' >&2; exit 1", NULL);
+    dk_slurm_request_t req = {.nodes = 1, .tasks_per_node = 1, .partition = "debug",
+                              .time_limit_s = 11100, .clamp_time = true};
+    char err[1024] = "";
+    cr_assert_null(dk_slurm_allocate(&req, NULL, err, sizeof err));
+    cr_expect(strstr(calls(), " --partition=debug --time=30:00\n"), "%s", calls());
+
+    /* under the MaxTime, or on a partition without one: the wish stands */
+    fake_slurm(sinfo, "echo 'salloc: error: no' >&2; exit 1", NULL);
+    req.time_limit_s = 600;
+    cr_assert_null(dk_slurm_allocate(&req, NULL, err, sizeof err));
+    cr_expect(strstr(calls(), " --time=10:00\n"), "%s", calls());
+    fake_slurm(sinfo, "echo 'salloc: error: no' >&2; exit 1", NULL);
+    req.partition = NULL;
+    req.time_limit_s = 11100;
+    cr_assert_null(dk_slurm_allocate(&req, NULL, err, sizeof err));
+    cr_expect(strstr(calls(), " --time=185:00\n"), "%s", calls());
+
+    /* a limit the user gave is not clamped */
+    fake_slurm(sinfo, "echo 'salloc: error: no' >&2; exit 1", NULL);
+    dk_slurm_request_t given = {.nodes = 1, .tasks_per_node = 1, .partition = "debug",
+                                .time_limit_s = 11100};
+    cr_assert_null(dk_slurm_allocate(&given, NULL, err, sizeof err));
+    cr_expect(strstr(calls(), " --partition=debug --time=185:00\n"), "%s", calls());
+    cr_expect_null(strstr(calls(), "sinfo"), "%s", calls());
+}
+
+Test(slurm_fake, a_request_over_a_time_limit_fails_at_once_and_is_cancelled)
+{
+    fake_slurm(NULL, "echo 'salloc: Pending job allocation 77' >&2; sleep 30",
+               "echo '77|PENDING|PartitionTimeLimit|'");
+    dk_slurm_request_t req = {.nodes = 1, .tasks_per_node = 1, .time_limit_s = 3600,
+                              .wait_s = 60};
+    char err[1024] = "";
+    int why = 0;
+    double t0 = dk_now_s();
+    cr_assert_null(dk_slurm_allocate(&req, &why, err, sizeof err));
+    cr_expect_lt(dk_now_s() - t0, 20.0);
+    cr_expect_eq(why, 3);
+    cr_expect(strstr(err, "Slurm will not run job 77: its time limit (60:00) is over a limit "
+                          "of the partition (PENDING: PartitionTimeLimit)"), "%s", err);
+    cr_expect(strstr(calls(), "scancel 77"), "%s", calls());
+}
+
+/* squeue that says CONFIGURING to its first N calls, then RUNNING on node1
+ * (or CONFIGURING for ever when N is 0). */
+static void configuring_squeue(int n)
+{
+    char squeue[512];
+    fake_slurm(NULL, NULL, NULL);       /* fakedir, for the script's count */
+    if (n)
+        snprintf(squeue, sizeof squeue,
+                 "c=$(grep -c '^squeue' %s/calls); if [ \"$c\" -le %d ]; then "
+                 "echo '55|CONFIGURING|None|node1'; else echo '55|RUNNING|None|node1'; fi",
+                 fakedir, n);
+    else
+        snprintf(squeue, sizeof squeue, "echo '55|CONFIGURING|None|node1'");
+    fake_slurm("echo 'node1|10.9.9.1'", "echo 'salloc: Granted job allocation 55' >&2", squeue);
+}
+
+static char states_seen[256];
+
+static void note_wait(void *data, const char *id, const char *state, const char *reason)
+{
+    (void) data, (void) id, (void) reason;
+    strncat(states_seen, state, sizeof states_seen - strlen(states_seen) - 2);
+    strcat(states_seen, " ");
+}
+
+Test(slurm_fake, a_job_configuring_once_granted_is_waited_for_until_running)
+{
+    configuring_squeue(2);
+    states_seen[0] = '\0';
+    dk_slurm_request_t req = {.nodes = 1, .tasks_per_node = 1, .wait_s = 60,
+                              .on_wait = note_wait};
+    char err[1024] = "";
+    dk_slurm_t *job = dk_slurm_allocate(&req, NULL, err, sizeof err);
+    cr_assert_not_null(job, "%s", err);
+    cr_expect_str_eq(dk_slurm_job_id(job), "55");
+    cr_assert_eq(dk_slurm_node_count(job), 1);
+    cr_expect_str_eq(dk_slurm_node_addr(job, 0), "10.9.9.1");
+    cr_expect(strstr(states_seen, "CONFIGURING "), "%s", states_seen);
+    dk_slurm_destroy(&job);
+    cr_expect(strstr(calls(), "scancel 55"), "%s", calls());
+}
+
+Test(slurm_fake, a_job_configuring_for_ever_ends_with_the_wait)
+{
+    configuring_squeue(0);
+    dk_slurm_request_t req = {.nodes = 1, .tasks_per_node = 1, .wait_s = 1.5};
+    char err[1024] = "";
+    int why = 0;
+    cr_assert_null(dk_slurm_allocate(&req, &why, err, sizeof err));
+    cr_expect_eq(why, 2);
+    cr_expect(strstr(err, "did not grant the request 55 within 2 s (CONFIGURING: None)"), "%s",
+              err);
+    cr_expect(strstr(calls(), "scancel 55"), "%s", calls());
 }
 
 static int id_fd = -1;
