@@ -10,6 +10,10 @@
  * Each rank is its own step (`srun --nodes=1 --ntasks=1 --nodelist=NODE`),
  * not one srun for all: the runtime watches, signals and judges each rank's
  * launcher as it does a local rank, and a failure on one node is that rank's.
+ * The price is that srun tells each rank of a one-task step (SLURM_PROCID=0,
+ * SLURM_NTASKS=1): the ranks get the run's node lists in their environment
+ * and rewrite those variables to the whole run's before any Python runs
+ * (runtime/dk_slurm_rank.c, from distkernel-rank's main).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -17,6 +21,7 @@
 #include "dk_dist_slurm.h"
 #include "dk_netaddr.h"
 #include "dk_slurm.h"
+#include "dk_spawn.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -70,6 +75,7 @@ struct dk_dist_slurm_t {
     const char **hosts;         /* per rank: its node's name (the allocation's) */
     const char *(*cmd)[CMD_WORDS];
     const char *const **cmds;   /* per rank: cmd[r] */
+    char **env;                 /* the ranks' base environment: the run's node lists added */
 };
 
 /* "nodes=2", "remote=True / launcher=slurm": what asked for Slurm, for messages. */
@@ -295,6 +301,37 @@ int dk_dist_slurm_spec(dk_dist_slurm_t *self, const char *rank_exe, dk_job_spec_
         memcpy(self->cmd[r], argv, sizeof argv);
         self->cmds[r] = self->cmd[r];
     }
+    /* The node lists each rank's SLURM_* variables are rewritten from
+     * (dk_slurm_rank.c): srun tells a one-task step only its own node. */
+    char *lists[2] = {NULL, NULL};
+    size_t lens[2];
+    FILE *f[2] = {open_memstream(&lists[0], &lens[0]), open_memstream(&lists[1], &lens[1])};
+    int run_nodes = self->world / self->per_node;
+    bool ok = f[0] && f[1];
+    if (ok) {
+        fputs(DK_SLURM_RUN_NODES_ENV "=", f[0]);
+        fputs(DK_SLURM_JOB_NODES_ENV "=", f[1]);
+    }
+    for (size_t i = 0; ok && i < dk_slurm_node_count(self->alloc); i++) {
+        const char *name = dk_slurm_node_name(self->alloc, i);
+        if ((int)i < run_nodes)
+            fprintf(f[0], "%s%s", i ? "," : "", name);
+        fprintf(f[1], "%s%s", i ? "," : "", name);
+    }
+    for (int i = 0; i < 2; i++)
+        if (f[i] && fclose(f[i]) != 0)
+            ok = false;
+    dk_spawn_env_free(self->env);
+    self->env = ok ? dk_spawn_env_build(spec->env ? spec->env : (const char *const *)environ,
+                                        (const char *const *)lists, 2)
+                   : NULL;
+    free(lists[0]);
+    free(lists[1]);
+    if (!self->env) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    spec->env = (const char *const *)self->env;
     spec->bc_tcp_addr = self->bc_addr;
     spec->rank_hosts = self->hosts;
     spec->rank_commands = self->cmds;
@@ -348,6 +385,7 @@ void dk_dist_slurm_destroy(dk_dist_slurm_t **self_p)
                     dk_slurm_job_id(self->alloc), err);
         dk_slurm_destroy(&self->alloc);
     }
+    dk_spawn_env_free(self->env);
     free(self->nodeopt);
     free(self->hosts);
     free(self->cmd);

@@ -174,4 +174,27 @@ long dk_slurm_time_s(const char *text);
  * resources"), copied into ID; false when TEXT holds none. */
 bool dk_slurm_salloc_job_id(const char *text, char *id, size_t idlen);
 
+/* ---- a rank's SLURM_* variables (dk_slurm_rank.c), pure ------------------ */
+
+/* Set by the Slurm launcher for each rank: the run's nodes, in node order
+ * (GROUP_RANK indexes them), and the allocation's, both comma-separated. */
+#define DK_SLURM_RUN_NODES_ENV "DISTKERNEL_SLURM_RUN_NODES"
+#define DK_SLURM_JOB_NODES_ENV "DISTKERNEL_SLURM_JOB_NODES"
+
+/* The SLURM_* variables a rank of a run over Slurm must see so that Slurm-aware
+ * code finds the run's world, not its own one-task step: "NAME=VALUE" words
+ * (free with dk_slurm_names_free) for SLURM_PROCID (RANK), SLURM_LOCALID
+ * (LOCAL_RANK), SLURM_NODEID (GROUP_RANK), SLURM_NTASKS, SLURM_NPROCS and
+ * SLURM_STEP_NUM_TASKS (WORLD_SIZE), SLURM_NNODES and SLURM_STEP_NUM_NODES
+ * (the run's nodes), SLURM_JOB_NUM_NODES (the allocation's),
+ * SLURM_TASKS_PER_NODE and SLURM_STEP_TASKS_PER_NODE ("4(x2)"),
+ * SLURM_NTASKS_PER_NODE, SLURM_STEP_NODELIST (the run's nodes),
+ * SLURM_JOB_NODELIST and SLURM_NODELIST (the allocation's), SLURM_GTIDS (the
+ * node's ranks) and SLURM_DISTRIBUTION=block; all from ENV (an environment
+ * array). Returns 0 with *COUNT 0 where ENV is not such a rank's (no
+ * DK_SLURM_RUN_NODES_ENV, or no SLURM_STEP_ID: not started by srun), or -1
+ * with ERR when the runtime's variables are missing or do not add up. */
+int dk_slurm_rank_env(const char *const *env, char ***words, size_t *count, char *err,
+                      size_t errlen);
+
 #endif

@@ -176,6 +176,77 @@ Test(slurm_text, reasons_that_a_time_limit_never_gets_past)
     cr_expect_not(dk_slurm_time_limit_reason("Priority"));
 }
 
+/* The value of NAME among WORDS ("NAME=VALUE"), or NULL. */
+static const char *word_value(char **words, size_t n, const char *name)
+{
+    size_t len = strlen(name);
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(words[i], name, len) == 0 && words[i][len] == '=')
+            return words[i] + len + 1;
+    return NULL;
+}
+
+Test(slurm_text, a_ranks_slurm_variables_describe_the_run_not_its_step)
+{
+    /* rank 5 of 8, 4 on each of 2 nodes, in an allocation of 3 */
+    const char *env[] = {"RANK=5", "LOCAL_RANK=1", "GROUP_RANK=1", "WORLD_SIZE=8",
+                         "LOCAL_WORLD_SIZE=4", "SLURM_STEP_ID=7", "SLURM_PROCID=0",
+                         DK_SLURM_RUN_NODES_ENV "=gpu1,gpu2",
+                         DK_SLURM_JOB_NODES_ENV "=gpu1,gpu2,gpu3", NULL};
+    char **w = NULL, err[512] = "";
+    size_t n = 0;
+    cr_assert_eq(dk_slurm_rank_env(env, &w, &n, err, sizeof err), 0, "%s", err);
+    const char *want[][2] = {
+        {"SLURM_PROCID", "5"}, {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "1"},
+        {"SLURM_NTASKS", "8"}, {"SLURM_NPROCS", "8"}, {"SLURM_STEP_NUM_TASKS", "8"},
+        {"SLURM_NNODES", "2"}, {"SLURM_STEP_NUM_NODES", "2"}, {"SLURM_JOB_NUM_NODES", "3"},
+        {"SLURM_TASKS_PER_NODE", "4(x2)"}, {"SLURM_STEP_TASKS_PER_NODE", "4(x2)"},
+        {"SLURM_NTASKS_PER_NODE", "4"}, {"SLURM_STEP_NODELIST", "gpu1,gpu2"},
+        {"SLURM_JOB_NODELIST", "gpu1,gpu2,gpu3"}, {"SLURM_NODELIST", "gpu1,gpu2,gpu3"},
+        {"SLURM_GTIDS", "4,5,6,7"}, {"SLURM_DISTRIBUTION", "block"}};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const char *v = word_value(w, n, want[i][0]);
+        cr_expect(v && strcmp(v, want[i][1]) == 0, "%s=%s, want %s", want[i][0],
+                  v ? v : "(unset)", want[i][1]);
+    }
+    dk_slurm_names_free(w, n);
+
+    /* one node: "2", not "2(x1)"; the allocation's list defaults to the run's */
+    const char *one[] = {"RANK=0", "LOCAL_RANK=0", "GROUP_RANK=0", "WORLD_SIZE=2",
+                         "LOCAL_WORLD_SIZE=2", "SLURM_STEP_ID=0",
+                         DK_SLURM_RUN_NODES_ENV "=node1", NULL};
+    cr_assert_eq(dk_slurm_rank_env(one, &w, &n, err, sizeof err), 0, "%s", err);
+    cr_expect_str_eq(word_value(w, n, "SLURM_TASKS_PER_NODE"), "2");
+    cr_expect_str_eq(word_value(w, n, "SLURM_JOB_NUM_NODES"), "1");
+    cr_expect_str_eq(word_value(w, n, "SLURM_GTIDS"), "0,1");
+    dk_slurm_names_free(w, n);
+}
+
+Test(slurm_text, only_a_slurm_runs_ranks_have_their_variables_rewritten)
+{
+    char **w = NULL, err[512] = "";
+    size_t n = 1;
+    /* a local run inside an allocation: no node lists from the launcher */
+    const char *local[] = {"RANK=1", "LOCAL_RANK=1", "GROUP_RANK=0", "WORLD_SIZE=2",
+                           "LOCAL_WORLD_SIZE=2", "SLURM_STEP_ID=0", NULL};
+    cr_expect_eq(dk_slurm_rank_env(local, &w, &n, err, sizeof err), 0);
+    cr_expect_eq(n, 0);
+    /* not started by srun */
+    const char *no_step[] = {"RANK=1", DK_SLURM_RUN_NODES_ENV "=a,b", NULL};
+    n = 1;
+    cr_expect_eq(dk_slurm_rank_env(no_step, &w, &n, err, sizeof err), 0);
+    cr_expect_eq(n, 0);
+    /* what does not add up is said */
+    const char *bad[] = {"RANK=1", "LOCAL_RANK=1", "GROUP_RANK=0", "WORLD_SIZE=6",
+                         "LOCAL_WORLD_SIZE=2", "SLURM_STEP_ID=0",
+                         DK_SLURM_RUN_NODES_ENV "=a,b", NULL};
+    cr_expect_eq(dk_slurm_rank_env(bad, &w, &n, err, sizeof err), -1);
+    cr_expect(strstr(err, "does not add up") && strstr(err, "over 2 nodes (a,b)"), "%s", err);
+    const char *missing[] = {"SLURM_STEP_ID=0", DK_SLURM_RUN_NODES_ENV "=a", NULL};
+    cr_expect_eq(dk_slurm_rank_env(missing, &w, &n, err, sizeof err), -1);
+    cr_expect(strstr(err, "RANK is '(unset)'"), "%s", err);
+}
+
 static void expect_refused(const char *args, const char *option)
 {
     char err[1024] = "";
