@@ -79,15 +79,30 @@ typedef struct {
     char state[32], reason[128];
 } command_t;
 
+/* A command's stderr, its latest SAY_MAX bytes: a message quotes how it
+ * ended, and a long banner first (a site's job_submit plugin) must not push
+ * salloc's "Pending job allocation N" out. Before old text goes, the job's
+ * id is taken from it, in case the id came with the banner's tail. */
 static void on_stderr(void *data, const char *bytes, size_t len)
 {
     command_t *c = data;
-    size_t room = sizeof c->said - 1 - c->said_len;
-    if (len > room)
-        len = room;
-    memcpy(c->said + c->said_len, bytes, len);
-    c->said_len += len;
-    c->said[c->said_len] = '\0';
+    while (len) {
+        size_t room = sizeof c->said - 1 - c->said_len;
+        if (room == 0) {
+            if (c->job && !c->job->job_id[0])
+                dk_slurm_salloc_job_id(c->said, c->job->job_id, sizeof c->job->job_id);
+            size_t drop = c->said_len / 2;
+            memmove(c->said, c->said + drop, c->said_len - drop);
+            c->said_len -= drop;
+            continue;
+        }
+        size_t n = len < room ? len : room;
+        memcpy(c->said + c->said_len, bytes, n);
+        c->said_len += n;
+        c->said[c->said_len] = '\0';
+        bytes += n;
+        len -= n;
+    }
 }
 
 static void watch_wait(command_t *c);
@@ -336,17 +351,16 @@ static void watch_wait(command_t *c)
         note_state(c, &q);
 }
 
-/* Q, the job's line while it waits: reported when its state or reason
- * changed; a reason that cannot change while it waits ends the wait. */
+/* Q, the job's line while it waits: reported at each poll, changed or not,
+ * so that what shows the wait (a status line's elapsed time) moves; a reason
+ * that cannot change while it waits ends the wait. */
 static void note_state(command_t *c, const dk_slurm_squeue_t *q)
 {
     const dk_slurm_request_t *req = c->req;
-    if (strcmp(q->state, c->state) || strcmp(q->reason, c->reason)) {
-        snprintf(c->state, sizeof c->state, "%s", q->state);
-        snprintf(c->reason, sizeof c->reason, "%s", q->reason);
-        if (req->on_wait)
-            req->on_wait(req->data, c->job->job_id, q->state, q->reason);
-    }
+    snprintf(c->state, sizeof c->state, "%s", q->state);
+    snprintf(c->reason, sizeof c->reason, "%s", q->reason);
+    if (req->on_wait)
+        req->on_wait(req->data, c->job->job_id, q->state, q->reason);
     /* Over a partition's MaxTime or a QOS's MaxWall, a job waits for ever
      * where the site does not enforce the limits at submission (Slurm's
      * default): say so now rather than at the end of the wait. */

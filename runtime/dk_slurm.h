@@ -56,9 +56,9 @@ typedef struct {
     bool clamp_time;
     double wait_s;              /* the longest wait in the queue; <= 0: no limit */
     double command_timeout_s;   /* each command's deadline; <= 0: DK_SLURM_COMMAND_TIMEOUT_S */
-    /* Called when the request's state or Slurm's reason changes while it waits
-     * (state "PENDING", reason "Resources", "Priority", "PartitionDown" ...);
-     * may be NULL. */
+    /* Called at each poll (about every second) while the request waits, with
+     * its state and Slurm's reason (state "PENDING", reason "Resources",
+     * "Priority", "PartitionDown" ...), changed or not; may be NULL. */
     void (*on_wait)(void *data, const char *job_id, const char *state, const char *reason);
     /* Asked about every 100 ms while the request waits: true cancels it. May be NULL. */
     bool (*cancelled)(void *data);

@@ -545,6 +545,43 @@ Test(slurm_fake, a_job_configuring_for_ever_ends_with_the_wait)
     cr_expect(strstr(calls(), "scancel 55"), "%s", calls());
 }
 
+Test(slurm_fake, a_long_banner_before_the_job_id_does_not_hide_it)
+{
+    /* 3000 bytes of a site's banner, then the id, in one write */
+    fake_slurm(NULL, "{ i=0; while [ $i -lt 60 ]; do printf '%049d\\n' $i; i=$((i+1)); done; "
+               "echo 'salloc: Pending job allocation 4243'; } >&2; sleep 30",
+               "echo '4243|PENDING|Priority|'");
+    dk_slurm_request_t req = {.nodes = 1, .tasks_per_node = 1, .wait_s = 1.5,
+                              .command_timeout_s = 5};
+    char err[1024] = "";
+    int why = 0;
+    cr_assert_null(dk_slurm_allocate(&req, &why, err, sizeof err));
+    cr_expect_eq(why, 2, "%s", err);
+    cr_expect(strstr(err, "did not grant the request 4243 within 2 s (PENDING: Priority)"),
+              "%s", err);
+    cr_expect(strstr(calls(), "scancel 4243"), "%s", calls());
+}
+
+static int polls;
+
+static void count_polls(void *data, const char *id, const char *state, const char *reason)
+{
+    (void) data, (void) id, (void) state, (void) reason;
+    polls++;
+}
+
+Test(slurm_fake, a_queued_request_is_reported_at_each_poll_not_only_on_a_change)
+{
+    fake_slurm(NULL, "echo 'salloc: Pending job allocation 4244' >&2; sleep 30",
+               "echo '4244|PENDING|Priority|'");
+    polls = 0;
+    dk_slurm_request_t req = {.nodes = 1, .tasks_per_node = 1, .wait_s = 3.5,
+                              .on_wait = count_polls};
+    char err[1024] = "";
+    cr_assert_null(dk_slurm_allocate(&req, NULL, err, sizeof err));
+    cr_expect_geq(polls, 2, "%d reports in 3.5 s of the same state", polls);
+}
+
 static int id_fd = -1;
 
 static void tell_id(void *data, const char *id, const char *state, const char *reason)
