@@ -94,8 +94,11 @@ TIME_LIMIT_CELL = ("%%distributed num_processes=2 nodes=2 partition=short{}\n"
 
 
 @pytest.mark.timeout(300)
-def test_without_a_timeout_the_time_limit_fits_the_partition(kernel, slurm_cluster):
-    r = kernel.execute(TIME_LIMIT_CELL.format(""), timeout=240)
+@pytest.mark.parametrize("timeout", ["", " timeout=None"])
+def test_without_a_timeout_the_time_limit_fits_the_partition(kernel, slurm_cluster, timeout):
+    # no timeout=: 3 h 05 is cut to the MaxTime; timeout=None: the MaxTime,
+    # not the DefaultTime (1 minute) that would end the ranks under the user
+    r = kernel.execute(TIME_LIMIT_CELL.format(timeout), timeout=240)
     assert r.status == "ok", r.describe()
     assert "[rank 0] LIMIT=5:00" in r.stdout, r.describe()
     assert our_jobs(slurm_cluster) == []
