@@ -172,8 +172,8 @@ static dk_slurm_request_t request_for(const dk_dist_opts_t *opts, int world, boo
     return req;
 }
 
-static void allocation_error(const dk_dist_opts_t *opts, const waiter_t *w, int stopped,
-                             const char *err)
+static void allocation_error(const dk_dist_opts_t *opts, bool persistent, const waiter_t *w,
+                             int stopped, const char *err)
 {
     char asked[64];
     what_asked(opts, asked, sizeof asked);
@@ -189,6 +189,13 @@ static void allocation_error(const dk_dist_opts_t *opts, const waiter_t *w, int 
         PyErr_Format(PyExc_TimeoutError, "%s: timeout=%s passed while waiting for Slurm's nodes: "
                      "%s. No rank was started. Ask for a partition with free nodes "
                      "(partition=), or fewer nodes.", asked, timeout, err);
+    }
+    else if (stopped == 3 && persistent) {
+        /* Started ranks ask for the partition's MaxTime, not for timeout=. */
+        PyErr_Format(PyExc_RuntimeError, "%s: Slurm will not run the request: %s. No rank was "
+                     "started. Started ranks ask for the partition's MaxTime: give a shorter "
+                     "one in slurm_args='--time=H:MM:SS', or a %s whose limit allows it.", asked,
+                     err, strstr(err, "MaxWall") ? "qos= (or account=)" : "partition=");
     }
     else if (stopped == 3) {
         /* The time limit asked for is timeout= plus the margin: a shorter
@@ -242,7 +249,7 @@ dk_dist_slurm_t *dk_dist_slurm_allocate(const dk_dist_opts_t *opts, int world, b
     dk_slurm_t *alloc = dk_slurm_allocate(&req, &stopped, err, sizeof err);
     PyEval_RestoreThread(w.ts);
     if (!alloc) {
-        allocation_error(opts, &w, stopped, err);
+        allocation_error(opts, persistent, &w, stopped, err);
         return NULL;
     }
     if (dk_slurm_node_count(alloc) < (size_t)req.nodes) {

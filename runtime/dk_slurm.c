@@ -368,6 +368,20 @@ static void note_state(command_t *c, const dk_slurm_squeue_t *q)
         c->stop = 3;
 }
 
+/* Whether TEXT (extra_args) sets the time limit, which then wins over ours. */
+static bool sets_time(const char *text)
+{
+    char **w = NULL;
+    size_t n = 0;
+    bool found = false;
+    if (text && dk_slurm_split_words(text, &w, &n, NULL, 0) == 0)
+        for (size_t i = 0; i < n && !found; i++)
+            found = strcmp(w[i], "--time") == 0 || strncmp(w[i], "--time=", 7) == 0 ||
+                    strncmp(w[i], "-t", 2) == 0;
+    dk_slurm_names_free(w, n);
+    return found;
+}
+
 static void unique_name(char *name, size_t len)
 {
     unsigned char r[6] = {0};
@@ -671,7 +685,8 @@ stopped:
     else
         dk_set_err(err, errlen, "Slurm will not run job %s: its time limit (%s) is over a "
                    "limit of %s (PENDING: %s); it was cancelled", self->job_id,
-                   self->time_limit[0] ? self->time_limit : "the partition's default",
+                   sets_time(req->extra_args) ? "the --time of slurm_args"
+                   : self->time_limit[0] ? self->time_limit : "the partition's default",
                    strstr(c.reason, "MaxWall") ? "its QOS or account" : "the partition",
                    c.reason);
 fail:

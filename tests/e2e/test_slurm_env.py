@@ -120,3 +120,22 @@ def test_a_timeout_over_the_partitions_limit_fails_at_once_saying_so(kernel, slu
     assert took < 60, took      # not the whole wait (timeout=600)
     assert our_jobs(slurm_cluster) == []
     still_serves(kernel)
+
+
+@pytest.mark.timeout(120)
+def test_started_ranks_over_the_partitions_limit_fail_at_once_saying_what_to_change(
+        kernel, slurm_cluster):
+    # started ranks ask for the MaxTime; a --time of the user's wins, here
+    # over the MaxTime (5 minutes)
+    t0 = time.monotonic()
+    r = kernel.execute("%distributed start nodes=2 num_processes=2 partition=short "
+                       "slurm_args='--time=10:00'\n", timeout=90)
+    assert r.status == "error", r.describe()
+    evalue = r.content["evalue"]
+    assert "its time limit (the --time of slurm_args) is over a limit of the partition " \
+           "(PENDING: PartitionTimeLimit)" in evalue, evalue
+    assert "Started ranks ask for the partition's MaxTime: give a shorter one in " \
+           "slurm_args='--time=H:MM:SS', or a partition= whose limit allows it" in evalue, evalue
+    assert time.monotonic() - t0 < 60
+    assert our_jobs(slurm_cluster) == []
+    still_serves(kernel)
