@@ -7,6 +7,7 @@
  */
 #include "dk_dist_opts.h"
 #include "dk_err.h"
+#include "dk_slurm.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -370,6 +371,7 @@ static int opt_accelerator_type(const char *name, const char *value, bool quoted
 static int opt_timeout(const char *name, const char *value, bool quoted, dk_dist_opts_t *o,
                        char *err, size_t errlen)
 {
+    o->timeout_given = true;
     if (!quoted && strcmp(value, "None") == 0) {
         o->timeout_s = 0;
         return 0;
@@ -581,6 +583,10 @@ static int opt_slurm_args(const char *name, const char *value, bool quoted, dk_d
                    "--mem=0\", got '%s'", sizeof o->slurm_args, value);
         return -1;
     }
+    /* Refused here, before anything of the run exists, rather than by salloc's
+     * caller once the log folder and the MLflow run do. */
+    if (dk_slurm_check_args(value, err, errlen) < 0)
+        return -1;
     snprintf(o->slurm_args, sizeof o->slurm_args, "%s", value);
     return 0;
 }

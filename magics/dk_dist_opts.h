@@ -35,6 +35,7 @@ typedef struct {
     int accelerator_count;      /* n of GPU_<n>x<MODEL>, 0 if not given */
     int num_processes;          /* CPU ranks; 0: not given */
     double timeout_s;           /* 0: no timeout (timeout=None) */
+    bool timeout_given;         /* timeout= was given (else the default) */
     dk_output_mode_t output;
     char result_name[128];      /* "" : results not stored under a name */
     bool check;                 /* run the NCCL preflight check first */
