@@ -652,7 +652,27 @@ static dk_dist_run_t *run_begin(dk_dist_run_t *run, const dk_dist_host_t *host,
     if (!run->relay)
         return fail(run, PyExc_MemoryError, NULL);
     run->t0_ms = dk_now_ms();   /* the wait for Slurm's nodes; announce starts the ranks' */
-    if (!launch(run, payload, len))
+    /* Ranks on other nodes need not share the notebook folder: the payload
+     * carries its modules (distkernel._dist.with_local_modules). */
+    PyObject *wrapped = NULL;
+    if (run->opts.launcher == DK_LAUNCHER_SLURM && payload && len > 0) {
+        PyObject *mod = PyImport_ImportModule("distkernel._dist");
+        wrapped = mod ? PyObject_CallMethod(mod, "with_local_modules", "(y#)",
+                                            (const char *)payload, (Py_ssize_t)len)
+                      : NULL;
+        Py_XDECREF(mod);
+        char *bytes;
+        Py_ssize_t n;
+        if (!wrapped || PyBytes_AsStringAndSize(wrapped, &bytes, &n) < 0) {
+            Py_XDECREF(wrapped);
+            return fail(run, NULL, NULL);
+        }
+        payload = bytes;
+        len = (size_t)n;
+    }
+    bool launched = launch(run, payload, len);
+    Py_XDECREF(wrapped);
+    if (!launched)
         return fail(run, NULL, NULL);
     announce(run);
     return run;

@@ -120,6 +120,75 @@ def with_env(payload, env):
     return cloudpickle.dumps(job, protocol=5)
 
 
+# The most source a run on other nodes carries of the notebook folder's modules.
+LOCAL_MODULES_CAP = 16 << 20
+
+
+def local_modules(root=None, cap=LOCAL_MODULES_CAP):
+    """The notebook folder's own modules, as {name: (filename, source bytes,
+    is_package)}, for ranks on nodes that do not share the folder (no shared
+    filesystem is assumed on a cluster): every module the kernel has imported
+    from the folder (ROOT, the working directory: '' on sys.path), packages and
+    their imported submodules included, and every other *.py file directly in
+    it, which a cell may import for the first time. Past CAP bytes the rest is
+    left out, and the returned list of names left out says so."""
+    root = os.path.realpath(root or os.getcwd())
+    found, left_out, total = {}, [], 0
+
+    def add(name, path, is_pkg):
+        nonlocal total
+        try:
+            with open(path, "rb") as f:
+                source = f.read()
+        except OSError:
+            return
+        if total + len(source) > cap:
+            left_out.append(name)
+            return
+        total += len(source)
+        found[name] = (path, source, is_pkg)
+
+    for name, module in sorted(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if name == "__main__" or not isinstance(path, str) or not path.endswith(".py"):
+            continue
+        parts = name.split(".")
+        is_pkg = os.path.basename(path) == "__init__.py"
+        expected = os.path.join(root, *parts, "__init__.py") if is_pkg \
+            else os.path.join(root, *parts) + ".py"
+        if os.path.realpath(path) == expected:
+            add(name, path, is_pkg)
+    try:
+        entries = sorted(os.listdir(root))
+    except OSError:
+        entries = []
+    for entry in entries:
+        stem, ext = os.path.splitext(entry)
+        if ext == ".py" and stem.isidentifier() and stem not in found:
+            path = os.path.join(root, entry)
+            if os.path.isfile(path):
+                add(stem, path, False)
+    return found, left_out
+
+
+def with_local_modules(payload):
+    """PAYLOAD for ranks on other nodes: plus the notebook folder's modules
+    (local_modules), which a rank imports from when its node has no such
+    folder. Says on stderr what did not fit."""
+    import pickle
+
+    modules, left_out = local_modules()
+    if left_out:
+        print(f"[distkernel] the notebook folder's modules past {LOCAL_MODULES_CAP >> 20} MiB "
+              f"were not sent to the nodes: {', '.join(left_out)}; ranks import them only "
+              "where the folder is shared", file=sys.stderr)
+    if not modules:
+        return payload
+    job = pickle.loads(payload)
+    job["modules"] = modules
+    return cloudpickle.dumps(job, protocol=5)
+
+
 def _is_package_folder(folder):
     """Whether pip installs into FOLDER: its mtime then says when a package
     came or went. Any other folder on sys.path ('' and the working directory

@@ -178,6 +178,7 @@ def _run_job(box, main_ns, keep_globals=False):
     calls left there."""
     job = cloudpickle.loads(box.pop())
     _use_kernel_sys_path(job.get("sys_path", []))
+    _SentModules.add(job.get("modules", {}))
     _prime_linecache(job.get("sources", {}))
     _CellEnv.apply(job.get("env", {}))
     if job["kind"] == "cell":
@@ -304,6 +305,52 @@ def _use_kernel_sys_path(kernel_path):
     the working directory, which the rank shares with the kernel), then what
     only the rank has."""
     sys.path[:] = list(kernel_path) + [p for p in sys.path if p not in kernel_path]
+
+
+class _SentModules:
+    """The notebook folder's modules as the kernel sent them (a run on other
+    nodes, which need not share the folder: _dist.with_local_modules), imported
+    from memory. It comes last on sys.meta_path: where the folder is there
+    (one node, a shared filesystem), its files are found first, as for a local
+    run. A package's submodules come here too (its __path__ is empty)."""
+
+    _modules = {}
+    _installed = False
+
+    @classmethod
+    def add(cls, modules):
+        if not modules:
+            return
+        cls._modules.update(modules)
+        if not cls._installed:
+            sys.meta_path.append(cls())
+            cls._installed = True
+
+    def find_spec(self, name, path=None, target=None):
+        import importlib.machinery
+
+        sent = self._modules.get(name)
+        if sent is None:
+            return None
+        filename, _, is_pkg = sent
+        spec = importlib.machinery.ModuleSpec(name, self, origin=filename, is_package=is_pkg)
+        spec.has_location = True
+        if is_pkg:
+            spec.submodule_search_locations = []
+        return spec
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        filename, source, _ = self._modules[module.__name__]
+        exec(compile(source, filename, "exec", dont_inherit=True), module.__dict__)
+
+    def get_source(self, name):
+        """For tracebacks (linecache asks the module's loader when the file is
+        not on this node)."""
+        sent = self._modules.get(name)
+        return sent[1].decode("utf-8", "replace") if sent else None
 
 
 class _Unpicklable:

@@ -24,9 +24,10 @@ from slurm_cluster import cluster_sh  # noqa: E402
 ALL_GONE_WITHIN = 30
 
 
-def start(tmp_path, cluster, **env):
+def start(tmp_path, cluster, wrap=None, **env):
     """A kernel with the cluster's client environment (SLURM_CONF), less any
-    Slurm setting of ours; its rank logs under tmp_path/logs."""
+    Slurm setting of ours; its rank logs under tmp_path/logs. WRAP: argv words
+    the kernel's command is run by (it gets the command as its last words)."""
     base = {k: v for k, v in cluster.env.items()
             if not k.startswith(("SLURM_", "DISTKERNEL_SLURM_")) and
             k not in ("DISTKERNEL_NODES", "DISTKERNEL_LAUNCHER")}
@@ -34,7 +35,11 @@ def start(tmp_path, cluster, **env):
     logs.mkdir(mode=0o700)
     base.update(DISTKERNEL_LOG_DIR=str(logs), MLFLOW_TRACKING_URI="", SLURM_CONF=cluster.conf)
     base.update(env)
-    return support.Kernel.start(env=base)
+    if not wrap:
+        return support.Kernel.start(env=base)
+    km = support.KernelManager(kernel_name=support.KERNEL_NAME)
+    km.kernel_spec.argv = [*wrap, *km.kernel_spec.argv]
+    return support.Kernel.launch(km, env=base)
 
 
 def our_jobs(cluster):
@@ -441,6 +446,60 @@ def test_ray_launch_on_two_nodes_gives_each_ray_node_its_own_address(slurm_clust
         port = next(a.split("=", 1)[1] for a in starts[0] if a.startswith("--port="))
         assert r.result == f"'{net}.11:{port}'", r.describe()
         assert all(f"--address={net}.11:{port}" in starts[q] for q in (1, 2, 3)), starts
+    finally:
+        k.stop()
+    assert wait_clean(slurm_cluster) == []
+
+
+MYMOD = """\
+import socket
+
+
+def where():
+    return "mymod on " + socket.gethostname()
+
+
+def boom():
+    raise ValueError("raised in mymod")
+"""
+
+
+@pytest.mark.timeout(300)
+def test_the_notebook_folders_modules_reach_nodes_that_do_not_share_it(slurm_cluster, tmp_path):
+    # The kernel runs in a mount namespace of its own, where the notebook
+    # folder is on a tmpfs: the nodes (slurmd's namespace) do not have it, as
+    # on a cluster without a shared filesystem.
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    (src / "mymod.py").write_text(MYMOD)
+    (src / "pkg" / "__init__.py").write_text("NAME = 'pkg'\n")
+    (src / "pkg" / "sub.py").write_text("from . import NAME\nVALUE = NAME + '.sub'\n")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    script = (f"mount -t tmpfs tmpfs {mnt} && mkdir {mnt}/nb && cp -r {src}/. {mnt}/nb/ && "
+              f"cd {mnt}/nb && exec \"$@\"")
+    k = start(tmp_path, slurm_cluster,
+              wrap=["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh"])
+    try:
+        r = k.execute("import os, pkg.sub\nfrom mymod import where\nos.getcwd()")
+        assert r.status == "ok" and r.result == repr(f"{mnt}/nb"), r.describe()
+        assert not (mnt / "nb").exists(), "the notebook folder is visible outside the kernel"
+        # mymod: not imported by the cell, pickled by reference (where), and
+        # imported by the kernel; pkg.sub: a package's submodule.
+        r = k.execute("%%distributed num_processes=2 nodes=2\n"
+                      "import os, mymod, pkg.sub\n"
+                      "(where(), mymod.where(), pkg.sub.VALUE, os.path.exists('mymod.py'))\n",
+                      timeout=240)
+        assert r.status == "ok", r.describe()
+        assert r.result == ("rank 0: ('mymod on node1', 'mymod on node1', 'pkg.sub', False)\n"
+                            "rank 1: ('mymod on node2', 'mymod on node2', 'pkg.sub', False)"), \
+            r.describe()
+        r = k.execute("%%distributed num_processes=2 nodes=2\nimport mymod\nmymod.boom()\n",
+                      timeout=240)
+        assert r.status == "error" and r.content["ename"] == "ValueError", r.describe()
+        text = "\n".join(r.content["traceback"])
+        assert 'raise ValueError("raised in mymod")' in text, r.describe()
+        still_serves(k)
     finally:
         k.stop()
     assert wait_clean(slurm_cluster) == []
