@@ -370,6 +370,19 @@ static void conn_close(conn_t *c)
     c->rank = -1;
 }
 
+/* The peer ended connection C. A rank that had not answered is told to the
+ * job: its end is judged by its exit, but over the network that exit may
+ * never come (an srun stuck after its node was lost), and the job bounds the
+ * wait (dk_job.c, bc_closed). */
+static void peer_closed(dk_backchan_t *self, conn_t *c)
+{
+    int rank = c->rank;
+    bool unanswered = rank >= 0 && !c->done;
+    conn_close(c);
+    if (unanswered && self->sink.on_closed)
+        self->sink.on_closed(self->sink.data, rank);
+}
+
 void dk_backchan_close_all(dk_backchan_t *self)
 {
     for (size_t i = 0; i < self->nconns; i++)
@@ -488,7 +501,7 @@ static void conn_write(dk_backchan_t *self, conn_t *c)
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
             return;
         if (n < 0) {
-            conn_close(c);      /* the peer went away; its exit tells the story */
+            peer_closed(self, c);   /* the peer went away */
             return;
         }
         size_t sent = (size_t) n;
@@ -698,7 +711,7 @@ static void conn_read(dk_backchan_t *self, conn_t *c, size_t budget, double slic
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
             return;
         if (n <= 0) {
-            conn_close(c);      /* EOF or reset: a rank's end is judged by its exit */
+            peer_closed(self, c);   /* EOF or reset */
             return;
         }
         budget -= (size_t) n;

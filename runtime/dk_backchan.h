@@ -82,6 +82,12 @@ typedef struct {
     /* Heartbeats only: RANK's connection has been silent for SILENT_S, past
      * the deadline. Told once per connection. May be NULL. */
     void (*on_lost)(void *data, int rank, double silent_s);
+    /* RANK's connection was ended by its peer (end of file, a reset, or a
+     * write the peer no longer takes) before the rank answered (RESULT or
+     * ERROR; in a persistent job, while a task awaited its answer). Told
+     * once per connection; never for a connection this side closed. May be
+     * NULL. */
+    void (*on_closed)(void *data, int rank);
 } dk_backchan_sink_t;
 
 /* How a channel listens. Zeroed (or NULL): today's local channel, a Unix

@@ -22,6 +22,9 @@
  *   - the runtime had signalled it: STOPPED (a Python rank answers SIGINT with
  *     a KeyboardInterrupt ERROR; that is our doing, not a failure);
  *   - otherwise (non-zero exit, signal, no RESULT): FAILED.
+ * Over TCP, a connection its rank's side closes before an answer starts a
+ * wait for the exit, bounded by the heartbeat deadline (bc_closed): the
+ * process we see may be an srun that never exits after its node is lost.
  * The first failure is the root cause and starts the stop: SIGINT to the
  * process group of every rank not yet reaped, SIGTERM after the grace, SIGKILL
  * after another. A rank that has already sent its RESULT or ERROR is spared the
@@ -102,6 +105,8 @@ typedef struct {
     char *host;             /* its node, for what is said when it is lost */
     bool launched;          /* through a launcher (srun): SIGINT goes over the channel */
     bool lost;              /* silent past the heartbeat deadline; guarded */
+    bool closed_unanswered; /* its connection was ended by its side before it answered */
+    double closed_until;    /* > 0: its exit is awaited until then (bc_closed) */
     bool deferred;          /* collected, its verdict waiting (see reap) */
     double deferred_until;
     int deferred_status;
@@ -378,6 +383,13 @@ static bool process_exiting(pid_t pid)
     return (flags & (PF_EXITING_FLAG | PF_DUMPCORE_FLAG)) != 0;
 }
 
+/* Whether rank RK's connection closed unanswered and its process is still
+ * awaited (bc_closed). */
+static bool closing(const rank_t *rk)
+{
+    return rk->closed_until > 0 && !rk->reaped && !rk->signalled && !rk->lost;
+}
+
 /* Rank R failed on its own. The first such failure is the root cause, judged
  * at the end of the poll turn (resolve_failure): other frames and exits of
  * the same turn are in by then. */
@@ -393,25 +405,42 @@ static void note_failure(dk_job_t *job, int r)
 }
 
 /* The first failure seen this turn, rank R's, is the root cause unless a peer
- * was already on its way out on its own (not stopped by us) without having
- * answered: then that peer failed first, and R most likely only saw it go
- * (gloo's or NCCL's "connection closed"); a crashing rank can take a while to
- * be reaped (its core dump), while the error it caused arrives at once.
- * A peer that is exiting because it finished has sent its RESULT before it
- * began to exit, but that frame may still wait in the socket behind R's (or
- * may have lost the race with R's ERROR to this turn): so the peers on their
- * way out are noted first, the back channel is drained, and only those still
- * without an answer count. Then the stop begins. */
+ * failed first and R most likely only saw it go (gloo's or NCCL's "connection
+ * closed"). Two kinds of peer are taken to have failed first:
+ *   - one whose connection closed before it answered (bc_closed): its
+ *     process's exit, or the deadline that makes it lost, is awaited first,
+ *     so the failure stays pending meanwhile; the back channel is drained
+ *     first, so a close that arrived just after R's ERROR is seen;
+ *   - one that was already on its way out on its own (not stopped by us)
+ *     without having answered: a crashing rank can take a while to be reaped
+ *     (its core dump), while the error it caused arrives at once. A peer
+ *     exiting because it finished has sent its RESULT before it began to
+ *     exit, but that frame may still wait in the socket behind R's (or may
+ *     have lost the race with R's ERROR to this turn): so the peers on their
+ *     way out are noted first, the back channel is drained, and only those
+ *     still without an answer count.
+ * Then the stop begins. */
 static void resolve_failure(dk_job_t *job)
 {
     int r = job->failure_pending;
-    if (r < 0)
+    if (r < 0 || job->stop_reason != DK_END_NONE) {
+        job->failure_pending = -1;
         return;
-    job->failure_pending = -1;
-    if (job->stop_reason != DK_END_NONE)
-        return;
-    bool any = false;
+    }
+    if (job->heartbeat_s > 0)
+        dk_backchan_drain(job->chan);
     for (int q = 0; q < job->world_size; q++) {
+        if (q != r && closing(&job->ranks[q]))
+            return;         /* still pending: judged again each turn */
+    }
+    job->failure_pending = -1;
+    int cause = job->ranks[r].closed_unanswered ? r : -1;
+    for (int q = 0; q < job->world_size && cause < 0; q++) {
+        if (job->ranks[q].closed_unanswered && job->ranks[q].failed)
+            cause = q;
+    }
+    bool any = false;
+    for (int q = 0; q < job->world_size && cause < 0; q++) {
         rank_t *rk = &job->ranks[q];
         rk->was_exiting = q != r && !rk->reaped && !rk->signalled && !rk->failed &&
                           !rk->reported && process_exiting(rk->pid);
@@ -419,8 +448,7 @@ static void resolve_failure(dk_job_t *job)
     }
     if (any)
         dk_backchan_drain(job->chan);
-    int cause = -1;
-    for (int q = 0; q < job->world_size && cause < 0; q++) {
+    for (int q = 0; q < job->world_size && cause < 0 && any; q++) {
         if (job->ranks[q].was_exiting && !job->ranks[q].reported)
             cause = q;
     }
@@ -510,26 +538,79 @@ static void mark_lost(dk_job_t *job, int r)
         job->sink.on_lost(job->sink.data, r, rk->host);
 }
 
-/* Rank R's connection went silent: it is lost, and that is a failure. The
- * ranks of its node that have not connected yet (still starting when the node
- * went quiet) are lost with it: there is no connection of theirs to time out,
- * and their launchers only wait on a node they cannot reach. */
+/* Rank R is lost (WHY says how that was found), and that is a failure. The
+ * ranks of its node with no connection left to tell of them are lost with
+ * it: those that have not connected yet (still starting when the node went
+ * quiet), whose launchers only wait on a node they cannot reach, and those
+ * whose connection closed unanswered while their launcher still runs (the
+ * node's processes were killed). */
+static void lose(dk_job_t *job, int r, const char *why)
+{
+    rank_t *rk = &job->ranks[r];
+    mark_lost(job, r);
+    warn(job, "rank %d on %s lost: %s", r, rk->host, why);
+    note_failure(job, r);
+    for (int q = 0; rk->host && q < job->world_size; q++) {
+        rank_t *mate = &job->ranks[q];
+        if (q == r || mate->lost || (mate->reaped && !mate->deferred) || !mate->host ||
+            strcmp(mate->host, rk->host))
+            continue;
+        bool never = !dk_backchan_rank_connected_once(job->chan, q);
+        if (!never && !closing(mate))
+            continue;
+        mark_lost(job, q);
+        warn(job, "rank %d on %s lost with it: %s", q, mate->host,
+             never ? "it had not connected yet"
+                   : "its connection had closed and its launcher was still running");
+    }
+}
+
+/* Rank R's connection went silent: it is lost. */
 static void bc_lost(void *data, int r, double silent_s)
 {
     dk_job_t *job = data;
     rank_t *rk = &job->ranks[r];
     if (rk->reaped && !rk->deferred)
         return;
-    mark_lost(job, r);
-    warn(job, "rank %d on %s lost: nothing heard from it for %.1f s", r, rk->host, silent_s);
-    note_failure(job, r);
-    for (int q = 0; rk->host && q < job->world_size; q++) {
-        rank_t *mate = &job->ranks[q];
-        if (q == r || mate->lost || (mate->reaped && !mate->deferred) || !mate->host ||
-            strcmp(mate->host, rk->host) || dk_backchan_rank_connected_once(job->chan, q))
+    char why[96];
+    snprintf(why, sizeof why, "nothing heard from it for %.1f s", silent_s);
+    lose(job, r, why);
+}
+
+/* Rank R's connection was ended by its side before it answered. Its process
+ * usually exits at once (a crash, a rank that gave up), and that exit is
+ * judged as any other. But the processes of a lost node can be killed rather
+ * than fall silent (FIN or RST), and srun, the process we see, may then never
+ * exit: Slurm 22.05.8 run from a host that is not a node of the cluster
+ * (Slurm bug 16401). So its exit is awaited for the heartbeat deadline, as
+ * silence would be, and a process still running then has lost its rank
+ * (judge_closed). Meanwhile a peer's failure waits (resolve_failure): that is
+ * most likely its echo, gloo's "Connection closed by peer". */
+static void bc_closed(void *data, int r)
+{
+    dk_job_t *job = data;
+    rank_t *rk = &job->ranks[r];
+    if (job->heartbeat_s <= 0 || rk->reaped || rk->signalled || rk->lost || rk->reported)
+        return;
+    rk->closed_unanswered = true;
+    rk->closed_until = dk_now_s() + job->heartbeat_s;
+}
+
+/* The ranks whose connection closed unanswered and whose process has not
+ * exited by the deadline (bc_closed): lost. */
+static void judge_closed(dk_job_t *job)
+{
+    double now = dk_now_s();
+    for (int r = 0; r < job->world_size; r++) {
+        rank_t *rk = &job->ranks[r];
+        if (!closing(rk) || now < rk->closed_until)
             continue;
-        mark_lost(job, q);
-        warn(job, "rank %d on %s lost with it: it had not connected yet", q, mate->host);
+        rk->closed_until = 0;
+        char why[160];
+        snprintf(why, sizeof why, "its connection closed without an answer, and its %s "
+                 "(pid %d) was still running %.1f s later", rk->launched ? "launcher" : "process",
+                 (int) rk->pid, job->heartbeat_s);
+        lose(job, r, why);
     }
 }
 
@@ -822,6 +903,12 @@ static int poll_timeout_ms(const dk_job_t *job)
     for (int r = 0; r < job->world_size; r++) {
         if (!job->ranks[r].reaped && job->ranks[r].pidfd < 0 && (ms < 0 || ms > NO_PIDFD_TICK_MS))
             ms = NO_PIDFD_TICK_MS;
+        if (closing(&job->ranks[r])) {
+            double wait = (job->ranks[r].closed_until - dk_now_s()) * 1000.0 + 1;
+            int d = wait <= 0 ? 0 : wait > 60000 ? 60000 : (int) wait;
+            if (ms < 0 || d < ms)
+                ms = d;
+        }
         if (job->ranks[r].deferred) {
             double wait = (job->ranks[r].deferred_until - dk_now_s()) * 1000.0 + 1;
             int d = wait <= 0 ? 0 : wait > 60000 ? 60000 : (int) wait;
@@ -900,6 +987,7 @@ static void loop_once(dk_job_t *job)
             reap(job, r);
     }
     judge_deferred(job);
+    judge_closed(job);
     resolve_failure(job);
     escalate(job);
 }
@@ -1274,7 +1362,7 @@ dk_job_t *dk_job_start(const dk_job_spec_t *spec, const dk_sink_t *sink, char *e
     if (!open_log_dir(job, err, errlen))
         goto fail;
     dk_backchan_sink_t bcsink = {job,       bc_delivered, bc_message, bc_warning,
-                                 bc_hello,  bc_output,    bc_lost};
+                                 bc_hello,  bc_output,    bc_lost,    bc_closed};
     dk_backchan_opts_t opts = {spec->bc_tcp_addr, spec->bc_tcp_port, 0};
     if (spec->bc_tcp_addr)
         opts.heartbeat_s = spec->heartbeat_s > 0 ? spec->heartbeat_s : DK_BC_HEARTBEAT_DEFAULT_S;

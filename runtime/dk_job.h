@@ -55,7 +55,14 @@
  * native thread (runtime/dk_rankchan.c), so a rank whose main thread holds
  * the GIL in a long C call is still heard. A rank whose connection is silent for
  * longer than spec.heartbeat_s is lost: a failure (the first is the root
- * cause; on_lost, dk_job_lost_summary); a rank whose runtime is silent that
+ * cause; on_lost, dk_job_lost_summary). A rank whose connection its side
+ * closes (end of file, reset) before it answered is judged by its exit, but
+ * that exit is awaited only for spec.heartbeat_s: a process still running
+ * then (srun, which may never exit after its node is lost: Slurm bug 16401)
+ * has lost its rank, as silence would have, with the ranks of its node that
+ * have no connection left; a peer's failure meanwhile waits, since it is most
+ * likely the echo of that loss (gloo's "Connection closed by peer"), and the
+ * closed rank's fate becomes the root cause. A rank whose runtime is silent that
  * long ends itself and its process group (DISTKERNEL_BC_HEARTBEAT gives it
  * the deadline), and so does one whose connection the runtime closed while it
  * still had work (a SIGKILLed host's connections close rather than go

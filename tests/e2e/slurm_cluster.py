@@ -11,6 +11,9 @@ never on CI, which runs as root: there it fails instead.
 The fixture's object gives the client environment (`env`, with SLURM_CONF) for
 a kernel or a command, and fault injection: `kill(node)` crashes a node (every
 process in it SIGKILLed, its network gone), `start(node)` boots it again.
+`srun_workaround` says whether the cluster has the workaround for Slurm bug
+16401 (an srun that hangs after a node loss); DISTKERNEL_SLURM_SIM_SRUN_WORKAROUND=0
+brings one up without it, as a site whose login host is no node of the cluster.
 """
 import os
 import pathlib
@@ -43,8 +46,9 @@ def cluster_sh(*args, env=None, timeout=120):
 
 
 class SlurmCluster:
-    def __init__(self, nodes, conf, env, started, up_s):
+    def __init__(self, nodes, conf, env, started, up_s, srun_workaround=True):
         self.nodes = nodes
+        self.srun_workaround = srun_workaround
         self.conf = conf
         self.env = env            # os.environ plus SLURM_CONF, for a client of the cluster
         self.started = started    # True: this session brought it up (and takes it down)
@@ -86,7 +90,8 @@ def bring_up(nodes=2, env=None):
     values = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
     client_env = dict(env or os.environ, SLURM_CONF=values["SLURM_CONF"])
     cluster = SlurmCluster(nodes, values["SLURM_CONF"], client_env,
-                           out.splitlines()[-1] == "started", up_s)
+                           out.splitlines()[-1] == "started", up_s,
+                           values.get("DISTKERNEL_SLURM_SIM_SRUN_WORKAROUND", "1") == "1")
     cluster.login_addr = values["DISTKERNEL_SLURM_SIM_LOGIN_ADDR"]  # this host, to the nodes
     return cluster
 

@@ -44,6 +44,9 @@
 #   DISTKERNEL_SLURM_SIM_NET     first three octets of its /24 (default 10.79.0)
 #   DISTKERNEL_SLURM_SIM_BRIDGE  the bridge's name (default dkslurm0)
 #   DISTKERNEL_SLURM_SIM_CPUS    CPUs each node reports (default 2; may exceed the real ones)
+#   DISTKERNEL_SLURM_SIM_SRUN_WORKAROUND  1 (default): the FUTURE node for bug 16401
+#                                (above); 0: leave it out, so srun behaves as on a site
+#                                whose login host is no node, and hangs after a node loss
 # Two clusters on one machine need all three of folder, network and bridge apart.
 #
 # Partitions: `sim` (the default, every node) and `stuck` (every node, State=DOWN:
@@ -56,6 +59,7 @@ DIR=${DISTKERNEL_SLURM_SIM_DIR:-/tmp/distkernel-slurm}
 NET=${DISTKERNEL_SLURM_SIM_NET:-10.79.0}
 BR=${DISTKERNEL_SLURM_SIM_BRIDGE:-dkslurm0}
 CPUS=${DISTKERNEL_SLURM_SIM_CPUS:-2}
+WORKAROUND=${DISTKERNEL_SLURM_SIM_SRUN_WORKAROUND:-1}
 CONF=$DIR/etc/slurm.conf
 MARK=distkernel-slurm-host:$DIR:   # argv[0] prefix of our namespace holders
 PREFIX=$BR-                         # our veth ends: dkslurm0-ctl, dkslurm0-node1, ...
@@ -65,6 +69,7 @@ note() { echo "cluster.sh: $*" >&2; }
 
 case $DIR in /*) ;; *) die "DISTKERNEL_SLURM_SIM_DIR must be an absolute path, got '$DIR'" ;; esac
 [[ $NET =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "DISTKERNEL_SLURM_SIM_NET must look like 10.79.0, got '$NET'"
+[[ $WORKAROUND =~ ^[01]$ ]] || die "DISTKERNEL_SLURM_SIM_SRUN_WORKAROUND must be 0 or 1, got '$WORKAROUND'"
 [[ $BR =~ ^[a-z][a-z0-9]{0,8}$ ]] || die "DISTKERNEL_SLURM_SIM_BRIDGE must be 1 to 9 letters and digits, got '$BR'"
 
 # ---------------------------------------------------------------- bookkeeping
@@ -235,9 +240,12 @@ MinJobAge=60
 InactiveLimit=0
 MessageTimeout=10
 NodeName=DEFAULT CPUs=$CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=2048 State=UNKNOWN
-# Slurm bug 16401 (see tests/slurm/cluster.sh): this host, as a node never used
-NodeName=login NodeHostname=$login NodeAddr=$NET.1 State=FUTURE
 EOF
+    if ((WORKAROUND)); then
+        echo "# Slurm bug 16401 (see tests/slurm/cluster.sh): this host, as a node never used"
+        echo "NodeName=login NodeHostname=$login NodeAddr=$NET.1 State=FUTURE"
+    fi >> "$CONF"
+    echo "$WORKAROUND" > "$DIR/workaround"
     for ((i = 1; i <= n; i++)); do
         echo "NodeName=node$i NodeAddr=$NET.$((10 + i)) NodeHostname=node$i" >> "$CONF"
     done
@@ -253,6 +261,9 @@ EOF
 
 healthy() {      # N: our cluster with N nodes runs and every node is idle
     [[ -r $DIR/nodes && $(< "$DIR/nodes") == "$1" ]] || return 1
+    local w=1      # a cluster from before the setting always had the workaround
+    [[ -r $DIR/workaround ]] && w=$(< "$DIR/workaround")
+    [[ $w == "$WORKAROUND" ]] || return 1
     recorded munged > /dev/null && recorded slurmctld > /dev/null || return 1
     local i
     for ((i = 1; i <= $1; i++)); do recorded "slurmd-node$i" > /dev/null || return 1; done
@@ -263,6 +274,7 @@ print_env() {
     echo "SLURM_CONF=$CONF"
     echo "DISTKERNEL_SLURM_SIM_DIR=$DIR"
     echo "DISTKERNEL_SLURM_SIM_LOGIN_ADDR=$NET.1"
+    echo "DISTKERNEL_SLURM_SIM_SRUN_WORKAROUND=$WORKAROUND"
 }
 
 cmd_up() {

@@ -54,6 +54,10 @@
  *   orphan_silent    ... leave a child in a session of its own holding the connection
  *                    open and stopped (silent), print "ORPHAN pid", exit 1 (as srun
  *                    exits when its node is cut off, the rank's connection still open)
+ *   close_hang       ... print "closing", close its connection without an answer
+ *                    (create "r0" in FAKE_SYNC, if set), sleep FAKE_SLEEP_S (60) seconds,
+ *                    exit 3: as srun does when its node's processes are killed (FIN or
+ *                    RST): it hangs (Slurm bug 16401), or exits later on its own
  *   freeze           ... print "freezing", then stop itself (SIGSTOP): silent, as a
  *                    rank on a lost node is
  *   freeze_at_start  print "freezing before connecting" and stop itself before any
@@ -949,6 +953,18 @@ int main(void)
         dprintf(1, "ORPHAN %d\n", (int) pid);
         remote_flush();
         _exit(1);
+    } else if (!strcmp(mode, "close_hang")) {
+        dprintf(1, "closing\n");
+        remote_flush();
+        if (remote.c) {
+            remote.stop = 1;
+            pthread_join(remote.thread, NULL);
+        }
+        close(c.fd);
+        if (getenv("FAKE_SYNC"))
+            sync_touch("r0");
+        sleep_s(getenv("FAKE_SLEEP_S") ? atof(getenv("FAKE_SLEEP_S")) : 60);
+        return 3;
     } else if (!strcmp(mode, "flood")) {
         dprintf(1, "flooding\n");
         remote_flush();

@@ -1966,6 +1966,87 @@ Test(tcp, a_launcher_exiting_while_its_connection_is_open_waits_for_the_heartbea
     finish(&job);
 }
 
+/* Node2's processes are killed (their connections close, FIN or RST) while
+ * the launchers we see stay (srun of Slurm 22.05.8 off the cluster, bug
+ * 16401): the ranks are lost once the heartbeat deadline passes, not when
+ * the launchers exit, which would be never. */
+Test(tcp, ranks_whose_connections_close_while_their_launchers_stay_are_lost, .timeout = 60)
+{
+    const char *extra[] = {"FAKE_MODE=sleep", "FAKE_MODE_2=close_hang", "FAKE_MODE_3=close_hang",
+                           NULL};
+    const char *hosts[] = {"node1", "node1", "node2", "node2"};
+    dk_job_spec_t spec = tcp_spec(4, extra);
+    spec.heartbeat_s = 2.0;
+    spec.rank_hosts = hosts;
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 40000), "the job waited for the launchers");
+    cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    int root = dk_job_root_cause(job);
+    cr_assert(root == 2 || root == 3, "root cause %d", root);
+    for (int r = 0; r < 4; r++)
+        cr_assert_eq(dk_job_rank_lost(job, r), r >= 2, "rank %d", r);
+    char summary[128];
+    dk_job_lost_summary(job, summary, sizeof summary);
+    cr_assert_str_eq(summary, "node2 lost (ranks 2" DK_EN_DASH "3)");
+    cr_assert(warned("on node2 lost: its connection closed without an answer"));
+    cr_assert(output_has(2, 1, "closing"));
+    /* The stop ladder ended the launchers: nothing of the job is left. */
+    cr_assert_eq(dk_job_rank_state(job, 0), DK_RANK_STOPPED);
+    cr_assert_neq(dk_job_rank_state(job, root), DK_RANK_RUNNING);
+    finish(&job);
+}
+
+/* A launcher that exits within the deadline after its rank's connection
+ * closed (srun saying "Node failure on node2"): its own verdict stands. */
+Test(tcp, a_launcher_exiting_soon_after_its_connection_closed_keeps_its_verdict, .timeout = 60)
+{
+    const char *extra[] = {"FAKE_MODE_1=close_hang", "FAKE_SLEEP_S=0.5", NULL};
+    const char *hosts[] = {"node1", "node2"};
+    dk_job_spec_t spec = tcp_spec(2, extra);
+    spec.heartbeat_s = 3.0;
+    spec.rank_hosts = hosts;
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 30000));
+    cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    cr_assert_eq(dk_job_root_cause(job), 1);
+    cr_assert_eq(dk_job_rank_state(job, 1), DK_RANK_FAILED);
+    cr_assert_eq(dk_job_rank_exit_code(job, 1), 3);
+    cr_assert_not(dk_job_rank_lost(job, 1));
+    char summary[64] = "x";
+    dk_job_lost_summary(job, summary, sizeof summary);
+    cr_assert_str_eq(summary, "");
+    finish(&job);
+}
+
+/* A healthy peer sees the lost node's connection close (gloo's "Connection
+ * closed by peer") and sends its ERROR after the close: the root cause is the
+ * lost node, not that echo. */
+Test(tcp, a_peers_error_after_a_close_leaves_the_root_cause_to_the_lost_node, .timeout = 60)
+{
+    char dir[] = "/tmp/dk-test-sync-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char sync[600];
+    snprintf(sync, sizeof sync, "FAKE_SYNC=%s", dir);
+    const char *extra[] = {"FAKE_MODE_0=error_synced", "FAKE_MODE_1=close_hang", sync, NULL};
+    const char *hosts[] = {"node1", "node2"};
+    dk_job_spec_t spec = tcp_spec(2, extra);
+    spec.heartbeat_s = 2.0;
+    spec.rank_hosts = hosts;
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 40000), "the job waited for the launcher");
+    cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    cr_assert_str_eq(rec.msg[0].buf, "boom on rank 0");
+    cr_assert_eq(dk_job_root_cause(job), 1);
+    cr_assert(dk_job_rank_lost(job, 1));
+    cr_assert_not(dk_job_rank_lost(job, 0));
+    cr_assert_eq(dk_job_rank_state(job, 0), DK_RANK_FAILED);
+    char summary[64];
+    dk_job_lost_summary(job, summary, sizeof summary);
+    cr_assert_str_eq(summary, "node2 lost (rank 1)");
+    finish(&job);
+    remove_dir(dir);
+}
+
 /* The words for lost ranks from plain records: one clause per node, runs of
  * ranks with an en dash, nodes in the order of their first lost rank. */
 Test(tcp, lost_ranks_are_told_by_node_with_runs)
