@@ -44,6 +44,10 @@
 #   DISTKERNEL_SLURM_SIM_NET     first three octets of its /24 (default 10.79.0)
 #   DISTKERNEL_SLURM_SIM_BRIDGE  the bridge's name (default dkslurm0)
 #   DISTKERNEL_SLURM_SIM_CPUS    CPUs each node reports (default 2; may exceed the real ones)
+#   DISTKERNEL_SLURM_SIM_GPUS    "GPUs" each node has (default 2; 0: none), as GRES gpu
+#                                on device files $DIR/dev/nodeI/nvidiaK with no driver
+#                                behind: Slurm counts them and hands them out
+#                                (CUDA_VISIBLE_DEVICES); the ranks use the fake libcudart
 # Two clusters on one machine need all three of folder, network and bridge apart.
 #
 # Partitions: `sim` (the default, every node) and `stuck` (every node, State=DOWN:
@@ -55,6 +59,7 @@ DIR=${DISTKERNEL_SLURM_SIM_DIR:-/tmp/distkernel-slurm}
 NET=${DISTKERNEL_SLURM_SIM_NET:-10.79.0}
 BR=${DISTKERNEL_SLURM_SIM_BRIDGE:-dkslurm0}
 CPUS=${DISTKERNEL_SLURM_SIM_CPUS:-2}
+GPUS=${DISTKERNEL_SLURM_SIM_GPUS:-2}
 CONF=$DIR/etc/slurm.conf
 MARK=distkernel-slurm-host:$DIR:   # argv[0] prefix of our namespace holders
 PREFIX=$BR-                         # our veth ends: dkslurm0-ctl, dkslurm0-node1, ...
@@ -64,6 +69,7 @@ note() { echo "cluster.sh: $*" >&2; }
 
 case $DIR in /*) ;; *) die "DISTKERNEL_SLURM_SIM_DIR must be an absolute path, got '$DIR'" ;; esac
 [[ $NET =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "DISTKERNEL_SLURM_SIM_NET must look like 10.79.0, got '$NET'"
+[[ $GPUS =~ ^[0-8]$ ]] || die "DISTKERNEL_SLURM_SIM_GPUS must be 0 to 8, got '$GPUS'"
 [[ $BR =~ ^[a-z][a-z0-9]{0,8}$ ]] || die "DISTKERNEL_SLURM_SIM_BRIDGE must be 1 to 9 letters and digits, got '$BR'"
 
 # ---------------------------------------------------------------- bookkeeping
@@ -189,7 +195,7 @@ node_boot() {    # nodeI
 # ---------------------------------------------------------------- the config
 
 write_config() { # N
-    local n=$1 login i
+    local n=$1 login i k
     login=$(hostname -s)
     [[ $login =~ ^(login|ctl|node[0-9]+|localhost)$ ]] &&
         die "this machine's name '$login' is one of the simulated hosts' names"
@@ -233,12 +239,25 @@ KillWait=5
 MinJobAge=60
 InactiveLimit=0
 MessageTimeout=10
+$( ((GPUS)) && echo GresTypes=gpu )
 NodeName=DEFAULT CPUs=$CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=2048 State=UNKNOWN
 # Slurm bug 16401 (see tests/slurm/cluster.sh): this host, as a node never used
 NodeName=login NodeHostname=$login NodeAddr=$NET.1 State=FUTURE
 EOF
+    # GPUs: GRES with File= (Slurm's CUDA_VISIBLE_DEVICES index is the file's
+    # number); slurmd only stats the files (no cgroups here).
+    : > "$DIR/etc/gres.conf"
     for ((i = 1; i <= n; i++)); do
-        echo "NodeName=node$i NodeAddr=$NET.$((10 + i)) NodeHostname=node$i" >> "$CONF"
+        echo "NodeName=node$i NodeAddr=$NET.$((10 + i)) NodeHostname=node$i" \
+             "$( ((GPUS)) && echo "Gres=gpu:$GPUS" )" >> "$CONF"
+        if ((GPUS)); then
+            mkdir -p "$DIR/dev/node$i"
+            # character devices (slurmd wants them), of NVIDIA's major with
+            # no driver behind: nothing opens them
+            for ((k = 0; k < GPUS; k++)); do mknod "$DIR/dev/node$i/nvidia$k" c 195 "$k"; done
+            echo "NodeName=node$i Name=gpu File=$DIR/dev/node$i/nvidia[0-$((GPUS - 1))]" \
+                >> "$DIR/etc/gres.conf"
+        fi
     done
     local nodes="node[1-$n]"
     ((n == 1)) && nodes=node1
