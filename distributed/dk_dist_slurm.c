@@ -314,20 +314,10 @@ int dk_dist_slurm_spec(dk_dist_slurm_t *self, const char *rank_exe, dk_job_spec_
         self->hosts[r] = node;
         snprintf(self->nodeopt[r], sizeof self->nodeopt[r], "--nodelist=%s", node);
         /* --exact: the step takes its one task's CPUs, not the node's, so that
-         * the node's other ranks' steps start beside it rather than wait.
-         * GPUs: a step that asks for none is given all of the job's GPUs on
-         * its node, exclusively, so the node's next rank's step would wait
-         * ("step creation temporarily disabled") while the first waits for
-         * it in rendezvous. --overlap shares them between the node's steps:
-         * each rank sees the node's GPUs of the job in Slurm's order
-         * (CUDA_VISIBLE_DEVICES), and LOCAL_RANK's is its own, as on one node
-         * and under torchrun (torch.cuda.set_device(LOCAL_RANK)). Not
-         * --gpus=1 per step: each rank would see one GPU, device 0, and a
-         * cell that binds cuda:LOCAL_RANK would fail on every rank but the
-         * first of a node. CPU ranks take none (--gres=none), even in an
-         * allocation that has GPUs. */
+         * the node's other ranks' steps start beside it rather than wait; and
+         * the GPUs as the plan says (dk_dist_plan_step_gpus). */
         const char *argv[CMD_WORDS] = {"srun", self->jobopt, "--nodes=1", "--ntasks=1",
-                                       "--exact", self->gpu ? "--overlap" : "--gres=none",
+                                       "--exact", dk_dist_plan_step_gpus(self->gpu),
                                        self->nodeopt[r], "--export=ALL", "--quiet", rank_exe,
                                        NULL};
         memcpy(self->cmd[r], argv, sizeof argv);
