@@ -103,7 +103,7 @@ int dk_dist_slurm_preflight(const dk_dist_opts_t *opts)
 
 int dk_dist_slurm_plan(const dk_dist_opts_t *opts, dk_dist_plan_t *plan)
 {
-    char err[2048] = "", gres[512] = "", where[600];
+    char err[2048] = "", gres[512] = "", where[600] = "";
     int gpus = 0, rc = 0;
     if (!opts->num_processes) {
         /* Inside an allocation its nodes are the run's; else the partition's. */
