@@ -10,6 +10,10 @@
  * Each rank is its own step (`srun --nodes=1 --ntasks=1 --nodelist=NODE`),
  * not one srun for all: the runtime watches, signals and judges each rank's
  * launcher as it does a local rank, and a failure on one node is that rank's.
+ * The price is that srun tells each rank of a one-task step (SLURM_PROCID=0,
+ * SLURM_NTASKS=1): the ranks get the run's node lists in their environment
+ * and rewrite those variables to the whole run's before any Python runs
+ * (runtime/dk_slurm_rank.c, from distkernel-rank's main).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -17,6 +21,7 @@
 #include "dk_dist_slurm.h"
 #include "dk_netaddr.h"
 #include "dk_slurm.h"
+#include "dk_spawn.h"
 
 #include <errno.h>
 #include <stdint.h>
@@ -67,11 +72,13 @@ struct dk_dist_slurm_t {
     bool gpu;                   /* GPU ranks: the allocation has per_node GPUs on each node */
     char node_list[4096];
     char bc_addr[64];
+    char advertise[64];         /* advertise_addr=, "" if not given */
     char jobopt[64];
     char (*nodeopt)[300];       /* per rank: --nodelist=NODE */
     const char **hosts;         /* per rank: its node's name (the allocation's) */
     const char *(*cmd)[CMD_WORDS];
     const char *const **cmds;   /* per rank: cmd[r] */
+    char **env;                 /* the ranks' base environment: the run's node lists added */
 };
 
 /* "nodes=2", "remote=True / launcher=slurm": what asked for Slurm, for messages. */
@@ -87,6 +94,16 @@ int dk_dist_slurm_preflight(const dk_dist_opts_t *opts)
 {
     char err[2048], asked[64];
     what_asked(opts, asked, sizeof asked);
+    /* A given address is checked before Slurm is asked for anything (the
+     * route, when none is given, needs the nodes: dk_dist_slurm_spec). */
+    if ((opts->advertise_addr[0] || (getenv(DK_NETADDR_ENV) && *getenv(DK_NETADDR_ENV)))) {
+        char addr[64];
+        if (dk_netaddr_advertise(opts->advertise_addr, NULL, 0, addr, sizeof addr, err,
+                                 sizeof err) < 0) {
+            PyErr_Format(PyExc_ValueError, "%s: %s. No rank was started.", asked, err);
+            return -1;
+        }
+    }
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = dk_slurm_reachable(PREFLIGHT_TIMEOUT_S, err, sizeof err);
@@ -188,12 +205,21 @@ static dk_slurm_request_t request_for(const dk_dist_opts_t *opts, const dk_dist_
         double limit = opts->timeout_s + TIME_LIMIT_MARGIN_S;
         req.time_limit_s = 60.0 * (double)(long)((limit + 59.999) / 60.0);
         req.wait_s = opts->timeout_s;
+        /* The default timeout is no one's wish: on a partition whose MaxTime
+         * is shorter (a 30-minute debug partition) the run gets that rather
+         * than a request that waits for ever. A timeout= given is the
+         * user's: over the MaxTime, the wait ends at once saying so. */
+        req.clamp_time = !opts->timeout_given;
+    } else {
+        /* timeout=None: no end of ours, so the longest Slurm allows, not the
+         * partition's DefaultTime, which would end the ranks as failures. */
+        req.longest_time = true;
     }
     return req;
 }
 
-static void allocation_error(const dk_dist_opts_t *opts, const waiter_t *w, int stopped,
-                             const char *err)
+static void allocation_error(const dk_dist_opts_t *opts, bool persistent, const waiter_t *w,
+                             int stopped, const char *err)
 {
     char asked[64];
     what_asked(opts, asked, sizeof asked);
@@ -207,8 +233,26 @@ static void allocation_error(const dk_dist_opts_t *opts, const waiter_t *w, int 
         char timeout[32];       /* PyErr_Format knows no %g */
         snprintf(timeout, sizeof timeout, "%g", opts->timeout_s);
         PyErr_Format(PyExc_TimeoutError, "%s: timeout=%s passed while waiting for Slurm's nodes: "
-                     "%s. No rank was started. Ask for a partition with free nodes, or a longer "
-                     "timeout=.", asked, timeout, err);
+                     "%s. No rank was started. Ask for a partition with free nodes "
+                     "(partition=), or fewer nodes.", asked, timeout, err);
+    }
+    else if (stopped == 3 && persistent) {
+        /* Started ranks ask for the partition's MaxTime, not for timeout=. */
+        PyErr_Format(PyExc_RuntimeError, "%s: Slurm will not run the request: %s. No rank was "
+                     "started. Started ranks ask for the partition's MaxTime: give a shorter "
+                     "one in slurm_args='--time=H:MM:SS', or a %s whose limit allows it.", asked,
+                     err, strstr(err, "MaxWall") ? "qos= (or account=)" : "partition=");
+    }
+    else if (stopped == 3) {
+        /* The time limit asked for is timeout= plus the margin: a shorter
+         * timeout= is what makes it fit. */
+        char timeout[32];
+        snprintf(timeout, sizeof timeout, "%g", opts->timeout_s);
+        PyErr_Format(PyExc_RuntimeError, "%s: Slurm will not run the request: %s. No rank was "
+                     "started. The allocation asks for timeout= (%s s%s) plus %d minutes: give a "
+                     "shorter timeout=, or a %s whose limit allows it.", asked, err, timeout,
+                     opts->timeout_given ? "" : ", the default", (int)(TIME_LIMIT_MARGIN_S / 60),
+                     strstr(err, "MaxWall") ? "qos= (or account=)" : "partition=");
     }
     else
         PyErr_Format(PyExc_RuntimeError, "%s: Slurm gave no nodes: %s. No rank was started.",
@@ -252,7 +296,7 @@ dk_dist_slurm_t *dk_dist_slurm_allocate(const dk_dist_opts_t *opts, const dk_dis
     dk_slurm_t *alloc = dk_slurm_allocate(&req, &stopped, err, sizeof err);
     PyEval_RestoreThread(w.ts);
     if (!alloc) {
-        allocation_error(opts, &w, stopped, err);
+        allocation_error(opts, persistent, &w, stopped, err);
         return NULL;
     }
     if (dk_slurm_node_count(alloc) < (size_t)req.nodes) {
@@ -266,7 +310,9 @@ dk_dist_slurm_t *dk_dist_slurm_allocate(const dk_dist_opts_t *opts, const dk_dis
     if (!self) {
         dk_slurm_destroy(&alloc);
         PyErr_NoMemory();
+        return NULL;
     }
+    snprintf(self->advertise, sizeof self->advertise, "%s", opts->advertise_addr);
     return self;
 }
 
@@ -291,11 +337,23 @@ static int pick_master_port(void)
 int dk_dist_slurm_spec(dk_dist_slurm_t *self, const char *rank_exe, dk_job_spec_t *spec)
 {
     char err[1024];
-    const char *first = dk_slurm_node_addr(self->alloc, 0);
-    if (dk_netaddr_advertise(NULL, first, self->bc_addr, sizeof self->bc_addr, err,
-                             sizeof err) < 0) {
+    /* The nodes the run uses, in its order: the route to the first that is
+     * not this host gives the address (dk_netaddr_advertise). */
+    size_t count = dk_slurm_node_count(self->alloc);
+    size_t used = self->per_node > 0
+                      ? (size_t)((self->world + self->per_node - 1) / self->per_node) : count;
+    if (used > count)
+        used = count;
+    const char *nodes[64];
+    if (used > sizeof nodes / sizeof nodes[0])
+        used = sizeof nodes / sizeof nodes[0];
+    for (size_t i = 0; i < used; i++)
+        nodes[i] = dk_slurm_node_addr(self->alloc, i);
+    if (dk_netaddr_advertise(self->advertise, nodes, used, self->bc_addr, sizeof self->bc_addr,
+                             err, sizeof err) < 0) {
         PyErr_Format(PyExc_RuntimeError, "no address of this host reaches Slurm job %s's "
-                     "first node (%s): %s", dk_slurm_job_id(self->alloc), first, err);
+                     "nodes (%s, ...): %s", dk_slurm_job_id(self->alloc),
+                     used ? nodes[0] : "none", err);
         return -1;
     }
     snprintf(self->jobopt, sizeof self->jobopt, "--jobid=%s", dk_slurm_job_id(self->alloc));
@@ -323,11 +381,42 @@ int dk_dist_slurm_spec(dk_dist_slurm_t *self, const char *rank_exe, dk_job_spec_
         memcpy(self->cmd[r], argv, sizeof argv);
         self->cmds[r] = self->cmd[r];
     }
+    /* The node lists each rank's SLURM_* variables are rewritten from
+     * (dk_slurm_rank.c): srun tells a one-task step only its own node. */
+    char *lists[2] = {NULL, NULL};
+    size_t lens[2];
+    FILE *f[2] = {open_memstream(&lists[0], &lens[0]), open_memstream(&lists[1], &lens[1])};
+    int run_nodes = self->world / self->per_node;
+    bool ok = f[0] && f[1];
+    if (ok) {
+        fputs(DK_SLURM_RUN_NODES_ENV "=", f[0]);
+        fputs(DK_SLURM_JOB_NODES_ENV "=", f[1]);
+    }
+    for (size_t i = 0; ok && i < dk_slurm_node_count(self->alloc); i++) {
+        const char *name = dk_slurm_node_name(self->alloc, i);
+        if ((int)i < run_nodes)
+            fprintf(f[0], "%s%s", i ? "," : "", name);
+        fprintf(f[1], "%s%s", i ? "," : "", name);
+    }
+    for (int i = 0; i < 2; i++)
+        if (f[i] && fclose(f[i]) != 0)
+            ok = false;
+    dk_spawn_env_free(self->env);
+    self->env = ok ? dk_spawn_env_build(spec->env ? spec->env : (const char *const *)environ,
+                                        (const char *const *)lists, 2)
+                   : NULL;
+    free(lists[0]);
+    free(lists[1]);
+    if (!self->env) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    spec->env = (const char *const *)self->env;
     spec->bc_tcp_addr = self->bc_addr;
     spec->rank_hosts = self->hosts;
     spec->rank_commands = self->cmds;
     spec->ranks_per_node = self->per_node;
-    spec->master_addr = first;
+    spec->master_addr = dk_slurm_node_addr(self->alloc, 0);
     spec->master_port = pick_master_port();
     spec->warm_socket = NULL;
     spec->heartbeat_s = heartbeat_s();
@@ -376,6 +465,7 @@ void dk_dist_slurm_destroy(dk_dist_slurm_t **self_p)
                     dk_slurm_job_id(self->alloc), err);
         dk_slurm_destroy(&self->alloc);
     }
+    dk_spawn_env_free(self->env);
     free(self->nodeopt);
     free(self->hosts);
     free(self->cmd);

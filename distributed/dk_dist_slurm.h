@@ -64,7 +64,10 @@ typedef struct {
  * does. Returns the allocation, or NULL with a Python exception set, and no
  * job of the request left in Slurm's queue: KeyboardInterrupt when
  * interrupted while queued, TimeoutError when timeout= passed in the queue,
- * RuntimeError otherwise (Slurm's words included). */
+ * RuntimeError otherwise (Slurm's words included; a time limit over the
+ * partition's or QOS's, said at once with the advice for a shorter
+ * timeout=). The time limit is timeout= plus 5 minutes; without timeout=,
+ * no more than the partition's MaxTime; with timeout=None, that MaxTime. */
 dk_dist_slurm_t *dk_dist_slurm_allocate(const dk_dist_opts_t *opts, const dk_dist_plan_t *plan,
                                         bool persistent, const dk_dist_slurm_hooks_t *hooks);
 
@@ -72,7 +75,10 @@ dk_dist_slurm_t *dk_dist_slurm_allocate(const dk_dist_opts_t *opts, const dk_dis
  * rank_hosts, rank_commands (srun of RANK_EXE, one step per rank; GPU
  * ranks' steps share their node's GPUs of the job, CPU ranks' take none),
  * ranks_per_node, master_addr, master_port, heartbeat_s (longer than on
- * one node: see HEARTBEAT_S in the .c). What SPEC points to belongs to
+ * one node: see HEARTBEAT_S in the .c), and env (SPEC's env, or the
+ * process's, with the run's and the allocation's node lists from which each
+ * rank rewrites its SLURM_* variables: dk_slurm_rank_env). It is called
+ * after SPEC's env is set. What SPEC points to belongs to
  * SELF (dk_job_start copies it). Returns 0, or -1 with a Python RuntimeError
  * set. Warm start does not apply: the caller leaves spec.warm_socket NULL. */
 int dk_dist_slurm_spec(dk_dist_slurm_t *self, const char *rank_exe, dk_job_spec_t *spec);

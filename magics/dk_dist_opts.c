@@ -7,7 +7,9 @@
  */
 #include "dk_dist_opts.h"
 #include "dk_err.h"
+#include "dk_slurm.h"
 
+#include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
@@ -76,6 +78,9 @@ const char dk_dist_doc[] =
     "  partition=P  account=A  qos=Q  constraint=C\n"
     "                       what Slurm is asked for (default: Slurm's own defaults).\n"
     "  slurm_args=\"...\"     more Slurm options, passed through as they are.\n"
+    "  advertise_addr=A     this host's address on the nodes' network, where the ranks\n"
+    "                       reach the kernel (default $DISTKERNEL_ADVERTISE_ADDR, else\n"
+    "                       the route to the first node that is not this host).\n"
     "  Defaults, set once by a site (e.g. in the kernelspec's env): DISTKERNEL_NODES,\n"
     "  DISTKERNEL_LAUNCHER, DISTKERNEL_SLURM_PARTITION, DISTKERNEL_SLURM_ACCOUNT,\n"
     "  DISTKERNEL_SLURM_QOS, DISTKERNEL_SLURM_CONSTRAINT, DISTKERNEL_SLURM_ARGS.\n"
@@ -154,7 +159,7 @@ bool dk_dist_platform_model(const char *model)
 static const char accepted[] =
     "accepted options: num_accelerators, accelerator_type, num_processes, timeout, output, "
     "result, check, experiment, run_name, tracking, log_cap, nodes, launcher, partition, "
-    "account, qos, constraint, slurm_args, idle_timeout, warm, warm_modules (and the deprecated "
+    "account, qos, constraint, slurm_args, advertise_addr, idle_timeout, warm, warm_modules (and the deprecated "
     "gpus, gpu_type)";
 
 /* One `name=value` token; VALUE is unquoted. Returns the position after it, NULL
@@ -369,6 +374,7 @@ static int opt_accelerator_type(const char *name, const char *value, bool quoted
 static int opt_timeout(const char *name, const char *value, bool quoted, dk_dist_opts_t *o,
                        char *err, size_t errlen)
 {
+    o->timeout_given = true;
     if (!quoted && strcmp(value, "None") == 0) {
         o->timeout_s = 0;
         return 0;
@@ -580,7 +586,28 @@ static int opt_slurm_args(const char *name, const char *value, bool quoted, dk_d
                    "--mem=0\", got '%s'", sizeof o->slurm_args, value);
         return -1;
     }
+    /* Refused here, before anything of the run exists, rather than by salloc's
+     * caller once the log folder and the MLflow run do. */
+    if (dk_slurm_check_args(value, err, errlen) < 0)
+        return -1;
     snprintf(o->slurm_args, sizeof o->slurm_args, "%s", value);
+    return 0;
+}
+
+/* advertise_addr: numeric, since the back channel binds it. */
+static int opt_advertise_addr(const char *name, const char *value, bool quoted,
+                              dk_dist_opts_t *o, char *err, size_t errlen)
+{
+    (void)name;
+    (void)quoted;
+    unsigned char buf[sizeof(struct in6_addr)];
+    if (strlen(value) >= sizeof o->advertise_addr ||
+        (inet_pton(AF_INET, value, buf) != 1 && inet_pton(AF_INET6, value, buf) != 1)) {
+        dk_set_err(err, errlen, "advertise_addr must be a numeric IPv4 or IPv6 address of "
+                   "this host on the nodes' network, such as 10.0.0.5, got '%s'", value);
+        return -1;
+    }
+    snprintf(o->advertise_addr, sizeof o->advertise_addr, "%s", value);
     return 0;
 }
 
@@ -612,6 +639,7 @@ static const struct {
     {"qos", NULL, NULL, opt_slurm_name},
     {"constraint", NULL, NULL, opt_slurm_name},
     {"slurm_args", NULL, NULL, opt_slurm_args},
+    {"advertise_addr", NULL, NULL, opt_advertise_addr},
     {"idle_timeout", NULL, NULL, opt_idle_timeout},
     {"warm", NULL, NULL, opt_warm},
     {"warm_modules", NULL, NULL, opt_warm_modules},

@@ -35,6 +35,7 @@ typedef struct {
     int accelerator_count;      /* n of GPU_<n>x<MODEL>, 0 if not given */
     int num_processes;          /* CPU ranks; 0: not given */
     double timeout_s;           /* 0: no timeout (timeout=None) */
+    bool timeout_given;         /* timeout= was given (else the default) */
     dk_output_mode_t output;
     char result_name[128];      /* "" : results not stored under a name */
     bool check;                 /* run the NCCL preflight check first */
@@ -56,6 +57,8 @@ typedef struct {
     char qos[128];
     char constraint[256];
     char slurm_args[1024];      /* more salloc/srun options, as shell words */
+    char advertise_addr[64];    /* this host's address the nodes reach it by, numeric;
+                                   "": $DISTKERNEL_ADVERTISE_ADDR, else the route */
     double idle_timeout_s;      /* started ranks: end after this long idle; 0: never */
     bool idle_given;            /* idle_timeout= was given */
     bool warm;                  /* fork fresh runs' ranks from a warm-start template

@@ -88,17 +88,66 @@ static int given(const char *addr, const char *source, char *out, size_t outlen,
         dk_set_err(err, errlen, "%s is too long", source);
         return -1;
     }
+    /* The back channel binds it: say now, naming where it came from, when
+     * this host has no such address (a value meant for another machine). */
+    struct addrinfo hints, *ai = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | AI_PASSIVE;
+    if (getaddrinfo(addr, "0", &hints, &ai) == 0 && ai) {
+        int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        int bound = fd >= 0 ? bind(fd, ai->ai_addr, ai->ai_addrlen) : 0;
+        int bind_errno = errno;
+        if (fd >= 0)
+            close(fd);
+        freeaddrinfo(ai);
+        if (bound != 0 && bind_errno == EADDRNOTAVAIL) {
+            dk_set_err(err, errlen, "%s is %s, which is not an address of this host; give "
+                       "this host's address on the nodes' network (or leave it unset: the "
+                       "route to the first node decides)", source, addr);
+            return -1;
+        }
+    }
     memcpy(out, addr, strlen(addr) + 1);
     return 0;
 }
 
-int dk_netaddr_advertise(const char *option, const char *first_node, char *out, size_t outlen,
-                         char *err, size_t errlen)
+/* Whether ADDR (numeric) is a loopback address: 127/8, ::1, or ::ffff:127/104. */
+static bool loopback(const char *addr)
+{
+    struct in_addr v4;
+    struct in6_addr v6;
+    if (inet_pton(AF_INET, addr, &v4) == 1)
+        return (ntohl(v4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, addr, &v6) != 1)
+        return false;
+    if (IN6_IS_ADDR_LOOPBACK(&v6))
+        return true;
+    return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
+}
+
+int dk_netaddr_advertise(const char *option, const char *const *nodes, size_t nnodes, char *out,
+                         size_t outlen, char *err, size_t errlen)
 {
     if (option && *option)
-        return given(option, "the advertise address option", out, outlen, err, errlen);
+        return given(option, "advertise_addr", out, outlen, err, errlen);
     const char *env = getenv(DK_NETADDR_ENV);
     if (env && *env)
         return given(env, DK_NETADDR_ENV, out, outlen, err, errlen);
-    return dk_netaddr_route_to(first_node, out, outlen, err, errlen);
+    if (nnodes == 0) {
+        dk_set_err(err, errlen, "no node was named to find the route to");
+        return -1;
+    }
+    /* The route to a node that is this host leaves from loopback (a kernel on
+     * the allocation's first node, whose name /etc/hosts maps to 127.0.1.1):
+     * the other nodes could not reach that, so the route to the first node
+     * that is elsewhere decides. Only when every node is this host is
+     * loopback the answer. */
+    for (size_t i = 0; i < nnodes; i++) {
+        if (dk_netaddr_route_to(nodes[i], out, outlen, err, errlen) < 0)
+            return -1;
+        if (!loopback(out))
+            return 0;
+    }
+    return dk_netaddr_route_to(nodes[0], out, outlen, err, errlen);
 }

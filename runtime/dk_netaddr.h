@@ -20,11 +20,13 @@
  * or -1 with ERR naming HOST when it cannot be resolved or has no route. */
 int dk_netaddr_route_to(const char *host, char *out, size_t outlen, char *err, size_t errlen);
 
-/* The address to listen on and give the ranks: OPTION when non-empty, else
- * $DISTKERNEL_ADVERTISE_ADDR when non-empty, else the route to FIRST_NODE.
+/* The address to listen on and give the ranks: OPTION (advertise_addr=) when
+ * non-empty, else $DISTKERNEL_ADVERTISE_ADDR when non-empty, else the route to
+ * the first of NODES (NNODES, in the run's order) that is not reached over
+ * loopback (a node that is this host), loopback only when all of them are.
  * A given address must be numeric (the listener binds it). Returns 0, or -1
  * with ERR saying which source was wrong and what to give. */
-int dk_netaddr_advertise(const char *option, const char *first_node, char *out, size_t outlen,
-                         char *err, size_t errlen);
+int dk_netaddr_advertise(const char *option, const char *const *nodes, size_t nnodes, char *out,
+                         size_t outlen, char *err, size_t errlen);
 
 #endif

@@ -16,7 +16,9 @@
  * id. The only job this code does not cancel is one it did not ask for (the
  * allocation it runs inside). And a process killed outright (a kernel's
  * SIGKILL) cancels too: before salloc runs, a last word (dk_spawn_last_word)
- * is armed with `scancel --name=distkernel-<random>`; release disarms it.
+ * is armed with `scancel --name=distkernel-<random>`, replaced by `scancel
+ * ID` as soon as salloc says the id; release disarms it. The name cannot be
+ * changed from slurm_args (dk_slurm_check_args refuses -J).
  *
  * Bounded time. Every command has a deadline (command_timeout_s) enforced by
  * the same cancel callback; past it, the stop ladder with a short grace ends
@@ -58,6 +60,7 @@ struct dk_slurm_t {
      * releasing it (dk_spawn_last_word), so a SIGKILLed kernel leaves no job
      * in the queue nor an allocation held. -1 when none. */
     int last_word_pid, last_word_fd;
+    bool last_word_by_id;       /* `scancel ID` once the id is known */
 };
 
 /* ---- running one command ------------------------------------------------- */
@@ -76,18 +79,52 @@ typedef struct {
     char state[32], reason[128];
 } command_t;
 
+/* A command's stderr, its latest SAY_MAX bytes: a message quotes how it
+ * ended, and a long banner first (a site's job_submit plugin) must not push
+ * salloc's "Pending job allocation N" out. Before old text goes, the job's
+ * id is taken from it, in case the id came with the banner's tail. */
 static void on_stderr(void *data, const char *bytes, size_t len)
 {
     command_t *c = data;
-    size_t room = sizeof c->said - 1 - c->said_len;
-    if (len > room)
-        len = room;
-    memcpy(c->said + c->said_len, bytes, len);
-    c->said_len += len;
-    c->said[c->said_len] = '\0';
+    while (len) {
+        size_t room = sizeof c->said - 1 - c->said_len;
+        if (room == 0) {
+            if (c->job && !c->job->job_id[0])
+                dk_slurm_salloc_job_id(c->said, c->job->job_id, sizeof c->job->job_id);
+            size_t drop = c->said_len / 2;
+            memmove(c->said, c->said + drop, c->said_len - drop);
+            c->said_len -= drop;
+            continue;
+        }
+        size_t n = len < room ? len : room;
+        memcpy(c->said + c->said_len, bytes, n);
+        c->said_len += n;
+        c->said[c->said_len] = '\0';
+        bytes += n;
+        len -= n;
+    }
 }
 
 static void watch_wait(command_t *c);
+static void note_state(command_t *c, const dk_slurm_squeue_t *q);
+
+/* Once the job's id is known, the last word cancels by it: an id names this
+ * job alone, whatever its name turned out to be (a job_submit plugin may
+ * rename it). The last word by name is ended only once the new one is
+ * armed; if it cannot be, the old one stays. */
+static void last_word_by_id(dk_slurm_t *self)
+{
+    if (self->last_word_by_id || !self->job_id[0])
+        return;
+    char *scancel[] = {"scancel", self->job_id, NULL};
+    int pid = -1, fd = -1;
+    if (dk_spawn_last_word(scancel, &pid, &fd, NULL, 0) < 0)
+        return;
+    dk_spawn_sentinel_end(&self->last_word_pid, &self->last_word_fd);
+    self->last_word_pid = pid;
+    self->last_word_fd = fd;
+    self->last_word_by_id = true;
+}
 
 static bool should_stop(void *data)
 {
@@ -343,17 +380,44 @@ static void watch_wait(command_t *c)
     /* Slurm took the request: from here on it waits in the queue, which the
      * wait limit bounds, not the command's deadline. */
     c->deadline = 1e300;
+    last_word_by_id(c->job);
     if (now < c->next_poll)
         return;
     c->next_poll = now + POLL_EVERY_S;
     dk_slurm_squeue_t q;
-    if (squeue_job(c->job, &q, NULL, 0) == 1 &&
-        (strcmp(q.state, c->state) || strcmp(q.reason, c->reason))) {
-        snprintf(c->state, sizeof c->state, "%s", q.state);
-        snprintf(c->reason, sizeof c->reason, "%s", q.reason);
-        if (req->on_wait)
-            req->on_wait(req->data, c->job->job_id, q.state, q.reason);
-    }
+    if (squeue_job(c->job, &q, NULL, 0) == 1)
+        note_state(c, &q);
+}
+
+/* Q, the job's line while it waits: reported at each poll, changed or not,
+ * so that what shows the wait (a status line's elapsed time) moves; a reason
+ * that cannot change while it waits ends the wait. */
+static void note_state(command_t *c, const dk_slurm_squeue_t *q)
+{
+    const dk_slurm_request_t *req = c->req;
+    snprintf(c->state, sizeof c->state, "%s", q->state);
+    snprintf(c->reason, sizeof c->reason, "%s", q->reason);
+    if (req->on_wait)
+        req->on_wait(req->data, c->job->job_id, q->state, q->reason);
+    /* Over a partition's MaxTime or a QOS's MaxWall, a job waits for ever
+     * where the site does not enforce the limits at submission (Slurm's
+     * default): say so now rather than at the end of the wait. */
+    if (strcmp(q->state, "PENDING") == 0 && dk_slurm_time_limit_reason(q->reason))
+        c->stop = 3;
+}
+
+/* Whether TEXT (extra_args) sets the time limit, which then wins over ours. */
+static bool sets_time(const char *text)
+{
+    char **w = NULL;
+    size_t n = 0;
+    bool found = false;
+    if (text && dk_slurm_split_words(text, &w, &n, NULL, 0) == 0)
+        for (size_t i = 0; i < n && !found; i++)
+            found = strcmp(w[i], "--time") == 0 || strncmp(w[i], "--time=", 7) == 0 ||
+                    strncmp(w[i], "-t", 2) == 0;
+    dk_slurm_names_free(w, n);
+    return found;
 }
 
 static void unique_name(char *name, size_t len)
@@ -372,12 +436,15 @@ static void unique_name(char *name, size_t len)
 
 /* salloc's argument list for REQ, TIME_LIMIT its --time ("": none); NULL with
  * ERR. The site's or user's extra_args come last: an option there (a --time
- * of their own) wins over ours. */
+ * of their own) wins over ours, except those dk_slurm_check_args refuses
+ * (the job's name and shape), which nothing may change. */
 static char **salloc_args(const dk_slurm_request_t *req, const char *name,
                           const char *time_limit, char *err, size_t errlen)
 {
     char **extra = NULL;
     size_t nextra = 0;
+    if (req->extra_args && dk_slurm_check_args(req->extra_args, err, errlen) < 0)
+        return NULL;
     if (req->extra_args &&
         dk_slurm_split_words(req->extra_args, &extra, &nextra, err, errlen) < 0)
         return NULL;
@@ -536,18 +603,28 @@ static int request_time_limit(const dk_slurm_request_t *req, dk_slurm_t *self, c
     if (req->time_limit_s > 0) {
         long s = (long) (req->time_limit_s + 0.999);
         snprintf(self->time_limit, sizeof self->time_limit, "%ld:%02ld", s / 60, s % 60);
+        if (!req->clamp_time)
+            return 0;
+    } else if (!req->longest_time) {
         return 0;
     }
-    if (!req->longest_time)
-        return 0;
     command_t c = {0};
     static const char *const args[] = {"-h", "-o", "%P %l", NULL};
     char *out = NULL;
+    char max[sizeof self->time_limit];
     int rc = run("sinfo", args, self->timeout_s, &c, &out, err, errlen);
-    bool found = rc == 0 && out &&
-                 dk_slurm_partition_limit(out, req->partition, self->time_limit,
-                                          sizeof self->time_limit);
+    bool found = rc == 0 && out && dk_slurm_partition_limit(out, req->partition, max, sizeof max);
     free(out);
+    if (req->time_limit_s > 0) {
+        /* Clamping is a courtesy: where sinfo cannot say, the wish stands
+         * (and a limit Slurm refuses ends the wait at once, watch_wait). */
+        long longest = found ? dk_slurm_time_s(max) : -1;
+        if (longest > 0 && longest < (long) (req->time_limit_s + 0.999))
+            snprintf(self->time_limit, sizeof self->time_limit, "%s", max);
+        return 0;
+    }
+    if (found)
+        snprintf(self->time_limit, sizeof self->time_limit, "%s", max);
     if (rc < 0)
         return -1;
     if (rc != 0) {
@@ -587,19 +664,8 @@ static dk_slurm_t *request(const dk_slurm_request_t *req, int *cancelled, char *
         c.wait_end = dk_now_s() + req->wait_s;
     int rc = run("salloc", (const char *const *) args, self->timeout_s, &c, NULL, err, errlen);
     free_args(args);
-    if (c.stop) {
-        if (cancelled)
-            *cancelled = c.stop;
-        if (c.stop == 1)
-            dk_set_err(err, errlen, "the Slurm request%s%s was cancelled while %s%s%s",
-                       self->job_id[0] ? " " : "", self->job_id,
-                       c.state[0] ? c.state : "waiting", c.reason[0] ? ": " : "", c.reason);
-        else
-            dk_set_err(err, errlen, "Slurm did not grant the request%s%s within %.0f s (%s%s%s); "
-                       "it was cancelled", self->job_id[0] ? " " : "", self->job_id, req->wait_s,
-                       c.state[0] ? c.state : "waiting", c.reason[0] ? ": " : "", c.reason);
-        goto fail;
-    }
+    if (c.stop)
+        goto stopped;
     if (rc != 0) {
         if (rc > 0)
             dk_set_err(err, errlen, "salloc could not allocate %d node%s: %s", req->nodes,
@@ -612,8 +678,27 @@ static dk_slurm_t *request(const dk_slurm_request_t *req, int *cancelled, char *
                    said_text(&c));
         goto fail;
     }
+    last_word_by_id(self);
     dk_slurm_squeue_t q;
     int found = squeue_job(self, &q, err, errlen);
+    /* Granted is not yet running where nodes boot first (power saving, cloud
+     * nodes) or a prolog runs at allocation (PrologFlags=Alloc): the job is
+     * CONFIGURING, and waited for within the same wait as the queue. */
+    while (found == 1 && strcmp(q.state, "CONFIGURING") == 0) {
+        note_state(&c, &q);
+        double next = dk_now_s() + POLL_EVERY_S;
+        while (!c.stop && dk_now_s() < next) {
+            if (req->cancelled && req->cancelled(req->data))
+                c.stop = 1;
+            else if (c.wait_end > 0 && dk_now_s() >= c.wait_end)
+                c.stop = 2;
+            else
+                usleep(100000);
+        }
+        if (c.stop)
+            goto stopped;
+        found = squeue_job(self, &q, err, errlen);
+    }
     if (found == 0)
         dk_set_err(err, errlen, "Slurm job %s ended right after it was granted", self->job_id);
     if (found != 1)
@@ -626,6 +711,24 @@ static dk_slurm_t *request(const dk_slurm_request_t *req, int *cancelled, char *
     if (learn_nodes(self, q.nodes, err, errlen) < 0)
         goto fail;
     return self;
+stopped:
+    if (cancelled)
+        *cancelled = c.stop;
+    if (c.stop == 1)
+        dk_set_err(err, errlen, "the Slurm request%s%s was cancelled while %s%s%s",
+                   self->job_id[0] ? " " : "", self->job_id,
+                   c.state[0] ? c.state : "waiting", c.reason[0] ? ": " : "", c.reason);
+    else if (c.stop == 2)
+        dk_set_err(err, errlen, "Slurm did not grant the request%s%s within %.0f s (%s%s%s); "
+                   "it was cancelled", self->job_id[0] ? " " : "", self->job_id, req->wait_s,
+                   c.state[0] ? c.state : "waiting", c.reason[0] ? ": " : "", c.reason);
+    else
+        dk_set_err(err, errlen, "Slurm will not run job %s: its time limit (%s) is over a "
+                   "limit of %s (PENDING: %s); it was cancelled", self->job_id,
+                   sets_time(req->extra_args) ? "the --time of slurm_args"
+                   : self->time_limit[0] ? self->time_limit : "the partition's default",
+                   strstr(c.reason, "MaxWall") ? "its QOS or account" : "the partition",
+                   c.reason);
 fail:
     dk_slurm_destroy(&self);       /* cancels it, by id or by name */
     return NULL;

@@ -50,11 +50,16 @@ typedef struct {
      * short for jobs that name no limit. For an allocation that lives as long
      * as its user keeps it (started ranks), released by its owner. */
     bool longest_time;
+    /* With time_limit_s > 0: the limit is a wish, not the user's (no
+     * timeout= was given). Where the partition's MaxTime (from sinfo) is
+     * shorter, ask for that instead: a request over it would wait in the
+     * queue for ever where the site does not enforce partition limits. */
+    bool clamp_time;
     double wait_s;              /* the longest wait in the queue; <= 0: no limit */
     double command_timeout_s;   /* each command's deadline; <= 0: DK_SLURM_COMMAND_TIMEOUT_S */
-    /* Called when the request's state or Slurm's reason changes while it waits
-     * (state "PENDING", reason "Resources", "Priority", "PartitionDown" ...);
-     * may be NULL. */
+    /* Called at each poll (about every second) while the request waits, with
+     * its state and Slurm's reason (state "PENDING", reason "Resources",
+     * "Priority", "PartitionDown" ...), changed or not; may be NULL. */
     void (*on_wait)(void *data, const char *job_id, const char *state, const char *reason);
     /* Asked about every 100 ms while the request waits: true cancels it. May be NULL. */
     bool (*cancelled)(void *data);
@@ -80,8 +85,12 @@ int dk_slurm_gpus_per_node(const char *partition, const char *nodelist, double t
  * (REQ->nodes must fit it), else a new one from salloc, waited for (REQ's
  * callbacks say how the wait goes). Returns the allocation, its node list
  * known, or NULL with ERR (Slurm's own words included); on NULL no job of this
- * request is left in Slurm's queue. When the wait was cancelled or passed
- * REQ->wait_s, *CANCELLED (may be NULL) says which: 1 cancelled, 2 wait_s. */
+ * request is left in Slurm's queue. A job that is CONFIGURING once granted
+ * (nodes booting, a prolog) is waited for until RUNNING, within the same
+ * wait. When the wait was cancelled, passed REQ->wait_s, or cannot end
+ * because a limit of Slurm's refuses the request's time limit (a reason
+ * dk_slurm_time_limit_reason knows), *CANCELLED (may be NULL) says which: 1
+ * cancelled, 2 wait_s, 3 the time limit. */
 dk_slurm_t *dk_slurm_allocate(const dk_slurm_request_t *req, int *cancelled, char *err,
                               size_t errlen);
 
@@ -131,6 +140,16 @@ void dk_slurm_names_free(char **names, size_t count);
 int dk_slurm_split_words(const char *text, char ***words, size_t *count, char *err,
                          size_t errlen);
 
+/* Whether TEXT, more salloc options as shell words (slurm_args), leaves alone
+ * what distkernel relies on: the job's name (-J, --job-name: the request is
+ * found and cancelled by it, even after the kernel is SIGKILLed) and its shape
+ * (-N, --nodes, -n, --ntasks, --ntasks-per-node: the ranks are placed by it).
+ * Long options are refused also as the prefixes salloc accepts for them
+ * ("--job-n"), short ones also run together ("-vN2"). Returns 0, or -1 with
+ * ERR naming the option, why it is refused and what to give instead (an
+ * unterminated quote is also -1). */
+int dk_slurm_check_args(const char *text, char *err, size_t errlen);
+
 /* One line of `squeue -h -o '%i|%T|%r|%N'` into its fields (each NUL-terminated
  * and truncated to its buffer). Returns 0, or -1 when LINE is not such a line. */
 typedef struct {
@@ -162,9 +181,43 @@ int dk_slurm_gres_gpus(const char *gres);
 int dk_slurm_partition_gpus(const char *text, const char *partition, bool any_partition,
                             char *gres, size_t greslen);
 
+/* Whether Slurm's REASON for a pending job says its time limit is over a
+ * limit that will not change while it waits: the partition's MaxTime
+ * ("PartitionTimeLimit"), a QOS's or association's MaxWall
+ * ("QOSMaxWallDurationPerJobLimit", "AssocMaxWallDurationPerJobLimit"). */
+bool dk_slurm_time_limit_reason(const char *reason);
+
+/* A Slurm time as sinfo and squeue write it ("30:00", "1:00:00",
+ * "2-00:00:00", "5", "2-12") in seconds; -1 for "infinite", "UNLIMITED" or
+ * what is not such a time. */
+long dk_slurm_time_s(const char *text);
+
 /* The job id in salloc's words on stderr ("salloc: Pending job allocation 12",
  * "salloc: Granted job allocation 12", "salloc: job 12 queued and waiting for
  * resources"), copied into ID; false when TEXT holds none. */
 bool dk_slurm_salloc_job_id(const char *text, char *id, size_t idlen);
+
+/* ---- a rank's SLURM_* variables (dk_slurm_rank.c), pure ------------------ */
+
+/* Set by the Slurm launcher for each rank: the run's nodes, in node order
+ * (GROUP_RANK indexes them), and the allocation's, both comma-separated. */
+#define DK_SLURM_RUN_NODES_ENV "DISTKERNEL_SLURM_RUN_NODES"
+#define DK_SLURM_JOB_NODES_ENV "DISTKERNEL_SLURM_JOB_NODES"
+
+/* The SLURM_* variables a rank of a run over Slurm must see so that Slurm-aware
+ * code finds the run's world, not its own one-task step: "NAME=VALUE" words
+ * (free with dk_slurm_names_free) for SLURM_PROCID (RANK), SLURM_LOCALID
+ * (LOCAL_RANK), SLURM_NODEID (GROUP_RANK), SLURM_NTASKS, SLURM_NPROCS and
+ * SLURM_STEP_NUM_TASKS (WORLD_SIZE), SLURM_NNODES and SLURM_STEP_NUM_NODES
+ * (the run's nodes), SLURM_JOB_NUM_NODES (the allocation's),
+ * SLURM_TASKS_PER_NODE and SLURM_STEP_TASKS_PER_NODE ("4(x2)"),
+ * SLURM_NTASKS_PER_NODE, SLURM_STEP_NODELIST (the run's nodes),
+ * SLURM_JOB_NODELIST and SLURM_NODELIST (the allocation's), SLURM_GTIDS (the
+ * node's ranks) and SLURM_DISTRIBUTION=block; all from ENV (an environment
+ * array). Returns 0 with *COUNT 0 where ENV is not such a rank's (no
+ * DK_SLURM_RUN_NODES_ENV, or no SLURM_STEP_ID: not started by srun), or -1
+ * with ERR when the runtime's variables are missing or do not add up. */
+int dk_slurm_rank_env(const char *const *env, char ***words, size_t *count, char *err,
+                      size_t errlen);
 
 #endif

@@ -327,3 +327,123 @@ int dk_slurm_partition_gpus(const char *text, const char *partition, bool any_pa
     }
     return most;
 }
+
+bool dk_slurm_time_limit_reason(const char *reason)
+{
+    size_t n = strlen(reason), tail = strlen("TimeLimit");
+    return (n >= tail && strcmp(reason + n - tail, "TimeLimit") == 0) ||
+           strstr(reason, "MaxWall") != NULL;
+}
+
+long dk_slurm_time_s(const char *text)
+{
+    /* [days-]hours[:minutes[:seconds]] with a day, else
+     * minutes[:seconds] or hours:minutes:seconds */
+    long v[4];
+    int n = 0;
+    long days = -1;
+    const char *p = text;
+    if (!isdigit((unsigned char) *p))
+        return -1;
+    while (n < 4) {
+        char *end;
+        long x = strtol(p, &end, 10);
+        if (end == p || x < 0 || x > 1000000)
+            return -1;
+        if (*end == '-' && days < 0 && n == 0) {
+            days = x;
+            p = end + 1;
+            continue;
+        }
+        v[n++] = x;
+        if (*end == '\0')
+            break;
+        if (*end != ':')
+            return -1;
+        p = end + 1;
+    }
+    if (n == 0 || n > 3 || *p == '\0')
+        return -1;
+    long s;
+    if (days >= 0)
+        s = days * 86400 + v[0] * 3600 + (n > 1 ? v[1] * 60 : 0) + (n > 2 ? v[2] : 0);
+    else if (n == 3)
+        s = v[0] * 3600 + v[1] * 60 + v[2];
+    else
+        s = v[0] * 60 + (n > 1 ? v[1] : 0);
+    return s;
+}
+
+/* ---- slurm_args ------------------------------------------------------------ */
+
+/* The options slurm_args may not give, and why. */
+static const struct {
+    const char *name;       /* long, without "--" */
+    char letter;            /* short, or 0 */
+    const char *why;
+} refused[] = {
+    {"job-name", 'J', "distkernel names each request itself, to find and cancel it whatever "
+     "happens (a kernel killed outright included); for accounting, use --comment=... instead"},
+    {"nodes", 'N', "the run's node count comes from nodes=; give nodes=N instead"},
+    {"ntasks", 'n', "the run's ranks come from num_processes= or num_accelerators= (the total, "
+     "split over nodes=); give those instead"},
+    {"ntasks-per-node", 0, "the ranks on each node come from num_processes= or "
+     "num_accelerators= divided by nodes=; give those instead"},
+};
+#define REFUSED (sizeof refused / sizeof refused[0])
+
+/* salloc's short options that take an argument (22.05; I, k and K take an
+ * optional one): the rest of a word after one of them is its value, not more
+ * options. */
+static const char with_value[] = "ABcCdDFGIJkKLmMnNpqStwx";
+
+static int refuse(const char *word, size_t i, char *err, size_t errlen)
+{
+    if (refused[i].letter)
+        dk_set_err(err, errlen, "slurm_args may not set --%s (-%c), as '%s' does: %s",
+                   refused[i].name, refused[i].letter, word, refused[i].why);
+    else
+        dk_set_err(err, errlen, "slurm_args may not set --%s, as '%s' does: %s",
+                   refused[i].name, word, refused[i].why);
+    return -1;
+}
+
+static int check_word(const char *w, char *err, size_t errlen)
+{
+    if (w[0] != '-' || !w[1])
+        return 0;
+    if (w[1] == '-') {
+        /* salloc takes any unambiguous prefix of a long option: "--job-n=x"
+         * is --job-name. A prefix of ours that is ambiguous is refused too,
+         * which costs nothing: salloc would refuse it. */
+        const char *name = w + 2;
+        size_t len = strcspn(name, "=");
+        for (size_t i = 0; len && i < REFUSED; i++)
+            if (len <= strlen(refused[i].name) && strncmp(name, refused[i].name, len) == 0 &&
+                /* "--ntasks" is ours, "--ntasks-per-core" is not */
+                (len >= 2 || name[0] != 'n'))
+                return refuse(w, i, err, errlen);
+        return 0;
+    }
+    for (const char *c = w + 1; *c; c++) {
+        for (size_t i = 0; i < REFUSED; i++)
+            if (refused[i].letter && *c == refused[i].letter)
+                return refuse(w, i, err, errlen);
+        if (strchr(with_value, *c))
+            break;
+    }
+    return 0;
+}
+
+int dk_slurm_check_args(const char *text, char *err, size_t errlen)
+{
+    char **words = NULL;
+    size_t n = 0;
+    if (dk_slurm_split_words(text ? text : "", &words, &n, err, errlen) < 0)
+        return -1;
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        rc = check_word(words[i], err, errlen);
+    dk_slurm_names_free(words, n);
+    return rc;
+}

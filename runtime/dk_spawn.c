@@ -235,18 +235,26 @@ static long sweep_limit(void)
 /* ---- the sentinel --------------------------------------------------------------
  *
  * Like a guard, a forked child of a threaded host that never execs, so
- * async-signal-safe calls only. It holds the read end of a pipe on fd 0 and
- * nothing else; the host holds the only write end (close-on-exec, and every
- * child dk_spawn starts closes it). read() returns when the host's copy is
- * closed: when the host process ends, however it ends, or when it stops the
- * sentinel on purpose (it SIGKILLs it first, so the sentinel does not act).
+ * async-signal-safe calls only. It holds the read end of a pipe on fd 0 and a
+ * pidfd of the host, nothing else; the host holds the write end (close-on-exec,
+ * and every child dk_spawn starts closes it). It acts when the host process
+ * ends, however it ends (the pidfd; the pipe's EOF where there is none), and
+ * never when the host stops it on purpose (it SIGKILLs it first).
  * A group whose leader has died and been reaped still exists while any member
  * does, so its id cannot have been reused when the sentinel signals it.
  */
 
 /* In a watcher (a sentinel, a last word): keep only WATCH_FD, as fd 0, and
- * return when it reaches EOF (the host's copy of the write end is closed). */
-static void wait_for_host(int watch_fd, long max_fd)
+ * return when the host HOST has ended or the pipe reaches EOF (the host's copy
+ * of the write end is closed, on purpose or at its end).
+ *
+ * The pipe alone is not enough: a child the host forks without exec (os.fork,
+ * multiprocessing's fork start method, a DataLoader worker of the kernel)
+ * inherits the write end, and while it lives the pipe never reaches EOF, so a
+ * SIGKILLed kernel would keep its ranks or its Slurm allocation. A pidfd of the
+ * host becomes readable when the host process itself exits, whoever holds the
+ * pipe; the pipe stays for kernels without pidfd_open (before Linux 5.3). */
+static void wait_for_host(int watch_fd, pid_t host, long max_fd)
 {
     if (dup2(watch_fd, 0) < 0)
         _exit(127);
@@ -254,9 +262,26 @@ static void wait_for_host(int watch_fd, long max_fd)
         for (long fd = 1; fd < max_fd; fd++)
             close((int) fd);
     }
-    char byte;
-    while (read(0, &byte, 1) < 0 && errno == EINTR)
-        ;
+    int pidfd = -1;
+#ifdef SYS_pidfd_open
+    pidfd = (int) syscall(SYS_pidfd_open, host, 0);
+#endif
+    /* The host may have ended before the pidfd was taken (the pid then names
+     * no process, or another one, no longer our parent). */
+    if (getppid() != host)
+        return;
+    struct pollfd fds[2] = {{.fd = 0, .events = POLLIN}, {.fd = pidfd, .events = POLLIN}};
+    for (;;) {
+        int n = poll(fds, pidfd >= 0 ? 2 : 1, -1);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 || fds[1].revents || !(fds[0].revents & POLLIN))
+            return;     /* the host ended (or the pipe broke: act as if it did) */
+        char byte;
+        ssize_t got = read(0, &byte, 1);
+        if (got <= 0 && !(got < 0 && errno == EINTR))
+            return;     /* EOF: the host's end is closed */
+    }
 }
 
 /* What a watcher does when its host is gone: SIGKILL PGIDS (a sentinel), or
@@ -268,11 +293,11 @@ typedef struct {
     char *const *argv;
 } watch_t;
 
-static _Noreturn void sentinel_run(int watch_fd, const watch_t *w, long max_fd)
+static _Noreturn void sentinel_run(int watch_fd, pid_t host, const watch_t *w, long max_fd)
 {
     setpgid(0, 0);      /* not ended with the host's group */
     child_signals(false);
-    wait_for_host(watch_fd, max_fd);
+    wait_for_host(watch_fd, host, max_fd);
     for (int i = 0; i < w->n; i++) {
         if (w->pgids[i] > 1)
             kill(-w->pgids[i], SIGKILL);
@@ -287,7 +312,7 @@ static _Noreturn void sentinel_run(int watch_fd, const watch_t *w, long max_fd)
  * for the host's session must not disarm it), then, on EOF, restores default
  * signals, puts /dev/null on 0-2 and execs the command, which was resolved
  * and built before the fork. */
-static _Noreturn void last_word_run(int watch_fd, const watch_t *w, long max_fd)
+static _Noreturn void last_word_run(int watch_fd, pid_t host, const watch_t *w, long max_fd)
 {
     setpgid(0, 0);
     /* Every signal is still blocked (as at the fork): ignore these before the
@@ -304,7 +329,7 @@ static _Noreturn void last_word_run(int watch_fd, const watch_t *w, long max_fd)
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
-    wait_for_host(watch_fd, max_fd);
+    wait_for_host(watch_fd, host, max_fd);
     int null = open("/dev/null", O_RDWR);
     if (null < 0 || dup2(null, 0) < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0)
         _exit(127);
@@ -326,14 +351,15 @@ static int fork_watcher(const watch_t *w, const char *what, int *pid, int *fd, c
         return -1;
     }
     long max_fd = sweep_limit();
+    pid_t host = getpid();
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     pid_t child = fork();
     if (child == 0) {
         if (w->path)
-            last_word_run(p[0], w, max_fd);
-        sentinel_run(p[0], w, max_fd);
+            last_word_run(p[0], host, w, max_fd);
+        sentinel_run(p[0], host, w, max_fd);
     }
     int fork_errno = errno;
     pthread_sigmask(SIG_SETMASK, &old, NULL);

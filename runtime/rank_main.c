@@ -20,6 +20,7 @@
  */
 #include "dk_pyinit.h"
 #include "dk_rankchan.h"
+#include "dk_slurm.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -200,6 +201,32 @@ cold:
     return -1;
 }
 
+/* A rank that srun started for a run over Slurm: SLURM_* as the whole run's
+ * step would say them, not this rank's one-task step (dk_slurm_rank.c), set
+ * before any Python (or a warm template) sees the environment. */
+static int slurm_run_env(void)
+{
+    char **words = NULL, err[512];
+    size_t n = 0;
+    if (dk_slurm_rank_env((const char *const *)environ, &words, &n, err, sizeof err) < 0) {
+        fprintf(stderr, "distkernel-rank: cannot set this rank's SLURM_* variables: %s\n", err);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        char *eq = strchr(words[i], '=');
+        *eq = '\0';
+        if (setenv(words[i], eq + 1, 1) < 0) {
+            fprintf(stderr, "distkernel-rank: cannot set %s: %s\n", words[i], strerror(errno));
+            dk_slurm_names_free(words, n);
+            return -1;
+        }
+    }
+    dk_slurm_names_free(words, n);
+    unsetenv(DK_SLURM_RUN_NODES_ENV);
+    unsetenv(DK_SLURM_JOB_NODES_ENV);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -214,6 +241,8 @@ int main(int argc, char **argv)
     sigaddset(&sigint, SIGINT);
     sigprocmask(SIG_BLOCK, &sigint, NULL);
 
+    if (slurm_run_env() < 0)
+        return 1;
     const char *warm = getenv("DISTKERNEL_WARM_SOCKET");
     if (warm && *warm) {
         char path[PATH_MAX];

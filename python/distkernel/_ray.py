@@ -66,6 +66,30 @@ def _free_port():
 _base_store = []     # this rank's TCPStore, made once: rank 0 serves it on MASTER_PORT
 
 
+def _node_ip():
+    """This node's address for Ray when the ranks span nodes: the source of the
+    route to MASTER_ADDR (the first node; its own address there). Ray would
+    otherwise take the address of the node's hostname, which on Debian-like
+    nodes is 127.0.1.1, where the other nodes cannot reach its raylet and
+    object store. None on one node (MASTER_ADDR loopback or unset), where
+    Ray's own choice is right."""
+    import ipaddress
+
+    master = os.environ.get("MASTER_ADDR", "")
+    if not master:
+        return None
+    try:
+        infos = socket.getaddrinfo(master, 9, type=socket.SOCK_DGRAM)
+        if ipaddress.ip_address(infos[0][4][0]).is_loopback:
+            return None
+        family, _, _, _, addr = infos[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect(addr)         # nothing is sent: the kernel picks the route
+            return s.getsockname()[0]
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _store(generation):
     """The rendezvous: the process group's store if there is one, else a
     TCPStore that rank 0 serves at MASTER_ADDR:MASTER_PORT. A process group the
@@ -183,6 +207,9 @@ class RayCluster:
 
     def _start(self, num_cpus, num_gpus):
         args = self._start_args(num_cpus, num_gpus)
+        node_ip = _node_ip()
+        if node_ip:
+            args.append(f"--node-ip-address={node_ip}")
         env = self._ray_env(num_gpus)
         if self.is_driver:
             host = os.environ.get("MASTER_ADDR", "127.0.0.1")

@@ -85,8 +85,10 @@ def bring_up(nodes=2, env=None):
     up_s = time.monotonic() - start
     values = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
     client_env = dict(env or os.environ, SLURM_CONF=values["SLURM_CONF"])
-    return SlurmCluster(nodes, values["SLURM_CONF"], client_env,
-                        out.splitlines()[-1] == "started", up_s)
+    cluster = SlurmCluster(nodes, values["SLURM_CONF"], client_env,
+                           out.splitlines()[-1] == "started", up_s)
+    cluster.login_addr = values["DISTKERNEL_SLURM_SIM_LOGIN_ADDR"]  # this host, to the nodes
+    return cluster
 
 
 @pytest.fixture(scope="session")

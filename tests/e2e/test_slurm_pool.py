@@ -195,21 +195,44 @@ def test_kernel_shutdown_with_started_ranks_releases_the_job(slurm_cluster, tmp_
     assert wait_clean(slurm_cluster) == []
 
 
+FORK = ("import os, time\nchild = os.fork()\n"
+        "if child == 0:\n    time.sleep(120)\n    os._exit(0)\nchild")
+
+
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("forked_child", [False, True], ids=["alone", "with_a_forked_child"])
 def test_a_kernel_killed_with_started_ranks_leaves_nothing_within_a_minute(slurm_cluster,
-                                                                           tmp_path):
+                                                                           tmp_path,
+                                                                           forked_child):
+    # With a forked child: a child of the kernel forked without exec (os.fork,
+    # multiprocessing's fork method, a DataLoader worker) holds copies of the
+    # kernel's descriptors, the pipe its watchers wait on included, and outlives
+    # it; the kernel's death must still release the job.
     k = start(tmp_path, slurm_cluster)
     _clusters[id(k)] = slurm_cluster
+    child = None
     try:
         start_ranks(k)
         rank_values(k.execute(WHERE, timeout=RUN))
         assert len(rank_processes(slurm_cluster)) >= 4
+        if forked_child:
+            r = k.execute(FORK)
+            assert r.status == "ok", r.describe()
+            child = int(r.result)
         os.kill(k.pid, signal.SIGKILL)
         k.process.wait(timeout=30)
         t0 = time.monotonic()
+        if child:
+            assert os.path.exists(f"/proc/{child}"), "the forked child ended with the kernel"
+        left = wait_clean(slurm_cluster, timeout=60)
     finally:
         k.kc.stop_channels()
-    assert wait_clean(slurm_cluster, timeout=60) == []
+        if child:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert left == []
     assert time.monotonic() - t0 < 60
 
 

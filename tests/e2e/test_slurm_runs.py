@@ -382,3 +382,65 @@ def test_options_salloc_refuses_are_a_clear_error_and_nothing_is_left(kernel, sl
     assert "--no-such-option" in evalue and "No rank was started" in evalue, evalue
     assert our_jobs(slurm_cluster) == []
     still_serves(kernel)
+
+
+@pytest.mark.timeout(300)
+def test_advertise_addr_in_the_cell_wins_over_its_variable(slurm_cluster, tmp_path):
+    # The variable names an address this host does not have (the channel could
+    # not listen there); the cell's option names the one the nodes reach.
+    login = slurm_cluster.login_addr
+    k = start(tmp_path, slurm_cluster, DISTKERNEL_ADVERTISE_ADDR="192.0.2.7")
+    try:
+        r = k.execute("%%distributed num_processes=2 nodes=2\n1\n", timeout=240)
+        assert r.status == "error" and r.content["ename"] == "ValueError", r.describe()
+        assert "No rank was started" in r.content["evalue"], r.describe()
+        assert ("DISTKERNEL_ADVERTISE_ADDR is 192.0.2.7, which is not an address of this host"
+                in r.content["evalue"]), r.describe()
+        assert wait_clean(slurm_cluster) == []
+        r = k.execute(f"%%distributed num_processes=2 nodes=2 advertise_addr={login}\n"
+                      "import os\nos.environ['SLURMD_NODENAME']\n", timeout=240)
+        assert r.status == "ok", r.describe()
+        assert r.result == "rank 0: 'node1'\nrank 1: 'node2'", r.describe()
+        r = k.execute("%%distributed num_processes=2 nodes=2 advertise_addr=login\n1\n")
+        assert r.status == "error" and r.content["ename"] == "ValueError", r.describe()
+        assert "advertise_addr must be a numeric" in r.content["evalue"], r.describe()
+        still_serves(k)
+    finally:
+        k.stop()
+    assert wait_clean(slurm_cluster) == []
+
+
+@pytest.mark.timeout(300)
+def test_ray_launch_on_two_nodes_gives_each_ray_node_its_own_address(slurm_cluster, tmp_path):
+    # Ray, left to itself, takes the address of the node's hostname (127.0.1.1
+    # on Debian-like nodes), where the other nodes cannot reach it: each rank's
+    # `ray start` is given the node's address on the route to the first node.
+    import json
+    fake_ray = support.REPO_ROOT / "tests" / "e2e" / "fake_ray.py"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    os.symlink(fake_ray, bin_dir / "ray")
+    log = tmp_path / "ray.jsonl"
+    k = start(tmp_path, slurm_cluster, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+              FAKE_RAY_LOG=str(log))
+    try:
+        r = k.execute("from databricks.air import ray_launch\n"
+                      "@ray_launch(num_processes=4, nodes=2, tracking=False)\n"
+                      "def drive():\n"
+                      "    import os\n"
+                      "    return os.environ['RAY_ADDRESS']\n"
+                      "drive.distributed()", timeout=240)
+        assert r.status == "ok", r.describe()
+        net = slurm_cluster.login_addr.rsplit(".", 1)[0]
+        starts = {int(x["rank"]): x["argv"] for x in map(json.loads, log.read_text().splitlines())
+                  if x["event"] == "start"}
+        assert sorted(starts) == [0, 1, 2, 3], starts
+        for rank, argv in starts.items():
+            node = 1 if rank < 2 else 2
+            assert f"--node-ip-address={net}.{10 + node}" in argv, (rank, argv)
+        port = next(a.split("=", 1)[1] for a in starts[0] if a.startswith("--port="))
+        assert r.result == f"'{net}.11:{port}'", r.describe()
+        assert all(f"--address={net}.11:{port}" in starts[q] for q in (1, 2, 3)), starts
+    finally:
+        k.stop()
+    assert wait_clean(slurm_cluster) == []

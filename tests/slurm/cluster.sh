@@ -52,7 +52,8 @@
 #
 # Partitions: `sim` (the default, every node) and `stuck` (every node, State=DOWN:
 # it queues jobs and never runs them, reason PartitionDown), for the tests of a
-# request that waits.
+# request that waits; `short` (every node, MaxTime=5 minutes, DefaultTime=1),
+# for the tests of a time limit longer than a partition allows.
 set -euo pipefail
 
 DIR=${DISTKERNEL_SLURM_SIM_DIR:-/tmp/distkernel-slurm}
@@ -263,6 +264,7 @@ EOF
     ((n == 1)) && nodes=node1
     echo "PartitionName=sim Nodes=$nodes Default=YES MaxTime=INFINITE State=UP" >> "$CONF"
     echo "PartitionName=stuck Nodes=$nodes MaxTime=INFINITE State=DOWN" >> "$CONF"
+    echo "PartitionName=short Nodes=$nodes DefaultTime=1 MaxTime=5 State=UP" >> "$CONF"
     echo "$n" > "$DIR/nodes"
 }
 

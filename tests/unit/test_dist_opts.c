@@ -752,6 +752,36 @@ Test(dist_opts, bad_slurm_values_are_refused_with_what_is_accepted)
     fails("bogus=1", "nodes, launcher, partition, account, qos, constraint, slurm_args", NULL);
 }
 
+Test(dist_opts, advertise_addr_is_a_numeric_address_of_this_host)
+{
+    no_slurm_env();
+    ok("nodes=2 num_processes=4");
+    cr_expect_str_eq(opts.advertise_addr, "");
+    ok("nodes=2 num_processes=4 advertise_addr=10.1.2.3");
+    cr_expect_str_eq(opts.advertise_addr, "10.1.2.3");
+    ok("nodes=2 num_processes=4 advertise_addr=fd00::7");
+    cr_expect_str_eq(opts.advertise_addr, "fd00::7");
+    fails("nodes=2 num_processes=4 advertise_addr=login1", "advertise_addr must be a numeric",
+          "'login1'", NULL);
+    fails("advertise_addr=10.0.0", "advertise_addr must be a numeric", NULL);
+}
+
+Test(dist_opts, slurm_args_may_not_change_the_jobs_name_or_shape)
+{
+    no_slurm_env();
+    fails("nodes=2 slurm_args='-J exp1'", "slurm_args may not set --job-name (-J)",
+          "'-J' does", "find and cancel it", "--comment=", NULL);
+    fails("slurm_args='--exclusive --nodes=3'", "may not set --nodes (-N)", "give nodes=N",
+          NULL);
+    fails("slurm_args='--ntasks 8'", "may not set --ntasks (-n)", "num_processes=", NULL);
+    fails("slurm_args=--ntasks-per-node=4", "may not set --ntasks-per-node", NULL);
+    /* before anything of the run exists, and from the site's default too */
+    setenv("DISTKERNEL_SLURM_ARGS", "--job-name=site", 1);
+    fails("num_processes=2", "DISTKERNEL_SLURM_ARGS", "may not set --job-name", NULL);
+    unsetenv("DISTKERNEL_SLURM_ARGS");
+    ok("slurm_args='--exclusive --ntasks-per-core=1 --comment=\"-J x\" --nodelist=node1'");
+}
+
 Test(dist_opts, slurm_defaults_come_from_the_environment_and_the_cell_wins)
 {
     no_slurm_env();

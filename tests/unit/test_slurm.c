@@ -179,6 +179,134 @@ Test(slurm_text, a_partitions_gpus_per_node_are_its_nodes_most)
     cr_expect_eq(dk_slurm_partition_gpus(text, NULL, true, gres, sizeof gres), 8);
 }
 
+Test(slurm_text, slurm_times_are_read_in_seconds)
+{
+    cr_expect_eq(dk_slurm_time_s("30:00"), 1800);
+    cr_expect_eq(dk_slurm_time_s("5"), 300);
+    cr_expect_eq(dk_slurm_time_s("1:00:00"), 3600);
+    cr_expect_eq(dk_slurm_time_s("2-00:00:00"), 172800);
+    cr_expect_eq(dk_slurm_time_s("1-02"), 93600);
+    cr_expect_eq(dk_slurm_time_s("1-02:30"), 95400);
+    cr_expect_eq(dk_slurm_time_s("185:00"), 11100);
+    cr_expect_eq(dk_slurm_time_s("infinite"), -1);
+    cr_expect_eq(dk_slurm_time_s("UNLIMITED"), -1);
+    cr_expect_eq(dk_slurm_time_s("n/a"), -1);
+    cr_expect_eq(dk_slurm_time_s("1:"), -1);
+    cr_expect_eq(dk_slurm_time_s("1:2:3:4"), -1);
+    cr_expect_eq(dk_slurm_time_s(""), -1);
+}
+
+Test(slurm_text, reasons_that_a_time_limit_never_gets_past)
+{
+    cr_expect(dk_slurm_time_limit_reason("PartitionTimeLimit"));
+    cr_expect(dk_slurm_time_limit_reason("QOSMaxWallDurationPerJobLimit"));
+    cr_expect(dk_slurm_time_limit_reason("AssocMaxWallDurationPerJobLimit"));
+    cr_expect_not(dk_slurm_time_limit_reason("Resources"));
+    cr_expect_not(dk_slurm_time_limit_reason("PartitionDown"));
+    cr_expect_not(dk_slurm_time_limit_reason("Priority"));
+}
+
+/* The value of NAME among WORDS ("NAME=VALUE"), or NULL. */
+static const char *word_value(char **words, size_t n, const char *name)
+{
+    size_t len = strlen(name);
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(words[i], name, len) == 0 && words[i][len] == '=')
+            return words[i] + len + 1;
+    return NULL;
+}
+
+Test(slurm_text, a_ranks_slurm_variables_describe_the_run_not_its_step)
+{
+    /* rank 5 of 8, 4 on each of 2 nodes, in an allocation of 3 */
+    const char *env[] = {"RANK=5", "LOCAL_RANK=1", "GROUP_RANK=1", "WORLD_SIZE=8",
+                         "LOCAL_WORLD_SIZE=4", "SLURM_STEP_ID=7", "SLURM_PROCID=0",
+                         DK_SLURM_RUN_NODES_ENV "=gpu1,gpu2",
+                         DK_SLURM_JOB_NODES_ENV "=gpu1,gpu2,gpu3", NULL};
+    char **w = NULL, err[512] = "";
+    size_t n = 0;
+    cr_assert_eq(dk_slurm_rank_env(env, &w, &n, err, sizeof err), 0, "%s", err);
+    const char *want[][2] = {
+        {"SLURM_PROCID", "5"}, {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "1"},
+        {"SLURM_NTASKS", "8"}, {"SLURM_NPROCS", "8"}, {"SLURM_STEP_NUM_TASKS", "8"},
+        {"SLURM_NNODES", "2"}, {"SLURM_STEP_NUM_NODES", "2"}, {"SLURM_JOB_NUM_NODES", "3"},
+        {"SLURM_TASKS_PER_NODE", "4(x2)"}, {"SLURM_STEP_TASKS_PER_NODE", "4(x2)"},
+        {"SLURM_NTASKS_PER_NODE", "4"}, {"SLURM_STEP_NODELIST", "gpu1,gpu2"},
+        {"SLURM_JOB_NODELIST", "gpu1,gpu2,gpu3"}, {"SLURM_NODELIST", "gpu1,gpu2,gpu3"},
+        {"SLURM_GTIDS", "4,5,6,7"}, {"SLURM_DISTRIBUTION", "block"}};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const char *v = word_value(w, n, want[i][0]);
+        cr_expect(v && strcmp(v, want[i][1]) == 0, "%s=%s, want %s", want[i][0],
+                  v ? v : "(unset)", want[i][1]);
+    }
+    dk_slurm_names_free(w, n);
+
+    /* one node: "2", not "2(x1)"; the allocation's list defaults to the run's */
+    const char *one[] = {"RANK=0", "LOCAL_RANK=0", "GROUP_RANK=0", "WORLD_SIZE=2",
+                         "LOCAL_WORLD_SIZE=2", "SLURM_STEP_ID=0",
+                         DK_SLURM_RUN_NODES_ENV "=node1", NULL};
+    cr_assert_eq(dk_slurm_rank_env(one, &w, &n, err, sizeof err), 0, "%s", err);
+    cr_expect_str_eq(word_value(w, n, "SLURM_TASKS_PER_NODE"), "2");
+    cr_expect_str_eq(word_value(w, n, "SLURM_JOB_NUM_NODES"), "1");
+    cr_expect_str_eq(word_value(w, n, "SLURM_GTIDS"), "0,1");
+    dk_slurm_names_free(w, n);
+}
+
+Test(slurm_text, only_a_slurm_runs_ranks_have_their_variables_rewritten)
+{
+    char **w = NULL, err[512] = "";
+    size_t n = 1;
+    /* a local run inside an allocation: no node lists from the launcher */
+    const char *local[] = {"RANK=1", "LOCAL_RANK=1", "GROUP_RANK=0", "WORLD_SIZE=2",
+                           "LOCAL_WORLD_SIZE=2", "SLURM_STEP_ID=0", NULL};
+    cr_expect_eq(dk_slurm_rank_env(local, &w, &n, err, sizeof err), 0);
+    cr_expect_eq(n, 0);
+    /* not started by srun */
+    const char *no_step[] = {"RANK=1", DK_SLURM_RUN_NODES_ENV "=a,b", NULL};
+    n = 1;
+    cr_expect_eq(dk_slurm_rank_env(no_step, &w, &n, err, sizeof err), 0);
+    cr_expect_eq(n, 0);
+    /* what does not add up is said */
+    const char *bad[] = {"RANK=1", "LOCAL_RANK=1", "GROUP_RANK=0", "WORLD_SIZE=6",
+                         "LOCAL_WORLD_SIZE=2", "SLURM_STEP_ID=0",
+                         DK_SLURM_RUN_NODES_ENV "=a,b", NULL};
+    cr_expect_eq(dk_slurm_rank_env(bad, &w, &n, err, sizeof err), -1);
+    cr_expect(strstr(err, "does not add up") && strstr(err, "over 2 nodes (a,b)"), "%s", err);
+    const char *missing[] = {"SLURM_STEP_ID=0", DK_SLURM_RUN_NODES_ENV "=a", NULL};
+    cr_expect_eq(dk_slurm_rank_env(missing, &w, &n, err, sizeof err), -1);
+    cr_expect(strstr(err, "RANK is '(unset)'"), "%s", err);
+}
+
+static void expect_refused(const char *args, const char *option)
+{
+    char err[1024] = "";
+    cr_expect_eq(dk_slurm_check_args(args, err, sizeof err), -1, "%s accepted", args);
+    cr_expect(strstr(err, option), "%s: %s", args, err);
+}
+
+Test(slurm_text, extra_args_may_not_name_the_job_nor_shape_it)
+{
+    expect_refused("-J exp1", "may not set --job-name (-J), as '-J' does");
+    expect_refused("-Jexp1", "--job-name");
+    expect_refused("--job-name=exp1", "--job-name");
+    expect_refused("--exclusive --job-name exp1", "--job-name");
+    expect_refused("--job-n=exp1", "--job-name");         /* salloc's prefix */
+    expect_refused("-N 2", "may not set --nodes (-N)");
+    expect_refused("-N2", "--nodes");
+    expect_refused("--nodes=1-3", "--nodes");
+    expect_refused("-vN2", "--nodes");                    /* run together */
+    expect_refused("-n 4", "may not set --ntasks (-n)");
+    expect_refused("--ntasks=4", "--ntasks");
+    expect_refused("--ntasks-per-node=2", "may not set --ntasks-per-node, as");
+    expect_refused("--ntasks-per-n 2", "--ntasks-per-node");
+    char err[1024] = "";
+    const char *fine[] = {"", "--exclusive --mem=0", "--ntasks-per-core=1", "--nodelist=n1",
+                          "-pdebugN", "-w node1", "--comment='-J x'", "--gres=gpu:8", NULL};
+    for (int i = 0; fine[i]; i++)
+        cr_expect_eq(dk_slurm_check_args(fine[i], err, sizeof err), 0, "%s: %s", fine[i], err);
+    cr_expect_eq(dk_slurm_check_args("--comment='open", err, sizeof err), -1);
+}
+
 /* ---- slurm_fake ----------------------------------------------------------- */
 
 static char fakedir[256];
@@ -383,6 +511,201 @@ Test(slurm_fake, a_failing_sinfo_for_the_gpus_is_quoted)
                                         sizeof err), -1);
     cr_expect(strstr(err, "sinfo could not say the nodes' GPUs: sinfo: error: "
                           "slurm_load_partitions"), "%s", err);
+}
+
+Test(slurm_fake, salloc_never_gets_a_job_name_or_shape_from_extra_args)
+{
+    fake_slurm(NULL, "echo 'salloc: Granted job allocation 7' >&2", NULL);
+    dk_slurm_request_t req = {.nodes = 1, .tasks_per_node = 1, .extra_args = "-J mine"};
+    char err[1024] = "";
+    cr_assert_null(dk_slurm_allocate(&req, NULL, err, sizeof err));
+    cr_expect(strstr(err, "may not set --job-name"), "%s", err);
+    cr_expect_null(strstr(calls(), "salloc"), "%s", calls());
+}
+
+Test(slurm_fake, a_wished_time_limit_is_clamped_to_the_partitions_max_time)
+{
+    const char *sinfo = "echo 'sim* infinite'; echo 'debug 30:00'";
+    fake_slurm(sinfo, "echo 'salloc: error: no' >&2; exit 1", NULL);
+    dk_slurm_request_t req = {.nodes = 1, .tasks_per_node = 1, .partition = "debug",
+                              .time_limit_s = 11100, .clamp_time = true};
+    char err[1024] = "";
+    cr_assert_null(dk_slurm_allocate(&req, NULL, err, sizeof err));
+    cr_expect(strstr(calls(), " --partition=debug --time=30:00\n"), "%s", calls());
+
+    /* under the MaxTime, or on a partition without one: the wish stands */
+    fake_slurm(sinfo, "echo 'salloc: error: no' >&2; exit 1", NULL);
+    req.time_limit_s = 600;
+    cr_assert_null(dk_slurm_allocate(&req, NULL, err, sizeof err));
+    cr_expect(strstr(calls(), " --time=10:00\n"), "%s", calls());
+    fake_slurm(sinfo, "echo 'salloc: error: no' >&2; exit 1", NULL);
+    req.partition = NULL;
+    req.time_limit_s = 11100;
+    cr_assert_null(dk_slurm_allocate(&req, NULL, err, sizeof err));
+    cr_expect(strstr(calls(), " --time=185:00\n"), "%s", calls());
+
+    /* a limit the user gave is not clamped */
+    fake_slurm(sinfo, "echo 'salloc: error: no' >&2; exit 1", NULL);
+    dk_slurm_request_t given = {.nodes = 1, .tasks_per_node = 1, .partition = "debug",
+                                .time_limit_s = 11100};
+    cr_assert_null(dk_slurm_allocate(&given, NULL, err, sizeof err));
+    cr_expect(strstr(calls(), " --partition=debug --time=185:00\n"), "%s", calls());
+    cr_expect_null(strstr(calls(), "sinfo"), "%s", calls());
+}
+
+Test(slurm_fake, a_request_over_a_time_limit_fails_at_once_and_is_cancelled)
+{
+    fake_slurm(NULL, "echo 'salloc: Pending job allocation 77' >&2; sleep 30",
+               "echo '77|PENDING|PartitionTimeLimit|'");
+    dk_slurm_request_t req = {.nodes = 1, .tasks_per_node = 1, .time_limit_s = 3600,
+                              .wait_s = 60};
+    char err[1024] = "";
+    int why = 0;
+    double t0 = dk_now_s();
+    cr_assert_null(dk_slurm_allocate(&req, &why, err, sizeof err));
+    cr_expect_lt(dk_now_s() - t0, 20.0);
+    cr_expect_eq(why, 3);
+    cr_expect(strstr(err, "Slurm will not run job 77: its time limit (60:00) is over a limit "
+                          "of the partition (PENDING: PartitionTimeLimit)"), "%s", err);
+    cr_expect(strstr(calls(), "scancel 77"), "%s", calls());
+}
+
+/* squeue that says CONFIGURING to its first N calls, then RUNNING on node1
+ * (or CONFIGURING for ever when N is 0). */
+static void configuring_squeue(int n)
+{
+    char squeue[512];
+    fake_slurm(NULL, NULL, NULL);       /* fakedir, for the script's count */
+    if (n)
+        snprintf(squeue, sizeof squeue,
+                 "c=$(grep -c '^squeue' %s/calls); if [ \"$c\" -le %d ]; then "
+                 "echo '55|CONFIGURING|None|node1'; else echo '55|RUNNING|None|node1'; fi",
+                 fakedir, n);
+    else
+        snprintf(squeue, sizeof squeue, "echo '55|CONFIGURING|None|node1'");
+    fake_slurm("echo 'node1|10.9.9.1'", "echo 'salloc: Granted job allocation 55' >&2", squeue);
+}
+
+static char states_seen[256];
+
+static void note_wait(void *data, const char *id, const char *state, const char *reason)
+{
+    (void) data, (void) id, (void) reason;
+    strncat(states_seen, state, sizeof states_seen - strlen(states_seen) - 2);
+    strcat(states_seen, " ");
+}
+
+Test(slurm_fake, a_job_configuring_once_granted_is_waited_for_until_running)
+{
+    configuring_squeue(2);
+    states_seen[0] = '\0';
+    dk_slurm_request_t req = {.nodes = 1, .tasks_per_node = 1, .wait_s = 60,
+                              .on_wait = note_wait};
+    char err[1024] = "";
+    dk_slurm_t *job = dk_slurm_allocate(&req, NULL, err, sizeof err);
+    cr_assert_not_null(job, "%s", err);
+    cr_expect_str_eq(dk_slurm_job_id(job), "55");
+    cr_assert_eq(dk_slurm_node_count(job), 1);
+    cr_expect_str_eq(dk_slurm_node_addr(job, 0), "10.9.9.1");
+    cr_expect(strstr(states_seen, "CONFIGURING "), "%s", states_seen);
+    dk_slurm_destroy(&job);
+    cr_expect(strstr(calls(), "scancel 55"), "%s", calls());
+}
+
+Test(slurm_fake, a_job_configuring_for_ever_ends_with_the_wait)
+{
+    configuring_squeue(0);
+    dk_slurm_request_t req = {.nodes = 1, .tasks_per_node = 1, .wait_s = 1.5};
+    char err[1024] = "";
+    int why = 0;
+    cr_assert_null(dk_slurm_allocate(&req, &why, err, sizeof err));
+    cr_expect_eq(why, 2);
+    cr_expect(strstr(err, "did not grant the request 55 within 2 s (CONFIGURING: None)"), "%s",
+              err);
+    cr_expect(strstr(calls(), "scancel 55"), "%s", calls());
+}
+
+Test(slurm_fake, a_long_banner_before_the_job_id_does_not_hide_it)
+{
+    /* 3000 bytes of a site's banner, then the id, in one write */
+    fake_slurm(NULL, "{ i=0; while [ $i -lt 60 ]; do printf '%049d\\n' $i; i=$((i+1)); done; "
+               "echo 'salloc: Pending job allocation 4243'; } >&2; sleep 30",
+               "echo '4243|PENDING|Priority|'");
+    dk_slurm_request_t req = {.nodes = 1, .tasks_per_node = 1, .wait_s = 1.5,
+                              .command_timeout_s = 5};
+    char err[1024] = "";
+    int why = 0;
+    cr_assert_null(dk_slurm_allocate(&req, &why, err, sizeof err));
+    cr_expect_eq(why, 2, "%s", err);
+    cr_expect(strstr(err, "did not grant the request 4243 within 2 s (PENDING: Priority)"),
+              "%s", err);
+    cr_expect(strstr(calls(), "scancel 4243"), "%s", calls());
+}
+
+static int polls;
+
+static void count_polls(void *data, const char *id, const char *state, const char *reason)
+{
+    (void) data, (void) id, (void) state, (void) reason;
+    polls++;
+}
+
+Test(slurm_fake, a_queued_request_is_reported_at_each_poll_not_only_on_a_change)
+{
+    fake_slurm(NULL, "echo 'salloc: Pending job allocation 4244' >&2; sleep 30",
+               "echo '4244|PENDING|Priority|'");
+    polls = 0;
+    dk_slurm_request_t req = {.nodes = 1, .tasks_per_node = 1, .wait_s = 3.5,
+                              .on_wait = count_polls};
+    char err[1024] = "";
+    cr_assert_null(dk_slurm_allocate(&req, NULL, err, sizeof err));
+    cr_expect_geq(polls, 2, "%d reports in 3.5 s of the same state", polls);
+}
+
+static int id_fd = -1;
+
+static void tell_id(void *data, const char *id, const char *state, const char *reason)
+{
+    (void) data, (void) state, (void) reason;
+    if (id_fd >= 0) {
+        dprintf(id_fd, "%s\n", id);
+        close(id_fd);
+        id_fd = -1;
+    }
+}
+
+Test(slurm_fake, once_the_id_is_known_a_killed_owner_cancels_by_id)
+{
+    fake_slurm(NULL, "echo 'salloc: Pending job allocation 4242' >&2; sleep 30",
+               "echo '4242|PENDING|Priority|'");
+    int p[2];
+    cr_assert_eq(pipe(p), 0);
+    pid_t h = fork();
+    cr_assert_geq(h, 0);
+    if (h == 0) {
+        close(p[0]);
+        id_fd = p[1];
+        dk_slurm_request_t req = {.nodes = 1, .tasks_per_node = 1, .on_wait = tell_id};
+        char err[1024];
+        dk_slurm_allocate(&req, NULL, err, sizeof err);
+        _exit(3);
+    }
+    close(p[1]);
+    char id[32] = "";
+    FILE *f = fdopen(p[0], "r");
+    cr_assert(f);
+    bool got = fgets(id, sizeof id, f) != NULL;
+    fclose(f);
+    kill(h, SIGKILL);
+    waitpid(h, NULL, 0);
+    cr_assert(got, "the owner said no id");
+    bool by_id = false;
+    for (int i = 0; i < 100 && !by_id; i++) {
+        by_id = strstr(calls(), "scancel 4242\n") != NULL;
+        usleep(50000);
+    }
+    cr_expect(by_id, "%s", calls());
+    cr_expect_null(strstr(calls(), "scancel --name"), "%s", calls());
 }
 
 /* ---- slurm_cluster -------------------------------------------------------- */

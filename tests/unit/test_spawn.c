@@ -44,7 +44,9 @@ static bool appears(const char *path, int within_ms)
 }
 
 /* How the host ends after arming. */
-enum { DIE_KILL, DIE_EXIT, DISARM, SIGNAL_IT_THEN_KILL };
+enum { DIE_KILL, DIE_EXIT, DISARM, SIGNAL_IT_THEN_KILL, FORK_THEN_KILL };
+
+static pid_t forked_child = -1;
 
 /* A host process that arms the last word ("write MARK") and then ends as told.
  * Returns the last word's pid (reported through a pipe). */
@@ -74,6 +76,17 @@ static pid_t host(int how)
             kill(pid, SIGHUP);
             usleep(200000);
         }
+        if (how == FORK_THEN_KILL) {
+            /* A child forked without exec (os.fork, a DataLoader worker)
+             * holds a copy of the pipe's write end and outlives the host. */
+            pid_t c = fork();
+            if (c == 0) {
+                sleep(30);
+                _exit(0);
+            }
+            if (write(p[1], &c, sizeof c) != sizeof c)
+                _exit(4);
+        }
         if (how == DISARM) {
             dk_spawn_sentinel_end(&pid, &fd);
             _exit(pid == -1 && fd == -1 ? 0 : 5);
@@ -86,6 +99,9 @@ static pid_t host(int how)
     close(p[1]);
     int pid = -1;
     cr_assert_eq(read(p[0], &pid, sizeof pid), (ssize_t) sizeof pid);
+    if (how == FORK_THEN_KILL)
+        cr_assert_eq(read(p[0], &forked_child, sizeof forked_child),
+                     (ssize_t) sizeof forked_child);
     close(p[0]);
     int status;
     cr_assert_eq(waitpid(h, &status, 0), h);
@@ -98,6 +114,17 @@ Test(last_word, runs_when_its_host_is_killed)
 {
     host(DIE_KILL);
     cr_expect(appears(mark, 5000), "the command did not run after the host's SIGKILL");
+}
+
+Test(last_word, runs_when_its_host_is_killed_while_a_forked_child_lives)
+{
+    host(FORK_THEN_KILL);
+    cr_assert_gt(forked_child, 0);
+    bool said = appears(mark, 5000);
+    bool child_alive = kill(forked_child, 0) == 0;
+    kill(forked_child, SIGKILL);
+    cr_expect(child_alive, "the forked child was gone before the check: the test proves nothing");
+    cr_expect(said, "the command did not run: the forked child's copy of the pipe kept it waiting");
 }
 
 Test(last_word, runs_when_its_host_exits)
