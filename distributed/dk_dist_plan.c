@@ -4,6 +4,11 @@
  * Asking for what the node cannot give is an error before anything starts,
  * rather than ranks that fail one by one: the message names the node's GPUs
  * and, with none, how to run CPU ranks instead.
+ *
+ * On Slurm the node is not this host: the plan is made against what sinfo
+ * says the cluster's nodes have (dk_dist_plan_slurm), and the numbers must
+ * come out whole (every node runs as many ranks, each GPU rank has a GPU of
+ * its node) before Slurm is asked for anything.
  */
 #include "dk_dist_plan.h"
 #include "dk_err.h"
@@ -77,5 +82,103 @@ int dk_dist_plan(const dk_dist_opts_t *opts, const dk_gpu_list_t *gpus, dk_dist_
     snprintf(out->model, sizeof out->model, "%s", gpus->gpus[0].model);
     for (int r = 0; r < out->world; r++)
         out->gpu_index[r] = gpus->gpus[r].index;
+    return 0;
+}
+
+int dk_dist_plan_local_gpu(const dk_dist_plan_t *plan, int r)
+{
+    return plan->gpu && !plan->remote && r >= 0 && r < DK_GPU_MAX ? plan->gpu_index[r] : -1;
+}
+
+const char *dk_dist_plan_step_gpus(bool gpu)
+{
+    /* A step that asks for no GPU is given all of the job's GPUs on its node,
+     * exclusively: the node's next rank's step would wait ("step creation
+     * temporarily disabled") while the first waits for it in rendezvous.
+     * --overlap shares them between the node's steps: each rank sees the
+     * node's GPUs of the job in Slurm's order (CUDA_VISIBLE_DEVICES), and
+     * LOCAL_RANK's is its own, as on one node and under torchrun
+     * (torch.cuda.set_device(LOCAL_RANK)). Not --gpus=1 per step: each rank
+     * would see one GPU, device 0, and a cell that binds cuda:LOCAL_RANK would
+     * fail on every rank but the first of a node. CPU ranks take none, even in
+     * an allocation that has GPUs (the same wait otherwise). */
+    return gpu ? "--overlap" : "--gres=none";
+}
+
+/* The ranks' split over the nodes, once the world is known: every node runs
+ * as many, and each has at least one (a world known only here, e.g. every
+ * GPU of the nodes, was not checked with the options). */
+static int split_nodes(const dk_dist_opts_t *o, int world, int nodes, dk_dist_plan_t *out,
+                       char *err, size_t errlen)
+{
+    const char *what = o->num_processes ? "num_processes" : "num_accelerators";
+    if (world < nodes || world % nodes) {
+        dk_set_err(err, errlen, "%d rank%s (%s%s) cannot be split evenly over nodes=%d: every "
+                   "node runs as many ranks; give %s as a multiple of %d, or nodes= a divisor "
+                   "of %d", world, world == 1 ? "" : "s", o->num_processes || o->num_accelerators
+                   ? what : "every GPU of the nodes", o->num_processes || o->num_accelerators
+                   ? "" : ", num_accelerators not given", nodes, what, nodes, world);
+        return -1;
+    }
+    out->nodes = nodes;
+    out->per_node = world / nodes;
+    out->world = world;
+    out->remote = true;
+    return 0;
+}
+
+int dk_dist_plan_slurm(const dk_dist_opts_t *opts, int gpus_per_node, const char *gres,
+                       const char *where, dk_dist_plan_t *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    if (opts->num_processes) {
+        if (split_nodes(opts, opts->num_processes, opts->nodes > 0 ? opts->nodes : 1, out, err,
+                        errlen) < 0)
+            return -1;
+        snprintf(out->what, sizeof out->what, "%d CPU rank%s on %d node%s", out->world,
+                 out->world == 1 ? "" : "s", out->nodes, out->nodes == 1 ? "" : "s");
+        snprintf(out->device, sizeof out->device, "cpu");
+        return 0;
+    }
+    int k = gpus_per_node;
+    if (k <= 0) {
+        dk_set_err(err, errlen, "the run asks for GPU ranks, but the nodes of %s have no GPU "
+                   "(Slurm's GRES for them: %s). Give partition= one whose nodes have GPUs "
+                   "(`sinfo -o '%%P %%G'` lists each partition's), or run CPU ranks with "
+                   "num_processes=N", where, gres && gres[0] ? gres : "(null)");
+        return -1;
+    }
+    int nodes = opts->nodes > 0 ? opts->nodes : 0;
+    int world = opts->num_accelerators ? opts->num_accelerators : (nodes ? nodes : 1) * k;
+    if (!nodes) {
+        if (world > k && world % k) {
+            dk_set_err(err, errlen, "num_accelerators=%d does not fill whole nodes: each node "
+                       "of %s has %d GPUs (%s), so without nodes= give a multiple of %d "
+                       "(%d, %d), or give nodes= with num_accelerators a multiple of it",
+                       world, where, k, gres, k, (world / k) * k, (world / k + 1) * k);
+            return -1;
+        }
+        nodes = world > k ? world / k : 1;
+    }
+    if (split_nodes(opts, world, nodes, out, err, errlen) < 0)
+        return -1;
+    if (out->per_node > k) {
+        int need = (world + k - 1) / k;
+        while (world % need)    /* the fewest nodes that split it evenly */
+            need++;
+        dk_set_err(err, errlen, "num_accelerators=%d over nodes=%d asks %d GPUs of each node, "
+                   "but a node of %s has %d (%s); give nodes=%d, or leave nodes= out to take "
+                   "as many nodes as the GPUs need", world, nodes, out->per_node, where, k,
+                   gres, need);
+        return -1;
+    }
+    out->gpu = true;
+    snprintf(out->what, sizeof out->what, "%d GPU rank%s on %d node%s", out->world,
+             out->world == 1 ? "" : "s", out->nodes, out->nodes == 1 ? "" : "s");
+    snprintf(out->device, sizeof out->device, "GPU (Slurm GRES %s)", gres);
+    if (opts->accelerator_model[0])
+        snprintf(out->notice, sizeof out->notice, "%s is not checked on Slurm's nodes (their "
+                 "GRES: %s); constraint= picks nodes by their features", opts->accelerator_given,
+                 gres);
     return 0;
 }

@@ -30,11 +30,39 @@ typedef struct {
     int gpu_index[DK_GPU_MAX];   /* rank r's NVML index, for GPU ranks */
     char notice[400];            /* a line for the user ("" if none): a platform type
                                     this node lacks, and what runs instead */
+    /* launcher=slurm (dk_dist_plan_slurm): the ranks run on Slurm's nodes,
+     * NODES of them with PER_NODE ranks each and, for GPU ranks, as many GPUs
+     * asked of each node; gpu_index is unset (no GPU of this host is theirs). */
+    bool remote;
+    int nodes;
+    int per_node;
 } dk_dist_plan_t;
 
 /* Plan the run that OPTS asks for on a node with GPUS into OUT. Returns 0, or
  * -1 with ERR saying what the node lacks and what to ask for instead. */
 int dk_dist_plan(const dk_dist_opts_t *opts, const dk_gpu_list_t *gpus, dk_dist_plan_t *out,
                  char *err, size_t errlen);
+
+/* Rank R's GPU on this host (its NVML index, which the status line reads the
+ * memory of), or -1: CPU ranks, and ranks on Slurm's nodes, whose pids here
+ * are srun's and whose GPUs are not this host's. */
+int dk_dist_plan_local_gpu(const dk_dist_plan_t *plan, int r);
+
+/* The srun option that gives each rank's step on Slurm its GPUs, for GPU
+ * ranks (GPU) or CPU ranks: "--overlap", every rank of a node sharing the
+ * node's GPUs of the job, LOCAL_RANK's its own; "--gres=none" for CPU ranks.
+ * The .c says why not one GPU per step. */
+const char *dk_dist_plan_step_gpus(bool gpu);
+
+/* Plan a run on Slurm's nodes (launcher=slurm) that OPTS asks for, where
+ * each node has GPUS_PER_NODE GPUs (GRES: sinfo's words for them, WHERE:
+ * "partition gpu", for messages): nothing of this host decides. CPU ranks:
+ * num_processes over nodes= (1 by default). GPU ranks: one GPU each,
+ * num_accelerators (default: every GPU of nodes= nodes, 1 by default) over
+ * nodes=, or over as many whole nodes as they fill when nodes= is not given.
+ * The world must split evenly over the nodes and fit each node's GPUs.
+ * Returns 0, or -1 with ERR naming the numbers and what to give instead. */
+int dk_dist_plan_slurm(const dk_dist_opts_t *opts, int gpus_per_node, const char *gres,
+                       const char *where, dk_dist_plan_t *out, char *err, size_t errlen);
 
 #endif

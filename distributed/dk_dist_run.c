@@ -252,7 +252,7 @@ static void random_id(char out[24])
         snprintf(out + 2 * i, 3, "%02x", id[i]);
 }
 
-/* The run as OPTIONS asks, planned on this node, with its ranks' records. */
+/* The run as OPTIONS asks, planned on this node (or Slurm's), with its ranks' records. */
 static dk_dist_run_t *run_plan(dk_kernel_t *kernel, const char *kind, const char *options)
 {
     dk_dist_run_t *run = calloc(1, sizeof *run);
@@ -276,11 +276,17 @@ static dk_dist_run_t *run_plan(dk_kernel_t *kernel, const char *kind, const char
     }
     if (run->opts.launcher == DK_LAUNCHER_SLURM && dk_dist_slurm_preflight(&run->opts) < 0)
         return fail(run, NULL, NULL);
-    dk_gpu_list_t gpus = {0};
-    if (!run->opts.num_processes)
-        dk_gpu_discover(&gpus);
-    if (dk_dist_plan(&run->opts, &gpus, &run->plan, err, sizeof err) < 0)
-        return fail(run, PyExc_RuntimeError, err);
+    if (run->opts.launcher == DK_LAUNCHER_SLURM) {
+        /* The ranks run on Slurm's nodes: what this host has decides nothing. */
+        if (dk_dist_slurm_plan(&run->opts, &run->plan) < 0)
+            return fail(run, NULL, NULL);
+    } else {
+        dk_gpu_list_t gpus = {0};
+        if (!run->opts.num_processes)
+            dk_gpu_discover(&gpus);
+        if (dk_dist_plan(&run->opts, &gpus, &run->plan, err, sizeof err) < 0)
+            return fail(run, PyExc_RuntimeError, err);
+    }
     if (run->plan.notice[0]) {
         char line[sizeof run->plan.notice + 16];
         snprintf(line, sizeof line, "distkernel: %s\n", run->plan.notice);
@@ -290,7 +296,7 @@ static dk_dist_run_t *run_plan(dk_kernel_t *kernel, const char *kind, const char
     if (!run->ranks)
         return fail(run, PyExc_MemoryError, NULL);
     for (int r = 0; r < run->plan.world; r++)
-        run->ranks[r].gpu_index = run->plan.gpu ? run->plan.gpu_index[r] : -1;
+        run->ranks[r].gpu_index = dk_dist_plan_local_gpu(&run->plan, r);
     return run;
 }
 
@@ -330,12 +336,17 @@ static bool slurm_shutting_down(void *data)
 static int slurm_nodes(dk_dist_run_t *run, dk_job_spec_t *spec)
 {
     char headline[128];
-    snprintf(headline, sizeof headline, "asking Slurm for %d node%s",
-             run->opts.nodes > 1 ? run->opts.nodes : 1, run->opts.nodes > 1 ? "s" : "");
+    if (run->plan.gpu)
+        snprintf(headline, sizeof headline, "asking Slurm for %d node%s with %d GPU%s each",
+                 run->plan.nodes, run->plan.nodes == 1 ? "" : "s", run->plan.per_node,
+                 run->plan.per_node == 1 ? "" : "s");
+    else
+        snprintf(headline, sizeof headline, "asking Slurm for %d node%s", run->plan.nodes,
+                 run->plan.nodes == 1 ? "" : "s");
     publish_status(run, headline, true);
     dk_dist_slurm_hooks_t hooks = {.on_wait = slurm_on_wait,
                                    .shutting_down = slurm_shutting_down, .data = run};
-    run->slurm = dk_dist_slurm_allocate(&run->opts, run->plan.world, run->pool != NULL, &hooks);
+    run->slurm = dk_dist_slurm_allocate(&run->opts, &run->plan, run->pool != NULL, &hooks);
     if (!run->slurm) {
         publish_status(run, PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)
                                 ? "interrupted while waiting for Slurm" : "no nodes from Slurm",
@@ -631,7 +642,7 @@ dk_dist_run_t *dk_dist_run_start_on(const dk_dist_host_t *host, dk_dist_pool_t *
     if (!run->ranks)
         return fail(run, PyExc_MemoryError, NULL);
     for (int r = 0; r < run->plan.world; r++)
-        run->ranks[r].gpu_index = run->plan.gpu ? run->plan.gpu_index[r] : -1;
+        run->ranks[r].gpu_index = dk_dist_plan_local_gpu(&run->plan, r);
     return run_begin(run, host, payload, len);
 }
 
@@ -642,7 +653,11 @@ static dk_dist_run_t *run_begin(dk_dist_run_t *run, const dk_dist_host_t *host,
     run->logs = host->logs;
     run->warm = host->warm;
     run->tracking = host->tracking;
-    if (run->opts.check && dk_dist_preflight(dk_kernel_stream(kernel), run->plan.gpu) < 0)
+    if (run->opts.check && run->plan.remote)
+        /* The check runs on this host's GPUs, which are not the ranks'. */
+        write_err(run, "distkernel: check=True tests this host's GPUs, not Slurm's nodes; "
+                       "skipped for this run\n");
+    else if (run->opts.check && dk_dist_preflight(dk_kernel_stream(kernel), run->plan.gpu) < 0)
         return fail(run, NULL, NULL);
     if (!run->run_id[0])
         random_id(run->run_id);

@@ -24,6 +24,7 @@
 #include "dk_spawn.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/syscall.h>
@@ -60,14 +61,15 @@ static double heartbeat_s(void)
     return v && *v && !*end && s >= 2.0 ? s : HEARTBEAT_S;
 }
 
-/* rank_commands' argv: srun and 7 options, the rank program, NULL. */
-#define CMD_WORDS 10
+/* rank_commands' argv: srun and 8 options, the rank program, NULL. */
+#define CMD_WORDS 11
 
 extern char **environ;
 
 struct dk_dist_slurm_t {
     dk_slurm_t *alloc;
     int world, per_node;
+    bool gpu;                   /* GPU ranks: the allocation has per_node GPUs on each node */
     char node_list[4096];
     char bc_addr[64];
     char advertise[64];         /* advertise_addr=, "" if not given */
@@ -114,6 +116,39 @@ int dk_dist_slurm_preflight(const dk_dist_opts_t *opts)
     return 0;
 }
 
+/* ---- the plan ------------------------------------------------------------------ */
+
+int dk_dist_slurm_plan(const dk_dist_opts_t *opts, dk_dist_plan_t *plan)
+{
+    char err[2048] = "", gres[512] = "", where[600] = "";
+    int gpus = 0, rc = 0;
+    if (!opts->num_processes) {
+        /* Inside an allocation its nodes are the run's; else the partition's. */
+        const char *job = getenv("SLURM_JOB_ID");
+        const char *nodes = job && job[0] ? getenv("SLURM_JOB_NODELIST") : NULL;
+        if (nodes && nodes[0])
+            snprintf(where, sizeof where, "Slurm job %s (%s)", job, nodes);
+        else if (opts->partition[0])
+            snprintf(where, sizeof where, "partition %s", opts->partition);
+        else
+            snprintf(where, sizeof where, "the default partition");
+        Py_BEGIN_ALLOW_THREADS
+        rc = dk_slurm_gpus_per_node(opts->partition, nodes, PREFLIGHT_TIMEOUT_S, &gpus, gres,
+                                    sizeof gres, err, sizeof err);
+        Py_END_ALLOW_THREADS
+        if (rc < 0) {
+            PyErr_Format(PyExc_RuntimeError, "could not learn the GPUs of %s: %s. No rank was "
+                         "started.", where, err);
+            return -1;
+        }
+    }
+    if (dk_dist_plan_slurm(opts, gpus, gres, where, plan, err, sizeof err) < 0) {
+        PyErr_Format(PyExc_RuntimeError, "%s. No rank was started.", err);
+        return -1;
+    }
+    return 0;
+}
+
 /* ---- the wait ------------------------------------------------------------------ */
 
 typedef struct {
@@ -144,14 +179,14 @@ static bool waiter_cancelled(void *data)
     return w->interrupted || w->shutdown;
 }
 
-/* The request for OPTS: WORLD ranks over the nodes, a time limit after the
- * ranks' timeout, a wait no longer than it. */
-static dk_slurm_request_t request_for(const dk_dist_opts_t *opts, int world, bool persistent,
-                                      waiter_t *w)
+/* The request for OPTS: PLAN's nodes and ranks (and a GPU per rank), a time
+ * limit after the ranks' timeout, a wait no longer than it. */
+static dk_slurm_request_t request_for(const dk_dist_opts_t *opts, const dk_dist_plan_t *plan,
+                                      bool persistent, waiter_t *w)
 {
-    int nodes = opts->nodes > 0 ? opts->nodes : 1;
     dk_slurm_request_t req = {
-        .nodes = nodes, .tasks_per_node = world / nodes,
+        .nodes = plan->nodes, .tasks_per_node = plan->per_node,
+        .gpus_per_node = plan->gpu ? plan->per_node : 0,
         .partition = opts->partition, .account = opts->account, .qos = opts->qos,
         .constraint = opts->constraint, .extra_args = opts->slurm_args,
         .on_wait = waiter_on_wait, .cancelled = waiter_cancelled, .data = w,
@@ -224,12 +259,13 @@ static void allocation_error(const dk_dist_opts_t *opts, bool persistent, const 
                      asked, err);
 }
 
-static dk_dist_slurm_t *slurm_new(dk_slurm_t *alloc, int world, int per_node)
+static dk_dist_slurm_t *slurm_new(dk_slurm_t *alloc, int world, int per_node, bool gpu)
 {
     dk_dist_slurm_t *self = calloc(1, sizeof *self);
     if (!self)
         return NULL;
     self->alloc = alloc;
+    self->gpu = gpu;
     self->world = world;
     self->per_node = per_node;
     self->nodeopt = calloc((size_t)world, sizeof *self->nodeopt);
@@ -249,11 +285,11 @@ static dk_dist_slurm_t *slurm_new(dk_slurm_t *alloc, int world, int per_node)
     return self;
 }
 
-dk_dist_slurm_t *dk_dist_slurm_allocate(const dk_dist_opts_t *opts, int world, bool persistent,
-                                        const dk_dist_slurm_hooks_t *hooks)
+dk_dist_slurm_t *dk_dist_slurm_allocate(const dk_dist_opts_t *opts, const dk_dist_plan_t *plan,
+                                        bool persistent, const dk_dist_slurm_hooks_t *hooks)
 {
     waiter_t w = {.hooks = hooks};
-    dk_slurm_request_t req = request_for(opts, world, persistent, &w);
+    dk_slurm_request_t req = request_for(opts, plan, persistent, &w);
     char err[2048] = "";
     int stopped = 0;
     w.ts = PyEval_SaveThread();
@@ -270,7 +306,7 @@ dk_dist_slurm_t *dk_dist_slurm_allocate(const dk_dist_opts_t *opts, int world, b
         dk_slurm_destroy(&a);
         return NULL;
     }
-    dk_dist_slurm_t *self = slurm_new(alloc, world, req.tasks_per_node);
+    dk_dist_slurm_t *self = slurm_new(alloc, plan->world, req.tasks_per_node, plan->gpu);
     if (!self) {
         dk_slurm_destroy(&alloc);
         PyErr_NoMemory();
@@ -321,15 +357,27 @@ int dk_dist_slurm_spec(dk_dist_slurm_t *self, const char *rank_exe, dk_job_spec_
         return -1;
     }
     snprintf(self->jobopt, sizeof self->jobopt, "--jobid=%s", dk_slurm_job_id(self->alloc));
+    /* Every rank's node is one of the allocation's (the plan split the world
+     * evenly; an adopted allocation may still have fewer nodes than that). */
+    size_t last = self->per_node > 0 ? (size_t)((self->world - 1) / self->per_node) : SIZE_MAX;
+    if (self->world < 1 || last >= dk_slurm_node_count(self->alloc)) {
+        PyErr_Format(PyExc_RuntimeError, "%d ranks at %d per node need %zu nodes, but Slurm "
+                     "job %s has %zu (%s); give nodes= and a rank count that fit it",
+                     self->world, self->per_node, last + 1, dk_slurm_job_id(self->alloc),
+                     dk_slurm_node_count(self->alloc), self->node_list);
+        return -1;
+    }
     for (int r = 0; r < self->world; r++) {
         const char *node = dk_slurm_node_name(self->alloc, (size_t)(r / self->per_node));
         self->hosts[r] = node;
         snprintf(self->nodeopt[r], sizeof self->nodeopt[r], "--nodelist=%s", node);
         /* --exact: the step takes its one task's CPUs, not the node's, so that
-         * the node's other ranks' steps start beside it rather than wait. */
+         * the node's other ranks' steps start beside it rather than wait; and
+         * the GPUs as the plan says (dk_dist_plan_step_gpus). */
         const char *argv[CMD_WORDS] = {"srun", self->jobopt, "--nodes=1", "--ntasks=1",
-                                       "--exact", self->nodeopt[r], "--export=ALL",
-                                       "--quiet", rank_exe, NULL};
+                                       "--exact", dk_dist_plan_step_gpus(self->gpu),
+                                       self->nodeopt[r], "--export=ALL", "--quiet", rank_exe,
+                                       NULL};
         memcpy(self->cmd[r], argv, sizeof argv);
         self->cmds[r] = self->cmd[r];
     }

@@ -25,6 +25,7 @@
 #define DK_DIST_SLURM_H
 
 #include "dk_dist_opts.h"
+#include "dk_dist_plan.h"
 #include "dk_job.h"
 
 #include <stdbool.h>
@@ -36,6 +37,14 @@ typedef struct dk_dist_slurm_t dk_dist_slurm_t;
  * and releases it while Slurm's commands run. */
 int dk_dist_slurm_preflight(const dk_dist_opts_t *opts);
 
+/* PLAN the run OPTS asks for against the cluster's nodes, never this host's
+ * GPUs: for GPU ranks, sinfo says how many GPUs a node of the run's partition
+ * (or of the allocation the kernel runs in) has, and dk_dist_plan_slurm
+ * splits the world over the nodes. Holds the GIL, released while sinfo runs.
+ * Returns 0, or -1 with a Python RuntimeError set (what was wrong and what to
+ * give instead). */
+int dk_dist_slurm_plan(const dk_dist_opts_t *opts, dk_dist_plan_t *plan);
+
 typedef struct {
     /* The request's state changed while queued (see dk_slurm_request_t). Called
      * without the GIL. May be NULL. */
@@ -46,8 +55,9 @@ typedef struct {
     void *data;
 } dk_dist_slurm_hooks_t;
 
-/* The nodes for a run of WORLD ranks as OPTS asks (nodes, Slurm options,
- * timeout). PERSISTENT: for started ranks, which live until released: the
+/* The nodes for a run planned as PLAN (dk_dist_slurm_plan: its nodes, ranks
+ * per node and, for GPU ranks, as many GPUs per node) as OPTS asks (Slurm
+ * options, timeout). PERSISTENT: for started ranks, which live until released: the
  * time limit is the partition's MaxTime (not one from timeout=, which is per
  * cell), and the wait in the queue is unbounded (an interrupt ends it). Holds the GIL; releases it while Slurm works, taking it back about
  * every 100 ms to notice an interrupt (PyErr_CheckSignals) as a run's wait
@@ -58,11 +68,12 @@ typedef struct {
  * partition's or QOS's, said at once with the advice for a shorter
  * timeout=). The time limit is timeout= plus 5 minutes; without timeout=,
  * no more than the partition's MaxTime; with timeout=None, that MaxTime. */
-dk_dist_slurm_t *dk_dist_slurm_allocate(const dk_dist_opts_t *opts, int world, bool persistent,
-                                        const dk_dist_slurm_hooks_t *hooks);
+dk_dist_slurm_t *dk_dist_slurm_allocate(const dk_dist_opts_t *opts, const dk_dist_plan_t *plan,
+                                        bool persistent, const dk_dist_slurm_hooks_t *hooks);
 
 /* Fill SPEC's fields for ranks on the allocation's nodes: bc_tcp_addr,
- * rank_hosts, rank_commands (srun of RANK_EXE, one step per rank),
+ * rank_hosts, rank_commands (srun of RANK_EXE, one step per rank; GPU
+ * ranks' steps share their node's GPUs of the job, CPU ranks' take none),
  * ranks_per_node, master_addr, master_port, heartbeat_s (longer than on
  * one node: see HEARTBEAT_S in the .c), and env (SPEC's env, or the
  * process's, with the run's and the allocation's node lists from which each

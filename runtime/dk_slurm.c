@@ -252,6 +252,44 @@ int dk_slurm_reachable(double timeout_s, char *err, size_t errlen)
     return -1;
 }
 
+/* ---- GPUs ------------------------------------------------------------------ */
+
+int dk_slurm_gpus_per_node(const char *partition, const char *nodelist, double timeout_s,
+                           int *gpus, char *gres, size_t greslen, char *err, size_t errlen)
+{
+    command_t c = {0};
+    const char *args[8] = {"-h", "-o", "%P|%G"};
+    size_t n = 3;
+    if (nodelist && nodelist[0]) {
+        args[n++] = "-n";
+        args[n++] = nodelist;
+    }
+    args[n] = NULL;
+    char *out = NULL;
+    double t = timeout_s > 0 ? timeout_s : DK_SLURM_COMMAND_TIMEOUT_S;
+    int rc = run("sinfo", args, t, &c, &out, err, errlen);
+    if (rc > 0)
+        dk_set_err(err, errlen, "sinfo could not say the nodes' GPUs: %s", said_text(&c));
+    int most = rc == 0 ? dk_slurm_partition_gpus(out, partition, nodelist && nodelist[0],
+                                                 gres, greslen) : -1;
+    free(out);
+    if (rc != 0)
+        return -1;
+    if (most < 0) {
+        if (nodelist && nodelist[0])
+            dk_set_err(err, errlen, "sinfo knows none of the nodes %s", nodelist);
+        else if (partition && partition[0])
+            dk_set_err(err, errlen, "Slurm has no partition '%s' (sinfo lists none of that "
+                       "name); give partition= one that `sinfo` lists", partition);
+        else
+            dk_set_err(err, errlen, "Slurm has no default partition; give partition= one "
+                       "that `sinfo` lists");
+        return -1;
+    }
+    *gpus = most;
+    return 0;
+}
+
 /* ---- the allocation -------------------------------------------------------- */
 
 static dk_slurm_t *job_new(double timeout_s)
@@ -418,6 +456,8 @@ static char **salloc_args(const dk_slurm_request_t *req, const char *name,
     ADD("--job-name=%s", name);
     ADD("--nodes=%d", req->nodes);
     ADD("--ntasks-per-node=%d", req->tasks_per_node);
+    if (req->gpus_per_node > 0)
+        ADD("--gpus-per-node=%d", req->gpus_per_node);
     if (req->partition && req->partition[0])
         ADD("--partition=%s", req->partition);
     if (req->account && req->account[0])

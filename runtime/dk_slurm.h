@@ -38,6 +38,7 @@ typedef struct dk_slurm_t dk_slurm_t;
 typedef struct {
     int nodes;                  /* >= 1 */
     int tasks_per_node;         /* >= 1: the ranks each node runs */
+    int gpus_per_node;          /* > 0: --gpus-per-node (GPU ranks); 0: no GPU asked for */
     const char *partition;      /* NULL or "": Slurm's default (the same for the four) */
     const char *account;
     const char *qos;
@@ -70,6 +71,15 @@ typedef struct {
  * 0, or -1 with ERR saying what is missing or what sinfo said, and what to set
  * (PATH, SLURM_CONF). */
 int dk_slurm_reachable(double timeout_s, char *err, size_t errlen);
+
+/* The GPUs of each node where a run would go, from `sinfo -h -o '%P|%G'`
+ * (with NODELIST not NULL: `-n NODELIST`, the nodes of an allocation the
+ * kernel runs in; else PARTITION's nodes, NULL or "" the default partition):
+ * *GPUS the most GPUs one of those nodes has (0: none), GRES what sinfo said
+ * for them ("gpu:h100:8(S:0-1)", "(null)"), for messages. Returns 0, or -1
+ * with ERR (sinfo failed, or no such partition). */
+int dk_slurm_gpus_per_node(const char *partition, const char *nodelist, double timeout_s,
+                           int *gpus, char *gres, size_t greslen, char *err, size_t errlen);
 
 /* An allocation for REQ: the one this process runs in when SLURM_JOB_ID is set
  * (REQ->nodes must fit it), else a new one from salloc, waited for (REQ's
@@ -157,6 +167,19 @@ int dk_slurm_parse_squeue(const char *line, dk_slurm_squeue_t *out);
  * its limit is "n/a". */
 bool dk_slurm_partition_limit(const char *text, const char *partition, char *out,
                               size_t outlen);
+
+/* The number of GPUs in one node's GRES as sinfo's %G writes it:
+ * "gpu:8", "gpu:h100:8(S:0-1)", "gpu:a100:4,gpu:v100:2" (6), "mps:100,gpu:2"
+ * (2), "(null)" (0). Types of GRES other than gpu are not GPUs. */
+int dk_slurm_gres_gpus(const char *gres);
+
+/* The most GPUs a node of PARTITION has (NULL or "": the default, marked
+ * '*'; a list "a,b": its first) in the output of `sinfo -h -o '%P|%G'` (lines
+ * "PART[*]|GRES", one per distinct GRES), GRES sinfo's words for them (the
+ * line of that most, "(null)" when none); ANY_PARTITION: every line counts
+ * (sinfo was asked about given nodes). -1 when TEXT names no such partition. */
+int dk_slurm_partition_gpus(const char *text, const char *partition, bool any_partition,
+                            char *gres, size_t greslen);
 
 /* Whether Slurm's REASON for a pending job says its time limit is over a
  * limit that will not change while it waits: the partition's MaxTime

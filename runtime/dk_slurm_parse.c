@@ -260,6 +260,74 @@ bool dk_slurm_salloc_job_id(const char *text, char *id, size_t idlen)
     return false;
 }
 
+int dk_slurm_gres_gpus(const char *gres)
+{
+    /* Comma-separated NAME[:TYPE][:COUNT][(S:...)] entries; a socket list in
+     * parentheses may hold commas itself ("(S:0,1)"). */
+    int total = 0;
+    const char *p = gres ? gres : "";
+    while (*p) {
+        size_t len = 0;
+        int depth = 0;
+        while (p[len] && (depth || p[len] != ',')) {
+            depth += p[len] == '(' ? 1 : p[len] == ')' ? -1 : 0;
+            len++;
+        }
+        size_t word = strcspn(p, ":(,");
+        if (word == 3 && strncmp(p, "gpu", 3) == 0 && word < len && p[word] == ':') {
+            /* the count is the last colon field before any '(' */
+            size_t end = strcspn(p, "(");
+            if (end > len)
+                end = len;
+            const char *last = p + word;
+            for (const char *q = p + word; q < p + end; q++)
+                if (*q == ':')
+                    last = q;
+            char *stop;
+            long n = strtol(last + 1, &stop, 10);
+            if (stop != last + 1 && stop <= p + end && n > 0 && n < 100000)
+                total += (int) n;
+        }
+        p += len;
+        if (*p == ',')
+            p++;
+    }
+    return total;
+}
+
+int dk_slurm_partition_gpus(const char *text, const char *partition, bool any_partition,
+                            char *gres, size_t greslen)
+{
+    char want[256] = "";
+    if (partition && partition[0])
+        snprintf(want, sizeof want, "%.*s", (int) strcspn(partition, ","), partition);
+    int most = -1;
+    for (const char *line = text; line && *line; ) {
+        const char *eol = strchr(line, '\n');
+        size_t len = eol ? (size_t) (eol - line) : strlen(line);
+        char copy[1024];
+        snprintf(copy, sizeof copy, "%.*s", (int) (len < sizeof copy ? len : 0), line);
+        char *bar = strchr(copy, '|');
+        if (bar) {
+            *bar = '\0';
+            size_t n = strlen(copy);
+            bool dflt = n && copy[n - 1] == '*';
+            if (dflt)
+                copy[--n] = '\0';
+            if (any_partition || (want[0] ? strcmp(copy, want) == 0 : dflt)) {
+                int gpus = dk_slurm_gres_gpus(bar + 1);
+                if (gpus > most) {
+                    most = gpus;
+                    if (gres)
+                        snprintf(gres, greslen, "%s", bar + 1);
+                }
+            }
+        }
+        line = eol ? eol + 1 : NULL;
+    }
+    return most;
+}
+
 bool dk_slurm_time_limit_reason(const char *reason)
 {
     size_t n = strlen(reason), tail = strlen("TimeLimit");

@@ -47,6 +47,10 @@
 #   DISTKERNEL_SLURM_SIM_SRUN_WORKAROUND  1 (default): the FUTURE node for bug 16401
 #                                (above); 0: leave it out, so srun behaves as on a site
 #                                whose login host is no node, and hangs after a node loss
+#   DISTKERNEL_SLURM_SIM_GPUS    "GPUs" each node has (default 2; 0: none), as GRES gpu
+#                                on device files $DIR/dev/nodeI/nvidiaK with no driver
+#                                behind: Slurm counts them and hands them out
+#                                (CUDA_VISIBLE_DEVICES); the ranks use the fake libcudart
 # Two clusters on one machine need all three of folder, network and bridge apart.
 #
 # Partitions: `sim` (the default, every node) and `stuck` (every node, State=DOWN:
@@ -60,6 +64,7 @@ NET=${DISTKERNEL_SLURM_SIM_NET:-10.79.0}
 BR=${DISTKERNEL_SLURM_SIM_BRIDGE:-dkslurm0}
 CPUS=${DISTKERNEL_SLURM_SIM_CPUS:-2}
 WORKAROUND=${DISTKERNEL_SLURM_SIM_SRUN_WORKAROUND:-1}
+GPUS=${DISTKERNEL_SLURM_SIM_GPUS:-2}
 CONF=$DIR/etc/slurm.conf
 MARK=distkernel-slurm-host:$DIR:   # argv[0] prefix of our namespace holders
 PREFIX=$BR-                         # our veth ends: dkslurm0-ctl, dkslurm0-node1, ...
@@ -70,6 +75,7 @@ note() { echo "cluster.sh: $*" >&2; }
 case $DIR in /*) ;; *) die "DISTKERNEL_SLURM_SIM_DIR must be an absolute path, got '$DIR'" ;; esac
 [[ $NET =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "DISTKERNEL_SLURM_SIM_NET must look like 10.79.0, got '$NET'"
 [[ $WORKAROUND =~ ^[01]$ ]] || die "DISTKERNEL_SLURM_SIM_SRUN_WORKAROUND must be 0 or 1, got '$WORKAROUND'"
+[[ $GPUS =~ ^[0-8]$ ]] || die "DISTKERNEL_SLURM_SIM_GPUS must be 0 to 8, got '$GPUS'"
 [[ $BR =~ ^[a-z][a-z0-9]{0,8}$ ]] || die "DISTKERNEL_SLURM_SIM_BRIDGE must be 1 to 9 letters and digits, got '$BR'"
 
 # ---------------------------------------------------------------- bookkeeping
@@ -195,7 +201,7 @@ node_boot() {    # nodeI
 # ---------------------------------------------------------------- the config
 
 write_config() { # N
-    local n=$1 login i
+    local n=$1 login i k
     login=$(hostname -s)
     [[ $login =~ ^(login|ctl|node[0-9]+|localhost)$ ]] &&
         die "this machine's name '$login' is one of the simulated hosts' names"
@@ -239,6 +245,7 @@ KillWait=5
 MinJobAge=60
 InactiveLimit=0
 MessageTimeout=10
+$( ((GPUS)) && echo GresTypes=gpu )
 NodeName=DEFAULT CPUs=$CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=2048 State=UNKNOWN
 EOF
     if ((WORKAROUND)); then
@@ -246,8 +253,20 @@ EOF
         echo "NodeName=login NodeHostname=$login NodeAddr=$NET.1 State=FUTURE"
     fi >> "$CONF"
     echo "$WORKAROUND" > "$DIR/workaround"
+    # GPUs: GRES with File= (Slurm's CUDA_VISIBLE_DEVICES index is the file's
+    # number); slurmd only stats the files (no cgroups here).
+    : > "$DIR/etc/gres.conf"
     for ((i = 1; i <= n; i++)); do
-        echo "NodeName=node$i NodeAddr=$NET.$((10 + i)) NodeHostname=node$i" >> "$CONF"
+        echo "NodeName=node$i NodeAddr=$NET.$((10 + i)) NodeHostname=node$i" \
+             "$( ((GPUS)) && echo "Gres=gpu:$GPUS" )" >> "$CONF"
+        if ((GPUS)); then
+            mkdir -p "$DIR/dev/node$i"
+            # character devices (slurmd wants them), of NVIDIA's major with
+            # no driver behind: nothing opens them
+            for ((k = 0; k < GPUS; k++)); do mknod "$DIR/dev/node$i/nvidia$k" c 195 "$k"; done
+            echo "NodeName=node$i Name=gpu File=$DIR/dev/node$i/nvidia[0-$((GPUS - 1))]" \
+                >> "$DIR/etc/gres.conf"
+        fi
     done
     local nodes="node[1-$n]"
     ((n == 1)) && nodes=node1

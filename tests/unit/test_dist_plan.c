@@ -132,6 +132,144 @@ Test(plan, only_the_gpus_the_run_uses_must_be_the_model)
     cr_assert_str_eq(plan.notice, "");
 }
 
+/* ---- on Slurm's nodes: the cluster's GPUs, never this host's ---------------- */
+
+static int plan_slurm(int gpus_per_node, const char *gres)
+{
+    err[0] = '\0';
+    return dk_dist_plan_slurm(&opts, gpus_per_node, gres, "partition gpu", &plan, err,
+                              sizeof err);
+}
+
+Test(plan, slurm_gpus_over_given_nodes_whatever_this_host_has)
+{
+    opts.num_accelerators = 16;
+    opts.nodes = 2;
+    cr_assert_eq(plan_slurm(8, "gpu:h100:8(S:0-1)"), 0, "%s", err);
+    cr_assert_eq(plan.world, 16);
+    cr_assert_eq(plan.nodes, 2);
+    cr_assert_eq(plan.per_node, 8);
+    cr_assert(plan.gpu && plan.remote);
+    cr_assert_str_eq(plan.what, "16 GPU ranks on 2 nodes");
+    cr_assert_str_eq(plan.device, "GPU (Slurm GRES gpu:h100:8(S:0-1))");
+}
+
+Test(plan, slurm_nodes_are_inferred_from_the_gpus_per_node)
+{
+    opts.num_accelerators = 16;
+    cr_assert_eq(plan_slurm(8, "gpu:8"), 0, "%s", err);
+    cr_assert_eq(plan.nodes, 2);
+    cr_assert_eq(plan.per_node, 8);
+    opts.num_accelerators = 4;          /* fewer than a node has: one node */
+    cr_assert_eq(plan_slurm(8, "gpu:8"), 0, "%s", err);
+    cr_assert_eq(plan.nodes, 1);
+    cr_assert_eq(plan.per_node, 4);
+    opts.num_accelerators = 0;          /* neither: one node's every GPU */
+    cr_assert_eq(plan_slurm(4, "gpu:4"), 0, "%s", err);
+    cr_assert_eq(plan.world, 4);
+    cr_assert_eq(plan.nodes, 1);
+    opts.nodes = 3;                     /* nodes= alone: every GPU of each */
+    cr_assert_eq(plan_slurm(4, "gpu:4"), 0, "%s", err);
+    cr_assert_eq(plan.world, 12);
+    cr_assert_eq(plan.per_node, 4);
+}
+
+Test(plan, slurm_gpus_that_fill_no_whole_nodes_are_an_error_naming_the_multiples)
+{
+    opts.num_accelerators = 12;
+    cr_assert_eq(plan_slurm(8, "gpu:8"), -1);
+    cr_assert_str_eq(err, "num_accelerators=12 does not fill whole nodes: each node of "
+                          "partition gpu has 8 GPUs (gpu:8), so without nodes= give a multiple "
+                          "of 8 (8, 16), or give nodes= with num_accelerators a multiple of it");
+    opts.nodes = 2;                     /* 6 of each node's 8: fine */
+    cr_assert_eq(plan_slurm(8, "gpu:8"), 0, "%s", err);
+    cr_assert_eq(plan.per_node, 6);
+}
+
+Test(plan, slurm_more_gpus_per_node_than_a_node_has_says_how_many_nodes)
+{
+    opts.num_accelerators = 16;
+    opts.nodes = 1;
+    cr_assert_eq(plan_slurm(8, "gpu:8"), -1);
+    cr_assert_str_eq(err, "num_accelerators=16 over nodes=1 asks 16 GPUs of each node, but a "
+                          "node of partition gpu has 8 (gpu:8); give nodes=2, or leave nodes= "
+                          "out to take as many nodes as the GPUs need");
+    opts.num_accelerators = 10;         /* 3 nodes cannot split 10: 5 */
+    opts.nodes = 2;
+    cr_assert_eq(plan_slurm(4, "gpu:4"), -1);
+    cr_assert(strstr(err, "give nodes=5,"), "%s", err);
+}
+
+Test(plan, slurm_a_partition_without_gpus_says_what_to_give)
+{
+    opts.num_accelerators = 2;
+    cr_assert_eq(plan_slurm(0, "(null)"), -1);
+    cr_assert_str_eq(err, "the run asks for GPU ranks, but the nodes of partition gpu have no "
+                          "GPU (Slurm's GRES for them: (null)). Give partition= one whose "
+                          "nodes have GPUs (`sinfo -o '%P %G'` lists each partition's), or run "
+                          "CPU ranks with num_processes=N");
+}
+
+Test(plan, slurm_world_known_only_at_plan_time_must_split_evenly)
+{
+    /* The options check this too when they give the world; the plan checks
+     * again whatever gave it. */
+    opts.num_processes = 8;
+    opts.nodes = 3;
+    cr_assert_eq(plan_slurm(0, ""), -1);
+    cr_assert_str_eq(err, "8 ranks (num_processes) cannot be split evenly over nodes=3: every "
+                          "node runs as many ranks; give num_processes as a multiple of 3, or "
+                          "nodes= a divisor of 8");
+    opts.num_processes = 1;
+    opts.nodes = 2;
+    cr_assert_eq(plan_slurm(0, ""), -1);
+    cr_assert(strstr(err, "1 rank (num_processes) cannot be split evenly over nodes=2"), "%s",
+              err);
+}
+
+Test(plan, slurm_cpu_ranks_ask_for_no_gpu)
+{
+    opts.num_processes = 8;
+    opts.nodes = 2;
+    cr_assert_eq(plan_slurm(8, "gpu:8"), 0, "%s", err);
+    cr_assert_not(plan.gpu);
+    cr_assert_eq(plan.per_node, 4);
+    cr_assert_str_eq(plan.what, "8 CPU ranks on 2 nodes");
+    cr_assert_eq(dk_dist_plan_local_gpu(&plan, 0), -1);
+}
+
+Test(plan, slurm_ranks_have_no_gpu_of_this_host_and_local_ones_do)
+{
+    opts.num_accelerators = 4;
+    opts.nodes = 2;
+    cr_assert_eq(plan_slurm(2, "gpu:2"), 0, "%s", err);
+    for (int r = 0; r < 4; r++)
+        cr_expect_eq(dk_dist_plan_local_gpu(&plan, r), -1);
+    /* a local run on the same options' GPUs keeps its NVML indexes */
+    memset(&opts, 0, sizeof opts);
+    add_gpu("NVIDIA H100", "H100");
+    add_gpu("NVIDIA H100", "H100");
+    cr_assert_eq(dk_dist_plan(&opts, &node, &plan, err, sizeof err), 0);
+    cr_expect_eq(dk_dist_plan_local_gpu(&plan, 1), 1);
+}
+
+Test(plan, slurm_gpu_steps_share_their_nodes_gpus_and_cpu_steps_take_none)
+{
+    cr_assert_str_eq(dk_dist_plan_step_gpus(true), "--overlap");
+    cr_assert_str_eq(dk_dist_plan_step_gpus(false), "--gres=none");
+}
+
+Test(plan, slurm_a_gpu_type_is_not_checked_and_says_so)
+{
+    opts.num_accelerators = 2;
+    strcpy(opts.accelerator_model, "H100");
+    strcpy(opts.accelerator_given, "accelerator_type=GPU_2xH100");
+    cr_assert_eq(plan_slurm(2, "gpu:2"), 0, "%s", err);
+    cr_assert_str_eq(plan.notice, "accelerator_type=GPU_2xH100 is not checked on Slurm's nodes "
+                                  "(their GRES: gpu:2); constraint= picks nodes by their "
+                                  "features");
+}
+
 static unsigned long long three_gib(int index, int pid)
 {
     (void)index;

@@ -149,6 +149,36 @@ Test(slurm_text, salloc_says_the_job_id_pending_queued_or_granted)
                                          id, sizeof id));
 }
 
+Test(slurm_text, a_nodes_gpus_are_counted_from_its_gres)
+{
+    cr_expect_eq(dk_slurm_gres_gpus("gpu:8"), 8);
+    cr_expect_eq(dk_slurm_gres_gpus("gpu:h100:8(S:0-1)"), 8);
+    cr_expect_eq(dk_slurm_gres_gpus("gpu:a100:4,gpu:v100:2"), 6);
+    cr_expect_eq(dk_slurm_gres_gpus("mps:100,gpu:2"), 2);
+    cr_expect_eq(dk_slurm_gres_gpus("gpu:tesla:2(S:0,1),nic:1"), 2);
+    cr_expect_eq(dk_slurm_gres_gpus("gpu_mem:40000,gpus:3,shard:8"), 0);
+    cr_expect_eq(dk_slurm_gres_gpus("(null)"), 0);
+    cr_expect_eq(dk_slurm_gres_gpus(""), 0);
+    cr_expect_eq(dk_slurm_gres_gpus(NULL), 0);
+    cr_expect_eq(dk_slurm_gres_gpus("gpu"), 0);      /* no count */
+}
+
+Test(slurm_text, a_partitions_gpus_per_node_are_its_nodes_most)
+{
+    const char *text = "cpu|(null)\ngpu*|gpu:a100:4(S:0)\ngpu*|gpu:h100:8(S:0-1)\n"
+                       "mixed|gpu:2,mps:100\nmixed|(null)\n";
+    char gres[64] = "";
+    cr_expect_eq(dk_slurm_partition_gpus(text, NULL, false, gres, sizeof gres), 8);
+    cr_expect_str_eq(gres, "gpu:h100:8(S:0-1)");    /* the default, marked '*' */
+    cr_expect_eq(dk_slurm_partition_gpus(text, "cpu", false, gres, sizeof gres), 0);
+    cr_expect_str_eq(gres, "(null)");
+    cr_expect_eq(dk_slurm_partition_gpus(text, "mixed,gpu", false, gres, sizeof gres), 2);
+    cr_expect_eq(dk_slurm_partition_gpus(text, "nope", false, gres, sizeof gres), -1);
+    cr_expect_eq(dk_slurm_partition_gpus("cpu|(null)\n", NULL, false, gres, sizeof gres), -1);
+    /* asked about given nodes: every line is theirs, whatever the partition */
+    cr_expect_eq(dk_slurm_partition_gpus(text, NULL, true, gres, sizeof gres), 8);
+}
+
 Test(slurm_text, slurm_times_are_read_in_seconds)
 {
     cr_expect_eq(dk_slurm_time_s("30:00"), 1800);
@@ -431,6 +461,56 @@ Test(slurm_fake, the_longest_time_is_the_partitions_and_extra_args_still_win)
     cr_assert_null(dk_slurm_allocate(&dflt, NULL, err, sizeof err));
     log = calls();
     cr_expect(strstr(log, " --ntasks-per-node=1 --time=1:00:00\n"), "%s", log);
+}
+
+Test(slurm_fake, gpus_per_node_reach_salloc_and_none_for_cpu_ranks)
+{
+    fake_slurm(NULL, "echo 'salloc: error: no' >&2; exit 1", NULL);
+    dk_slurm_request_t req = {.nodes = 2, .tasks_per_node = 8, .gpus_per_node = 8};
+    char err[1024] = "";
+    cr_assert_null(dk_slurm_allocate(&req, NULL, err, sizeof err));
+    cr_expect(strstr(calls(), " --nodes=2 --ntasks-per-node=8 --gpus-per-node=8\n"), "%s",
+              calls());
+    fake_slurm(NULL, "echo 'salloc: error: no' >&2; exit 1", NULL);
+    req.gpus_per_node = 0;
+    cr_assert_null(dk_slurm_allocate(&req, NULL, err, sizeof err));
+    cr_expect(strstr(calls(), " --ntasks-per-node=8\n"), "%s", calls());
+    cr_expect_not(strstr(calls(), "gpu"), "%s", calls());
+}
+
+Test(slurm_fake, gpus_per_node_come_from_sinfo_for_the_partition_or_the_allocation)
+{
+    fake_slurm("echo 'cpu*|(null)'; echo 'gpu|gpu:h100:8(S:0-1)'", NULL, NULL);
+    int gpus = -1;
+    char gres[64] = "", err[1024] = "";
+    cr_assert_eq(dk_slurm_gpus_per_node("gpu", NULL, 5, &gpus, gres, sizeof gres, err,
+                                        sizeof err), 0, "%s", err);
+    cr_expect_eq(gpus, 8);
+    cr_expect_str_eq(gres, "gpu:h100:8(S:0-1)");
+    cr_expect(strstr(calls(), "sinfo -h -o %P|%G\n"), "%s", calls());
+    cr_assert_eq(dk_slurm_gpus_per_node(NULL, NULL, 5, &gpus, gres, sizeof gres, err,
+                                        sizeof err), 0, "%s", err);
+    cr_expect_eq(gpus, 0);
+    cr_assert_eq(dk_slurm_gpus_per_node("nope", NULL, 5, &gpus, gres, sizeof gres, err,
+                                        sizeof err), -1);
+    cr_expect(strstr(err, "Slurm has no partition 'nope'"), "%s", err);
+    /* inside an allocation: its nodes, whatever their partition */
+    cr_assert_eq(dk_slurm_gpus_per_node(NULL, "n[1-2]", 5, &gpus, gres, sizeof gres, err,
+                                        sizeof err), 0, "%s", err);
+    cr_expect_eq(gpus, 8);
+    cr_expect(strstr(calls(), "sinfo -h -o %P|%G -n n[1-2]\n"), "%s", calls());
+}
+
+Test(slurm_fake, a_failing_sinfo_for_the_gpus_is_quoted)
+{
+    fake_slurm("echo 'sinfo: error: slurm_load_partitions: Unable to contact slurm "
+               "controller' >&2; exit 1", NULL, NULL);
+    int gpus = -1;
+    char gres[64] = "", err[1024] = "";
+    cr_assert_eq(dk_slurm_gpus_per_node(NULL, NULL, 5, &gpus, gres, sizeof gres, err,
+                                        sizeof err), -1);
+    cr_expect(strstr(err, "sinfo could not say the nodes' GPUs: sinfo: error: "
+                          "slurm_load_partitions"), "%s", err);
 }
 
 Test(slurm_fake, salloc_never_gets_a_job_name_or_shape_from_extra_args)
