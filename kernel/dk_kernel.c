@@ -42,6 +42,11 @@
 #include <unistd.h>
 
 #define SHUTDOWN_GRACE_MS 600
+/* How long the main thread may take to end the process once it has begun
+ * (exit hooks, the history, the cell files): on a loaded machine that is
+ * seconds, and cutting it short leaves the cell folder behind and the
+ * history unsaved. Below jupyter_client's 5 s wait before it kills. */
+#define SHUTDOWN_EXIT_MS 4000
 #define DK_HISTORY_IDLE_MS 200
 
 struct dk_kernel_t {
@@ -560,9 +565,11 @@ static void handle_control(dk_kernel_t *k, dk_msg_t *req)
         struct timespec ts = {0, SHUTDOWN_GRACE_MS * 1000L * 1000L};
         nanosleep(&ts, NULL);
         if (atomic_load(&exiting)) {
-            /* The main thread is saving history; it gets one more grace. */
+            /* The main thread is ending the process; its _exit ends this wait. */
             run_exit_hooks(k);
-            nanosleep(&ts, NULL);
+            struct timespec slice = {0, 50 * 1000 * 1000};
+            for (int waited = 0; waited < SHUTDOWN_EXIT_MS; waited += 50)
+                nanosleep(&slice, NULL);
             _exit(0);
         }
         dk_log("a cell did not stop within %d ms of shutdown; exiting", SHUTDOWN_GRACE_MS);
