@@ -118,6 +118,40 @@ int dk_dist_slurm_preflight(const dk_dist_opts_t *opts)
 
 /* ---- the plan ------------------------------------------------------------------ */
 
+/* Outside an allocation: whether PLAN's ranks per node fit a node of the
+ * partition, each rank a task of one CPU. Slurm queues a request that does
+ * not (reason PartitionConfig) and it would wait for the whole timeout; say
+ * so now, with what to give. Where sinfo cannot say, the request goes as it
+ * is. -1 with a Python exception when it does not fit. */
+static int fits_the_cpus(const dk_dist_opts_t *opts, const dk_dist_plan_t *plan)
+{
+    const char *job = getenv("SLURM_JOB_ID");
+    if ((job && job[0]) || plan->per_node <= 0)
+        return 0;
+    char err[1024];
+    int cpus = 0, rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = dk_slurm_cpus_per_node(opts->partition, PREFLIGHT_TIMEOUT_S, &cpus, err, sizeof err);
+    Py_END_ALLOW_THREADS
+    if (rc < 0 || cpus <= 0 || plan->per_node <= cpus)
+        return 0;
+    int nodes = (plan->world + cpus - 1) / cpus;
+    while (nodes < plan->world && plan->world % nodes)
+        nodes++;
+    char asked[64];
+    what_asked(opts, asked, sizeof asked);
+    PyErr_Format(PyExc_ValueError,
+                 "%s: %d ranks on %d node%s puts %d on each, but a node of %s%s has at most "
+                 "%d CPU%s and Slurm gives each rank one of its own, so the request would wait "
+                 "forever: give nodes=%d (or more nodes), or at most %d ranks. No rank was "
+                 "started.", asked, plan->world, plan->world / plan->per_node,
+                 plan->world / plan->per_node == 1 ? "" : "s", plan->per_node,
+                 opts->partition[0] ? "partition " : "the default partition",
+                 opts->partition, cpus, cpus == 1 ? "" : "s", nodes,
+                 cpus * (plan->world / plan->per_node));
+    return -1;
+}
+
 int dk_dist_slurm_plan(const dk_dist_opts_t *opts, dk_dist_plan_t *plan)
 {
     char err[2048] = "", gres[512] = "", where[600] = "";
@@ -146,7 +180,7 @@ int dk_dist_slurm_plan(const dk_dist_opts_t *opts, dk_dist_plan_t *plan)
         PyErr_Format(PyExc_RuntimeError, "%s. No rank was started.", err);
         return -1;
     }
-    return 0;
+    return fits_the_cpus(opts, plan);
 }
 
 /* ---- the wait ------------------------------------------------------------------ */

@@ -290,6 +290,30 @@ int dk_slurm_gpus_per_node(const char *partition, const char *nodelist, double t
     return 0;
 }
 
+int dk_slurm_cpus_per_node(const char *partition, double timeout_s, int *cpus, char *err,
+                           size_t errlen)
+{
+    command_t c = {0};
+    const char *args[] = {"-h", "-o", "%P|%c", NULL};
+    char *out = NULL;
+    double t = timeout_s > 0 ? timeout_s : DK_SLURM_COMMAND_TIMEOUT_S;
+    int rc = run("sinfo", args, t, &c, &out, err, errlen);
+    if (rc > 0)
+        dk_set_err(err, errlen, "sinfo could not say the nodes' CPUs: %s", said_text(&c));
+    int most = rc == 0 ? dk_slurm_partition_cpus(out, partition) : -1;
+    free(out);
+    if (rc != 0)
+        return -1;
+    if (most < 0) {
+        dk_set_err(err, errlen, "sinfo says no CPU count for %s%s%s",
+                   partition && partition[0] ? "partition " : "the default partition",
+                   partition && partition[0] ? partition : "", "");
+        return -1;
+    }
+    *cpus = most;
+    return 0;
+}
+
 /* ---- the allocation -------------------------------------------------------- */
 
 static dk_slurm_t *job_new(double timeout_s)

@@ -181,6 +181,17 @@ int dk_slurm_gres_gpus(const char *gres);
 int dk_slurm_partition_gpus(const char *text, const char *partition, bool any_partition,
                             char *gres, size_t greslen);
 
+/* The most CPUs a node of PARTITION (as dk_slurm_partition_gpus) has in the
+ * output of `sinfo -h -o '%P|%c'`; -1 when TEXT names no such partition or
+ * says no number. */
+int dk_slurm_partition_cpus(const char *text, const char *partition);
+
+/* The most CPUs a node of PARTITION (NULL or "": the default) has, from
+ * sinfo, into *CPUS. Returns 0, or -1 with ERR (sinfo failed, or knows no
+ * such partition). */
+int dk_slurm_cpus_per_node(const char *partition, double timeout_s, int *cpus, char *err,
+                           size_t errlen);
+
 /* Whether Slurm's REASON for a pending job says its time limit is over a
  * limit that will not change while it waits: the partition's MaxTime
  * ("PartitionTimeLimit"), a QOS's or association's MaxWall

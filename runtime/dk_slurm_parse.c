@@ -295,13 +295,16 @@ int dk_slurm_gres_gpus(const char *gres)
     return total;
 }
 
-int dk_slurm_partition_gpus(const char *text, const char *partition, bool any_partition,
-                            char *gres, size_t greslen)
+/* For each line "PART[*]|FIELD" of sinfo's TEXT that is PARTITION's (NULL or
+ * "": the default, marked '*'; a list "a,b": its first; ANY: every line),
+ * call EACH with FIELD. Returns whether any line matched. */
+static bool partition_lines(const char *text, const char *partition, bool any,
+                            void (*each)(const char *field, void *data), void *data)
 {
     char want[256] = "";
     if (partition && partition[0])
         snprintf(want, sizeof want, "%.*s", (int) strcspn(partition, ","), partition);
-    int most = -1;
+    bool matched = false;
     for (const char *line = text; line && *line; ) {
         const char *eol = strchr(line, '\n');
         size_t len = eol ? (size_t) (eol - line) : strlen(line);
@@ -314,18 +317,56 @@ int dk_slurm_partition_gpus(const char *text, const char *partition, bool any_pa
             bool dflt = n && copy[n - 1] == '*';
             if (dflt)
                 copy[--n] = '\0';
-            if (any_partition || (want[0] ? strcmp(copy, want) == 0 : dflt)) {
-                int gpus = dk_slurm_gres_gpus(bar + 1);
-                if (gpus > most) {
-                    most = gpus;
-                    if (gres)
-                        snprintf(gres, greslen, "%s", bar + 1);
-                }
+            if (any || (want[0] ? strcmp(copy, want) == 0 : dflt)) {
+                matched = true;
+                each(bar + 1, data);
             }
         }
         line = eol ? eol + 1 : NULL;
     }
-    return most;
+    return matched;
+}
+
+typedef struct {
+    int most;
+    char *gres;
+    size_t greslen;
+} most_t;
+
+static void most_gpus(const char *field, void *data)
+{
+    most_t *m = data;
+    int gpus = dk_slurm_gres_gpus(field);
+    if (gpus > m->most) {
+        m->most = gpus;
+        if (m->gres)
+            snprintf(m->gres, m->greslen, "%s", field);
+    }
+}
+
+int dk_slurm_partition_gpus(const char *text, const char *partition, bool any_partition,
+                            char *gres, size_t greslen)
+{
+    most_t m = {-1, gres, greslen};
+    partition_lines(text, partition, any_partition, most_gpus, &m);
+    return m.most;
+}
+
+static void most_cpus(const char *field, void *data)
+{
+    most_t *m = data;
+    char *end;
+    long cpus = strtol(field, &end, 10);
+    /* "%c" is a number, or "N+" where the partition's nodes differ */
+    if (end != field && (*end == '\0' || *end == '+') && cpus > m->most && cpus < 1 << 20)
+        m->most = (int) cpus;
+}
+
+int dk_slurm_partition_cpus(const char *text, const char *partition)
+{
+    most_t m = {-1, NULL, 0};
+    partition_lines(text, partition, false, most_cpus, &m);
+    return m.most;
 }
 
 bool dk_slurm_time_limit_reason(const char *reason)

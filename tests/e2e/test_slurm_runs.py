@@ -542,3 +542,21 @@ def test_the_notebook_folders_modules_reach_nodes_that_do_not_share_it(slurm_clu
     finally:
         k.stop()
     assert wait_clean(slurm_cluster) == []
+
+
+@pytest.mark.timeout(120)
+def test_more_ranks_per_node_than_its_cpus_is_refused_before_slurm_is_asked(kernel,
+                                                                         slurm_cluster):
+    # The simulated nodes have 2 CPUs: 4 ranks on each would wait in the queue
+    # (PartitionConfig) for the whole timeout.
+    r = kernel.execute("%%distributed num_processes=8 nodes=2\n1\n", timeout=60)
+    assert r.status == "error" and r.content["ename"] == "ValueError", r.describe()
+    evalue = r.content["evalue"]
+    assert evalue.startswith("nodes=2: 8 ranks on 2 nodes puts 4 on each, but a node of the "
+                             "default partition has at most 2 CPUs"), evalue
+    assert "give nodes=4 (or more nodes), or at most 4 ranks. No rank was started." in evalue, \
+        evalue
+    assert our_jobs(slurm_cluster) == []
+    r = kernel.execute("%%distributed num_processes=4 nodes=2\nimport os\nos.environ['RANK']\n",
+                       timeout=240)
+    assert r.status == "ok", r.describe()

@@ -179,6 +179,17 @@ Test(slurm_text, a_partitions_gpus_per_node_are_its_nodes_most)
     cr_expect_eq(dk_slurm_partition_gpus(text, NULL, true, gres, sizeof gres), 8);
 }
 
+Test(slurm_text, the_most_cpus_of_a_partitions_nodes_are_read_from_sinfo)
+{
+    const char *text = "small|2\nsim*|4\nsim*|16\nhetero|8+\nodd|n/a\n";
+    cr_expect_eq(dk_slurm_partition_cpus(text, NULL), 16);     /* the default, marked '*' */
+    cr_expect_eq(dk_slurm_partition_cpus(text, "small"), 2);
+    cr_expect_eq(dk_slurm_partition_cpus(text, "hetero,sim"), 8);
+    cr_expect_eq(dk_slurm_partition_cpus(text, "odd"), -1);
+    cr_expect_eq(dk_slurm_partition_cpus(text, "nope"), -1);
+    cr_expect_eq(dk_slurm_partition_cpus("small|2\n", NULL), -1);
+}
+
 Test(slurm_text, slurm_times_are_read_in_seconds)
 {
     cr_expect_eq(dk_slurm_time_s("30:00"), 1800);
