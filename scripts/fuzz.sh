@@ -35,7 +35,7 @@ sources() {
   case $1 in
     fuzz_wire)  echo "protocol/dk_wire.c" ;;
     fuzz_conn)  echo "protocol/dk_conn.c protocol/dk_wire.c" ;;
-    fuzz_opts)  echo "magics/dk_magic.c magics/dk_dist_opts.c" ;;
+    fuzz_opts)  echo "magics/dk_magic.c magics/dk_dist_opts.c runtime/dk_slurm_parse.c" ;;
     fuzz_lines) echo "runtime/dk_lines.c runtime/dk_utf8.c" ;;
     *) echo "unknown fuzz target '$1'; the targets are: ${ALL_TARGETS[*]}" >&2; return 1 ;;
   esac
