@@ -1572,6 +1572,28 @@ int dk_job_rank_pid(dk_job_t *job, int rank)
     return rank_ok(job, rank) ? (int) job->ranks[rank].pid : -1;
 }
 
+/* Whether PID, a child not yet collected, is a zombie thread-group leader:
+ * SIGKILLed with other threads still tearing down (Python's, and under the
+ * sanitizers that takes long), it is dead to anyone looking at /proc while
+ * waitid and its pidfd wait for the last thread. */
+static bool leader_dead(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int) pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT || errno == ESRCH;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return false;
+    buf[n] = '\0';
+    /* "pid (comm) S ...": comm may hold anything, ')' included. */
+    const char *close_paren = strrchr(buf, ')');
+    return close_paren && close_paren[1] == ' ' &&
+           (close_paren[2] == 'Z' || close_paren[2] == 'X' || close_paren[2] == 'x');
+}
+
 bool dk_job_any_rank_exited(dk_job_t *job)
 {
     for (int r = 0; r < job->world_size; r++) {
@@ -1586,6 +1608,9 @@ bool dk_job_any_rank_exited(dk_job_t *job)
         while (rc < 0 && errno == EINTR);
         /* exited and not yet collected, or collected already (ECHILD) */
         if ((rc == 0 && si.si_pid == pid) || (rc < 0 && errno == ECHILD))
+            return true;
+        /* Not collectable yet, so the pid is still ours: /proc is about it. */
+        if (rc == 0 && leader_dead(pid))
             return true;
     }
     return false;

@@ -246,7 +246,9 @@ int dk_job_rank_pid(dk_job_t *job, int rank);
 /* Whether any rank's process has already exited, judged or not: a look at the
  * processes themselves (waitid without collecting), for a host about to hand
  * work to a persistent job's ranks, since the runtime thread may not have seen
- * a death yet. Thread-safe. */
+ * a death yet. A rank whose main thread is a zombie counts, though its other
+ * threads may still be ending (waitid and the runtime thread see it only when
+ * the last one has). Thread-safe. */
 bool dk_job_any_rank_exited(dk_job_t *job);
 
 /* Whether RANK was lost (silent past the heartbeat deadline). */

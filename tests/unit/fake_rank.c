@@ -45,7 +45,8 @@
  *                    "sleep" print "sleeping N", wait for SIGINT, ERROR
  *                    "KeyboardInterrupt"; "stuck" print "stuck N", ignore SIGINT and
  *                    sleep forever; "exit3" exit 3; "bad_round" RESULT naming round
- *                    N+1. The text may be "ACTION@R": that action on rank R, "result"
+ *                    N+1; "leader_exit" print "leader exiting N", then the main
+ *                    thread ends alone (a zombie leader, another thread sleeping). The text may be "ACTION@R": that action on rank R, "result"
  *                    on the others. SIGINT between rounds is ignored; EOF exits 0.
  *   bad_output       (Unix socket) ... an OUTPUT frame for fd 3, wait to be closed,
  *                    print "refused as expected", exit 0 without a result
@@ -694,6 +695,14 @@ static void answer(conn_t *c, int type, uint32_t round, const char *text)
 }
 
 /* A persistent job's rank (mode "rounds"). */
+static void *sleep_forever(void *unused)
+{
+    (void) unused;
+    for (;;)
+        pause();
+    return NULL;
+}
+
 static int serve_rounds(void)
 {
     struct sigaction sa = {.sa_handler = on_sigint};
@@ -745,6 +754,15 @@ static int serve_rounds(void)
                 pause();
         } else if (!strcmp(action, "exit3")) {
             return 3;
+        } else if (!strcmp(action, "leader_exit")) {
+            /* The main thread ends alone: the leader is a zombie while the
+             * process lives on (as a SIGKILLed rank whose threads are still
+             * tearing down looks, for a while). */
+            pthread_t t;
+            if (pthread_create(&t, NULL, sleep_forever, NULL) != 0)
+                die("pthread_create");
+            dprintf(1, "leader exiting %u\n", round);
+            pthread_exit(NULL);
         } else {
             snprintf(text, sizeof text, "round=%u rank=%d", round, rank);
             answer(&c, RESULT, round + (strcmp(action, "bad_round") == 0), text);

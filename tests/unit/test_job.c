@@ -1321,6 +1321,46 @@ Test(job, an_answer_naming_another_round_closes_the_connection)
     finish(&job);
 }
 
+/* The state letter of PID in /proc/PID/stat, '?' when unreadable. */
+static char proc_state(int pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return '?';
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')');
+    return p && p[1] == ' ' ? p[2] : '?';
+}
+
+/* A SIGKILLed rank's main thread is a zombie before its other threads have
+ * ended; waitid and the runtime thread see the process exit only after the
+ * last. The look before a cell is sent must count it already: a user who saw
+ * the rank die (ps shows it <defunct>) gets "the ranks are gone", not a cell
+ * that fails as if it had killed the rank. */
+Test(job, a_rank_whose_main_thread_is_a_zombie_counts_as_exited)
+{
+    dk_job_t *job = start_persistent(2, 0);
+    cr_assert_not(dk_job_any_rank_exited(job));
+    char err[256] = "";
+    cr_assert_eq(dk_job_submit(job, "leader_exit@1", 13, 0, err, sizeof err), 0, "%s", err);
+    wait_output(1, "leader exiting 1");
+    int pid = dk_job_rank_pid(job, 1);
+    for (int i = 0; i < 500 && proc_state(pid) != 'Z'; i++)
+        usleep(10 * 1000);
+    cr_assert_eq(proc_state(pid), 'Z', "rank 1's main thread did not end");
+    siginfo_t si;
+    memset(&si, 0, sizeof si);
+    cr_assert_eq(waitid(P_PID, (id_t) pid, &si, WEXITED | WNOHANG | WNOWAIT), 0);
+    cr_assert_eq(si.si_pid, 0, "the process was collectable: the test shows nothing");
+    cr_assert(dk_job_any_rank_exited(job));
+    cr_assert_eq(dk_job_end(job), DK_END_NONE);
+    finish(&job);
+}
+
 Test(job, each_round_can_have_its_own_log_dir)
 {
     dk_job_t *job = start_persistent(1, 0);
