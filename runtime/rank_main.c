@@ -227,10 +227,34 @@ static int slurm_run_env(void)
     return 0;
 }
 
+/* The back channel's key out of /proc/PID/environ: that file shows the
+ * environment block the process started with, which unsetenv (Python's
+ * os.environ.pop) does not touch, so the key would stay there for the rank's
+ * whole life, and a warm rank's stub waits as long. The value moves to the
+ * heap (setenv copies it) and the block's bytes are overwritten. */
+static void hide_key(void)
+{
+    static const char name[] = "DISTKERNEL_BC_KEY=";
+    for (char **e = environ; *e; e++) {
+        if (strncmp(*e, name, sizeof name - 1) != 0)
+            continue;
+        char *block = *e + sizeof name - 1;
+        char *value = strdup(block);
+        if (!value || setenv("DISTKERNEL_BC_KEY", value, 1) != 0) {
+            free(value);
+            return;          /* the key stays where it was: the rank still works */
+        }
+        memset(block, 'x', strlen(block));
+        free(value);
+        return;
+    }
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
     (void)argv;
+    hide_key();
     /* A rank stopped while Python is still starting (another rank failed at
      * once, the cell was interrupted) would print a "Fatal Python error" in the
      * cell. SIGINT stays blocked until distkernel._rank is about to run the

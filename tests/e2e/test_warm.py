@@ -10,6 +10,7 @@ template is rebuilt when what it was built from changes, and that a template
 that cannot fork safely (a module started a thread) makes runs cold with the
 reason in the run's warm.log. No timing is asserted (bench/warm_bench.py).
 """
+import ast
 import json
 import os
 import re
@@ -93,6 +94,44 @@ def test_a_warm_run_is_a_fresh_run_with_the_cold_runs_environment(kernel):
         assert w["pid"] != w["ppid"] and w["pgid"] not in (w["ppid"], kernel.pid)
     assert warm[0]["port"] == warm[1]["port"]
     assert warm[0]["pgid"] != warm[1]["pgid"]
+
+
+# Every process of the rank's group (a warm rank's stub, the kernel's child,
+# is its group leader and waits for it): what of the back channel's key
+# their /proc/PID/environ shows.
+KEY_CELL = """%%distributed num_processes=2 tracking=False {opts}
+import os, re, sys
+seen = []
+for pid in os.listdir('/proc'):
+    if not pid.isdigit():
+        continue
+    try:
+        stat = open(f'/proc/{{pid}}/stat').read()
+        if int(stat.rsplit(')', 1)[1].split()[2]) != os.getpgrp():
+            continue
+        environ = open(f'/proc/{{pid}}/environ', 'rb').read()
+    except (OSError, ValueError, IndexError):
+        continue
+    seen.append((int(pid), re.findall(rb'DISTKERNEL_BC_KEY=([0-9a-fA-F]+)', environ)))
+print(sorted(seen), 'torch' in sys.modules, os.getpid())
+"""
+
+
+@pytest.mark.parametrize("opts", ["", "warm=False"])
+def test_no_rank_process_shows_the_key_in_its_proc_environ(kernel, opts):
+    kernel.execute(KEY_CELL.format(opts=opts), timeout=RUN)   # the first may build the template
+    r = kernel.execute(KEY_CELL.format(opts=opts), timeout=RUN)
+    assert r.status == "ok", r.describe()
+    lines = re.findall(r"^\[rank (\d)\] (\[.*\]) (True|False) (\d+)$", r.stdout, re.M)
+    assert sorted(int(rank) for rank, *_ in lines) == [0, 1], r.describe()
+    for rank, seen, warm, pid in lines:
+        seen = ast.literal_eval(seen)   # [(pid, [hex, ...]), ...] printed by the rank
+        pids = [p for p, _ in seen]
+        assert int(pid) in pids, r.describe()
+        # A warm rank's group holds its stub too: both are looked at.
+        assert len(pids) == (2 if opts == "" else 1), (pids, r.describe())
+        assert (warm == "True") == (opts == ""), r.describe()
+        assert all(found == [] for _, found in seen), (rank, seen)
 
 
 def test_the_template_is_rebuilt_when_the_environment_cwd_or_path_change(kernel, tmp_path):
