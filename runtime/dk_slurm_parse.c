@@ -449,8 +449,54 @@ static int refuse(const char *word, size_t i, char *err, size_t errlen)
     return -1;
 }
 
-static int check_word(const char *w, char *err, size_t errlen)
+/* salloc's long options that take a required argument (22.05, `salloc
+ * --help` and its man page): written without '=', the next word is that
+ * argument ("--comment -N" comments "-N"), not an option. */
+static const char *const long_with_value[] = {
+    "account", "acctg-freq", "bb", "bbf", "begin", "chdir", "cluster-constraint", "clusters",
+    "comment", "constraint", "container", "core-spec", "cores-per-socket", "cpu-freq",
+    "cpus-per-gpu", "cpus-per-task", "deadline", "delay-boot", "dependency", "distribution",
+    "exclude", "extra-node-info", "gid", "gpu-bind", "gpu-freq", "gpus", "gpus-per-node",
+    "gpus-per-socket", "gpus-per-task", "gres", "gres-flags", "hint", "job-name", "licenses",
+    "mail-type", "mail-user", "mcs-label", "mem", "mem-bind", "mem-per-cpu", "mem-per-gpu",
+    "mincpus", "network", "nodefile", "nodelist", "nodes", "ntasks", "ntasks-per-core",
+    "ntasks-per-gpu", "ntasks-per-node", "ntasks-per-socket", "partition", "power", "prefer",
+    "priority", "profile", "qos", "reservation", "signal", "sockets-per-node", "switches",
+    "thread-spec", "threads-per-core", "time", "time-min", "tmp", "uid", "wckey",
+};
+#define LONG_WITH_VALUE (sizeof long_with_value / sizeof long_with_value[0])
+
+/* Whether the long option NAME (LEN bytes, no '=' in the word) takes the next
+ * word as its argument: it names one of long_with_value exactly, or is a
+ * prefix of only such options (salloc takes an unambiguous prefix). */
+static bool long_takes_next(const char *name, size_t len)
 {
+    bool any = false;
+    for (size_t i = 0; i < LONG_WITH_VALUE; i++) {
+        const char *o = long_with_value[i];
+        if (strlen(o) == len && strncmp(o, name, len) == 0)
+            return true;
+        if (strncmp(o, name, len) == 0)
+            any = true;
+    }
+    /* A prefix also shared by a flag ("--mem" is exact above; "--ex" is
+     * --exclude or --exclusive) is ambiguous, and salloc refuses it. */
+    static const char *const flags[] = {"bell", "contiguous", "exclusive", "get-user-env",
+                                        "hold", "immediate", "kill-command", "nice",
+                                        "no-bell", "no-kill", "overcommit", "oversubscribe",
+                                        "quiet", "reboot", "spread-job", "use-min-nodes",
+                                        "verbose", "x11"};
+    for (size_t i = 0; any && i < sizeof flags / sizeof flags[0]; i++)
+        if (strncmp(flags[i], name, len) == 0)
+            return false;
+    return any;
+}
+
+/* 0 when word W is fine, -1 with ERR when it is refused. *TAKES_NEXT: the
+ * next word is W's option's argument. */
+static int check_word(const char *w, bool *takes_next, char *err, size_t errlen)
+{
+    *takes_next = false;
     if (w[0] != '-' || !w[1])
         return 0;
     if (w[1] == '-') {
@@ -464,14 +510,19 @@ static int check_word(const char *w, char *err, size_t errlen)
                 /* "--ntasks" is ours, "--ntasks-per-core" is not */
                 (len >= 2 || name[0] != 'n'))
                 return refuse(w, i, err, errlen);
+        *takes_next = len > 0 && name[len] == '\0' && long_takes_next(name, len);
         return 0;
     }
     for (const char *c = w + 1; *c; c++) {
         for (size_t i = 0; i < REFUSED; i++)
             if (refused[i].letter && *c == refused[i].letter)
                 return refuse(w, i, err, errlen);
-        if (strchr(with_value, *c))
+        if (strchr(with_value, *c)) {
+            /* "-p debug": the value is the next word; I, k and K take
+             * theirs only attached. */
+            *takes_next = c[1] == '\0' && !strchr("IkK", *c);
             break;
+        }
     }
     return 0;
 }
@@ -483,8 +534,12 @@ int dk_slurm_check_args(const char *text, char *err, size_t errlen)
     if (dk_slurm_split_words(text ? text : "", &words, &n, err, errlen) < 0)
         return -1;
     int rc = 0;
-    for (size_t i = 0; rc == 0 && i < n; i++)
-        rc = check_word(words[i], err, errlen);
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        bool takes_next;
+        rc = check_word(words[i], &takes_next, err, errlen);
+        if (takes_next)
+            i++;             /* an argument, whatever it looks like */
+    }
     dk_slurm_names_free(words, n);
     return rc;
 }

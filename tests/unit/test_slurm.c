@@ -310,9 +310,20 @@ Test(slurm_text, extra_args_may_not_name_the_job_nor_shape_it)
     expect_refused("--ntasks=4", "--ntasks");
     expect_refused("--ntasks-per-node=2", "may not set --ntasks-per-node, as");
     expect_refused("--ntasks-per-n 2", "--ntasks-per-node");
+    /* After an option that takes no argument, or one given with '=' or
+     * attached, the next word is an option again. */
+    expect_refused("--exclusive -N 2", "--nodes");
+    expect_refused("--comment=x -N 2", "--nodes");
+    expect_refused("-pdebug -N 2", "--nodes");
+    expect_refused("-k -N 2", "--nodes");                 /* -k's argument is attached only */
+    expect_refused("--ex -N 2", "--nodes");               /* ambiguous: salloc refuses it */
+    expect_refused("--comment x -J y", "--job-name");
     char err[1024] = "";
     const char *fine[] = {"", "--exclusive --mem=0", "--ntasks-per-core=1", "--nodelist=n1",
-                          "-pdebugN", "-w node1", "--comment='-J x'", "--gres=gpu:8", NULL};
+                          "-pdebugN", "-w node1", "--comment='-J x'", "--gres=gpu:8",
+                          /* an option's argument in the next word is not an option */
+                          "--comment -N", "--comment -J", "--comm -n4", "-p -N", "--qos -J",
+                          "-w -n", "--nodelist -N", NULL};
     for (int i = 0; fine[i]; i++)
         cr_expect_eq(dk_slurm_check_args(fine[i], err, sizeof err), 0, "%s: %s", fine[i], err);
     cr_expect_eq(dk_slurm_check_args("--comment='open", err, sizeof err), -1);
