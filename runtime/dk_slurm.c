@@ -812,12 +812,9 @@ void dk_slurm_destroy(dk_slurm_t **self_p)
     /* A failed release gets one more try; a job must not outlive its owner. */
     if (dk_slurm_release(self, NULL, 0) < 0)
         dk_slurm_release(self, NULL, 0);
-    if (self->last_word_pid > 0) {
-        /* Both releases failed: the last word tries once more, now, on its
-         * own (closing its pipe is what it waits for); reaped if done. */
-        close(self->last_word_fd);
-        waitpid(self->last_word_pid, NULL, WNOHANG);
-    }
+    /* Both releases failed: the last word tries once more, now, on its own
+     * (and is reaped when done: a kernel that lives on keeps no zombie). */
+    dk_spawn_last_word_now(&self->last_word_pid, &self->last_word_fd);
     free_nodes(self);
     free(self);
     *self_p = NULL;

@@ -41,6 +41,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -396,6 +397,36 @@ int dk_spawn_last_word(char *const argv[], int *pid, int *fd, char *err, size_t 
                           errlen);
     free(path);
     return rc;
+}
+
+static void *reap_one(void *arg)
+{
+    pid_t pid = (pid_t)(intptr_t) arg;
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+        ;
+    return NULL;
+}
+
+void dk_spawn_last_word_now(int *pid, int *fd)
+{
+    if (*pid <= 0) {
+        close_fd(fd);
+        return;
+    }
+    pid_t p = *pid;
+    *pid = -1;
+    close_fd(fd);               /* its EOF: it acts now */
+    /* Its command (scancel) may take seconds; a thread waits so that the
+     * caller does not, and the process is collected, not left a zombie. With
+     * no thread to be had it is collected if already done. */
+    pthread_attr_t attr;
+    pthread_t t;
+    bool started = pthread_attr_init(&attr) == 0 &&
+                   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) == 0 &&
+                   pthread_create(&t, &attr, reap_one, (void *)(intptr_t) p) == 0;
+    pthread_attr_destroy(&attr);
+    if (!started)
+        waitpid(p, NULL, WNOHANG);
 }
 
 void dk_spawn_sentinel_end(int *pid, int *fd)

@@ -74,6 +74,12 @@ int dk_spawn_sentinel(const int *pgids, int n, int *pid, int *fd, char *err, siz
  * dk_spawn_sentinel_end. Returns -1 with ERR when it cannot be started. */
 int dk_spawn_last_word(char *const argv[], int *pid, int *fd, char *err, size_t errlen);
 
+/* Have a last word act now, as if its host had ended (it gets its pipe's
+ * EOF), and have it reaped when it is done, without waiting for it here (a
+ * thread of its own waits): no zombie is left beside a host that lives on.
+ * Sets *PID and *FD to -1. Nothing when *PID <= 0. */
+void dk_spawn_last_word_now(int *pid, int *fd);
+
 /* End a sentinel without it acting (the groups are the caller's to end):
  * SIGKILL, reap, close *FD; sets *PID and *FD to -1. Nothing when *PID <= 0. */
 void dk_spawn_sentinel_end(int *pid, int *fd);

@@ -158,3 +158,30 @@ Test(last_word, a_command_not_found_is_said_before_anything_starts)
     cr_expect_eq(fd, -1);
     cr_expect(strstr(err, "no-such-command-dk"), "%s", err);
 }
+
+/* A host that lives on has its last word act now (a release of its Slurm job
+ * that failed twice): the command runs, and the process is collected when it
+ * is done, so that no zombie stays beside the host for its whole life. The
+ * host is this test's process. */
+Test(last_word, acting_now_runs_it_and_leaves_no_zombie)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "sleep 0.3; echo said > %s", mark);
+    char *argv[] = {"sh", "-c", cmd, NULL};
+    int pid = -1, fd = -1;
+    char err[256] = "";
+    cr_assert_eq(dk_spawn_last_word(argv, &pid, &fd, err, sizeof err), 0, "%s", err);
+    cr_assert_gt(pid, 0);
+    int was = pid;
+    dk_spawn_last_word_now(&pid, &fd);   /* returns before the command is done */
+    cr_expect_eq(pid, -1);
+    cr_expect_eq(fd, -1);
+    cr_expect(appears(mark, 5000), "the last word did not act");
+    bool gone = false;
+    for (int i = 0; i < 250 && !gone; i++) {
+        gone = kill(was, 0) != 0 && errno == ESRCH;
+        if (!gone)
+            usleep(20000);
+    }
+    cr_expect(gone, "the last word %d was left a zombie", was);
+}
