@@ -352,22 +352,6 @@ dk_dist_slurm_t *dk_dist_slurm_allocate(const dk_dist_opts_t *opts, const dk_dis
 
 /* ---- the job -------------------------------------------------------------------- */
 
-/* MASTER_PORT on the first node. The kernel cannot ask that node which ports
- * are free (nothing of ours runs there before the ranks), so it picks one at
- * random in 20000-32767: above the usual service ports, below Linux's
- * ephemeral range (32768-60999) where the node's own outgoing connections
- * take theirs, and random so that two runs sharing a node rarely meet. */
-static int pick_master_port(void)
-{
-    unsigned short r = 0;
-    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || read(fd, &r, sizeof r) != (ssize_t)sizeof r)
-        r = (unsigned short)(getpid() ^ (int)time(NULL));
-    if (fd >= 0)
-        close(fd);
-    return 20000 + r % 12768;
-}
-
 int dk_dist_slurm_spec(dk_dist_slurm_t *self, const char *rank_exe, dk_job_spec_t *spec)
 {
     char err[1024];
@@ -451,7 +435,7 @@ int dk_dist_slurm_spec(dk_dist_slurm_t *self, const char *rank_exe, dk_job_spec_
     spec->rank_commands = self->cmds;
     spec->ranks_per_node = self->per_node;
     spec->master_addr = dk_slurm_node_addr(self->alloc, 0);
-    spec->master_port = pick_master_port();
+    spec->master_port = DK_JOB_PORT_FROM_RANK0;
     spec->warm_socket = NULL;
     spec->heartbeat_s = heartbeat_s();
     return 0;

@@ -100,6 +100,8 @@ typedef struct {
     double pinged_at;       /* when we last queued a PING */
     bool lost;              /* reported silent past the deadline */
     bool interrupt_due;     /* an INTERRUPT to send once the output is written */
+    bool port_due;          /* port_from_rank0: its HELLO came before the port; its
+                               PORT (and PAYLOAD) go out once rank 0 sends it */
     unsigned char nonce[DK_BC_NONCE_LEN];
     uint32_t seq_in;
     uint32_t seq_out;       /* frames we have sent after the nonce */
@@ -110,7 +112,7 @@ typedef struct {
     size_t frame_len, frame_have;
     /* output: a small head (the nonce or a PING still being written, then a
      * frame's header), then a borrowed body */
-    unsigned char head[DK_BC_NONCE_LEN + 4 + FRAME_MIN + 4 + FRAME_MIN + 4];
+    unsigned char head[DK_BC_NONCE_LEN + 4 + FRAME_MIN + 4 + FRAME_MIN + 4 + 4 + FRAME_MIN + 4];
     size_t head_len, head_off;
     const unsigned char *body;
     size_t body_len, body_off;
@@ -132,6 +134,8 @@ struct dk_backchan_t {
     size_t payload_len;
     bool persistent;        /* rounds of TASK frames; nothing sent at HELLO */
     uint32_t round;         /* the round a RESULT or ERROR must name */
+    bool port_from_rank0;   /* opts.port_from_rank0 */
+    int master_port;        /* ... and the port rank 0 sent; 0 until then */
     bool *claimed;          /* per rank: a connection has said HELLO for it */
     conn_t *conns;
     size_t nconns;
@@ -325,6 +329,7 @@ dk_backchan_t *dk_backchan_new_opts(int world_size, bool persistent, const void 
     for (size_t i = 0; i < sizeof self->key; i++)
         snprintf(self->key_hex + 2 * i, 3, "%02x", self->key[i]);
     self->persistent = persistent;
+    self->port_from_rank0 = opts && opts->port_from_rank0;
     if (opts && opts->heartbeat_s > 0)
         self->heartbeat_s = opts->heartbeat_s;
     if (opts && opts->tcp_addr) {
@@ -551,6 +556,85 @@ static bool queue_payload(dk_backchan_t *self, conn_t *c)
     return true;
 }
 
+static void refuse(dk_backchan_t *self, conn_t *c, const char *why);
+
+/* Append the PORT frame (the run's MASTER_PORT) to C's head, after whatever
+ * small frame is still being written there (a PING); nothing with a body is
+ * queued on C yet (its PAYLOAD or TASK follows this). */
+static bool queue_port(dk_backchan_t *self, conn_t *c)
+{
+    unsigned char body[BODY_HEAD + 4];
+    body[0] = DK_BC_PORT;
+    put_be32(body + 1, (uint32_t) c->rank);
+    put_be32(body + BODY_HEAD, (uint32_t) self->master_port);
+    unsigned char mac[DK_BC_MAC_LEN];
+    if (!frame_mac(self, c->nonce, DK_BC_DIR_TO_RANK, c->seq_out, body, sizeof body, NULL, 0,
+                   mac))
+        return false;
+    c->seq_out++;
+    if (c->head_off > 0) {
+        memmove(c->head, c->head + c->head_off, c->head_len - c->head_off);
+        c->head_len -= c->head_off;
+        c->head_off = 0;
+    }
+    unsigned char *h = c->head + c->head_len;
+    put_be32(h, (uint32_t) (DK_BC_MAC_LEN + sizeof body));
+    memcpy(h + 4, mac, sizeof mac);
+    memcpy(h + 4 + DK_BC_MAC_LEN, body, sizeof body);
+    c->head_len += 4 + DK_BC_MAC_LEN + sizeof body;
+    return true;
+}
+
+/* C's rank is ready for its work: the PORT frame first when the port comes
+ * from rank 0, then the PAYLOAD (or, persistent, on_hello: tasks may come).
+ * False when it was refused (closed). */
+static bool rank_ready(dk_backchan_t *self, conn_t *c)
+{
+    if (self->port_from_rank0 && !queue_port(self, c)) {
+        refuse(self, c, "OpenSSL could not sign the port");
+        return false;
+    }
+    if (self->persistent) {
+        c->done = true;     /* nothing to answer until the first TASK */
+        if (conn_has_output(c))
+            conn_write(self, c);
+        if (c->fd >= 0 && self->sink.on_hello)
+            self->sink.on_hello(self->sink.data, c->rank);
+        return c->fd >= 0;
+    }
+    if (!queue_payload(self, c)) {
+        refuse(self, c, "OpenSSL could not sign the payload");
+        return false;
+    }
+    conn_write(self, c);
+    return c->fd >= 0;
+}
+
+/* Rank 0's PORT frame (port_from_rank0): every rank waiting for it gets it. */
+static void port_arrived(dk_backchan_t *self, conn_t *c0, const unsigned char *payload,
+                         size_t len)
+{
+    uint32_t port = len == 4 ? get_be32(payload) : 0;
+    if (port == 0 || port > 65535) {
+        refuse(self, c0, "its PORT message did not hold a TCP port (1-65535)");
+        return;
+    }
+    self->master_port = (int) port;
+    c0->port_due = true;
+    for (size_t i = 0; i < self->nconns; i++) {
+        conn_t *c = &self->conns[i];
+        if (c->fd >= 0 && c->rank >= 0 && c->port_due) {
+            c->port_due = false;
+            rank_ready(self, c);
+        }
+    }
+}
+
+int dk_backchan_master_port(const dk_backchan_t *self)
+{
+    return self->master_port;
+}
+
 /* Queue an empty frame of TYPE (a PING, an INTERRUPT) on C (nothing else is
  * being written on it). */
 static bool queue_empty(dk_backchan_t *self, conn_t *c, unsigned char type)
@@ -616,19 +700,22 @@ static void conn_frame(dk_backchan_t *self, conn_t *c)
         } else {
             self->claimed[rank] = true;
             c->rank = (int) rank;
-            if (self->persistent) {
-                c->done = true;     /* nothing to answer until the first TASK */
-                if (self->sink.on_hello)
-                    self->sink.on_hello(self->sink.data, c->rank);
-            } else if (!queue_payload(self, c))
-                refuse(self, c, "OpenSSL could not sign the payload");
+            /* With the port from rank 0, every rank waits for it: rank 0's
+             * own PORT frame follows its HELLO. */
+            if (self->port_from_rank0 && (rank == 0 || self->master_port == 0))
+                c->port_due = true;
             else
-                conn_write(self, c);
+                rank_ready(self, c);
         }
         return;
     }
     if (rank != (uint32_t) c->rank) {
         refuse(self, c, "a message named another rank");
+    } else if (type == DK_BC_PORT) {
+        if (!self->port_from_rank0 || c->rank != 0 || self->master_port != 0)
+            refuse(self, c, "it sent a port nobody asked for");
+        else
+            port_arrived(self, c, body + BODY_HEAD, body_len - BODY_HEAD);
     } else if (type == DK_BC_PING) {
         /* Its arrival was the point (heard_at). */
     } else if (type == DK_BC_OUTPUT) {

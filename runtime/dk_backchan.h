@@ -26,6 +26,8 @@ enum {
     DK_BC_OUTPUT = 6,   /* rank -> runtime: u8 fd | u8 flags | bytes */
     DK_BC_PING = 7,     /* either way, empty: I am here */
     DK_BC_INTERRUPT = 8,/* runtime -> rank, empty: raise SIGINT in your process group */
+    DK_BC_PORT = 9,     /* u32 port: rank 0 -> runtime, the MASTER_PORT it found free on
+                           its node; runtime -> every rank, that port (opts.port_from_rank0) */
 };
 
 /* OUTPUT flags: the rank's read found nothing more waiting on that fd. */
@@ -100,6 +102,10 @@ typedef struct {
     /* > 0: send every connected rank a PING each DK_BC_PING_S and report one
      * silent for longer than this (on_lost). */
     double heartbeat_s;
+    /* MASTER_PORT comes from rank 0 (dk_job.h, "MASTER_PORT from rank 0"):
+     * rank 0's HELLO counts once its PORT frame follows; every rank is sent
+     * that port in a PORT frame before its PAYLOAD (or first TASK). */
+    bool port_from_rank0;
 } dk_backchan_opts_t;
 
 typedef struct dk_backchan_t dk_backchan_t;
@@ -120,6 +126,9 @@ dk_backchan_t *dk_backchan_new_persistent(int world_size, const dk_backchan_sink
 dk_backchan_t *dk_backchan_new_opts(int world_size, bool persistent, const void *payload,
                                     size_t payload_len, const dk_backchan_sink_t *sink,
                                     const dk_backchan_opts_t *opts, char *err, size_t errlen);
+
+/* With opts.port_from_rank0: the port rank 0 sent, 0 until it has. */
+int dk_backchan_master_port(const dk_backchan_t *self);
 
 /* Persistent channels: queue a TASK frame (u32 ROUND, then PAYLOAD, copied) to
  * every connected rank; from now on each may send one RESULT or ERROR, which

@@ -1086,9 +1086,11 @@ static bool check_spec(const dk_job_spec_t *spec, char *err, size_t errlen)
     else if (spec->master_addr && (!*spec->master_addr || strlen(spec->master_addr) > 100))
         dk_set_err(err, errlen, "master_addr must be a host name or address of 1 to 100 "
                    "characters");
-    else if (spec->master_port < 0 || spec->master_port > 65535)
-        dk_set_err(err, errlen, "master_port is %d; it must be a TCP port (1-65535) or 0",
-                   spec->master_port);
+    else if ((spec->master_port < 0 && spec->master_port != DK_JOB_PORT_FROM_RANK0) ||
+             spec->master_port > 65535 ||
+             (spec->master_port == DK_JOB_PORT_FROM_RANK0 && !spec->bc_tcp_addr))
+        dk_set_err(err, errlen, "master_port is %d; it must be a TCP port (1-65535), 0, or "
+                   "DK_JOB_PORT_FROM_RANK0 with bc_tcp_addr", spec->master_port);
     else if (spec->payload_len > DK_BC_PAYLOAD_MAX)
         dk_set_err(err, errlen, "the payload is %zu bytes; a job can carry at most 1 GiB to its "
                    "ranks (pass large data through files instead)", spec->payload_len);
@@ -1185,7 +1187,10 @@ static bool start_rank(dk_job_t *job, int r, const char *program, char *const ar
     SETF("GROUP_WORLD_SIZE=%d", n / per);
     SETF("ROLE_WORLD_SIZE=%d", n);
     SETF("MASTER_ADDR=%s", job->master_addr ? job->master_addr : "127.0.0.1");
-    SETF("MASTER_PORT=%d", job->master_port);
+    if (job->master_port > 0)
+        SETF("MASTER_PORT=%d", job->master_port);
+    else
+        SETF("DISTKERNEL_MASTER_PORT=rank0");   /* a PORT frame brings it */
     SETF("TORCHELASTIC_RUN_ID=%s", run_id);
     SETF("TORCHELASTIC_RESTART_COUNT=0");
     SETF("TORCHELASTIC_MAX_RESTARTS=0");
@@ -1363,15 +1368,16 @@ dk_job_t *dk_job_start(const dk_job_spec_t *spec, const dk_sink_t *sink, char *e
         goto fail;
     dk_backchan_sink_t bcsink = {job,       bc_delivered, bc_message, bc_warning,
                                  bc_hello,  bc_output,    bc_lost,    bc_closed};
-    dk_backchan_opts_t opts = {spec->bc_tcp_addr, spec->bc_tcp_port, 0};
+    dk_backchan_opts_t opts = {spec->bc_tcp_addr, spec->bc_tcp_port, 0,
+                               spec->master_port == DK_JOB_PORT_FROM_RANK0};
     if (spec->bc_tcp_addr)
         opts.heartbeat_s = spec->heartbeat_s > 0 ? spec->heartbeat_s : DK_BC_HEARTBEAT_DEFAULT_S;
     job->chan = dk_backchan_new_opts(spec->world_size, spec->persistent, spec->payload,
                                      spec->payload_len, &bcsink, &opts, err, errlen);
     if (!job->chan)
         goto fail;
-    if (spec->master_port > 0)
-        job->master_port = spec->master_port;
+    if (spec->master_port > 0 || spec->master_port == DK_JOB_PORT_FROM_RANK0)
+        job->master_port = spec->master_port > 0 ? spec->master_port : 0;
     else if ((job->master_port = dk_spawn_free_port(err, errlen)) < 0)
         goto fail;
     unsigned char id[16];

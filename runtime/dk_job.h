@@ -34,6 +34,17 @@
  * 4 ERROR (rank -> runtime: opaque bytes, a description of the rank's exception).
  * A rank sends exactly one RESULT or ERROR and then exits.
  *
+ * MASTER_PORT from rank 0 (spec.master_port DK_JOB_PORT_FROM_RANK0, with
+ * spec.bc_tcp_addr). A port free on the kernel's host says nothing of rank
+ * 0's node, so there the ranks get DISTKERNEL_MASTER_PORT=rank0 and no
+ * MASTER_PORT. Rank 0 finds a port free on its node and holds it bound
+ * until just before its work runs; right after its HELLO it sends
+ *     9 PORT (rank 0 -> runtime: u32 port)
+ * and the runtime sends every rank (rank 0 too) a PORT frame with that port
+ * before its PAYLOAD or first TASK; a rank that said HELLO earlier waits for
+ * it. The rank sets MASTER_PORT from it. A PORT from any other rank, a
+ * second one, or one outside 1-65535 ends that connection.
+ *
  * Ranks on other nodes (spec.bc_tcp_addr). The runtime listens on TCP, bound
  * to that one address, and DISTKERNEL_BC is "tcp:ADDR:PORT" ("tcp:[ADDR]:PORT"
  * for IPv6); the key still travels only in the environment. Frames are as
@@ -206,10 +217,14 @@ typedef struct {
      * WORLD_SIZE must be a multiple of it. */
     int ranks_per_node;
     /* Where rank 0's store listens: MASTER_ADDR (NULL: 127.0.0.1) and
-     * MASTER_PORT (0: a port free here at start; give one for another node). */
+     * MASTER_PORT (0: a port free here at start; DK_JOB_PORT_FROM_RANK0:
+     * rank 0 finds one free on its node, see "MASTER_PORT from rank 0"
+     * above; needs bc_tcp_addr). */
     const char *master_addr;
     int master_port;
 } dk_job_spec_t;
+
+#define DK_JOB_PORT_FROM_RANK0 (-1)
 
 typedef struct dk_job_t dk_job_t;
 
@@ -265,7 +280,7 @@ const char *dk_job_bc_address(dk_job_t *job);
 /* The directory holding rank-N.log (borrowed). */
 const char *dk_job_log_dir(dk_job_t *job);
 
-/* The MASTER_PORT given to the ranks. */
+/* The MASTER_PORT given to the ranks; 0 when rank 0 picks it (DK_JOB_PORT_FROM_RANK0). */
 int dk_job_master_port(dk_job_t *job);
 
 /* ---- persistent jobs ---- */

@@ -41,7 +41,7 @@ try:
 except ImportError:
     _native = None
 
-HELLO, PAYLOAD, RESULT, ERROR, TASK, OUTPUT, PING, INTERRUPT = 1, 2, 3, 4, 5, 6, 7, 8
+HELLO, PAYLOAD, RESULT, ERROR, TASK, OUTPUT, PING, INTERRUPT, PORT = 1, 2, 3, 4, 5, 6, 7, 8, 9
 MAC_LEN = 32
 # The direction byte of the MAC (dk_backchan.h, DK_BC_DIR_TO_*).
 TO_KERNEL = b"R"

@@ -8,6 +8,7 @@ cloudpickle), runs it as this rank, and sends back the value or the error.
 import ast
 import linecache
 import os
+import struct
 import sys
 import traceback
 
@@ -137,7 +138,10 @@ def _main():
         print(f"distkernel-rank {rank}: {exc}", file=sys.stderr, flush=True)
         return 1
     channel.send(bc.HELLO)
+    held = _master_port_from_rank0(channel, rank)
     kind, payload = channel.recv()
+    for sock in held:
+        sock.close()        # the store binds it now (the work starts)
     if kind == bc.TASK:
         return _serve(channel, payload)
     if kind != bc.PAYLOAD:
@@ -168,6 +172,77 @@ def _main():
     channel.send(bc.RESULT, blob)
     channel.close()
     return 0
+
+
+# Where rank 0 looks for a free MASTER_PORT first: above the usual service
+# ports and below Linux's ephemeral range (32768-60999), where the node's own
+# outgoing connections take theirs and could take it back once released.
+_PORT_RANGE = (20000, 32768)
+_PORT_TRIES = 64
+
+
+def _bind_free_port():
+    """Sockets bound to a TCP port free on this node on every address (IPv4
+    and, where the node has it, IPv6), and the port: a random one in
+    _PORT_RANGE, else one the system picks. Held bound, they keep it free
+    until closed."""
+    import errno
+    import random
+    import socket
+
+    def bind_all(port):
+        held = []
+        try:
+            s4 = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(s4)
+            s4.bind(("", port))
+            port = s4.getsockname()[1]
+            if socket.has_ipv6:
+                try:
+                    s6 = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+                except OSError:
+                    return held, port       # no IPv6 on this node
+                held.append(s6)
+                s6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                try:
+                    s6.bind(("::", port))
+                except OSError as exc:
+                    if exc.errno != errno.EADDRNOTAVAIL:    # no IPv6 address here
+                        raise
+            return held, port
+        except OSError:
+            for sock in held:
+                sock.close()
+            return None, 0
+
+    rng = random.SystemRandom()
+    for _ in range(_PORT_TRIES):
+        held, port = bind_all(rng.randrange(*_PORT_RANGE))
+        if held:
+            return held, port
+    held, port = bind_all(0)
+    if not held:
+        raise OSError("rank 0 found no free TCP port on its node for MASTER_PORT")
+    return held, port
+
+
+def _master_port_from_rank0(channel, rank):
+    """MASTER_PORT when the kernel leaves it to rank 0 (ranks on other nodes:
+    DISTKERNEL_MASTER_PORT=rank0): rank 0 binds a port free on its node, the
+    one MASTER_ADDR names, and sends it; every rank is sent it back before its
+    work. Returns the sockets holding it (rank 0's), to close as the work
+    starts."""
+    if os.environ.pop("DISTKERNEL_MASTER_PORT", None) != "rank0":
+        return []
+    held = []
+    if rank == 0:
+        held, port = _bind_free_port()
+        channel.send(bc.PORT, struct.pack(">I", port))
+    kind, payload = channel.recv()
+    if kind != bc.PORT or len(payload) != 4:
+        raise bc.BackChannelError(f"expected the run's MASTER_PORT, got frame type {kind}")
+    os.environ["MASTER_PORT"] = str(struct.unpack(">I", payload)[0])
+    return held
 
 
 def _run_job(box, main_ns, keep_globals=False):

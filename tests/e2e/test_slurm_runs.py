@@ -9,7 +9,9 @@ interrupt, a request that never runs) and what is left: after each test no
 job of ours is in squeue and no rank process lives on any node.
 """
 import os
+import re
 import signal
+import subprocess
 import sys
 import time
 
@@ -110,6 +112,56 @@ def test_a_2_node_gloo_cell_runs_on_both_nodes(kernel, slurm_cluster):
               if "distributed:" in m["content"]["data"]["text/plain"]]
     final = status[-1]["content"]["data"]["text/plain"]
     assert "rank 0 on node1 done" in final and "rank 3 on node2 done" in final, final
+
+
+# Takes every TCP port it can of the range a random pick would come from
+# (20000-32767), on every address of the network it runs in, and holds them
+# until its stdin closes.
+PORT_BLOCKER = """
+import resource, socket, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (20000, 20000))
+held = []
+for port in range(20000, 32768):
+    s = socket.socket()
+    try:
+        s.bind(("", port))
+        s.listen()
+        held.append(s)
+    except OSError:
+        s.close()
+print("holding", len(held), flush=True)
+sys.stdin.read()
+"""
+
+PORT_CELL = """%%distributed num_processes=4 nodes=2
+import os, torch.distributed as dist
+dist.init_process_group("gloo")
+dist.barrier()
+print("port", os.environ["MASTER_PORT"], flush=True)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_master_port_is_a_port_rank_0_found_free_on_the_first_node(kernel, slurm_cluster):
+    # With every port of 20000-32767 taken on node1, a port picked at random
+    # from afar would be taken too: the run must still find one that is free
+    # there, and every rank must get the same.
+    node1 = slurm_cluster.pids("node1")[0]
+    blocker = subprocess.Popen(["nsenter", "-t", str(node1), "-n", "/usr/bin/python3", "-c",
+                                PORT_BLOCKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               text=True)
+    try:
+        line = blocker.stdout.readline()
+        assert line.startswith("holding") and int(line.split()[1]) > 12000, line
+        r = kernel.execute(PORT_CELL, timeout=240)
+        assert r.status == "ok", r.describe()
+        ports = {int(p) for p in re.findall(r"^\[rank \d\] port (\d+)$", r.stdout, re.M)}
+        assert len(ports) == 1 and len(re.findall(r"\] port ", r.stdout)) == 4, r.describe()
+        port = ports.pop()
+        assert not 20000 <= port < 32768, port
+    finally:
+        blocker.stdin.close()
+        blocker.wait(timeout=30)
 
 
 @pytest.mark.timeout(300)

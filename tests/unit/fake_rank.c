@@ -81,6 +81,11 @@
  * RESULT its pipes are drained; after it, it shuts down its side and waits
  * for the runtime's close. FAKE_RANK_DEADLINE, if set, replaces the deadline
  * the runtime gave.
+ * With DISTKERNEL_MASTER_PORT=rank0 (the runtime's "MASTER_PORT from rank 0"),
+ * after its HELLO rank 0 sends PORT FAKE_SEND_PORT (31337; another rank too when
+ * FAKE_SEND_PORT_R is set), then each rank reads the runtime's PORT frame and
+ * prints "port N" (adding " (MASTER_PORT was set)" if it was) before its
+ * PAYLOAD. FAKE_CONNECT_DELAY_MS[_R]: wait that long before connecting.
  * With FAKE_PRINT_ENV set it first prints "ENV NAME=value" for the variables the
  * runtime sets, and facts about how it was started (open fds, stdin, signal
  * mask, process group).
@@ -111,7 +116,7 @@
 #include <openssl/params.h>
 
 enum { HELLO = 1, PAYLOAD = 2, RESULT = 3, ERROR = 4, TASK = 5, OUTPUT = 6, PING = 7,
-       INTERRUPT = 8 };
+       INTERRUPT = 8, PORT = 9 };
 
 static unsigned char key[32];
 static int rank, world_size;
@@ -314,6 +319,14 @@ static void flood(conn_t *c, double s)
 }
 
 /* Receive one frame other than PING; returns its payload (malloc'd) and length. */
+/* NAME_R (this rank's) if set, else NAME. */
+static const char *var_for(const char *name)
+{
+    static char buf[96];
+    snprintf(buf, sizeof buf, "%s_%d", name, rank);
+    return getenv(buf) ? buf : name;
+}
+
 static unsigned char *recv_frame(conn_t *c, int *type, size_t *len)
 {
 again:;
@@ -427,7 +440,7 @@ static void print_facts(void)
         "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "ROLE_RANK",
         "ROLE_NAME", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
         "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
-        "OMP_NUM_THREADS", "DISTKERNEL_BC", "DISTKERNEL_LOG", "FAKE_EXTRA",
+        "OMP_NUM_THREADS", "DISTKERNEL_BC", "DISTKERNEL_LOG", "FAKE_EXTRA", "DISTKERNEL_MASTER_PORT",
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         const char *v = getenv(names[i]);
@@ -828,10 +841,32 @@ int main(void)
 
     if (!strcmp(mode, "exiting_result"))
         sync_wait("r1");        /* connect after rank 1: its frames are read first */
+    const char *delay = getenv(var_for("FAKE_CONNECT_DELAY_MS"));
+    if (delay)
+        usleep((useconds_t) atoi(delay) * 1000);
     conn_t c = connect_bc();
     send_frame(&c, HELLO, (uint32_t) rank, NULL, 0, false);
     int type;
     size_t len;
+    const char *from = getenv("DISTKERNEL_MASTER_PORT");
+    if (from && !strcmp(from, "rank0")) {
+        /* Rank 0 sends the port it found (FAKE_SEND_PORT, 31337 by default);
+         * another rank only when told to (FAKE_SEND_PORT_R). Every rank is
+         * then sent the run's port before its PAYLOAD. */
+        const char *send = getenv(var_for("FAKE_SEND_PORT"));
+        if (rank == 0 && !send)
+            send = "31337";
+        if (send) {
+            unsigned char be[4];
+            be32(be, (uint32_t) strtoul(send, NULL, 10));
+            send_frame(&c, PORT, (uint32_t) rank, be, 4, false);
+        }
+        unsigned char *port = recv_frame(&c, &type, &len);
+        if (type != PORT || len != 4)
+            die("expected PORT, got type %d (%zu bytes)", type, len);
+        dprintf(1, "port %u%s\n", rd32(port), getenv("MASTER_PORT") ? " (MASTER_PORT was set)" : "");
+        free(port);
+    }
     unsigned char *payload = recv_frame(&c, &type, &len);
     if (type != PAYLOAD)
         die("expected PAYLOAD, got type %d", type);

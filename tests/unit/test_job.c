@@ -1518,6 +1518,67 @@ Test(tcp, ranks_connect_over_tcp_and_their_results_and_payload_arrive_intact, .t
     finish(&job);
 }
 
+/* MASTER_PORT from rank 0: ranks that said HELLO before rank 0 wait for its
+ * port, every rank gets the same one before its PAYLOAD, and none is given a
+ * MASTER_PORT in its environment. */
+Test(tcp, the_port_rank_0_sends_reaches_every_rank_before_its_payload, .timeout = 60)
+{
+    const char *extra[] = {"FAKE_PRINT_ENV=1", "FAKE_CONNECT_DELAY_MS_0=700",
+                           "FAKE_SEND_PORT_0=23456", NULL};
+    dk_job_spec_t spec = tcp_spec(3, extra);
+    spec.master_port = DK_JOB_PORT_FROM_RANK0;
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 30000));
+    cr_assert_eq(dk_job_end(job), DK_END_OK);
+    for (int r = 0; r < 3; r++) {
+        cr_assert(output_has(r, 1, "port 23456\n"), "rank %d", r);
+        cr_assert_not(output_has(r, 1, "MASTER_PORT was set"), "rank %d", r);
+        cr_assert_str_eq(env_of(r, "DISTKERNEL_MASTER_PORT"), "rank0");
+        cr_assert(strncmp(rec.msg[r].buf, "rank=", 5) == 0, "rank %d: %s", r, rec.msg[r].buf);
+    }
+    cr_assert_eq(dk_job_master_port(job), 0);
+    finish(&job);
+}
+
+static void port_refused(const char *setting, const char *why)
+{
+    const char *extra[] = {setting, NULL};
+    dk_job_spec_t spec = tcp_spec(2, extra);
+    spec.master_port = DK_JOB_PORT_FROM_RANK0;
+    spec.grace_s = FAST_GRACE;
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 30000));
+    cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    cr_assert(warned(why), "no warning \"%s\"", why);
+    finish(&job);
+}
+
+Test(tcp, a_port_from_a_rank_other_than_0_is_refused, .timeout = 60)
+{
+    port_refused("FAKE_SEND_PORT_1=23456", "a port nobody asked for");
+}
+
+Test(tcp, a_port_of_0_is_refused, .timeout = 60)
+{
+    port_refused("FAKE_SEND_PORT_0=0", "did not hold a TCP port");
+}
+
+Test(tcp, a_port_past_65535_is_refused, .timeout = 60)
+{
+    port_refused("FAKE_SEND_PORT_0=70000", "did not hold a TCP port");
+}
+
+/* Without bc_tcp_addr there is no channel a port could come back over. */
+Test(tcp, a_port_from_rank_0_needs_the_tcp_channel)
+{
+    dk_job_spec_t spec = spec_for(1, NULL);
+    spec.master_port = DK_JOB_PORT_FROM_RANK0;
+    char err[256] = "";
+    dk_job_t *job = dk_job_start(&spec, &sink, err, sizeof err);
+    cr_assert_null(job);
+    cr_assert(strstr(err, "DK_JOB_PORT_FROM_RANK0 with bc_tcp_addr"), "%s", err);
+}
+
 Test(tcp, a_forged_mac_over_tcp_is_refused)
 {
     const char *extra[] = {"FAKE_MODE_0=forge_mac", NULL};
