@@ -12,6 +12,7 @@
  */
 #include "dk_dist_plan.h"
 #include "dk_err.h"
+#include "dk_slurm.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -127,8 +128,42 @@ static int split_nodes(const dk_dist_opts_t *o, int world, int nodes, dk_dist_pl
     return 0;
 }
 
-int dk_dist_plan_slurm(const dk_dist_opts_t *opts, int gpus_per_node, const char *gres,
+/* What the user asked of the GPUs' model against the nodes' GRES: OUT's
+ * gpu_type and notice, or -1 with ERR (a model that is not the platform's
+ * and that the typed GRES lacks). */
+static int slurm_model(const dk_dist_opts_t *opts, const char *gres, const char *gpu_type,
                        const char *where, dk_dist_plan_t *out, char *err, size_t errlen)
+{
+    if (!opts->accelerator_model[0])
+        return 0;
+    if (gpu_type && gpu_type[0]) {
+        snprintf(out->gpu_type, sizeof out->gpu_type, "%s", gpu_type);
+        snprintf(out->model, sizeof out->model, "%s", opts->accelerator_model);
+        return 0;
+    }
+    char types[256];
+    dk_slurm_gres_gpu_types(gres, types, sizeof types);
+    if (!types[0]) {
+        snprintf(out->notice, sizeof out->notice, "%.64s is not checked on Slurm's nodes (their "
+                 "GRES, %.120s, names no GPU type); constraint= picks nodes by their features",
+                 opts->accelerator_given, gres);
+        return 0;
+    }
+    if (dk_dist_platform_model(opts->accelerator_model)) {
+        snprintf(out->notice, sizeof out->notice, "%.64s is the managed platform's %.32s; the "
+                 "nodes of %.60s have %.60s GPUs (GRES %.60s), so the run uses those",
+                 opts->accelerator_given, opts->accelerator_model, where, types, gres);
+        return 0;
+    }
+    dk_set_err(err, errlen, "%s asks for %s GPUs, but the nodes of %s have %s (GRES %s); give "
+               "one of those types, or partition= one whose nodes have %s GPUs",
+               opts->accelerator_given, opts->accelerator_model, where, types, gres,
+               opts->accelerator_model);
+    return -1;
+}
+
+int dk_dist_plan_slurm(const dk_dist_opts_t *opts, int gpus_per_node, const char *gres,
+                       const char *gpu_type, const char *where, dk_dist_plan_t *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
     if (opts->num_processes) {
@@ -148,6 +183,8 @@ int dk_dist_plan_slurm(const dk_dist_opts_t *opts, int gpus_per_node, const char
                    "num_processes=N", where, gres && gres[0] ? gres : "(null)");
         return -1;
     }
+    if (slurm_model(opts, gres, gpu_type, where, out, err, errlen) < 0)
+        return -1;
     int nodes = opts->nodes > 0 ? opts->nodes : 0;
     int world = opts->num_accelerators ? opts->num_accelerators : (nodes ? nodes : 1) * k;
     if (!nodes) {
@@ -176,9 +213,5 @@ int dk_dist_plan_slurm(const dk_dist_opts_t *opts, int gpus_per_node, const char
     snprintf(out->what, sizeof out->what, "%d GPU rank%s on %d node%s", out->world,
              out->world == 1 ? "" : "s", out->nodes, out->nodes == 1 ? "" : "s");
     snprintf(out->device, sizeof out->device, "GPU (Slurm GRES %s)", gres);
-    if (opts->accelerator_model[0])
-        snprintf(out->notice, sizeof out->notice, "%s is not checked on Slurm's nodes (their "
-                 "GRES: %s); constraint= picks nodes by their features", opts->accelerator_given,
-                 gres);
     return 0;
 }

@@ -36,6 +36,8 @@ typedef struct {
     bool remote;
     int nodes;
     int per_node;
+    char gpu_type[64];           /* Slurm's GRES type of the GPUs asked for ("h100"), ""
+                                    for any (no type asked, or the nodes name none) */
 } dk_dist_plan_t;
 
 /* Plan the run that OPTS asks for on a node with GPUS into OUT. Returns 0, or
@@ -61,8 +63,14 @@ const char *dk_dist_plan_step_gpus(bool gpu);
  * num_accelerators (default: every GPU of nodes= nodes, 1 by default) over
  * nodes=, or over as many whole nodes as they fill when nodes= is not given.
  * The world must split evenly over the nodes and fit each node's GPUs.
+ * GPU_TYPE: the nodes' GRES type of the model OPTS asks for (accelerator_type
+ * or gpu_type), "" when none has it; the plan then asks for that type, and
+ * otherwise a model the nodes' typed GRES lacks is an error naming their
+ * types, unless it is one of the managed platform's (a notice: the nodes'
+ * GPUs are used). Untyped GRES cannot be checked: a notice says so.
  * Returns 0, or -1 with ERR naming the numbers and what to give instead. */
 int dk_dist_plan_slurm(const dk_dist_opts_t *opts, int gpus_per_node, const char *gres,
+                       const char *gpu_type,
                        const char *where, dk_dist_plan_t *out, char *err, size_t errlen);
 
 #endif

@@ -154,7 +154,7 @@ static int fits_the_cpus(const dk_dist_opts_t *opts, const dk_dist_plan_t *plan)
 
 int dk_dist_slurm_plan(const dk_dist_opts_t *opts, dk_dist_plan_t *plan)
 {
-    char err[2048] = "", gres[512] = "", where[600] = "";
+    char err[2048] = "", gres[512] = "", where[600] = "", type[64] = "";
     int gpus = 0, rc = 0;
     if (!opts->num_processes) {
         /* Inside an allocation its nodes are the run's; else the partition's. */
@@ -167,8 +167,9 @@ int dk_dist_slurm_plan(const dk_dist_opts_t *opts, dk_dist_plan_t *plan)
         else
             snprintf(where, sizeof where, "the default partition");
         Py_BEGIN_ALLOW_THREADS
-        rc = dk_slurm_gpus_per_node(opts->partition, nodes, PREFLIGHT_TIMEOUT_S, &gpus, gres,
-                                    sizeof gres, err, sizeof err);
+        rc = dk_slurm_gpus_per_node(opts->partition, nodes, PREFLIGHT_TIMEOUT_S,
+                                    opts->accelerator_model, &gpus, gres, sizeof gres, type,
+                                    sizeof type, err, sizeof err);
         Py_END_ALLOW_THREADS
         if (rc < 0) {
             PyErr_Format(PyExc_RuntimeError, "could not learn the GPUs of %s: %s. No rank was "
@@ -176,7 +177,7 @@ int dk_dist_slurm_plan(const dk_dist_opts_t *opts, dk_dist_plan_t *plan)
             return -1;
         }
     }
-    if (dk_dist_plan_slurm(opts, gpus, gres, where, plan, err, sizeof err) < 0) {
+    if (dk_dist_plan_slurm(opts, gpus, gres, type, where, plan, err, sizeof err) < 0) {
         PyErr_Format(PyExc_RuntimeError, "%s. No rank was started.", err);
         return -1;
     }
@@ -220,7 +221,7 @@ static dk_slurm_request_t request_for(const dk_dist_opts_t *opts, const dk_dist_
 {
     dk_slurm_request_t req = {
         .nodes = plan->nodes, .tasks_per_node = plan->per_node,
-        .gpus_per_node = plan->gpu ? plan->per_node : 0,
+        .gpus_per_node = plan->gpu ? plan->per_node : 0, .gpu_type = plan->gpu_type,
         .partition = opts->partition, .account = opts->account, .qos = opts->qos,
         .constraint = opts->constraint, .extra_args = opts->slurm_args,
         .on_wait = waiter_on_wait, .cancelled = waiter_cancelled, .data = w,

@@ -255,8 +255,11 @@ int dk_slurm_reachable(double timeout_s, char *err, size_t errlen)
 /* ---- GPUs ------------------------------------------------------------------ */
 
 int dk_slurm_gpus_per_node(const char *partition, const char *nodelist, double timeout_s,
-                           int *gpus, char *gres, size_t greslen, char *err, size_t errlen)
+                           const char *model, int *gpus, char *gres, size_t greslen, char *type,
+                           size_t typelen, char *err, size_t errlen)
 {
+    if (type && typelen)
+        type[0] = '\0';
     command_t c = {0};
     const char *args[8] = {"-h", "-o", "%P|%G"};
     size_t n = 3;
@@ -270,8 +273,17 @@ int dk_slurm_gpus_per_node(const char *partition, const char *nodelist, double t
     int rc = run("sinfo", args, t, &c, &out, err, errlen);
     if (rc > 0)
         dk_set_err(err, errlen, "sinfo could not say the nodes' GPUs: %s", said_text(&c));
-    int most = rc == 0 ? dk_slurm_partition_gpus(out, partition, nodelist && nodelist[0],
-                                                 gres, greslen) : -1;
+    bool any = nodelist && nodelist[0];
+    int most = rc == 0 ? dk_slurm_partition_gpus(out, partition, any, gres, greslen) : -1;
+    if (most > 0 && model && model[0] && type && typelen) {
+        char typed_gres[512];
+        int typed = dk_slurm_partition_gpus_of(out, partition, any, model, typed_gres,
+                                               sizeof typed_gres, type, typelen);
+        if (typed > 0) {
+            most = typed;
+            snprintf(gres, greslen, "%s", typed_gres);
+        }
+    }
     free(out);
     if (rc != 0)
         return -1;
@@ -480,7 +492,9 @@ static char **salloc_args(const dk_slurm_request_t *req, const char *name,
     ADD("--job-name=%s", name);
     ADD("--nodes=%d", req->nodes);
     ADD("--ntasks-per-node=%d", req->tasks_per_node);
-    if (req->gpus_per_node > 0)
+    if (req->gpus_per_node > 0 && req->gpu_type && req->gpu_type[0])
+        ADD("--gpus-per-node=%s:%d", req->gpu_type, req->gpus_per_node);
+    else if (req->gpus_per_node > 0)
         ADD("--gpus-per-node=%d", req->gpus_per_node);
     if (req->partition && req->partition[0])
         ADD("--partition=%s", req->partition);

@@ -39,6 +39,8 @@ typedef struct {
     int nodes;                  /* >= 1 */
     int tasks_per_node;         /* >= 1: the ranks each node runs */
     int gpus_per_node;          /* > 0: --gpus-per-node (GPU ranks); 0: no GPU asked for */
+    const char *gpu_type;       /* with gpus_per_node: NULL or "" any GPU, else that GRES
+                                   type (--gpus-per-node=TYPE:N) */
     const char *partition;      /* NULL or "": Slurm's default (the same for the four) */
     const char *account;
     const char *qos;
@@ -76,10 +78,15 @@ int dk_slurm_reachable(double timeout_s, char *err, size_t errlen);
  * (with NODELIST not NULL: `-n NODELIST`, the nodes of an allocation the
  * kernel runs in; else PARTITION's nodes, NULL or "" the default partition):
  * *GPUS the most GPUs one of those nodes has (0: none), GRES what sinfo said
- * for them ("gpu:h100:8(S:0-1)", "(null)"), for messages. Returns 0, or -1
- * with ERR (sinfo failed, or no such partition). */
+ * for them ("gpu:h100:8(S:0-1)", "(null)"), for messages. With MODEL (a GPU
+ * model the user asked for, "H100"; NULL or "": any) and nodes whose GRES has
+ * that type, those count instead: *GPUS the most of that type, GRES that
+ * node's, TYPE Slurm's name for it ("h100"; "" when no node has the type,
+ * and then *GPUS and GRES are as without MODEL). Returns 0, or -1 with ERR
+ * (sinfo failed, or no such partition). */
 int dk_slurm_gpus_per_node(const char *partition, const char *nodelist, double timeout_s,
-                           int *gpus, char *gres, size_t greslen, char *err, size_t errlen);
+                           const char *model, int *gpus, char *gres, size_t greslen, char *type,
+                           size_t typelen, char *err, size_t errlen);
 
 /* An allocation for REQ: the one this process runs in when SLURM_JOB_ID is set
  * (REQ->nodes must fit it), else a new one from salloc, waited for (REQ's
@@ -172,6 +179,22 @@ bool dk_slurm_partition_limit(const char *text, const char *partition, char *out
  * "gpu:8", "gpu:h100:8(S:0-1)", "gpu:a100:4,gpu:v100:2" (6), "mps:100,gpu:2"
  * (2), "(null)" (0). Types of GRES other than gpu are not GPUs. */
 int dk_slurm_gres_gpus(const char *gres);
+
+/* The GPUs in one node's GRES whose type is MODEL's ("H100": types "h100",
+ * "nvidia_h100_80gb_hbm3", "H100-SXM"; a word of the type, split at '_' and
+ * '-', is MODEL, case aside; "a100" is not "A10"), TYPE the first such type
+ * as Slurm names it ("" when none). 0 for an empty MODEL or untyped GRES. */
+int dk_slurm_gres_gpus_of(const char *gres, const char *model, char *type, size_t typelen);
+
+/* The GPU types one node's GRES names, "a100, v100" ("" when untyped). */
+void dk_slurm_gres_gpu_types(const char *gres, char *out, size_t outlen);
+
+/* As dk_slurm_partition_gpus, counting only GPUs of MODEL's type
+ * (dk_slurm_gres_gpus_of): the most a node has, GRES that node's line, TYPE
+ * its type's name. 0 when no node has that type (GRES and TYPE then ""). */
+int dk_slurm_partition_gpus_of(const char *text, const char *partition, bool any_partition,
+                               const char *model, char *gres, size_t greslen, char *type,
+                               size_t typelen);
 
 /* The most GPUs a node of PARTITION has (NULL or "": the default, marked
  * '*'; a list "a,b": its first) in the output of `sinfo -h -o '%P|%G'` (lines

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #define NAMES_MAX 65536
 #define NAME_MAX_LEN 256
@@ -260,11 +261,48 @@ bool dk_slurm_salloc_job_id(const char *text, char *id, size_t idlen)
     return false;
 }
 
+static void each_gpu_entry(const char *gres, void (*each)(const char *type, size_t typelen,
+                                                          int count, void *data), void *data);
+
+static void sum_gpus(const char *type, size_t len, int count, void *data)
+{
+    (void) type;
+    (void) len;
+    *(int *) data += count;
+}
+
 int dk_slurm_gres_gpus(const char *gres)
 {
     /* Comma-separated NAME[:TYPE][:COUNT][(S:...)] entries; a socket list in
      * parentheses may hold commas itself ("(S:0,1)"). */
     int total = 0;
+    each_gpu_entry(gres, sum_gpus, &total);
+    return total;
+}
+
+/* Whether the GRES type TYPE (LEN bytes: "h100", "a100_80gb",
+ * "nvidia_h100_80gb_hbm3", as sites and Slurm's NVML autodetection name
+ * them) is a GPU of MODEL ("H100"): one of its words (split at '_' and
+ * '-') is MODEL, case aside. "a100" is not an A10. */
+static bool type_is_model(const char *type, size_t len, const char *model)
+{
+    size_t mlen = strlen(model);
+    for (size_t i = 0; i < len;) {
+        size_t w = 0;
+        while (i + w < len && type[i + w] != '_' && type[i + w] != '-')
+            w++;
+        if (w == mlen && strncasecmp(type + i, model, mlen) == 0)
+            return true;
+        i += w + 1;
+    }
+    return false;
+}
+
+/* Each "gpu:TYPE:COUNT" entry of one node's GRES (count > 0), to EACH; an
+ * entry with no type ("gpu:8") gets TYPE "" . */
+static void each_gpu_entry(const char *gres, void (*each)(const char *type, size_t typelen,
+                                                          int count, void *data), void *data)
+{
     const char *p = gres ? gres : "";
     while (*p) {
         size_t len = 0;
@@ -275,7 +313,6 @@ int dk_slurm_gres_gpus(const char *gres)
         }
         size_t word = strcspn(p, ":(,");
         if (word == 3 && strncmp(p, "gpu", 3) == 0 && word < len && p[word] == ':') {
-            /* the count is the last colon field before any '(' */
             size_t end = strcspn(p, "(");
             if (end > len)
                 end = len;
@@ -285,14 +322,70 @@ int dk_slurm_gres_gpus(const char *gres)
                     last = q;
             char *stop;
             long n = strtol(last + 1, &stop, 10);
-            if (stop != last + 1 && stop <= p + end && n > 0 && n < 100000)
-                total += (int) n;
+            if (stop != last + 1 && stop <= p + end && n > 0 && n < 100000) {
+                const char *type = p + word + 1;
+                each(type, last > p + word ? (size_t) (last - type) : 0, (int) n, data);
+            }
         }
         p += len;
         if (*p == ',')
             p++;
     }
-    return total;
+}
+
+typedef struct {
+    const char *model;
+    int count;
+    char *type;
+    size_t typelen;
+} typed_t;
+
+static void count_typed(const char *type, size_t len, int count, void *data)
+{
+    typed_t *t = data;
+    if (!len || !type_is_model(type, len, t->model))
+        return;
+    if (t->count == 0 && t->type)
+        snprintf(t->type, t->typelen, "%.*s", (int) len, type);
+    t->count += count;
+}
+
+int dk_slurm_gres_gpus_of(const char *gres, const char *model, char *type, size_t typelen)
+{
+    if (type && typelen)
+        type[0] = '\0';
+    if (!model || !model[0])
+        return 0;
+    typed_t t = {model, 0, type, typelen};
+    each_gpu_entry(gres, count_typed, &t);
+    return t.count;
+}
+
+static void list_type(const char *type, size_t len, int count, void *data)
+{
+    (void) count;
+    typed_t *t = data;
+    if (!len)
+        return;
+    /* once each: is it in the list ("a, b") already? */
+    for (const char *p = t->type; *p;) {
+        size_t w = strcspn(p, ",");
+        if (w == len && strncmp(p, type, len) == 0)
+            return;
+        p += w;
+        p += strspn(p, ", ");
+    }
+    size_t n = strlen(t->type);
+    snprintf(t->type + n, t->typelen - n, "%s%.*s", n ? ", " : "", (int) len, type);
+}
+
+void dk_slurm_gres_gpu_types(const char *gres, char *out, size_t outlen)
+{
+    if (!out || !outlen)
+        return;
+    out[0] = '\0';
+    typed_t t = {NULL, 0, out, outlen};
+    each_gpu_entry(gres, list_type, &t);
 }
 
 /* For each line "PART[*]|FIELD" of sinfo's TEXT that is PARTITION's (NULL or
@@ -349,6 +442,42 @@ int dk_slurm_partition_gpus(const char *text, const char *partition, bool any_pa
 {
     most_t m = {-1, gres, greslen};
     partition_lines(text, partition, any_partition, most_gpus, &m);
+    return m.most;
+}
+
+typedef struct {
+    const char *model;
+    int most;
+    char *gres;
+    size_t greslen;
+    char *type;
+    size_t typelen;
+} most_typed_t;
+
+static void most_typed(const char *field, void *data)
+{
+    most_typed_t *m = data;
+    char type[64];
+    int gpus = dk_slurm_gres_gpus_of(field, m->model, type, sizeof type);
+    if (gpus > m->most) {
+        m->most = gpus;
+        snprintf(m->gres, m->greslen, "%s", field);
+        snprintf(m->type, m->typelen, "%s", type);
+    }
+}
+
+int dk_slurm_partition_gpus_of(const char *text, const char *partition, bool any_partition,
+                               const char *model, char *gres, size_t greslen, char *type,
+                               size_t typelen)
+{
+    if (type && typelen)
+        type[0] = '\0';
+    if (gres && greslen)
+        gres[0] = '\0';
+    if (!model || !model[0] || !gres || !type)
+        return 0;
+    most_typed_t m = {model, 0, gres, greslen, type, typelen};
+    partition_lines(text, partition, any_partition, most_typed, &m);
     return m.most;
 }
 

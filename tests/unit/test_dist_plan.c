@@ -134,11 +134,16 @@ Test(plan, only_the_gpus_the_run_uses_must_be_the_model)
 
 /* ---- on Slurm's nodes: the cluster's GPUs, never this host's ---------------- */
 
-static int plan_slurm(int gpus_per_node, const char *gres)
+static int plan_slurm_typed(int gpus_per_node, const char *gres, const char *type)
 {
     err[0] = '\0';
-    return dk_dist_plan_slurm(&opts, gpus_per_node, gres, "partition gpu", &plan, err,
+    return dk_dist_plan_slurm(&opts, gpus_per_node, gres, type, "partition gpu", &plan, err,
                               sizeof err);
+}
+
+static int plan_slurm(int gpus_per_node, const char *gres)
+{
+    return plan_slurm_typed(gpus_per_node, gres, "");
 }
 
 Test(plan, slurm_gpus_over_given_nodes_whatever_this_host_has)
@@ -266,8 +271,8 @@ Test(plan, slurm_a_gpu_type_is_not_checked_and_says_so)
     strcpy(opts.accelerator_given, "accelerator_type=GPU_2xH100");
     cr_assert_eq(plan_slurm(2, "gpu:2"), 0, "%s", err);
     cr_assert_str_eq(plan.notice, "accelerator_type=GPU_2xH100 is not checked on Slurm's nodes "
-                                  "(their GRES: gpu:2); constraint= picks nodes by their "
-                                  "features");
+                                  "(their GRES, gpu:2, names no GPU type); constraint= picks "
+                                  "nodes by their features");
 }
 
 static unsigned long long three_gib(int index, int pid)
@@ -320,4 +325,46 @@ Test(status, ranks_on_several_nodes_say_their_node)
                            "rank 2 on node2 done · rank 3 on node2 starting\n"
                            "  logs: /l");
     free(text);
+}
+
+/* The model asked for, against the nodes' GRES types. */
+Test(plan, slurm_a_model_the_nodes_have_asks_for_its_type)
+{
+    opts.num_accelerators = 8;
+    strcpy(opts.accelerator_model, "H100");
+    strcpy(opts.accelerator_given, "gpu_type=H100");
+    cr_assert_eq(plan_slurm_typed(4, "gpu:h100:4(S:0)", "h100"), 0, "%s", err);
+    cr_assert_str_eq(plan.gpu_type, "h100");
+    cr_assert_eq(plan.nodes, 2);
+    cr_assert_str_eq(plan.notice, "");
+}
+
+Test(plan, slurm_a_platform_model_the_typed_nodes_lack_runs_on_theirs_with_a_notice)
+{
+    opts.num_accelerators = 2;
+    strcpy(opts.accelerator_model, "H100");
+    strcpy(opts.accelerator_given, "gpu_type=H100");
+    cr_assert_eq(plan_slurm_typed(8, "gpu:h200:8", ""), 0, "%s", err);
+    cr_assert_str_eq(plan.gpu_type, "");
+    cr_assert(strstr(plan.notice, "gpu_type=H100 is the managed platform's H100; the nodes of "
+                                  "partition gpu have h200 GPUs"), "%s", plan.notice);
+}
+
+Test(plan, slurm_another_model_the_typed_nodes_lack_is_an_error_naming_their_types)
+{
+    opts.num_accelerators = 2;
+    strcpy(opts.accelerator_model, "MI300X");
+    strcpy(opts.accelerator_given, "gpu_type=MI300X");
+    cr_assert_eq(plan_slurm_typed(8, "gpu:a100:4,gpu:v100:4", ""), -1);
+    cr_assert(strstr(err, "gpu_type=MI300X asks for MI300X GPUs, but the nodes of partition gpu "
+                          "have a100, v100"), "%s", err);
+}
+
+Test(plan, slurm_untyped_gres_cannot_check_the_model_and_says_so)
+{
+    opts.num_accelerators = 2;
+    strcpy(opts.accelerator_model, "MI300X");
+    strcpy(opts.accelerator_given, "gpu_type=MI300X");
+    cr_assert_eq(plan_slurm_typed(8, "gpu:8", ""), 0, "%s", err);
+    cr_assert(strstr(plan.notice, "is not checked on Slurm's nodes"), "%s", plan.notice);
 }

@@ -179,6 +179,45 @@ Test(slurm_text, a_partitions_gpus_per_node_are_its_nodes_most)
     cr_expect_eq(dk_slurm_partition_gpus(text, NULL, true, gres, sizeof gres), 8);
 }
 
+Test(slurm_text, gpus_of_a_model_are_counted_by_their_gres_type)
+{
+    char type[64] = "";
+    cr_expect_eq(dk_slurm_gres_gpus_of("gpu:h100:8(S:0-1)", "H100", type, sizeof type), 8);
+    cr_expect_str_eq(type, "h100");
+    cr_expect_eq(dk_slurm_gres_gpus_of("gpu:nvidia_h100_80gb_hbm3:4", "H100", type,
+                                       sizeof type), 4);
+    cr_expect_str_eq(type, "nvidia_h100_80gb_hbm3");     /* Slurm's NVML autodetection */
+    cr_expect_eq(dk_slurm_gres_gpus_of("gpu:H100-SXM:2", "h100", type, sizeof type), 2);
+    cr_expect_eq(dk_slurm_gres_gpus_of("gpu:a100:4,gpu:v100:2", "V100", type, sizeof type), 2);
+    cr_expect_str_eq(type, "v100");
+    /* "a100" is no A10, "h200" no H20; untyped GRES and no model count nothing */
+    cr_expect_eq(dk_slurm_gres_gpus_of("gpu:a100:4", "A10", type, sizeof type), 0);
+    cr_expect_str_eq(type, "");
+    cr_expect_eq(dk_slurm_gres_gpus_of("gpu:h200:8", "H20", type, sizeof type), 0);
+    cr_expect_eq(dk_slurm_gres_gpus_of("gpu:8", "H100", type, sizeof type), 0);
+    cr_expect_eq(dk_slurm_gres_gpus_of("gpu:h100:8", "", type, sizeof type), 0);
+    char types[64];
+    dk_slurm_gres_gpu_types("gpu:a100:4(S:0,1),gpu:v100:2,gpu:a100:1,mps:100", types,
+                            sizeof types);
+    cr_expect_str_eq(types, "a100, v100");
+    dk_slurm_gres_gpu_types("gpu:8", types, sizeof types);
+    cr_expect_str_eq(types, "");
+}
+
+Test(slurm_text, a_partitions_gpus_of_a_model_are_its_nodes_most_of_that_type)
+{
+    const char *text = "gpu*|gpu:a100:8(S:0-1)\ngpu*|gpu:h100:4(S:0)\ngpu*|gpu:8\n";
+    char gres[64] = "x", type[64] = "x";
+    cr_expect_eq(dk_slurm_partition_gpus_of(text, NULL, false, "H100", gres, sizeof gres, type,
+                                            sizeof type), 4);
+    cr_expect_str_eq(gres, "gpu:h100:4(S:0)");
+    cr_expect_str_eq(type, "h100");
+    cr_expect_eq(dk_slurm_partition_gpus_of(text, NULL, false, "B300", gres, sizeof gres, type,
+                                            sizeof type), 0);
+    cr_expect_str_eq(gres, "");
+    cr_expect_str_eq(type, "");
+}
+
 Test(slurm_text, the_most_cpus_of_a_partitions_nodes_are_read_from_sinfo)
 {
     const char *text = "small|2\nsim*|4\nsim*|16\nhetero|8+\nodd|n/a\n";
@@ -498,6 +537,30 @@ Test(slurm_fake, gpus_per_node_reach_salloc_and_none_for_cpu_ranks)
     cr_assert_null(dk_slurm_allocate(&req, NULL, err, sizeof err));
     cr_expect(strstr(calls(), " --ntasks-per-node=8\n"), "%s", calls());
     cr_expect_not(strstr(calls(), "gpu"), "%s", calls());
+    /* a GRES type: the nodes that have it */
+    fake_slurm(NULL, "echo 'salloc: error: no' >&2; exit 1", NULL);
+    req.gpus_per_node = 4;
+    req.gpu_type = "h100";
+    cr_assert_null(dk_slurm_allocate(&req, NULL, err, sizeof err));
+    cr_expect(strstr(calls(), " --ntasks-per-node=8 --gpus-per-node=h100:4\n"), "%s", calls());
+}
+
+Test(slurm_fake, gpus_per_node_of_a_model_count_the_nodes_of_its_type)
+{
+    fake_slurm("echo 'gpu*|gpu:a100:8(S:0-1)'; echo 'gpu*|gpu:h100:4(S:0)'", NULL, NULL);
+    int gpus = -1;
+    char gres[64] = "", type[32] = "x", err[1024] = "";
+    cr_assert_eq(dk_slurm_gpus_per_node(NULL, NULL, 5, "H100", &gpus, gres, sizeof gres, type,
+                                        sizeof type, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(gpus, 4);
+    cr_expect_str_eq(gres, "gpu:h100:4(S:0)");
+    cr_expect_str_eq(type, "h100");
+    /* a model no node has: every GPU counts, no type */
+    cr_assert_eq(dk_slurm_gpus_per_node(NULL, NULL, 5, "B300", &gpus, gres, sizeof gres, type,
+                                        sizeof type, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(gpus, 8);
+    cr_expect_str_eq(gres, "gpu:a100:8(S:0-1)");
+    cr_expect_str_eq(type, "");
 }
 
 Test(slurm_fake, gpus_per_node_come_from_sinfo_for_the_partition_or_the_allocation)
@@ -505,19 +568,19 @@ Test(slurm_fake, gpus_per_node_come_from_sinfo_for_the_partition_or_the_allocati
     fake_slurm("echo 'cpu*|(null)'; echo 'gpu|gpu:h100:8(S:0-1)'", NULL, NULL);
     int gpus = -1;
     char gres[64] = "", err[1024] = "";
-    cr_assert_eq(dk_slurm_gpus_per_node("gpu", NULL, 5, &gpus, gres, sizeof gres, err,
+    cr_assert_eq(dk_slurm_gpus_per_node("gpu", NULL, 5, NULL, &gpus, gres, sizeof gres, NULL, 0, err,
                                         sizeof err), 0, "%s", err);
     cr_expect_eq(gpus, 8);
     cr_expect_str_eq(gres, "gpu:h100:8(S:0-1)");
     cr_expect(strstr(calls(), "sinfo -h -o %P|%G\n"), "%s", calls());
-    cr_assert_eq(dk_slurm_gpus_per_node(NULL, NULL, 5, &gpus, gres, sizeof gres, err,
+    cr_assert_eq(dk_slurm_gpus_per_node(NULL, NULL, 5, NULL, &gpus, gres, sizeof gres, NULL, 0, err,
                                         sizeof err), 0, "%s", err);
     cr_expect_eq(gpus, 0);
-    cr_assert_eq(dk_slurm_gpus_per_node("nope", NULL, 5, &gpus, gres, sizeof gres, err,
+    cr_assert_eq(dk_slurm_gpus_per_node("nope", NULL, 5, NULL, &gpus, gres, sizeof gres, NULL, 0, err,
                                         sizeof err), -1);
     cr_expect(strstr(err, "Slurm has no partition 'nope'"), "%s", err);
     /* inside an allocation: its nodes, whatever their partition */
-    cr_assert_eq(dk_slurm_gpus_per_node(NULL, "n[1-2]", 5, &gpus, gres, sizeof gres, err,
+    cr_assert_eq(dk_slurm_gpus_per_node(NULL, "n[1-2]", 5, NULL, &gpus, gres, sizeof gres, NULL, 0, err,
                                         sizeof err), 0, "%s", err);
     cr_expect_eq(gpus, 8);
     cr_expect(strstr(calls(), "sinfo -h -o %P|%G -n n[1-2]\n"), "%s", calls());
@@ -529,7 +592,7 @@ Test(slurm_fake, a_failing_sinfo_for_the_gpus_is_quoted)
                "controller' >&2; exit 1", NULL, NULL);
     int gpus = -1;
     char gres[64] = "", err[1024] = "";
-    cr_assert_eq(dk_slurm_gpus_per_node(NULL, NULL, 5, &gpus, gres, sizeof gres, err,
+    cr_assert_eq(dk_slurm_gpus_per_node(NULL, NULL, 5, NULL, &gpus, gres, sizeof gres, NULL, 0, err,
                                         sizeof err), -1);
     cr_expect(strstr(err, "sinfo could not say the nodes' GPUs: sinfo: error: "
                           "slurm_load_partitions"), "%s", err);
