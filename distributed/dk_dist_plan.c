@@ -91,21 +91,6 @@ int dk_dist_plan_local_gpu(const dk_dist_plan_t *plan, int r)
     return plan->gpu && !plan->remote && r >= 0 && r < DK_GPU_MAX ? plan->gpu_index[r] : -1;
 }
 
-const char *dk_dist_plan_step_gpus(bool gpu)
-{
-    /* A step that asks for no GPU is given all of the job's GPUs on its node,
-     * exclusively: the node's next rank's step would wait ("step creation
-     * temporarily disabled") while the first waits for it in rendezvous.
-     * --overlap shares them between the node's steps: each rank sees the
-     * node's GPUs of the job in Slurm's order (CUDA_VISIBLE_DEVICES), and
-     * LOCAL_RANK's is its own, as on one node and under torchrun
-     * (torch.cuda.set_device(LOCAL_RANK)). Not --gpus=1 per step: each rank
-     * would see one GPU, device 0, and a cell that binds cuda:LOCAL_RANK would
-     * fail on every rank but the first of a node. CPU ranks take none, even in
-     * an allocation that has GPUs (the same wait otherwise). */
-    return gpu ? "--overlap" : "--gres=none";
-}
-
 /* The ranks' split over the nodes, once the world is known: every node runs
  * as many, and each has at least one (a world known only here, e.g. every
  * GPU of the nodes, was not checked with the options). */

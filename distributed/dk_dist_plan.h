@@ -50,12 +50,6 @@ int dk_dist_plan(const dk_dist_opts_t *opts, const dk_gpu_list_t *gpus, dk_dist_
  * are srun's and whose GPUs are not this host's. */
 int dk_dist_plan_local_gpu(const dk_dist_plan_t *plan, int r);
 
-/* The srun option that gives each rank's step on Slurm its GPUs, for GPU
- * ranks (GPU) or CPU ranks: "--overlap", every rank of a node sharing the
- * node's GPUs of the job, LOCAL_RANK's its own; "--gres=none" for CPU ranks.
- * The .c says why not one GPU per step. */
-const char *dk_dist_plan_step_gpus(bool gpu);
-
 /* Plan a run on Slurm's nodes (launcher=slurm) that OPTS asks for, where
  * each node has GPUS_PER_NODE GPUs (GRES: sinfo's words for them, WHERE:
  * "partition gpu", for messages): nothing of this host decides. CPU ranks:

@@ -7,13 +7,17 @@
  * signal handlers: the kernel's interrupt is a SIGINT, which Python only
  * turns into a KeyboardInterrupt in the main thread, holding the GIL.
  *
- * Each rank is its own step (`srun --nodes=1 --ntasks=1 --nodelist=NODE`),
- * not one srun for all: the runtime watches, signals and judges each rank's
+ * Each rank is its own step (`srun --nodes=1 --ntasks=1 --overlap
+ * --nodelist=NODE`, dk_slurm_step_argv), not one srun for all: the runtime watches, signals and judges each rank's
  * launcher as it does a local rank, and a failure on one node is that rank's.
  * The price is that srun tells each rank of a one-task step (SLURM_PROCID=0,
  * SLURM_NTASKS=1): the ranks get the run's node lists in their environment
  * and rewrite those variables to the whole run's before any Python runs
- * (runtime/dk_slurm_rank.c, from distkernel-rank's main).
+ * (runtime/dk_slurm_rank.c, from distkernel-rank's main). The steps share
+ * the job's resources (--overlap) and get none of srun's input variables from
+ * the kernel's environment (a batch script's SLURM_MEM_PER_NODE ...), so that
+ * no rank's step waits for another while rank 0 waits for all of them in the
+ * rendezvous (runtime/dk_slurm_step.c says why each).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -61,9 +65,6 @@ static double heartbeat_s(void)
     return v && *v && !*end && s >= 2.0 ? s : HEARTBEAT_S;
 }
 
-/* rank_commands' argv: srun and 8 options, the rank program, NULL. */
-#define CMD_WORDS 11
-
 extern char **environ;
 
 struct dk_dist_slurm_t {
@@ -73,11 +74,9 @@ struct dk_dist_slurm_t {
     char node_list[4096];
     char bc_addr[64];
     char advertise[64];         /* advertise_addr=, "" if not given */
-    char jobopt[64];
-    char (*nodeopt)[300];       /* per rank: --nodelist=NODE */
     const char **hosts;         /* per rank: its node's name (the allocation's) */
-    const char *(*cmd)[CMD_WORDS];
-    const char *const **cmds;   /* per rank: cmd[r] */
+    dk_slurm_step_t *steps;     /* per rank: its srun */
+    const char *const **cmds;   /* per rank: steps[r].argv */
     char **env;                 /* the ranks' base environment: the run's node lists added */
 };
 
@@ -303,16 +302,15 @@ static dk_dist_slurm_t *slurm_new(dk_slurm_t *alloc, int world, int per_node, bo
     self->gpu = gpu;
     self->world = world;
     self->per_node = per_node;
-    self->nodeopt = calloc((size_t)world, sizeof *self->nodeopt);
     self->hosts = calloc((size_t)world, sizeof *self->hosts);
-    self->cmd = calloc((size_t)world, sizeof *self->cmd);
+    self->steps = calloc((size_t)world, sizeof *self->steps);
     self->cmds = calloc((size_t)world, sizeof *self->cmds);
     size_t n = 0;
     for (size_t i = 0; i < dk_slurm_node_count(alloc); i++)
         n += (size_t)snprintf(self->node_list + n, n < sizeof self->node_list
                               ? sizeof self->node_list - n : 0, "%s%s", i ? "," : "",
                               dk_slurm_node_name(alloc, i));
-    if (!self->nodeopt || !self->hosts || !self->cmd || !self->cmds) {
+    if (!self->hosts || !self->steps || !self->cmds) {
         self->alloc = NULL;     /* the caller's still */
         dk_dist_slurm_destroy(&self);
         return NULL;
@@ -375,7 +373,6 @@ int dk_dist_slurm_spec(dk_dist_slurm_t *self, const char *rank_exe, dk_job_spec_
                      used ? nodes[0] : "none", err);
         return -1;
     }
-    snprintf(self->jobopt, sizeof self->jobopt, "--jobid=%s", dk_slurm_job_id(self->alloc));
     /* Every rank's node is one of the allocation's (the plan split the world
      * evenly; an adopted allocation may still have fewer nodes than that). */
     size_t last = self->per_node > 0 ? (size_t)((self->world - 1) / self->per_node) : SIZE_MAX;
@@ -389,19 +386,17 @@ int dk_dist_slurm_spec(dk_dist_slurm_t *self, const char *rank_exe, dk_job_spec_
     for (int r = 0; r < self->world; r++) {
         const char *node = dk_slurm_node_name(self->alloc, (size_t)(r / self->per_node));
         self->hosts[r] = node;
-        snprintf(self->nodeopt[r], sizeof self->nodeopt[r], "--nodelist=%s", node);
-        /* --exact: the step takes its one task's CPUs, not the node's, so that
-         * the node's other ranks' steps start beside it rather than wait; and
-         * the GPUs as the plan says (dk_dist_plan_step_gpus). */
-        const char *argv[CMD_WORDS] = {"srun", self->jobopt, "--nodes=1", "--ntasks=1",
-                                       "--exact", dk_dist_plan_step_gpus(self->gpu),
-                                       self->nodeopt[r], "--export=ALL", "--quiet", rank_exe,
-                                       NULL};
-        memcpy(self->cmd[r], argv, sizeof argv);
-        self->cmds[r] = self->cmd[r];
+        if (dk_slurm_step_argv(&self->steps[r], dk_slurm_job_id(self->alloc), node, self->gpu,
+                               rank_exe) < 0) {
+            PyErr_Format(PyExc_RuntimeError, "Slurm job %s's node '%s' makes no srun command "
+                         "(an id or name too long?)", dk_slurm_job_id(self->alloc), node);
+            return -1;
+        }
+        self->cmds[r] = self->steps[r].argv;
     }
     /* The node lists each rank's SLURM_* variables are rewritten from
-     * (dk_slurm_rank.c): srun tells a one-task step only its own node. */
+     * (dk_slurm_rank.c): srun tells a one-task step only its own node. The
+     * rest is the kernel's environment less srun's input variables. */
     char *lists[2] = {NULL, NULL};
     size_t lens[2];
     FILE *f[2] = {open_memstream(&lists[0], &lens[0]), open_memstream(&lists[1], &lens[1])};
@@ -421,8 +416,8 @@ int dk_dist_slurm_spec(dk_dist_slurm_t *self, const char *rank_exe, dk_job_spec_
         if (f[i] && fclose(f[i]) != 0)
             ok = false;
     dk_spawn_env_free(self->env);
-    self->env = ok ? dk_spawn_env_build(spec->env ? spec->env : (const char *const *)environ,
-                                        (const char *const *)lists, 2)
+    self->env = ok ? dk_slurm_step_env(spec->env ? spec->env : (const char *const *)environ,
+                                       (const char *const *)lists, 2)
                    : NULL;
     free(lists[0]);
     free(lists[1]);
@@ -485,9 +480,8 @@ void dk_dist_slurm_destroy(dk_dist_slurm_t **self_p)
         dk_slurm_destroy(&self->alloc);
     }
     dk_spawn_env_free(self->env);
-    free(self->nodeopt);
     free(self->hosts);
-    free(self->cmd);
+    free(self->steps);
     free(self->cmds);
     free(self);
     *self_p = NULL;

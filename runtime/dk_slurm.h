@@ -254,4 +254,36 @@ bool dk_slurm_salloc_job_id(const char *text, char *id, size_t idlen);
 int dk_slurm_rank_env(const char *const *env, char ***words, size_t *count, char *err,
                       size_t errlen);
 
+/* ---- a rank's step (dk_slurm_step.c), pure ------------------------------- */
+
+/* One rank's srun: ARGV (NULL-terminated) points into the struct and at the
+ * caller's PROGRAM, which must outlive it. */
+#define DK_SLURM_STEP_WORDS 11
+typedef struct {
+    char job[80];               /* --jobid=ID */
+    char node[300];             /* --nodelist=NODE */
+    const char *argv[DK_SLURM_STEP_WORDS];
+} dk_slurm_step_t;
+
+/* Fills STEP with the srun command that runs PROGRAM as one task on NODE, a
+ * step of job JOB_ID: `srun --jobid=ID --nodes=1 --ntasks=1 --overlap
+ * [--gres=none] --nodelist=NODE --export=ALL --quiet PROGRAM`. --overlap: it
+ * never waits for another step of the job, whatever the site's consumable
+ * resources or the steps already running; --gres=none unless GPU (GPU ranks
+ * share their node's GPUs of the job). The .c says why. Returns 0, or -1 for
+ * an empty or too long id or node, or an empty PROGRAM. */
+int dk_slurm_step_argv(dk_slurm_step_t *step, const char *job_id, const char *node,
+                       bool gpu, const char *program);
+
+/* Whether WORD ("NAME=value", or a bare NAME) is one of srun's input variables
+ * that shape a step (SRUN_CPUS_PER_TASK, SLURM_CPUS_PER_TASK,
+ * SLURM_MEM_PER_NODE, SLURM_NTASKS_PER_NODE, SLURM_DISTRIBUTION, SLURM_LABELIO,
+ * ...). The job's own (SLURM_JOB_ID, SLURM_JOB_NODELIST, SLURM_CONF) are not. */
+bool dk_slurm_srun_input(const char *word);
+
+/* A step's environment: BASE less srun's input variables
+ * (dk_slurm_srun_input), then SET (NSET "NAME=value" words) over it, as
+ * dk_spawn_env_build. Free with dk_spawn_env_free; NULL when out of memory. */
+char **dk_slurm_step_env(const char *const *base, const char *const *set, size_t nset);
+
 #endif

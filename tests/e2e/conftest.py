@@ -86,4 +86,4 @@ def heartbeat(kernel):
 
 
 # The simulated Slurm cluster (tests/slurm/), for the tests that ask for it.
-from slurm_cluster import slurm_cluster  # noqa: E402,F401
+from slurm_cluster import slurm_cluster, slurm_mem_cluster  # noqa: E402,F401

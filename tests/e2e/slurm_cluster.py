@@ -11,6 +11,11 @@ never on CI, which runs as root: there it fails instead.
 The fixture's object gives the client environment (`env`, with SLURM_CONF) for
 a kernel or a command, and fault injection: `kill(node)` crashes a node (every
 process in it SIGKILLed, its network gone), `start(node)` boots it again.
+`slurm_mem_cluster` is a second, smaller one (2 nodes, no GPUs) where memory
+is a consumable resource (SelectTypeParameters=CR_CPU_Memory, DefMemPerCPU
+unset, as many sites have it), in its own folder, network and bridge
+(DISTKERNEL_SLURM_SIM_MEM_DIR, _MEM_NET, _MEM_BRIDGE; defaults
+/tmp/distkernel-slurm-mem, 10.79.2, dkslurm2), brought up and down the same way.
 `srun_workaround` says whether the cluster has the workaround for Slurm bug
 16401 (an srun that hangs after a node loss); DISTKERNEL_SLURM_SIM_SRUN_WORKAROUND=0
 brings one up without it, as a site whose login host is no node of the cluster.
@@ -62,14 +67,16 @@ class SlurmCluster:
         return subprocess.run(list(argv), capture_output=True, text=True, env=self.env,
                               timeout=timeout)
 
+    sh_env = None                 # cluster.sh's environment (which cluster); None: ours
+
     def kill(self, node):
-        cluster_sh("kill", node)
+        cluster_sh("kill", node, env=self.sh_env)
 
     def start(self, node):
-        cluster_sh("start", node)
+        cluster_sh("start", node, env=self.sh_env)
 
     def pids(self, node):
-        return [int(p) for p in cluster_sh("pids", node).split()]
+        return [int(p) for p in cluster_sh("pids", node, env=self.sh_env).split()]
 
     def wait_state(self, node, states, timeout=60):
         """Wait until sinfo shows NODE in one of STATES; the last state seen."""
@@ -93,19 +100,39 @@ def bring_up(nodes=2, env=None):
                            out.splitlines()[-1] == "started", up_s,
                            values.get("DISTKERNEL_SLURM_SIM_SRUN_WORKAROUND", "1") == "1")
     cluster.login_addr = values["DISTKERNEL_SLURM_SIM_LOGIN_ADDR"]  # this host, to the nodes
+    cluster.sh_env = env
     return cluster
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster():
+def session_cluster(env=None):
+    """Bring a cluster up for the session (or skip, or fail on CI, saying why),
+    yield it, and take it down if this session started it."""
     why = unavailable()
     if why:
         if os.environ.get("CI"):
             pytest.fail(f"{why}; CI runs as root and must run the Slurm tests", pytrace=False)
         pytest.skip(why)
-    cluster = bring_up(2)
+    cluster = bring_up(2, env=env)
     yield cluster
     if cluster.started:
-        cluster_sh("down")
-        left = subprocess.run([str(CLUSTER), "leftovers"], capture_output=True, text=True)
+        cluster_sh("down", env=env)
+        left = subprocess.run([str(CLUSTER), "leftovers"], capture_output=True, text=True,
+                              env=env)
         assert left.returncode == 0, f"the test cluster left this behind:\n{left.stdout}"
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    yield from session_cluster()
+
+
+@pytest.fixture(scope="session")
+def slurm_mem_cluster():
+    env = dict(os.environ,
+               DISTKERNEL_SLURM_SIM_DIR=os.environ.get("DISTKERNEL_SLURM_SIM_MEM_DIR",
+                                                       "/tmp/distkernel-slurm-mem"),
+               DISTKERNEL_SLURM_SIM_NET=os.environ.get("DISTKERNEL_SLURM_SIM_MEM_NET", "10.79.2"),
+               DISTKERNEL_SLURM_SIM_BRIDGE=os.environ.get("DISTKERNEL_SLURM_SIM_MEM_BRIDGE",
+                                                          "dkslurm2"),
+               DISTKERNEL_SLURM_SIM_SELECT="CR_CPU_Memory", DISTKERNEL_SLURM_SIM_GPUS="0")
+    yield from session_cluster(env)

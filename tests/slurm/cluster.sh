@@ -51,6 +51,11 @@
 #                                on device files $DIR/dev/nodeI/nvidiaK with no driver
 #                                behind: Slurm counts them and hands them out
 #                                (CUDA_VISIBLE_DEVICES); the ranks use the fake libcudart
+#   DISTKERNEL_SLURM_SIM_SELECT  what the nodes hand out: CR_CPU (default: CPUs only) or
+#                                CR_CPU_Memory (memory too, as many sites do: each node
+#                                has RealMemory=2048 MB and DefMemPerCPU is left unset,
+#                                so a job or step that asks no memory gets all of its
+#                                node's, and the next one on that node waits)
 # Two clusters on one machine need all three of folder, network and bridge apart.
 #
 # Partitions: `sim` (the default, every node) and `stuck` (every node, State=DOWN:
@@ -65,6 +70,7 @@ BR=${DISTKERNEL_SLURM_SIM_BRIDGE:-dkslurm0}
 CPUS=${DISTKERNEL_SLURM_SIM_CPUS:-2}
 WORKAROUND=${DISTKERNEL_SLURM_SIM_SRUN_WORKAROUND:-1}
 GPUS=${DISTKERNEL_SLURM_SIM_GPUS:-2}
+SELECT=${DISTKERNEL_SLURM_SIM_SELECT:-CR_CPU}
 CONF=$DIR/etc/slurm.conf
 MARK=distkernel-slurm-host:$DIR:   # argv[0] prefix of our namespace holders
 PREFIX=$BR-                         # our veth ends: dkslurm0-ctl, dkslurm0-node1, ...
@@ -76,6 +82,7 @@ case $DIR in /*) ;; *) die "DISTKERNEL_SLURM_SIM_DIR must be an absolute path, g
 [[ $NET =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "DISTKERNEL_SLURM_SIM_NET must look like 10.79.0, got '$NET'"
 [[ $WORKAROUND =~ ^[01]$ ]] || die "DISTKERNEL_SLURM_SIM_SRUN_WORKAROUND must be 0 or 1, got '$WORKAROUND'"
 [[ $GPUS =~ ^[0-8]$ ]] || die "DISTKERNEL_SLURM_SIM_GPUS must be 0 to 8, got '$GPUS'"
+[[ $SELECT =~ ^CR_CPU(_Memory)?$ ]] || die "DISTKERNEL_SLURM_SIM_SELECT must be CR_CPU or CR_CPU_Memory, got '$SELECT'"
 [[ $BR =~ ^[a-z][a-z0-9]{0,8}$ ]] || die "DISTKERNEL_SLURM_SIM_BRIDGE must be 1 to 9 letters and digits, got '$BR'"
 
 # ---------------------------------------------------------------- bookkeeping
@@ -236,7 +243,7 @@ MpiDefault=none
 SwitchType=switch/none
 MailProg=/bin/true
 SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
+SelectTypeParameters=$SELECT
 SchedulerType=sched/backfill
 SlurmdParameters=config_overrides
 ReturnToService=2
@@ -253,6 +260,7 @@ EOF
         echo "NodeName=login NodeHostname=$login NodeAddr=$NET.1 State=FUTURE"
     fi >> "$CONF"
     echo "$WORKAROUND" > "$DIR/workaround"
+    echo "$SELECT" > "$DIR/select"
     # GPUs: GRES with File= (Slurm's CUDA_VISIBLE_DEVICES index is the file's
     # number); slurmd only stats the files (no cgroups here).
     : > "$DIR/etc/gres.conf"
@@ -283,6 +291,9 @@ healthy() {      # N: our cluster with N nodes runs and every node is idle
     local w=1      # a cluster from before the setting always had the workaround
     [[ -r $DIR/workaround ]] && w=$(< "$DIR/workaround")
     [[ $w == "$WORKAROUND" ]] || return 1
+    local sel=CR_CPU
+    [[ -r $DIR/select ]] && sel=$(< "$DIR/select")
+    [[ $sel == "$SELECT" ]] || return 1
     recorded munged > /dev/null && recorded slurmctld > /dev/null || return 1
     local i
     for ((i = 1; i <= $1; i++)); do recorded "slurmd-node$i" > /dev/null || return 1; done
@@ -294,6 +305,7 @@ print_env() {
     echo "DISTKERNEL_SLURM_SIM_DIR=$DIR"
     echo "DISTKERNEL_SLURM_SIM_LOGIN_ADDR=$NET.1"
     echo "DISTKERNEL_SLURM_SIM_SRUN_WORKAROUND=$WORKAROUND"
+    echo "DISTKERNEL_SLURM_SIM_SELECT=$SELECT"
 }
 
 cmd_up() {

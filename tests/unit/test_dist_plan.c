@@ -258,12 +258,6 @@ Test(plan, slurm_ranks_have_no_gpu_of_this_host_and_local_ones_do)
     cr_expect_eq(dk_dist_plan_local_gpu(&plan, 1), 1);
 }
 
-Test(plan, slurm_gpu_steps_share_their_nodes_gpus_and_cpu_steps_take_none)
-{
-    cr_assert_str_eq(dk_dist_plan_step_gpus(true), "--overlap");
-    cr_assert_str_eq(dk_dist_plan_step_gpus(false), "--gres=none");
-}
-
 Test(plan, slurm_a_gpu_type_is_not_checked_and_says_so)
 {
     opts.num_accelerators = 2;

@@ -24,6 +24,7 @@
 
 #include "dk_clock.h"
 #include "dk_slurm.h"
+#include "dk_spawn.h"
 
 /* ---- slurm_text ----------------------------------------------------------- */
 
@@ -325,6 +326,94 @@ Test(slurm_text, only_a_slurm_runs_ranks_have_their_variables_rewritten)
     const char *missing[] = {"SLURM_STEP_ID=0", DK_SLURM_RUN_NODES_ENV "=a", NULL};
     cr_expect_eq(dk_slurm_rank_env(missing, &w, &n, err, sizeof err), -1);
     cr_expect(strstr(err, "RANK is '(unset)'"), "%s", err);
+}
+
+static size_t argv_count(const char *const *argv)
+{
+    size_t n = 0;
+    while (argv[n])
+        n++;
+    return n;
+}
+
+static bool argv_has(const char *const *argv, const char *word)
+{
+    for (size_t i = 0; argv[i]; i++)
+        if (strcmp(argv[i], word) == 0)
+            return true;
+    return false;
+}
+
+Test(slurm_text, a_ranks_step_overlaps_the_jobs_other_steps_and_cpu_ranks_take_no_gpu)
+{
+    dk_slurm_step_t cpu, gpu;
+    cr_assert_eq(dk_slurm_step_argv(&cpu, "4711", "node2", false, "/p/distkernel-rank"), 0);
+    const char *want[] = {"srun", "--jobid=4711", "--nodes=1", "--ntasks=1", "--overlap",
+                          "--gres=none", "--nodelist=node2", "--export=ALL", "--quiet",
+                          "/p/distkernel-rank", NULL};
+    cr_assert_eq(argv_count(cpu.argv), sizeof want / sizeof want[0] - 1);
+    for (size_t i = 0; want[i]; i++)
+        cr_expect_str_eq(cpu.argv[i], want[i]);
+    /* one CPU per step pinned every rank to it where binding is enforced;
+     * a step's share of the node is --overlap's, not --exact's */
+    cr_expect(!argv_has(cpu.argv, "--exact"));
+    /* GPU ranks: every GPU of the job on the node, shared by its steps */
+    cr_assert_eq(dk_slurm_step_argv(&gpu, "4711", "gpu7", true, "rank"), 0);
+    cr_expect(argv_has(gpu.argv, "--overlap") && argv_has(gpu.argv, "--nodelist=gpu7"));
+    cr_expect(!argv_has(gpu.argv, "--gres=none") && !argv_has(gpu.argv, "--exact"));
+    cr_expect_str_eq(gpu.argv[argv_count(gpu.argv) - 1], "rank");
+    /* what makes no command is refused */
+    char longname[400];
+    memset(longname, 'n', sizeof longname - 1);
+    longname[sizeof longname - 1] = 0;
+    cr_expect_eq(dk_slurm_step_argv(&gpu, "4711", longname, true, "rank"), -1);
+    cr_expect_eq(dk_slurm_step_argv(&gpu, "", "node1", true, "rank"), -1);
+    cr_expect_eq(dk_slurm_step_argv(&gpu, "1", "node1", true, ""), -1);
+}
+
+Test(slurm_text, a_steps_environment_has_no_srun_input_variables_but_the_jobs)
+{
+    /* a kernel started by `sbatch -c2 --mem=900G --ntasks-per-node=4`, inside
+     * `srun --pty --label`: what srun would read as the ranks' step's shape */
+    const char *base[] = {"PATH=/usr/bin", "SLURM_JOB_ID=12", "SLURM_JOB_NODELIST=node[1-2]",
+                          "SLURM_CONF=/etc/slurm/slurm.conf", "SLURM_STEP_ID=0",
+                          "SLURM_JOB_NAME=nb", "SLURM_CPUS_PER_TASK=2", "SRUN_CPUS_PER_TASK=2",
+                          "SLURM_MEM_PER_NODE=921600", "SLURM_MEM_PER_CPU=4000",
+                          "SLURM_NTASKS_PER_NODE=4", "SLURM_NTASKS=8", "SLURM_NPROCS=8",
+                          "SLURM_DISTRIBUTION=cyclic", "SLURM_CPU_BIND=cores",
+                          "SLURM_LABELIO=1", "SLURM_STDOUTMODE=out.%t", "SLURM_WAIT=5",
+                          "SLURM_EXACT=1", "SLURM_GPUS_PER_TASK=1", "SLURM_TIMELIMIT=1",
+                          "SLURM_MEM_PER_NODEX=keep", "MY_SLURM_MEM_PER_NODE=keep",
+                          "DISTKERNEL_SLURM_RUN_NODES=old", NULL};
+    const char *set[] = {"DISTKERNEL_SLURM_RUN_NODES=node1,node2"};
+    char **env = dk_slurm_step_env(base, set, 1);
+    cr_assert(env);
+    const char *gone[] = {"SLURM_CPUS_PER_TASK", "SRUN_CPUS_PER_TASK", "SLURM_MEM_PER_NODE",
+                          "SLURM_MEM_PER_CPU", "SLURM_NTASKS_PER_NODE", "SLURM_NTASKS",
+                          "SLURM_NPROCS", "SLURM_DISTRIBUTION", "SLURM_CPU_BIND",
+                          "SLURM_LABELIO", "SLURM_STDOUTMODE", "SLURM_WAIT", "SLURM_EXACT",
+                          "SLURM_GPUS_PER_TASK", "SLURM_TIMELIMIT"};
+    for (size_t i = 0; i < sizeof gone / sizeof gone[0]; i++)
+        cr_expect_null(dk_spawn_env_get((const char *const *)env, gone[i]), "%s kept", gone[i]);
+    const char *kept[][2] = {{"PATH", "/usr/bin"}, {"SLURM_JOB_ID", "12"},
+                             {"SLURM_JOB_NODELIST", "node[1-2]"},
+                             {"SLURM_CONF", "/etc/slurm/slurm.conf"}, {"SLURM_STEP_ID", "0"},
+                             {"SLURM_JOB_NAME", "nb"}, {"SLURM_MEM_PER_NODEX", "keep"},
+                             {"MY_SLURM_MEM_PER_NODE", "keep"},
+                             {"DISTKERNEL_SLURM_RUN_NODES", "node1,node2"}};
+    for (size_t i = 0; i < sizeof kept / sizeof kept[0]; i++) {
+        const char *v = dk_spawn_env_get((const char *const *)env, kept[i][0]);
+        cr_expect(v && strcmp(v, kept[i][1]) == 0, "%s=%s, want %s", kept[i][0],
+                  v ? v : "(unset)", kept[i][1]);
+    }
+    size_t n = 0;
+    while (env[n])
+        n++;
+    cr_expect_eq(n, 9);
+    dk_spawn_env_free(env);
+    cr_expect(dk_slurm_srun_input("SLURM_MEM_PER_NODE"));
+    cr_expect(!dk_slurm_srun_input("SLURM_MEM_PER"));
+    cr_expect(!dk_slurm_srun_input("") && !dk_slurm_srun_input("=1"));
 }
 
 static void expect_refused(const char *args, const char *option)

@@ -1,0 +1,132 @@
+/*
+ * dk_slurm_step: the srun command and environment of one rank's step. See
+ * dk_slurm.h.
+ *
+ * A run's ranks are one-task steps of one job, started side by side, and rank
+ * 0 waits in the rendezvous for all the others: a step that Slurm holds back
+ * until another ends is a run that hangs until timeout=. So a step must never
+ * wait for a sibling, nor for any other step of the job:
+ *
+ *   - --overlap: the step shares the job's CPUs, memory and GRES with every
+ *     other step, even one that did not ask to (Slurm >= 21.08). Without it,
+ *     on a site where memory is a consumable resource, a step that inherits a
+ *     --mem (below) holds its node's memory and the node's next rank waits
+ *     ("step creation temporarily disabled", which --quiet hides); a kernel
+ *     running inside a step of its allocation (`srun --pty jupyter lab`)
+ *     holds the CPUs its ranks would ask for. It replaces --exact, which made
+ *     siblings fit beside each other by giving each step one CPU: with binding
+ *     enforced (task/affinity, cgroups) that pinned every rank, its DataLoader
+ *     workers and torch's threads to a single CPU. A step now has the job's
+ *     CPUs of its node, shared by the node's ranks, as ranks share one machine.
+ *   - GPU ranks: no GPU option. A step that asks for none is given all the
+ *     job's GPUs on its node, which --overlap shares among the node's steps:
+ *     each rank sees them in Slurm's order (CUDA_VISIBLE_DEVICES), and
+ *     LOCAL_RANK's is its own, as on one node and under torchrun
+ *     (torch.cuda.set_device(LOCAL_RANK)). Not --gpus=1 per step: each rank
+ *     would see one GPU, device 0, and a cell that binds cuda:LOCAL_RANK would
+ *     fail on every rank but the first of a node. CPU ranks take no GPU
+ *     (--gres=none), even in an allocation that has some.
+ *   - srun's input variables are left out of the step's environment. srun
+ *     reads SRUN_CPUS_PER_TASK, SLURM_MEM_PER_NODE, SLURM_NTASKS_PER_NODE,
+ *     SLURM_DISTRIBUTION ... as defaults for its options, and a kernel started
+ *     by a batch script or inside a step has them, describing that script's
+ *     or step's shape, not a rank's: a step could ask for more memory than
+ *     its node has (refused), more CPUs than it may have (waits), a label on
+ *     every line (SLURM_LABELIO), its output sent to a file (SLURM_STDOUTMODE)
+ *     or the ranks killed when the first one ends (SLURM_WAIT). The job's own
+ *     variables (SLURM_JOB_ID, SLURM_JOB_NODELIST, SLURM_CONF, ...) stay: srun
+ *     needs some, and the rank sees them as in any step of its job. What srun
+ *     says about the step it starts (SLURM_STEP_ID, SLURM_CPUS_ON_NODE, ...) it
+ *     sets itself, and the rank rewrites the run's shape (dk_slurm_rank.c).
+ *
+ * Pure but for memory: nothing here runs a command.
+ */
+#include "dk_slurm.h"
+
+#include "dk_spawn.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* srun's input variables (`man srun`, INPUT ENVIRONMENT VARIABLES) that
+ * change what a step asks for, where and how its tasks run, its time, its
+ * I/O, or what ends it. Not here: those that name the job (SLURM_JOB_ID,
+ * SLURM_JOB_NAME, SLURM_ACCOUNT ...), SLURM_CONF, the site's and user's
+ * programs around a task (SLURM_TASK_PROLOG, SLURM_MPI_TYPE, SRUN_CONTAINER),
+ * which are wishes about every step, not a shape. */
+static const char *const SRUN_INPUTS[] = {
+    /* the step's resources */
+    "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NNODES", "SLURM_NTASKS_PER_NODE",
+    "SLURM_NTASKS_PER_CORE", "SLURM_NTASKS_PER_SOCKET", "SLURM_NTASKS_PER_GPU",
+    "SLURM_CPUS_PER_TASK", "SRUN_CPUS_PER_TASK", "SLURM_CPUS_PER_GPU",
+    "SLURM_MEM_PER_NODE", "SLURM_MEM_PER_CPU", "SLURM_MEM_PER_GPU",
+    "SLURM_GPUS", "SLURM_GPUS_PER_NODE", "SLURM_GPUS_PER_TASK", "SLURM_GRES",
+    "SLURM_STEP_GRES", "SLURM_GRES_FLAGS", "SLURM_EXACT", "SLURM_EXCLUSIVE", "SLURM_OVERLAP",
+    "SLURM_WHOLE", "SLURM_OVERCOMMIT", "SLURM_CORE_SPEC", "SLURM_THREAD_SPEC",
+    "SLURM_THREADS_PER_CORE", "SLURM_HINT", "SLURM_NETWORK", "SLURM_RESV_PORTS",
+    /* where and how its tasks run */
+    "SLURM_DISTRIBUTION", "SLURM_DIST_PLANESIZE", "SLURM_CPU_BIND", "SLURM_MEM_BIND",
+    "SLURM_GPU_BIND", "SLURM_CPU_FREQ_REQ", "SLURM_GPU_FREQ", "SLURM_USE_MIN_NODES",
+    "SLURM_SPREAD_JOB", "SLURM_CLUSTERS", "SLURM_PARTITION", "SLURM_RESERVATION",
+    "SLURM_CONSTRAINT", "SLURM_REMOTE_CWD", "SLURM_WORKING_DIR", "SLURM_EXPORT_ENV",
+    "SRUN_EXPORT_ENV", "SLURM_BCAST", "SLURM_BCAST_EXCLUDE", "SLURM_SEND_LIBS",
+    /* its time, its I/O, what ends it */
+    "SLURM_TIMELIMIT", "SLURM_IMMEDIATE", "SLURM_WAIT", "SLURM_KILL_BAD_EXIT", "SLURM_NO_KILL",
+    "SLURM_SIGNAL", "SLURM_LABELIO", "SLURM_STDINMODE", "SLURM_STDOUTMODE",
+    "SLURM_STDERRMODE", "SLURM_OPEN_MODE", "SLURM_UNBUFFEREDIO", "SLURM_DEBUG", "SLURMD_DEBUG",
+    "SLURM_DISABLE_STATUS", "SLURM_THREADS",
+};
+
+bool dk_slurm_srun_input(const char *word)
+{
+    const char *eq = word ? strchr(word, '=') : NULL;
+    size_t len = eq ? (size_t)(eq - word) : (word ? strlen(word) : 0);
+    for (size_t i = 0; len && i < sizeof SRUN_INPUTS / sizeof SRUN_INPUTS[0]; i++)
+        if (strlen(SRUN_INPUTS[i]) == len && strncmp(SRUN_INPUTS[i], word, len) == 0)
+            return true;
+    return false;
+}
+
+char **dk_slurm_step_env(const char *const *base, const char *const *set, size_t nset)
+{
+    size_t n = 0;
+    while (base && base[n])
+        n++;
+    const char **kept = calloc(n + 1, sizeof *kept);
+    if (!kept)
+        return NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!dk_slurm_srun_input(base[i]))
+            kept[k++] = base[i];
+    char **env = dk_spawn_env_build(kept, set, nset);
+    free(kept);
+    return env;
+}
+
+int dk_slurm_step_argv(dk_slurm_step_t *step, const char *job_id, const char *node,
+                       bool gpu, const char *program)
+{
+    memset(step, 0, sizeof *step);
+    if (!job_id || !*job_id || !node || !*node || !program || !*program)
+        return -1;
+    int a = snprintf(step->job, sizeof step->job, "--jobid=%s", job_id);
+    int b = snprintf(step->node, sizeof step->node, "--nodelist=%s", node);
+    if (a < 0 || (size_t)a >= sizeof step->job || b < 0 || (size_t)b >= sizeof step->node)
+        return -1;
+    size_t n = 0;
+    step->argv[n++] = "srun";
+    step->argv[n++] = step->job;
+    step->argv[n++] = "--nodes=1";
+    step->argv[n++] = "--ntasks=1";
+    step->argv[n++] = "--overlap";
+    if (!gpu)
+        step->argv[n++] = "--gres=none";
+    step->argv[n++] = step->node;
+    step->argv[n++] = "--export=ALL";
+    step->argv[n++] = "--quiet";
+    step->argv[n++] = program;
+    step->argv[n] = NULL;
+    return 0;
+}
