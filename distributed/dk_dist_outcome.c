@@ -163,6 +163,11 @@ static void cause(const dk_dist_outcome_t *o, json_t *tb, char *ename, size_t en
         snprintf(ename, enamelen, "KeyboardInterrupt");
         snprintf(evalue, evaluelen, "interrupted: every rank raised KeyboardInterrupt; the "
                  "started ranks are still running");
+    } else if (o->kept && o->end == DK_END_TIMEOUT && o->timeout_cut) {
+        snprintf(ename, enamelen, "TimeoutError");
+        snprintf(evalue, evaluelen, "the cell ran past %.0f s, all the started ranks' Slurm "
+                 "allocation had left of its time limit, and every rank was interrupted; "
+                 "Slurm ends the ranks at that limit", o->timeout_s);
     } else if (o->kept && o->end == DK_END_TIMEOUT) {
         snprintf(ename, enamelen, "TimeoutError");
         snprintf(evalue, evaluelen, "the cell ran past timeout=%g s and every rank was "
@@ -174,6 +179,13 @@ static void cause(const dk_dist_outcome_t *o, json_t *tb, char *ename, size_t en
         snprintf(ename, enamelen, "%s", o->shutdown ? "KernelShutdown" : "KeyboardInterrupt");
         snprintf(evalue, evaluelen, "%s: every rank was ended",
                  o->shutdown ? "the kernel is shutting down" : "interrupted");
+    } else if (o->end == DK_END_TIMEOUT && o->timeout_cut) {
+        snprintf(ename, enamelen, "TimeoutError");
+        snprintf(evalue, evaluelen,
+                 "the job ran past %.0f s, all its Slurm allocation had left of its time "
+                 "limit, and every rank was ended; ask Slurm for more time (a partition with "
+                 "a longer MaxTime, or slurm_args='--time=...' where the site allows it)",
+                 o->timeout_s);
     } else if (o->end == DK_END_TIMEOUT) {
         snprintf(ename, enamelen, "TimeoutError");
         snprintf(evalue, evaluelen,

@@ -19,6 +19,7 @@ typedef struct {
     bool interrupted;             /* the user interrupted the run */
     bool shutdown;                /* the kernel was shutting down */
     double timeout_s;             /* the run's timeout=, for the timeout's wording */
+    bool timeout_cut;             /* ... cut to end before the Slurm allocation's limit */
     const char *log_dir;          /* the run's log folder */
     int world;
     const dk_dist_rank_t *ranks;  /* WORLD records */

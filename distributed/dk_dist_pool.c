@@ -32,6 +32,7 @@ struct dk_dist_pool_t {
     pthread_mutex_t rel_lock;   /* guards released, quit */
     pthread_cond_t rel_cond;
     bool released, quit;
+    double slurm_end_s;         /* dk_now_s when Slurm's time limit ends it; 0: none */
 };
 
 dk_dist_pool_t *dk_dist_pool_new(const dk_dist_opts_t *opts, const dk_dist_plan_t *plan,
@@ -146,6 +147,24 @@ void dk_dist_pool_set_slurm(dk_dist_pool_t *self, dk_dist_slurm_t *slurm)
     if (pthread_create(&self->releaser, NULL, releaser_main, self) == 0)
         self->releaser_running = true;
     /* else: released when the pool is destroyed, as a fresh run's is */
+}
+
+void dk_dist_pool_set_slurm_end(dk_dist_pool_t *self, double end_s)
+{
+    self->slurm_end_s = end_s;
+}
+
+double dk_dist_pool_slurm_left(const dk_dist_pool_t *self)
+{
+    if (self->slurm_end_s <= 0)
+        return -1;
+    double left = self->slurm_end_s - dk_now_s();
+    return left > 0 ? left : 0;
+}
+
+const char *dk_dist_pool_slurm_job_id(const dk_dist_pool_t *self)
+{
+    return self->slurm ? dk_dist_slurm_job_id(self->slurm) : "";
 }
 
 const char *const *dk_dist_pool_hosts(const dk_dist_pool_t *self)

@@ -38,6 +38,14 @@ dk_job_t *dk_dist_pool_job(dk_dist_pool_t *self);
  * job ends, however it ends; destroy releases it at the latest. */
 void dk_dist_pool_set_slurm(dk_dist_pool_t *self, dk_dist_slurm_t *slurm);
 
+/* On Slurm's nodes: when (dk_now_s) the allocation's time limit ends it, as
+ * found at the ranks' start (0: no limit); and the seconds left of it now, -1
+ * for none. A cell's timeout is cut to end before it (dk_dist_slurm_cut_timeout). */
+void dk_dist_pool_set_slurm_end(dk_dist_pool_t *self, double end_s);
+double dk_dist_pool_slurm_left(const dk_dist_pool_t *self);
+/* The Slurm job the ranks are steps of, "" on this node. */
+const char *dk_dist_pool_slurm_job_id(const dk_dist_pool_t *self);
+
 /* Each rank's node name on Slurm's nodes (world entries), or NULL on this node. */
 const char *const *dk_dist_pool_hosts(const dk_dist_pool_t *self);
 

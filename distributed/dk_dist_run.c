@@ -66,6 +66,11 @@ struct dk_dist_run_t {
      * for `%distributed start`, owns until dk_dist_run_take_pool). */
     dk_dist_pool_t *pool;
     bool owns_pool;
+    /* The timeout the ranks got: opts.timeout_s, or less where the Slurm
+     * allocation's time limit comes first (timeout_cut). */
+    double timeout_s;
+    bool timeout_cut;
+    double slurm_end_s;         /* dk_now_s when the allocation's time limit ends it; 0: none */
     bool starting;              /* the run is the pool's start (round 0) */
     bool claimed;               /* this run set the pool busy */
     /* launcher=slurm: the run's allocation (released when the run is
@@ -266,6 +271,7 @@ static dk_dist_run_t *run_plan(dk_kernel_t *kernel, const char *kind, const char
     char err[1024];
     if (dk_dist_opts_parse(options, &run->opts, err, sizeof err) < 0)
         return fail(run, PyExc_ValueError, err);
+    run->timeout_s = run->opts.timeout_s;
     /* The decorator says its own deprecations, as Python FutureWarnings at the
      * caller's line, and only where the platform deprecates them (databricks.air;
      * under serverless_gpu, gpus= and gpu_type= are the names): python/distkernel/_api.py. */
@@ -331,6 +337,31 @@ static bool slurm_shutting_down(void *data)
     return dk_kernel_shutting_down(run->kernel);
 }
 
+/* The run's timeout for work starting now on a Slurm allocation with LEFT_S
+ * seconds left (-1: no limit): cut to end before Slurm's time limit ends the
+ * ranks (they would die by SIGTERM as a rank crash, not end as a timeout),
+ * and the cell says so. */
+static double cut_timeout(dk_dist_run_t *run, double left_s)
+{
+    double cut = dk_dist_slurm_cut_timeout(run->opts.timeout_s, left_s);
+    if (cut == run->opts.timeout_s)
+        return run->timeout_s = run->opts.timeout_s;
+    run->timeout_s = cut;
+    run->timeout_cut = true;
+    char line[512], given[64];
+    if (run->opts.timeout_s > 0)
+        snprintf(given, sizeof given, "timeout=%g s would outlast it", run->opts.timeout_s);
+    else
+        snprintf(given, sizeof given, "no timeout= was given");
+    snprintf(line, sizeof line, "distkernel: Slurm job %s has %.0f s left of its time limit "
+             "(%s): this %s ends as a timeout after %.0f s, before Slurm would kill its ranks\n",
+             run->slurm ? dk_dist_slurm_job_id(run->slurm)
+                        : run->pool ? dk_dist_pool_slurm_job_id(run->pool) : "", left_s, given,
+             run->pool ? "cell" : "run", cut);
+    write_err(run, line);
+    return cut;
+}
+
 /* launcher=slurm: the run's nodes from Slurm, and SPEC's ranks as steps on
  * them. -1 with a Python exception set. */
 static int slurm_nodes(dk_dist_run_t *run, dk_job_spec_t *spec)
@@ -355,6 +386,10 @@ static int slurm_nodes(dk_dist_run_t *run, dk_job_spec_t *spec)
     }
     if (dk_dist_slurm_spec(run->slurm, spec->rank_exe, spec) < 0)
         return -1;
+    double left = dk_dist_slurm_time_left(run->slurm);
+    run->slurm_end_s = left >= 0 ? dk_now_s() + left : 0;
+    if (!run->pool)
+        spec->timeout_s = cut_timeout(run, left);
     dk_dist_mlflow_slurm(&run->mlflow, run->kernel, dk_dist_slurm_job_id(run->slurm),
                          dk_dist_slurm_node_list(run->slurm));
     run->hosts = spec->rank_hosts;
@@ -415,6 +450,7 @@ static dk_job_t *start_job(dk_dist_run_t *run, char **env, const char *log_dir,
         dk_dist_pool_set_job(run->pool, job);
         if (run->slurm) {
             dk_dist_pool_set_slurm(run->pool, run->slurm);
+            dk_dist_pool_set_slurm_end(run->pool, run->slurm_end_s);
             run->slurm = NULL;  /* the pool's; run->hosts point into it still */
         }
     }
@@ -466,7 +502,9 @@ static dk_job_t *submit_round(dk_dist_run_t *run, char **env, const char *log_di
     dk_sink_t sink = run_sink(run);
     dk_dist_pool_attach(run->pool, &sink);
     if (dk_job_set_log_dir(job, log_dir, err, sizeof err) < 0 ||
-        dk_job_submit(job, bytes, (size_t)n, run->opts.timeout_s, err, sizeof err) < 0) {
+        dk_job_submit(job, bytes, (size_t)n,
+                      cut_timeout(run, dk_dist_pool_slurm_left(run->pool)), err,
+                      sizeof err) < 0) {
         dk_dist_pool_attach(run->pool, NULL);
         PyErr_Format(PyExc_RuntimeError, "could not run the cell on the started ranks: %s", err);
         job = NULL;
@@ -624,6 +662,7 @@ dk_dist_run_t *dk_dist_run_start_on(const dk_dist_host_t *host, dk_dist_pool_t *
     char err[1024];
     if (dk_dist_opts_parse_onto(options, &run->opts, err, sizeof err) < 0)
         return fail(run, PyExc_ValueError, err);
+    run->timeout_s = run->opts.timeout_s;
     if (run->opts.idle_given)
         return fail(run, PyExc_ValueError, "idle_timeout= is an option of `%distributed start`");
     /* The ranks' logs are opened, with their cap, when the ranks start. */
@@ -820,7 +859,8 @@ json_t *dk_dist_run_error(dk_dist_run_t *run, bool headline)
     dk_dist_outcome_t o = {.end = end, .root = root,
                            .kept = run->pool && !gone, .pool_gone = gone && !run->starting,
                            .interrupted = run->interrupted, .shutdown = run->shutdown,
-                           .timeout_s = run->opts.timeout_s, .log_dir = dk_job_log_dir(run->job),
+                           .timeout_s = run->timeout_s, .timeout_cut = run->timeout_cut,
+                           .log_dir = dk_job_log_dir(run->job),
                            .world = run->plan.world, .ranks = run->ranks};
     return dk_dist_outcome_error(&o, headline);
 }

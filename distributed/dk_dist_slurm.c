@@ -447,6 +447,27 @@ const char *dk_dist_slurm_node_list(const dk_dist_slurm_t *self)
     return self->node_list;
 }
 
+double dk_dist_slurm_time_left(dk_dist_slurm_t *self)
+{
+    long left = -1;
+    char err[512];
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = dk_slurm_time_left(self->alloc, &left, err, sizeof err);
+    Py_END_ALLOW_THREADS
+    return rc == 0 && left >= 0 ? (double)left : -1;
+}
+
+double dk_dist_slurm_cut_timeout(double timeout_s, double left_s)
+{
+    if (left_s < 0)
+        return timeout_s;
+    double margin = left_s / 10;
+    margin = margin < 10 ? 10 : margin > 60 ? 60 : margin;
+    double most = left_s - margin > 1 ? left_s - margin : 1;
+    return timeout_s > 0 && timeout_s <= most ? timeout_s : most;
+}
+
 const char *dk_dist_slurm_time_limit(const dk_dist_slurm_t *self)
 {
     return dk_slurm_time_limit(self->alloc);

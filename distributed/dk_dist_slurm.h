@@ -91,6 +91,16 @@ const char *dk_dist_slurm_node_list(const dk_dist_slurm_t *self);
  * default or an allocation the kernel runs in. */
 const char *dk_dist_slurm_time_limit(const dk_dist_slurm_t *self);
 
+/* The seconds the allocation has left before Slurm ends it (squeue, without
+ * the GIL), or -1 when it has no limit or Slurm does not say. */
+double dk_dist_slurm_time_left(dk_dist_slurm_t *self);
+
+/* TIMEOUT_S (<= 0: none) for work that starts now on an allocation with
+ * LEFT_S seconds left (< 0: no limit): cut so that the work ends as a timeout,
+ * with the ranks ended by distkernel, before Slurm's time limit kills them
+ * (a margin of a tenth of LEFT_S, 10 to 60 s). The cut value, or TIMEOUT_S. */
+double dk_dist_slurm_cut_timeout(double timeout_s, double left_s);
+
 /* Each rank's node name, once dk_dist_slurm_spec ran (world entries). */
 const char *const *dk_dist_slurm_hosts(const dk_dist_slurm_t *self);
 

@@ -795,6 +795,26 @@ size_t dk_slurm_node_count(const dk_slurm_t *self) { return self->count; }
 const char *dk_slurm_node_name(const dk_slurm_t *self, size_t i) { return self->names[i]; }
 const char *dk_slurm_node_addr(const dk_slurm_t *self, size_t i) { return self->addrs[i]; }
 
+int dk_slurm_time_left(dk_slurm_t *self, long *left_s, char *err, size_t errlen)
+{
+    *left_s = -1;
+    command_t c = {0};
+    const char *args[] = {"-h", "-j", self->job_id, "-o", "%L", NULL};
+    char *out = NULL;
+    int rc = run("squeue", args, self->timeout_s, &c, &out, err, errlen);
+    if (rc < 0)
+        return -1;
+    if (rc > 0) {
+        free(out);
+        dk_set_err(err, errlen, "squeue -j %s failed: %s", self->job_id, said_text(&c));
+        return -1;
+    }
+    out[strcspn(out, " \n")] = '\0';
+    *left_s = dk_slurm_time_s(out);     /* -1: UNLIMITED, NOT_SET, INVALID */
+    free(out);
+    return 0;
+}
+
 int dk_slurm_state(dk_slurm_t *self, char *state, size_t statelen, char *reason,
                    size_t reasonlen, char *err, size_t errlen)
 {

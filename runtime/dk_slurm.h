@@ -119,6 +119,11 @@ size_t dk_slurm_node_count(const dk_slurm_t *self);
 const char *dk_slurm_node_name(const dk_slurm_t *self, size_t i);
 const char *dk_slurm_node_addr(const dk_slurm_t *self, size_t i);
 
+/* The time the job has left before Slurm ends it (its time limit; squeue's
+ * %L), in seconds into *LEFT_S; -1 when it has none ("UNLIMITED") or Slurm
+ * does not say. Returns 0, or -1 with ERR (squeue failed). */
+int dk_slurm_time_left(dk_slurm_t *self, long *left_s, char *err, size_t errlen);
+
 /* The job's state and Slurm's reason now, from squeue (STATE "" once Slurm
  * has forgotten the job). Returns 0, or -1 with ERR. */
 int dk_slurm_state(dk_slurm_t *self, char *state, size_t statelen, char *reason,

@@ -104,6 +104,22 @@ def test_state_is_kept_across_cells_on_the_same_pids_on_both_nodes(kernel, slurm
 
 
 @pytest.mark.timeout(600)
+def test_a_cell_ends_as_a_timeout_before_the_allocations_time_limit(kernel, slurm_cluster):
+    # Started ranks in a 1-minute allocation: a cell that would outlast it is
+    # cut to end as a timeout first, saying why, rather than die under Slurm.
+    start_ranks(kernel, START + " slurm_args='--time=1'")
+    r = kernel.execute("%%distributed\nimport time\ntime.sleep(250)\n", timeout=RUN)
+    assert r.status == "error" and r.content["ename"] == "TimeoutError", r.describe()
+    assert "all the started ranks' Slurm allocation had left of its time limit" in \
+        r.content["evalue"], r.describe()
+    assert re.search(r"distkernel: Slurm job \d+ has \d+ s left of its time limit .*: this "
+                     r"cell ends as a timeout after \d+ s", r.stderr), r.describe()
+    r = kernel.execute("%distributed stop", timeout=RUN)
+    assert r.status == "ok", r.describe()
+    assert wait_clean(slurm_cluster, timeout=90) == []
+
+
+@pytest.mark.timeout(600)
 def test_an_exception_keeps_the_ranks(kernel, slurm_cluster):
     start_ranks(kernel)
     before = rank_values(kernel.execute(WHERE.replace("import os", "kept = 7\nimport os"),

@@ -280,6 +280,26 @@ def test_a_rank_late_to_the_rendezvous_is_not_taken_for_lost(kernel):
 
 
 @pytest.mark.timeout(300)
+def test_a_time_limit_shorter_than_the_timeout_ends_the_run_as_a_timeout(kernel,
+                                                                        slurm_cluster):
+    # A 1-minute allocation and the default timeout (3 h): Slurm would kill
+    # the ranks at its limit (a rank "exited with code 143", Slurm's CANCELLED
+    # lines); the run must end first, as a timeout that says why.
+    r = kernel.execute("%%distributed num_processes=2 nodes=2 slurm_args='--time=1'\n"
+                       "import time\nprint('started', flush=True)\ntime.sleep(250)\n",
+                       timeout=240)
+    assert r.status == "error" and r.content["ename"] == "TimeoutError", r.describe()
+    assert "all its Slurm allocation had left of its time limit" in r.content["evalue"], \
+        r.describe()
+    assert re.search(r"distkernel: Slurm job \d+ has \d+ s left of its time limit \(timeout="
+                     r"10800 s would outlast it\): this run ends as a timeout after \d+ s",
+                     r.stderr), r.describe()
+    assert "[rank 0] started" in r.stdout and "[rank 1] started" in r.stdout, r.describe()
+    assert "CANCELLED" not in r.stdout + r.stderr, r.describe()
+    still_serves(kernel)
+
+
+@pytest.mark.timeout(300)
 def test_the_run_timeout_ends_the_ranks_and_releases_the_nodes(kernel, slurm_cluster):
     code = ("%%distributed num_processes=2 nodes=2 timeout=15\n"
             "import time\nprint('READY', flush=True)\ntime.sleep(300)\n")
