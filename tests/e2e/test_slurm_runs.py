@@ -90,11 +90,21 @@ def still_serves(k):
 
 GLOO_CELL = """%%distributed num_processes=4 nodes=2
 import socket, os, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 dist.init_process_group("gloo")
 t = torch.ones(1) * (dist.get_rank() + 1)
 dist.all_reduce(t)
+# One DDP training step: every rank's gradient differs, the averaged step
+# leaves every rank with the same weights.
+torch.manual_seed(0)
+model = DDP(torch.nn.Linear(2, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.full((4, 2), float(dist.get_rank() + 1))
+model(x).sum().backward()
+opt.step()
+w = [round(v, 6) for v in model.module.weight.detach().flatten().tolist()]
 print("host", socket.gethostname(), "rank", dist.get_rank(), "local", os.environ["LOCAL_RANK"],
-      "sum", int(t.item()), flush=True)
+      "sum", int(t.item()), "weights", w, flush=True)
 (socket.gethostname(), dist.get_rank(), int(t.item()))
 """
 
@@ -106,6 +116,10 @@ def test_a_2_node_gloo_cell_runs_on_both_nodes(kernel, slurm_cluster):
     out = r.stdout
     for rank, host, local in ((0, "node1", 0), (1, "node1", 1), (2, "node2", 0), (3, "node2", 1)):
         assert f"[rank {rank}] host {host} rank {rank} local {local} sum 10" in out, out
+    # DDP averaged the gradients over both nodes: one set of weights, moved
+    # from the seeded start.
+    weights = set(re.findall(r"weights (\[[^\]]*\])", out))
+    assert len(weights) == 1 and len(re.findall(r"weights \[", out)) == 4, out
     assert r.result == ("rank 0: ('node1', 0, 10)\nrank 1: ('node1', 1, 10)\n"
                         "rank 2: ('node2', 2, 10)\nrank 3: ('node2', 3, 10)"), r.describe()
     status = [m for m in r.of_type("display_data", "update_display_data")
@@ -162,6 +176,47 @@ def test_master_port_is_a_port_rank_0_found_free_on_the_first_node(kernel, slurm
     finally:
         blocker.stdin.close()
         blocker.wait(timeout=30)
+
+
+OUTPUT_CELL = """%%distributed num_processes=4 nodes=2
+import os, subprocess, sys, time
+from tqdm import tqdm
+r = os.environ["RANK"]
+os.write(1, f"c-level {r}\\n".encode())          # below Python's sys.stdout
+subprocess.run(["sh", "-c", f"echo child-out {r}; echo child-err {r} >&2"], check=True)
+for _ in tqdm(range(30)):
+    time.sleep(0.03)
+print("done", r, flush=True)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_remote_ranks_output_reaches_the_cell_as_a_local_ranks_does(kernel):
+    # What a rank on node2 writes at the C level, what its child writes, and a
+    # tqdm bar: labelled in the cell, the bar a live display of its own, and
+    # all of it in the kernel's rank log.
+    r = kernel.execute(OUTPUT_CELL, timeout=240)
+    assert r.status == "ok", r.describe()
+    for rank in range(4):
+        for line in (f"c-level {rank}", f"child-out {rank}", f"done {rank}"):
+            assert f"[rank {rank}] {line}\n" in r.stdout, (line, r.describe())
+        assert f"[rank {rank}] child-err {rank}\n" in r.stderr, r.describe()
+    assert sum("%|" in x for x in (r.stdout + r.stderr).splitlines()) <= 8, r.describe()
+    bars = {}
+    for m in r.of_type("display_data", "update_display_data"):
+        text = m["content"]["data"].get("text/plain", "")
+        found = support.RANK_LINE.match(text)
+        if found and "%|" in text:
+            bars.setdefault(int(found.group(1)), []).append(text)
+    assert set(bars) == {0, 1, 2, 3}, r.describe()
+    assert all("100%" in shown[-1] for shown in bars.values()), bars
+    status = [m["content"]["data"]["text/plain"] for m in r.of_type("display_data",
+                                                                       "update_display_data")
+              if "distributed:" in m["content"]["data"].get("text/plain", "")]
+    logs = re.search(r"logs: (\S+)", status[-1]).group(1)
+    log3 = open(os.path.join(logs, "rank-3.log"), errors="replace").read()
+    for line in ("c-level 3", "child-out 3", "child-err 3", "done 3"):
+        assert line in log3, (line, log3)
 
 
 @pytest.mark.timeout(300)
