@@ -10,6 +10,10 @@
  * how ranks start (the environment, sitecustomize, a broken install), not in
  * the user's code.
  *
+ * A rank started through srun that ended without an error of its own gets
+ * the last line srun or slurmstepd wrote of it as the reason, where that
+ * says more than the exit status: those lines reach the rank's log only.
+ *
  * A rank on another node that went silent past the heartbeat deadline is
  * lost, and so, as a rule, are the other ranks of its node with it: the
  * headline names the nodes, one clause each with their ranks as runs
@@ -106,6 +110,13 @@ void dk_dist_outcome_fate(const dk_dist_outcome_t *o, int r, int root, char *out
     } else {
         snprintf(out, outlen, "rank %d: exited without returning a result%s", r, when);
     }
+    /* A rank that ended without an error of its own, through srun: what srun
+     * or slurmstepd said of it, where that says more than the exit status
+     * ("task 0: Killed", "Node failure on node2", a step CANCELLED). The line
+     * itself went to the rank's log, not to the cell. */
+    if (ri->state == DK_RANK_FAILED && !ri->lost && !(ri->is_error && ri->message) &&
+        ri->launcher_line[0])
+        snprintf(out + strlen(out), outlen - strlen(out), " (%s)", ri->launcher_line);
     if (root == r)
         snprintf(out + strlen(out), outlen - strlen(out), "   <- root cause (first failure)");
 }
@@ -267,12 +278,12 @@ json_t *dk_dist_outcome_error(const dk_dist_outcome_t *o, bool headline)
     json_t *tb = json_array();
     if (!tb)
         return NULL;
-    char ename[128], evalue[1024];
+    char ename[128], evalue[2048];
     cause(o, tb, ename, sizeof ename, evalue, sizeof evalue);
     json_array_append_new(tb, json_string(""));
     json_array_append_new(tb, json_string("Ranks:"));
     for (int r = 0; r < o->world; r++) {
-        char fate[640], line[700];
+        char fate[2048], line[2100];
         dk_dist_outcome_fate(o, r, o->root, fate, sizeof fate);
         snprintf(line, sizeof line, "  %s", fate);
         json_array_append_new(tb, json_string(line));
@@ -288,7 +299,7 @@ json_t *dk_dist_outcome_error(const dk_dist_outcome_t *o, bool headline)
         const char *first = json_string_value(json_array_get(tb, 0));
         if (first && *first)
             json_array_insert_new(tb, 0, json_string(""));
-        char line[1400];
+        char line[2400];
         snprintf(line, sizeof line, "\x1b[0;31m%s\x1b[0m: %s", ename, evalue);
         json_array_insert_new(tb, 0, json_string(line));
     }

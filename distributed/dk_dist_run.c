@@ -768,6 +768,7 @@ static void finish(dk_dist_run_t *run, dk_job_end_t end)
         ri->term_signal = dk_job_rank_signal(run->job, r);
         ri->log_complete = dk_job_rank_log_complete(run->job, r);
         ri->log_capped = dk_job_rank_log_capped(run->job, r);
+        dk_job_rank_launcher_line(run->job, r, ri->launcher_line, sizeof ri->launcher_line);
     }
     dk_dist_mlflow_end(&run->mlflow, run->kernel, end == DK_END_OK       ? "FINISHED"
                                                   : end == DK_END_FAILED ? "FAILED"

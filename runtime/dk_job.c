@@ -43,7 +43,12 @@
  * running.
  *
  * Output goes to the sink and to rank-N.log as it is read, stdout and stderr
- * into the same file in arrival order. A log that cannot be written (full
+ * into the same file in arrival order. A launched rank's pipes are its
+ * launcher's (srun's): its own output comes over the back channel, and what
+ * the pipes carry is read through a filter per pipe (dk_launchout) that
+ * sends the launcher's own lines to the log only, since a local run shows
+ * none of them, and keeps the last one that says more than the exit status
+ * for the outcome; a local rank's bytes go on as read, unbuffered. A log that cannot be written (full
  * disk) is reported once and abandoned; the relay goes on. The log directory
  * is opened and checked with dk_logdir (nobody else can write it), held with
  * flock while the job runs so no pruning removes it, and every log is created
@@ -56,13 +61,16 @@
 
 #include "dk_backchan.h"
 #include "dk_fdlimit.h"
+#include "dk_launchout.h"
 #include "dk_logdir.h"
 #include "dk_logfile.h"
 #include "dk_spawn.h"
 #include "dk_stop.h"
+#include "dk_utf8.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -86,6 +94,9 @@ extern char **environ;
 #define REAP_DRAIN_BUDGET ((size_t) 16 << 20)
 #define NO_PIDFD_TICK_MS 50                 /* kernels before 5.3: poll waitpid */
 #define ENV_VARS 20
+/* The raw bytes of a launcher line kept for the outcome: enough for srun's
+ * and slurmstepd's messages; sanitized, at most 3 times as much. */
+#define LAUNCHER_LINE_KEEP 320
 
 typedef struct {
     pid_t pid;
@@ -104,6 +115,8 @@ typedef struct {
     bool interrupted;       /* persistent: sent SIGINT this round */
     char *host;             /* its node, for what is said when it is lost */
     bool launched;          /* through a launcher (srun): SIGINT goes over the channel */
+    dk_launchout_t *filter[2];  /* launched: the launcher's lines out of its pipes */
+    char *launcher_line;    /* launched: its last telling launcher line, or NULL; guarded */
     bool lost;              /* silent past the heartbeat deadline; guarded */
     bool closed_unanswered; /* its connection was ended by its side before it answered */
     double closed_until;    /* > 0: its exit is awaited until then (bc_closed) */
@@ -721,11 +734,54 @@ static void deliver(dk_job_t *job, int r, int fd, const char *buf, size_t n)
         job->sink.on_output(job->sink.data, r, fd, buf, n);
 }
 
-/* Read pipe WHICH of rank R until EAGAIN, EOF or BUDGET bytes. */
+/* Keep LINE, a launcher line that says more than the exit status, as rank
+ * R's reason (dk_job_rank_launcher_line): its first LAUNCHER_LINE_KEEP bytes,
+ * as valid UTF-8, without its newline. */
+static void keep_launcher_line(dk_job_t *job, int r, const char *line, size_t len)
+{
+    while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+        len--;
+    if (len > LAUNCHER_LINE_KEEP)
+        len = dk_utf8_complete_prefix(line, LAUNCHER_LINE_KEEP);
+    size_t out_len = 0;
+    char *text = dk_utf8_sanitize(line, len, &out_len);
+    if (!text)
+        return;
+    pthread_mutex_lock(&job->lock);
+    free(job->ranks[r].launcher_line);
+    job->ranks[r].launcher_line = text;
+    pthread_mutex_unlock(&job->lock);
+}
+
+typedef struct {
+    dk_job_t *job;
+    int rank, fd;
+} filtered_t;
+
+/* What a launched rank's pipe filter passes on: the rank's own bytes as any
+ * output; the launcher's lines to the log only (see dk_launchout.h). */
+static void filtered(void *data, dk_launchout_kind_t kind, const char *bytes, size_t len)
+{
+    filtered_t *f = data;
+    if (kind == DK_LAUNCHOUT_RANK) {
+        deliver(f->job, f->rank, f->fd, bytes, len);
+        return;
+    }
+    pthread_mutex_lock(&f->job->log_lock);
+    log_bytes(f->job, f->rank, bytes, len);
+    pthread_mutex_unlock(&f->job->log_lock);
+    if (dk_launchout_tells(bytes, len))
+        keep_launcher_line(f->job, f->rank, bytes, len);
+}
+
+/* Read pipe WHICH of rank R until EAGAIN, EOF or BUDGET bytes. A launched
+ * rank's pipes are its launcher's (srun's): they go through its filter,
+ * which holds a launcher line to its end; a local rank's bytes go on as read. */
 static void drain_pipe(dk_job_t *job, int r, int which, size_t budget)
 {
     rank_t *rk = &job->ranks[r];
     char buf[65536];
+    filtered_t f = {job, r, which + 1};
     while (rk->pipe_fd[which] >= 0 && budget > 0) {
         ssize_t n = read(rk->pipe_fd[which], buf, sizeof buf);
         if (n < 0 && errno == EINTR)
@@ -736,10 +792,15 @@ static void drain_pipe(dk_job_t *job, int r, int which, size_t budget)
             return;
         }
         if (n <= 0) {
+            if (rk->filter[which])
+                dk_launchout_finish(rk->filter[which], filtered, &f);
             close_fd(&rk->pipe_fd[which]);
             return;
         }
-        deliver(job, r, which + 1, buf, (size_t) n);
+        if (rk->filter[which])
+            dk_launchout_feed(rk->filter[which], buf, (size_t) n, filtered, &f);
+        else
+            deliver(job, r, which + 1, buf, (size_t) n);
         budget -= (size_t) n < budget ? (size_t) n : budget;
     }
 }
@@ -1109,6 +1170,9 @@ static void job_free(dk_job_t *job)
         dk_logfile_close(&rk->log);
         free(rk->log_path);
         free(rk->host);
+        free(rk->launcher_line);
+        dk_launchout_destroy(&rk->filter[0]);
+        dk_launchout_destroy(&rk->filter[1]);
     }
     dk_spawn_sentinel_end(&job->sentinel_pid, &job->sentinel_fd);
     free(job->master_addr);
@@ -1172,7 +1236,7 @@ static bool start_rank(dk_job_t *job, int r, const char *program, char *const ar
     rank_t *rk = &job->ranks[r];
     int n = job->world_size;
     char vars[ENV_VARS][128];
-    const char *set[ENV_VARS + 3];
+    const char *set[ENV_VARS + 4];
     size_t k = 0;
 #define SETF(...) (snprintf(vars[k], sizeof vars[k], __VA_ARGS__), set[k] = vars[k], k++)
     int per = job->ranks_per_node;
@@ -1209,17 +1273,26 @@ static bool start_rank(dk_job_t *job, int r, const char *program, char *const ar
     char *warm = NULL;
     if (job->warm_socket && asprintf(&warm, "DISTKERNEL_WARM_SOCKET=%s", job->warm_socket) < 0)
         warm = NULL;
+    /* A launcher starts its rank where it chooses (srun in a folder every
+     * node has): the rank goes to ours itself where its node has it. A
+     * folder that no longer exists here is none to go to. */
+    char *cwd = NULL, here[PATH_MAX];
+    if (rk->launched && getcwd(here, sizeof here) && asprintf(&cwd, "DISTKERNEL_CWD=%s", here) < 0)
+        cwd = NULL;
     char **env = NULL;
     if (bc && log && (warm || !job->warm_socket)) {
         set[k++] = bc;
         set[k++] = log;
         if (warm)
             set[k++] = warm;
+        if (cwd)
+            set[k++] = cwd;
         env = dk_spawn_env_build(base, set, k);
     }
     free(bc);
     free(log);
     free(warm);
+    free(cwd);
     if (!env) {
         dk_set_err(err, errlen, "out of memory building rank %d's environment", r);
         return false;
@@ -1415,9 +1488,17 @@ dk_job_t *dk_job_start(const dk_job_spec_t *spec, const dk_sink_t *sink, char *e
             char *launcher = cmd[0] ? dk_spawn_find_program(cmd[0], err, errlen) : NULL;
             if (!cmd[0])
                 dk_set_err(err, errlen, "rank %d's command is empty", r);
+            rank_t *rk = &job->ranks[r];
+            rk->launched = true;
+            rk->filter[0] = dk_launchout_new();
+            rk->filter[1] = dk_launchout_new();
+            if (launcher && (!rk->filter[0] || !rk->filter[1])) {
+                dk_set_err(err, errlen, "out of memory");
+                free(launcher);
+                launcher = NULL;
+            }
             ok = launcher && start_rank(job, r, launcher, cmd, base, run_id, err, errlen);
             free(launcher);
-            job->ranks[r].launched = true;
         } else {
             ok = start_rank(job, r, program, argv, base, run_id, err, errlen);
         }
@@ -1630,6 +1711,26 @@ bool dk_job_rank_lost(dk_job_t *job, int rank)
     bool lost = job->ranks[rank].lost;
     pthread_mutex_unlock(&job->lock);
     return lost;
+}
+
+void dk_job_rank_launcher_line(dk_job_t *job, int rank, char *buf, size_t len)
+{
+    if (len == 0)
+        return;
+    buf[0] = '\0';
+    if (!rank_ok(job, rank))
+        return;
+    pthread_mutex_lock(&job->lock);
+    const char *line = job->ranks[rank].launcher_line;
+    if (line) {
+        /* Cut on a character, never inside one: the text goes into JSON. */
+        size_t n = strlen(line);
+        if (n >= len)
+            n = dk_utf8_complete_prefix(line, len - 1);
+        memcpy(buf, line, n);
+        buf[n] = '\0';
+    }
+    pthread_mutex_unlock(&job->lock);
 }
 
 void dk_job_lost_summary(dk_job_t *job, char *buf, size_t len)

@@ -208,8 +208,14 @@ typedef struct {
      * in place of rank_exe and rank_argv, with the same environment (the
      * launcher passes it on: srun --export=ALL). The runtime sees, signals and
      * judges the launcher process; output and results come over the back
-     * channel (use bc_tcp_addr). NULL, or a NULL entry: that rank runs
-     * rank_exe here. */
+     * channel (use bc_tcp_addr). The launcher's own pipes carry what the rank
+     * wrote before its channel was up, which reaches on_output as any output,
+     * and the launcher's own lines ("srun: ...", "slurmstepd: ...",
+     * "slurmstepd-NODE: ..."), which go to the rank's log only
+     * (dk_launchout.h; see dk_job_rank_launcher_line). Such a rank also gets
+     * DISTKERNEL_CWD, the host's working directory, for the rank to go to
+     * where its node has it (the launcher may start it elsewhere). NULL, or
+     * a NULL entry: that rank runs rank_exe here. */
     const char *const *const *rank_commands;
     /* Ranks spread over nodes, RANKS_PER_NODE on each, in rank order (0:
      * all on one node). Then LOCAL_RANK = RANK % it, LOCAL_WORLD_SIZE = it,
@@ -265,6 +271,14 @@ int dk_job_rank_pid(dk_job_t *job, int rank);
  * threads may still be ending (waitid and the runtime thread see it only when
  * the last one has). Thread-safe. */
 bool dk_job_any_rank_exited(dk_job_t *job);
+
+/* The last line RANK's launcher wrote that says more than its exit status
+ * ("srun: error: node2: task 0: Killed", "slurmstepd: error: *** STEP 12.3
+ * ON node1 CANCELLED AT ... ***"; dk_launchout_tells), into BUF as UTF-8
+ * without its newline, cut to fit LEN (DK_JOB_LAUNCHER_LINE_MAX holds it
+ * whole); "" when it wrote none or was not launched. */
+#define DK_JOB_LAUNCHER_LINE_MAX 1024
+void dk_job_rank_launcher_line(dk_job_t *job, int rank, char *buf, size_t len);
 
 /* Whether RANK was lost (silent past the heartbeat deadline). */
 bool dk_job_rank_lost(dk_job_t *job, int rank);

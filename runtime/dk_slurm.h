@@ -263,7 +263,7 @@ int dk_slurm_rank_env(const char *const *env, char ***words, size_t *count, char
 
 /* One rank's srun: ARGV (NULL-terminated) points into the struct and at the
  * caller's PROGRAM, which must outlive it. */
-#define DK_SLURM_STEP_WORDS 11
+#define DK_SLURM_STEP_WORDS 12
 typedef struct {
     char job[80];               /* --jobid=ID */
     char node[300];             /* --nodelist=NODE */
@@ -272,11 +272,13 @@ typedef struct {
 
 /* Fills STEP with the srun command that runs PROGRAM as one task on NODE, a
  * step of job JOB_ID: `srun --jobid=ID --nodes=1 --ntasks=1 --overlap
- * [--gres=none] --nodelist=NODE --export=ALL --quiet PROGRAM`. --overlap: it
- * never waits for another step of the job, whatever the site's consumable
- * resources or the steps already running; --gres=none unless GPU (GPU ranks
- * share their node's GPUs of the job). The .c says why. Returns 0, or -1 for
- * an empty or too long id or node, or an empty PROGRAM. */
+ * [--gres=none] --nodelist=NODE --export=ALL --quiet --chdir=/ PROGRAM`.
+ * --overlap: it never waits for another step of the job, whatever the site's
+ * consumable resources or the steps already running; --gres=none unless GPU
+ * (GPU ranks share their node's GPUs of the job); --chdir=/: a folder every
+ * node has (the rank goes to the kernel's folder itself where its node has
+ * it). The .c says why. Returns 0, or -1 for an empty or too long id or node,
+ * or an empty PROGRAM. */
 int dk_slurm_step_argv(dk_slurm_step_t *step, const char *job_id, const char *node,
                        bool gpu, const char *program);
 

@@ -126,6 +126,12 @@ int dk_slurm_step_argv(dk_slurm_step_t *step, const char *job_id, const char *no
     step->argv[n++] = step->node;
     step->argv[n++] = "--export=ALL";
     step->argv[n++] = "--quiet";
+    /* srun's default folder is its own, the kernel's, which a node without a
+     * shared filesystem lacks: slurmstepd would then say "couldn't chdir to
+     * ... going to /tmp instead" on the rank's stderr. / is on every node;
+     * the rank goes to the kernel's folder itself where its node has it
+     * (DISTKERNEL_CWD, distkernel._rank). */
+    step->argv[n++] = "--chdir=/";
     step->argv[n++] = program;
     step->argv[n] = NULL;
     return 0;

@@ -26,7 +26,7 @@ SECONDS_EACH=${FUZZ_SECONDS:-60}
 BUILD=${FUZZ_BUILD:-build-fuzz}
 CC=${FUZZ_CC:-clang}
 JOBS=${FUZZ_JOBS:-$(nproc 2>/dev/null || echo 1)}
-ALL_TARGETS=(fuzz_wire fuzz_conn fuzz_opts fuzz_lines)
+ALL_TARGETS=(fuzz_wire fuzz_conn fuzz_opts fuzz_lines fuzz_launchout)
 TARGETS=("$@")
 [ ${#TARGETS[@]} -gt 0 ] || TARGETS=("${ALL_TARGETS[@]}")
 
@@ -37,6 +37,7 @@ sources() {
     fuzz_conn)  echo "protocol/dk_conn.c protocol/dk_wire.c" ;;
     fuzz_opts)  echo "magics/dk_magic.c magics/dk_dist_opts.c runtime/dk_slurm_parse.c" ;;
     fuzz_lines) echo "runtime/dk_lines.c runtime/dk_utf8.c" ;;
+    fuzz_launchout) echo "runtime/dk_launchout.c" ;;
     *) echo "unknown fuzz target '$1'; the targets are: ${ALL_TARGETS[*]}" >&2; return 1 ;;
   esac
 }
@@ -46,6 +47,7 @@ libraries() {
     fuzz_conn)  pkg-config --cflags --libs libczmq libzmq jansson openssl ;;
     fuzz_opts)  echo "-lm" ;;
     fuzz_lines) echo "" ;;
+    fuzz_launchout) echo "" ;;
   esac
 }
 

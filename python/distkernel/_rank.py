@@ -125,7 +125,36 @@ def _buffer_output():
     os._exit = _exit
 
 
+def _enter_kernel_folder():
+    """A rank started through a launcher (srun) starts in a folder every node
+    has (`--chdir=/`), not in the kernel's, which need not exist on its node
+    (no shared filesystem is assumed; slurmstepd would say so on the rank's
+    stderr and start it in /tmp). It goes to the kernel's folder
+    (DISTKERNEL_CWD) where its node has it, as a local rank runs there, and
+    otherwise, saying nothing, to the user's home, or /tmp. A rank that is not
+    in the kernel's folder leaves '' (the notebook folder, on the kernel's
+    sys.path) off its own: the folder's modules come in the payload
+    (_SentModules), and a stray file in the home or /tmp must not shadow a
+    package. Whether it is in the kernel's folder."""
+    folder = os.environ.pop("DISTKERNEL_CWD", None)
+    if folder is None:
+        return True         # started here, in the kernel's folder
+    for place in (folder, os.path.expanduser("~"), "/tmp"):
+        try:
+            os.chdir(place)
+        except OSError:
+            continue
+        os.environ["PWD"] = place
+        return place == folder
+    return False
+
+
+_IN_KERNEL_FOLDER = True
+
+
 def _main():
+    global _IN_KERNEL_FOLDER
+    _IN_KERNEL_FOLDER = _enter_kernel_folder()
     _buffer_output()
     path = os.environ.pop("DISTKERNEL_BC")
     key = bytes.fromhex(os.environ.pop("DISTKERNEL_BC_KEY"))
@@ -378,7 +407,10 @@ def _serve(channel, task):
 def _use_kernel_sys_path(kernel_path):
     """Import as the notebook does: the kernel's sys.path, in its order ('' first,
     the working directory, which the rank shares with the kernel), then what
-    only the rank has."""
+    only the rank has. '' stays off where the rank is not in the kernel's
+    folder (_enter_kernel_folder)."""
+    if not _IN_KERNEL_FOLDER:
+        kernel_path = [p for p in kernel_path if p != ""]
     sys.path[:] = list(kernel_path) + [p for p in sys.path if p not in kernel_path]
 
 

@@ -163,8 +163,32 @@ def lines_seeds():
     write(t, "progress_then_clear", lines(0, [6], b"loading\r\r       \rdone\n"))
 
 
+def launchout_seeds():
+    t = "fuzz_launchout"
+    reset(t)
+
+    def pipe(sizes, payload):
+        return bytes([len(sizes)]) + bytes(sizes) + payload
+
+    srun = (b"srun: error: node2: task 0: Exited with exit code 1\n"
+            b"Traceback (most recent call last):\n"
+            b"slurmstepd: error: *** STEP 12.3 ON node1 CANCELLED AT 2026-12-02T01:00:00 ***\n"
+            b"slurmstepd-node1: error: couldn't chdir to `/home/u/nb': No such file or "
+            b"directory: going to /tmp instead\n"
+            b"srun: Job step aborted: Waiting up to 32 seconds for job step to finish.\n"
+            b"srun: error: node2: task 0: Killed")
+    write(t, "srun_whole", pipe([], srun))
+    # Chunks of 3 and 1 bytes cut the prefixes apart.
+    write(t, "srun_split", pipe([3, 1], srun))
+    write(t, "near_prefixes", pipe([2], b"sru\nslurmstepd\nslurmstepd-\nslurmstepd-a b: x\n"
+                                        b"srun:x\ns\n\nslurmstepd-n:\nslurmstepd-" +
+                                        b"h" * 64 + b": ok\nslurmstepd-" + b"h" * 65 + b": no\n"))
+    write(t, "long_launcher_line", pipe([200, 0, 7], b"srun: " + b"x" * 9000 + b"\nafter\n"))
+
+
 if __name__ == "__main__":
     wire_seeds()
     conn_seeds()
     opts_seeds()
     lines_seeds()
+    launchout_seeds()

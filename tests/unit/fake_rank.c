@@ -13,6 +13,15 @@
  *   error_hang       ... ERROR "boom on rank R", then sleep 60 s instead of exiting
  *   exit3            ... exit 3 without a result
  *   exit3_at_start   exit 3 before connecting to the back channel (no HELLO)
+ *   launcher_noise   play srun before the rank's channel is up: on stderr, in
+ *                    pieces a few ms apart, "srun: error: node2: task 0: Ex" "ited
+ *                    with exit code 1\n", "Traceback (most recent call last):\n",
+ *                    "slurm", "stepd-node2: error: *** STEP 12.3 ON node2 CANCELLED AT
+ *                    2026-12-02T01:00:00 ***\n", "srun: Job step aborted: Waiting up
+ *                    to 32 seconds for job step to finish.\n", "s", "ize 3\n", and
+ *                    last "srun: error: node2: task 0: Killed" with no newline; on
+ *                    stdout "rank says hi\n" and "srun: warning: on stdout\n";
+ *                    then exit 3
  *   segv             ... die by SIGSEGV
  *   no_result        ... exit 0 without a result
  *   sleep            ... print "sleeping", sleep FAKE_SLEEP_S (60) seconds, then as result
@@ -440,7 +449,8 @@ static void print_facts(void)
         "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "ROLE_RANK",
         "ROLE_NAME", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
         "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
-        "OMP_NUM_THREADS", "DISTKERNEL_BC", "DISTKERNEL_LOG", "FAKE_EXTRA", "DISTKERNEL_MASTER_PORT",
+        "OMP_NUM_THREADS", "DISTKERNEL_BC", "DISTKERNEL_LOG", "DISTKERNEL_CWD", "FAKE_EXTRA",
+        "DISTKERNEL_MASTER_PORT",
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         const char *v = getenv(names[i]);
@@ -809,6 +819,24 @@ int main(void)
         print_facts();
     if (!strcmp(mode, "exit3_at_start"))
         return 3;
+    if (!strcmp(mode, "launcher_noise")) {
+        static const char *const pieces[][2] = {
+            {"2", "srun: error: node2: task 0: Ex"}, {"2", "ited with exit code 1\n"},
+            {"1", "rank says hi\n"}, {"2", "Traceback (most recent call last):\n"},
+            {"2", "slurm"},
+            {"2", "stepd-node2: error: *** STEP 12.3 ON node2 CANCELLED AT "
+                  "2026-12-02T01:00:00 ***\n"},
+            {"2", "srun: Job step aborted: Waiting up to 32 seconds for job step to finish.\n"},
+            {"1", "srun: warning: on stdout\n"}, {"2", "s"}, {"2", "ize 3\n"},
+            {"2", "srun: error: node2: task 0: Killed"}};
+        for (size_t i = 0; i < sizeof pieces / sizeof pieces[0]; i++) {
+            int fd = pieces[i][0][0] - '0';
+            if (write(fd, pieces[i][1], strlen(pieces[i][1])) < 0)
+                return 2;
+            usleep(20000);
+        }
+        return 3;
+    }
     if (!strcmp(mode, "freeze_at_start")) {
         dprintf(1, "freezing before connecting\n");
         raise(SIGSTOP);

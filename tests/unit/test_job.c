@@ -2423,3 +2423,92 @@ Test(tcp, an_interrupt_reaches_a_rank_program_whose_launcher_keeps_sigint, .time
 {
     interrupt_through_a_launcher(true);
 }
+
+/* A rank started through a launcher: srun's pipes carry the launcher's own
+ * lines ("srun: ...", "slurmstepd-NODE: ..."), and whatever the rank wrote
+ * before its channel was up. Here fake_rank plays srun (launcher_noise): its
+ * lines come in pieces, split inside a prefix and inside a line, the last one
+ * with no newline before the pipe's end. */
+static const char *const noise_cmd[] = {FAKE_RANK, NULL};
+
+static dk_job_t *run_noise(bool launched)
+{
+    static const char *const *cmds[1] = {noise_cmd};
+    const char *extra[] = {"FAKE_MODE=launcher_noise", NULL};
+    dk_job_spec_t spec = tcp_spec(1, extra);
+    if (launched)
+        spec.rank_commands = cmds;
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 20000), "the job did not end");
+    cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    cr_assert_eq(dk_job_rank_exit_code(job, 0), 3);
+    return job;
+}
+
+Test(tcp, a_launchers_own_lines_go_to_the_rank_log_only, .timeout = 60)
+{
+    dk_job_t *job = run_noise(true);
+    pthread_mutex_lock(&rec.lock);
+    cr_expect_str_eq(rec.out[0][2].buf ? rec.out[0][2].buf : "",
+                     "Traceback (most recent call last):\nsize 3\n");
+    cr_expect_str_eq(rec.out[0][1].buf ? rec.out[0][1].buf : "", "rank says hi\n");
+    pthread_mutex_unlock(&rec.lock);
+    char path[512];
+    snprintf(path, sizeof path, "%s/rank-0.log", log_dir);
+    size_t len = 0;
+    char *log = read_file(path, &len);
+    cr_assert_not_null(log);
+    static const char *const lines[] = {
+        "srun: error: node2: task 0: Exited with exit code 1\n",
+        "Traceback (most recent call last):\n",
+        "slurmstepd-node2: error: *** STEP 12.3 ON node2 CANCELLED AT 2026-12-02T01:00:00 ***\n",
+        "srun: Job step aborted: Waiting up to 32 seconds for job step to finish.\n",
+        "srun: warning: on stdout\n", "rank says hi\n", "size 3\n", NULL};
+    for (int i = 0; lines[i]; i++)
+        cr_expect_not_null(strstr(log, lines[i]), "the log lacks %s:\n%s", lines[i], log);
+    size_t tail = strlen("srun: error: node2: task 0: Killed");
+    cr_expect(len >= tail && !memcmp(log + len - tail, "srun: error: node2: task 0: Killed", tail),
+              "the unfinished last line is not at the log's end:\n%s", log);
+    free(log);
+    /* The reason for the outcome: the last line that says more than the exit
+     * status (not "Exited with exit code", not srun's "Job step aborted"). */
+    char line[DK_JOB_LAUNCHER_LINE_MAX];
+    dk_job_rank_launcher_line(job, 0, line, sizeof line);
+    cr_expect_str_eq(line, "srun: error: node2: task 0: Killed");
+    finish(&job);
+}
+
+/* The same bytes from a rank on this node (no launcher) are its own output,
+ * passed on as read: a local rank keeps its byte path. */
+Test(tcp, a_local_ranks_srun_like_lines_are_its_own_output, .timeout = 60)
+{
+    dk_job_t *job = run_noise(false);
+    pthread_mutex_lock(&rec.lock);
+    const char *err = rec.out[0][2].buf ? rec.out[0][2].buf : "";
+    cr_expect_not_null(strstr(err, "srun: error: node2: task 0: Exited with exit code 1\n"), "%s",
+                       err);
+    cr_expect_not_null(strstr(err, "slurmstepd-node2: error: *** STEP 12.3"), "%s", err);
+    cr_expect_not_null(strstr(err, "srun: error: node2: task 0: Killed"), "%s", err);
+    pthread_mutex_unlock(&rec.lock);
+    char line[DK_JOB_LAUNCHER_LINE_MAX] = "x";
+    dk_job_rank_launcher_line(job, 0, line, sizeof line);
+    cr_expect_str_eq(line, "");
+    finish(&job);
+}
+
+/* A launched rank is told the host's working directory (DISTKERNEL_CWD), to
+ * go there where its node has it; a local rank starts there already. */
+Test(tcp, a_launched_rank_is_told_the_hosts_folder, .timeout = 60)
+{
+    static const char *const *cmds[2] = {noise_cmd, NULL};
+    const char *extra[] = {"FAKE_PRINT_ENV=1", NULL};
+    dk_job_spec_t spec = tcp_spec(2, extra);
+    spec.rank_commands = cmds;
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 20000), "the job did not end");
+    char here[4096];
+    cr_assert_not_null(getcwd(here, sizeof here));
+    cr_expect_str_eq(env_of(0, "DISTKERNEL_CWD"), here);
+    cr_expect_str_eq(env_of(1, "DISTKERNEL_CWD"), "(unset)", "a local rank was told a folder");
+    finish(&job);
+}

@@ -350,7 +350,7 @@ Test(slurm_text, a_ranks_step_overlaps_the_jobs_other_steps_and_cpu_ranks_take_n
     cr_assert_eq(dk_slurm_step_argv(&cpu, "4711", "node2", false, "/p/distkernel-rank"), 0);
     const char *want[] = {"srun", "--jobid=4711", "--nodes=1", "--ntasks=1", "--overlap",
                           "--gres=none", "--nodelist=node2", "--export=ALL", "--quiet",
-                          "/p/distkernel-rank", NULL};
+                          "--chdir=/", "/p/distkernel-rank", NULL};
     cr_assert_eq(argv_count(cpu.argv), sizeof want / sizeof want[0] - 1);
     for (size_t i = 0; want[i]; i++)
         cr_expect_str_eq(cpu.argv[i], want[i]);
