@@ -871,12 +871,33 @@ static void judge_deferred(dk_job_t *job)
 }
 
 /* Rank R has been collected with STATUS (KNOWN: by us): its verdict. */
+/* Whether rank R's launcher said, in its last telling line, that the rank's
+ * node failed: srun's "srun: error: Node failure on node2", or a step
+ * "CANCELLED ... DUE TO NODE FAILURE". WHY gets the line. */
+static bool launcher_says_node_failed(dk_job_t *job, int r, char *why, size_t len)
+{
+    pthread_mutex_lock(&job->lock);
+    const char *line = job->ranks[r].launcher_line;
+    bool failed = line && (strstr(line, "Node failure") || strstr(line, "NODE FAILURE"));
+    if (failed)
+        snprintf(why, len, "its launcher said \"%s\"", line);
+    pthread_mutex_unlock(&job->lock);
+    return failed;
+}
+
 static void judge(dk_job_t *job, int r, int status, bool known)
 {
     rank_t *rk = &job->ranks[r];
     job->unreaped--;
     job->last_reap_at = dk_now_s();
     bool clean = known && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    /* srun heard of the node's loss before the heartbeats did (Slurm says so
+     * once slurmctld marks the node down): the rank is lost with its node,
+     * not a rank that exited. */
+    char why[LAUNCHER_LINE_KEEP + 64];
+    if (rk->launched && !clean && !rk->lost && !rk->signalled && !rk->reported &&
+        launcher_says_node_failed(job, r, why, sizeof why))
+        lose(job, r, why);
     pthread_mutex_lock(&job->lock);
     rk->exit_code = known && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     rk->term_signal = known && WIFSIGNALED(status) ? WTERMSIG(status) : 0;

@@ -21,7 +21,7 @@ sys.path.insert(0, str(support.REPO_ROOT / "tests"))
 sys.path.insert(0, os.path.dirname(__file__))
 from test_slurm_runs import our_jobs, rank_processes, start, still_serves, wait_clean  # noqa: E402
 
-GPUS_PER_NODE = 2      # tests/slurm/cluster.sh's default
+GPUS_PER_NODE = 2      # tests/slurm/cluster.sh's default, GRES gpu:h200:2
 
 
 @pytest.fixture(scope="module")
@@ -118,19 +118,50 @@ def test_the_decorator_with_gpus_and_remote_true_runs_on_the_nodes_gpus(kernel):
     assert_each_rank_on_its_own_gpu(ast.literal_eval(line[0][len("results "):]))
 
 
+@pytest.mark.timeout(300)
+def test_a_gpu_model_the_nodes_have_is_asked_for_by_its_gres_type(kernel):
+    r = kernel.execute("%%distributed num_accelerators=4 launcher=slurm gpu_type=H200 timeout=60"
+                       + GPU_BODY, timeout=240)
+    assert r.status == "ok", r.describe()
+    assert_each_rank_on_its_own_gpu(parse_results(r.result))
+    assert "[rank 0] job asked ['TresPerNode=gres:gpu:h200:2']" in r.stdout, r.stdout
+    assert "distkernel:" not in r.stderr, r.stderr     # no notice: the model was found
+
+
+@pytest.mark.timeout(300)
+def test_a_platform_gpu_type_the_nodes_lack_runs_on_theirs_and_says_so(kernel):
+    r = kernel.execute("%%distributed num_accelerators=4 launcher=slurm gpu_type=H100 timeout=60"
+                       + GPU_BODY, timeout=240)
+    assert r.status == "ok", r.describe()
+    assert ("gpu_type=H100 is the managed platform's H100; the nodes of the default partition "
+            "have h200 GPUs (GRES gpu:h200:2), so the run uses those") in r.stderr, r.stderr
+    assert "[rank 0] job asked ['TresPerNode=gres:gpu:2']" in r.stdout, r.stdout
+
+
+@pytest.mark.timeout(120)
+def test_another_gpu_model_the_nodes_lack_is_a_clear_error(kernel, slurm_cluster):
+    r = kernel.execute("%%distributed num_accelerators=4 launcher=slurm gpu_type=A100\n1\n",
+                       timeout=60)
+    assert r.status == "error", r.describe()
+    assert ("gpu_type=A100 asks for A100 GPUs, but the nodes of the default partition have "
+            "h200 (GRES gpu:h200:2)") in r.content["evalue"], r.describe()
+    assert our_jobs(slurm_cluster) == [] and rank_processes(slurm_cluster) == []
+    still_serves(kernel)
+
+
 @pytest.mark.timeout(120)
 def test_gpus_that_do_not_fit_the_nodes_are_a_clear_error_before_anything_starts(
         kernel, slurm_cluster):
     r = kernel.execute("%%distributed num_accelerators=3 launcher=slurm\n1\n", timeout=60)
     assert r.status == "error", r.describe()
     assert ("num_accelerators=3 does not fill whole nodes: each node of the default partition "
-            "has 2 GPUs (gpu:2), so without nodes= give a multiple of 2 (2, 4)"
+            "has 2 GPUs (gpu:h200:2), so without nodes= give a multiple of 2 (2, 4)"
             in r.content["evalue"]), r.describe()
     r = kernel.execute("%%distributed num_accelerators=4 nodes=1 launcher=slurm\n1\n",
                        timeout=60)
     assert r.status == "error", r.describe()
     assert ("num_accelerators=4 over nodes=1 asks 4 GPUs of each node, but a node of the "
-            "default partition has 2 (gpu:2); give nodes=2" in r.content["evalue"]), r.describe()
+            "default partition has 2 (gpu:h200:2); give nodes=2" in r.content["evalue"]), r.describe()
     r = kernel.execute("%%distributed num_accelerators=4 launcher=slurm partition=nope\n1\n",
                        timeout=60)
     assert r.status == "error", r.describe()

@@ -51,6 +51,8 @@
 #                                on device files $DIR/dev/nodeI/nvidiaK with no driver
 #                                behind: Slurm counts them and hands them out
 #                                (CUDA_VISIBLE_DEVICES); the ranks use the fake libcudart
+#   DISTKERNEL_SLURM_SIM_GPU_TYPE  the GPUs' GRES type (default h200: Gres=gpu:h200:N,
+#                                as most sites name theirs; "none": untyped, gpu:N)
 #   DISTKERNEL_SLURM_SIM_SELECT  what the nodes hand out: CR_CPU (default: CPUs only) or
 #                                CR_CPU_Memory (memory too, as many sites do: each node
 #                                has RealMemory=2048 MB and DefMemPerCPU is left unset,
@@ -71,6 +73,7 @@ CPUS=${DISTKERNEL_SLURM_SIM_CPUS:-2}
 WORKAROUND=${DISTKERNEL_SLURM_SIM_SRUN_WORKAROUND:-1}
 GPUS=${DISTKERNEL_SLURM_SIM_GPUS:-2}
 SELECT=${DISTKERNEL_SLURM_SIM_SELECT:-CR_CPU}
+GPU_TYPE=${DISTKERNEL_SLURM_SIM_GPU_TYPE:-h200}
 CONF=$DIR/etc/slurm.conf
 MARK=distkernel-slurm-host:$DIR:   # argv[0] prefix of our namespace holders
 PREFIX=$BR-                         # our veth ends: dkslurm0-ctl, dkslurm0-node1, ...
@@ -82,6 +85,7 @@ case $DIR in /*) ;; *) die "DISTKERNEL_SLURM_SIM_DIR must be an absolute path, g
 [[ $NET =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "DISTKERNEL_SLURM_SIM_NET must look like 10.79.0, got '$NET'"
 [[ $WORKAROUND =~ ^[01]$ ]] || die "DISTKERNEL_SLURM_SIM_SRUN_WORKAROUND must be 0 or 1, got '$WORKAROUND'"
 [[ $GPUS =~ ^[0-8]$ ]] || die "DISTKERNEL_SLURM_SIM_GPUS must be 0 to 8, got '$GPUS'"
+[[ $GPU_TYPE =~ ^[a-z][a-z0-9_]{0,19}$ ]] || die "DISTKERNEL_SLURM_SIM_GPU_TYPE must be a GRES type such as h200 (1 to 20 lower-case letters, digits, _) or none, got '$GPU_TYPE'"
 [[ $SELECT =~ ^CR_CPU(_Memory)?$ ]] || die "DISTKERNEL_SLURM_SIM_SELECT must be CR_CPU or CR_CPU_Memory, got '$SELECT'"
 [[ $BR =~ ^[a-z][a-z0-9]{0,8}$ ]] || die "DISTKERNEL_SLURM_SIM_BRIDGE must be 1 to 9 letters and digits, got '$BR'"
 
@@ -261,18 +265,24 @@ EOF
     fi >> "$CONF"
     echo "$WORKAROUND" > "$DIR/workaround"
     echo "$SELECT" > "$DIR/select"
+    echo "$GPU_TYPE" > "$DIR/gputype"
+    local gres_type="" conf_type=""
+    if [[ $GPU_TYPE != none ]]; then
+        gres_type="$GPU_TYPE:"
+        conf_type=" Type=$GPU_TYPE"
+    fi
     # GPUs: GRES with File= (Slurm's CUDA_VISIBLE_DEVICES index is the file's
     # number); slurmd only stats the files (no cgroups here).
     : > "$DIR/etc/gres.conf"
     for ((i = 1; i <= n; i++)); do
         echo "NodeName=node$i NodeAddr=$NET.$((10 + i)) NodeHostname=node$i" \
-             "$( ((GPUS)) && echo "Gres=gpu:$GPUS" )" >> "$CONF"
+             "$( ((GPUS)) && echo "Gres=gpu:$gres_type$GPUS" )" >> "$CONF"
         if ((GPUS)); then
             mkdir -p "$DIR/dev/node$i"
             # character devices (slurmd wants them), of NVIDIA's major with
             # no driver behind: nothing opens them
             for ((k = 0; k < GPUS; k++)); do mknod "$DIR/dev/node$i/nvidia$k" c 195 "$k"; done
-            echo "NodeName=node$i Name=gpu File=$DIR/dev/node$i/nvidia[0-$((GPUS - 1))]" \
+            echo "NodeName=node$i Name=gpu$conf_type File=$DIR/dev/node$i/nvidia[0-$((GPUS - 1))]" \
                 >> "$DIR/etc/gres.conf"
         fi
     done
@@ -294,6 +304,9 @@ healthy() {      # N: our cluster with N nodes runs and every node is idle
     local sel=CR_CPU
     [[ -r $DIR/select ]] && sel=$(< "$DIR/select")
     [[ $sel == "$SELECT" ]] || return 1
+    local gt=none  # a cluster from before the setting had untyped GPUs
+    [[ -r $DIR/gputype ]] && gt=$(< "$DIR/gputype")
+    [[ $gt == "$GPU_TYPE" ]] || return 1
     recorded munged > /dev/null && recorded slurmctld > /dev/null || return 1
     local i
     for ((i = 1; i <= $1; i++)); do recorded "slurmd-node$i" > /dev/null || return 1; done
@@ -306,6 +319,7 @@ print_env() {
     echo "DISTKERNEL_SLURM_SIM_LOGIN_ADDR=$NET.1"
     echo "DISTKERNEL_SLURM_SIM_SRUN_WORKAROUND=$WORKAROUND"
     echo "DISTKERNEL_SLURM_SIM_SELECT=$SELECT"
+    echo "DISTKERNEL_SLURM_SIM_GPU_TYPE=$GPU_TYPE"
 }
 
 cmd_up() {

@@ -13,6 +13,8 @@
  *   error_hang       ... ERROR "boom on rank R", then sleep 60 s instead of exiting
  *   exit3            ... exit 3 without a result
  *   exit3_at_start   exit 3 before connecting to the back channel (no HELLO)
+ *   node_failure     play srun telling of a lost node: "srun: error: Node failure on
+ *                    node2" on stderr, exit 1
  *   launcher_noise   play srun before the rank's channel is up: on stderr, in
  *                    pieces a few ms apart, "srun: error: node2: task 0: Ex" "ited
  *                    with exit code 1\n", "Traceback (most recent call last):\n",
@@ -836,6 +838,11 @@ int main(void)
             usleep(20000);
         }
         return 3;
+    }
+    if (!strcmp(mode, "node_failure")) {
+        /* srun, once slurmctld has marked the rank's node down */
+        dprintf(2, "srun: error: Node failure on node2\n");
+        return 1;
     }
     if (!strcmp(mode, "freeze_at_start")) {
         dprintf(1, "freezing before connecting\n");

@@ -2445,9 +2445,26 @@ static dk_job_t *run_noise(bool launched)
     return job;
 }
 
+/* srun saying the rank's node failed: the rank is lost with its node (the
+ * heartbeats would say so a little later), not a rank that exited. */
+Test(tcp, a_launcher_that_says_its_node_failed_loses_the_rank, .timeout = 60)
+{
+    static const char *const *cmds[1] = {noise_cmd};
+    const char *extra[] = {"FAKE_MODE=node_failure", NULL};
+    dk_job_spec_t spec = tcp_spec(1, extra);
+    spec.rank_commands = cmds;
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 20000), "the job did not end");
+    cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    cr_assert(dk_job_rank_lost(job, 0));
+    cr_assert(warned("lost: its launcher said \"srun: error: Node failure on node2\""));
+    finish(&job);
+}
+
 Test(tcp, a_launchers_own_lines_go_to_the_rank_log_only, .timeout = 60)
 {
     dk_job_t *job = run_noise(true);
+    cr_assert_not(dk_job_rank_lost(job, 0), "a killed task is not a lost node");
     pthread_mutex_lock(&rec.lock);
     cr_expect_str_eq(rec.out[0][2].buf ? rec.out[0][2].buf : "",
                      "Traceback (most recent call last):\nsize 3\n");
