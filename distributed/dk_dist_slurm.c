@@ -65,6 +65,20 @@ static double heartbeat_s(void)
     return v && *v && !*end && s >= 2.0 ? s : HEARTBEAT_S;
 }
 
+/* How long a rank may take to connect after its srun started before it is
+ * taken for lost with its node (dk_job_spec_t.connect_timeout_s): Python
+ * and distkernel start, no user code. A site with slow shared filesystems
+ * may want more; in seconds (>= 10). */
+#define CONNECT_ENV "DISTKERNEL_SLURM_CONNECT_TIMEOUT"
+
+static double connect_timeout_s(void)
+{
+    const char *v = getenv(CONNECT_ENV);
+    char *end;
+    double s = v && *v ? strtod(v, &end) : 0;
+    return v && *v && !*end && s >= 10.0 ? s : DK_JOB_CONNECT_DEFAULT_S;
+}
+
 extern char **environ;
 
 struct dk_dist_slurm_t {
@@ -434,6 +448,7 @@ int dk_dist_slurm_spec(dk_dist_slurm_t *self, const char *rank_exe, dk_job_spec_
     spec->master_port = DK_JOB_PORT_FROM_RANK0;
     spec->warm_socket = NULL;
     spec->heartbeat_s = heartbeat_s();
+    spec->connect_timeout_s = connect_timeout_s();
     return 0;
 }
 

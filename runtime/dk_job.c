@@ -187,6 +187,7 @@ struct dk_job_t {
     int *slot_kind;         /* which descriptor (0 stdout, 1 stderr, 2 pidfd) */
     size_t max_fds;
     double started_at;
+    double connect_timeout_s;   /* spec's (launched ranks over TCP); see judge_unconnected */
     dk_job_end_t stop_reason;
     dk_stop_t stop;         /* SIGINT, SIGTERM, SIGKILL: a grace apart (seconds) */
     int unreaped;
@@ -624,6 +625,32 @@ static void judge_closed(dk_job_t *job)
                  "(pid %d) was still running %.1f s later", rk->launched ? "launcher" : "process",
                  (int) rk->pid, job->heartbeat_s);
         lose(job, r, why);
+    }
+}
+
+/* Launched ranks that have not connected by the connect deadline while their
+ * launcher still runs: lost. A node that goes down while its ranks start
+ * (Python starting, the rank connecting) leaves no connection whose silence
+ * would tell; srun may wait on it far longer than any cell should. Their
+ * node-mates that never connected go with them (lose). */
+static void judge_unconnected(dk_job_t *job)
+{
+    if (job->heartbeat_s <= 0 || job->stop_reason != DK_END_NONE)
+        return;
+    double now = dk_now_s();
+    if (now < job->started_at + job->connect_timeout_s)
+        return;
+    for (int r = 0; r < job->world_size; r++) {
+        rank_t *rk = &job->ranks[r];
+        if (!rk->launched || rk->reaped || rk->lost || rk->signalled || rk->reported ||
+            dk_backchan_rank_connected_once(job->chan, r))
+            continue;
+        char why[200];
+        snprintf(why, sizeof why, "it had not connected %.0f s after its launch, and its "
+                 "launcher (pid %d) still runs: its node may be down or its start stuck",
+                 job->connect_timeout_s, (int) rk->pid);
+        lose(job, r, why);
+        return;     /* the stop that follows ends the others */
     }
 }
 
@@ -1070,6 +1097,7 @@ static void loop_once(dk_job_t *job)
     }
     judge_deferred(job);
     judge_closed(job);
+    judge_unconnected(job);
     resolve_failure(job);
     escalate(job);
 }
@@ -1412,6 +1440,8 @@ static dk_job_t *job_alloc(const dk_job_spec_t *spec, const dk_sink_t *sink)
     }
     if (spec->bc_tcp_addr)
         job->heartbeat_s = spec->heartbeat_s > 0 ? spec->heartbeat_s : DK_BC_HEARTBEAT_DEFAULT_S;
+    job->connect_timeout_s = spec->connect_timeout_s > 0 ? spec->connect_timeout_s
+                                                         : DK_JOB_CONNECT_DEFAULT_S;
     for (int r = 0; r < spec->world_size; r++) {
         rank_t *rk = &job->ranks[r];
         rk->pid = -1;

@@ -200,6 +200,11 @@ typedef struct {
     int bc_tcp_port;
     /* The silence deadline: >= 2 * DK_BC_PING_S; <= 0: DK_BC_HEARTBEAT_DEFAULT_S. */
     double heartbeat_s;
+    /* With bc_tcp_addr: a launched rank that has not connected this long after
+     * the job's start, while its launcher still runs, is lost (a node that
+     * went down while its ranks were starting has no connection to go
+     * silent). <= 0: DK_JOB_CONNECT_DEFAULT_S. */
+    double connect_timeout_s;
     /* Each rank's node name, for what is said when ranks are lost (NULL:
      * every rank is "localhost"). world_size entries, copied. */
     const char *const *rank_hosts;
@@ -231,6 +236,7 @@ typedef struct {
 } dk_job_spec_t;
 
 #define DK_JOB_PORT_FROM_RANK0 (-1)
+#define DK_JOB_CONNECT_DEFAULT_S 120.0
 
 typedef struct dk_job_t dk_job_t;
 

@@ -1692,6 +1692,33 @@ Test(tcp, a_rank_still_starting_on_a_lost_node_is_lost_with_it, .timeout = 60)
     finish(&job);
 }
 
+/* A node that goes down while all its ranks are still starting leaves no
+ * connection to go silent: launched ranks not connected by the connect
+ * deadline, their launchers still running, are lost with their node. */
+Test(tcp, launched_ranks_not_connected_by_the_deadline_are_lost_with_their_node, .timeout = 60)
+{
+    static const char *const cmd[] = {FAKE_RANK, NULL};
+    static const char *const *cmds[4] = {cmd, cmd, cmd, cmd};
+    const char *extra[] = {"FAKE_MODE=sleep", "FAKE_MODE_2=freeze_at_start",
+                           "FAKE_MODE_3=freeze_at_start", NULL};
+    const char *hosts[] = {"node1", "node1", "node2", "node2"};
+    dk_job_spec_t spec = tcp_spec(4, extra);
+    spec.heartbeat_s = 2.0;
+    spec.connect_timeout_s = 3.0;
+    spec.rank_hosts = hosts;
+    spec.rank_commands = cmds;
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 40000), "the job did not end");
+    cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    for (int r = 0; r < 4; r++)
+        cr_assert_eq(dk_job_rank_lost(job, r), r >= 2, "rank %d", r);
+    char summary[128];
+    dk_job_lost_summary(job, summary, sizeof summary);
+    cr_assert_str_eq(summary, "node2 lost (ranks 2" DK_EN_DASH "3)");
+    cr_assert(warned("had not connected 3 s after its launch"));
+    finish(&job);
+}
+
 Test(tcp, a_heartbeat_deadline_shorter_than_two_pings_is_refused)
 {
     dk_job_spec_t spec = tcp_spec(1, NULL);
