@@ -112,6 +112,7 @@ typedef struct {
     bool reported;          /* sent RESULT or ERROR */
     bool failed;            /* failed on its own, before any stop signal */
     bool was_exiting;       /* resolve_failure's note: exiting, unanswered */
+    bool echo;              /* its ERROR says a peer's connection went away */
     bool interrupted;       /* persistent: sent SIGINT this round */
     char *host;             /* its node, for what is said when it is lost */
     bool launched;          /* through a launcher (srun): SIGINT goes over the channel */
@@ -156,6 +157,7 @@ struct dk_job_t {
     dk_job_end_t end;       /* guarded */
     int root_cause;         /* guarded */
     int failure_pending;    /* runtime thread: the turn's first failure, or -1 */
+    double failure_at;      /* ... when it was noted */
 
     /* persistent jobs (see dk_job.h); guarded by lock unless said */
     bool persistent;
@@ -416,6 +418,22 @@ static void note_failure(dk_job_t *job, int r)
     if (job->stop_reason != DK_END_NONE || job->failure_pending >= 0)
         return;             /* the stop already has its cause; this may be its echo */
     job->failure_pending = r;
+    job->failure_at = dk_now_s();
+}
+
+/* What a rank raises when a peer's connection went away under it: gloo's
+ * "Connection closed by peer [ADDR]:PORT", a reset, a write to a closed
+ * socket. On other nodes that is most often the echo of a lost node, which
+ * the kernel learns of a little later (a close, a silence, srun's word). */
+static const char *const echo_marks[] = {"Connection closed by peer",
+                                         "Connection reset by peer", "Broken pipe"};
+
+static bool says_peer_went_away(const void *bytes, size_t len)
+{
+    for (size_t i = 0; i < sizeof echo_marks / sizeof echo_marks[0]; i++)
+        if (memmem(bytes, len, echo_marks[i], strlen(echo_marks[i])))
+            return true;
+    return false;
 }
 
 /* The first failure seen this turn, rank R's, is the root cause unless a peer
@@ -443,12 +461,25 @@ static void resolve_failure(dk_job_t *job)
     }
     if (job->heartbeat_s > 0)
         dk_backchan_drain(job->chan);
+    bool peer_gone = false;
     for (int q = 0; q < job->world_size; q++) {
         if (q != r && closing(&job->ranks[q]))
             return;         /* still pending: judged again each turn */
+        peer_gone = peer_gone || (q != r && (job->ranks[q].lost || job->ranks[q].failed));
     }
+    /* Rank R says a peer's connection went away, and no peer is known to
+     * have gone yet: wait for the kernel to learn whose, within the
+     * heartbeat deadline (a killed node's connections close; a cut one's go
+     * silent), rather than blame R. */
+    if (job->heartbeat_s > 0 && job->ranks[r].echo && !peer_gone &&
+        dk_now_s() < job->failure_at + job->heartbeat_s + DK_BC_PING_S)
+        return;
     job->failure_pending = -1;
     int cause = job->ranks[r].closed_unanswered ? r : -1;
+    for (int q = 0; q < job->world_size && cause < 0 && !job->ranks[r].lost; q++) {
+        if (q != r && job->ranks[q].lost)
+            cause = q;      /* a lost node's rank: R's error was its echo */
+    }
     for (int q = 0; q < job->world_size && cause < 0; q++) {
         if (job->ranks[q].closed_unanswered && job->ranks[q].failed)
             cause = q;
@@ -692,6 +723,8 @@ static void bc_message(void *data, int r, bool is_error, const void *bytes, size
     job->ranks[r].reported = true;
     if (!is_error)
         job->ranks[r].got_result = true;
+    if (is_error)
+        job->ranks[r].echo = says_peer_went_away(bytes, len);
     if (job->sink.on_message)
         job->sink.on_message(job->sink.data, r, is_error, bytes, len);
     if (is_error)

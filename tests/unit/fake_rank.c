@@ -72,6 +72,8 @@
  *                    RST): it hangs (Slurm bug 16401), or exits later on its own
  *   freeze           ... print "freezing", then stop itself (SIGSTOP): silent, as a
  *                    rank on a lost node is
+ *   echo_error       ... half a second after its PAYLOAD, ERROR with gloo's "Connection
+ *                    closed by peer [10.0.0.2]:15792" (the echo of a lost peer), exit 1
  *   freeze_at_start  print "freezing before connecting" and stop itself before any
  *                    connection: a rank whose node went quiet while it was starting
  *   reflect          (over TCP) ... wait for the runtime's next frame, a PING whose
@@ -1058,6 +1060,14 @@ int main(void)
         remote_flush();
         flood(&c, getenv("FAKE_FLOOD_S") ? atof(getenv("FAKE_FLOOD_S")) : 60);
         return 0;
+    } else if (!strcmp(mode, "echo_error")) {
+        /* what gloo raises on a rank whose peer's node went away */
+        usleep(500000);
+        static const char text[] = "{\"ename\": \"RuntimeError\", \"evalue\": \"[../gloo/"
+                                   "transport/tcp/pair.cc:598] Connection closed by peer "
+                                   "[10.0.0.2]:15792\"}";
+        send_frame(&c, ERROR, (uint32_t) rank, text, sizeof text - 1, false);
+        return 1;
     } else if (!strcmp(mode, "freeze")) {
         dprintf(1, "freezing\n");
         remote_flush();
