@@ -57,12 +57,19 @@
 /* A site (or a test) may set its own, in seconds (>= 2). */
 #define HEARTBEAT_ENV "DISTKERNEL_SLURM_HEARTBEAT"
 
-static double heartbeat_s(void)
+/* Seconds from the environment variable NAME when it is a number of at
+ * least LEAST, else DEFAULT_S. */
+static double env_seconds(const char *name, double least, double default_s)
 {
-    const char *v = getenv(HEARTBEAT_ENV);
+    const char *v = getenv(name);
     char *end;
     double s = v && *v ? strtod(v, &end) : 0;
-    return v && *v && !*end && s >= 2.0 ? s : HEARTBEAT_S;
+    return v && *v && !*end && s >= least ? s : default_s;
+}
+
+static double heartbeat_s(void)
+{
+    return env_seconds(HEARTBEAT_ENV, 2.0, HEARTBEAT_S);
 }
 
 /* How long a rank may take to connect after its srun started before it is
@@ -73,10 +80,7 @@ static double heartbeat_s(void)
 
 static double connect_timeout_s(void)
 {
-    const char *v = getenv(CONNECT_ENV);
-    char *end;
-    double s = v && *v ? strtod(v, &end) : 0;
-    return v && *v && !*end && s >= 10.0 ? s : DK_JOB_CONNECT_DEFAULT_S;
+    return env_seconds(CONNECT_ENV, 10.0, DK_JOB_CONNECT_DEFAULT_S);
 }
 
 extern char **environ;

@@ -376,25 +376,36 @@ static void start_round(dk_job_t *job)
 #define PF_EXITING_FLAG 0x00000004   /* the kernel's PF_EXITING: in do_exit */
 #define PF_DUMPCORE_FLAG 0x00000200  /* the kernel's PF_DUMPCORE: writing a core */
 
+/* The fields of /proc/PID/stat after the command name (which may hold
+ * anything, ')' included), read into BUF: "S ppid pgrp ...", or NULL (with
+ * *GONE set when there is no such process). */
+static const char *proc_stat_fields(pid_t pid, char *buf, size_t len, bool *gone)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int) pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    *gone = fd < 0 && (errno == ENOENT || errno == ESRCH);
+    if (fd < 0)
+        return NULL;
+    ssize_t n = read(fd, buf, len - 1);
+    close(fd);
+    if (n <= 0)
+        return NULL;
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')');
+    return p && p[1] == ' ' ? p + 2 : NULL;
+}
+
 /* Whether PID is on its way out: exiting, or writing a core dump, though not
  * yet reaped (the flags field of /proc/PID/stat). */
 static bool process_exiting(pid_t pid)
 {
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int) pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return false;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return false;
-    buf[n] = '\0';
-    /* After the command name (which may hold anything): state, ppid, pgrp,
-     * session, tty_nr, tpgid, then flags. */
-    const char *p = strrchr(buf, ')');
+    char buf[1024];
+    bool gone;
+    const char *p = proc_stat_fields(pid, buf, sizeof buf, &gone);
+    /* state, ppid, pgrp, session, tty_nr, tpgid, then flags */
     unsigned long flags = 0;
-    if (!p || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %lu", &flags) != 1)
+    if (!p || sscanf(p, "%*c %*d %*d %*d %*d %*d %lu", &flags) != 1)
         return false;
     return (flags & (PF_EXITING_FLAG | PF_DUMPCORE_FLAG)) != 0;
 }
@@ -1749,20 +1760,10 @@ int dk_job_rank_pid(dk_job_t *job, int rank)
  * waitid and its pidfd wait for the last thread. */
 static bool leader_dead(pid_t pid)
 {
-    char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int) pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return errno == ENOENT || errno == ESRCH;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return false;
-    buf[n] = '\0';
-    /* "pid (comm) S ...": comm may hold anything, ')' included. */
-    const char *close_paren = strrchr(buf, ')');
-    return close_paren && close_paren[1] == ' ' &&
-           (close_paren[2] == 'Z' || close_paren[2] == 'X' || close_paren[2] == 'x');
+    char buf[512];
+    bool gone;
+    const char *state = proc_stat_fields(pid, buf, sizeof buf, &gone);
+    return gone || (state && (*state == 'Z' || *state == 'X' || *state == 'x'));
 }
 
 bool dk_job_any_rank_exited(dk_job_t *job)

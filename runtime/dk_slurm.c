@@ -369,21 +369,34 @@ static int cancel_job(dk_slurm_t *self, char *err, size_t errlen)
 
 /* squeue's one line about the job into Q. Returns 1, 0 when Slurm no longer
  * knows the job, or -1 with ERR. */
-static int squeue_job(dk_slurm_t *self, dk_slurm_squeue_t *q, char *err, size_t errlen)
+/* `squeue -h -j JOB -o FORMAT` into *OUT (free it): 1, 0 when Slurm has
+ * forgotten the job (*OUT NULL), -1 with ERR. */
+static int squeue_own(dk_slurm_t *self, const char *format, char **out, char *err,
+                      size_t errlen)
 {
     command_t c = {0};
-    const char *args[] = {"-h", "-j", self->job_id, "-o", "%i|%T|%r|%N", NULL};
-    char *out = NULL;
-    int rc = run("squeue", args, self->timeout_s, &c, &out, err, errlen);
+    const char *args[] = {"-h", "-j", self->job_id, "-o", format, NULL};
+    *out = NULL;
+    int rc = run("squeue", args, self->timeout_s, &c, out, err, errlen);
     if (rc < 0)
         return -1;
     if (rc > 0) {
-        free(out);
+        free(*out);
+        *out = NULL;
         if (strstr(c.said, "Invalid job id"))
             return 0;
         dk_set_err(err, errlen, "squeue -j %s failed: %s", self->job_id, said_text(&c));
         return -1;
     }
+    return 1;
+}
+
+static int squeue_job(dk_slurm_t *self, dk_slurm_squeue_t *q, char *err, size_t errlen)
+{
+    char *out = NULL;
+    int rc = squeue_own(self, "%i|%T|%r|%N", &out, err, errlen);
+    if (rc <= 0)
+        return rc;
     int found = out[0] ? 1 : 0;
     if (found && dk_slurm_parse_squeue(out, q) < 0) {
         dk_set_err(err, errlen, "squeue -j %s answered '%.200s', not a job's line",
@@ -798,17 +811,10 @@ const char *dk_slurm_node_addr(const dk_slurm_t *self, size_t i) { return self->
 int dk_slurm_time_left(dk_slurm_t *self, long *left_s, char *err, size_t errlen)
 {
     *left_s = -1;
-    command_t c = {0};
-    const char *args[] = {"-h", "-j", self->job_id, "-o", "%L", NULL};
     char *out = NULL;
-    int rc = run("squeue", args, self->timeout_s, &c, &out, err, errlen);
-    if (rc < 0)
-        return -1;
-    if (rc > 0) {
-        free(out);
-        dk_set_err(err, errlen, "squeue -j %s failed: %s", self->job_id, said_text(&c));
-        return -1;
-    }
+    int rc = squeue_own(self, "%L", &out, err, errlen);
+    if (rc <= 0)
+        return rc;          /* 0: Slurm no longer knows the job, nor its time */
     out[strcspn(out, " \n")] = '\0';
     *left_s = dk_slurm_time_s(out);     /* -1: UNLIMITED, NOT_SET, INVALID */
     free(out);
