@@ -1,29 +1,38 @@
 /*
  * distkernel: a Jupyter kernel for Python, written in C.
  *
- *     distkernel -f CONNECTION_FILE
+ *     distkernel [--python PATH] -f CONNECTION_FILE
+ *     distkernel install [--user | --sys-prefix | --prefix DIR] [--name NAME] ...
  *
- * Started by a Jupyter frontend through its kernelspec (kernel.json).
+ * Started by a Jupyter frontend through its kernelspec (kernel.json), which
+ * `distkernel install` writes (app/dk_install.h).
  */
 #include "dk_check.h"
 #include "dk_conn.h"
 #include "dk_distributed.h"
 #include "dk_fdlimit.h"
+#include "dk_install.h"
 #include "dk_kernel.h"
+#include "dk_pyinit.h"
 
 #include <czmq.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: distkernel -f CONNECTION_FILE\n"
+            "usage: distkernel [--python PATH] -f CONNECTION_FILE\n"
+            "       distkernel install [--user | --sys-prefix | --prefix DIR] [--name NAME]\n"
+            "                          [--display-name TEXT] [--python PATH] [--env VAR VALUE]...\n"
             "\n"
             "A Jupyter kernel for Python notebooks, with %%%%distributed to run a cell as\n"
             "torch.distributed ranks. Frontends start it through its kernelspec:\n"
-            "pick \"distkernel\" in Jupyter, or `jupyter console --kernel distkernel`.\n");
+            "pick \"distkernel\" in Jupyter, or `jupyter console --kernel distkernel`.\n"
+            "`distkernel install --python ENV/bin/python` writes one for a Python\n"
+            "environment (see `distkernel install --help`).\n");
 }
 
 /* Do not trust the signal state we inherit. A server started in the background
@@ -52,16 +61,47 @@ static void reset_inherited_signals(void)
     sigprocmask(SIG_SETMASK, &none, NULL);
 }
 
+/* Run in the environment of PYTHON (a venv's or conda env's python): the
+ * embedded interpreter starts as that python (dk_pyinit reads
+ * DISTKERNEL_PYTHON), and so does every rank, which inherits the variable;
+ * the environment's bin folder comes first on PATH, as an activated venv has
+ * it, so `!pip` and subprocesses find its programs. */
+static int use_environment(const char *python)
+{
+    if (setenv("DISTKERNEL_PYTHON", python, 1) < 0)
+        return -1;
+    char err[1024];
+    if (dk_pyinit_check_python(NULL, err, sizeof err) < 0) {
+        fprintf(stderr, "distkernel: %s\n", err);
+        return -1;
+    }
+    const char *slash = strrchr(python, '/');
+    if (!slash)
+        return 0;
+    const char *path = getenv("PATH");
+    char *bin = strndup(python, slash == python ? 1 : (size_t)(slash - python)), *value = NULL;
+    int rc = -1;
+    if (bin && asprintf(&value, "%s%s%s", bin, path && *path ? ":" : "", path ? path : "") >= 0)
+        rc = setenv("PATH", value, 1);
+    free(bin);
+    free(value);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 1 && strcmp(argv[1], "install") == 0)
+        return dk_install_main(argc - 1, argv + 1);
     reset_inherited_signals();
     /* CZMQ would install SIGINT/SIGTERM handlers of its own on first use; the
      * interpreter's handler must be the one that sees SIGINT. */
     zsys_handler_set(NULL);
 
-    const char *conn_path = NULL;
+    const char *conn_path = NULL, *python = NULL;
     for (int i = 1; i < argc; i++) {
-        if ((strcmp(argv[i], "-f") == 0 || strcmp(argv[i], "--connection-file") == 0) &&
+        if (strcmp(argv[i], "--python") == 0 && i + 1 < argc) {
+            python = argv[++i];
+        } else if ((strcmp(argv[i], "-f") == 0 || strcmp(argv[i], "--connection-file") == 0) &&
             i + 1 < argc) {
             conn_path = argv[++i];
         } else if (strncmp(argv[i], "--connection-file=", 18) == 0) {
@@ -83,6 +123,10 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    /* Without --python, the build's own Python, whatever a parent kernel in
+     * another environment passed down (a notebook that runs `jupyter execute`). */
+    if (python ? use_environment(python) < 0 : unsetenv("DISTKERNEL_PYTHON") < 0)
+        return 1;
 
     /* Every frontend connection and every rank of a run is a descriptor; the
      * usual soft limit of 1024 is far below what the hard limit allows. */

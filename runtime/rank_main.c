@@ -267,6 +267,15 @@ int main(int argc, char **argv)
 
     if (slurm_run_env() < 0)
         return 1;
+    /* On a Slurm node the kernel's environment may simply not exist: say so,
+     * naming the node and the path, rather than let CPython fail to find its
+     * encodings module. */
+    char host[256] = "?", err[1024];
+    gethostname(host, sizeof host - 1);
+    if (dk_pyinit_check_python(host, err, sizeof err) < 0) {
+        fprintf(stderr, "distkernel-rank: %s\n", err);
+        return 1;
+    }
     const char *warm = getenv("DISTKERNEL_WARM_SOCKET");
     if (warm && *warm) {
         char path[PATH_MAX];
@@ -284,7 +293,6 @@ int main(int argc, char **argv)
         fprintf(stderr, "distkernel-rank: cannot register " DK_RANKCHAN_MODULE "\n");
         return 1;
     }
-    char err[512];
     if (dk_pyinit_start("distkernel-rank", err, sizeof err) < 0) {
         fprintf(stderr, "distkernel-rank: %s\n", err);
         return 1;

@@ -233,6 +233,10 @@ def warm_fingerprint(modules):
             h.update(repr(part).encode("utf-8", "surrogateescape"))
             h.update(b"\0")
 
+    # The environment the kernel runs in (distkernel install --python) is in
+    # DISTKERNEL_PYTHON and sys.path already; named here too, since a template
+    # of another environment must never serve this one.
+    add("python", sys.executable, sys.prefix)
     add("env", sorted(os.environb.items()), "cwd", os.getcwd(), "path", list(sys.path),
         "modules", modules)
     for entry in sys.path:

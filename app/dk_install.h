@@ -1,0 +1,128 @@
+/*
+ * dk_install: `distkernel install`, a kernelspec for one Python environment.
+ *
+ *     distkernel install [--user | --sys-prefix | --prefix DIR] [--name NAME]
+ *                        [--display-name TEXT] [--python PATH] [--env VAR VALUE]...
+ *
+ * The options mean what they mean to `python -m ipykernel install` (ipykernel
+ * 6.17) and the kernelspec goes where jupyter_client's KernelSpecManager puts
+ * it: system-wide /usr/local/share/jupyter/kernels/NAME, --user the user's
+ * Jupyter data folder, --prefix DIR/share/jupyter/kernels, --sys-prefix the
+ * environment's own sys.prefix. NAME is lower-cased and must match
+ * [a-z0-9._-]+; an existing kernelspec of that name is replaced.
+ *
+ * The difference from ipykernel: this kernel embeds one libpython, so it does
+ * not run the environment's python but tells the embedded one to start as
+ * that python would (kernel.json's argv is `distkernel --python PATH -f
+ * {connection_file}`, see runtime/dk_pyinit.h). That only works for a Python
+ * of the same version and ABI, so PATH is probed first (it runs a few lines
+ * of Python that print its version, SOABI, sys.prefix and which of the
+ * kernel's modules it lacks) and refused, with no kernelspec written, when it
+ * is another version or ABI, not a Python at all, or lacks IPython or
+ * cloudpickle. The refusal says what to do.
+ *
+ * The pieces are pure where they can be (parse, probe output, check,
+ * destination, kernel.json) so the unit tests drive them alone; only
+ * dk_install_probe_run and dk_install_write touch processes and files.
+ */
+#ifndef DK_INSTALL_H
+#define DK_INSTALL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef struct {
+    const char *name, *value;
+} dk_install_env_t;
+
+/* What the command line asked for. Strings point into the argv parsed. */
+typedef struct {
+    bool user, sys_prefix, help;
+    const char *prefix;          /* --prefix DIR, or NULL */
+    const char *name;            /* as given (dk_install_kernel_name lower-cases it) */
+    const char *display_name;    /* NULL: the default (see dk_install_display_name) */
+    const char *python;          /* NULL: the Python the kernel embeds */
+    dk_install_env_t *env;       /* --env pairs in order (owned: dk_install_opts_clear) */
+    size_t n_env;
+} dk_install_opts_t;
+
+/* Parse ARGV[0..ARGC) (the words after `install`) into OPTS. Returns 0
+ * (OPTS->help set for -h/--help), or -1 with ERR saying which word is wrong;
+ * OPTS then holds nothing to free. Both --user and a prefix is an error, as
+ * it is to jupyter_client. */
+int dk_install_parse(int argc, char *const *argv, dk_install_opts_t *opts, char *err,
+                     size_t errlen);
+
+/* Free what OPTS owns; safe on a zeroed or cleared one. */
+void dk_install_opts_clear(dk_install_opts_t *opts);
+
+/* The kernelspec's name: NAME lower-cased, in a new string (the caller frees
+ * it), or NULL with ERR when it is not [a-z0-9._-]+ or out of memory. */
+char *dk_install_kernel_name(const char *name, char *err, size_t errlen);
+
+/* What a python says about itself (dk_install_probe_parse). */
+typedef struct {
+    int major, minor;
+    char *soabi;                 /* "cpython-311-x86_64-linux-gnu"; "" when it has none */
+    char *prefix;                /* sys.prefix */
+    char *missing;               /* the kernel's modules it lacks, space-separated; "" */
+} dk_install_probe_t;
+
+/* The script dk_install_probe_run runs with `PYTHON -c`. */
+extern const char dk_install_probe_script[];
+
+/* Parse the probe's output OUT into PROBE. Returns 0, or -1 with ERR (OUT is
+ * not what a Python running the script prints) and PROBE holding nothing. */
+int dk_install_probe_parse(const char *out, dk_install_probe_t *probe, char *err,
+                           size_t errlen);
+
+/* Run the probe with PYTHON and parse what it prints. Returns 0, or -1 with
+ * ERR naming PYTHON and saying why it is not a Python (not there, not
+ * executable, says nothing a Python would, did not finish within 60 s). */
+int dk_install_probe_run(const char *python, dk_install_probe_t *probe, char *err,
+                         size_t errlen);
+
+void dk_install_probe_clear(dk_install_probe_t *probe);
+
+/* Whether the kernel, embedding Python WANT_VERSION ("3.11") with SOABI
+ * WANT_SOABI, can run in PYTHON's environment as PROBE describes it: 0, or -1
+ * with ERR saying why not (another version or ABI: both named, and how to
+ * build a kernel for PYTHON; modules missing: which, and how to add them). */
+int dk_install_check(const dk_install_probe_t *probe, const char *python,
+                     const char *want_version, const char *want_soabi, char *err,
+                     size_t errlen);
+
+/* The folder the kernelspec NAME goes to for OPTS (a new string, the caller
+ * frees it), as KernelSpecManager._get_destination_dir finds it: SYS_PREFIX is
+ * the environment's sys.prefix (for --sys-prefix), CWD makes a relative
+ * --prefix absolute; the user's folder comes from the environment
+ * (JUPYTER_DATA_DIR, else XDG_DATA_HOME/jupyter, else HOME/.local/share/jupyter).
+ * NULL with ERR when it cannot be said (no HOME, out of memory). */
+char *dk_install_destination(const dk_install_opts_t *opts, const char *name,
+                             const char *sys_prefix, char *err, size_t errlen);
+
+/* The display name: --display-name, else NAME when it is not the default
+ * name (what ipykernel does), else "distkernel (Python VERSION)". Borrowed or
+ * a static buffer's: copy it before the next call. */
+const char *dk_install_display_name(const dk_install_opts_t *opts, const char *name,
+                                    const char *version);
+
+/* kernel.json's text for a kernel run by KERNEL_EXE in the environment of
+ * PYTHON (NULL: the embedded Python's, and argv names none), a new string (the
+ * caller frees it), or NULL when out of memory. */
+char *dk_install_spec_json(const char *kernel_exe, const char *python,
+                           const char *display_name, const dk_install_env_t *env,
+                           size_t n_env);
+
+/* Write the kernelspec folder DEST: kernel.json with SPEC_JSON and the logos
+ * found in LOGO_DIR. It is built beside DEST and renamed into place, so a
+ * failure leaves no half-written kernelspec, and replaces one already there.
+ * Returns 0, or -1 with ERR (the folder cannot be written: on EACCES it says
+ * to try --user). */
+int dk_install_write(const char *dest, const char *spec_json, const char *logo_dir,
+                     bool user, char *err, size_t errlen);
+
+/* The whole command: ARGV[0] is "install". Returns the process's exit code. */
+int dk_install_main(int argc, char **argv);
+
+#endif
