@@ -14,7 +14,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
@@ -22,6 +21,7 @@ from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
 
 import support
+from slurm_cluster import cluster_sh
 
 pytestmark = pytest.mark.skipif(support.KERNEL_NAME != "distkernel",
                                 reason="distkernel install is distkernel's")
@@ -161,6 +161,31 @@ def test_a_warm_rank_comes_from_a_template_that_runs_in_the_venv(envs, kernel_v1
         assert info["warm"] and info["ppid"] == templates[0], (rank, info, templates)
 
 
+def test_a_template_of_another_environment_is_not_reused(envs, kernel_v1):
+    # The ranks' interpreter is the one DISTKERNEL_PYTHON names; pointed at
+    # v2, the next warm run must come from a new template that runs as v2's
+    # python. (Their imports still put the kernel's sys.path, v1's, first, as
+    # every rank's do: a kernel's ranks never run in another environment than
+    # the kernel's outside this test.)
+    def templates():
+        return [p.pid for p in psutil.Process(kernel_v1.pid).children()
+                if "DISTKERNEL_TEMPLATE" in p.environ()]
+    where(kernel_v1, cell(WARM_RUN))
+    before = templates()
+    r = kernel_v1.execute(f"import os; os.environ['DISTKERNEL_PYTHON'] = {str(envs.v2)!r}")
+    assert r.status == "ok", r.describe()
+    try:
+        ranks = where(kernel_v1, cell(WARM_RUN))
+    finally:
+        kernel_v1.execute(f"os.environ['DISTKERNEL_PYTHON'] = {str(envs.v1)!r}")
+    after = templates()
+    assert len(after) == 1 and after != before, (before, after)
+    for rank, info in ranks.items():
+        assert info["prefix"] == str(envs.v2.parent.parent), info
+        assert info["executable"] == str(envs.v2), info
+        assert info["warm"] and info["ppid"] == after[0], (rank, info, after)
+
+
 def test_started_ranks_run_in_the_venv(envs, kernel_v1):
     r = kernel_v1.execute("%distributed start num_processes=2 tracking=False", timeout=RUN)
     assert r.status == "ok", r.describe()
@@ -259,3 +284,57 @@ def test_an_environment_without_ipython_or_cloudpickle_is_refused_listing_them(e
     err = refused(envs, bare, "bare")
     assert "lacks what the kernel needs: IPython cloudpickle" in err, err
     assert "pip install ipython cloudpickle" in err and "--system-site-packages" in err, err
+
+
+# -- Slurm: ranks on the simulated cluster's nodes (tests/e2e/slurm_cluster.py) ------
+#
+# The simulated nodes share this host's filesystem (each is a mount namespace
+# that is a slave of the host's), so the venv under the test's folder is at the
+# same path on them, as on a cluster whose home folders are shared. To take it
+# away from one node, a tmpfs is mounted over the venv inside that node's mount
+# namespace only.
+
+SLURM_CELL = cell("%%distributed num_processes=2 nodes=2 tracking=False").replace(
+    "import json, os, sys", "import json, os, sys, socket\nprint('node', socket.gethostname())")
+
+
+@pytest.fixture(scope="module")
+def slurm_kernel_v1(envs, slurm_cluster, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("slurm-logs")
+    logs.chmod(0o700)
+    env = {k: v for k, v in slurm_cluster.env.items()
+           if not k.startswith(("SLURM_", "DISTKERNEL_SLURM_"))
+           and k not in ("DISTKERNEL_NODES", "DISTKERNEL_LAUNCHER")}
+    env.update(SLURM_CONF=slurm_cluster.conf, DISTKERNEL_LOG_DIR=str(logs),
+               MLFLOW_TRACKING_URI="")
+    km = KernelManager(kernel_name="env-one", kernel_spec_manager=envs.ksm)
+    k = support.Kernel.launch(km, env=env)
+    yield k
+    k.stop()
+
+
+def test_a_slurm_rank_runs_in_the_venv_on_its_node(envs, slurm_kernel_v1):
+    r = slurm_kernel_v1.execute(SLURM_CELL, timeout=RUN)
+    assert r.status == "ok", r.describe()
+    assert "node node1" in r.stdout and "node node2" in r.stdout, r.describe()
+    ranks = {int(m.group(1)): json.loads(m.group(2))
+             for m in re.finditer(r"^\[rank (\d+)\] (\{.*\})$", r.stdout, re.M)}
+    assert sorted(ranks) == [0, 1], r.describe()
+    assert_in_venv(ranks, envs.v1.parent.parent, "v1")
+
+
+def test_a_slurm_node_without_the_environment_is_named_with_the_path(envs, slurm_cluster,
+                                                                     slurm_kernel_v1):
+    venv = envs.v1.parent.parent
+    cluster_sh("exec", "node2", "mount", "-t", "tmpfs", "tmpfs", str(venv),
+               env=slurm_cluster.sh_env)
+    try:
+        r = slurm_kernel_v1.execute(SLURM_CELL, timeout=RUN)
+    finally:
+        cluster_sh("exec", "node2", "umount", str(venv), env=slurm_cluster.sh_env)
+    # The rank on node2 says why in the cell, before Python would have failed
+    # obscurely (no encodings module); the run ends as a failed start.
+    assert r.status == "error", r.describe()
+    assert f"[rank 1] distkernel-rank: the kernel's Python environment is not on node node2: " \
+           f"{envs.v1}: No such file or directory" in r.stderr, r.describe()
+    assert "rank 1: exited with code 1 during start-up" in r.content["evalue"], r.describe()
