@@ -193,21 +193,26 @@ char *dk_install_kernel_name(const char *name, char *err, size_t errlen)
 
 /* The folder it runs in, and '' (-c puts it first), leave sys.path: a folder
  * named IPython where `distkernel install` is run must not pass for the
- * module. Only the oldest Python 3 syntax, so that any Python can say which
- * version it is. */
+ * module. The version comes first and every later step may fail quietly, so
+ * that any Python, 2.7 too, says which version it is. */
 const char dk_install_probe_script[] =
     "import sys, os\n"
     "sys.path[:] = [p for p in sys.path if p not in ('', os.getcwd())]\n"
-    "import importlib.util, sysconfig\n"
+    "print('" PROBE_MARK "')\n"
+    "print('version %d.%d' % sys.version_info[:2])\n"
+    "try:\n"
+    "    import sysconfig\n"
+    "    soabi = sysconfig.get_config_var('SOABI') or ''\n"
+    "except Exception:\n"
+    "    soabi = ''\n"
+    "print('soabi ' + soabi)\n"
+    "print('prefix ' + sys.prefix)\n"
     "def has(m):\n"
     "    try:\n"
+    "        import importlib.util\n"
     "        return importlib.util.find_spec(m) is not None\n"
     "    except Exception:\n"
     "        return False\n"
-    "print('" PROBE_MARK "')\n"
-    "print('version %d.%d' % sys.version_info[:2])\n"
-    "print('soabi ' + (sysconfig.get_config_var('SOABI') or ''))\n"
-    "print('prefix ' + sys.prefix)\n"
     "print('missing ' + ' '.join(m for m in ('IPython', 'cloudpickle') if not has(m)))\n";
 
 void dk_install_probe_clear(dk_install_probe_t *probe)
