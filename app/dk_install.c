@@ -1,18 +1,10 @@
 /*
- * dk_install: `distkernel install`. See the header.
- *
- * Why a probe, and not a look at the file: "is this python 3.11 with our
- * ABI?" has no reliable answer from its name (python3, python, a conda
- * python3.11 that is a 3.12), from following symlinks (a venv's python links
- * to a base interpreter, a conda env's is a real file) or from pyvenv.cfg
- * (virtualenv and conda write different keys, or none). Running it is what
- * ipykernel effectively does too (it is that python that writes the spec), and
- * it answers the other questions at once: sys.prefix for --sys-prefix and
- * whether IPython and cloudpickle are importable there.
+ * dk_install: `distkernel install`. See the header; the probe of the python
+ * and the check of what it says are dk_pyprobe's.
  */
 #include "dk_install.h"
 #include "dk_err.h"
-#include "dk_proc.h"
+#include "dk_pyprobe.h"
 #include "dk_spawn.h"
 
 #include <ctype.h>
@@ -26,16 +18,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #define DEFAULT_NAME "distkernel"
 /* jupyter_core's SYSTEM_JUPYTER_PATH[0] on Linux, where a system-wide install goes. */
 #define SYSTEM_JUPYTER_DIR "/usr/local/share/jupyter"
-#define PROBE_MARK "distkernel-probe 1"
-#define PROBE_TIMEOUT_S 60
-
-extern char **environ;
 
 static void usage(FILE *out)
 {
@@ -187,192 +174,6 @@ char *dk_install_kernel_name(const char *name, char *err, size_t errlen)
         }
     }
     return lower;
-}
-
-/* -- the probe ------------------------------------------------------------------- */
-
-/* The folder it runs in, and '' (-c puts it first), leave sys.path: a folder
- * named IPython where `distkernel install` is run must not pass for the
- * module. The version comes first and every later step may fail quietly, so
- * that any Python, 2.7 too, says which version it is. */
-const char dk_install_probe_script[] =
-    "import sys, os\n"
-    "sys.path[:] = [p for p in sys.path if p not in ('', os.getcwd())]\n"
-    "print('" PROBE_MARK "')\n"
-    "print('version %d.%d' % sys.version_info[:2])\n"
-    "try:\n"
-    "    import sysconfig\n"
-    "    soabi = sysconfig.get_config_var('SOABI') or ''\n"
-    "except Exception:\n"
-    "    soabi = ''\n"
-    "print('soabi ' + soabi)\n"
-    "print('prefix ' + sys.prefix)\n"
-    "def has(m):\n"
-    "    try:\n"
-    "        import importlib.util\n"
-    "        return importlib.util.find_spec(m) is not None\n"
-    "    except Exception:\n"
-    "        return False\n"
-    "print('missing ' + ' '.join(m for m in ('IPython', 'cloudpickle') if not has(m)))\n";
-
-void dk_install_probe_clear(dk_install_probe_t *probe)
-{
-    free(probe->soabi);
-    free(probe->prefix);
-    free(probe->missing);
-    memset(probe, 0, sizeof *probe);
-}
-
-/* The rest of OUT's line starting with "KEY " (a new string), or NULL. */
-static char *field(const char *out, const char *key)
-{
-    size_t n = strlen(key);
-    for (const char *line = out; *line;) {
-        const char *end = strchr(line, '\n');
-        if (strncmp(line, key, n) == 0 && line[n] == ' ') {
-            const char *v = line + n + 1;
-            return strndup(v, end ? (size_t)(end - v) : strlen(v));
-        }
-        if (!end)
-            break;
-        line = end + 1;
-    }
-    return NULL;
-}
-
-int dk_install_probe_parse(const char *out, dk_install_probe_t *probe, char *err,
-                           size_t errlen)
-{
-    memset(probe, 0, sizeof *probe);
-    if (strncmp(out, PROBE_MARK "\n", sizeof PROBE_MARK) != 0) {
-        dk_set_err(err, errlen, "it did not run distkernel's probe");
-        return -1;
-    }
-    char *version = field(out, "version");
-    char tail;
-    probe->soabi = field(out, "soabi");
-    probe->prefix = field(out, "prefix");
-    probe->missing = field(out, "missing");
-    if (!version || sscanf(version, "%d.%d%c", &probe->major, &probe->minor, &tail) != 2 ||
-        !probe->soabi || !probe->prefix || !*probe->prefix || !probe->missing) {
-        dk_set_err(err, errlen, "its answer to distkernel's probe is incomplete");
-        free(version);
-        dk_install_probe_clear(probe);
-        return -1;
-    }
-    free(version);
-    return 0;
-}
-
-typedef struct {
-    struct timespec deadline;
-    bool timed_out;
-} probe_clock_t;
-
-static bool probe_late(void *data)
-{
-    probe_clock_t *c = data;
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    if (now.tv_sec > c->deadline.tv_sec ||
-        (now.tv_sec == c->deadline.tv_sec && now.tv_nsec >= c->deadline.tv_nsec))
-        c->timed_out = true;
-    return c->timed_out;
-}
-
-int dk_install_probe_run(const char *python, dk_install_probe_t *probe, char *err,
-                         size_t errlen)
-{
-    memset(probe, 0, sizeof *probe);
-    struct stat st;
-    if (stat(python, &st) < 0) {
-        dk_set_err(err, errlen, "%s is not a Python: %s", python, strerror(errno));
-        return -1;
-    }
-    if (!S_ISREG(st.st_mode) || access(python, X_OK) < 0) {
-        dk_set_err(err, errlen, "%s is not a Python: it is not an executable file", python);
-        return -1;
-    }
-    char *argv[] = {(char *)python, "-c", (char *)dk_install_probe_script, NULL};
-    probe_clock_t clock = {.timed_out = false};
-    clock_gettime(CLOCK_MONOTONIC, &clock.deadline);
-    clock.deadline.tv_sec += PROBE_TIMEOUT_S;
-    dk_proc_spec_t spec = {.path = python, .argv = argv, .envp = environ, .max_out = 64 * 1024,
-                           .cancelled = probe_late, .data = &clock};
-    dk_proc_result_t res;
-    char why[512];
-    if (dk_proc_run(&spec, &res, why, sizeof why) < 0) {
-        dk_set_err(err, errlen, "%s is not a Python: it could not be run: %s", python, why);
-        return -1;
-    }
-    int rc = 0;
-    if (clock.timed_out) {
-        dk_set_err(err, errlen, "%s is not a Python: it did not answer within %d s", python,
-                   PROBE_TIMEOUT_S);
-        rc = -1;
-    } else if (dk_install_probe_parse(res.out ? res.out : "", probe, why, sizeof why) < 0) {
-        dk_set_err(err, errlen,
-                   "%s is not a Python: asked for its version (%s -c ...), %s (exit status %d)",
-                   python, python, why, res.exit_code);
-        rc = -1;
-    }
-    dk_proc_result_free(&res);
-    return rc;
-}
-
-/* -- the check ------------------------------------------------------------------- */
-
-int dk_install_check(const dk_install_probe_t *probe, const char *python,
-                     const char *want_version, const char *want_soabi, char *err,
-                     size_t errlen)
-{
-    char have[32];
-    snprintf(have, sizeof have, "%d.%d", probe->major, probe->minor);
-    /* The build for PYTHON: its own build folder, so it does not replace this one. */
-    char build[48];
-    snprintf(build, sizeof build, "build-%s", have);
-    if (strcmp(have, want_version) != 0) {
-        dk_set_err(err, errlen,
-                   "%s is Python %s, but this distkernel embeds Python %s (%s), and a kernel "
-                   "can only run in an environment of the Python it embeds. Build a "
-                   "distkernel for Python %s and install the kernel with that build:\n"
-                   "  meson setup -Dpython=%s %s && ninja -C %s && meson install -C %s",
-                   python, have, want_version, DK_PYTHON_EXE, have, python, build, build, build);
-        return -1;
-    }
-    /* Same version, other ABI: a free-threaded (3.13t) or debug build, or
-     * another platform; its compiled packages would not load in our libpython. */
-    if (*want_soabi && *probe->soabi && strcmp(probe->soabi, want_soabi) != 0) {
-        dk_set_err(err, errlen,
-                   "%s is Python %s with the ABI %s, but this distkernel embeds Python %s with "
-                   "the ABI %s (%s): its compiled packages would not load in this kernel. "
-                   "Build a distkernel for that Python and install the kernel with that build:\n"
-                   "  meson setup -Dpython=%s build-%s && ninja -C build-%s && "
-                   "meson install -C build-%s",
-                   python, have, probe->soabi, want_version, want_soabi, DK_PYTHON_EXE, python,
-                   probe->soabi, probe->soabi, probe->soabi);
-        return -1;
-    }
-    if (*probe->missing) {
-        char pkgs[128] = "";
-        for (const char *m = probe->missing; *m;) {
-            size_t n = strcspn(m, " ");
-            if (strncmp(m, "IPython", n) == 0 && n == 7)
-                strncat(pkgs, " ipython", sizeof pkgs - strlen(pkgs) - 1);
-            else
-                snprintf(pkgs + strlen(pkgs), sizeof pkgs - strlen(pkgs), " %.*s", (int)n, m);
-            m += n;
-            while (*m == ' ')
-                m++;
-        }
-        dk_set_err(err, errlen,
-                   "the environment of %s (sys.prefix %s) lacks what the kernel needs: %s. "
-                   "Install it there (%s -m pip install%s), or make the venv with "
-                   "--system-site-packages to use the system's",
-                   python, probe->prefix, probe->missing, python, pkgs);
-        return -1;
-    }
-    return 0;
 }
 
 /* -- where, and what --------------------------------------------------------------- */
@@ -653,7 +454,7 @@ int dk_install_main(int argc, char **argv)
     }
     int rc = 1;
     char *name = NULL, *python = NULL, *dest = NULL, *spec = NULL, exe[PATH_MAX];
-    dk_install_probe_t probe = {0};
+    dk_pyprobe_t probe = {0};
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n <= 0) {
         fprintf(stderr, "distkernel install: cannot tell where this program is: %s\n",
@@ -663,8 +464,9 @@ int dk_install_main(int argc, char **argv)
     exe[n] = '\0';
     if (!(name = dk_install_kernel_name(opts.name, err, sizeof err)) ||
         !(python = absolute_python(opts.python ? opts.python : DK_PYTHON_EXE, err, sizeof err)) ||
-        dk_install_probe_run(python, &probe, err, sizeof err) < 0 ||
-        dk_install_check(&probe, python, DK_PYTHON_VERSION, DK_PYTHON_SOABI, err, sizeof err) < 0 ||
+        dk_pyprobe_run(python, &probe, err, sizeof err) < 0 ||
+        dk_pyprobe_check(&probe, python, DK_PYTHON_VERSION, DK_PYTHON_SOABI, err,
+                         sizeof err) < 0 ||
         !(dest = dk_install_destination(&opts, name, probe.prefix, err, sizeof err))) {
         fprintf(stderr, "distkernel install: %s\n", err);
         goto out;
@@ -683,7 +485,7 @@ int dk_install_main(int argc, char **argv)
     printf("Installed kernelspec %s in %s\n", name, dest);
     rc = 0;
 out:
-    dk_install_probe_clear(&probe);
+    dk_pyprobe_clear(&probe);
     dk_install_opts_clear(&opts);
     free(name);
     free(python);

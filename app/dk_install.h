@@ -15,15 +15,14 @@
  * not run the environment's python but tells the embedded one to start as
  * that python would (kernel.json's argv is `distkernel --python PATH -f
  * {connection_file}`, see runtime/dk_pyinit.h). That only works for a Python
- * of the same version and ABI, so PATH is probed first (it runs a few lines
- * of Python that print its version, SOABI, sys.prefix and which of the
- * kernel's modules it lacks) and refused, with no kernelspec written, when it
+ * of the same version and ABI, so PATH is probed first (dk_pyprobe.h) and
+ * refused, with no kernelspec written, when it
  * is another version or ABI, not a Python at all, or lacks IPython or
  * cloudpickle. The refusal says what to do.
  *
- * The pieces are pure where they can be (parse, probe output, check,
- * destination, kernel.json) so the unit tests drive them alone; only
- * dk_install_probe_run and dk_install_write touch processes and files.
+ * The pieces are pure where they can be (parse, destination, kernel.json)
+ * so the unit tests drive them alone; dk_install_write touches files, and
+ * the probe (dk_pyprobe.h) runs the python.
  */
 #ifndef DK_INSTALL_H
 #define DK_INSTALL_H
@@ -59,38 +58,6 @@ void dk_install_opts_clear(dk_install_opts_t *opts);
 /* The kernelspec's name: NAME lower-cased, in a new string (the caller frees
  * it), or NULL with ERR when it is not [a-z0-9._-]+ or out of memory. */
 char *dk_install_kernel_name(const char *name, char *err, size_t errlen);
-
-/* What a python says about itself (dk_install_probe_parse). */
-typedef struct {
-    int major, minor;
-    char *soabi;                 /* "cpython-311-x86_64-linux-gnu"; "" when it has none */
-    char *prefix;                /* sys.prefix */
-    char *missing;               /* the kernel's modules it lacks, space-separated; "" */
-} dk_install_probe_t;
-
-/* The script dk_install_probe_run runs with `PYTHON -c`. */
-extern const char dk_install_probe_script[];
-
-/* Parse the probe's output OUT into PROBE. Returns 0, or -1 with ERR (OUT is
- * not what a Python running the script prints) and PROBE holding nothing. */
-int dk_install_probe_parse(const char *out, dk_install_probe_t *probe, char *err,
-                           size_t errlen);
-
-/* Run the probe with PYTHON and parse what it prints. Returns 0, or -1 with
- * ERR naming PYTHON and saying why it is not a Python (not there, not
- * executable, says nothing a Python would, did not finish within 60 s). */
-int dk_install_probe_run(const char *python, dk_install_probe_t *probe, char *err,
-                         size_t errlen);
-
-void dk_install_probe_clear(dk_install_probe_t *probe);
-
-/* Whether the kernel, embedding Python WANT_VERSION ("3.11") with SOABI
- * WANT_SOABI, can run in PYTHON's environment as PROBE describes it: 0, or -1
- * with ERR saying why not (another version or ABI: both named, and how to
- * build a kernel for PYTHON; modules missing: which, and how to add them). */
-int dk_install_check(const dk_install_probe_t *probe, const char *python,
-                     const char *want_version, const char *want_soabi, char *err,
-                     size_t errlen);
 
 /* The folder the kernelspec NAME goes to for OPTS (a new string, the caller
  * frees it), as KernelSpecManager._get_destination_dir finds it: SYS_PREFIX is

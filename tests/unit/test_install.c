@@ -1,6 +1,6 @@
 /*
  * `distkernel install` (app/dk_install.h): its command line, the probe of a
- * python and the check of what it says, where the kernelspec goes and what
+ * python and the check of what it says (app/dk_pyprobe.h), where the kernelspec goes and what
  * it holds. The probe runs Debian's real python once, so that the fake
  * pythons of the end-to-end refusals (tests/e2e/test_environments.py) answer
  * in the format a real one does.
@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "dk_install.h"
+#include "dk_pyprobe.h"
 
 static char err[2048];
 
@@ -129,94 +130,94 @@ static const char good[] = "distkernel-probe 1\nversion 3.11\n"
 
 Test(install, the_probe_of_a_real_python_parses)
 {
-    dk_install_probe_t p;
-    cr_assert_eq(dk_install_probe_run(PYTHON3, &p, err, sizeof err), 0, "%s", err);
+    dk_pyprobe_t p;
+    cr_assert_eq(dk_pyprobe_run(PYTHON3, &p, err, sizeof err), 0, "%s", err);
     cr_assert_eq(p.major, 3);
     cr_assert_str_eq(p.prefix, "/usr");
     cr_assert(strncmp(p.soabi, "cpython-3", 9) == 0, "%s", p.soabi);
     cr_assert_str_eq(p.missing, "");
-    dk_install_probe_clear(&p);
+    dk_pyprobe_clear(&p);
 }
 
 Test(install, a_program_that_says_something_else_is_not_a_python)
 {
-    dk_install_probe_t p;
-    cr_assert_eq(dk_install_probe_run("/bin/echo", &p, err, sizeof err), -1);
+    dk_pyprobe_t p;
+    cr_assert_eq(dk_pyprobe_run("/bin/echo", &p, err, sizeof err), -1);
     cr_assert(strstr(err, "/bin/echo is not a Python"), "%s", err);
-    cr_assert_eq(dk_install_probe_run("/nonexistent/python", &p, err, sizeof err), -1);
+    cr_assert_eq(dk_pyprobe_run("/nonexistent/python", &p, err, sizeof err), -1);
     cr_assert(strstr(err, "/nonexistent/python is not a Python: No such file"), "%s", err);
-    cr_assert_eq(dk_install_probe_run("/tmp", &p, err, sizeof err), -1);
+    cr_assert_eq(dk_pyprobe_run("/tmp", &p, err, sizeof err), -1);
     cr_assert(strstr(err, "not an executable file"), "%s", err);
 }
 
 Test(install, an_incomplete_or_odd_answer_is_refused)
 {
-    dk_install_probe_t p;
-    cr_assert_eq(dk_install_probe_parse(good, &p, err, sizeof err), 0, "%s", err);
-    dk_install_probe_clear(&p);
-    cr_assert_eq(dk_install_probe_parse("distkernel-probe 1\nversion 3.11\n", &p, err, sizeof err),
+    dk_pyprobe_t p;
+    cr_assert_eq(dk_pyprobe_parse(good, &p, err, sizeof err), 0, "%s", err);
+    dk_pyprobe_clear(&p);
+    cr_assert_eq(dk_pyprobe_parse("distkernel-probe 1\nversion 3.11\n", &p, err, sizeof err),
                  -1);
-    cr_assert_eq(dk_install_probe_parse("Python 3.11.2\n", &p, err, sizeof err), -1);
-    cr_assert_eq(dk_install_probe_parse("distkernel-probe 1\nversion 3.x\nsoabi \nprefix /e\n"
-                                        "missing \n", &p, err, sizeof err), -1);
-    cr_assert_eq(dk_install_probe_parse("", &p, err, sizeof err), -1);
+    cr_assert_eq(dk_pyprobe_parse("Python 3.11.2\n", &p, err, sizeof err), -1);
+    cr_assert_eq(dk_pyprobe_parse("distkernel-probe 1\nversion 3.x\nsoabi \nprefix /e\n"
+                                  "missing \n", &p, err, sizeof err), -1);
+    cr_assert_eq(dk_pyprobe_parse("", &p, err, sizeof err), -1);
 }
 
-static dk_install_probe_t probe_of(const char *text)
+static dk_pyprobe_t probe_of(const char *text)
 {
-    dk_install_probe_t p;
-    cr_assert_eq(dk_install_probe_parse(text, &p, err, sizeof err), 0, "%s", err);
+    dk_pyprobe_t p;
+    cr_assert_eq(dk_pyprobe_parse(text, &p, err, sizeof err), 0, "%s", err);
     return p;
 }
 
 Test(install, the_same_version_and_abi_with_the_modules_passes)
 {
-    dk_install_probe_t p = probe_of(good);
-    cr_assert_eq(dk_install_check(&p, "/e/bin/python", "3.11", "cpython-311-x86_64-linux-gnu",
-                                  err, sizeof err), 0, "%s", err);
-    dk_install_probe_clear(&p);
+    dk_pyprobe_t p = probe_of(good);
+    cr_assert_eq(dk_pyprobe_check(&p, "/e/bin/python", "3.11", "cpython-311-x86_64-linux-gnu",
+                                 err, sizeof err), 0, "%s", err);
+    dk_pyprobe_clear(&p);
 }
 
 Test(install, another_version_names_both_and_the_build_for_it)
 {
-    dk_install_probe_t p = probe_of("distkernel-probe 1\nversion 3.12\n"
+    dk_pyprobe_t p = probe_of("distkernel-probe 1\nversion 3.12\n"
                                     "soabi cpython-312-x86_64-linux-gnu\nprefix /e\nmissing \n");
-    cr_assert_eq(dk_install_check(&p, "/e/bin/python", "3.11", "cpython-311-x86_64-linux-gnu",
-                                  err, sizeof err), -1);
+    cr_assert_eq(dk_pyprobe_check(&p, "/e/bin/python", "3.11", "cpython-311-x86_64-linux-gnu",
+                                 err, sizeof err), -1);
     cr_assert(strstr(err, "/e/bin/python is Python 3.12"), "%s", err);
     cr_assert(strstr(err, "embeds Python 3.11"), "%s", err);
     cr_assert(strstr(err, "meson setup -Dpython=/e/bin/python build-3.12"), "%s", err);
-    dk_install_probe_clear(&p);
+    dk_pyprobe_clear(&p);
 }
 
 Test(install, a_3_1_is_not_a_3_11)
 {
-    dk_install_probe_t p = probe_of("distkernel-probe 1\nversion 3.1\nsoabi \nprefix /e\n"
+    dk_pyprobe_t p = probe_of("distkernel-probe 1\nversion 3.1\nsoabi \nprefix /e\n"
                                     "missing \n");
-    cr_assert_eq(dk_install_check(&p, "/e/bin/python", "3.11", "", err, sizeof err), -1);
-    dk_install_probe_clear(&p);
+    cr_assert_eq(dk_pyprobe_check(&p, "/e/bin/python", "3.11", "", err, sizeof err), -1);
+    dk_pyprobe_clear(&p);
 }
 
 Test(install, another_abi_of_the_same_version_names_both)
 {
-    dk_install_probe_t p = probe_of("distkernel-probe 1\nversion 3.11\n"
+    dk_pyprobe_t p = probe_of("distkernel-probe 1\nversion 3.11\n"
                                     "soabi cpython-311d-x86_64-linux-gnu\nprefix /e\nmissing \n");
-    cr_assert_eq(dk_install_check(&p, "/e/bin/python", "3.11", "cpython-311-x86_64-linux-gnu",
-                                  err, sizeof err), -1);
+    cr_assert_eq(dk_pyprobe_check(&p, "/e/bin/python", "3.11", "cpython-311-x86_64-linux-gnu",
+                                 err, sizeof err), -1);
     cr_assert(strstr(err, "cpython-311d-x86_64-linux-gnu"), "%s", err);
     cr_assert(strstr(err, "the ABI cpython-311-x86_64-linux-gnu"), "%s", err);
     cr_assert(strstr(err, "meson setup -Dpython=/e/bin/python"), "%s", err);
-    dk_install_probe_clear(&p);
+    dk_pyprobe_clear(&p);
 }
 
 Test(install, missing_modules_are_listed_with_how_to_add_them)
 {
-    dk_install_probe_t p = probe_of("distkernel-probe 1\nversion 3.11\nsoabi \nprefix /e\n"
+    dk_pyprobe_t p = probe_of("distkernel-probe 1\nversion 3.11\nsoabi \nprefix /e\n"
                                     "missing IPython cloudpickle\n");
-    cr_assert_eq(dk_install_check(&p, "/e/bin/python", "3.11", "", err, sizeof err), -1);
+    cr_assert_eq(dk_pyprobe_check(&p, "/e/bin/python", "3.11", "", err, sizeof err), -1);
     cr_assert(strstr(err, "lacks what the kernel needs: IPython cloudpickle"), "%s", err);
     cr_assert(strstr(err, "/e/bin/python -m pip install ipython cloudpickle"), "%s", err);
-    dk_install_probe_clear(&p);
+    dk_pyprobe_clear(&p);
 }
 
 /* -- where it goes -- */
