@@ -16,6 +16,8 @@ PKGS=(
   python3-dev
   # the Python the kernel embeds
   python3-ipython python3-cloudpickle python3-ipykernel python3-ipywidgets
+  # the Debian package (scripts/package.sh, scripts/package_test.sh)
+  dpkg-dev debhelper dh-python lintian
   # tests and the headless notebook run
   libcriterion-dev python3-pytest python3-pytest-timeout python3-psutil python3-zmq
   python3-jupyter-client python3-jupyter-kernel-test python3-nbclient python3-nbconvert
