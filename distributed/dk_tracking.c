@@ -176,6 +176,13 @@ static int experiment_id(dk_tracking_t *self, dk_mlflow_t *c, const char *uri, c
     else
         default_experiment(experiment, sizeof experiment);
     if (!req->opts->experiment[0] && exp_id_env && *exp_id_env) {
+        /* It goes into the run's link as the server's ids do: held to the same form. */
+        if (!dk_mlflow_is_experiment_id(exp_id_env)) {
+            snprintf(err, errlen, "MLFLOW_EXPERIMENT_ID is not an MLflow experiment id "
+                                  "(decimal digits); set it to one, or unset it to name "
+                                  "the experiment");
+            return -1;
+        }
         snprintf(out->experiment_id, sizeof out->experiment_id, "%s", exp_id_env);
         return 0;
     }
