@@ -63,8 +63,17 @@ static double request_timeout(void)
  * or did not start (NOTE then says why). */
 static const char *start_server(dk_tracking_t *self, char *note, size_t notelen)
 {
-    if (self->tried)
-        return self->server ? dk_server_uri(self->server) : NULL;
+    if (self->tried) {
+        if (!self->server)
+            return NULL;
+        /* Checked before every run: were the server gone, its port would be anyone's. */
+        char err[1024];
+        if (dk_server_check(self->server, err, sizeof err) < 0) {
+            snprintf(note, notelen, "MLflow tracking is off for this run: %s", err);
+            return NULL;
+        }
+        return dk_server_uri(self->server);
+    }
     self->tried = true;
     char cwd[2048], store[2200];
     if (!getcwd(cwd, sizeof cwd)) {

@@ -1,21 +1,29 @@
 """
-The tracking server is trusted only as far as it is checked (issue 21), end to end
-through jupyter_client against tests/mlflow_server.py:
+The tracking server is trusted only as far as it is checked (issue 21, items 1, 2
+and 7), end to end through jupyter_client against tests/mlflow_server.py:
 
   - ids a server answers that are not what MLflow issues (run ids: 32 lowercase
     hex digits; experiment ids: decimal digits) are refused with one warning, the
     cell still runs, and no link is shown; whatever the kernel does place in its
-    HTML is escaped.
+    HTML is escaped;
+  - the server the kernel starts itself (a stand-in `mlflow` here) is used only
+    once its listening socket is seen to belong to that server's processes: a
+    second user who binds the port first gets no request (root makes that user;
+    skipped otherwise).
 
 Ranks do little and import no torch, 2 per run.
 """
 import html.parser
 import json
+import os
+import subprocess
 import sys
+import time
 
 import pytest
 
 import support
+import users
 
 sys.path.insert(0, str(support.REPO_ROOT / "tests"))
 from mlflow_server import MlflowTestServer  # noqa: E402
@@ -102,4 +110,110 @@ def test_the_link_is_one_anchor_whatever_the_run_name(tracked, honest):
     assert [t for t, _ in tags] == ["a"], link
     assert tags[0][1]["href"].startswith(honest.url + "/#/experiments/"), link
     assert "a&lt;b&gt;&amp;&#39;x&#39;" in link, link
+
+
+# -- the server the kernel starts: the port race --------------------------------------
+
+# Stands in for `mlflow server`, slowed as MLflow is by its imports: it records its
+# arguments, then listens only once told to (a file "go" beside it), so that the
+# race is won by the other user every time rather than by luck. It opens its store
+# as MLflow's SQLite does (created 0644 under umask 022 when absent).
+SLOW_MLFLOW = """\
+#!/usr/bin/python3
+import json, os, sys, time
+here = os.path.dirname(os.path.abspath(__file__))
+argv = sys.argv[1:]
+with open(os.path.join(here, "started.jsonl"), "a") as f:
+    f.write(json.dumps({{"argv": argv, "pid": os.getpid()}}) + "\\n")
+deadline = time.monotonic() + 60
+while not os.path.exists(os.path.join(here, "go")) and time.monotonic() < deadline:
+    time.sleep(0.02)
+store = argv[argv.index("--backend-store-uri") + 1][len("sqlite:///"):]
+os.umask(0o022)
+os.close(os.open(store, os.O_RDWR | os.O_CREAT, 0o644))   # as SQLite opens it
+os.execv("/usr/bin/python3", ["/usr/bin/python3", {server!r}, "--port",
+                              argv[argv.index("--port") + 1]])
+"""
+
+# The other user's server: answers anything with 200, records what it was sent.
+IMPOSTOR = """\
+import sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+port, log = int(sys.argv[1]), sys.argv[2]
+class H(BaseHTTPRequestHandler):
+    def answer(self):
+        with open(log, "a") as f:
+            f.write(self.command + " " + self.path + "\\n")
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b"{}")
+    do_GET = do_POST = answer
+    def log_message(self, *a):
+        pass
+srv = HTTPServer(("127.0.0.1", port), H)
+print("listening", flush=True)
+srv.serve_forever()
+"""
+
+
+def wait_for(what, predicate, timeout):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.05)
+
+
+def stand_in_bin(victim):
+    """A folder of VICTIM's holding the slow stand-in `mlflow`."""
+    bin_dir = users.private_dir(victim, prefix="dk-mlflow-bin-")
+    fake = bin_dir / "mlflow"
+    fake.write_text(SLOW_MLFLOW.format(server=str(support.REPO_ROOT / "tests" /
+                                                  "mlflow_server.py")))
+    fake.chmod(0o755)
+    os.chown(fake, victim.uid, victim.gid)
+    return bin_dir
+
+
+def started_port(bin_dir):
+    path = bin_dir / "started.jsonl"
+    if not path.exists() or not path.read_text().strip():
+        return None
+    argv = json.loads(path.read_text().splitlines()[0])["argv"]
+    return int(argv[argv.index("--port") + 1])
+
+
+@pytest.mark.timeout(120)
+def test_a_port_taken_by_another_user_gets_no_request_and_a_clear_warning():
+    victim, attacker = users.pair()
+    bin_dir = stand_in_bin(victim)
+    notebooks = users.private_dir(victim, prefix="dk-nb-")
+    log = attacker.home / "impostor-requests.log"
+    log.unlink(missing_ok=True)
+    k = users.start_kernel(victim, env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    impostor = None
+    try:
+        k.execute(f"import os; os.chdir({str(notebooks)!r})", timeout=30)
+        msg_id = k.start_execute(OK_CELL.format(opts=""))
+        port = wait_for("`mlflow server` started", lambda: started_port(bin_dir), 60)
+        impostor = users.popen_as(attacker, ["/usr/bin/python3", "-c", IMPOSTOR, str(port),
+                                             str(log)], stdout=subprocess.PIPE, text=True)
+        assert impostor.stdout.readline().strip() == "listening"
+        (bin_dir / "go").write_text("")   # the real server may listen now: too late
+        r = k.finish(msg_id, timeout=RUN)
+    finally:
+        if impostor:
+            impostor.kill()
+            impostor.wait()
+        users.stop_kernel(k)
+    assert r.status == "ok" and r.result == OK_RESULT, r.describe()
+    sent = log.read_text() if log.exists() else ""
+    assert sent == "", f"the other user's server received the kernel's requests:\n{sent}"
+    assert link_displays(r) == [], r.describe()
+    warning = [line for line in r.stderr.splitlines() if "MLflow" in line]
+    assert len(warning) == 1, r.describe()
+    assert f"127.0.0.1:{port}" in warning[0] and attacker.name in warning[0], warning[0]
 
