@@ -9,7 +9,8 @@ and 7), end to end through jupyter_client against tests/mlflow_server.py:
   - the server the kernel starts itself (a stand-in `mlflow` here) is used only
     once its listening socket is seen to belong to that server's processes: a
     second user who binds the port first gets no request (root makes that user;
-    skipped otherwise).
+    skipped otherwise);
+  - that server's store, mlflow.db, is the user's alone (0600).
 
 Ranks do little and import no torch, 2 per run.
 """
@@ -217,3 +218,49 @@ def test_a_port_taken_by_another_user_gets_no_request_and_a_clear_warning():
     assert len(warning) == 1, r.describe()
     assert f"127.0.0.1:{port}" in warning[0] and attacker.name in warning[0], warning[0]
 
+
+# -- the server the kernel starts: its store ------------------------------------------
+
+def store_kernel(tmp_path, notebooks):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "mlflow"
+    fake.write_text(SLOW_MLFLOW.format(server=str(support.REPO_ROOT / "tests" /
+                                                  "mlflow_server.py")))
+    fake.chmod(0o755)
+    (bin_dir / "go").write_text("")
+    k = support.Kernel.start(env=support.kernel_env(PATH=f"{bin_dir}:/usr/bin:/bin"),
+                             cwd=str(notebooks))
+    return k, bin_dir
+
+
+@pytest.mark.timeout(120)
+def test_the_store_is_the_users_alone(kernelspec_installed, tmp_path):
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir(mode=0o755)
+    k, _ = store_kernel(tmp_path, notebooks)
+    try:
+        r = k.execute(OK_CELL.format(opts=""), timeout=RUN)
+    finally:
+        k.stop()
+    assert r.status == "ok" and len(link_displays(r)) == 1, r.describe()
+    mode = (notebooks / "mlflow.db").stat().st_mode & 0o777
+    assert mode == 0o600, f"mlflow.db is {mode:o}"
+
+
+@pytest.mark.timeout(120)
+def test_no_store_in_a_folder_others_can_write(kernelspec_installed, tmp_path):
+    notebooks = tmp_path / "shared"
+    notebooks.mkdir()
+    notebooks.chmod(0o777)
+    k, bin_dir = store_kernel(tmp_path, notebooks)
+    try:
+        r = k.execute(OK_CELL.format(opts=""), timeout=RUN)
+    finally:
+        k.stop()
+    assert r.status == "ok" and r.result == OK_RESULT, r.describe()
+    assert link_displays(r) == [], r.describe()
+    assert not (bin_dir / "started.jsonl").exists(), "the server was started"
+    assert not (notebooks / "mlflow.db").exists()
+    (line,) = [line for line in r.stderr.splitlines() if "MLflow" in line]
+    assert "mlflow.db" in line and str(notebooks) in line, line
