@@ -9,6 +9,7 @@
 #include <Python.h>
 
 #include "dk_dist_mlflow.h"
+#include "dk_html.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,13 +104,20 @@ void dk_dist_mlflow_publish_link(dk_dist_mlflow_t *self, dk_kernel_t *kernel)
 {
     if (!self->tracked.active)
         return;
+    /* The URL comes from the environment and the server, the name from the
+     * cell: none of it is markup. */
     const char *url = self->tracked.url;
-    size_t n = strlen(url) * 2 + strlen(self->tracked.run_name) + 200;
-    char *html = malloc(n);
+    char *url_html = dk_html_escape(url);
+    char *name_html = dk_html_escape(self->tracked.run_name);
+    size_t n = (url_html ? strlen(url_html) : 0) + (name_html ? strlen(name_html) : 0) + 100;
+    char *html = url_html && name_html ? malloc(n) : NULL;
+    if (html)
+        snprintf(html, n, "MLflow run <a href=\"%s\" target=\"_blank\">%s</a>", url_html,
+                 name_html);
+    free(url_html);
+    free(name_html);
     if (!html)
         return;
-    snprintf(html, n, "MLflow run <a href=\"%s\" target=\"_blank\">%s</a>", url,
-             self->tracked.run_name);
     char text[2400];
     snprintf(text, sizeof text, "MLflow run %s: %s", self->tracked.run_name, url);
     json_t *content = json_pack("{s:{s:s, s:s}, s:{}, s:{}}", "data", "text/plain", text,

@@ -35,6 +35,7 @@
 #include "dk_gpu.h"
 #include "dk_logdir.h"
 #include "dk_logfile.h"
+#include "dk_slurm.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -396,6 +397,41 @@ static int slurm_nodes(dk_dist_run_t *run, dk_job_spec_t *spec)
     return 0;
 }
 
+extern char **environ;
+
+/* PAYLOAD with the kernel's MLflow variables that name secrets
+ * (MLFLOW_TRACKING_TOKEN, MLFLOW_TRACKING_PASSWORD) in its "env", which each
+ * rank sets before the job runs: ranks on Slurm's nodes are not sent them
+ * through srun (dk_slurm_step_env), so they travel in the job, over the
+ * authenticated back channel, seen by no other process on the nodes. A new
+ * reference to bytes, or NULL with a Python exception set. */
+static PyObject *with_mlflow_secrets(const void *payload, size_t len)
+{
+    PyObject *vars = PyDict_New();
+    for (size_t i = 0; vars && environ[i]; i++) {
+        const char *eq = strchr(environ[i], '=');
+        if (!eq || strncmp(environ[i], "MLFLOW_", 7) != 0 || !dk_slurm_secret_name(environ[i]))
+            continue;
+        PyObject *k = PyUnicode_FromStringAndSize(environ[i], eq - environ[i]);
+        PyObject *v = PyUnicode_FromString(eq + 1);
+        if (!k || !v || PyDict_SetItem(vars, k, v) < 0)
+            Py_CLEAR(vars);
+        Py_XDECREF(k);
+        Py_XDECREF(v);
+    }
+    PyObject *mod = vars ? PyImport_ImportModule("distkernel._dist") : NULL;
+    PyObject *wrapped = mod ? PyObject_CallMethod(mod, "with_env", "(y#O)", (const char *)payload,
+                                                  (Py_ssize_t)len, vars)
+                            : NULL;
+    Py_XDECREF(mod);
+    Py_XDECREF(vars);
+    if (wrapped && !PyBytes_Check(wrapped)) {
+        Py_CLEAR(wrapped);
+        PyErr_SetString(PyExc_TypeError, "distkernel._dist.with_env did not give bytes");
+    }
+    return wrapped;
+}
+
 static dk_job_t *start_job(dk_dist_run_t *run, char **env, const char *log_dir,
                            unsigned long long log_cap, const void *payload, size_t len)
 {
@@ -411,6 +447,7 @@ static dk_job_t *start_job(dk_dist_run_t *run, char **env, const char *log_dir,
         .grace_s = DK_DIST_KILL_GRACE_S,
     };
     char *warm_socket = NULL;    /* ours: freed once dk_job_start copied it */
+    PyObject *wrapped = NULL;    /* likewise the payload with MLflow's secrets */
     dk_sink_t sink = run_sink(run);
     if (run->pool) {
         /* Started ranks: the job outlives this run, so its sink is the pool's,
@@ -428,8 +465,10 @@ static dk_job_t *start_job(dk_dist_run_t *run, char **env, const char *log_dir,
         sink = dk_dist_pool_sink(run->pool);
     } else if (run->opts.launcher == DK_LAUNCHER_SLURM) {
         /* Ranks on Slurm's nodes: warm start is for ranks on this node. */
-        if (slurm_nodes(run, &spec) < 0)
+        if (slurm_nodes(run, &spec) < 0 || !(wrapped = with_mlflow_secrets(payload, len)))
             return NULL;
+        spec.payload = PyBytes_AS_STRING(wrapped);
+        spec.payload_len = (size_t)PyBytes_GET_SIZE(wrapped);
     } else if (run->warm) {
         /* A fresh run: its ranks forked from the warm-start template when one
          * fits, else cold as always, with the reason in its log folder. */
@@ -446,6 +485,7 @@ static dk_job_t *start_job(dk_dist_run_t *run, char **env, const char *log_dir,
     char err[1024];
     dk_job_t *job = dk_job_start(&spec, &sink, err, sizeof err);
     free(warm_socket);
+    Py_XDECREF(wrapped);
     if (job && run->pool) {
         dk_dist_pool_set_job(run->pool, job);
         if (run->slurm) {

@@ -92,6 +92,7 @@ struct dk_dist_slurm_t {
     char node_list[4096];
     char bc_addr[64];
     char advertise[64];         /* advertise_addr=, "" if not given */
+    char export_secrets[512];   /* export_secrets=: secret-named variables sent anyway */
     const char **hosts;         /* per rank: its node's name (the allocation's) */
     dk_slurm_step_t *steps;     /* per rank: its srun */
     const char *const **cmds;   /* per rank: steps[r].argv */
@@ -364,6 +365,7 @@ dk_dist_slurm_t *dk_dist_slurm_allocate(const dk_dist_opts_t *opts, const dk_dis
         return NULL;
     }
     snprintf(self->advertise, sizeof self->advertise, "%s", opts->advertise_addr);
+    snprintf(self->export_secrets, sizeof self->export_secrets, "%s", opts->export_secrets);
     return self;
 }
 
@@ -414,7 +416,11 @@ int dk_dist_slurm_spec(dk_dist_slurm_t *self, const char *rank_exe, dk_job_spec_
     }
     /* The node lists each rank's SLURM_* variables are rewritten from
      * (dk_slurm_rank.c): srun tells a one-task step only its own node. The
-     * rest is the kernel's environment less srun's input variables. */
+     * rest is the kernel's environment less srun's input variables and less
+     * the variables that name secrets (but those export_secrets= lists):
+     * srun --export=ALL would put them in every rank's environment on every
+     * node. MLflow's credentials reach the ranks in the job instead, over the
+     * authenticated back channel (dk_dist_run.c). */
     char *lists[2] = {NULL, NULL};
     size_t lens[2];
     FILE *f[2] = {open_memstream(&lists[0], &lens[0]), open_memstream(&lists[1], &lens[1])};
@@ -435,7 +441,7 @@ int dk_dist_slurm_spec(dk_dist_slurm_t *self, const char *rank_exe, dk_job_spec_
             ok = false;
     dk_spawn_env_free(self->env);
     self->env = ok ? dk_slurm_step_env(spec->env ? spec->env : (const char *const *)environ,
-                                       (const char *const *)lists, 2)
+                                       (const char *const *)lists, 2, self->export_secrets)
                    : NULL;
     free(lists[0]);
     free(lists[1]);

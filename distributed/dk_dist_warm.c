@@ -219,6 +219,19 @@ void dk_dist_warm_end(dk_template_t **slot)
     pthread_mutex_unlock(&warm_lock);
 }
 
+void dk_dist_warm_status_line(dk_template_t **slot, char *out, size_t outlen)
+{
+    out[0] = '\0';
+    if (pthread_mutex_trylock(&warm_lock) != 0)
+        return;     /* a run is building or using it: no line rather than a wait */
+    long kb = *slot ? dk_template_rss_kb(*slot) : -1;
+    if (kb >= 0)
+        snprintf(out, outlen, "warm-start template: " DK_TEMPLATE_ARGV0 " (pid %d), "
+                              "%.1f MiB resident; fresh runs' ranks are forked from it\n",
+                 dk_template_pid(*slot), (double) kb / 1024.0);
+    pthread_mutex_unlock(&warm_lock);
+}
+
 void dk_dist_warm_note(const char *log_dir, const char *why)
 {
     if (getenv("DISTKERNEL_DEBUG"))

@@ -36,6 +36,11 @@ char *dk_dist_warm_socket(dk_template_t **slot, const dk_dist_opts_t *opts,
  * (dk_template_end) under the lock the runs take. */
 void dk_dist_warm_end(dk_template_t **slot);
 
+/* The line `%distributed status` shows for the template in *SLOT: its name,
+ * pid and resident memory (it stays between runs, and holds torch), ending in
+ * a newline; "" when none runs (or a run holds it at the moment). */
+void dk_dist_warm_status_line(dk_template_t **slot, char *out, size_t outlen);
+
 /* Write WHY to warm.log in LOG_DIR (and to stderr under DISTKERNEL_DEBUG). */
 void dk_dist_warm_note(const char *log_dir, const char *why);
 

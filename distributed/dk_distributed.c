@@ -468,6 +468,10 @@ static int distributed_line_magic(void *host, void *data, const char *args, cons
         return rc;
     }
     if (strcmp(verb, "status") == 0) {
+        char template_line[256];
+        dk_dist_warm_status_line(&d->warm, template_line, sizeof template_line);
+        if (template_line[0])
+            say(d, template_line);
         if (!d->pool) {
             say(d, "no ranks are started (`%distributed start OPTIONS` starts them)\n");
         } else if (!dk_dist_pool_alive(d->pool)) {

@@ -14,8 +14,10 @@
 #include "dk_tracking.h"
 #include "dk_clock.h"
 #include "dk_kernel.h"
+#include "dk_logdir.h"
 #include "dk_mlflow.h"
 #include "dk_server.h"
+#include "dk_spawn.h"
 
 #include <pwd.h>
 #include <stdio.h>
@@ -63,14 +65,44 @@ static double request_timeout(void)
  * or did not start (NOTE then says why). */
 static const char *start_server(dk_tracking_t *self, char *note, size_t notelen)
 {
-    if (self->tried)
-        return self->server ? dk_server_uri(self->server) : NULL;
+    if (self->tried) {
+        if (!self->server)
+            return NULL;
+        /* Checked before every run: were the server gone, its port would be anyone's. */
+        char err[1024];
+        if (dk_server_check(self->server, err, sizeof err) < 0) {
+            snprintf(note, notelen, "MLflow tracking is off for this run: %s", err);
+            return NULL;
+        }
+        return dk_server_uri(self->server);
+    }
     self->tried = true;
     char cwd[2048], store[2200];
     if (!getcwd(cwd, sizeof cwd)) {
         snprintf(note, notelen, "MLflow tracking is off: could not pick a port for its server");
         return NULL;
     }
+    char found[256];
+    char *program = dk_spawn_find_program("mlflow", found, sizeof found);
+    if (!program)
+        return NULL;    /* not installed: no store to make, and the caller says so */
+    free(program);
+    /* The store holds every run's parameters and metrics: it is made here,
+     * 0600, in a folder checked as the log root is, before MLflow opens it by
+     * path (SQLite keeps the mode of an existing file, and gives its journal
+     * files the same). */
+    char err[3000];
+    int dir = dk_logdir_open(cwd, 0, "run the notebook from a folder of yours, or set "
+                             "MLFLOW_TRACKING_URI to your tracking server", err, sizeof err);
+    int db = dir >= 0 ? dk_logdir_private_file(dir, "mlflow.db", err, sizeof err) : -1;
+    if (dir >= 0)
+        close(dir);
+    if (db < 0) {
+        snprintf(note, notelen, "MLflow tracking is off: its store, mlflow.db, would be "
+                                "in the notebook's folder %.1000s: %s", cwd, err);
+        return NULL;
+    }
+    close(db);
     snprintf(store, sizeof store, "sqlite:///%s/mlflow.db", cwd);
     const char *args[] = {"server", "--backend-store-uri", store, "--host", "127.0.0.1",
                           "--port", "{port}", NULL};
@@ -78,7 +110,6 @@ static const char *start_server(dk_tracking_t *self, char *note, size_t notelen)
                              .log_name = "mlflow-server.log", .health_path = "/health",
                              .start_timeout_s = SERVER_START_TIMEOUT_S};
     bool missing;
-    char err[3000];
     dk_server_t *server = dk_server_start(&spec, &missing, err, sizeof err);
     if (!server && !missing)
         snprintf(note, notelen, "MLflow tracking is off: %s", err);
@@ -176,6 +207,13 @@ static int experiment_id(dk_tracking_t *self, dk_mlflow_t *c, const char *uri, c
     else
         default_experiment(experiment, sizeof experiment);
     if (!req->opts->experiment[0] && exp_id_env && *exp_id_env) {
+        /* It goes into the run's link as the server's ids do: held to the same form. */
+        if (!dk_mlflow_is_experiment_id(exp_id_env)) {
+            snprintf(err, errlen, "MLFLOW_EXPERIMENT_ID is not an MLflow experiment id "
+                                  "(decimal digits); set it to one, or unset it to name "
+                                  "the experiment");
+            return -1;
+        }
         snprintf(out->experiment_id, sizeof out->experiment_id, "%s", exp_id_env);
         return 0;
     }

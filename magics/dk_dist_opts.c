@@ -78,12 +78,17 @@ const char dk_dist_doc[] =
     "  partition=P  account=A  qos=Q  constraint=C\n"
     "                       what Slurm is asked for (default: Slurm's own defaults).\n"
     "  slurm_args=\"...\"     more Slurm options, passed through as they are.\n"
+    "  export_secrets=A,B   variables that name a secret (*TOKEN*, *PASSWORD*, *SECRET*,\n"
+    "                       *_KEY ...) are not sent to Slurm's nodes unless listed here\n"
+    "                       (default $DISTKERNEL_SLURM_EXPORT_SECRETS); MLflow's reach the\n"
+    "                       ranks over the run's authenticated channel.\n"
     "  advertise_addr=A     this host's address on the nodes' network, where the ranks\n"
     "                       reach the kernel (default $DISTKERNEL_ADVERTISE_ADDR, else\n"
     "                       the route to the first node that is not this host).\n"
     "  Defaults, set once by a site (e.g. in the kernelspec's env): DISTKERNEL_NODES,\n"
     "  DISTKERNEL_LAUNCHER, DISTKERNEL_SLURM_PARTITION, DISTKERNEL_SLURM_ACCOUNT,\n"
-    "  DISTKERNEL_SLURM_QOS, DISTKERNEL_SLURM_CONSTRAINT, DISTKERNEL_SLURM_ARGS.\n"
+    "  DISTKERNEL_SLURM_QOS, DISTKERNEL_SLURM_CONSTRAINT, DISTKERNEL_SLURM_ARGS,\n"
+    "  DISTKERNEL_SLURM_EXPORT_SECRETS.\n"
     "Started ranks (state kept between cells, like %%px):\n"
     "  %distributed start OPTIONS   start ranks (same options, plus idle_timeout=SECONDS:\n"
     "                       end them after this long without a cell; default 3600, or\n"
@@ -159,7 +164,8 @@ bool dk_dist_platform_model(const char *model)
 static const char accepted[] =
     "accepted options: num_accelerators, accelerator_type, num_processes, timeout, output, "
     "result, check, experiment, run_name, tracking, log_cap, nodes, launcher, partition, "
-    "account, qos, constraint, slurm_args, advertise_addr, idle_timeout, warm, warm_modules (and the deprecated "
+    "account, qos, constraint, slurm_args, export_secrets, advertise_addr, idle_timeout, warm, "
+    "warm_modules (and the deprecated "
     "gpus, gpu_type)";
 
 /* One `name=value` token; VALUE is unquoted. Returns the position after it, NULL
@@ -482,6 +488,23 @@ static int opt_warm_modules(const char *name, const char *value, bool quoted, dk
     return 0;
 }
 
+/* export_secrets: environment variable names, separated by commas. */
+static int opt_export_secrets(const char *name, const char *value, bool quoted, dk_dist_opts_t *o,
+                              char *err, size_t errlen)
+{
+    bool ok = strlen(value) < sizeof o->export_secrets;
+    for (const char *c = value; ok && *c; c++)
+        ok = isalnum((unsigned char)*c) || *c == '_' || *c == ',';
+    if (!ok) {
+        dk_set_err(err, errlen, "%s=%s: expected environment variable names separated by "
+                   "commas, like export_secrets=WANDB_API_KEY,HF_TOKEN (at most %zu "
+                   "characters)", name, value, sizeof o->export_secrets - 1);
+        return -1;
+    }
+    snprintf(o->export_secrets, sizeof o->export_secrets, "%s", value);
+    return 0;
+}
+
 static int opt_check(const char *name, const char *value, bool quoted, dk_dist_opts_t *o,
                      char *err, size_t errlen)
 {
@@ -639,6 +662,7 @@ static const struct {
     {"qos", NULL, NULL, opt_slurm_name},
     {"constraint", NULL, NULL, opt_slurm_name},
     {"slurm_args", NULL, NULL, opt_slurm_args},
+    {"export_secrets", NULL, NULL, opt_export_secrets},
     {"advertise_addr", NULL, NULL, opt_advertise_addr},
     {"idle_timeout", NULL, NULL, opt_idle_timeout},
     {"warm", NULL, NULL, opt_warm},
@@ -682,6 +706,7 @@ static const struct {
     {"DISTKERNEL_SLURM_QOS", opt_slurm_name, "qos"},
     {"DISTKERNEL_SLURM_CONSTRAINT", opt_slurm_name, "constraint"},
     {"DISTKERNEL_SLURM_ARGS", opt_slurm_args, "slurm_args"},
+    {"DISTKERNEL_SLURM_EXPORT_SECRETS", opt_export_secrets, "export_secrets"},
 };
 
 static int env_defaults(dk_dist_opts_t *o, char *err, size_t errlen)

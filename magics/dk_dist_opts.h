@@ -48,7 +48,8 @@ typedef struct {
      * nodes DISTKERNEL_NODES, launcher DISTKERNEL_LAUNCHER, partition
      * DISTKERNEL_SLURM_PARTITION, account DISTKERNEL_SLURM_ACCOUNT, qos
      * DISTKERNEL_SLURM_QOS, constraint DISTKERNEL_SLURM_CONSTRAINT, slurm_args
-     * DISTKERNEL_SLURM_ARGS. An option given in the cell wins. */
+     * DISTKERNEL_SLURM_ARGS, export_secrets DISTKERNEL_SLURM_EXPORT_SECRETS. An
+     * option given in the cell wins. */
     int nodes;                  /* 0: not given (one node, or as many as GPUs need) */
     dk_launcher_t launcher;     /* slurm when asked, or when nodes > 1 */
     int ranks_per_node;         /* the world size / nodes, when both are known; else 0 */
@@ -57,6 +58,9 @@ typedef struct {
     char qos[128];
     char constraint[256];
     char slurm_args[1024];      /* more salloc/srun options, as shell words */
+    char export_secrets[512];   /* secret-named variables Slurm ranks get anyway
+                                   (export_secrets=, $DISTKERNEL_SLURM_EXPORT_SECRETS):
+                                   names separated by commas, "" if none */
     char advertise_addr[64];    /* this host's address the nodes reach it by, numeric;
                                    "": $DISTKERNEL_ADVERTISE_ADDR, else the route */
     double idle_timeout_s;      /* started ranks: end after this long idle; 0: never */

@@ -235,6 +235,29 @@ int dk_logdir_create(int dirfd, const char *name, char *err, size_t errlen)
     return fd;
 }
 
+int dk_logdir_private_file(int dirfd, const char *name, char *err, size_t errlen)
+{
+    int fd = openat(dirfd, name, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        dk_set_err(err, errlen, "cannot open %s: %s", name, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+        dk_set_err(err, errlen, "%s is not a file of yours", name);
+        close(fd);
+        return -1;
+    }
+    /* One made earlier with the default mode (by an older kernel, or by
+     * MLflow itself) is narrowed: what it holds is no one else's to read. */
+    if ((st.st_mode & 077) && fchmod(fd, 0600) != 0) {
+        dk_set_err(err, errlen, "cannot make %s private (chmod 600): %s", name, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 int dk_logdir_hold(int fd)
 {
     return flock(fd, LOCK_SH | LOCK_NB);

@@ -71,6 +71,13 @@ int dk_logdir_mkdir(int dirfd, const char *name, bool fresh, char *err, size_t e
  * leftover). Returns its descriptor or -1 with a reason in ERR. */
 int dk_logdir_create(int dirfd, const char *name, char *err, size_t errlen);
 
+/* File NAME in DIRFD, the user's alone: opened read-write, created 0600 when
+ * absent, never through a symlink (O_NOFOLLOW); an existing one must be a
+ * regular file of the user's, and loses any group or other permission. For a
+ * store another program then opens by path (mlflow.db). Returns its
+ * descriptor or -1 with a reason in ERR. */
+int dk_logdir_private_file(int dirfd, const char *name, char *err, size_t errlen);
+
 /* Hold directory descriptor FD as in use (flock LOCK_SH) until it is closed:
  * pruning then leaves it alone. Returns 0, or -1 with errno. */
 int dk_logdir_hold(int fd);

@@ -605,6 +605,35 @@ static int request(dk_mlflow_t *self, const char *method, const char *path, cons
     return 0;
 }
 
+bool dk_mlflow_is_experiment_id(const char *id)
+{
+    size_t n = id ? strlen(id) : 0;
+    if (n == 0 || n > 19)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (id[i] < '0' || id[i] > '9')
+            return false;
+    return true;
+}
+
+bool dk_mlflow_is_run_id(const char *id)
+{
+    size_t n = id ? strlen(id) : 0;
+    if (n != 32)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!((id[i] >= '0' && id[i] <= '9') || (id[i] >= 'a' && id[i] <= 'f')))
+            return false;
+    return true;
+}
+
+/* Ids go into the run's link, into paths and into the ranks' environment:
+ * one that is not what MLflow issues is the mark of a broken or hostile
+ * server, and is refused rather than cleaned. */
+#define NOT_AN_EXPERIMENT_ID "the server answered with an experiment id that is not MLflow's " \
+                             "(decimal digits), refused; is this the address of an MLflow " \
+                             "tracking server?"
+
 /* Copy the id V (a string, or an integer as old servers wrote them) to OUT.
  * 0, or -1 when V is no id or does not fit. */
 static int copy_id(json_t *v, char *out, size_t outlen)
@@ -647,6 +676,10 @@ static int lookup_experiment(dk_mlflow_t *self, const char *name, char *id, size
     if (copy_id(json_object_get(experiment, "experiment_id"), id, idlen) != 0) {
         fail(self, err, errlen, doing, 1, "the answer has no experiment id");
         found = -1;
+    } else if (!dk_mlflow_is_experiment_id(id)) {
+        fail(self, err, errlen, doing, 1, NOT_AN_EXPERIMENT_ID);
+        id[0] = '\0';
+        found = -1;
     } else if (json_is_string(stage) && strcmp(json_string_value(stage), "deleted") == 0) {
         fail(self, err, errlen, doing, 1, "the experiment (id %s) is deleted: restore it "
                                           "(mlflow experiments restore --experiment-id %s) or "
@@ -688,8 +721,13 @@ int dk_mlflow_experiment(dk_mlflow_t *self, const char *name, char *id, size_t i
     }
     rc = copy_id(json_object_get(reply, "experiment_id"), id, idlen);
     json_decref(reply);
-    if (rc != 0)
+    if (rc != 0) {
         fail(self, err, errlen, doing, 1, "the answer has no experiment id");
+    } else if (!dk_mlflow_is_experiment_id(id)) {
+        fail(self, err, errlen, doing, 1, NOT_AN_EXPERIMENT_ID);
+        id[0] = '\0';
+        rc = -1;
+    }
     return rc;
 }
 
@@ -719,8 +757,16 @@ int dk_mlflow_create_run(dk_mlflow_t *self, const char *experiment_id, const cha
     if (rc != 0)    /* servers before MLflow 1.0 only wrote run_uuid */
         rc = copy_id(json_object_get(info, "run_uuid"), run_id, run_id_len);
     json_decref(reply);
-    if (rc != 0)
+    if (rc != 0) {
         fail(self, err, errlen, doing, 1, "the answer has no run id");
+    } else if (!dk_mlflow_is_run_id(run_id)) {
+        /* Not shown: it is the server's text, and may be anything. */
+        fail(self, err, errlen, doing, 1, "the server answered with a run id that is not "
+                                          "MLflow's (32 lowercase hex digits), refused; is "
+                                          "this the address of an MLflow tracking server?");
+        run_id[0] = '\0';
+        rc = -1;
+    }
     return rc;
 }
 

@@ -49,14 +49,25 @@ typedef struct dk_mlflow_t dk_mlflow_t;
 dk_mlflow_t *dk_mlflow_new(const dk_mlflow_config_t *cfg, char *err, size_t errlen);
 void dk_mlflow_destroy(dk_mlflow_t **self_p);
 
+/* Whether ID is an experiment id as MLflow issues them: decimal digits (its
+ * SQL store's autoincrement key, as a string; at most 19, an int64). */
+bool dk_mlflow_is_experiment_id(const char *id);
+
+/* Whether ID is a run id as MLflow issues them: uuid4().hex, 32 lowercase
+ * hexadecimal digits. */
+bool dk_mlflow_is_run_id(const char *id);
+
 /* The id of experiment NAME, created if absent; a create that loses a race
- * (RESOURCE_ALREADY_EXISTS) looks the name up again. Returns 0, or -1 with ERR. */
+ * (RESOURCE_ALREADY_EXISTS) looks the name up again. Returns 0, or -1 with ERR;
+ * an id that is not MLflow's (dk_mlflow_is_experiment_id) is such an error,
+ * since it goes into links and paths. */
 int dk_mlflow_experiment(dk_mlflow_t *self, const char *name, char *id, size_t idlen, char *err,
                          size_t errlen);
 
 /* Create a run in EXPERIMENT_ID named RUN_NAME with TAGS (a JSON object of string
  * values, borrowed; may be NULL), start time START_MS (ms since the epoch).
- * mlflow.runName is added to the tags. Writes the run id. 0, or -1 with ERR. */
+ * mlflow.runName is added to the tags. Writes the run id. 0, or -1 with ERR;
+ * a run id that is not MLflow's (dk_mlflow_is_run_id) is refused as an error. */
 int dk_mlflow_create_run(dk_mlflow_t *self, const char *experiment_id, const char *run_name,
                          json_t *tags, long long start_ms, char *run_id, size_t run_id_len,
                          char *err, size_t errlen);

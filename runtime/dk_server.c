@@ -11,6 +11,7 @@
 #include "dk_clock.h"
 #include "dk_err.h"
 #include "dk_logdir.h"
+#include "dk_sockowner.h"
 #include "dk_spawn.h"
 
 #include <curl/curl.h>
@@ -32,6 +33,7 @@ extern char **environ;
 
 struct dk_server_t {
     pid_t guard;
+    int port;
     char uri[64];
 };
 
@@ -130,7 +132,19 @@ static int await_health(dk_server_t *self, const dk_server_spec_t *spec, const c
             dk_set_err(err, errlen, "%s exited at start (see %s)", spec->name, log_where);
             return -1;
         }
-        if (answers(self->uri, spec->health_path))
+        /* No request, not even the health check, before the listener is seen
+         * to be the server's: until then the port may be anyone's. */
+        char why[512];
+        dk_sockowner_t owner = dk_sockowner_check(self->guard, self->port, why, sizeof why);
+        if (owner == DK_SOCKOWNER_FOREIGN) {
+            dk_set_err(err, errlen, "%s was not started: %s; it took the port before the "
+                                    "server could listen, and no request was sent to it. "
+                                    "Another user may be watching for the port; set "
+                                    "MLFLOW_TRACKING_URI to a server you trust", spec->name,
+                       why);
+            return -1;
+        }
+        if (owner == DK_SOCKOWNER_OURS && answers(self->uri, spec->health_path))
             return 0;
         if (dk_now_ms() >= deadline) {
             dk_set_err(err, errlen, "%s did not answer within %d s (see %s)", spec->name,
@@ -162,6 +176,7 @@ dk_server_t *dk_server_start(const dk_server_spec_t *spec, bool *missing, char *
     }
     char port_s[16], log_where[2200];
     snprintf(port_s, sizeof port_s, "%d", port);
+    self->port = port;
     snprintf(self->uri, sizeof self->uri, "http://127.0.0.1:%d", port);
     int dirfd;
     int log = open_log(spec->log_name, &dirfd, log_where, sizeof log_where);
@@ -182,6 +197,16 @@ dk_server_t *dk_server_start(const dk_server_spec_t *spec, bool *missing, char *
         return NULL;
     }
     return self;
+}
+
+int dk_server_check(const dk_server_t *self, char *err, size_t errlen)
+{
+    char why[512];
+    if (dk_sockowner_check(self->guard, self->port, why, sizeof why) == DK_SOCKOWNER_OURS)
+        return 0;
+    dk_set_err(err, errlen, "the server this kernel started no longer holds its port (%s); "
+                            "no request was sent there", why);
+    return -1;
 }
 
 const char *dk_server_uri(const dk_server_t *self)

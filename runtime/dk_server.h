@@ -11,7 +11,15 @@
  * with O_EXCL | O_NOFOLLOW relative to the folder's descriptor, never a
  * predictable name in a shared /tmp (a planted symlink there once made the
  * kernel overwrite the user's files); the guard removes it when it stops the
- * server. Start returns once the server answers its health URL with 200.
+ * server.
+ *
+ * Start returns once the server answers its health URL with 200, and no
+ * request goes out before the socket listening on the port is seen to be the
+ * server's own (dk_sockowner.h): the port is free when picked but is the
+ * server's only once it listens, and in between another user can take it.
+ * Such a port is refused, not retried: an attacker who watches /proc for the
+ * server's command line wins every retry too, and one clear message tells the
+ * user that someone is racing for their server.
  */
 #ifndef DK_SERVER_H
 #define DK_SERVER_H
@@ -35,10 +43,17 @@ typedef struct {
  * with *MISSING set when the program is not on PATH (ERR untouched), or NULL
  * with a reason in ERR (what failed; where its log is, when there is one):
  * no free port, could not start, exited at start, did not answer in time
- * (then it has been stopped). Call on the thread whose end should end the
+ * (then it has been stopped), or the port was taken by a process that is not
+ * the server's (then it has been stopped and ERR says who holds the port).
+ * Call on the thread whose end should end the
  * server (PR_SET_PDEATHSIG follows the thread). */
 dk_server_t *dk_server_start(const dk_server_spec_t *spec, bool *missing, char *err,
                              size_t errlen);
+
+/* Whether the server still holds its port (the socket listening there is its
+ * own): 0, or -1 with ERR saying who does. A server that died leaves its port
+ * to anyone; call before each use. */
+int dk_server_check(const dk_server_t *self, char *err, size_t errlen);
 
 /* Its base URL, "http://127.0.0.1:PORT" (owned by the server). */
 const char *dk_server_uri(const dk_server_t *self);

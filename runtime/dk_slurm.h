@@ -288,9 +288,23 @@ int dk_slurm_step_argv(dk_slurm_step_t *step, const char *job_id, const char *no
  * ...). The job's own (SLURM_JOB_ID, SLURM_JOB_NODELIST, SLURM_CONF) are not. */
 bool dk_slurm_srun_input(const char *word);
 
+/* Whether WORD ("NAME=value", or a bare NAME) names a secret: its name,
+ * upper-cased, holds TOKEN (not as TOKENIZER), PASSWORD, PASSWD or SECRET,
+ * or ends in _KEY (JUPYTERHUB_API_TOKEN, MLFLOW_TRACKING_PASSWORD, AWS_SECRET_ACCESS_KEY,
+ * WANDB_API_KEY, ...). srun --export=ALL would send it to every node, in every
+ * rank's /proc/PID/environ there. */
+bool dk_slurm_secret_name(const char *word);
+
+/* Whether WORD's name is one of LIST (names separated by commas; NULL or ""
+ * lists none). */
+bool dk_slurm_name_listed(const char *word, const char *list);
+
 /* A step's environment: BASE less srun's input variables
- * (dk_slurm_srun_input), then SET (NSET "NAME=value" words) over it, as
+ * (dk_slurm_srun_input) and less the variables that name a secret
+ * (dk_slurm_secret_name) unless EXPORT_SECRETS lists them, then SET (NSET
+ * "NAME=value" words, never filtered: the run's own) over it, as
  * dk_spawn_env_build. Free with dk_spawn_env_free; NULL when out of memory. */
-char **dk_slurm_step_env(const char *const *base, const char *const *set, size_t nset);
+char **dk_slurm_step_env(const char *const *base, const char *const *set, size_t nset,
+                         const char *export_secrets);
 
 #endif

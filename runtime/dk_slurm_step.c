@@ -45,6 +45,7 @@
 
 #include "dk_spawn.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,7 +89,39 @@ bool dk_slurm_srun_input(const char *word)
     return false;
 }
 
-char **dk_slurm_step_env(const char *const *base, const char *const *set, size_t nset)
+bool dk_slurm_secret_name(const char *word)
+{
+    static const char *const inside[] = {"TOKEN", "PASSWORD", "PASSWD", "SECRET"};
+    const char *eq = word ? strchr(word, '=') : NULL;
+    size_t len = eq ? (size_t)(eq - word) : (word ? strlen(word) : 0);
+    char name[256];
+    if (len == 0 || len >= sizeof name)
+        return len > 0;     /* a name that long: kept back rather than looked at */
+    for (size_t i = 0; i < len; i++)
+        name[i] = (char)toupper((unsigned char)word[i]);
+    name[len] = '\0';
+    for (size_t i = 0; i < sizeof inside / sizeof inside[0]; i++)
+        for (const char *at = strstr(name, inside[i]); at; at = strstr(at + 1, inside[i]))
+            if (strncmp(at, "TOKENIZER", 9) != 0)   /* TOKENIZERS_PARALLELISM is no secret */
+                return true;
+    return len >= 4 && strcmp(name + len - 4, "_KEY") == 0;
+}
+
+bool dk_slurm_name_listed(const char *word, const char *list)
+{
+    const char *eq = word ? strchr(word, '=') : NULL;
+    size_t len = eq ? (size_t)(eq - word) : (word ? strlen(word) : 0);
+    for (const char *p = list; len && p && *p;) {
+        size_t n = strcspn(p, ",");
+        if (n == len && strncmp(p, word, len) == 0)
+            return true;
+        p += n + (p[n] == ',');
+    }
+    return false;
+}
+
+char **dk_slurm_step_env(const char *const *base, const char *const *set, size_t nset,
+                         const char *export_secrets)
 {
     size_t n = 0;
     while (base && base[n])
@@ -98,7 +131,8 @@ char **dk_slurm_step_env(const char *const *base, const char *const *set, size_t
         return NULL;
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
-        if (!dk_slurm_srun_input(base[i]))
+        if (!dk_slurm_srun_input(base[i]) &&
+            (!dk_slurm_secret_name(base[i]) || dk_slurm_name_listed(base[i], export_secrets)))
             kept[k++] = base[i];
     char **env = dk_spawn_env_build(kept, set, nset);
     free(kept);

@@ -107,7 +107,11 @@ dk_template_t *dk_template_start(const char *rank_exe, const char *const *env,
         dk_set_err(err, errlen, "out of memory");
         goto fail;
     }
-    char *argv[] = {program, NULL};
+    /* Named for what it is: it outlives runs by design, and as a
+     * "distkernel-rank" it would look like an orphaned rank in ps. rank_main
+     * sets the same name as its process name (comm); the ranks it forks
+     * take back "distkernel-rank" (_rank.py, _become_rank). */
+    char *argv[] = {DK_TEMPLATE_ARGV0, NULL};
     dk_spawn_opts_t opts = DK_SPAWN_OPTS_INIT;
     opts.what = "warm-start template";
     char why[512];

@@ -21,6 +21,12 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+/* What a template is called: its argv[0] (ps -f, pgrep -f) and its process
+ * name (ps, pgrep, top; at most 15 characters), so that it is not taken for
+ * a leftover rank. */
+#define DK_TEMPLATE_ARGV0 "distkernel-template"
+#define DK_TEMPLATE_COMM "distkernel-tmpl"
+
 typedef struct dk_template_t dk_template_t;
 
 /* Start a template: RANK_EXE (a name on $PATH or a path) with ENV (NULL: the

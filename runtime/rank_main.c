@@ -21,6 +21,7 @@
 #include "dk_pyinit.h"
 #include "dk_rankchan.h"
 #include "dk_slurm.h"
+#include "dk_template.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -31,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -286,6 +288,8 @@ int main(int argc, char **argv)
             return rc;
     }
     bool template = getenv("DISTKERNEL_TEMPLATE") != NULL;
+    if (template)
+        prctl(PR_SET_NAME, DK_TEMPLATE_COMM, 0, 0, 0);   /* argv[0] says it already */
 
     /* The back channel's sending side for ranks on other nodes: heartbeats
      * from a native thread, not one that needs the GIL (dk_rankchan.h). */

@@ -36,6 +36,8 @@ through POST /_test/config, to:
   --race N / {"race": N}                   the next N get-by-name lookups of an
         absent experiment create it (as a concurrent client would) yet answer
         RESOURCE_DOES_NOT_EXIST, so the caller's create meets RESOURCE_ALREADY_EXISTS
+  {"run_id": X} / {"experiment_id": X}      a hostile or broken server: runs created
+        from now on get the id X, experiments created from now on the id X
 Requests under /_test/ are never recorded, delayed, failed or checked:
   GET /_test/requests   the recorded requests, oldest first
   GET /_test/state      experiments, runs (with each run's status history), config
@@ -147,12 +149,14 @@ class Config:
                  delay=0.0, race=0):
         self.token, self.username, self.password = token, username, password
         self.fail, self.fail_status, self.delay, self.race = fail, fail_status, delay, race
+        self.run_id, self.experiment_id = None, None
 
     def as_dict(self):
         return dict(vars(self))
 
     def update(self, d):
-        for k in ("token", "username", "password", "fail", "fail_status", "delay", "race"):
+        for k in ("token", "username", "password", "fail", "fail_status", "delay", "race",
+                  "run_id", "experiment_id"):
             if k in d:
                 setattr(self, k, d[k])
 
@@ -410,7 +414,7 @@ def create_experiment(srv, args):
         raise ApiError("RESOURCE_ALREADY_EXISTS",
                        f"Experiment '{name}' already exists.", 400)
     tags = key_values(args, "tags")
-    return {"experiment_id": srv.store._add_experiment(name, tags=tags,
+    return {"experiment_id": srv.store._add_experiment(name, srv.config.experiment_id, tags=tags,
                                                        artifact_location=args.get(
                                                            "artifact_location"))}
 
@@ -431,7 +435,7 @@ def create_run(srv, args):
     run_name = run_name or tag_name or f"run-{len(store.runs) + 1}"
     if tag_name is None:
         tags = tags + [{"key": "mlflow.runName", "value": run_name}]
-    run_id = uuid.uuid4().hex
+    run_id = srv.config.run_id or uuid.uuid4().hex
     start = as_int(args, "start_time", now_ms())
     user = args.get("user_id") or next((t["value"] for t in tags if t["key"] == "mlflow.user"),
                                        "unknown")

@@ -569,6 +569,26 @@ def _read_request(conn):
         raise
 
 
+RANK_NAME = b"distkernel-rank"
+
+
+def _take_the_rank_name(libc):
+    """In a rank forked from the template: the rank's name back, where ps and
+    pgrep look (the template's is distkernel-template, runtime/dk_template.h):
+    the process name, and the command line, overwritten in place (the
+    template's is longer, so the rank's fits; what is past it is zeroed)."""
+    import ctypes
+    libc.prctl(15, RANK_NAME, 0, 0, 0)          # PR_SET_NAME
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()
+        start, end = int(fields[45]), int(fields[46])    # arg_start, arg_end
+    except (OSError, ValueError, IndexError):
+        return
+    if end - start > len(RANK_NAME):
+        ctypes.memmove(start, RANK_NAME + b"\0" * (end - start - len(RANK_NAME)), end - start)
+
+
 def _become_rank(body, fds, template_pid, closing):
     """In the forked child: the process the request describes. Returns the
     rank's exit code."""
@@ -586,6 +606,7 @@ def _become_rank(body, fds, template_pid, closing):
     os.setpgid(0, pgid)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGKILL, 0, 0, 0)     # PR_SET_PDEATHSIG: die with the template
+    _take_the_rank_name(libc)
     if os.getppid() != template_pid:
         os._exit(1)
     null = os.open("/dev/null", os.O_RDONLY)

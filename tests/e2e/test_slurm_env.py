@@ -139,3 +139,41 @@ def test_started_ranks_over_the_partitions_limit_fail_at_once_saying_what_to_cha
     assert time.monotonic() - t0 < 60
     assert our_jobs(slurm_cluster) == []
     still_serves(kernel)
+
+
+# What a rank was started with (/proc/self/environ: what srun sent to its node)
+# and what it has when the cell runs, of these names.
+SECRETS = ("JUPYTERHUB_API_TOKEN", "AWS_SECRET_ACCESS_KEY", "MLFLOW_TRACKING_TOKEN",
+           "HF_TOKEN", "DK_PLAIN")
+SECRETS_CELL = ("%%distributed num_processes=2 nodes=2\n"
+                "import os\n"
+                "_start = {w.split(b'=', 1)[0].decode()\n"
+                "          for w in open('/proc/self/environ', 'rb').read().split(b'\\0') if w}\n"
+                f"print('START', *[n for n in {SECRETS!r} if n in _start], flush=True)\n"
+                f"print('NOW', *[n + '=' + os.environ[n] for n in {SECRETS!r} if n in os.environ],"
+                " flush=True)\n")
+
+
+@pytest.mark.timeout(300)
+def test_secrets_are_not_sent_to_slurm_ranks_unless_listed_and_mlflows_come_by_the_channel(
+        slurm_cluster, tmp_path):
+    k = start(tmp_path, slurm_cluster, JUPYTERHUB_API_TOKEN="hub-5ecret",
+              AWS_SECRET_ACCESS_KEY="aws-5ecret", MLFLOW_TRACKING_TOKEN="ml-5ecret",
+              HF_TOKEN="hf-listed", DK_PLAIN="plain", DISTKERNEL_SLURM_EXPORT_SECRETS="HF_TOKEN")
+    try:
+        r = k.execute(SECRETS_CELL, timeout=240)
+    finally:
+        k.stop()
+    assert r.status == "ok", r.describe()
+    for rank in (0, 1):
+        lines = [line.split("] ", 1)[1].split() for line in r.stdout.splitlines()
+                 if line.startswith(f"[rank {rank}] ")]
+        start_names = next(words[1:] for words in lines if words[0] == "START")
+        now = dict(w.split("=", 1) for w in next(words[1:] for words in lines
+                                                    if words[0] == "NOW"))
+        # Sent by srun: the listed secret and the rest, not the others.
+        assert sorted(start_names) == ["DK_PLAIN", "HF_TOKEN"], (rank, start_names)
+        # MLflow's token reached the rank through the run's channel; the others never.
+        assert now == {"MLFLOW_TRACKING_TOKEN": "ml-5ecret", "HF_TOKEN": "hf-listed",
+                       "DK_PLAIN": "plain"}, (rank, now)
+    assert wait_clean(slurm_cluster) == [], "left behind after the test"

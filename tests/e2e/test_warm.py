@@ -96,6 +96,33 @@ def test_a_warm_run_is_a_fresh_run_with_the_cold_runs_environment(kernel):
     assert warm[0]["pgid"] != warm[1]["pgid"]
 
 
+# What a rank says its names are: the process name and argv[0].
+NAME_CELL = """%%distributed num_processes=2 tracking=False
+import sys
+TORCH_FIRST = 'torch' in sys.modules
+(open('/proc/self/comm').read().strip(),
+ open('/proc/self/cmdline', 'rb').read().split(b'\\0')[0].decode(), TORCH_FIRST)
+"""
+
+
+def test_the_template_is_named_for_what_it_is_and_shown_with_its_memory(kernel):
+    r = kernel.execute(NAME_CELL, timeout=RUN)
+    assert r.status == "ok", r.describe()
+    # Its ranks keep the rank's name: they are what a count of ranks should find.
+    assert r.result == ("rank 0: ('distkernel-rank', 'distkernel-rank', True)\n"
+                        "rank 1: ('distkernel-rank', 'distkernel-rank', True)"), r.describe()
+    template = psutil.Process(template_of(kernel))
+    assert template.name() == "distkernel-tmpl"
+    assert template.cmdline()[0] == "distkernel-template", template.cmdline()
+    s = kernel.execute("%distributed status", timeout=30)
+    assert s.status == "ok", s.describe()
+    m = re.search(r"^warm-start template: distkernel-template \(pid (\d+)\), "
+                  r"([\d.]+) MiB resident", s.stdout, re.M)
+    assert m and int(m.group(1)) == template.pid, s.describe()
+    rss_mib = template.memory_info().rss / 2 ** 20
+    assert rss_mib / 2 < float(m.group(2)) < rss_mib * 2, (m.group(2), rss_mib)
+
+
 # Every process of the rank's group (a warm rank's stub, the kernel's child,
 # is its group leader and waits for it): what of the back channel's key
 # their /proc/PID/environ shows.

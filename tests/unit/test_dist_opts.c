@@ -671,7 +671,8 @@ static void no_slurm_env(void)
 {
     const char *vars[] = {"DISTKERNEL_NODES", "DISTKERNEL_LAUNCHER", "DISTKERNEL_SLURM_PARTITION",
                           "DISTKERNEL_SLURM_ACCOUNT", "DISTKERNEL_SLURM_QOS",
-                          "DISTKERNEL_SLURM_CONSTRAINT", "DISTKERNEL_SLURM_ARGS"};
+                          "DISTKERNEL_SLURM_CONSTRAINT", "DISTKERNEL_SLURM_ARGS",
+                          "DISTKERNEL_SLURM_EXPORT_SECRETS"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
         unsetenv(vars[i]);
 }
@@ -884,4 +885,22 @@ Test(warm, warm_modules_must_be_module_names)
     fails("warm_modules=\"os; import evil\"", "warm_modules", "module names separated by commas",
           NULL);
     fails("warm=maybe", "warm", NULL);
+}
+
+/* Secrets on Slurm's nodes (runtime/dk_slurm.h, dk_slurm_secret_name): none
+ * unless listed, by export_secrets= or DISTKERNEL_SLURM_EXPORT_SECRETS. */
+Test(dist_opts, export_secrets_lists_names_and_has_a_default_from_the_environment)
+{
+    no_slurm_env();
+    ok("nodes=2 num_processes=2");
+    cr_expect_str_eq(opts.export_secrets, "");
+    ok("nodes=2 num_processes=2 export_secrets=WANDB_API_KEY,HF_TOKEN");
+    cr_expect_str_eq(opts.export_secrets, "WANDB_API_KEY,HF_TOKEN");
+    setenv("DISTKERNEL_SLURM_EXPORT_SECRETS", "HF_TOKEN", 1);
+    ok("nodes=2 num_processes=2");
+    cr_expect_str_eq(opts.export_secrets, "HF_TOKEN");
+    ok("nodes=2 num_processes=2 export_secrets=GITHUB_TOKEN");
+    cr_expect_str_eq(opts.export_secrets, "GITHUB_TOKEN", "the cell's wins");
+    unsetenv("DISTKERNEL_SLURM_EXPORT_SECRETS");
+    fails("export_secrets='A B'", "export_secrets", "variable names separated by commas", NULL);
 }

@@ -972,3 +972,63 @@ Test(server, clients_in_threads_racing_to_create_agree)
     cr_assert_eq(json_array_size(json_object_get(state, "experiments")), 2, "Default + one");
     json_decref(state);
 }
+
+/* ------------------------------------------------------------------------ */
+/* Ids: only what MLflow issues goes into a link                             */
+
+Test(ids, a_run_id_is_32_lowercase_hex_digits)
+{
+    cr_assert(dk_mlflow_is_run_id("0123456789abcdef0123456789abcdef"));
+    cr_assert_not(dk_mlflow_is_run_id("0123456789ABCDEF0123456789abcdef"), "upper case");
+    cr_assert_not(dk_mlflow_is_run_id("0123456789abcdef0123456789abcde"), "31 digits");
+    cr_assert_not(dk_mlflow_is_run_id("0123456789abcdef0123456789abcdef0"), "33 digits");
+    cr_assert_not(dk_mlflow_is_run_id("0123456789abcdef-123456789abcdef"), "a dash");
+    cr_assert_not(dk_mlflow_is_run_id("\"><img src=x onerror=alert(1)>"));
+    cr_assert_not(dk_mlflow_is_run_id(""));
+    cr_assert_not(dk_mlflow_is_run_id(NULL));
+}
+
+Test(ids, an_experiment_id_is_decimal_digits)
+{
+    cr_assert(dk_mlflow_is_experiment_id("0"));
+    cr_assert(dk_mlflow_is_experiment_id("1234567890123456789"));
+    cr_assert_not(dk_mlflow_is_experiment_id("12345678901234567890"), "past an int64");
+    cr_assert_not(dk_mlflow_is_experiment_id("-1"));
+    cr_assert_not(dk_mlflow_is_experiment_id("1 "));
+    cr_assert_not(dk_mlflow_is_experiment_id("1\"><script>"));
+    cr_assert_not(dk_mlflow_is_experiment_id(""));
+    cr_assert_not(dk_mlflow_is_experiment_id(NULL));
+}
+
+#define HOSTILE "\"><img src=x onerror=alert(1)>"
+
+Test(server, a_run_id_that_is_not_mlflows_is_refused_and_not_repeated)
+{
+    server_start(NULL);
+    char exp[64], run[64], err[512] = "";
+    dk_mlflow_t *c = client(NULL, (dk_mlflow_config_t){0});
+    cr_assert_eq(dk_mlflow_experiment(c, "e", exp, sizeof exp, err, sizeof err), 0, "%s", err);
+    json_decref(server_call("/_test/config", "{\"run_id\": \"\\\"><img src=x onerror=alert(1)>\"}"));
+    cr_assert_eq(dk_mlflow_create_run(c, exp, "r", NULL, 1, run, sizeof run, err, sizeof err),
+                 -1);
+    dk_mlflow_destroy(&c);
+    cr_assert_str_eq(run, "", "no id is handed on");
+    cr_assert(strstr(err, "not MLflow's") != NULL, "%s", err);
+    cr_assert(strstr(err, "<img") == NULL, "the server's text is not repeated: %s", err);
+}
+
+Test(server, an_experiment_id_that_is_not_mlflows_is_refused)
+{
+    server_start(NULL);
+    char exp[64], err[512] = "";
+    json_decref(server_call("/_test/config", "{\"experiment_id\": \"1\\\"><img src=x>\"}"));
+    dk_mlflow_t *c = client(NULL, (dk_mlflow_config_t){0});
+    cr_assert_eq(dk_mlflow_experiment(c, "e", exp, sizeof exp, err, sizeof err), -1);
+    cr_assert_str_eq(exp, "");
+    cr_assert(strstr(err, "not MLflow's") != NULL, "%s", err);
+    /* Found by name on the next call: the lookup holds it to the same form. */
+    err[0] = '\0';
+    cr_assert_eq(dk_mlflow_experiment(c, "e", exp, sizeof exp, err, sizeof err), -1);
+    cr_assert(strstr(err, "not MLflow's") != NULL, "%s", err);
+    dk_mlflow_destroy(&c);
+}

@@ -386,7 +386,7 @@ Test(slurm_text, a_steps_environment_has_no_srun_input_variables_but_the_jobs)
                           "SLURM_MEM_PER_NODEX=keep", "MY_SLURM_MEM_PER_NODE=keep",
                           "DISTKERNEL_SLURM_RUN_NODES=old", NULL};
     const char *set[] = {"DISTKERNEL_SLURM_RUN_NODES=node1,node2"};
-    char **env = dk_slurm_step_env(base, set, 1);
+    char **env = dk_slurm_step_env(base, set, 1, NULL);
     cr_assert(env);
     const char *gone[] = {"SLURM_CPUS_PER_TASK", "SRUN_CPUS_PER_TASK", "SLURM_MEM_PER_NODE",
                           "SLURM_MEM_PER_CPU", "SLURM_NTASKS_PER_NODE", "SLURM_NTASKS",
@@ -1178,4 +1178,50 @@ Test(slurm_cluster, inside_an_allocation_it_is_used_and_never_cancelled)
     unsetenv("SLURM_JOB_ID");
     dk_slurm_destroy(&outer);
     cr_expect(ended(id));
+}
+
+Test(slurm_text, variables_that_name_secrets_are_known_by_their_names)
+{
+    const char *secret[] = {"JUPYTERHUB_API_TOKEN=x", "MLFLOW_TRACKING_TOKEN=x",
+                            "MLFLOW_TRACKING_PASSWORD=x", "AWS_SECRET_ACCESS_KEY=x",
+                            "WANDB_API_KEY=x", "HF_TOKEN", "db_passwd=x", "github_token=x",
+                            "MY_SECRET_THING=x", "OPENAI_API_KEY="};
+    for (size_t i = 0; i < sizeof secret / sizeof secret[0]; i++)
+        cr_expect(dk_slurm_secret_name(secret[i]), "%s not taken for a secret", secret[i]);
+    const char *plain[] = {"PATH=/usr/bin", "MLFLOW_TRACKING_URI=http://h",
+                           "MLFLOW_TRACKING_USERNAME=ann", "SSH_AUTH_SOCK=/tmp/s",
+                           "KEYBOARD=us", "MY_KEYS=x", "AWS_ACCESS_KEY_ID=AKIA", "TOKENIZERS_PARALLELISM=false",
+                           "VALUE=my_token"};
+    for (size_t i = 0; i < sizeof plain / sizeof plain[0]; i++)
+        cr_expect_not(dk_slurm_secret_name(plain[i]), "%s taken for a secret", plain[i]);
+}
+
+Test(slurm_text, a_steps_environment_has_no_secret_unless_it_is_listed)
+{
+    const char *base[] = {"PATH=/usr/bin", "JUPYTERHUB_API_TOKEN=hub",
+                          "MLFLOW_TRACKING_TOKEN=ml", "AWS_SECRET_ACCESS_KEY=aws",
+                          "WANDB_API_KEY=wandb", "HF_TOKEN=hf", NULL};
+    const char *set[] = {"DISTKERNEL_BC_KEY=the-runs-own"};
+    char **env = dk_slurm_step_env(base, set, 1, "WANDB_API_KEY,HF_TOKEN");
+    cr_assert(env);
+    const char *const *e = (const char *const *)env;
+    cr_expect_null(dk_spawn_env_get(e, "JUPYTERHUB_API_TOKEN"));
+    cr_expect_null(dk_spawn_env_get(e, "MLFLOW_TRACKING_TOKEN"));
+    cr_expect_null(dk_spawn_env_get(e, "AWS_SECRET_ACCESS_KEY"));
+    cr_expect_str_eq(dk_spawn_env_get(e, "WANDB_API_KEY"), "wandb");
+    cr_expect_str_eq(dk_spawn_env_get(e, "HF_TOKEN"), "hf");
+    cr_expect_str_eq(dk_spawn_env_get(e, "PATH"), "/usr/bin");
+    cr_expect_str_eq(dk_spawn_env_get(e, "DISTKERNEL_BC_KEY"), "the-runs-own",
+                     "the run's own variables are not filtered");
+    dk_spawn_env_free(env);
+}
+
+Test(slurm_text, a_listed_name_matches_whole_names_only)
+{
+    cr_expect(dk_slurm_name_listed("HF_TOKEN=x", "A,HF_TOKEN"));
+    cr_expect(dk_slurm_name_listed("HF_TOKEN", "HF_TOKEN"));
+    cr_expect_not(dk_slurm_name_listed("HF_TOKEN=x", "HF_TOKENS,HF"));
+    cr_expect_not(dk_slurm_name_listed("HF_TOKEN=x", ""));
+    cr_expect_not(dk_slurm_name_listed("HF_TOKEN=x", NULL));
+    cr_expect_not(dk_slurm_name_listed("=x", ","));
 }
