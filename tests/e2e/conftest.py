@@ -21,6 +21,31 @@ if support.KERNEL_NAME == "distkernel":
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "soak: the long soak of one kernel (test_soak.py); -m 'not soak' leaves it out")
+    config.addinivalue_line(
+        "markers", "alone: needs the machine to itself (it measures time or CPU, or floods the "
+        "kernel); scripts/test.sh runs these after the parallel part, one at a time")
+    config.addinivalue_line(
+        "markers", "quick: part of `scripts/test.sh --quick`, the contributors' few minutes")
+
+
+SLURM_FIXTURES = {"slurm_cluster", "slurm_mem_cluster"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist's `--dist loadgroup` (scripts/test.sh), keep each file on
+    one worker, so that its module-scoped kernel is started once and its tests run
+    in their order, and put every test of the simulated Slurm clusters on one
+    worker: they share the clusters, and some of them crash a node. The Slurm
+    tests go first, since together they are the longest group and the others
+    fill the remaining workers around them."""
+    def slurm(item):
+        return bool(SLURM_FIXTURES & set(getattr(item, "fixturenames", ())))
+
+    for item in items:
+        group = "slurm" if slurm(item) else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: not slurm(item))  # stable: file order is kept
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -839,6 +839,7 @@ def stdin_valid_reply(forge, request, value):
 # -- the test -------------------------------------------------------------------------------
 
 
+@pytest.mark.alone   # thousands of messages as fast as the kernel takes them; RSS figures
 @pytest.mark.timeout(400)
 def test_thousands_of_malformed_messages_run_nothing_and_leave_the_kernel_sound(tmp_path):
     started = time.monotonic()

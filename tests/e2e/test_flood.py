@@ -35,8 +35,10 @@ import zmq
 
 import support
 
-pytestmark = pytest.mark.skipif(support.KERNEL_NAME != "distkernel",
-                                reason="%%distributed is distkernel's")
+pytestmark = [
+    pytest.mark.skipif(support.KERNEL_NAME != "distkernel", reason="%%distributed is distkernel's"),
+    pytest.mark.alone,   # it measures how fast output drains, and fills the machine's CPUs
+]
 
 FLOOD_SECONDS = float(os.environ.get("DISTKERNEL_FLOOD_SECONDS", "10"))
 RANKS = 8

@@ -57,6 +57,7 @@ DIST_TIMEOUT = 180       # seconds for one distributed cell
 
 pytestmark = [
     pytest.mark.soak,
+    pytest.mark.alone,   # its RSS and ms-per-cell figures mean something only on a quiet machine
     pytest.mark.skipif(support.KERNEL_NAME != "distkernel",
                        reason="%%distributed is distkernel's"),
 ]

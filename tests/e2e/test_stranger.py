@@ -358,6 +358,7 @@ def test_soft_descriptor_limit_is_raised_to_the_hard_limit():
         stop_victim_kernel(k)
 
 
+@pytest.mark.alone   # it measures the kernel's CPU time while idle
 def test_half_open_connections_neither_spin_nor_stop_cells():
     k = start_victim_kernel(soft_nofile=1024)
     s = None
@@ -409,6 +410,7 @@ def test_a_run_that_cannot_have_its_descriptors_is_refused_up_front():
         stop_victim_kernel(k)
 
 
+@pytest.mark.alone   # it measures the kernel's CPU time while its descriptors run out
 def test_when_descriptors_do_run_out_the_kernel_recovers_within_the_handshake_timeout():
     """With a hard limit of 1024 the soft one cannot go higher, and 1,100 silent
     connections exhaust it: ZeroMQ's listener then retries accept() in a loop
