@@ -150,14 +150,28 @@ def _enter_kernel_folder():
 
 
 _IN_KERNEL_FOLDER = True
+_RUN_KEY = None     # the back channel's key: every rank of the run holds it, no one else
+
+
+def run_secret(label):
+    """A secret of this run for LABEL (bytes): HMAC-SHA256 of LABEL under the
+    back channel's key, which every rank of the run has and nobody else; the
+    key itself stays here. None outside a rank of distkernel's."""
+    import hashlib
+    import hmac
+
+    if _RUN_KEY is None:
+        return None
+    return hmac.new(_RUN_KEY, b"distkernel/" + label, hashlib.sha256).digest()
 
 
 def _main():
-    global _IN_KERNEL_FOLDER
+    global _IN_KERNEL_FOLDER, _RUN_KEY
     _IN_KERNEL_FOLDER = _enter_kernel_folder()
     _buffer_output()
     path = os.environ.pop("DISTKERNEL_BC")
     key = bytes.fromhex(os.environ.pop("DISTKERNEL_BC_KEY"))
+    _RUN_KEY = key
     rank = int(os.environ["RANK"])
     try:
         channel = bc.BackChannel(path, key, rank)
