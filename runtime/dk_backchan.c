@@ -720,9 +720,10 @@ static void conn_frame(dk_backchan_t *self, conn_t *c)
         /* Its arrival was the point (heard_at). */
     } else if (type == DK_BC_OUTPUT) {
         int fd = body_len >= BODY_HEAD + 2 ? body[BODY_HEAD] : 0;
-        if ((fd != 1 && fd != 2) || body_len - BODY_HEAD - 2 > DK_BC_OUTPUT_MAX)
-            refuse(self, c, "it sent output that is not for fd 1 or 2, or more than 64 KiB "
-                   "in one message");
+        if ((fd != 1 && fd != 2 && fd != DK_BC_OUTPUT_LOG) ||
+            body_len - BODY_HEAD - 2 > DK_BC_OUTPUT_MAX)
+            refuse(self, c, "it sent output that is not for fd 1 or 2 or its log, or more "
+                   "than 64 KiB in one message");
         else if (self->sink.on_output)
             self->sink.on_output(self->sink.data, c->rank, fd, body + BODY_HEAD + 2,
                                  body_len - BODY_HEAD - 2,

@@ -32,6 +32,10 @@ enum {
 
 /* OUTPUT flags: the rank's read found nothing more waiting on that fd. */
 #define DK_BC_OUTPUT_CAUGHT_UP 0x01
+/* OUTPUT's fd for the rank's log only, never the cell: what the rank program
+ * says about itself (a folder it would not use on its node, and why), one
+ * line per thing, which a run of 1,024 ranks must not put in the cell. */
+#define DK_BC_OUTPUT_LOG 3
 /* The most bytes of output one OUTPUT frame carries (after fd and flags), so a
  * rank's flood is interleaved with its heartbeats and reaches the sink in
  * pieces of the size a pipe read gives. */
@@ -77,8 +81,9 @@ typedef struct {
     /* Persistent channels only: RANK's HELLO verified (it is ready for tasks).
      * May be NULL. */
     void (*on_hello)(void *data, int rank);
-    /* RANK's OUTPUT frame: BYTES it wrote to FD (1 or 2), valid during the
-     * call; CAUGHT_UP when the rank had nothing more waiting. May be NULL. */
+    /* RANK's OUTPUT frame: BYTES it wrote to FD (1 or 2), or a line for its
+     * log only (FD DK_BC_OUTPUT_LOG), valid during the call; CAUGHT_UP when
+     * the rank had nothing more waiting. May be NULL. */
     void (*on_output)(void *data, int rank, int fd, const void *bytes, size_t len,
                       bool caught_up);
     /* Heartbeats only: RANK's connection has been silent for SILENT_S, past

@@ -573,11 +573,19 @@ static void bc_hello(void *data, int r)
 static void drain_pipe(dk_job_t *job, int r, int which, size_t budget);
 static void judge(dk_job_t *job, int r, int status, bool known);
 static void deliver(dk_job_t *job, int r, int fd, const char *buf, size_t n);
+static void log_bytes(dk_job_t *job, int r, const char *buf, size_t n);
 
-/* A remote rank's output: the same path as a pipe's. */
+/* A remote rank's output: the same path as a pipe's; its notes about itself
+ * (DK_BC_OUTPUT_LOG) to its log only, as a launcher's own lines go. */
 static void bc_output(void *data, int r, int fd, const void *bytes, size_t len, bool caught_up)
 {
     dk_job_t *job = data;
+    if (fd == DK_BC_OUTPUT_LOG) {
+        pthread_mutex_lock(&job->log_lock);
+        log_bytes(job, r, bytes, len);
+        pthread_mutex_unlock(&job->log_lock);
+        return;
+    }
     if (len > 0)
         deliver(job, r, fd, bytes, len);
     if (caught_up && job->sink.on_caught_up)

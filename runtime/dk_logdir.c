@@ -81,37 +81,45 @@ char *dk_logdir_default_root(char *err, size_t errlen)
 }
 
 /* Why directory ST (reached as SHOWN) may not be used, or NULL. FINAL: it is
- * the one our files go in. */
+ * the one our files go in (or, with DK_LOGDIR_CODE, the code is read from). */
 static const char *unsafe(const struct stat *st, bool final, int flags)
 {
     uid_t me = geteuid();
-    if (!S_ISDIR(st->st_mode))
+    bool code = final && (flags & DK_LOGDIR_CODE);
+    if (!S_ISDIR(st->st_mode) && !(code && S_ISREG(st->st_mode)))
         return "is not a directory";
     if (st->st_uid != me && st->st_uid != 0)
         return "belongs to another user, who could read, rename or replace what is in it";
     bool shared = (st->st_mode & (S_IWGRP | S_IWOTH)) != 0;
     if (shared && !(st->st_mode & S_ISVTX))
         return "is writable by other users, who could rename or replace what is in it";
-    if (final && !(flags & DK_LOGDIR_SHARED_OK) && (st->st_uid != me || shared))
+    /* Code: root's is the system's (dist-packages); anyone may add files to a
+     * sticky folder, and a file added there is as good as replaced. */
+    if (code && shared)
+        return "is writable by other users, who could add files to it";
+    if (final && !code && !(flags & DK_LOGDIR_SHARED_OK) && (st->st_uid != me || shared))
         return st->st_uid != me ? "belongs to root, not to you"
                                 : "is writable by other users";
     return NULL;
 }
 
 static void refuse(char *err, size_t errlen, const char *path, size_t len, const char *why,
-                   const struct stat *st, const char *hint)
+                   const struct stat *st, int flags, const char *hint)
 {
-    dk_set_err(err, errlen, "refusing to use %.*s for logs: it %s (owner uid %u, mode %04o)%s%s",
-               (int) len, path, why, (unsigned) st->st_uid, (unsigned) (st->st_mode & 07777),
-               hint ? "; " : "", hint ? hint : "");
+    dk_set_err(err, errlen, "refusing to use %.*s for %s: it %s (owner uid %u, mode %04o)%s%s",
+               (int) len, path, flags & DK_LOGDIR_CODE ? "code" : "logs", why,
+               (unsigned) st->st_uid, (unsigned) (st->st_mode & 07777), hint ? "; " : "",
+               hint ? hint : "");
 }
 
 /* Open component NAME of DIRFD: a directory, or a symlink owned by us or root
- * to one. */
-static int open_component(int dirfd, const char *name, int flags, bool *created)
+ * to one; with FILE_OK also a regular file (not through a symlink). */
+static int open_component(int dirfd, const char *name, int flags, bool file_ok, bool *created)
 {
     int fl = O_RDONLY | O_DIRECTORY | O_CLOEXEC;
     int fd = openat(dirfd, name, fl | O_NOFOLLOW);
+    if (fd < 0 && errno == ENOTDIR && file_ok)
+        return openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0 && errno == ENOENT && (flags & DK_LOGDIR_CREATE)) {
         if (mkdirat(dirfd, name, 0700) == 0)
             *created = true;
@@ -158,8 +166,9 @@ int dk_logdir_open(const char *path, int flags, const char *hint, char *err, siz
         struct stat st;
         if (j == i) {   /* "/" or "." itself */
             if (fstat(fd, &st) == 0 && unsafe(&st, true, flags)) {
-                refuse(err, errlen, path, n, unsafe(&st, true, flags), &st, hint);
+                refuse(err, errlen, path, n, unsafe(&st, true, flags), &st, flags, hint);
                 close_fd(&fd);
+                errno = EACCES;
             }
             return fd;
         }
@@ -172,26 +181,29 @@ int dk_logdir_open(const char *path, int flags, const char *hint, char *err, siz
         memcpy(name, path + i, j - i);
         name[j - i] = '\0';
         bool created = false;
-        int next = open_component(fd, name, flags, &created);
+        int next = open_component(fd, name, flags, last && (flags & DK_LOGDIR_CODE), &created);
         if (next < 0) {
             int e = errno;
             if (e == EPERM)
-                dk_set_err(err, errlen, "refusing to use %s for logs: %.*s is a symlink owned by "
-                           "another user%s%s", path, (int) j, path, hint ? "; " : "",
-                           hint ? hint : "");
+                dk_set_err(err, errlen, "refusing to use %s for %s: %.*s is a symlink owned by "
+                           "another user%s%s", path, flags & DK_LOGDIR_CODE ? "code" : "logs",
+                           (int) j, path, hint ? "; " : "", hint ? hint : "");
             else
-                dk_set_err(err, errlen, "cannot %s the log directory %.*s: %s%s%s",
-                           flags & DK_LOGDIR_CREATE ? "create or open" : "open", (int) j, path,
+                dk_set_err(err, errlen, "cannot %s %s%.*s: %s%s%s",
+                           flags & DK_LOGDIR_CREATE ? "create or open" : "open",
+                           flags & DK_LOGDIR_CODE ? "" : "the log directory ", (int) j, path,
                            strerror(e), hint ? "; " : "", hint ? hint : "");
             close_fd(&fd);
+            errno = e == EPERM ? EACCES : e;
             return -1;
         }
         close_fd(&fd);
         fd = next;
         const char *why = fstat(fd, &st) != 0 ? "cannot be examined" : unsafe(&st, last, flags);
         if (why) {
-            refuse(err, errlen, path, j, why, &st, hint);
+            refuse(err, errlen, path, j, why, &st, flags, hint);
             close_fd(&fd);
+            errno = EACCES;
             return -1;
         }
         if (last)

@@ -39,6 +39,11 @@
 /* Flags of dk_logdir_open. */
 #define DK_LOGDIR_CREATE 1     /* create missing components, 0700 */
 #define DK_LOGDIR_SHARED_OK 2  /* the final directory may be root's and sticky (/tmp) */
+#define DK_LOGDIR_CODE 4       /* a place code is run or imported from (a rank's folder, a
+                                  sys.path entry): the final component may be root's as well
+                                  as the user's (/usr/lib/python3/dist-packages), may be a
+                                  regular file (a zip on sys.path), and must not be writable
+                                  by group or others, sticky or not; refusals say "for code" */
 
 /* The default log root as a path (malloc'd, the caller frees): DISTKERNEL_LOG_DIR,
  * $XDG_STATE_HOME/distkernel/logs, or $HOME (the passwd entry's when unset)
@@ -48,7 +53,9 @@ char *dk_logdir_default_root(char *err, size_t errlen);
 /* Open directory PATH as described above and return a descriptor on it
  * (O_DIRECTORY | O_CLOEXEC, the caller closes), or -1 with a reason in ERR
  * that names the directory at fault and ends with HINT (may be NULL), e.g.
- * "set DISTKERNEL_LOG_DIR to a directory of yours". */
+ * "set DISTKERNEL_LOG_DIR to a directory of yours". On -1, errno is the
+ * failed call's (ENOENT: a component is missing) or EACCES when what was
+ * found is refused. A relative PATH is taken from the working directory. */
 int dk_logdir_open(const char *path, int flags, const char *hint, char *err, size_t errlen);
 
 /* A fresh 0700 directory "BASE/distkernel-KIND-XXXXXX" for a Unix socket

@@ -20,6 +20,7 @@
  */
 #include "dk_pyinit.h"
 #include "dk_rankchan.h"
+#include "dk_rankpath.h"
 #include "dk_slurm.h"
 #include "dk_template.h"
 
@@ -295,6 +296,11 @@ int main(int argc, char **argv)
      * from a native thread, not one that needs the GIL (dk_rankchan.h). */
     if (PyImport_AppendInittab(DK_RANKCHAN_MODULE, dk_rankchan_init) < 0) {
         fprintf(stderr, "distkernel-rank: cannot register " DK_RANKCHAN_MODULE "\n");
+        return 1;
+    }
+    /* Which folders a rank on another node may use (dk_rankpath.h). */
+    if (PyImport_AppendInittab(DK_RANKPATH_MODULE, dk_rankpath_init) < 0) {
+        fprintf(stderr, "distkernel-rank: cannot register " DK_RANKPATH_MODULE "\n");
         return 1;
     }
     if (dk_pyinit_start("distkernel-rank", err, sizeof err) < 0) {

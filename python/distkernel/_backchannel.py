@@ -54,6 +54,7 @@ MAX_FRAME = MAC_LEN + 5 + PAYLOAD_MAX
 # OUTPUT frames: u8 fd | u8 flags | at most OUTPUT_MAX bytes (dk_backchan.h).
 OUTPUT_MAX = 64 << 10
 OUTPUT_CAUGHT_UP = 0x01
+OUTPUT_LOG = 3      # OUTPUT's fd for the rank's log only (DK_BC_OUTPUT_LOG)
 PING_S = 1.0
 HEARTBEAT_DEFAULT_S = 5.0
 

@@ -131,33 +131,166 @@ def _enter_kernel_folder():
     (no shared filesystem is assumed; slurmstepd would say so on the rank's
     stderr and start it in /tmp). It goes to the kernel's folder
     (DISTKERNEL_CWD) where its node has it, as a local rank runs there, and
-    otherwise, saying nothing, to the user's home, or /tmp. A rank that is not
-    in the kernel's folder leaves '' (the notebook folder, on the kernel's
-    sys.path) off its own: the folder's modules come in the payload
-    (_SentModules), and a stray file in the home or /tmp must not shadow a
-    package. Whether it is in the kernel's folder."""
+    otherwise to the user's home; but only to a folder its node's other users
+    cannot write (_NodeFolders): a path that is not shared (/tmp/proj) may
+    have been made on this node by someone else, with a torch.py in it. With
+    neither, it stays in `/`, which every node has and only root can write,
+    rather than /tmp, which every user can, and says so in its log. A rank
+    that is not in the kernel's folder leaves '' (the notebook folder, on the
+    kernel's sys.path) off its own: the folder's modules come in the payload
+    (_SentModules), and a stray file in the home must not shadow a package.
+    Whether it is in the kernel's folder."""
     folder = os.environ.pop("DISTKERNEL_CWD", None)
     if folder is None:
         return True         # started here, in the kernel's folder
-    for place in (folder, os.path.expanduser("~"), "/tmp"):
+    _NodeFolders.remote = True
+    home = os.path.expanduser("~")
+    for place in (folder, home):
+        fd = _NodeFolders.open(place)
+        if fd is None:
+            continue
         try:
-            os.chdir(place)
+            os.fchdir(fd)   # the folder that was checked, whatever its path names now
         except OSError:
             continue
+        finally:
+            os.close(fd)
         os.environ["PWD"] = place
+        if place != folder and folder in _NodeFolders.refused:
+            _Notes.say(f"running in {place}, not in the kernel's folder {folder}")
         return place == folder
+    os.chdir("/")
+    os.environ["PWD"] = "/"
+    _Notes.say(f"running in /: neither the kernel's folder {folder} nor the home {home} can "
+               f"be used on this node; not in /tmp, which every user of the node can write")
     return False
 
 
+_NOTES_MAX = 8      # a rank's notes about its node's folders: this many, then one line
+
+
+class _Notes:
+    """Lines about this rank for its log only, never the cell (OUTPUT frames
+    for fd 3, DK_BC_OUTPUT_LOG): which of its node's folders it would not
+    use, and why. Said before the channel is up, they wait for it. At most
+    _NOTES_MAX, then one line saying more were left unsaid: a node full of
+    planted folders must not fill the log."""
+
+    channel = None
+    pending = []
+    count = 0
+
+    @classmethod
+    def say(cls, text):
+        import socket
+
+        if cls.count > _NOTES_MAX:
+            return
+        cls.count += 1
+        if cls.count > _NOTES_MAX:
+            text = "more of this node's folders were refused; they are not listed"
+        line = f"distkernel-rank on {socket.gethostname()}: {text}\n".encode(errors="replace")
+        if cls.channel is None:
+            cls.pending.append(line)
+        else:
+            cls._send(line)
+
+    @classmethod
+    def attach(cls, channel):
+        cls.channel = channel
+        for line in cls.pending:
+            cls._send(line)
+        cls.pending = []
+
+    @classmethod
+    def _send(cls, line):
+        try:
+            cls.channel.send(bc.OUTPUT, struct.pack(">BB", bc.OUTPUT_LOG, 0) + line[:4096])
+        except (OSError, bc.BackChannelError):
+            pass    # a channel that broke is the run's failure, said elsewhere; not a note's
+
+
+class _NodeFolders:
+    """What a rank on another node than the kernel's may run in and import
+    from: a folder or sys.path entry its node's other users cannot change,
+    checked by distkernel-rank's built-in _distkernel_rankpath
+    (runtime/dk_rankpath.h, dk_logdir's check for code: the user's or root's,
+    writable by nobody else, through parents nobody else can rename). A
+    refused one is left out, and said once in the rank's log (_Notes); one
+    that is not there is left out silently, as the kernel's folder on a node
+    that does not share it always was. A plain python3 under a launcher (the
+    runtime's own tests) has no checker: it enters no folder and leaves the
+    rest of sys.path as it is."""
+
+    remote = False      # this rank runs on another node (DISTKERNEL_CWD was set)
+    refused = set()
+
+    @classmethod
+    def _checker(cls):
+        try:
+            import _distkernel_rankpath
+        except ImportError:
+            return None
+        return _distkernel_rankpath
+
+    @classmethod
+    def open(cls, path, what="folder not entered"):
+        """A descriptor on PATH if this rank may use it (the caller closes),
+        else None; WHAT says what a refusal means, in the log."""
+        check = cls._checker()
+        if check is None:
+            cls._refuse(path, f"{what}: {path} cannot be checked: this rank is not "
+                              f"distkernel-rank")
+            return None
+        try:
+            return check.open(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            cls._refuse(path, f"{what}: {exc.strerror or exc}")
+            return None
+
+    @classmethod
+    def usable(cls, entry):
+        """Whether sys.path entry ENTRY may stay on this rank's sys.path."""
+        if entry == "" or cls._checker() is None:
+            return True     # '': the working directory, checked as it was entered
+        fd = cls.open(entry, "left off sys.path")
+        if fd is None:
+            return False
+        os.close(fd)
+        return True
+
+    @classmethod
+    def _refuse(cls, path, why):
+        if path not in cls.refused:
+            cls.refused.add(path)
+            _Notes.say(why)
+
+
 _IN_KERNEL_FOLDER = True
+_RUN_KEY = None     # the back channel's key: every rank of the run holds it, no one else
+
+
+def run_secret(label):
+    """A secret of this run for LABEL (bytes): HMAC-SHA256 of LABEL under the
+    back channel's key, which every rank of the run has and nobody else; the
+    key itself stays here. None outside a rank of distkernel's."""
+    import hashlib
+    import hmac
+
+    if _RUN_KEY is None:
+        return None
+    return hmac.new(_RUN_KEY, b"distkernel/" + label, hashlib.sha256).digest()
 
 
 def _main():
-    global _IN_KERNEL_FOLDER
+    global _IN_KERNEL_FOLDER, _RUN_KEY
     _IN_KERNEL_FOLDER = _enter_kernel_folder()
     _buffer_output()
     path = os.environ.pop("DISTKERNEL_BC")
     key = bytes.fromhex(os.environ.pop("DISTKERNEL_BC_KEY"))
+    _RUN_KEY = key
     rank = int(os.environ["RANK"])
     try:
         channel = bc.BackChannel(path, key, rank)
@@ -167,6 +300,7 @@ def _main():
         print(f"distkernel-rank {rank}: {exc}", file=sys.stderr, flush=True)
         return 1
     channel.send(bc.HELLO)
+    _Notes.attach(channel)
     held = _master_port_from_rank0(channel, rank)
     kind, payload = channel.recv()
     for sock in held:
@@ -407,11 +541,17 @@ def _serve(channel, task):
 def _use_kernel_sys_path(kernel_path):
     """Import as the notebook does: the kernel's sys.path, in its order ('' first,
     the working directory, which the rank shares with the kernel), then what
-    only the rank has. '' stays off where the rank is not in the kernel's
-    folder (_enter_kernel_folder)."""
+    only the rank has. '' (and any relative entry, which would name a folder
+    under another) stays off where the rank is not in the kernel's folder
+    (_enter_kernel_folder); on another node, so does every entry the node's
+    other users could have put code in (_NodeFolders), the rank's own
+    included."""
     if not _IN_KERNEL_FOLDER:
-        kernel_path = [p for p in kernel_path if p != ""]
-    sys.path[:] = list(kernel_path) + [p for p in sys.path if p not in kernel_path]
+        kernel_path = [p for p in kernel_path if os.path.isabs(p)]
+    path = list(kernel_path) + [p for p in sys.path if p not in kernel_path]
+    if _NodeFolders.remote:
+        path = [p for p in path if _NodeFolders.usable(p)]
+    sys.path[:] = path
 
 
 class _SentModules:

@@ -19,19 +19,37 @@ not the `ray stop` it started.
 
 "Ray installed" means the `ray` command on PATH: that is what the ranks run.
 The kernel checks it before any rank starts (ray_launch's .distributed()).
+
+Who may join. The rendezvous store is open to anyone who reaches
+MASTER_ADDR:MASTER_PORT, so what rank 0 publishes there is signed: the head's
+address (and whether it asks for a token) goes with an HMAC under a secret of
+the run (distkernel._rank.run_secret: the back channel's key, which every
+rank has and nobody else), and a worker refuses a value whose HMAC does not
+verify, naming it, rather than join a head a stranger wrote in. Ray's own
+ports are another matter: `ray start --head` accepts whoever reaches them.
+Where the installed Ray has token authentication (Ray 2.52 and later:
+RAY_AUTH_MODE=token, the token in RAY_AUTH_TOKEN; `ray --version` tells),
+every `ray start`, the driver and the workers get a token of the run, derived
+from the same key on each rank, so it never crosses the network; an older
+Ray has nothing of the kind (its --redis-password guards only an external
+Redis since Ray 2.0), and rank 0 says so in the cell once.
 """
 
+import hmac
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 _STORE_PREFIX = "distkernel/ray/"
 _POLL = 0.2          # seconds between looks at the store: an interrupt lands in between
 _JOIN_TIMEOUT = 600  # seconds the ranks wait for the head, and the head for the ranks
 _STOP_TIMEOUT = 60   # seconds a rank waits for its `ray stop`
+_TOKEN_AUTH_SINCE = (2, 52)     # Ray's token authentication (RAY_AUTH_MODE=token)
 
 _clusters = []       # the RayCluster of this rank, kept alive (rank 0 serves the store)
 
@@ -163,6 +181,55 @@ def _ray_stop():
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+def _ray_version():
+    """(major, minor) of the installed Ray, from `ray --version` ("ray, version
+    2.52.0"), or None when it does not say."""
+    try:
+        done = subprocess.run([ray_command(), "--version"], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, errors="replace", timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = re.search(r"version (\d+)\.(\d+)", done.stdout or "")
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def _secret(label):
+    """The run's secret for LABEL (distkernel._rank.run_secret), or an error
+    saying why there is none: outside distkernel's ranks nothing signs the
+    head's address, and an unsigned one is what this module refuses."""
+    from distkernel import _rank
+
+    secret = _rank.run_secret(label)
+    if secret is None:
+        raise RuntimeError("ray_init() signs the Ray head's address with the run's key, and "
+                           "this process is not a rank of distkernel's run (no key): start "
+                           "Ray from a @distributed function or a %%distributed cell")
+    return secret
+
+
+def _signed_head(generation, address, mode):
+    """What rank 0 publishes: "MAC ADDRESS MODE", MAC an HMAC of the rest."""
+    body = f"{address} {mode}".encode()
+    mac = _secret(b"ray/head/%d/" % generation + body).hex()
+    return mac.encode() + b" " + body
+
+
+def _verified_head(generation, value):
+    """(address, mode) from what the store holds, or an error when rank 0 did
+    not write it."""
+    mac, _, body = value.partition(b" ")
+    want = _secret(b"ray/head/%d/" % generation + body).hex().encode()
+    address, _, mode = body.decode(errors="replace").partition(" ")
+    if not hmac.compare_digest(mac, want) or mode not in ("token", "none"):
+        shown = value[:120].decode(errors="replace")
+        raise RuntimeError(
+            f"rank {os.environ.get('RANK')} refuses the Ray head's address in the run's "
+            f"rendezvous store ({shown!r}): it is not signed with the run's key, so rank 0 did "
+            f"not write it; someone else who reached MASTER_ADDR:MASTER_PORT did. Not joining "
+            f"it; the run is stopped")
+    return address, mode
+
+
 class RayCluster:
     """This rank's part of the run's Ray cluster (what ray_init() returns).
 
@@ -179,7 +246,8 @@ class RayCluster:
         self._stopped = False
         self._started = False   # this rank ran `ray start`: it must run `ray stop`
         self._joined = False    # ... and it worked: a worker then waits for the driver
-        self._base, self._store = _store(len(_clusters))
+        self._generation = len(_clusters)
+        self._base, self._store = _store(self._generation)
         _clusters.append(self)
         try:
             self._start(num_cpus, num_gpus)
@@ -205,6 +273,15 @@ class RayCluster:
             env["CUDA_VISIBLE_DEVICES"] = ids[local] if local < len(ids) else str(local)
         return env
 
+    def _auth_env(self, mode):
+        """Ray's token authentication for this cluster: the variables every
+        `ray start` and the driver read. The token is the run's secret, the
+        same on every rank and never sent."""
+        if mode != "token":
+            return {}
+        token = _secret(b"ray/token/%d" % self._generation).hex()
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+
     def _start(self, num_cpus, num_gpus):
         args = self._start_args(num_cpus, num_gpus)
         node_ip = _node_ip()
@@ -212,22 +289,33 @@ class RayCluster:
             args.append(f"--node-ip-address={node_ip}")
         env = self._ray_env(num_gpus)
         if self.is_driver:
+            version = _ray_version()
+            mode = "token" if version and version >= _TOKEN_AUTH_SINCE else "none"
+            if mode == "none":
+                said = "%d.%d" % version if version else "whose version `ray --version` did not say"
+                print(f"distkernel: this Ray ({said}) has no authentication (Ray's token "
+                      f"authentication came in {'%d.%d' % _TOKEN_AUTH_SINCE}): anyone who "
+                      f"reaches this cluster's ports can run code in it as you",
+                      file=sys.stderr, flush=True)
+            env.update(self._auth_env(mode))
             host = os.environ.get("MASTER_ADDR", "127.0.0.1")
             port = _free_port()
             self._started = True
             _run_ray(["start", "--head", f"--port={port}", *args], env)
             self.address = f"{host}:{port}"
-            self._store.set("head", self.address)
+            self._store.set("head", _signed_head(self._generation, self.address, mode))
             self._store.add("head_ready", 1)
             _wait(self._store, "joined", self.world - 1, _JOIN_TIMEOUT)
         else:
             if not _wait(self._store, "head_ready", 1, _JOIN_TIMEOUT):
                 raise RuntimeError("rank 0 ended before starting the Ray head")
-            self.address = self._store.get("head").decode()
+            self.address, mode = _verified_head(self._generation, self._store.get("head"))
+            env.update(self._auth_env(mode))
             self._started = True
             _run_ray(["start", f"--address={self.address}", *args], env)
             self._joined = True
             self._store.add("joined", 1)
+        os.environ.update(self._auth_env(mode))
         os.environ["RAY_ADDRESS"] = self.address
 
     def stop(self):

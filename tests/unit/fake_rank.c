@@ -59,7 +59,9 @@
  *                    N+1; "leader_exit" print "leader exiting N", then the main
  *                    thread ends alone (a zombie leader, another thread sleeping). The text may be "ACTION@R": that action on rank R, "result"
  *                    on the others. SIGINT between rounds is ignored; EOF exits 0.
- *   bad_output       (Unix socket) ... an OUTPUT frame for fd 3, wait to be closed,
+ *   log_note         ... an OUTPUT frame for its log only (fd 3, DK_BC_OUTPUT_LOG):
+ *                    "a note about itself", then as result
+ *   bad_output       (Unix socket) ... an OUTPUT frame for fd 4, wait to be closed,
  *                    print "refused as expected", exit 0 without a result
  *   hold             ... print "hold" (on the runtime's pipe, before a TCP rank's
  *                    output goes to frames), sleep FAKE_SLEEP_S (60) seconds, then as result
@@ -1013,8 +1015,11 @@ int main(void)
             dprintf(1, "out %d\n", i);
             dprintf(2, "err %d\n", i);
         }
+    } else if (!strcmp(mode, "log_note")) {
+        static const unsigned char note[] = "\3\0a note about itself\n";
+        send_frame(&c, OUTPUT, (uint32_t) rank, note, sizeof note - 1, false);
     } else if (!strcmp(mode, "bad_output")) {
-        static const unsigned char bad[] = {3, 0, 'x'};
+        static const unsigned char bad[] = {4, 0, 'x'};
         send_frame(&c, OUTPUT, (uint32_t) rank, bad, sizeof bad, false);
         expect_closed(&c);
         dprintf(1, "refused as expected\n");

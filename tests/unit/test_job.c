@@ -2028,6 +2028,25 @@ Test(tcp, output_for_another_fd_closes_the_connection_with_a_warning)
     finish(&job);
 }
 
+/* What a rank says about itself for its log (DK_BC_OUTPUT_LOG: a folder of
+ * its node it would not use) goes to rank-N.log, never to the sink. */
+Test(tcp, a_ranks_note_for_its_log_goes_to_its_log_only)
+{
+    const char *extra[] = {"FAKE_MODE_1=log_note", NULL};
+    dk_job_t *job = run(2, extra);
+    cr_assert_eq(dk_job_end(job), DK_END_OK);
+    cr_expect(!output_has(1, 1, "a note") && !output_has(1, 2, "a note"),
+              "the note reached the cell");
+    char path[512];
+    snprintf(path, sizeof path, "%s/rank-1.log", log_dir);
+    size_t len = 0;
+    char *log = read_file(path, &len);
+    cr_assert_not_null(log);
+    cr_expect_not_null(strstr(log, "a note about itself\n"), "rank-1.log: %s", log);
+    free(log);
+    finish(&job);
+}
+
 /* The runtime's own loop held up past the deadline (a slow sink, a stalled
  * disk) is not the rank's silence: what the rank sent meanwhile is waiting
  * unread. */

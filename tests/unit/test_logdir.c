@@ -277,3 +277,90 @@ Test(logdir, a_tmpdir_others_can_write_is_refused_naming_what_and_why)
     cr_assert_null(dir);
     cr_assert(strstr(err, "writable by other users") && strstr(err, "TMPDIR"), "%s", err);
 }
+
+/* ---- places code is read from (DK_LOGDIR_CODE: a remote rank's folders) ---- */
+
+Test(logdir, code_may_come_from_a_folder_of_the_user_or_of_root)
+{
+    cr_assert_eq(mkdir(at("proj"), 0755), 0);
+    int fd = dk_logdir_open(at("proj"), DK_LOGDIR_CODE, NULL, err, sizeof err);
+    cr_assert_geq(fd, 0, "%s", err);
+    close(fd);
+    /* a system folder: root's, writable by root alone (/ and /usr are too) */
+    fd = dk_logdir_open("/usr/lib", DK_LOGDIR_CODE, NULL, err, sizeof err);
+    cr_assert_geq(fd, 0, "%s", err);
+    close(fd);
+}
+
+Test(logdir, code_may_come_from_a_zip_file_on_sys_path)
+{
+    cr_assert_eq(mkdir(at("lib"), 0755), 0);
+    int fd = open(at("lib/pkgs.zip"), O_CREAT | O_WRONLY, 0644);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    fd = dk_logdir_open(at("lib/pkgs.zip"), DK_LOGDIR_CODE, NULL, err, sizeof err);
+    cr_assert_geq(fd, 0, "%s", err);
+    close(fd);
+    /* a log root is a folder, still */
+    fd = dk_logdir_open(at("lib/pkgs.zip"), 0, NULL, err, sizeof err);
+    cr_assert_lt(fd, 0);
+}
+
+Test(logdir, code_is_not_taken_from_a_folder_others_can_add_files_to_even_sticky)
+{
+    cr_assert_eq(mkdir(at("scratch"), 0777), 0);
+    cr_assert_eq(chmod(at("scratch"), 01777), 0);
+    int fd = dk_logdir_open(at("scratch"), DK_LOGDIR_CODE, NULL, err, sizeof err);
+    cr_assert_lt(fd, 0);
+    cr_assert_eq(errno, EACCES);
+    cr_assert(strstr(err, "for code") && strstr(err, "writable by other users"), "%s", err);
+    /* ... though such a folder (/tmp) is a safe parent of one of the user's */
+    cr_assert_eq(mkdir(at("scratch/proj"), 0700), 0);
+    fd = dk_logdir_open(at("scratch/proj"), DK_LOGDIR_CODE, NULL, err, sizeof err);
+    cr_assert_geq(fd, 0, "%s", err);
+    close(fd);
+    fd = dk_logdir_open("/tmp", DK_LOGDIR_CODE, NULL, err, sizeof err);
+    cr_assert_lt(fd, 0, "/tmp is a place for code");
+}
+
+Test(logdir, code_is_not_taken_from_a_group_writable_folder)
+{
+    cr_assert_eq(mkdir(at("team"), 0775), 0);
+    cr_assert_eq(chmod(at("team"), 0775), 0);
+    int fd = dk_logdir_open(at("team"), DK_LOGDIR_CODE, NULL, err, sizeof err);
+    cr_assert_lt(fd, 0);
+    cr_assert(strstr(err, "writable by other users"), "%s", err);
+}
+
+Test(logdir, code_is_not_taken_from_a_folder_or_file_of_another_user)
+{
+    if (geteuid() != 0)
+        cr_skip_test("chown needs root");
+    cr_assert_eq(mkdir(at("planted"), 0755), 0);
+    cr_assert_eq(chown(at("planted"), OTHER_UID, OTHER_UID), 0);
+    int fd = dk_logdir_open(at("planted"), DK_LOGDIR_CODE, NULL, err, sizeof err);
+    cr_assert_lt(fd, 0);
+    cr_assert_eq(errno, EACCES);
+    cr_assert(strstr(err, "refusing to use") && strstr(err, "planted for code") &&
+              strstr(err, "belongs to another user"), "%s", err);
+    /* nor from below it: the other user could rename what is in it */
+    cr_assert_eq(mkdir(at("planted/mine"), 0755), 0);
+    fd = dk_logdir_open(at("planted/mine"), DK_LOGDIR_CODE, NULL, err, sizeof err);
+    cr_assert_lt(fd, 0);
+    cr_assert(strstr(err, "planted for code"), "%s", err);
+    fd = open(at("egg.zip"), O_CREAT | O_WRONLY, 0644);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(fchown(fd, OTHER_UID, OTHER_UID), 0);
+    close(fd);
+    fd = dk_logdir_open(at("egg.zip"), DK_LOGDIR_CODE, NULL, err, sizeof err);
+    cr_assert_lt(fd, 0);
+    cr_assert(strstr(err, "belongs to another user"), "%s", err);
+}
+
+Test(logdir, a_missing_place_for_code_is_enoent_not_a_refusal)
+{
+    int fd = dk_logdir_open(at("nowhere/lib"), DK_LOGDIR_CODE, NULL, err, sizeof err);
+    cr_assert_lt(fd, 0);
+    cr_assert_eq(errno, ENOENT, "%s", err);
+    cr_assert(!exists(at("nowhere")), "a place for code was created");
+}
