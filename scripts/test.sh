@@ -14,7 +14,7 @@
 #                                    (then only those run, in both builds)
 #   SANITIZE=0  skip the sanitizer pass      FUZZ=0  skip fuzzing
 #   FUZZ_SECONDS=N  seconds per fuzz target (default 60)
-#   E2E_JOBS=N  end-to-end tests run by N pytest-xdist workers (default 3)
+#   E2E_JOBS=N  end-to-end tests run by N pytest-xdist workers (default 4)
 #   PACKAGE=0   skip building and testing the Debian package
 #
 # How it stays within its time on a 2-core machine (issue: the test command in
@@ -34,12 +34,12 @@ cd "$(dirname "$0")/.."
 
 QUICK=0
 if [[ ${1:-} == --quick ]]; then QUICK=1; shift; fi
-JOBS=${E2E_JOBS:-3}
+JOBS=${E2E_JOBS:-4}
 PY=/usr/bin/python3   # Debian's, which has the Jupyter stack
 
 # --quick: the end-to-end files that cover what most changes touch: the
 # protocol, executing, output, interrupts, the kernel's life, and
-# distributed cells with their failures. About 3 minutes with 3 workers.
+# distributed cells with their failures. About 3 minutes with 4 workers.
 QUICK_FILES=(test_protocol.py test_execute.py test_io.py test_interrupt.py test_lifecycle.py
              test_conformance.py test_distributed.py test_distributed_failures.py)
 
@@ -60,19 +60,41 @@ ASAN_SKIP=(
   test_parity.py         # ipykernel behaviours (sys.path, %cd, stop_on_error): Python
   test_platform.py       # the managed platform's decorator API (python/distkernel/_platform.py)
   test_scripts.py        # the repository's shell scripts
+  # The simulated cluster itself and what Slurm, not distkernel, decides:
+  # placement and GRES types (dk_slurm_parse: unit tests and fuzz_opts), srun's
+  # own lines (dk_launchout: unit tests and fuzz_launchout), step options and the
+  # exported environment (unit tests of dk_slurm_step). Launch, node loss and
+  # started ranks on Slurm stay: test_slurm.py, test_slurm_runs.py,
+  # test_slurm_pool.py, test_slurm_folders.py.
+  test_slurm_cluster.py
+  test_slurm_gpus.py
+  test_slurm_noise.py
+  test_slurm_steps.py
+  test_slurm_env.py
 )
 
-REPORT=$(mktemp -d)
+REPORT=$PWD/test-report   # each stage's JUnit XML and meson log, kept for a look afterwards
+rm -rf "$REPORT"
+mkdir -p "$REPORT"
 STAGES=$REPORT/stages.tsv
 : > "$STAGES"
-CLUSTER_STARTED=0
+REPORTS=""            # the sanitizers' log folder, once their pass runs
+CLUSTERS_STARTED=()   # the cluster.sh environments of the clusters this run brought up
 
 finish() {
   local rc=$?
-  if [[ $CLUSTER_STARTED == 1 ]]; then tests/slurm/cluster.sh down > /dev/null 2>&1 || true; fi
+  for env in "${CLUSTERS_STARTED[@]}"; do
+    # shellcheck disable=SC2086
+    env $env tests/slurm/cluster.sh down > /dev/null 2>&1 || true
+  done
+  if [[ -n $REPORTS ]] && compgen -G "$REPORTS/*" > /dev/null; then
+    echo "== sanitizer reports =="
+    cat "$REPORTS"/*
+    echo "FAILED: the sanitizers reported the errors above" >&2
+    rc=1
+  fi
   echo
   $PY scripts/test_report.py "$STAGES" "$REPORT" 15 || true
-  rm -rf "$REPORT"
   if [[ $rc == 0 ]]; then echo "scripts/test.sh: every stage passed"
   else echo "scripts/test.sh: FAILED (exit $rc)" >&2; fi
   exit "$rc"
@@ -145,17 +167,21 @@ slurm_without_workaround() {   # BUILD PREFIX: the node-loss tests on a cluster 
     --junitxml="$REPORT/nowa.xml" -k "lost or cut_off"
 }
 
-cluster_up() {   # the default test cluster, once for the whole run
-  local why
+cluster_up() {   # the test clusters A and B (tests/e2e/slurm_cluster.py), once for the whole run
+  local why b_env out
   why=$($PY -c 'import sys; sys.path.insert(0, "tests/e2e"); import slurm_cluster as s; print(s.unavailable() or "")')
   if [[ -n $why ]]; then
-    # The tests that need it skip with this reason (or fail on CI, which runs as root).
+    # The tests that need them skip with this reason (or fail on CI, which runs as root).
     echo "no Slurm test cluster: $why"
     return 0
   fi
-  local out
-  out=$(tests/slurm/cluster.sh up 2) || { echo "$out"; return 1; }
-  [[ $(tail -n 1 <<< "$out") == started ]] && CLUSTER_STARTED=1
+  b_env=$($PY -c 'import sys; sys.path.insert(0, "tests/e2e"); import slurm_cluster as s
+e = s.cluster_b_env(); print(" ".join(f"{k}={e[k]}" for k in e if k.startswith("DISTKERNEL_SLURM_SIM_")))')
+  for env in "" "$b_env"; do
+    # shellcheck disable=SC2086  # words of NAME=VALUE, none with spaces
+    out=$(env $env tests/slurm/cluster.sh up 2) || { echo "$out"; return 1; }
+    if [[ $(tail -n 1 <<< "$out") == started ]]; then CLUSTERS_STARTED+=("$env"); fi
+  done
   return 0
 }
 
@@ -201,7 +227,8 @@ fi
 figures build-test
 
 if [[ ${SANITIZE:-1} != 0 ]]; then
-  reports=$(mktemp -d)
+  REPORTS=$(mktemp -d)
+  reports=$REPORTS
   stage asan-build "build, sanitizers" build build-asan -Db_sanitize=address,undefined -Db_lundef=false
   export UBSAN_OPTIONS="print_stacktrace=1:log_path=$reports/ubsan"
   ASAN_OPTIONS="detect_leaks=1:log_path=$reports/asan" \
@@ -220,15 +247,12 @@ if [[ ${SANITIZE:-1} != 0 ]]; then
     tests/e2e "${skip[@]}" "$@"
   figures build-asan
   if compgen -G "$reports/*" > /dev/null; then
-    echo "== sanitizer reports =="
-    cat "$reports"/*
-    echo "FAILED: the sanitizers reported the errors above" >&2
-    exit 1
+    exit 1   # finish prints them
   fi
   echo "sanitizers: no report"
 fi
 
 if [[ ${FUZZ:-1} != 0 ]]; then
-  FUZZ_SECONDS="${FUZZ_SECONDS:-60}" \
-    stage fuzz "fuzzing, ${FUZZ_SECONDS:-60} s a target" scripts/fuzz.sh
+  export FUZZ_SECONDS=${FUZZ_SECONDS:-60}
+  stage fuzz "fuzzing, $FUZZ_SECONDS s a target" scripts/fuzz.sh
 fi

@@ -46,7 +46,10 @@ def pytest_times(xml_path, stage):
     out = []
     for case in root.iter("testcase"):
         module = case.get("classname", "").replace(".", "/")
-        test_id = f"{module}.py::{case.get('name')}" if module else case.get("name", "?")
+        name = case.get("name", "?")
+        if name.rfind("@") > name.rfind("]"):
+            name = name[:name.rfind("@")]   # pytest-xdist's "@group" suffix
+        test_id = f"{module}.py::{name}" if module else name
         outcome = "passed"
         for child in case:
             if child.tag in ("failure", "error"):

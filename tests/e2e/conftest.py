@@ -28,22 +28,23 @@ def pytest_configure(config):
         "markers", "quick: part of `scripts/test.sh --quick`, the contributors' few minutes")
 
 
-SLURM_FIXTURES = {"slurm_cluster", "slurm_mem_cluster"}
+SLURM_FIXTURES = {"slurm_cluster", "slurm_mem_cluster", "slurm_cluster_a", "slurm_cluster_b"}
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist's `--dist loadgroup` (scripts/test.sh), keep each file on
     one worker, so that its module-scoped kernel is started once and its tests run
-    in their order, and put every test of the simulated Slurm clusters on one
-    worker: they share the clusters, and some of them crash a node. The Slurm
-    tests go first, since together they are the longest group and the others
-    fill the remaining workers around them."""
+    in their order, and put the tests of each simulated Slurm cluster on one
+    worker: they share the cluster, and some of them crash a node
+    (slurm_cluster.py splits them over two clusters). The Slurm tests go first,
+    since theirs are the longest groups and the others fill the remaining
+    workers around them."""
     def slurm(item):
         return bool(SLURM_FIXTURES & set(getattr(item, "fixturenames", ())))
 
     for item in items:
-        group = "slurm" if slurm(item) else item.nodeid.split("::")[0]
+        group = slurm_group_of(item.path) if slurm(item) else item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=lambda item: not slurm(item))  # stable: file order is kept
 
@@ -111,4 +112,6 @@ def heartbeat(kernel):
 
 
 # The simulated Slurm cluster (tests/slurm/), for the tests that ask for it.
-from slurm_cluster import slurm_cluster, slurm_mem_cluster  # noqa: E402,F401
+from slurm_cluster import (slurm_cluster, slurm_cluster_a, slurm_cluster_b,  # noqa: E402,F401
+                           slurm_mem_cluster)
+from slurm_cluster import group_of as slurm_group_of  # noqa: E402

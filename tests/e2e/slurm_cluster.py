@@ -121,9 +121,54 @@ def session_cluster(env=None):
         assert left.returncode == 0, f"the test cluster left this behind:\n{left.stdout}"
 
 
+# The Slurm tests are the longest group of the suite, and tests of one cluster
+# cannot run side by side (some crash its nodes, most want all its CPUs). So
+# they are split over two clusters of the same shape, A (the default one, which
+# scripts/test.sh brings up for the whole run) and B, and pytest-xdist runs the
+# two groups on two workers at once (conftest.py). The files of group B:
+GROUP_B_FILES = {"test_slurm_pool.py", "test_slurm_gpus.py", "test_slurm_env.py",
+                 "test_slurm_folders.py", "test_environments.py"}
+
+
+def group_of(path):
+    """The xdist group of the Slurm tests in the file at PATH."""
+    return "slurm-b" if pathlib.Path(str(path)).name in GROUP_B_FILES else "slurm-a"
+
+
+def cluster_b_env():
+    """Cluster B's environment for cluster.sh: A's folder, network and bridge
+    (the DISTKERNEL_SLURM_SIM_* variables or their defaults), each moved aside,
+    so that whoever gives A a place of its own gives B one too."""
+    a_dir = os.environ.get("DISTKERNEL_SLURM_SIM_DIR", "/tmp/distkernel-slurm")
+    a_net = os.environ.get("DISTKERNEL_SLURM_SIM_NET", "10.79.0").split(".")
+    b_net = ".".join(a_net[:2] + [str((int(a_net[2]) + 40) % 256)])
+    a_bridge = os.environ.get("DISTKERNEL_SLURM_SIM_BRIDGE", "dkslurm0")
+    return dict(os.environ,
+                DISTKERNEL_SLURM_SIM_DIR=os.environ.get("DISTKERNEL_SLURM_SIM_B_DIR", a_dir + "-b"),
+                DISTKERNEL_SLURM_SIM_NET=os.environ.get("DISTKERNEL_SLURM_SIM_B_NET", b_net),
+                DISTKERNEL_SLURM_SIM_BRIDGE=os.environ.get("DISTKERNEL_SLURM_SIM_B_BRIDGE",
+                                                           a_bridge + "b"))
+
+
 @pytest.fixture(scope="session")
-def slurm_cluster():
+def slurm_cluster_a():
     yield from session_cluster()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster_b():
+    # DISTKERNEL_SLURM_SIM_ONE_CLUSTER=1: B is A (one cluster, tests in turn).
+    if os.environ.get("DISTKERNEL_SLURM_SIM_ONE_CLUSTER") == "1":
+        yield from session_cluster()
+    else:
+        yield from session_cluster(cluster_b_env())
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster(request):
+    """The cluster of this module's group (above)."""
+    return request.getfixturevalue(
+        "slurm_cluster_b" if group_of(request.path) == "slurm-b" else "slurm_cluster_a")
 
 
 @pytest.fixture(scope="session")
