@@ -50,9 +50,12 @@ enum {
 #define DK_BC_KEY_LEN 32
 #define DK_BC_NONCE_LEN 32
 #define DK_BC_MAC_LEN 32
-/* Connections that may wait for their HELLO at once, and for how long. */
-#define DK_BC_PENDING_MAX 64
-#define DK_BC_HELLO_DEADLINE_S 10
+/* Connection slots beyond one per rank: the most connections that may wait
+ * for their HELLO at once is the ranks not yet in plus this (dk_backchan.c),
+ * and each waits at most DK_BC_HELLO_DEADLINE_S (a rank says HELLO as soon as
+ * it has the nonce). */
+#define DK_BC_SLACK 64
+#define DK_BC_HELLO_DEADLINE_S 5
 #define DK_BC_STR_(x) #x
 #define DK_BC_STR(x) DK_BC_STR_(x)
 /* The protocol's one size limit: the most bytes a frame may carry after its
@@ -106,6 +109,12 @@ typedef struct {
      * rank 0's HELLO counts once its PORT frame follows; every rank is sent
      * that port in a PORT frame before its PAYLOAD (or first TASK). */
     bool port_from_rank0;
+    /* With tcp_addr: the run's nodes (names or addresses, NALLOW of them,
+     * resolved when the channel is made: dk_accept.h). A connection from any
+     * other address is closed as it is accepted, before it takes a slot. NULL:
+     * any address may connect (and must still say a valid HELLO). */
+    const char *const *allow_hosts;
+    size_t nallow;
 } dk_backchan_opts_t;
 
 typedef struct dk_backchan_t dk_backchan_t;
@@ -185,6 +194,15 @@ void dk_backchan_poll_handle(dk_backchan_t *self, const struct pollfd *fds, size
  * called when a rank has exited, so its last frames are seen before its exit
  * is judged. */
 void dk_backchan_drain(dk_backchan_t *self);
+
+/* Whether the listener is still open. It closes by itself once every rank has
+ * said a valid HELLO (nothing is left to wait for, so nothing listens for the
+ * life of started ranks), on a descriptor shortage, and in close_all. */
+bool dk_backchan_listening(const dk_backchan_t *self);
+
+/* Connections closed at accept because their address is not one of the
+ * run's nodes (opts.allow_hosts). */
+unsigned long dk_backchan_dropped(const dk_backchan_t *self);
 
 /* Stop listening and close every connection (the job has ended). */
 void dk_backchan_close_all(dk_backchan_t *self);
