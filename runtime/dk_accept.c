@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct {
     unsigned char b[16];
@@ -103,6 +104,56 @@ void dk_accept_destroy(dk_accept_t **self_p)
     free((*self_p)->addrs);
     free(*self_p);
     *self_p = NULL;
+}
+
+/* Whether A is an address of this host: one a socket can bind. */
+static bool is_local(const addr16_t *a)
+{
+    static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof ss);
+    socklen_t len;
+    if (!memcmp(a->b, mapped, 12)) {
+        struct sockaddr_in *in = (struct sockaddr_in *) &ss;
+        in->sin_family = AF_INET;
+        memcpy(&in->sin_addr, a->b + 12, 4);
+        len = sizeof *in;
+    } else {
+        struct sockaddr_in6 *in6 = (struct sockaddr_in6 *) &ss;
+        in6->sin6_family = AF_INET6;
+        memcpy(&in6->sin6_addr, a->b, 16);
+        len = sizeof *in6;
+    }
+    int fd = socket(ss.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    bool local = fd >= 0 && bind(fd, (struct sockaddr *) &ss, len) == 0;
+    if (fd >= 0)
+        close(fd);
+    return local;
+}
+
+static bool add_numeric(dk_accept_t *self, const char *text)
+{
+    struct addrinfo hints, *ai = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_flags = AI_NUMERICHOST;
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(text, NULL, &hints, &ai) != 0)
+        return true;    /* not an address: nothing to add */
+    addr16_t a;
+    bool ok = !to16(ai->ai_addr, ai->ai_addrlen, &a) || add(self, &a);
+    freeaddrinfo(ai);
+    return ok;
+}
+
+bool dk_accept_add_this_host(dk_accept_t *self, const char *listen_addr)
+{
+    bool any = false;
+    for (size_t i = 0; i < self->n && !any; i++)
+        any = is_local(&self->addrs[i]);
+    if (!any)
+        return true;
+    return add_numeric(self, listen_addr) && add_numeric(self, "127.0.0.1") &&
+           add_numeric(self, "::1");
 }
 
 bool dk_accept_allows(const dk_accept_t *self, const struct sockaddr *sa, socklen_t len)

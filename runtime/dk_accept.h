@@ -49,6 +49,14 @@ dk_accept_t *dk_accept_new(const char *const *hosts, size_t nhosts, char *err, s
 
 void dk_accept_destroy(dk_accept_t **self_p);
 
+/* A node that is this host connects from whichever local address its route
+ * to the listener picks: the listener's own address (LISTEN_ADDR, numeric),
+ * or loopback when it listens there, not the node's NodeAddr. So when any of
+ * the list's addresses is one of this host's, LISTEN_ADDR and loopback are
+ * added (a stranger on this host is then let in as the node's other users
+ * are: see above). Returns false when out of room. */
+bool dk_accept_add_this_host(dk_accept_t *self, const char *listen_addr);
+
 /* Whether a peer at SA (LEN bytes, from accept4) is one of the list's
  * addresses; the port is not looked at. A peer of another family than
  * AF_INET/AF_INET6 is not allowed. */

@@ -361,8 +361,12 @@ dk_backchan_t *dk_backchan_new_opts(int world_size, bool persistent, const void 
         self->heartbeat_s = opts->heartbeat_s;
     if (opts && opts->tcp_addr) {
         if (opts->allow_hosts &&
-            !(self->allow = dk_accept_new(opts->allow_hosts, opts->nallow, err, errlen)))
+            (!(self->allow = dk_accept_new(opts->allow_hosts, opts->nallow, err, errlen)) ||
+             !dk_accept_add_this_host(self->allow, opts->tcp_addr))) {
+            if (self->allow)
+                dk_set_err(err, errlen, "out of memory");
             goto fail;
+        }
         if (!listen_tcp(self, opts->tcp_addr, opts->tcp_port, err, errlen))
             goto fail;
         return self;
@@ -758,14 +762,16 @@ static void conn_frame(dk_backchan_t *self, conn_t *c)
             self->claimed[rank] = true;
             self->nclaimed++;
             c->rank = (int) rank;
+            /* Before the rank is reported ready: whoever hears that every
+             * rank is in finds nothing listening. */
+            if (self->nclaimed == self->world_size)
+                stop_listening(self);
             /* With the port from rank 0, every rank waits for it: rank 0's
              * own PORT frame follows its HELLO. */
             if (self->port_from_rank0 && (rank == 0 || self->master_port == 0))
                 c->port_due = true;
             else
                 rank_ready(self, c);
-            if (self->nclaimed == self->world_size)
-                stop_listening(self);
         }
         return;
     }

@@ -359,3 +359,54 @@ Test(accept, a_node_that_does_not_resolve_is_refused_at_start)
     cr_assert(strstr(err, "no-such-node.invalid"), "%s", err);
     remove_dir(log_dir);
 }
+
+/* ------------------------------------------------------------------------ */
+/* The allow-list alone                                                      */
+
+#include "dk_accept.h"
+
+static struct sockaddr_in v4(const char *text)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    inet_pton(AF_INET, text, &sa.sin_addr);
+    return sa;
+}
+
+static bool allows(const dk_accept_t *a, const char *text)
+{
+    struct sockaddr_in sa = v4(text);
+    return dk_accept_allows(a, (struct sockaddr *) &sa, sizeof sa);
+}
+
+Test(allow, only_the_nodes_addresses_are_allowed_ipv4_mapped_included)
+{
+    const char *const nodes[] = {"192.0.2.11", "192.0.2.12", "192.0.2.11"};
+    char err[256] = "";
+    dk_accept_t *a = dk_accept_new(nodes, 3, err, sizeof err);
+    cr_assert_not_null(a, "%s", err);
+    cr_assert_eq(dk_accept_count(a), 2);
+    cr_assert(allows(a, "192.0.2.11") && allows(a, "192.0.2.12"));
+    cr_assert(!allows(a, "192.0.2.1") && !allows(a, "127.0.0.1"));
+    struct sockaddr_in6 m = {.sin6_family = AF_INET6};
+    inet_pton(AF_INET6, "::ffff:192.0.2.12", &m.sin6_addr);
+    cr_assert(dk_accept_allows(a, (struct sockaddr *) &m, sizeof m));
+    /* No node is this host: the listener's own address stays a stranger's
+     * (the login host on a cluster). */
+    cr_assert(dk_accept_add_this_host(a, "192.0.2.1"));
+    cr_assert(!allows(a, "192.0.2.1"));
+    dk_accept_destroy(&a);
+    cr_assert_null(a);
+}
+
+Test(allow, a_node_that_is_this_host_may_connect_from_the_listeners_address)
+{
+    const char *const nodes[] = {"127.0.0.5"};     /* all of 127/8 is this host's */
+    char err[256] = "";
+    dk_accept_t *a = dk_accept_new(nodes, 1, err, sizeof err);
+    cr_assert_not_null(a, "%s", err);
+    cr_assert(!allows(a, "127.0.0.1"));
+    cr_assert(dk_accept_add_this_host(a, "127.0.0.1"));
+    cr_assert(allows(a, "127.0.0.1") && allows(a, "127.0.0.5"));
+    cr_assert(!allows(a, "127.0.0.2"));
+    dk_accept_destroy(&a);
+}
