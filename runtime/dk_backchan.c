@@ -14,8 +14,8 @@
  * it takes a slot or costs a nonce (dk_accept.h): a stranger's flood costs an
  * accept and a close each. What is accepted goes into a fixed set of
  * world_size + DK_BC_SLACK slots, so every rank not yet in can wait for its
- * HELLO at once, however many connect in the same second: the ranks are never
- * short of slots, and a rank is never closed to make room. The set is the
+ * HELLO at once, however many connect in the same second: strangers aside,
+ * the ranks are never short of slots. The set is the
  * bound on memory and descriptors: at 1,024 ranks, 1,088 slots of ~330 bytes
  * (~350 KiB), each connection before its HELLO holding at most one HELLO-sized
  * frame (37 bytes), and 1,088 descriptors plus the listener, as
@@ -23,7 +23,9 @@
  * DK_BC_HELLO_DEADLINE_S is closed; and when every slot is taken (only
  * connections from the nodes' own addresses that do not authenticate can
  * do that), the one that has waited longest gives its slot up once it has
- * had EVICT_AFTER_S, so such connections cannot keep a rank out for long.
+ * had EVICT_AFTER_S, so such connections cannot keep a rank out for long (a
+ * rank closed that way before its nonce arrives connects again: the rank's
+ * side retries until the connect deadline).
  * The listen backlog is the world plus the slack (the system caps it at
  * net.core.somaxconn), so hundreds of ranks connecting at once are queued by
  * the system rather than dropped and retried a second later.
@@ -499,16 +501,6 @@ bool dk_backchan_interrupt(dk_backchan_t *self, int rank)
         return true;
     }
     return false;
-}
-
-bool dk_backchan_listening(const dk_backchan_t *self)
-{
-    return self->listen_fd >= 0;
-}
-
-unsigned long dk_backchan_dropped(const dk_backchan_t *self)
-{
-    return self->dropped;
 }
 
 int dk_backchan_port(const dk_backchan_t *self)

@@ -195,16 +195,10 @@ void dk_backchan_poll_handle(dk_backchan_t *self, const struct pollfd *fds, size
  * is judged. */
 void dk_backchan_drain(dk_backchan_t *self);
 
-/* Whether the listener is still open. It closes by itself once every rank has
- * said a valid HELLO (nothing is left to wait for, so nothing listens for the
- * life of started ranks), on a descriptor shortage, and in close_all. */
-bool dk_backchan_listening(const dk_backchan_t *self);
-
-/* Connections closed at accept because their address is not one of the
- * run's nodes (opts.allow_hosts). */
-unsigned long dk_backchan_dropped(const dk_backchan_t *self);
-
-/* Stop listening and close every connection (the job has ended). */
+/* Stop listening and close every connection (the job has ended). The
+ * listener also closes by itself once every rank has said a valid HELLO
+ * (nothing is left to wait for, so nothing listens for the life of started
+ * ranks; a Unix socket is unlinked then). */
 void dk_backchan_close_all(dk_backchan_t *self);
 
 #endif
