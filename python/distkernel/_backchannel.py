@@ -9,7 +9,10 @@ A persistent job sends TASK frames (u32 round | payload) instead of one
 PAYLOAD, and each answer's payload starts with that u32 round.
 
 Over TCP (DISTKERNEL_BC=tcp:HOST:PORT, ranks on another node than the
-kernel), once the rank has said HELLO a thread of this module carries the
+kernel), the rank keeps trying to connect and read its nonce, with jittered
+backoff, for DISTKERNEL_BC_CONNECT_TIMEOUT seconds (the kernel's own connect
+deadline): a kernel taking in hundreds of ranks at once, or a port another
+user floods, delays a rank but does not fail it. Once the rank has said HELLO a thread of this module carries the
 rest: it replaces fd 1 and 2 with pipes and sends what they get (C-level
 writes and children's included) as OUTPUT frames; a PING goes every second
 (from a native thread of distkernel-rank, _distkernel_rankchan, which then

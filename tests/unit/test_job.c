@@ -2374,6 +2374,40 @@ Test(tcp, a_python_rank_whose_kernel_does_not_answer_gives_up_and_says_so, .time
     cr_assert_null(strstr(err, "Traceback"), "stderr: %s", err);
 }
 
+/* Issue 21 item 4: a rank whose kernel is not listening yet (refused: a
+ * kernel busy taking in hundreds of ranks, or a listen queue another user
+ * fills) tries again, with backoff, and is in once it listens. */
+#define RETRY_PY                                                                   \
+    "import os, socket, threading, time\n"                                        \
+    "from distkernel import _backchannel as bc\n"                                 \
+    "s = socket.socket(); s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]\n"  \
+    "os.environ.update(DISTKERNEL_BC_HEARTBEAT='2', DISTKERNEL_BC_CONNECT_TIMEOUT='10')\n" \
+    "def later():\n"                                                              \
+    "    time.sleep(1.5); s.listen(1); c, _ = s.accept(); c.sendall(b'n' * 32)\n" \
+    "    time.sleep(2)\n"                                                         \
+    "threading.Thread(target=later, daemon=True).start()\n"                       \
+    "t0 = time.monotonic()\n"                                                     \
+    "ch = bc.BackChannel(f'tcp:127.0.0.1:{port}', b'k' * 32, 0)\n"               \
+    "print('in after %.1f s' % (time.monotonic() - t0), ch.nonce == b'n' * 32)\n"
+
+Test(tcp, a_python_rank_keeps_trying_until_the_kernel_listens, .timeout = 60)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "PYTHONPATH=%s timeout 30 %s -c \"$DK_PY\" 2>&1", PY_SRC, PYTHON3);
+    setenv("DK_PY", RETRY_PY, 1);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    char out[4096] = "";
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = '\0';
+    int status = pclose(p);
+    unsetenv("DK_PY");
+    cr_assert_eq(status, 0, "%s", out);
+    double after = -1;
+    cr_assert(sscanf(out, "in after %lf s True", &after) == 1 && strstr(out, "True"), "%s", out);
+    cr_assert(after >= 1.4 && after < 5, "in after %.1f s: %s", after, out);
+}
+
 /* Heartbeats and the GIL (review of issue 13): a rank whose main thread holds
  * the GIL in a long C call (here libc's sleep through ctypes.PyDLL, which,
  * unlike CDLL, keeps the GIL) for three times the deadline is alive, and must
