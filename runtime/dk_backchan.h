@@ -53,7 +53,13 @@ enum {
 /* Connection slots beyond one per rank: the most connections that may wait
  * for their HELLO at once is the ranks not yet in plus this (dk_backchan.c),
  * and each waits at most DK_BC_HELLO_DEADLINE_S (a rank says HELLO as soon as
- * it has the nonce). */
+ * it has the nonce). Over TCP only the run's nodes get a slot
+ * (dk_backchan_opts_t.allow_hosts). The slots bound what connections cost: at
+ * 1,024 ranks, 1,088 descriptors and ~350 KiB of connection state (a
+ * connection before its HELLO holds at most a 37-byte frame), plus the
+ * listener until every rank is in; the listen backlog is the same 1,088,
+ * capped by net.core.somaxconn. One thread (the job's poll loop) does all of
+ * it. */
 #define DK_BC_SLACK 64
 #define DK_BC_HELLO_DEADLINE_S 5
 #define DK_BC_STR_(x) #x
