@@ -94,6 +94,7 @@ struct dk_dist_slurm_t {
     char advertise[64];         /* advertise_addr=, "" if not given */
     char export_secrets[512];   /* export_secrets=: secret-named variables sent anyway */
     const char **hosts;         /* per rank: its node's name (the allocation's) */
+    const char **allow;         /* the run's nodes' addresses: who may connect */
     dk_slurm_step_t *steps;     /* per rank: its srun */
     const char *const **cmds;   /* per rank: steps[r].argv */
     char **env;                 /* the ranks' base environment: the run's node lists added */
@@ -324,12 +325,13 @@ static dk_dist_slurm_t *slurm_new(dk_slurm_t *alloc, int world, int per_node, bo
     self->hosts = calloc((size_t)world, sizeof *self->hosts);
     self->steps = calloc((size_t)world, sizeof *self->steps);
     self->cmds = calloc((size_t)world, sizeof *self->cmds);
+    self->allow = calloc(dk_slurm_node_count(alloc) + 1, sizeof *self->allow);
     size_t n = 0;
     for (size_t i = 0; i < dk_slurm_node_count(alloc); i++)
         n += (size_t)snprintf(self->node_list + n, n < sizeof self->node_list
                               ? sizeof self->node_list - n : 0, "%s%s", i ? "," : "",
                               dk_slurm_node_name(alloc, i));
-    if (!self->hosts || !self->steps || !self->cmds) {
+    if (!self->hosts || !self->steps || !self->cmds || !self->allow) {
         self->alloc = NULL;     /* the caller's still */
         dk_dist_slurm_destroy(&self);
         return NULL;
@@ -451,6 +453,15 @@ int dk_dist_slurm_spec(dk_dist_slurm_t *self, const char *rank_exe, dk_job_spec_
     }
     spec->env = (const char *const *)self->env;
     spec->bc_tcp_addr = self->bc_addr;
+    /* Only the run's own nodes may connect to the back channel: the login
+     * host and the allocation's other nodes are strangers to it (dk_accept.h).
+     * NodeAddr, which Slurm sets to the name when none is given. */
+    size_t run_node_count = (size_t)((self->world + self->per_node - 1) / self->per_node);
+    for (size_t i = 0; i < run_node_count && i < dk_slurm_node_count(self->alloc); i++)
+        self->allow[i] = dk_slurm_node_addr(self->alloc, i);
+    spec->bc_allow_hosts = self->allow;
+    spec->bc_nallow = run_node_count < dk_slurm_node_count(self->alloc)
+                          ? run_node_count : dk_slurm_node_count(self->alloc);
     spec->rank_hosts = self->hosts;
     spec->rank_commands = self->cmds;
     spec->ranks_per_node = self->per_node;
@@ -527,6 +538,7 @@ void dk_dist_slurm_destroy(dk_dist_slurm_t **self_p)
     }
     dk_spawn_env_free(self->env);
     free(self->hosts);
+    free(self->allow);
     free(self->steps);
     free(self->cmds);
     free(self);

@@ -7,15 +7,33 @@
  * frame of memory. Only after the MAC checks out is anything in the body
  * looked at. The first valid HELLO for a rank claims that rank for the rest of
  * the job; a second claim, an unknown rank, a bad MAC, an oversized frame or a
- * message out of protocol closes the connection with a warning. At most
- * DK_BC_PENDING_MAX connections may wait for their HELLO at once, so idle
- * connections cannot exhaust our descriptors, and each waits at most
- * DK_BC_HELLO_DEADLINE_S (a rank says HELLO as soon as it connects). When all
- * the slots are taken, a new connection waits in the listen backlog until the
- * one that has waited longest has had EVICT_AFTER_S, and then takes its slot:
- * connections that never say HELLO cannot keep a rank out (to do that, a
- * process would have to make DK_BC_PENDING_MAX connections a second, all the
- * time), and a rank that has just connected is never closed to make room.
+ * message out of protocol closes the connection with a warning.
+ *
+ * Admission (issue 21 item 4, issue 22). Over TCP, a connection whose peer
+ * address is not one of the run's nodes is closed right after accept4, before
+ * it takes a slot or costs a nonce (dk_accept.h): a stranger's flood costs an
+ * accept and a close each. What is accepted goes into a fixed set of
+ * world_size + DK_BC_SLACK slots, so every rank not yet in can wait for its
+ * HELLO at once, however many connect in the same second: strangers aside,
+ * the ranks are never short of slots. The set is the
+ * bound on memory and descriptors: at 1,024 ranks, 1,088 slots of ~330 bytes
+ * (~350 KiB), each connection before its HELLO holding at most one HELLO-sized
+ * frame (37 bytes), and 1,088 descriptors plus the listener, as
+ * dk_fdlimit_job_check reserves. A connection that has not said HELLO within
+ * DK_BC_HELLO_DEADLINE_S is closed; and when every slot is taken (only
+ * connections from the nodes' own addresses that do not authenticate can
+ * do that), the one that has waited longest gives its slot up once it has
+ * had EVICT_AFTER_S, so such connections cannot keep a rank out for long (a
+ * rank closed that way before its nonce arrives connects again: the rank's
+ * side retries until the connect deadline).
+ * The listen backlog is the world plus the slack (the system caps it at
+ * net.core.somaxconn), so hundreds of ranks connecting at once are queued by
+ * the system rather than dropped and retried a second later.
+ *
+ * Once every rank has said a valid HELLO, the listener is closed (and the
+ * Unix socket unlinked) and any connection still waiting for a HELLO is
+ * closed: no rank can claim a second connection, so nothing listens for the
+ * life of started ranks.
  *
  * Every descriptor is non-blocking and each connection has its own input and
  * output state, so a slow reader of a large payload or a peer trickling a
@@ -51,6 +69,7 @@
  * the frame, and in the answer, ties each answer to its task.
  */
 #include "dk_backchan.h"
+#include "dk_accept.h"
 #include "dk_err.h"
 #include "dk_clock.h"
 #include "dk_logdir.h"
@@ -83,8 +102,8 @@
  * before they exited. */
 #define READ_SLICE_S 0.05
 #define DRAIN_SLICE_S 0.25
-#define ACCEPT_BUDGET 32                   /* connections accepted per poll turn */
-#define EVICT_AFTER_S 1.0                  /* a pending connection's HELLO time when others wait */
+#define ACCEPT_BUDGET 64                   /* connections accepted (or dropped) per poll turn */
+#define EVICT_AFTER_S 0.5                  /* a pending connection's HELLO time when others wait */
 #define WARNINGS_MAX 20
 #define BODY_HEAD 5                        /* u8 type | u32 rank */
 #define FRAME_MIN (DK_BC_MAC_LEN + BODY_HEAD)
@@ -137,6 +156,9 @@ struct dk_backchan_t {
     bool port_from_rank0;   /* opts.port_from_rank0 */
     int master_port;        /* ... and the port rank 0 sent; 0 until then */
     bool *claimed;          /* per rank: a connection has said HELLO for it */
+    int nclaimed;           /* ... how many ranks have */
+    dk_accept_t *allow;     /* TCP: the run's nodes' addresses; NULL: any */
+    unsigned long dropped;  /* connections closed at accept: not from a node */
     conn_t *conns;
     size_t nconns;
     size_t *polled;         /* conn slot of each pollfd entry after the listener */
@@ -209,6 +231,13 @@ static bool frame_mac(dk_backchan_t *self, const unsigned char *nonce, unsigned 
 /* ------------------------------------------------------------------------ */
 /* Setup and teardown                                                        */
 
+/* Room in the system's accept queue for every rank at once, and the slack. */
+static int backlog(const dk_backchan_t *self)
+{
+    size_t n = self->nconns;
+    return n > 65535 ? 65535 : (int) n;
+}
+
 static bool listen_on(dk_backchan_t *self, char *err, size_t errlen)
 {
     struct sockaddr_un addr;
@@ -217,7 +246,7 @@ static bool listen_on(dk_backchan_t *self, char *err, size_t errlen)
     snprintf(addr.sun_path, sizeof addr.sun_path, "%s", self->path);
     self->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (self->listen_fd < 0 || bind(self->listen_fd, (struct sockaddr *) &addr, sizeof addr) != 0 ||
-        listen(self->listen_fd, 128) != 0) {
+        listen(self->listen_fd, backlog(self)) != 0) {
         dk_set_err(err, errlen, "cannot listen on the back-channel socket %s: %s", self->path,
                    strerror(errno));
         return false;
@@ -260,7 +289,7 @@ static bool listen_tcp(dk_backchan_t *self, const char *host, int port, char *er
               (ai->ai_family != AF_INET6 ||
                setsockopt(self->listen_fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one) == 0) &&
               bind(self->listen_fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
-              listen(self->listen_fd, 128) == 0;
+              listen(self->listen_fd, backlog(self)) == 0;
     int family = ai->ai_family;
     freeaddrinfo(ai);
     struct sockaddr_storage bound;
@@ -305,7 +334,7 @@ dk_backchan_t *dk_backchan_new_opts(int world_size, bool persistent, const void 
     self->listen_fd = -1;
     self->world_size = world_size;
     self->sink = *sink;
-    self->nconns = (size_t) world_size + DK_BC_PENDING_MAX;
+    self->nconns = (size_t) world_size + DK_BC_SLACK;
     self->claimed = calloc((size_t) world_size, sizeof *self->claimed);
     self->conns = calloc(self->nconns, sizeof *self->conns);
     self->polled = calloc(self->nconns, sizeof *self->polled);
@@ -333,6 +362,13 @@ dk_backchan_t *dk_backchan_new_opts(int world_size, bool persistent, const void 
     if (opts && opts->heartbeat_s > 0)
         self->heartbeat_s = opts->heartbeat_s;
     if (opts && opts->tcp_addr) {
+        if (opts->allow_hosts &&
+            (!(self->allow = dk_accept_new(opts->allow_hosts, opts->nallow, err, errlen)) ||
+             !dk_accept_add_this_host(self->allow, opts->tcp_addr))) {
+            if (self->allow)
+                dk_set_err(err, errlen, "out of memory");
+            goto fail;
+        }
         if (!listen_tcp(self, opts->tcp_addr, opts->tcp_port, err, errlen))
             goto fail;
         return self;
@@ -415,6 +451,7 @@ void dk_backchan_destroy(dk_backchan_t **self_p)
     EVP_MAC_free(self->mac);
     free(self->payload);
     free(self->claimed);
+    dk_accept_destroy(&self->allow);
     free(self->conns);
     free(self->polled);
     free(self->path);
@@ -669,6 +706,22 @@ static void refuse(dk_backchan_t *self, conn_t *c, const char *why)
     conn_close(c);
 }
 
+/* Every rank has said HELLO: no one else has anything to say here. Close the
+ * listener (unlink the Unix socket) and whatever still waits for its HELLO. */
+static void stop_listening(dk_backchan_t *self)
+{
+    if (self->listen_fd >= 0)
+        close(self->listen_fd);
+    self->listen_fd = -1;
+    if (self->path)
+        unlink(self->path);
+    for (size_t i = 0; i < self->nconns; i++) {
+        conn_t *c = &self->conns[i];
+        if (c->fd >= 0 && c->rank < 0)
+            refuse(self, c, "every rank is in and it had not said HELLO");
+    }
+}
+
 /* A whole frame has arrived in c->frame: verify, then act. */
 static void conn_frame(dk_backchan_t *self, conn_t *c)
 {
@@ -699,7 +752,12 @@ static void conn_frame(dk_backchan_t *self, conn_t *c)
             refuse(self, c, why);
         } else {
             self->claimed[rank] = true;
+            self->nclaimed++;
             c->rank = (int) rank;
+            /* Before the rank is reported ready: whoever hears that every
+             * rank is in finds nothing listening. */
+            if (self->nclaimed == self->world_size)
+                stop_listening(self);
             /* With the port from rank 0, every rank waits for it: rank 0's
              * own PORT frame follows its HELLO. */
             if (self->port_from_rank0 && (rank == 0 || self->master_port == 0))
@@ -832,24 +890,20 @@ static void expire_pending(dk_backchan_t *self)
     }
 }
 
-/* A free slot for a new connection, or NULL when every pending slot is taken;
- * then *OLDEST is the connection that has waited longest for its HELLO. */
+/* A free slot for a new connection, or NULL when every slot is taken; then
+ * *OLDEST is the connection that has waited longest for its HELLO (NULL if
+ * every slot holds a rank). */
 static conn_t *free_slot(dk_backchan_t *self, conn_t **oldest)
 {
-    conn_t *slot = NULL;
-    size_t pending = 0;
     *oldest = NULL;
     for (size_t i = 0; i < self->nconns; i++) {
         conn_t *c = &self->conns[i];
-        if (c->fd < 0 && !slot)
-            slot = c;
-        else if (c->fd >= 0 && c->rank < 0) {
-            pending++;
-            if (!*oldest || c->since < (*oldest)->since)
-                *oldest = c;
-        }
+        if (c->fd < 0)
+            return c;
+        if (c->rank < 0 && (!*oldest || c->since < (*oldest)->since))
+            *oldest = c;
     }
-    return pending >= DK_BC_PENDING_MAX ? NULL : slot;
+    return NULL;
 }
 
 double dk_backchan_deadline(const dk_backchan_t *self)
@@ -890,6 +944,25 @@ static conn_t *slot_for_new(dk_backchan_t *self)
     return oldest;
 }
 
+/* Whether the connection just accepted as FD, from PEER, may take a slot:
+ * over TCP with an allow-list, only one from the run's nodes. Others are
+ * closed here; the first is named to the user, the rest only counted (a
+ * flood must not flood the notebook too). */
+static bool admit(dk_backchan_t *self, int fd, const struct sockaddr_storage *peer,
+                  socklen_t plen)
+{
+    if (!self->allow || dk_accept_allows(self->allow, (const struct sockaddr *) peer, plen))
+        return true;
+    close(fd);
+    if (self->dropped++ == 0) {
+        char text[64];
+        dk_accept_peer_text((const struct sockaddr *) peer, text, sizeof text);
+        warn(self, "back channel: dropped a connection from %s, which is not one of the "
+             "run's nodes (any further ones are dropped without a word)", text);
+    }
+    return false;
+}
+
 static void accept_all(dk_backchan_t *self)
 {
     expire_pending(self);
@@ -897,7 +970,10 @@ static void accept_all(dk_backchan_t *self)
         conn_t *slot = slot_for_new(self);
         if (!slot)
             return;
-        int fd = accept4(self->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        struct sockaddr_storage peer;
+        socklen_t plen = sizeof peer;
+        int fd = accept4(self->listen_fd, (struct sockaddr *) &peer, &plen,
+                         SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0 && errno == EINTR)
             continue;
         if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
@@ -910,6 +986,8 @@ static void accept_all(dk_backchan_t *self)
         }
         if (fd < 0)
             return;
+        if (!admit(self, fd, &peer, plen))
+            continue;
         conn_close(slot);
         slot->fd = fd;
         slot->rank = -1;

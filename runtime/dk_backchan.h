@@ -54,9 +54,18 @@ enum {
 #define DK_BC_KEY_LEN 32
 #define DK_BC_NONCE_LEN 32
 #define DK_BC_MAC_LEN 32
-/* Connections that may wait for their HELLO at once, and for how long. */
-#define DK_BC_PENDING_MAX 64
-#define DK_BC_HELLO_DEADLINE_S 10
+/* Connection slots beyond one per rank: the most connections that may wait
+ * for their HELLO at once is the ranks not yet in plus this (dk_backchan.c),
+ * and each waits at most DK_BC_HELLO_DEADLINE_S (a rank says HELLO as soon as
+ * it has the nonce). Over TCP only the run's nodes get a slot
+ * (dk_backchan_opts_t.allow_hosts). The slots bound what connections cost: at
+ * 1,024 ranks, 1,088 descriptors and ~350 KiB of connection state (a
+ * connection before its HELLO holds at most a 37-byte frame), plus the
+ * listener until every rank is in; the listen backlog is the same 1,088,
+ * capped by net.core.somaxconn. One thread (the job's poll loop) does all of
+ * it. */
+#define DK_BC_SLACK 64
+#define DK_BC_HELLO_DEADLINE_S 5
 #define DK_BC_STR_(x) #x
 #define DK_BC_STR(x) DK_BC_STR_(x)
 /* The protocol's one size limit: the most bytes a frame may carry after its
@@ -111,6 +120,12 @@ typedef struct {
      * rank 0's HELLO counts once its PORT frame follows; every rank is sent
      * that port in a PORT frame before its PAYLOAD (or first TASK). */
     bool port_from_rank0;
+    /* With tcp_addr: the run's nodes (names or addresses, NALLOW of them,
+     * resolved when the channel is made: dk_accept.h). A connection from any
+     * other address is closed as it is accepted, before it takes a slot. NULL:
+     * any address may connect (and must still say a valid HELLO). */
+    const char *const *allow_hosts;
+    size_t nallow;
 } dk_backchan_opts_t;
 
 typedef struct dk_backchan_t dk_backchan_t;
@@ -191,7 +206,10 @@ void dk_backchan_poll_handle(dk_backchan_t *self, const struct pollfd *fds, size
  * is judged. */
 void dk_backchan_drain(dk_backchan_t *self);
 
-/* Stop listening and close every connection (the job has ended). */
+/* Stop listening and close every connection (the job has ended). The
+ * listener also closes by itself once every rank has said a valid HELLO
+ * (nothing is left to wait for, so nothing listens for the life of started
+ * ranks; a Unix socket is unlinked then). */
 void dk_backchan_close_all(dk_backchan_t *self);
 
 #endif

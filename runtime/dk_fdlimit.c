@@ -50,7 +50,7 @@ size_t dk_fdlimit_open_count(void)
 size_t dk_fdlimit_job_need(int world_size)
 {
     size_t n = world_size > 0 ? (size_t) world_size : 0;
-    return PER_RANK * n + DK_BC_PENDING_MAX + SPAWN_TRANSIENT + PER_JOB + SPARE;
+    return PER_RANK * n + DK_BC_SLACK + SPAWN_TRANSIENT + PER_JOB + SPARE;
 }
 
 bool dk_fdlimit_job_check(int world_size, char *err, size_t errlen)

@@ -93,7 +93,7 @@ extern char **environ;
 #define PIPE_BUDGET ((size_t) 1 << 20)      /* bytes per pipe per poll turn */
 #define REAP_DRAIN_BUDGET ((size_t) 16 << 20)
 #define NO_PIDFD_TICK_MS 50                 /* kernels before 5.3: poll waitpid */
-#define ENV_VARS 20
+#define ENV_VARS 22
 /* The raw bytes of a launcher line kept for the outcome: enough for srun's
  * and slurmstepd's messages; sanitized, at most 3 times as much. */
 #define LAUNCHER_LINE_KEEP 320
@@ -1360,8 +1360,10 @@ static bool start_rank(dk_job_t *job, int r, const char *program, char *const ar
     SETF("TORCHELASTIC_RESTART_COUNT=0");
     SETF("TORCHELASTIC_MAX_RESTARTS=0");
     SETF("DISTKERNEL_BC_KEY=%s", dk_backchan_key_hex(job->chan));
-    if (job->heartbeat_s > 0)
+    if (job->heartbeat_s > 0) {
         SETF("DISTKERNEL_BC_HEARTBEAT=%g", job->heartbeat_s);
+        SETF("DISTKERNEL_BC_CONNECT_TIMEOUT=%g", job->connect_timeout_s);
+    }
     if (!dk_spawn_env_get(base, "OMP_NUM_THREADS"))
         SETF("OMP_NUM_THREADS=1");
 #undef SETF
@@ -1545,7 +1547,8 @@ dk_job_t *dk_job_start(const dk_job_spec_t *spec, const dk_sink_t *sink, char *e
     dk_backchan_sink_t bcsink = {job,       bc_delivered, bc_message, bc_warning,
                                  bc_hello,  bc_output,    bc_lost,    bc_closed};
     dk_backchan_opts_t opts = {spec->bc_tcp_addr, spec->bc_tcp_port, 0,
-                               spec->master_port == DK_JOB_PORT_FROM_RANK0};
+                               spec->master_port == DK_JOB_PORT_FROM_RANK0,
+                               spec->bc_allow_hosts, spec->bc_nallow};
     if (spec->bc_tcp_addr)
         opts.heartbeat_s = spec->heartbeat_s > 0 ? spec->heartbeat_s : DK_BC_HEARTBEAT_DEFAULT_S;
     job->chan = dk_backchan_new_opts(spec->world_size, spec->persistent, spec->payload,

@@ -198,12 +198,21 @@ typedef struct {
      * socket and no heartbeats, as for ranks on this node. */
     const char *bc_tcp_addr;
     int bc_tcp_port;
+    /* With bc_tcp_addr: the run's nodes (names or numeric addresses,
+     * bc_nallow of them, resolved at start). A connection from any other
+     * address is closed as it is accepted (dk_accept.h); a name that does not
+     * resolve fails the start. NULL: any address may connect (each must still
+     * say a HELLO signed with the job's key). */
+    const char *const *bc_allow_hosts;
+    size_t bc_nallow;
     /* The silence deadline: >= 2 * DK_BC_PING_S; <= 0: DK_BC_HEARTBEAT_DEFAULT_S. */
     double heartbeat_s;
     /* With bc_tcp_addr: a launched rank that has not connected this long after
      * the job's start, while its launcher still runs, is lost (a node that
      * went down while its ranks were starting has no connection to go
-     * silent). <= 0: DK_JOB_CONNECT_DEFAULT_S. */
+     * silent). <= 0: DK_JOB_CONNECT_DEFAULT_S. Ranks are given it too
+     * (DISTKERNEL_BC_CONNECT_TIMEOUT): a rank keeps trying to connect, with
+     * backoff, for this long after its own start. */
     double connect_timeout_s;
     /* Each rank's node name, for what is said when ranks are lost (NULL:
      * every rank is "localhost"). world_size entries, copied. */

@@ -9,7 +9,10 @@ A persistent job sends TASK frames (u32 round | payload) instead of one
 PAYLOAD, and each answer's payload starts with that u32 round.
 
 Over TCP (DISTKERNEL_BC=tcp:HOST:PORT, ranks on another node than the
-kernel), once the rank has said HELLO a thread of this module carries the
+kernel), the rank keeps trying to connect and read its nonce, with jittered
+backoff, for DISTKERNEL_BC_CONNECT_TIMEOUT seconds (the kernel's own connect
+deadline): a kernel taking in hundreds of ranks at once, or a port another
+user floods, delays a rank but does not fail it. Once the rank has said HELLO a thread of this module carries the
 rest: it replaces fd 1 and 2 with pipes and sends what they get (C-level
 writes and children's included) as OUTPUT frames; a PING goes every second
 (from a native thread of distkernel-rank, _distkernel_rankchan, which then
@@ -26,6 +29,7 @@ import collections
 import hashlib
 import hmac
 import os
+import random
 import select
 import signal
 import socket
@@ -57,6 +61,8 @@ OUTPUT_CAUGHT_UP = 0x01
 OUTPUT_LOG = 3      # OUTPUT's fd for the rank's log only (DK_BC_OUTPUT_LOG)
 PING_S = 1.0
 HEARTBEAT_DEFAULT_S = 5.0
+CONNECT_DEFAULT_S = 120.0       # dk_job.h DK_JOB_CONNECT_DEFAULT_S
+CONNECT_PAUSE_MAX_S = 2.0       # the longest pause between two tries to connect
 
 
 class BackChannelError(Exception):
@@ -69,6 +75,13 @@ class ChannelClosed(BackChannelError):
 
 class ConnectFailed(BackChannelError):
     """The kernel's address did not answer (or refused) within the deadline."""
+
+
+def connect_deadline():
+    """How long after its start a rank keeps trying to connect
+    (DISTKERNEL_BC_CONNECT_TIMEOUT: the kernel's own deadline for it, after
+    which it counts the rank lost with its node)."""
+    return float(os.environ.get("DISTKERNEL_BC_CONNECT_TIMEOUT") or CONNECT_DEFAULT_S)
 
 
 def heartbeat_deadline():
@@ -106,32 +119,48 @@ class BackChannel:
         self._remote = None
 
     def _connect_tcp(self, where):
-        """Connect to the kernel on another node and read its nonce, both
-        within the heartbeat deadline: an address whose packets are dropped
-        (a firewall, a wrong route) would otherwise hold the rank for the
-        system's connect timeout (about two minutes), long after the kernel
-        has counted it lost. Returns the nonce."""
-        deadline = heartbeat_deadline()
+        """Connect to the kernel on another node and read its nonce, trying
+        again with backoff until the connect deadline (connect_deadline, from
+        the first try: about the rank's start, which the kernel counts from): a
+        kernel busy taking in hundreds of ranks, or a listener another user
+        floods, is a reason to wait, not to fail the run. Each try is bounded
+        by the heartbeat deadline: an address whose packets are dropped (a
+        firewall, a wrong route) would otherwise hold one try for the system's
+        connect timeout (about two minutes). Returns the nonce."""
+        per_try = heartbeat_deadline()
+        give_up = time.monotonic() + connect_deadline()
         host, port = where
         shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        try:
-            self.sock = socket.create_connection(where, timeout=deadline)
-        except OSError as exc:
-            why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
-            raise ConnectFailed(
-                f"could not connect to the kernel's back channel at {shown} within "
-                f"{deadline:g} s ({why}); this node must reach that address and port over "
-                f"TCP (a firewall or a route may be in the way, or the kernel is gone)"
-            ) from None
-        try:
-            nonce = self._recv_exact(32)
-        except (TimeoutError, ChannelClosed, OSError) as exc:
-            self.sock.close()
-            raise ConnectFailed(f"the kernel's back channel at {shown} accepted the connection "
-                                f"but did not start it within {deadline:g} s ({exc})") from None
-        self.sock.settimeout(None)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return nonce
+        pause, tries = 0.05, 0
+        while True:
+            tries += 1
+            left = give_up - time.monotonic()
+            try:
+                self.sock = socket.create_connection(where, timeout=max(0.5, min(per_try, left)))
+            except OSError as exc:
+                why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+                failed = (f"could not connect to the kernel's back channel at {shown} within "
+                          f"{connect_deadline():g} s ({tries} tries; the last: {why}); this "
+                          f"node must reach that address and port over TCP (a firewall or a "
+                          f"route may be in the way, or the kernel is gone)")
+            else:
+                try:
+                    self.sock.settimeout(max(0.5, min(per_try, give_up - time.monotonic())))
+                    nonce = self._recv_exact(32)
+                except (TimeoutError, ChannelClosed, OSError) as exc:
+                    self.sock.close()
+                    failed = (f"the kernel's back channel at {shown} accepted the connection "
+                              f"but did not start it ({tries} tries in {connect_deadline():g} s; "
+                              f"the last: {exc})")
+                else:
+                    self.sock.settimeout(None)
+                    self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    return nonce
+            if time.monotonic() + pause >= give_up:
+                raise ConnectFailed(failed) from None
+            # Jittered, so ranks refused together do not come back together.
+            time.sleep(pause * (0.5 + random.random()))
+            pause = min(pause * 2, CONNECT_PAUSE_MAX_S)
 
     def _recv_exact(self, n):
         chunks, left = [], n

@@ -101,6 +101,8 @@
  * FAKE_SEND_PORT_R is set), then each rank reads the runtime's PORT frame and
  * prints "port N" (adding " (MASTER_PORT was set)" if it was) before its
  * PAYLOAD. FAKE_CONNECT_DELAY_MS[_R]: wait that long before connecting.
+ * FAKE_HELLO_DELAY_MS[_R]: wait that long between the nonce and the HELLO (a
+ * rank on a busy node, hundreds of them starting on a few cores).
  * With FAKE_PRINT_ENV set it first prints "ENV NAME=value" for the variables the
  * runtime sets, and facts about how it was started (open fds, stdin, signal
  * mask, process group).
@@ -884,6 +886,9 @@ int main(void)
     if (delay)
         usleep((useconds_t) atoi(delay) * 1000);
     conn_t c = connect_bc();
+    const char *hello_delay = getenv(var_for("FAKE_HELLO_DELAY_MS"));
+    if (hello_delay)
+        usleep((useconds_t) atoi(hello_delay) * 1000);
     send_frame(&c, HELLO, (uint32_t) rank, NULL, 0, false);
     int type;
     size_t len;
