@@ -1,10 +1,12 @@
 """
 The simulated Slurm cluster for the end-to-end tests of the Slurm launcher.
 
-`slurm_cluster` (session-scoped) brings tests/slurm/cluster.sh's cluster up on
-first use and down at the end of the session, when it was the one that started
-it (a cluster already up, e.g. under tests/slurm/with_cluster.sh, is reused and
-left up). Only the tests that ask for it pay for it. It skips, with the reason,
+`slurm_cluster` brings tests/slurm/cluster.sh's cluster up on first use and
+down at the end of the session, when it was the one that started it (a cluster
+already up, e.g. brought up by scripts/test.sh for the whole run or under
+tests/slurm/with_cluster.sh, is reused and left up). Only the tests that ask
+for it pay for it. The Slurm test files are split over two such clusters, A and
+B (GROUP_B_FILES below), so that two pytest-xdist workers run them side by side. It skips, with the reason,
 only where the cluster cannot run at all (not root, no network namespaces), and
 never on CI, which runs as root: there it fails instead.
 
@@ -146,8 +148,9 @@ def cluster_b_env():
     return dict(os.environ,
                 DISTKERNEL_SLURM_SIM_DIR=os.environ.get("DISTKERNEL_SLURM_SIM_B_DIR", a_dir + "-b"),
                 DISTKERNEL_SLURM_SIM_NET=os.environ.get("DISTKERNEL_SLURM_SIM_B_NET", b_net),
+                # cluster.sh takes bridge names of at most 9 characters
                 DISTKERNEL_SLURM_SIM_BRIDGE=os.environ.get("DISTKERNEL_SLURM_SIM_B_BRIDGE",
-                                                           a_bridge + "b"))
+                                                           a_bridge[:8] + "b"))
 
 
 @pytest.fixture(scope="session")
