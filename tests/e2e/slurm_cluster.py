@@ -74,8 +74,23 @@ class SlurmCluster:
     def kill(self, node):
         cluster_sh("kill", node, env=self.sh_env)
 
-    def start(self, node):
+    def start(self, node, timeout=60):
+        """Boot NODE again and wait until it runs a step: slurmctld may call a
+        rebooted node idle a moment before its slurmd takes step launches
+        ("Communication connection failure"), and the next test must not be
+        the one to find out."""
         cluster_sh("start", node, env=self.sh_env)
+        deadline = time.monotonic() + timeout
+        self.wait_state(node, {"idle"}, timeout=timeout)
+        while time.monotonic() < deadline:
+            run = self.run("srun", "-w", node, "-N1", "-n1", "true", timeout=30)
+            if run.returncode == 0:
+                return
+            time.sleep(0.5)
+
+    def exec(self, node, *argv):
+        """Run ARGV inside NODE of this cluster (not of another one beside it)."""
+        return cluster_sh("exec", node, *argv, env=self.sh_env)
 
     def pids(self, node):
         return [int(p) for p in cluster_sh("pids", node, env=self.sh_env).split()]

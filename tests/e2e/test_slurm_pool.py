@@ -21,7 +21,6 @@ import pytest
 import support
 
 sys.path.insert(0, str(support.REPO_ROOT / "tests"))
-from slurm_cluster import cluster_sh  # noqa: E402
 
 from test_slurm_runs import our_jobs, rank_processes, start, still_serves, wait_clean  # noqa: E402
 
@@ -181,11 +180,11 @@ def test_a_lost_node_ends_them_all_and_the_next_cell_says_so(slurm_cluster, tmp_
     try:
         start_ranks(k)
         rank_values(k.execute(WHERE, timeout=RUN))
-        cluster_sh("exec", "node2", "ip", "link", "set", "eth0", "down")
+        slurm_cluster.exec("node2", "ip", "link", "set", "eth0", "down")
         try:
             assert wait_clean(slurm_cluster, timeout=90) == []
         finally:
-            cluster_sh("exec", "node2", "ip", "link", "set", "eth0", "up")
+            slurm_cluster.exec("node2", "ip", "link", "set", "eth0", "up")
         r = k.execute("%distributed status")
         assert "the started ranks are gone: node2 lost (ranks 2–3)" in r.stdout, r.describe()
         r = k.execute("%%distributed\n1", timeout=RUN)
@@ -278,7 +277,7 @@ def test_a_rank_killed_between_cells_ends_them_all_and_releases_the_job(kernel, 
     start_ranks(kernel)
     where = rank_values(kernel.execute(WHERE, timeout=RUN))
     node, pid = where[3]
-    cluster_sh("exec", node, "kill", "-KILL", str(pid))
+    slurm_cluster.exec(node, "kill", "-KILL", str(pid))
     # No cell runs: the job is released when the ranks end, not when a cell notices.
     assert wait_clean(slurm_cluster, timeout=60) == []
     r = kernel.execute("%%distributed\n1", timeout=RUN)

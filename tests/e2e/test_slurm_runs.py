@@ -21,7 +21,6 @@ import support
 
 sys.path.insert(0, str(support.REPO_ROOT / "tests"))
 from mlflow_server import MlflowTestServer  # noqa: E402
-from slurm_cluster import cluster_sh  # noqa: E402
 
 ALL_GONE_WITHIN = 30
 
@@ -520,12 +519,12 @@ def test_node_2_cut_off_mid_run_is_reported_lost_with_its_ranks(slurm_cluster, t
                      m["parent_header"].get("msg_id") == msg_id and
                      "[rank 3] READY" in m["content"]["text"], timeout=180)
         t0 = time.monotonic()
-        cluster_sh("exec", "node2", "ip", "link", "set", "eth0", "down")
+        slurm_cluster.exec("node2", "ip", "link", "set", "eth0", "down")
         try:
             r = k.finish(msg_id, timeout=120)
             took = time.monotonic() - t0
         finally:
-            cluster_sh("exec", "node2", "ip", "link", "set", "eth0", "up")
+            slurm_cluster.exec("node2", "ip", "link", "set", "eth0", "up")
         assert r.status == "error", r.describe()
         assert r.content["ename"] == "NodeLost", r.describe()
         assert r.content["evalue"] == "node2 lost (ranks 2–3)", r.describe()
