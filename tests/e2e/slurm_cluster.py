@@ -83,9 +83,11 @@ class SlurmCluster:
         deadline = time.monotonic() + timeout
         self.wait_state(node, {"idle"}, timeout=timeout)
         while time.monotonic() < deadline:
-            run = self.run("srun", "-w", node, "-N1", "-n1", "true", timeout=30)
-            if run.returncode == 0:
-                return
+            try:
+                if self.run("srun", "-w", node, "-N1", "-n1", "true", timeout=30).returncode == 0:
+                    return
+            except subprocess.TimeoutExpired:
+                pass
             time.sleep(0.5)
 
     def exec(self, node, *argv):
