@@ -5,6 +5,8 @@
  * nodes, each with its lost ranks as runs: "node2 lost (ranks 4–7)",
  * "node2 lost (ranks 4–5, 7); node3 lost (rank 8)". Used by dk_job
  * (dk_job_lost_summary) and by the feature's cell error (dk_dist_outcome).
+ * The runs themselves (dk_ranks_format) are the one way ranks are written
+ * as ranges; dk_stacks labels its groups with them too.
  */
 #ifndef DK_LOST_H
 #define DK_LOST_H
@@ -14,6 +16,16 @@
 
 /* U+2013, between the ends of a run of ranks ("4–7"), in UTF-8. */
 #define DK_EN_DASH "\xe2\x80\x93"
+
+/* The ranks RANKS[0..N) (ascending, no repeats) as runs: "0–151, 153–255",
+ * "2", "4, 6"; a run shorter than MIN_RUN ranks is written rank by rank (2:
+ * "4–5, 7", as lost ranks are told; 3: "0, 1, 3", as the issue shows the
+ * groups of a hung run). Appended at *AT in BUF (of LEN, LEN >= 1, NUL-terminated
+ * there) and *AT advanced. What does not fit is cut at a run and ends in
+ * ", …" (or "…" alone), so a reader sees that ranks are missing; never past
+ * BUF. Shared by dk_lost_format and dk_stacks (the groups of a hung run). */
+void dk_ranks_format(const int *ranks, size_t n, int min_run, char *buf, size_t len,
+                     size_t *at);
 
 /* N ranks, LOST[r] whether rank r was lost, HOSTS[r] its node (HOSTS or an
  * entry NULL: "localhost"): one clause per node, in the order of its first

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Fuzz the parsers that take bytes from outside the kernel: the wire decoder
 # with its signature and replay checks, the connection file, the magic and
-# %%distributed option parser, and the rank output line assembler (with its
-# UTF-8 repair). See tests/fuzz/README.md.
+# %%distributed option parser, the rank output line assembler (with its
+# UTF-8 repair), and the grouping of the ranks' stacks. See tests/fuzz/README.md.
 #
 # Each target is built with clang's libFuzzer plus AddressSanitizer and
 # UndefinedBehaviorSanitizer straight from the project's sources (the meson/gcc
@@ -26,7 +26,7 @@ SECONDS_EACH=${FUZZ_SECONDS:-60}
 BUILD=${FUZZ_BUILD:-build-fuzz}
 CC=${FUZZ_CC:-clang}
 JOBS=${FUZZ_JOBS:-$(nproc 2>/dev/null || echo 1)}
-ALL_TARGETS=(fuzz_wire fuzz_conn fuzz_opts fuzz_lines fuzz_launchout)
+ALL_TARGETS=(fuzz_wire fuzz_conn fuzz_opts fuzz_lines fuzz_launchout fuzz_stacks)
 TARGETS=("$@")
 [ ${#TARGETS[@]} -gt 0 ] || TARGETS=("${ALL_TARGETS[@]}")
 
@@ -38,6 +38,7 @@ sources() {
     fuzz_opts)  echo "magics/dk_magic.c magics/dk_dist_opts.c runtime/dk_slurm_parse.c" ;;
     fuzz_lines) echo "runtime/dk_lines.c runtime/dk_utf8.c" ;;
     fuzz_launchout) echo "runtime/dk_launchout.c" ;;
+    fuzz_stacks) echo "runtime/dk_stacks.c runtime/dk_stacks_fold.c runtime/dk_lost.c runtime/dk_utf8.c" ;;
     *) echo "unknown fuzz target '$1'; the targets are: ${ALL_TARGETS[*]}" >&2; return 1 ;;
   esac
 }
@@ -48,6 +49,7 @@ libraries() {
     fuzz_opts)  echo "-lm" ;;
     fuzz_lines) echo "" ;;
     fuzz_launchout) echo "" ;;
+    fuzz_stacks) echo "" ;;
   esac
 }
 

@@ -186,9 +186,38 @@ def launchout_seeds():
     write(t, "long_launcher_line", pipe([200, 0, 7], b"srun: " + b"x" * 9000 + b"\nafter\n"))
 
 
+def stacks_seeds():
+    t = "fuzz_stacks"
+    reset(t)
+    fixtures = os.path.join(HERE, "..", "unit", "stacks")
+
+    def fixture(name):
+        with open(os.path.join(fixtures, name), "rb") as f:
+            return f.read()
+
+    def ranks(max_lines, dumps):
+        return bytes([len(dumps) - 1, max_lines]) + b"\n%%\n".join(dumps)
+
+    # The issue's example: three ranks in all_reduce, rank 2 asleep.
+    r0, r2 = fixture("rank0.txt"), fixture("rank2.txt")
+    write(t, "issue_example", ranks(0, [r0, r0, r2, r0]))
+    write(t, "deep_recursion", ranks(0, [fixture("deep.txt")]))
+    write(t, "budget_of_two", ranks(2, [r0, r2, r0[:200], b"", r2[:-30]]))
+    write(t, "odd_frames", ranks(0, [
+        b"Traceback (most recent call first):\n"
+        b'  File "???", line ??? in ???\n'
+        b'  File "/tmp/distkernel-cells-1-fixture/1.py", line 3 in f\n'
+        b'  File "/tmp/distkernel-cells-1-fixture/1.py", line 3 in f\n'
+        b'  File "/tmp/distkernel-cells-1-fixture/1.py", line 9 in <module>\n'
+        b"  <no Python frame>\n...\n",
+        b'Thread 0x1 [pt_main_thread] (most recent call first):\n'
+        b'  File "a", line 5", line 7 in in in\n  ...\n']))
+
+
 if __name__ == "__main__":
     wire_seeds()
     conn_seeds()
     opts_seeds()
     lines_seeds()
     launchout_seeds()
+    stacks_seeds()
