@@ -13,7 +13,7 @@
 #   scripts/test.sh -k distributed   extra arguments go to the end-to-end pytest runs
 #                                    (then only those run, in both builds)
 #   SANITIZE=0  skip the sanitizer pass      FUZZ=0  skip fuzzing
-#   FUZZ_SECONDS=N  seconds per fuzz target (default 60)
+#   FUZZ_SECONDS=N  seconds per fuzz target (default 30)
 #   E2E_JOBS=N  end-to-end tests run by N pytest-xdist workers (default 4)
 #   PACKAGE=0   skip building and testing the Debian package
 #
@@ -253,6 +253,6 @@ if [[ ${SANITIZE:-1} != 0 ]]; then
 fi
 
 if [[ ${FUZZ:-1} != 0 ]]; then
-  export FUZZ_SECONDS=${FUZZ_SECONDS:-60}
+  export FUZZ_SECONDS=${FUZZ_SECONDS:-30}
   stage fuzz "fuzzing, $FUZZ_SECONDS s a target" scripts/fuzz.sh
 fi
