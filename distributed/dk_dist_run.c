@@ -399,6 +399,25 @@ static int slurm_nodes(dk_dist_run_t *run, dk_job_spec_t *spec)
 
 extern char **environ;
 
+/* PAYLOAD with VARS (a dict, or NULL with a Python exception set; the
+ * reference is taken) in its "env", which each rank sets before the job runs
+ * (distkernel._dist.with_env). A new reference to bytes, or NULL with a
+ * Python exception set. */
+static PyObject *with_env(const void *payload, size_t len, PyObject *vars)
+{
+    PyObject *mod = vars ? PyImport_ImportModule("distkernel._dist") : NULL;
+    PyObject *wrapped = mod ? PyObject_CallMethod(mod, "with_env", "(y#O)", (const char *)payload,
+                                                  (Py_ssize_t)len, vars)
+                            : NULL;
+    Py_XDECREF(mod);
+    Py_XDECREF(vars);
+    if (wrapped && !PyBytes_Check(wrapped)) {
+        Py_CLEAR(wrapped);
+        PyErr_SetString(PyExc_TypeError, "distkernel._dist.with_env did not give bytes");
+    }
+    return wrapped;
+}
+
 /* PAYLOAD with the kernel's MLflow variables that name secrets
  * (MLFLOW_TRACKING_TOKEN, MLFLOW_TRACKING_PASSWORD) in its "env", which each
  * rank sets before the job runs: ranks on Slurm's nodes are not sent them
@@ -419,17 +438,7 @@ static PyObject *with_mlflow_secrets(const void *payload, size_t len)
         Py_XDECREF(k);
         Py_XDECREF(v);
     }
-    PyObject *mod = vars ? PyImport_ImportModule("distkernel._dist") : NULL;
-    PyObject *wrapped = mod ? PyObject_CallMethod(mod, "with_env", "(y#O)", (const char *)payload,
-                                                  (Py_ssize_t)len, vars)
-                            : NULL;
-    Py_XDECREF(mod);
-    Py_XDECREF(vars);
-    if (wrapped && !PyBytes_Check(wrapped)) {
-        Py_CLEAR(wrapped);
-        PyErr_SetString(PyExc_TypeError, "distkernel._dist.with_env did not give bytes");
-    }
-    return wrapped;
+    return with_env(payload, len, vars);
 }
 
 static dk_job_t *start_job(dk_dist_run_t *run, char **env, const char *log_dir,
@@ -526,13 +535,7 @@ static dk_job_t *submit_round(dk_dist_run_t *run, char **env, const char *log_di
 {
     dk_job_t *job = dk_dist_pool_job(run->pool);
     char err[1024];
-    PyObject *vars = mlflow_env_dict(env);
-    PyObject *mod = vars ? PyImport_ImportModule("distkernel._dist") : NULL;
-    PyObject *wrapped = mod ? PyObject_CallMethod(mod, "with_env", "(y#O)", (const char *)payload,
-                                                  (Py_ssize_t)len, vars)
-                            : NULL;
-    Py_XDECREF(mod);
-    Py_XDECREF(vars);
+    PyObject *wrapped = with_env(payload, len, mlflow_env_dict(env));
     char *bytes;
     Py_ssize_t n;
     if (!wrapped || PyBytes_AsStringAndSize(wrapped, &bytes, &n) < 0) {
