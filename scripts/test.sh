@@ -56,6 +56,10 @@ ASAN_SKIP=(
   test_environments.py   # venv kernelspecs: the probe and install run in the install unit test
   test_execute.py        # IPython semantics of execute (payloads, user_expressions, history)
   test_kernelspec.py     # files that meson install wrote
+  test_mlflow.py         # tracking bookkeeping; the REST client (dk_mlflow) runs in its C unit test
+  test_tracking_trust.py # the port-owner and id checks and the escaping run in their C unit tests
+  test_ray_trust.py      # the Ray head's signed address and token: Python (python/distkernel/_ray.py)
+  test_shared_machine.py # the log root's checks (dk_logdir) run in their C unit test, with leaks checked
   test_nbconvert.py      # nbconvert and jupyter execute driving the kernel: Python
   test_parity.py         # ipykernel behaviours (sys.path, %cd, stop_on_error): Python
   test_platform.py       # the managed platform's decorator API (python/distkernel/_platform.py)
@@ -167,6 +171,23 @@ slurm_without_workaround() {   # BUILD PREFIX: the node-loss tests on a cluster 
     --junitxml="$REPORT/nowa.xml" -k "lost or cut_off"
 }
 
+side_by_side() {   # PREFIX: three small suites at once, each mostly waiting
+  # ipykernel's suites and the SIGINT-ignored subset drive one kernel each;
+  # the node-loss tests wait on a cluster of their own. Each one's output is
+  # shown whole when all are done, in this order.
+  local prefix=$1 out=$REPORT/side rc=0 pids=() p
+  mkdir -p "$out"
+  ipykernel_suite "$prefix" > "$out/ipykernel.log" 2>&1 & pids+=($!)
+  sigint_ignored "$prefix" > "$out/sigint.log" 2>&1 & pids+=($!)
+  slurm_without_workaround build-test "$prefix" > "$out/nowa.log" 2>&1 & pids+=($!)
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  for name in ipykernel sigint nowa; do
+    echo "-- $name --"
+    cat "$out/$name.log"
+  done
+  return "$rc"
+}
+
 cluster_up() {   # the test clusters A and B (tests/e2e/slurm_cluster.py), once for the whole run
   local why b_env out
   why=$($PY -c 'import sys; sys.path.insert(0, "tests/e2e"); import slurm_cluster as s; print(s.unavailable() or "")')
@@ -215,11 +236,14 @@ fi
 
 stage cluster "Slurm test cluster up" cluster_up
 stage units "C unit tests" units units build-test
-stage e2e "end-to-end" end_to_end e2e build-test "$PWD/build-test/prefix" tests/e2e "$@"
+# The soak runs 5,000 executes and 100 distributed cells here (half its full
+# size, DISTKERNEL_SOAK_SCALE=1 for all of it): enough for its leak bounds and
+# to turn over the kept logs five times.
+DISTKERNEL_SOAK_SCALE=${DISTKERNEL_SOAK_SCALE:-0.5} \
+  stage e2e "end-to-end" end_to_end e2e build-test "$PWD/build-test/prefix" tests/e2e "$@"
 if [ $# -eq 0 ]; then
-  stage ipykernel "ipykernel's own suites" ipykernel_suite "$PWD/build-test/prefix"
-  stage sigint "interrupts, SIGINT ignored" sigint_ignored "$PWD/build-test/prefix"
-  stage nowa "node loss, no srun workaround" slurm_without_workaround build-test "$PWD/build-test/prefix"
+  stage kernel-suites "ipykernel's suites; SIGINT ignored; node loss, no srun workaround" \
+    side_by_side "$PWD/build-test/prefix"
   if [[ ${PACKAGE:-1} != 0 ]]; then
     stage package "Debian package" scripts/package_test.sh
   fi
