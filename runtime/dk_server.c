@@ -120,30 +120,41 @@ static int spawn_guarded(const dk_server_spec_t *spec, char *program, const char
     return child.pid;
 }
 
+/* The error for a port another process took before the server listened
+ * (WHY: dk_sockowner_check's account of it). Returns -1. */
+static int port_taken(const dk_server_spec_t *spec, const char *why, char *err, size_t errlen)
+{
+    dk_set_err(err, errlen, "%s was not started: %s; it took the port before the server "
+                            "could listen, and no request was sent to it. Another user may "
+                            "be watching for the port; set MLFLOW_TRACKING_URI to a server "
+                            "you trust", spec->name, why);
+    return -1;
+}
+
 /* Wait until SELF serves. Returns 0, or -1 with ERR (the server is stopped,
  * or exited by itself). */
 static int await_health(dk_server_t *self, const dk_server_spec_t *spec, const char *log_where,
                         char *err, size_t errlen)
 {
     long long deadline = dk_now_ms() + (long long) spec->start_timeout_s * 1000;
+    char why[512];
     for (;;) {
         if (waitpid(self->guard, NULL, WNOHANG) == self->guard) {
+            /* A server that found its port taken exits at once: then whoever
+             * took it is the cause to name, not the exit. The pid is gone, so
+             * any listener on the port counts as foreign here. */
+            pid_t gone = self->guard;
             self->guard = 0;
+            if (dk_sockowner_check(gone, self->port, why, sizeof why) == DK_SOCKOWNER_FOREIGN)
+                return port_taken(spec, why, err, errlen);
             dk_set_err(err, errlen, "%s exited at start (see %s)", spec->name, log_where);
             return -1;
         }
         /* No request, not even the health check, before the listener is seen
          * to be the server's: until then the port may be anyone's. */
-        char why[512];
         dk_sockowner_t owner = dk_sockowner_check(self->guard, self->port, why, sizeof why);
-        if (owner == DK_SOCKOWNER_FOREIGN) {
-            dk_set_err(err, errlen, "%s was not started: %s; it took the port before the "
-                                    "server could listen, and no request was sent to it. "
-                                    "Another user may be watching for the port; set "
-                                    "MLFLOW_TRACKING_URI to a server you trust", spec->name,
-                       why);
-            return -1;
-        }
+        if (owner == DK_SOCKOWNER_FOREIGN)
+            return port_taken(spec, why, err, errlen);
         if (owner == DK_SOCKOWNER_OURS && answers(self->uri, spec->health_path))
             return 0;
         if (dk_now_ms() >= deadline) {
