@@ -175,7 +175,7 @@ side_by_side() {   # PREFIX: three small suites at once, each mostly waiting
   # ipykernel's suites and the SIGINT-ignored subset drive one kernel each;
   # the node-loss tests wait on a cluster of their own. Each one's output is
   # shown whole when all are done, in this order.
-  local prefix=$1 out=$REPORT/side rc=0 pids=() p
+  local prefix=$1 out=$REPORT/side rc=0 pids=() p name
   mkdir -p "$out"
   ipykernel_suite "$prefix" > "$out/ipykernel.log" 2>&1 & pids+=($!)
   sigint_ignored "$prefix" > "$out/sigint.log" 2>&1 & pids+=($!)
