@@ -353,12 +353,25 @@ def test_a_rank_that_dies_ends_all_and_the_next_cell_says_so(kernel):
 
 
 @pytest.mark.timeout(300)
+def status_once_recorded(kernel, text):
+    """`%distributed status` once it says TEXT (or after END_WITHIN s). Ranks
+    are gone as processes a moment before the kernel has collected them and
+    recorded why: on a busy machine, long enough for a status to fall in
+    between and still list them."""
+    deadline = time.monotonic() + END_WITHIN
+    while True:
+        r = kernel.execute("%distributed status")
+        if text in r.stdout or time.monotonic() > deadline:
+            return r
+        time.sleep(0.1)
+
+
 def test_a_rank_killed_between_cells_is_reported_by_the_next_cell(kernel):
     start(kernel)
     pids = pids_of(kernel)
     os.kill(pids[0], signal.SIGKILL)
     assert support.wait_gone(list(pids.values()), timeout=END_WITHIN) == []
-    r = kernel.execute("%distributed status")
+    r = status_once_recorded(kernel, "gone")
     assert "gone" in r.stdout and "rank 0 was killed by signal 9" in r.stdout, r.describe()
     assert_gone_then_fresh(kernel, pids.values())
 
@@ -444,15 +457,7 @@ def test_idle_ranks_end_after_idle_timeout(kernel):
     start(kernel, "num_processes=2 idle_timeout=5")
     pids = pids_from_status(kernel)
     assert support.wait_gone(list(pids.values()), timeout=5 + END_WITHIN) == []
-    # The ranks are gone as processes a moment before the kernel has collected
-    # them and recorded why (on a busy machine, long enough for a status to
-    # fall in between and show them still "ended after 5 s idle").
-    deadline = time.monotonic() + END_WITHIN
-    while True:
-        r = kernel.execute("%distributed status")
-        if "idle_timeout=5" in r.stdout or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
+    r = status_once_recorded(kernel, "idle_timeout=5")
     assert "idle_timeout=5" in r.stdout, r.describe()
     assert_gone_then_fresh(kernel, pids.values())
 
