@@ -19,7 +19,7 @@ PKGS=(
   # the Debian package (scripts/package.sh, scripts/package_test.sh)
   dpkg-dev debhelper dh-python lintian
   # tests and the headless notebook run
-  libcriterion-dev python3-pytest python3-pytest-timeout python3-psutil python3-zmq
+  libcriterion-dev python3-pytest python3-pytest-timeout python3-pytest-xdist python3-psutil python3-zmq
   python3-jupyter-client python3-jupyter-kernel-test python3-nbclient python3-nbconvert
   python3-nbformat jupyter-nbconvert python3-tqdm python3-torch
   # ipykernel's own test modules, run against distkernel (tests/ipykernel/)
