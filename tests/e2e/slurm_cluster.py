@@ -90,6 +90,21 @@ class SlurmCluster:
                 pass
             time.sleep(0.5)
 
+    def cut(self, node):
+        """Cut NODE off the network (no FIN, no RST): its processes run on, unheard."""
+        self.exec(node, "ip", "link", "set", "eth0", "down")
+
+    def reconnect(self, node, timeout=60):
+        """Put NODE back on the network and wait until it is idle. Cut off for
+        longer than SlurmdTimeout, slurmctld has set it DOWN and would take it
+        back only at its next ping of down nodes (up to a minute here): a site's
+        admin resumes such a node, and so does this, so that the next test
+        does not wait for it in the queue."""
+        self.exec(node, "ip", "link", "set", "eth0", "up")
+        if self.run("sinfo", "-h", "-n", node, "-o", "%T").stdout.strip().startswith("down"):
+            self.run("scontrol", "update", f"nodename={node}", "state=resume")
+        return self.wait_state(node, {"idle"}, timeout=timeout)
+
     def exec(self, node, *argv):
         """Run ARGV inside NODE of this cluster (not of another one beside it)."""
         return cluster_sh("exec", node, *argv, env=self.sh_env)

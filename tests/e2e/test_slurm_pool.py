@@ -69,8 +69,10 @@ def kernel(slurm_cluster, tmp_path):
 def stop_and_check_released(k, cluster):
     r = k.execute("%distributed stop", timeout=RUN)
     assert r.status == "ok" and "stopped the started ranks" in r.stdout, r.describe()
-    # The allocation is released by the stop itself, not later.
-    assert our_jobs(cluster) == [], "stop left the Slurm job"
+    # The allocation is released by the stop itself, not later: the job is
+    # gone, or Slurm is finishing it (COMPLETING: the nodes are still tearing
+    # its steps down, which takes longer on a loaded machine).
+    assert all(j.endswith(" COMPLETING") for j in our_jobs(cluster)), "stop left the Slurm job"
     assert wait_clean(cluster) == []
 
 
@@ -180,11 +182,11 @@ def test_a_lost_node_ends_them_all_and_the_next_cell_says_so(slurm_cluster, tmp_
     try:
         start_ranks(k)
         rank_values(k.execute(WHERE, timeout=RUN))
-        slurm_cluster.exec("node2", "ip", "link", "set", "eth0", "down")
+        slurm_cluster.cut("node2")
         try:
             assert wait_clean(slurm_cluster, timeout=90) == []
         finally:
-            slurm_cluster.exec("node2", "ip", "link", "set", "eth0", "up")
+            slurm_cluster.reconnect("node2")
         r = k.execute("%distributed status")
         assert "the started ranks are gone: node2 lost (ranks 2–3)" in r.stdout, r.describe()
         r = k.execute("%%distributed\n1", timeout=RUN)

@@ -93,7 +93,9 @@ case $DIR in /*) ;; *) die "DISTKERNEL_SLURM_SIM_DIR must be an absolute path, g
 
 start_time() {   # PID -> its start time in clock ticks since boot
     local stat
-    stat=$(< "/proc/$1/stat") 2>/dev/null || return 1
+    # read, not $(< ...): under set -e a process that exits between the caller's
+    # look and this read would end the script (bash exits on a failed $(< FILE))
+    { read -r stat < "/proc/$1/stat"; } 2> /dev/null || return 1
     stat=${stat##*) }            # the name may hold spaces and parentheses
     set -- $stat
     echo "${20}"
@@ -138,7 +140,7 @@ holders() {      # the pids of our namespace holders: recorded, or found by thei
 
 running() {      # PID: it exists and is not a zombie waiting to be reaped
     local stat
-    stat=$(< "/proc/$1/stat") 2> /dev/null || return 1
+    { read -r stat < "/proc/$1/stat"; } 2> /dev/null || return 1   # as in start_time
     stat=${stat##*) }
     [[ ${stat:0:1} != Z ]]
 }
