@@ -906,6 +906,16 @@ json_t *dk_dist_run_error(dk_dist_run_t *run, bool headline)
                            .timeout_s = run->timeout_s, .timeout_cut = run->timeout_cut,
                            .log_dir = dk_job_log_dir(run->job),
                            .world = run->plan.world, .ranks = run->ranks};
+    /* Above a few ranks the error groups them by fate; every rank's own line
+     * goes to the log folder, which the error names (or not, if unwritable). */
+    char path[4200], err[4300];
+    if (o.world > DK_DIST_OUTCOME_EACH_RANK_MAX) {
+        snprintf(path, sizeof path, "%s/%s", o.log_dir, DK_DIST_OUTCOME_FATES_FILE);
+        if (dk_dist_outcome_write_fates(&o, path, err, sizeof err) == 0)
+            o.ranks_file = path;
+        else
+            dk_log("distributed: %s", err);
+    }
     return dk_dist_outcome_error(&o, headline);
 }
 
