@@ -139,8 +139,12 @@ static void publish_status(dk_dist_run_t *run, const char *headline, bool force)
                            .headline = headline, .world = run->plan.world, .ranks = run->ranks,
                            .gpu = run->plan.gpu,
                            .log_dir = run->job ? dk_job_log_dir(run->job) : run->log_dir,
-                           .hosts = run->hosts, .gpu_memory = dk_gpu_process_memory};
+                           .hosts = run->hosts, .gpu_memory = dk_gpu_process_memory,
+                           .t0_ms = run->t0_ms};
     pthread_mutex_lock(&run->lock);
+    /* Ranks on other nodes gone silent: the status names their nodes. */
+    for (int r = 0; run->job && run->hosts && r < run->plan.world; r++)
+        run->ranks[r].lost = dk_job_rank_lost(run->job, r);
     char *text = dk_dist_status_text(&st);
     run->status_dirty = false;
     pthread_mutex_unlock(&run->lock);
@@ -175,6 +179,8 @@ static void sink_state(void *data, int rank, dk_rank_state_t state, int exit_cod
     dk_dist_run_t *run = data;
     pthread_mutex_lock(&run->lock);
     run->ranks[rank].state = state;
+    if (state == DK_RANK_RUNNING && !run->ranks[rank].got_cell)
+        run->ranks[rank].running_ms = dk_now_ms();
     if (state == DK_RANK_RUNNING)
         run->ranks[rank].got_cell = true;
     run->ranks[rank].exit_code = exit_code;
