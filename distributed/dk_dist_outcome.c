@@ -39,6 +39,7 @@
  * all when there are more; and the text they are cut from. */
 #define LOST_LINES_MAX 8
 #define LOST_TEXT_MAX 8192
+#define LOST_ALL_MAX 400
 /* The bytes of a group's ranks ("0–151, 153–255") before they end in "…". */
 #define RUNS_MAX 200
 /* The fewest lines the fates get, whatever else the error says. */
@@ -165,26 +166,48 @@ static void lost_nodes(const dk_dist_outcome_t *o, const char *sep, char *buf, s
     free(hosts);
 }
 
-/* "…; the lost nodes, all of them: node[3-14]", from the lost ranks' nodes. */
-static json_t *all_lost_nodes(const dk_dist_outcome_t *o)
+static int host_cmp(const void *pa, const void *pb)
 {
+    return strcmp(*(const char *const *) pa, *(const char *const *) pb);
+}
+
+/* The lost ranks' nodes as one host list ("node[3-14]"), malloc'd (NULL when
+ * out of memory); their number into *NODES, the lost ranks' into *RANKS. */
+static char *lost_hosts(const dk_dist_outcome_t *o, size_t *nodes, size_t *ranks)
+{
+    *nodes = *ranks = 0;
     const char **hosts = malloc((size_t) o->world * sizeof *hosts);
-    size_t n = 0;
     for (int r = 0; hosts && r < o->world; r++)
         if (o->ranks[r].lost)
-            hosts[n++] = o->ranks[r].host ? o->ranks[r].host : "localhost";
-    char *list = hosts ? dk_hostlist_compress(hosts, n) : NULL;
+            hosts[(*ranks)++] = o->ranks[r].host ? o->ranks[r].host : "localhost";
+    char *list = hosts ? dk_hostlist_compress(hosts, *ranks) : NULL;
+    if (list) {
+        qsort(hosts, *ranks, sizeof *hosts, host_cmp);
+        for (size_t i = 0; i < *ranks; i++)
+            *nodes += !i || strcmp(hosts[i - 1], hosts[i]);
+    }
     free(hosts);
-    if (!list)
-        return json_string("\xe2\x80\xa6 and more nodes lost");
-    size_t len = strlen(list) + 64;
-    char *line = malloc(len);
-    if (line)
-        snprintf(line, len, "\xe2\x80\xa6; the lost nodes, all of them: %s", list);
-    json_t *j = line ? json_string(line) : json_string("\xe2\x80\xa6 and more nodes lost");
-    free(line);
+    return list;
+}
+
+/* Past LOST_LINES_MAX lost nodes, in one clause: "24 nodes lost (192 ranks):
+ * node[3-26]", the list cut at OUTLEN with "…". False when no more nodes
+ * than that were lost, or out of memory: each then gets its own clause. */
+static bool many_lost(const dk_dist_outcome_t *o, const char *intro, char *out, size_t outlen)
+{
+    size_t nodes, ranks;
+    char *list = lost_hosts(o, &nodes, &ranks);
+    bool many = list && nodes > LOST_LINES_MAX;
+    if (many) {
+        int n = snprintf(out, outlen, "%s%zu nodes lost (%zu ranks): ", intro, nodes, ranks);
+        if (n > 0 && (size_t) n + strlen(list) < outlen)
+            snprintf(out + n, outlen - (size_t) n, "%s", list);
+        else if (n > 0 && (size_t) n + 8 < outlen)
+            snprintf(out + n, outlen - (size_t) n, "%.*s\xe2\x80\xa6",
+                     (int) (outlen - (size_t) n - 4), list);
+    }
     free(list);
-    return j;
+    return many;
 }
 
 /* Whether the run's error leads with its lost nodes: the first failure is a
@@ -210,24 +233,27 @@ static bool lost_leads(const dk_dist_outcome_t *o)
 }
 
 /* One line per lost node appended to TB, at most LOST_LINES_MAX: past that,
- * the last names every lost node as a host list ("node[3-14]"), since a
- * switch or a rack that goes down takes many nodes with it. */
+ * the last gives them all as a host list ("node[3-14]"), since a switch or a
+ * rack that goes down takes many nodes with it. */
 static void lost_lines(const dk_dist_outcome_t *o, json_t *tb)
 {
     char *lines = malloc(LOST_TEXT_MAX);
     if (!lines)
         return;
+    char all[LOST_ALL_MAX];
+    bool many = many_lost(o, "\xe2\x80\xa6; in all, ", all, sizeof all);
+    size_t shown = many ? LOST_LINES_MAX - 1 : LOST_LINES_MAX;
     lost_nodes(o, "\n", lines, LOST_TEXT_MAX);
     size_t count = 0;
-    for (char *at = lines, *nl; at && *at; at = nl ? nl + 1 : NULL) {
+    for (char *at = lines, *nl; at && *at && count < shown; at = nl ? nl + 1 : NULL) {
         nl = strchr(at, '\n');
         if (nl)
             *nl = '\0';
-        if (++count < LOST_LINES_MAX)
-            json_array_append_new(tb, json_string(at));
-        else if (count == LOST_LINES_MAX)
-            json_array_append_new(tb, nl && nl[1] ? all_lost_nodes(o) : json_string(at));
+        json_array_append_new(tb, json_string(at));
+        count++;
     }
+    if (many)
+        json_array_append_new(tb, json_string(all));
     free(lines);
 }
 
@@ -276,7 +302,8 @@ static void cause(const dk_dist_outcome_t *o, json_t *tb, char *ename, size_t en
     } else if (lost_leads(o)) {
         /* Name every lost node with its ranks, one line each. */
         snprintf(ename, enamelen, "NodeLost");
-        lost_nodes(o, "; ", evalue, evaluelen);
+        if (!many_lost(o, "", evalue, evaluelen))
+            lost_nodes(o, "; ", evalue, evaluelen);
         lost_lines(o, tb);
         json_array_append_new(tb, json_string(
             "Nothing was heard from them past the heartbeat deadline: the node is down, its "

@@ -659,11 +659,45 @@ Test(outcome, many_lost_nodes_end_in_one_host_list, .fini = free_world)
     o.root = 64;
     build(false);
     cr_assert_str_eq(field("ename"), "NodeLost");
+    cr_assert_str_eq(field("evalue"), "16 nodes lost (128 ranks): node[9-24]");
     cr_assert_str_eq(line(0), "node9 lost (ranks 64" DK_EN_DASH "71)");
     cr_assert_str_eq(line(6), "node15 lost (ranks 112" DK_EN_DASH "119)");
-    cr_assert_str_eq(line(7), "\xe2\x80\xa6; the lost nodes, all of them: node[9-24]");
+    cr_assert_str_eq(line(7), "\xe2\x80\xa6; in all, 16 nodes lost (128 ranks): node[9-24]");
     cr_assert(strstr(line(8), "heartbeat deadline"), "%s", line(8));
     cr_assert_leq(lines(), DK_DIST_OUTCOME_MAX_LINES);
+}
+
+Test(outcome, eight_lost_nodes_get_a_line_each, .fini = free_world)
+{
+    world_of(128, 8);
+    for (int r = 0; r < 64; r++) {
+        many[r].lost = true;
+        many[r].state = DK_RANK_FAILED;
+    }
+    o.root = 0;
+    build(false);
+    cr_assert_str_eq(line(7), "node8 lost (ranks 56" DK_EN_DASH "63)");
+    cr_assert(strstr(line(8), "heartbeat deadline"), "%s", line(8));
+    cr_assert(strstr(field("evalue"), "; node8 lost (ranks 56" DK_EN_DASH "63)"), "%s",
+              field("evalue"));
+}
+
+Test(outcome, lost_nodes_past_what_a_line_holds_end_in_an_ellipsis, .fini = free_world)
+{
+    world_of(4096, 1);
+    for (int r = 0; r < 4096; r += 2) {
+        many[r].lost = true;
+        many[r].state = DK_RANK_FAILED;
+    }
+    o.root = 0;
+    build(false);
+    const char *all = line(7);
+    cr_assert(!strncmp(all, "\xe2\x80\xa6; in all, 2048 nodes lost (2048 ranks): node[1,3,5,",
+                       strlen("\xe2\x80\xa6; in all, 2048 nodes lost (2048 ranks): node[1,3,5,")),
+              "%s", all);
+    cr_assert_leq(strlen(all), 400);
+    cr_assert(!strcmp(all + strlen(all) - 3, "\xe2\x80\xa6"), "%s", all);
+    cr_assert_leq(bounded_lines(), DK_DIST_OUTCOME_MAX_LINES);
 }
 
 Test(outcome, logs_not_whole_are_named_as_runs, .fini = free_world)
