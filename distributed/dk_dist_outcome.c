@@ -19,7 +19,17 @@
  * headline names the nodes, one clause each with their ranks as runs
  * ("node2 lost (ranks 4–7); node3 lost (rank 8)"), and the traceback gives
  * each lost node a line of its own, since the node, not a rank's code, is
- * what the user must look at.
+ * what the user must look at. Past LOST_LINES_MAX nodes (a rack, a switch)
+ * they are one host list instead ("16 nodes lost (128 ranks): node[9-24]").
+ *
+ * Past DK_DIST_OUTCOME_EACH_RANK_MAX ranks a line per rank buries the cause
+ * (256 lines of "ended by distkernel after rank 152 failed"), so the fates
+ * are grouped: each rank's fate is written without its "rank N: ", which is
+ * the only part that names the rank itself, the fates are sorted once, and
+ * the ranks of one fate become one line with its ranks as runs. Grouping is
+ * by the words, so a fate reads the same alone and in a group, and the
+ * wording stays in one place (fate_words). Whatever does not fit in the
+ * error's lines is gathered in a last line; ranks.txt has it all.
  */
 #include "dk_dist_outcome.h"
 
