@@ -141,10 +141,11 @@ static void publish_status(dk_dist_run_t *run, const char *headline, bool force)
                            .log_dir = run->job ? dk_job_log_dir(run->job) : run->log_dir,
                            .hosts = run->hosts, .gpu_memory = dk_gpu_process_memory,
                            .t0_ms = run->t0_ms};
-    pthread_mutex_lock(&run->lock);
-    /* Ranks on other nodes gone silent: the status names their nodes. */
+    /* Ranks on other nodes gone silent: the status names their nodes. Only
+     * this thread writes LOST, so it needs not the run's lock. */
     for (int r = 0; run->job && run->hosts && r < run->plan.world; r++)
         run->ranks[r].lost = dk_job_rank_lost(run->job, r);
+    pthread_mutex_lock(&run->lock);
     char *text = dk_dist_status_text(&st);
     run->status_dirty = false;
     pthread_mutex_unlock(&run->lock);
