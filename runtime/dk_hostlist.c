@@ -136,13 +136,14 @@ char *dk_hostlist_compress(const char *const *names, size_t n)
         return NULL;
     }
     o.text[0] = '\0';
-    size_t m = 0;
+    if (n == 0)
+        return o.text;
     for (size_t i = 0; i < n; i++)
-        v[m++] = split(names[i]);
-    qsort(v, m, sizeof *v, entry_cmp);
+        v[i] = split(names[i]);
+    qsort(v, n, sizeof *v, entry_cmp);
     /* Without repeats: equal entries are equal names. */
     size_t u = 0;
-    for (size_t i = 0; i < m; i++)
+    for (size_t i = 0; i < n; i++)
         if (!u || entry_cmp(&v[u - 1], &v[i]))
             v[u++] = v[i];
     for (size_t i = 0; i < u;) {
