@@ -22,6 +22,8 @@ typedef struct {
     size_t message_len;
     bool is_error;              /* MESSAGE is an ERROR: {ename, evalue, traceback} */
     bool got_cell;              /* reached RUNNING: its cell or function was delivered */
+    long long running_ms;       /* dk_now_ms when it first reached RUNNING (0: not yet),
+                                 * for the status's slowest to start */
     bool log_complete;          /* its log has every byte (no disk refused a write) */
     bool log_capped;            /* its log keeps only head and tail (log_cap) */
     int gpu_index;              /* NVML index, -1 for CPU ranks */

@@ -139,7 +139,12 @@ static void publish_status(dk_dist_run_t *run, const char *headline, bool force)
                            .headline = headline, .world = run->plan.world, .ranks = run->ranks,
                            .gpu = run->plan.gpu,
                            .log_dir = run->job ? dk_job_log_dir(run->job) : run->log_dir,
-                           .hosts = run->hosts, .gpu_memory = dk_gpu_process_memory};
+                           .hosts = run->hosts, .gpu_memory = dk_gpu_process_memory,
+                           .t0_ms = run->t0_ms};
+    /* Ranks on other nodes gone silent: the status names their nodes. Only
+     * this thread writes LOST, so it needs not the run's lock. */
+    for (int r = 0; run->job && run->hosts && r < run->plan.world; r++)
+        run->ranks[r].lost = dk_job_rank_lost(run->job, r);
     pthread_mutex_lock(&run->lock);
     char *text = dk_dist_status_text(&st);
     run->status_dirty = false;
@@ -175,6 +180,8 @@ static void sink_state(void *data, int rank, dk_rank_state_t state, int exit_cod
     dk_dist_run_t *run = data;
     pthread_mutex_lock(&run->lock);
     run->ranks[rank].state = state;
+    if (state == DK_RANK_RUNNING && !run->ranks[rank].got_cell)
+        run->ranks[rank].running_ms = dk_now_ms();
     if (state == DK_RANK_RUNNING)
         run->ranks[rank].got_cell = true;
     run->ranks[rank].exit_code = exit_code;
@@ -906,6 +913,16 @@ json_t *dk_dist_run_error(dk_dist_run_t *run, bool headline)
                            .timeout_s = run->timeout_s, .timeout_cut = run->timeout_cut,
                            .log_dir = dk_job_log_dir(run->job),
                            .world = run->plan.world, .ranks = run->ranks};
+    /* Above a few ranks the error groups them by fate; every rank's own line
+     * goes to the log folder, which the error names (or not, if unwritable). */
+    char path[4200], err[4300];
+    if (o.world > DK_DIST_OUTCOME_EACH_RANK_MAX) {
+        snprintf(path, sizeof path, "%s/%s", o.log_dir, DK_DIST_OUTCOME_FATES_FILE);
+        if (dk_dist_outcome_write_fates(&o, path, err, sizeof err) == 0)
+            o.ranks_file = path;
+        else
+            dk_log("distributed: %s", err);
+    }
     return dk_dist_outcome_error(&o, headline);
 }
 

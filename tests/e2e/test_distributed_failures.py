@@ -8,6 +8,7 @@ and no rank of the kernel may remain, not even as a zombie. The issue's bound fo
 ending ranks is 10 s; it is the only time asserted here.
 """
 import os
+import re
 import signal
 import time
 
@@ -102,6 +103,73 @@ def test_os_exit_on_one_rank_is_reported_with_its_exit_code(kernel):
     assert "code 3" in text, text
     assert "rank 1" in text, text
     assert_kernel_recovered(kernel, rank_pids(kernel, r.msg_id))
+
+
+MANY = 12   # past the 8 ranks that get a line each in the status and the error
+MANY_CELL = f"""%%distributed num_processes={MANY}
+import os, time
+rank = int(os.environ['RANK'])
+print('rank', rank, flush=True)
+if rank == 7:
+    time.sleep(1)
+    raise ValueError('rank seven is odd')
+if rank >= 3:
+    time.sleep(60)
+"""
+RUNS = re.compile(r"^  ranks? ([0-9, \u2013]+?)(?: \((\d+)\))?: (.*)$")
+
+
+def ranks_of(runs):
+    """The ranks of "0–2, 4, 8–11" (runs with an en dash)."""
+    out = []
+    for part in runs.split(", "):
+        lo, _, hi = part.partition("\u2013")
+        out += range(int(lo), int(hi or lo) + 1)
+    return out
+
+
+@pytest.mark.timeout(180)
+def test_past_eight_ranks_the_status_and_the_error_group_the_ranks(kernel):
+    """Twelve ranks, one raises: the status counts the ranks and names the
+    failed one; the error gives the root cause, then one line per fate with
+    its ranks, every rank once, and names ranks.txt, which has a line per rank."""
+    r = kernel.execute(MANY_CELL, timeout=RUN)
+    assert r.status == "error", r.describe()
+    assert r.content["ename"] == "ValueError", r.describe()
+
+    shown = support.status_displays(r)
+    final = shown[-1]["content"]["data"]["text/plain"]
+    lines = final.splitlines()
+    assert len(lines) <= 12, final
+    assert f"rank {MANY - 1}" not in final, f"a word per rank past 8 ranks:\n{final}"
+    counts = re.fullmatch(rf"  {MANY} ranks: (.*)", lines[1])
+    assert counts, final
+    told = dict((word, int(n)) for n, word in re.findall(r"(\d+) (\w+)", counts.group(1)))
+    assert told.get("failed") == 1 and sum(told.values()) == MANY, final
+    assert "  failed: rank 7" in lines, final
+    assert lines[-1].startswith("  logs: "), final
+
+    tb = r.content["traceback"]
+    assert len(tb) <= 40, traceback_text(r)
+    fates = tb[tb.index("Ranks:") + 1:]
+    grouped = [RUNS.match(line) for line in fates if line.startswith("  rank")]
+    assert grouped and all(grouped), traceback_text(r)
+    assert grouped[0].group(1) == "7" and "root cause" in grouped[0].group(3), traceback_text(r)
+    seen = []
+    for m in grouped:
+        ranks = ranks_of(m.group(1))
+        assert int(m.group(2) or 1) == len(ranks), m.group(0)
+        seen += ranks
+    assert sorted(seen) == list(range(MANY)), traceback_text(r)
+    ended = [m for m in grouped if m.group(3) == "ended by distkernel after rank 7 failed"]
+    assert len(ended) == 1 and int(ended[0].group(2) or 1) > 1, traceback_text(r)
+
+    ranks_file = support.log_dir(r) / "ranks.txt"
+    assert f"Every rank's fate, one line each: {ranks_file}" in tb, traceback_text(r)
+    written = ranks_file.read_text().splitlines()
+    assert [line.split(":")[0] for line in written] == [f"rank {n}" for n in range(MANY)], written
+    assert "root cause" in written[7] and "ValueError: rank seven is odd" in written[7], written
+    assert_kernel_recovered(kernel)
 
 
 KILLED_IN_ALL_REDUCE = ANNOUNCE + '''\

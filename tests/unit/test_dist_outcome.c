@@ -10,6 +10,10 @@
 #include <string.h>
 
 #include "dk_dist_outcome.h"
+#include "dk_lost.h"
+
+#include <stdlib.h>
+#include <unistd.h>
 
 #define RED "\x1b[0;31m"
 #define RESET "\x1b[0m"
@@ -360,11 +364,13 @@ Test(outcome, a_lost_node_is_named_with_its_ranks_as_a_range)
     cr_assert_str_eq(line(1), "");
     cr_assert_str_eq(line(2), "node2 lost (ranks 4–7)");
     cr_assert(strstr(line(3), "heartbeat deadline"), "%s", line(3));
-    cr_assert_str_eq(line(6), "  rank 0: ended by distkernel after rank 5 failed");
-    cr_assert_str_eq(line(10), "  rank 4: lost with node2 (nothing heard from it past the "
-                               "heartbeat deadline)");
-    cr_assert_str_eq(line(11), "  rank 5: lost with node2 (nothing heard from it past the "
-                               "heartbeat deadline)   <- root cause (first failure)");
+    /* Twelve ranks: one line per fate, the root cause's first. */
+    cr_assert_str_eq(line(6), "  rank 5: lost with node2 (nothing heard from it past the "
+                              "heartbeat deadline)   <- root cause (first failure)");
+    cr_assert_str_eq(line(7), "  ranks 0" DK_EN_DASH "3, 8" DK_EN_DASH "11 (8): ended by "
+                              "distkernel after rank 5 failed");
+    cr_assert_str_eq(line(8), "  ranks 4, 6" DK_EN_DASH "7 (3): lost with node2 (nothing "
+                              "heard from it past the heartbeat deadline)");
 }
 
 Test(outcome, several_lost_nodes_get_one_clause_and_one_line_each)
@@ -446,4 +452,307 @@ Test(outcome, a_rank_that_raised_or_was_lost_keeps_its_own_words)
     dk_dist_outcome_fate(&o, 1, -1, fate, sizeof fate);
     cr_assert_str_eq(fate, "rank 1: lost with node2 (nothing heard from it past the heartbeat "
                            "deadline)");
+}
+
+/* ---- at any world size: fates grouped, the error bounded ---------------------------- */
+
+/* WORLD ranks (freed by the test's teardown), every one ended by distkernel;
+ * HOSTS_PER_NODE ranks on each of node1, node2, ... (0: all on this node). */
+static dk_dist_rank_t *many;
+static char (*many_hosts)[16];
+
+static void world_of(int world, int ranks_per_node)
+{
+    many = calloc((size_t) world, sizeof *many);
+    many_hosts = calloc((size_t) world, sizeof *many_hosts);
+    cr_assert(many && many_hosts);
+    for (int r = 0; r < world; r++) {
+        many[r] = (dk_dist_rank_t){.state = DK_RANK_STOPPED, .got_cell = true,
+                                   .log_complete = true, .gpu_index = -1};
+        if (ranks_per_node) {
+            snprintf(many_hosts[r], sizeof many_hosts[r], "node%d", r / ranks_per_node + 1);
+            many[r].host = many_hosts[r];
+        }
+    }
+    o.world = world;
+    o.ranks = many;
+}
+
+static void many_raised(int r, const char *message)
+{
+    many[r].state = DK_RANK_FAILED;
+    many[r].is_error = true;
+    many[r].message = (void *) message;
+    many[r].message_len = strlen(message);
+    many[r].exit_code = 1;
+}
+
+static void free_world(void)
+{
+    free(many);
+    free(many_hosts);
+    many = NULL;
+    many_hosts = NULL;
+}
+
+/* The lines of the error besides the root cause's own traceback (3 lines). */
+static size_t bounded_lines(void)
+{
+    return lines() - (o.root >= 0 && o.ranks[o.root].is_error ? 3 : 0);
+}
+
+static bool has_line(const char *want)
+{
+    for (size_t i = 0; i < lines(); i++)
+        if (!strcmp(line(i), want))
+            return true;
+    return false;
+}
+
+static void dump(void)
+{
+    for (size_t i = 0; i < lines(); i++)
+        fprintf(stderr, "%2zu|%s\n", i, line(i));
+}
+
+Test(outcome, eight_ranks_keep_a_line_each, .fini = free_world)
+{
+    world_of(8, 0);
+    many_raised(3, ERROR_MSG);
+    o.root = 3;
+    build(false);
+    cr_assert(has_line("  rank 0: ended by distkernel after rank 3 failed"));
+    cr_assert(has_line("  rank 7: ended by distkernel after rank 3 failed"));
+    cr_assert_eq(lines(), 4 + 2 + 8 + 1);
+}
+
+Test(outcome, nine_ranks_are_grouped_by_fate_the_root_cause_first, .fini = free_world)
+{
+    world_of(9, 0);
+    many_raised(4, ERROR_MSG);
+    many[8].state = DK_RANK_DONE;
+    o.root = 4;
+    o.ranks_file = "/logs/run-1/ranks.txt";
+    build(true);
+    const char *want[] = {
+        RED "ValueError" RESET ": [rank 4] bad shape",
+        "",
+        "Rank 4 failed first (root cause):",
+        "Traceback (most recent call last):",
+        "  File x",
+        "ValueError: bad shape",
+        "",
+        "Ranks:",
+        "  rank 4: raised ValueError: bad shape   <- root cause (first failure)",
+        "  ranks 0" DK_EN_DASH "3, 5" DK_EN_DASH "7 (7): ended by distkernel after rank 4 failed",
+        "  rank 8: finished",
+        "Every rank's fate, one line each: /logs/run-1/ranks.txt",
+        "Full output of every rank: /logs/run-1/rank-N.log"};
+    if (lines() != sizeof want / sizeof want[0])
+        dump();
+    cr_assert_eq(lines(), sizeof want / sizeof want[0]);
+    for (size_t i = 0; i < lines(); i++)
+        cr_assert_str_eq(line(i), want[i], "line %zu", i);
+}
+
+Test(outcome, the_issues_256_ranks_read_in_a_few_lines, .fini = free_world)
+{
+    world_of(256, 16);
+    many[152] = (dk_dist_rank_t){.state = DK_RANK_FAILED, .exit_code = 1, .got_cell = false,
+                                 .log_complete = true, .host = many_hosts[152]};
+    o.root = 152;
+    build(false);
+    cr_assert_str_eq(field("ename"), "RankExited");
+    cr_assert(has_line("  rank 152: exited with code 1 during start-up, before it received the "
+                       "cell   <- root cause (first failure)"));
+    cr_assert(has_line("  ranks 0" DK_EN_DASH "151, 153" DK_EN_DASH "255 (255): ended by "
+                       "distkernel after rank 152 failed"));
+    cr_assert_leq(lines(), 6);
+}
+
+Test(outcome, the_root_cause_names_its_node, .fini = free_world)
+{
+    world_of(256, 16);
+    many_raised(152, ERROR_MSG);
+    o.root = 152;
+    build(false);
+    cr_assert_str_eq(line(0), "Rank 152 on node10 failed first (root cause):");
+}
+
+/* Every rank raising words of its own: as many fates as ranks. */
+static char (*own_words)[160];
+
+static void each_its_own(int world)
+{
+    own_words = calloc((size_t) world, sizeof *own_words);
+    for (int r = 0; r < world; r++) {
+        snprintf(own_words[r], sizeof own_words[r],
+                 "{\"ename\": \"ValueError\", \"evalue\": \"rank %d is odd\", "
+                 "\"traceback\": [\"a\", \"b\", \"c\"]}", r);
+        many_raised(r, own_words[r]);
+    }
+}
+
+static void free_all(void)
+{
+    free_world();
+    free(own_words);
+    own_words = NULL;
+}
+
+Test(outcome, at_every_size_the_error_stays_within_forty_lines, .fini = free_all)
+{
+    int sizes[] = {1, 2, 8, 9, 64, 256, 1024, 4096};
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        int world = sizes[k];
+        /* Mixed: a root cause, finished ranks, ended ones, killed ones, a lost node. */
+        world_of(world, 8);
+        for (int r = 0; r < world; r++) {
+            if (r % 5 == 1)
+                many[r].state = DK_RANK_DONE;
+            else if (r % 7 == 2)
+                many[r] = (dk_dist_rank_t){.state = DK_RANK_FAILED, .exit_code = -1,
+                                           .term_signal = SIGKILL, .got_cell = true,
+                                           .log_complete = true, .host = many_hosts[r]};
+            else if (r >= 16 && r < 24)
+                many[r].lost = true, many[r].state = DK_RANK_FAILED;
+        }
+        many_raised(world - 1, ERROR_MSG);
+        o.root = world - 1;
+        o.ranks_file = "/logs/run-1/ranks.txt";
+        build(true);
+        cr_assert_leq(bounded_lines(), DK_DIST_OUTCOME_MAX_LINES, "%d ranks: %zu lines", world,
+                      bounded_lines());
+        json_decref(error);
+        error = NULL;
+        free_world();
+
+        /* Each rank its own words: the fates left over share a last line. */
+        world_of(world, 0);
+        each_its_own(world);
+        o.root = 0;
+        build(false);
+        cr_assert_leq(bounded_lines(), DK_DIST_OUTCOME_MAX_LINES, "%d ranks: %zu lines", world,
+                      bounded_lines());
+        if (world > DK_DIST_OUTCOME_MAX_LINES) {
+            /* 4 lines of root cause, a blank, "Ranks:", the groups shown,
+             * the rest, the ranks file, the logs. */
+            const char *last = line(lines() - 3);
+            cr_assert(strstr(last, " other fates; every rank's is in the file below"), "%s", last);
+            char count[32];
+            snprintf(count, sizeof count, "(%d): ", world - (int) (lines() - 9));
+            cr_assert(strstr(last, count), "%s lacks %s", last, count);
+        }
+        json_decref(error);
+        error = NULL;
+        free_all();
+    }
+}
+
+Test(outcome, many_lost_nodes_end_in_one_host_list, .fini = free_world)
+{
+    world_of(1024, 8);
+    for (int r = 64; r < 64 + 16 * 8; r++) {
+        many[r].lost = true;
+        many[r].state = DK_RANK_FAILED;
+    }
+    o.root = 64;
+    build(false);
+    cr_assert_str_eq(field("ename"), "NodeLost");
+    cr_assert_str_eq(field("evalue"), "16 nodes lost (128 ranks): node[9-24]");
+    cr_assert_str_eq(line(0), "node9 lost (ranks 64" DK_EN_DASH "71)");
+    cr_assert_str_eq(line(6), "node15 lost (ranks 112" DK_EN_DASH "119)");
+    cr_assert_str_eq(line(7), "\xe2\x80\xa6; in all, 16 nodes lost (128 ranks): node[9-24]");
+    cr_assert(strstr(line(8), "heartbeat deadline"), "%s", line(8));
+    cr_assert_leq(lines(), DK_DIST_OUTCOME_MAX_LINES);
+}
+
+Test(outcome, eight_lost_nodes_get_a_line_each, .fini = free_world)
+{
+    world_of(128, 8);
+    for (int r = 0; r < 64; r++) {
+        many[r].lost = true;
+        many[r].state = DK_RANK_FAILED;
+    }
+    o.root = 0;
+    build(false);
+    cr_assert_str_eq(line(7), "node8 lost (ranks 56" DK_EN_DASH "63)");
+    cr_assert(strstr(line(8), "heartbeat deadline"), "%s", line(8));
+    cr_assert(strstr(field("evalue"), "; node8 lost (ranks 56" DK_EN_DASH "63)"), "%s",
+              field("evalue"));
+}
+
+Test(outcome, lost_nodes_past_what_a_line_holds_end_in_an_ellipsis, .fini = free_world)
+{
+    world_of(4096, 1);
+    for (int r = 0; r < 4096; r += 2) {
+        many[r].lost = true;
+        many[r].state = DK_RANK_FAILED;
+    }
+    o.root = 0;
+    build(false);
+    const char *all = line(7);
+    cr_assert(!strncmp(all, "\xe2\x80\xa6; in all, 2048 nodes lost (2048 ranks): node[1,3,5,",
+                       strlen("\xe2\x80\xa6; in all, 2048 nodes lost (2048 ranks): node[1,3,5,")),
+              "%s", all);
+    cr_assert_leq(strlen(all), 400);
+    cr_assert(!strcmp(all + strlen(all) - 3, "\xe2\x80\xa6"), "%s", all);
+    cr_assert_leq(bounded_lines(), DK_DIST_OUTCOME_MAX_LINES);
+}
+
+Test(outcome, logs_not_whole_are_named_as_runs, .fini = free_world)
+{
+    world_of(256, 0);
+    o.end = DK_END_TIMEOUT;
+    for (int r = 0; r < 100; r++)
+        many[r].log_complete = false;
+    many[200].log_capped = true;
+    build(false);
+    cr_assert_str_eq(line(lines() - 1), "Full output of every rank: /logs/run-1/rank-N.log "
+                                        "(cut short, the disk refused writes: rank 0" DK_EN_DASH
+                                        "99) (head and tail only, past log_cap: rank 200)");
+}
+
+Test(outcome, every_fate_is_written_one_line_per_rank, .fini = free_world)
+{
+    world_of(300, 0);
+    many_raised(152, ERROR_MSG);
+    many[7].state = DK_RANK_DONE;
+    o.root = 152;
+    char path[] = "/tmp/dk-fates-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    char err[256] = "";
+    cr_assert_eq(dk_dist_outcome_write_fates(&o, path, err, sizeof err), 0, "%s", err);
+    FILE *f = fopen(path, "r");
+    char text[512];
+    int n = 0;
+    while (fgets(text, sizeof text, f)) {
+        char want[512];
+        dk_dist_outcome_fate(&o, n, o.root, want, sizeof want);
+        strcat(want, "\n");
+        cr_assert_str_eq(text, want, "line %d", n);
+        n++;
+    }
+    fclose(f);
+    unlink(path);
+    cr_assert_eq(n, 300);
+}
+
+Test(outcome, the_fates_file_is_not_written_through_a_symlink, .fini = free_world)
+{
+    world_of(9, 0);
+    char dir[] = "/tmp/dk-fates-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char link[64], target[64];
+    snprintf(link, sizeof link, "%s/ranks.txt", dir);
+    snprintf(target, sizeof target, "%s/elsewhere", dir);
+    cr_assert_eq(symlink(target, link), 0);
+    char err[256] = "";
+    cr_assert_eq(dk_dist_outcome_write_fates(&o, link, err, sizeof err), -1);
+    cr_assert(strstr(err, "cannot write"), "%s", err);
+    cr_assert_neq(access(target, F_OK), 0);
+    unlink(link);
+    rmdir(dir);
 }
