@@ -12,9 +12,11 @@
  */
 #include "dk_dist_plan.h"
 #include "dk_err.h"
+#include "dk_rank_list.h"
 #include "dk_slurm.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int plan_cpu(const dk_dist_opts_t *o, dk_dist_plan_t *out)
@@ -89,6 +91,38 @@ int dk_dist_plan(const dk_dist_opts_t *opts, const dk_gpu_list_t *gpus, dk_dist_
 int dk_dist_plan_local_gpu(const dk_dist_plan_t *plan, int r)
 {
     return plan->gpu && !plan->remote && r >= 0 && r < DK_GPU_MAX ? plan->gpu_index[r] : -1;
+}
+
+int dk_dist_plan_output(const dk_dist_plan_t *plan, const dk_dist_opts_t *opts, bool **shown,
+                        char *err, size_t errlen)
+{
+    *shown = NULL;
+    if (opts->output == DK_OUTPUT_ALL)
+        return 0;
+    bool *set = calloc((size_t)plan->world, sizeof *set);
+    if (!set) {
+        dk_set_err(err, errlen, "out of memory for the output= of %d ranks", plan->world);
+        return -1;
+    }
+    /* Ranks are laid out node by node (dk_dist_slurm): a node's first is
+     * its local rank 0. One node when the ranks are this host's. */
+    int per_node = plan->remote && plan->per_node > 0 ? plan->per_node : plan->world;
+    if (opts->output == DK_OUTPUT_RANK0)
+        set[0] = true;
+    else if (opts->output == DK_OUTPUT_LOCAL0)
+        for (int r = 0; r < plan->world; r += per_node)
+            set[r] = true;
+    else {
+        char why[512];
+        if (dk_rank_list_parse(opts->output_ranks, plan->world, set, why, sizeof why) < 0) {
+            dk_set_err(err, errlen, "output=%s: %s (output=all shows every rank). No rank was "
+                       "started.", opts->output_ranks, why);
+            free(set);
+            return -1;
+        }
+    }
+    *shown = set;
+    return 0;
 }
 
 /* The ranks' split over the nodes, once the world is known: every node runs

@@ -22,7 +22,15 @@
 #define DK_DEFAULT_TIMEOUT_S 10800.0
 #define DK_DEFAULT_IDLE_TIMEOUT_S 3600.0
 
-typedef enum { DK_OUTPUT_ALL = 0, DK_OUTPUT_RANK0 } dk_output_mode_t;
+/* Whose output the cell shows (output=); every rank's is in its log whatever
+ * this says. LOCAL0: local rank 0 of each node. LIST: the ranks of
+ * output_ranks (dk_rank_list). */
+typedef enum {
+    DK_OUTPUT_ALL = 0,
+    DK_OUTPUT_RANK0,
+    DK_OUTPUT_LOCAL0,
+    DK_OUTPUT_LIST
+} dk_output_mode_t;
 
 /* Where the ranks run: this node, or nodes Slurm allocates. */
 typedef enum { DK_LAUNCHER_LOCAL = 0, DK_LAUNCHER_SLURM } dk_launcher_t;
@@ -37,6 +45,8 @@ typedef struct {
     double timeout_s;           /* 0: no timeout (timeout=None) */
     bool timeout_given;         /* timeout= was given (else the default) */
     dk_output_mode_t output;
+    char output_ranks[1024];    /* output=LIST: the list as written ("0,8,16-31"), its syntax
+                                   checked; "" for the other modes */
     char result_name[128];      /* "" : results not stored under a name */
     bool check;                 /* run the NCCL preflight check first */
     bool tracking;              /* record the run in MLflow (default true) */
