@@ -133,11 +133,22 @@ static int split_nodes(const dk_dist_opts_t *o, int world, int nodes, dk_dist_pl
 {
     const char *what = o->num_processes ? "num_processes" : "num_accelerators";
     if (world < nodes || world % nodes) {
-        dk_set_err(err, errlen, "%d rank%s (%s%s) cannot be split evenly over nodes=%d: every "
-                   "node runs as many ranks; give %s as a multiple of %d, or nodes= a divisor "
-                   "of %d", world, world == 1 ? "" : "s", o->num_processes || o->num_accelerators
-                   ? what : "every GPU of the nodes", o->num_processes || o->num_accelerators
-                   ? "" : ", num_accelerators not given", nodes, what, nodes, world);
+        const char *whose = o->num_processes || o->num_accelerators ? what
+                                                                   : "every GPU of the nodes";
+        const char *unset = o->num_processes || o->num_accelerators
+                                ? "" : ", num_accelerators not given";
+        char given[96];
+        if (o->nodes_from_env && o->nodes > 0)
+            dk_set_err(err, errlen, "%d rank%s (%s%s) cannot be split evenly over %s: every "
+                       "node runs as many ranks; give %s as a multiple of %d, or a number of "
+                       "nodes that divides %d: " DK_DIST_NODES_ENV_FIX, world,
+                       world == 1 ? "" : "s", whose, unset,
+                       dk_dist_opts_nodes_given(o, given, sizeof given), what, nodes, world);
+        else
+            dk_set_err(err, errlen, "%d rank%s (%s%s) cannot be split evenly over nodes=%d: "
+                       "every node runs as many ranks; give %s as a multiple of %d, or nodes= "
+                       "a divisor of %d", world, world == 1 ? "" : "s", whose, unset, nodes,
+                       what, nodes, world);
         return -1;
     }
     out->nodes = nodes;
@@ -222,10 +233,18 @@ int dk_dist_plan_slurm(const dk_dist_opts_t *opts, int gpus_per_node, const char
         int need = (world + k - 1) / k;
         while (world % need)    /* the fewest nodes that split it evenly */
             need++;
-        dk_set_err(err, errlen, "num_accelerators=%d over nodes=%d asks %d GPUs of each node, "
-                   "but a node of %s has %d (%s); give nodes=%d, or leave nodes= out to take "
-                   "as many nodes as the GPUs need", world, nodes, out->per_node, where, k,
-                   gres, need);
+        char given[96];
+        if (opts->nodes_from_env)
+            dk_set_err(err, errlen, "num_accelerators=%d over %s asks %d GPUs of each node, "
+                       "but a node of %s has %d (%s); %s: nodes=%d, or nodes= unset in both "
+                       "to take as many nodes as the GPUs need", world,
+                       dk_dist_opts_nodes_given(opts, given, sizeof given), out->per_node,
+                       where, k, gres, DK_DIST_NODES_ENV_FIX, need);
+        else
+            dk_set_err(err, errlen, "num_accelerators=%d over nodes=%d asks %d GPUs of each "
+                       "node, but a node of %s has %d (%s); give nodes=%d, or leave nodes= "
+                       "out to take as many nodes as the GPUs need", world, nodes,
+                       out->per_node, where, k, gres, need);
         return -1;
     }
     out->gpu = true;

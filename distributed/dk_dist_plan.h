@@ -66,7 +66,8 @@ int dk_dist_plan_output(const dk_dist_plan_t *plan, const dk_dist_opts_t *opts, 
  * num_processes over nodes= (1 by default). GPU ranks: one GPU each,
  * num_accelerators (default: every GPU of nodes= nodes, 1 by default) over
  * nodes=, or over as many whole nodes as they fill when nodes= is not given.
- * The world must split evenly over the nodes and fit each node's GPUs.
+ * The world must split evenly over the nodes and fit each node's GPUs (an
+ * error names DISTKERNEL_NODES when the nodes are its default).
  * GPU_TYPE: the nodes' GRES type of the model OPTS asks for (accelerator_type
  * or gpu_type), "" when none has it; the plan then asks for that type, and
  * otherwise a model the nodes' typed GRES lacks is an error naming their

@@ -582,6 +582,7 @@ static int opt_nodes(const char *name, const char *value, bool quoted, dk_dist_o
         return -1;
     }
     o->nodes = (int)n;
+    o->nodes_from_env = false;     /* env_defaults says otherwise for DISTKERNEL_NODES */
     return 0;
 }
 
@@ -762,8 +763,39 @@ static int env_defaults(dk_dist_opts_t *o, char *err, size_t errlen)
                        "%s", slurm_env[i].env, slurm_env[i].name, why);
             return -1;
         }
+        if (slurm_env[i].parse == opt_nodes)
+            o->nodes_from_env = true;
     }
     return 0;
+}
+
+const char *dk_dist_opts_nodes_given(const dk_dist_opts_t *o, char *out, size_t len)
+{
+    if (o->nodes_from_env)
+        snprintf(out, len, "nodes=%d (the default from DISTKERNEL_NODES=%d)", o->nodes,
+                 o->nodes);
+    else
+        snprintf(out, len, "nodes=%d", o->nodes);
+    return out;
+}
+
+/* The node counts nearest to NODES that split WORLD ranks evenly, for a
+ * message: "nodes=1 or nodes=3". */
+static void nodes_that_fit(int world, int nodes, char *out, size_t len)
+{
+    int below = 1, above = 0;
+    for (int d = 1; d <= world; d++) {
+        if (world % d)
+            continue;
+        if (d <= nodes)
+            below = d;
+        else if (!above)
+            above = d;
+    }
+    if (above)
+        snprintf(out, len, "nodes=%d or nodes=%d", below, above);
+    else
+        snprintf(out, len, "nodes=%d", below);
 }
 
 /* nodes, launcher and the world size, together. */
@@ -781,9 +813,19 @@ static int check_nodes(dk_dist_opts_t *o, bool launcher_given, char *err, size_t
     const char *what = o->num_processes ? "num_processes" : "num_accelerators";
     if (o->nodes && world) {
         if (world < o->nodes || world % o->nodes) {
-            dk_set_err(err, errlen, "%s=%d cannot be split evenly over nodes=%d: %s is the "
-                       "total over all nodes, and every node runs as many ranks; use a "
-                       "multiple of %d", what, world, o->nodes, what, o->nodes);
+            char given[96], fit[64];
+            nodes_that_fit(world, o->nodes, fit, sizeof fit);
+            if (o->nodes_from_env)
+                dk_set_err(err, errlen, "%s=%d cannot be split evenly over %s: %s is the "
+                           "total over all nodes, and every node runs as many ranks; use a "
+                           "multiple of %d, or a number of nodes that divides %d (%s): "
+                           DK_DIST_NODES_ENV_FIX, what, world,
+                           dk_dist_opts_nodes_given(o, given, sizeof given), what, o->nodes,
+                           world, fit);
+            else
+                dk_set_err(err, errlen, "%s=%d cannot be split evenly over nodes=%d: %s is the "
+                           "total over all nodes, and every node runs as many ranks; use a "
+                           "multiple of %d", what, world, o->nodes, what, o->nodes);
             return -1;
         }
         o->ranks_per_node = world / o->nodes;

@@ -61,6 +61,7 @@ typedef struct {
      * DISTKERNEL_SLURM_ARGS, export_secrets DISTKERNEL_SLURM_EXPORT_SECRETS. An
      * option given in the cell wins. */
     int nodes;                  /* 0: not given (one node, or as many as GPUs need) */
+    bool nodes_from_env;        /* nodes is DISTKERNEL_NODES's, not given in the cell */
     dk_launcher_t launcher;     /* slurm when asked, or when nodes > 1 */
     int ranks_per_node;         /* the world size / nodes, when both are known; else 0 */
     char partition[128];        /* "": Slurm's default, likewise the three below */
@@ -108,6 +109,17 @@ bool dk_dist_opts_parse_size(const char *text, unsigned long long *out);
 extern const char dk_dist_platform_gpu_types[];
 extern const char dk_dist_platform_accelerator_types[];
 bool dk_dist_platform_model(const char *model);
+
+/* OPTS's nodes as a message about a world that does not fit them names
+ * them: "nodes=4", or, when they are DISTKERNEL_NODES's default,
+ * "nodes=4 (the default from DISTKERNEL_NODES=4)". Returns OUT. */
+const char *dk_dist_opts_nodes_given(const dk_dist_opts_t *opts, char *out, size_t len);
+
+/* What to do, besides the numbers, when a world does not fit nodes that came
+ * from DISTKERNEL_NODES: the cell's nodes= wins over the variable. */
+#define DK_DIST_NODES_ENV_FIX                                                          \
+    "give nodes= in the cell (it wins over DISTKERNEL_NODES), or change DISTKERNEL_NODES " \
+    "where the kernel's environment sets it (the kernelspec's env)"
 
 /* The help text of %%distributed (what `%%distributed?` shows). */
 extern const char dk_dist_doc[];

@@ -101,6 +101,23 @@ def test_an_uneven_split_over_nodes_is_refused_before_slurm_is_asked(kernel_with
     assert "num_processes=4 cannot be split evenly over nodes=3" in r.content["evalue"]
 
 
+def test_a_world_that_the_distkernel_nodes_default_does_not_split_names_the_variable(tmp_path):
+    k = start(tmp_path, DISTKERNEL_NODES="2")
+    try:
+        r = k.execute("%%distributed num_processes=3\n1\n")
+        assert r.status == "error", r.describe()
+        assert r.content["ename"] == "ValueError", r.describe()
+        evalue = r.content["evalue"]
+        assert evalue.startswith("num_processes=3 cannot be split evenly over nodes=2 (the "
+                                 "default from DISTKERNEL_NODES=2)"), evalue
+        assert "(nodes=1 or nodes=3): give nodes= in the cell (it wins over DISTKERNEL_NODES)," \
+               " or change DISTKERNEL_NODES" in evalue, evalue
+        nothing_started(tmp_path)
+        still_serves(k)
+    finally:
+        k.stop()
+
+
 def test_site_defaults_from_the_kernel_environment(tmp_path):
     if os.path.exists("/etc/slurm/slurm.conf"):
         pytest.skip("this machine has a Slurm configuration of its own in /etc/slurm")

@@ -880,6 +880,25 @@ Test(dist_opts, a_wrong_environment_default_names_the_variable)
     fails("", "DISTKERNEL_NODES", "nodes must be", NULL);
 }
 
+Test(dist_opts, a_world_that_does_not_fit_distkernel_nodes_names_the_variable)
+{
+    no_slurm_env();
+    setenv("DISTKERNEL_NODES", "2", 1);
+    fails("num_processes=3", "num_processes=3 cannot be split evenly over nodes=2 (the default "
+          "from DISTKERNEL_NODES=2)", "use a multiple of 2, or a number of nodes that divides "
+          "3 (nodes=1 or nodes=3)", "give nodes= in the cell (it wins over DISTKERNEL_NODES)",
+          "change DISTKERNEL_NODES", NULL);
+    setenv("DISTKERNEL_NODES", "8", 1);
+    fails("num_accelerators=12", "num_accelerators=12 cannot be split evenly over nodes=8 (the "
+          "default from DISTKERNEL_NODES=8)", "(nodes=6 or nodes=12)", NULL);
+    /* nodes= in the cell wins, and its own mistake names no variable */
+    ok("nodes=3 num_processes=3");
+    cr_assert(!opts.nodes_from_env);
+    fails("nodes=2 num_processes=3", "cannot be split evenly over nodes=2: ", NULL);
+    cr_assert_null(strstr(err, "DISTKERNEL_NODES"), "%s", err);
+    unsetenv("DISTKERNEL_NODES");
+}
+
 Test(dist_opts, the_help_lists_the_slurm_options_and_their_variables)
 {
     const char *want[] = {"nodes=N", "launcher=local|slurm", "partition=P", "slurm_args=",

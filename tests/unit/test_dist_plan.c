@@ -207,6 +207,34 @@ Test(plan, slurm_more_gpus_per_node_than_a_node_has_says_how_many_nodes)
     cr_assert(strstr(err, "give nodes=5,"), "%s", err);
 }
 
+Test(plan, slurm_more_gpus_per_node_than_distkernel_nodes_gives_names_the_variable)
+{
+    opts.num_accelerators = 16;
+    opts.nodes = 1;
+    opts.nodes_from_env = true;
+    cr_assert_eq(plan_slurm(8, "gpu:8"), -1);
+    cr_assert_str_eq(err, "num_accelerators=16 over nodes=1 (the default from "
+                          "DISTKERNEL_NODES=1) asks 16 GPUs of each node, but a node of "
+                          "partition gpu has 8 (gpu:8); give nodes= in the cell (it wins over "
+                          "DISTKERNEL_NODES), or change DISTKERNEL_NODES where the kernel's "
+                          "environment sets it (the kernelspec's env): nodes=2, or nodes= unset "
+                          "in both to take as many nodes as the GPUs need");
+}
+
+Test(plan, slurm_a_world_that_distkernel_nodes_does_not_split_names_the_variable)
+{
+    opts.num_processes = 8;
+    opts.nodes = 3;
+    opts.nodes_from_env = true;
+    cr_assert_eq(plan_slurm(0, ""), -1);
+    cr_assert_str_eq(err, "8 ranks (num_processes) cannot be split evenly over nodes=3 (the "
+                          "default from DISTKERNEL_NODES=3): every node runs as many ranks; "
+                          "give num_processes as a multiple of 3, or a number of nodes that "
+                          "divides 8: give nodes= in the cell (it wins over DISTKERNEL_NODES), "
+                          "or change DISTKERNEL_NODES where the kernel's environment sets it "
+                          "(the kernelspec's env)");
+}
+
 Test(plan, slurm_a_partition_without_gpus_says_what_to_give)
 {
     opts.num_accelerators = 2;
