@@ -127,6 +127,21 @@ def test_a_2_node_gloo_cell_runs_on_both_nodes(kernel, slurm_cluster):
     assert "rank 0 on node1 done" in final and "rank 3 on node2 done" in final, final
 
 
+@pytest.mark.timeout(300)
+def test_output_local0_shows_local_rank_0_of_each_node_and_the_logs_keep_all(kernel,
+                                                                             slurm_cluster):
+    r = kernel.execute("%%distributed num_processes=4 nodes=2 output=local0\n"
+                       "import os, socket\n"
+                       "print('from', os.environ['RANK'], 'on', socket.gethostname())\n",
+                       timeout=240)
+    assert r.status == "ok", r.describe()
+    assert support.rank_lines(r.stdout) == {0: ["from 0 on node1"], 2: ["from 2 on node2"]}, \
+        r.describe()
+    logs = support.log_dir(r)
+    for rank, node in ((0, "node1"), (1, "node1"), (2, "node2"), (3, "node2")):
+        assert f"from {rank} on {node}" in (logs / f"rank-{rank}.log").read_text(), rank
+
+
 # Takes every TCP port it can of the range a random pick would come from
 # (20000-32767), on every address of the network it runs in, and holds them
 # until its stdin closes.
