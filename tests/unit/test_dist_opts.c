@@ -177,6 +177,15 @@ Test(values, a_list_past_the_world_is_not_known_here_only_its_syntax)
     cr_assert_str_eq(opts.output_ranks, "0,9");
 }
 
+Test(values, the_help_says_how_to_read_a_run_of_a_thousand_ranks)
+{
+    const char *want[] = {"output=all|rank0|local0|LIST", "local rank 0's of each node",
+                          "0,8,16-31", "hundreds or thousands of ranks", "output=local0",
+                          "rank-N.log has rank N's whole output"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        cr_expect(strstr(dk_dist_doc, want[i]), "the help lacks %s", want[i]);
+}
+
 Test(values, output_may_be_quoted_either_way)
 {
     ok("output='rank0'");
