@@ -12,9 +12,11 @@
  */
 #include "dk_dist_plan.h"
 #include "dk_err.h"
+#include "dk_rank_list.h"
 #include "dk_slurm.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int plan_cpu(const dk_dist_opts_t *o, dk_dist_plan_t *out)
@@ -91,6 +93,38 @@ int dk_dist_plan_local_gpu(const dk_dist_plan_t *plan, int r)
     return plan->gpu && !plan->remote && r >= 0 && r < DK_GPU_MAX ? plan->gpu_index[r] : -1;
 }
 
+int dk_dist_plan_output(const dk_dist_plan_t *plan, const dk_dist_opts_t *opts, bool **shown,
+                        char *err, size_t errlen)
+{
+    *shown = NULL;
+    if (opts->output == DK_OUTPUT_ALL)
+        return 0;
+    bool *set = calloc((size_t)plan->world, sizeof *set);
+    if (!set) {
+        dk_set_err(err, errlen, "out of memory for the output= of %d ranks", plan->world);
+        return -1;
+    }
+    /* Ranks are laid out node by node (dk_dist_slurm): a node's first is
+     * its local rank 0. One node when the ranks are this host's. */
+    int per_node = plan->remote && plan->per_node > 0 ? plan->per_node : plan->world;
+    if (opts->output == DK_OUTPUT_RANK0)
+        set[0] = true;
+    else if (opts->output == DK_OUTPUT_LOCAL0)
+        for (int r = 0; r < plan->world; r += per_node)
+            set[r] = true;
+    else {
+        char why[512];
+        if (dk_rank_list_parse(opts->output_ranks, plan->world, set, why, sizeof why) < 0) {
+            dk_set_err(err, errlen, "output=%s: %s (output=all shows every rank). No rank was "
+                       "started.", opts->output_ranks, why);
+            free(set);
+            return -1;
+        }
+    }
+    *shown = set;
+    return 0;
+}
+
 /* The ranks' split over the nodes, once the world is known: every node runs
  * as many, and each has at least one (a world known only here, e.g. every
  * GPU of the nodes, was not checked with the options). */
@@ -99,11 +133,22 @@ static int split_nodes(const dk_dist_opts_t *o, int world, int nodes, dk_dist_pl
 {
     const char *what = o->num_processes ? "num_processes" : "num_accelerators";
     if (world < nodes || world % nodes) {
-        dk_set_err(err, errlen, "%d rank%s (%s%s) cannot be split evenly over nodes=%d: every "
-                   "node runs as many ranks; give %s as a multiple of %d, or nodes= a divisor "
-                   "of %d", world, world == 1 ? "" : "s", o->num_processes || o->num_accelerators
-                   ? what : "every GPU of the nodes", o->num_processes || o->num_accelerators
-                   ? "" : ", num_accelerators not given", nodes, what, nodes, world);
+        const char *whose = o->num_processes || o->num_accelerators ? what
+                                                                   : "every GPU of the nodes";
+        const char *unset = o->num_processes || o->num_accelerators
+                                ? "" : ", num_accelerators not given";
+        char given[96];
+        if (o->nodes_from_env && o->nodes > 0)
+            dk_set_err(err, errlen, "%d rank%s (%s%s) cannot be split evenly over %s: every "
+                       "node runs as many ranks; give %s as a multiple of %d, or a number of "
+                       "nodes that divides %d: " DK_DIST_NODES_ENV_FIX, world,
+                       world == 1 ? "" : "s", whose, unset,
+                       dk_dist_opts_nodes_given(o, given, sizeof given), what, nodes, world);
+        else
+            dk_set_err(err, errlen, "%d rank%s (%s%s) cannot be split evenly over nodes=%d: "
+                       "every node runs as many ranks; give %s as a multiple of %d, or nodes= "
+                       "a divisor of %d", world, world == 1 ? "" : "s", whose, unset, nodes,
+                       what, nodes, world);
         return -1;
     }
     out->nodes = nodes;
@@ -188,10 +233,18 @@ int dk_dist_plan_slurm(const dk_dist_opts_t *opts, int gpus_per_node, const char
         int need = (world + k - 1) / k;
         while (world % need)    /* the fewest nodes that split it evenly */
             need++;
-        dk_set_err(err, errlen, "num_accelerators=%d over nodes=%d asks %d GPUs of each node, "
-                   "but a node of %s has %d (%s); give nodes=%d, or leave nodes= out to take "
-                   "as many nodes as the GPUs need", world, nodes, out->per_node, where, k,
-                   gres, need);
+        char given[96];
+        if (opts->nodes_from_env)
+            dk_set_err(err, errlen, "num_accelerators=%d over %s asks %d GPUs of each node, "
+                       "but a node of %s has %d (%s); %s: nodes=%d, or nodes= unset in both "
+                       "to take as many nodes as the GPUs need", world,
+                       dk_dist_opts_nodes_given(opts, given, sizeof given), out->per_node,
+                       where, k, gres, DK_DIST_NODES_ENV_FIX, need);
+        else
+            dk_set_err(err, errlen, "num_accelerators=%d over nodes=%d asks %d GPUs of each "
+                       "node, but a node of %s has %d (%s); give nodes=%d, or leave nodes= "
+                       "out to take as many nodes as the GPUs need", world, nodes,
+                       out->per_node, where, k, gres, need);
         return -1;
     }
     out->gpu = true;

@@ -50,13 +50,24 @@ int dk_dist_plan(const dk_dist_opts_t *opts, const dk_gpu_list_t *gpus, dk_dist_
  * are srun's and whose GPUs are not this host's. */
 int dk_dist_plan_local_gpu(const dk_dist_plan_t *plan, int r);
 
+/* Whose output the cell shows, for a run planned as PLAN with OPTS's
+ * output=: *SHOWN NULL for every rank (output=all), else an array of
+ * PLAN->world flags the caller frees (rank0: rank 0; local0: local rank 0 of
+ * each node, ranks 0, per_node, 2 * per_node... on Slurm's nodes, rank 0 on
+ * this one; a list: its ranks). Returns 0, or -1 with ERR naming what the
+ * list asks that the world lacks (a rank past its last) and what to write,
+ * or saying the memory ran out. Called before any rank starts. */
+int dk_dist_plan_output(const dk_dist_plan_t *plan, const dk_dist_opts_t *opts, bool **shown,
+                        char *err, size_t errlen);
+
 /* Plan a run on Slurm's nodes (launcher=slurm) that OPTS asks for, where
  * each node has GPUS_PER_NODE GPUs (GRES: sinfo's words for them, WHERE:
  * "partition gpu", for messages): nothing of this host decides. CPU ranks:
  * num_processes over nodes= (1 by default). GPU ranks: one GPU each,
  * num_accelerators (default: every GPU of nodes= nodes, 1 by default) over
  * nodes=, or over as many whole nodes as they fill when nodes= is not given.
- * The world must split evenly over the nodes and fit each node's GPUs.
+ * The world must split evenly over the nodes and fit each node's GPUs (an
+ * error names DISTKERNEL_NODES when the nodes are its default).
  * GPU_TYPE: the nodes' GRES type of the model OPTS asks for (accelerator_type
  * or gpu_type), "" when none has it; the plan then asks for that type, and
  * otherwise a model the nodes' typed GRES lacks is an error naming their

@@ -40,7 +40,7 @@ typedef struct {
 struct dk_dist_relay_t {
     dk_dist_relay_io_t io;
     int world;
-    bool rank0_only;
+    bool *shown;                /* world flags: whose output the cell shows; NULL: all */
     char run_id[24];
     pthread_mutex_t lock;
     slot_t *slots;              /* world * 2: rank r's stdout, then its stderr */
@@ -55,7 +55,7 @@ static long long now_ms(dk_dist_relay_t *self)
     return dk_now_ms();
 }
 
-dk_dist_relay_t *dk_dist_relay_new(int world, const char *run_id, bool rank0_only,
+dk_dist_relay_t *dk_dist_relay_new(int world, const char *run_id, const bool *shown,
                                    const dk_dist_relay_io_t *io)
 {
     dk_dist_relay_t *self = calloc(1, sizeof *self);
@@ -63,11 +63,12 @@ dk_dist_relay_t *dk_dist_relay_new(int world, const char *run_id, bool rank0_onl
         return NULL;
     self->io = *io;
     self->world = world;
-    self->rank0_only = rank0_only;
     snprintf(self->run_id, sizeof self->run_id, "%s", run_id);
     pthread_mutex_init(&self->lock, NULL);
     self->slots = calloc((size_t)world * 2, sizeof *self->slots);
-    if (!self->slots) {
+    if (shown && (self->shown = malloc((size_t)world * sizeof *self->shown)))
+        memcpy(self->shown, shown, (size_t)world * sizeof *self->shown);
+    if (!self->slots || (shown && !self->shown)) {
         dk_dist_relay_destroy(&self);
         return NULL;
     }
@@ -95,6 +96,7 @@ void dk_dist_relay_destroy(dk_dist_relay_t **self_p)
         free(self->slots[i].progress_text);
     }
     free(self->slots);
+    free(self->shown);
     free(self->batch);
     pthread_mutex_destroy(&self->lock);
     free(self);
@@ -214,7 +216,7 @@ static slot_t *slot(dk_dist_relay_t *self, int rank, int fd)
 
 void dk_dist_relay_output(dk_dist_relay_t *self, int rank, int fd, const char *bytes, size_t len)
 {
-    if (self->rank0_only && rank != 0)
+    if (self->shown && !self->shown[rank])
         return;   /* still in the rank's log file */
     pthread_mutex_lock(&self->lock);
     slot_t *s = slot(self, rank, fd);

@@ -44,10 +44,12 @@ typedef struct {
 
 typedef struct dk_dist_relay_t dk_dist_relay_t;
 
-/* A relay for WORLD ranks of the run RUN_ID (part of its displays' ids). With
- * RANK0_ONLY, output of the other ranks is dropped (it stays in their logs).
- * IO is copied. NULL when out of memory. */
-dk_dist_relay_t *dk_dist_relay_new(int world, const char *run_id, bool rank0_only,
+/* A relay for WORLD ranks of the run RUN_ID (part of its displays' ids).
+ * SHOWN: NULL to show every rank's output, else WORLD flags (copied) saying
+ * whose output the cell shows (output=rank0, local0, a list); the others' is
+ * dropped here (it stays in their logs). IO is copied. NULL when out of
+ * memory. */
+dk_dist_relay_t *dk_dist_relay_new(int world, const char *run_id, const bool *shown,
                                    const dk_dist_relay_io_t *io);
 void dk_dist_relay_destroy(dk_dist_relay_t **self_p);
 

@@ -742,17 +742,25 @@ static dk_dist_run_t *run_begin(dk_dist_run_t *run, const dk_dist_host_t *host,
     run->logs = host->logs;
     run->warm = host->warm;
     run->tracking = host->tracking;
+    /* output=: a list with a rank past the world is the user's to fix before
+     * anything of the run exists (the check, an allocation, a log folder). */
+    bool *shown;
+    char err[1024];
+    if (dk_dist_plan_output(&run->plan, &run->opts, &shown, err, sizeof err) < 0)
+        return fail(run, PyExc_ValueError, err);
     if (run->opts.check && run->plan.remote)
         /* The check runs on this host's GPUs, which are not the ranks'. */
         write_err(run, "distkernel: check=True tests this host's GPUs, not Slurm's nodes; "
                        "skipped for this run\n");
-    else if (run->opts.check && dk_dist_preflight(dk_kernel_stream(kernel), run->plan.gpu) < 0)
+    else if (run->opts.check && dk_dist_preflight(dk_kernel_stream(kernel), run->plan.gpu) < 0) {
+        free(shown);
         return fail(run, NULL, NULL);
+    }
     if (!run->run_id[0])
         random_id(run->run_id);
     dk_dist_relay_io_t io = {.data = run, .append = relay_append, .display = relay_display};
-    run->relay = dk_dist_relay_new(run->plan.world, run->run_id,
-                                   run->opts.output == DK_OUTPUT_RANK0, &io);
+    run->relay = dk_dist_relay_new(run->plan.world, run->run_id, shown, &io);
+    free(shown);
     if (!run->relay)
         return fail(run, PyExc_MemoryError, NULL);
     run->t0_ms = dk_now_ms();   /* the wait for Slurm's nodes; announce starts the ranks' */

@@ -5,7 +5,10 @@
  * GIL released; dk_slurm asks its `cancelled` callback about every 100 ms,
  * and that is where the GIL is taken back for a moment to let Python run its
  * signal handlers: the kernel's interrupt is a SIGINT, which Python only
- * turns into a KeyboardInterrupt in the main thread, holding the GIL.
+ * turns into a KeyboardInterrupt in the main thread, holding the GIL. The
+ * questions before a run (sinfo: is Slurm there, what do its nodes have),
+ * which a slow controller may hold for their whole 15 s deadline, are waited
+ * on the same way, so an interrupt ends them (and sinfo) at once.
  *
  * Each rank is its own step (`srun --nodes=1 --ntasks=1 --overlap
  * --nodelist=NODE`, dk_slurm_step_argv), not one srun for all: the runtime watches, signals and judges each rank's
@@ -100,6 +103,54 @@ struct dk_dist_slurm_t {
     char **env;                 /* the ranks' base environment: the run's node lists added */
 };
 
+/* ---- waiting on Slurm with the GIL released ---------------------------------- */
+
+typedef struct {
+    const dk_dist_slurm_hooks_t *hooks;
+    PyThreadState *ts;          /* ours while the GIL is released */
+    bool interrupted, shutdown;
+} waiter_t;
+
+static void waiter_on_wait(void *data, const char *job_id, const char *state, const char *reason)
+{
+    waiter_t *w = data;
+    if (w->hooks && w->hooks->on_wait)
+        w->hooks->on_wait(w->hooks->data, job_id, state, reason);
+}
+
+static bool waiter_cancelled(void *data)
+{
+    waiter_t *w = data;
+    PyEval_RestoreThread(w->ts);
+    if (PyErr_CheckSignals() < 0) {
+        /* Ours to report, as a KeyboardInterrupt saying what was cancelled. */
+        PyErr_Clear();
+        w->interrupted = true;
+    }
+    w->ts = PyEval_SaveThread();
+    if (w->hooks && w->hooks->shutting_down && w->hooks->shutting_down(w->hooks->data))
+        w->shutdown = true;
+    return w->interrupted || w->shutdown;
+}
+
+/* A question to Slurm before anything starts (sinfo, up to
+ * PREFLIGHT_TIMEOUT_S) for a waiter W of no hooks: its cancel is W's, so an
+ * interrupt ends the command within about 100 ms instead of the deadline. */
+static dk_slurm_query_t preflight_query(waiter_t *w)
+{
+    return (dk_slurm_query_t){.timeout_s = PREFLIGHT_TIMEOUT_S, .cancelled = waiter_cancelled,
+                              .data = w};
+}
+
+/* The KeyboardInterrupt of a question an interrupt ended; WHAT: what it
+ * asked ("for the GPUs of its nodes"). Returns -1. */
+static int preflight_interrupted(const char *what)
+{
+    PyErr_Format(PyExc_KeyboardInterrupt, "interrupted while asking Slurm %s (sinfo). No rank "
+                 "was started.", what);
+    return -1;
+}
+
 /* "nodes=2", "remote=True / launcher=slurm": what asked for Slurm, for messages. */
 static void what_asked(const dk_dist_opts_t *opts, char *out, size_t len)
 {
@@ -123,10 +174,13 @@ int dk_dist_slurm_preflight(const dk_dist_opts_t *opts)
             return -1;
         }
     }
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = dk_slurm_reachable(PREFLIGHT_TIMEOUT_S, err, sizeof err);
-    Py_END_ALLOW_THREADS
+    waiter_t w = {0};
+    dk_slurm_query_t query = preflight_query(&w);
+    w.ts = PyEval_SaveThread();
+    int rc = dk_slurm_reachable(&query, err, sizeof err);
+    PyEval_RestoreThread(w.ts);
+    if (w.interrupted)
+        return preflight_interrupted("whether it is reachable");
     if (rc < 0) {
         PyErr_Format(PyExc_RuntimeError, "%s asks for a Slurm cluster, but %s. No rank was "
                      "started.", asked, err);
@@ -148,10 +202,14 @@ static int fits_the_cpus(const dk_dist_opts_t *opts, const dk_dist_plan_t *plan)
     if ((job && job[0]) || plan->per_node <= 0)
         return 0;
     char err[1024];
-    int cpus = 0, rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = dk_slurm_cpus_per_node(opts->partition, PREFLIGHT_TIMEOUT_S, &cpus, err, sizeof err);
-    Py_END_ALLOW_THREADS
+    int cpus = 0;
+    waiter_t w = {0};
+    dk_slurm_query_t query = preflight_query(&w);
+    w.ts = PyEval_SaveThread();
+    int rc = dk_slurm_cpus_per_node(opts->partition, &query, &cpus, err, sizeof err);
+    PyEval_RestoreThread(w.ts);
+    if (w.interrupted)
+        return preflight_interrupted("for the CPUs of its nodes");
     if (rc < 0 || cpus <= 0 || plan->per_node <= cpus)
         return 0;
     int nodes = (plan->world + cpus - 1) / cpus;
@@ -185,11 +243,15 @@ int dk_dist_slurm_plan(const dk_dist_opts_t *opts, dk_dist_plan_t *plan)
             snprintf(where, sizeof where, "partition %s", opts->partition);
         else
             snprintf(where, sizeof where, "the default partition");
-        Py_BEGIN_ALLOW_THREADS
-        rc = dk_slurm_gpus_per_node(opts->partition, nodes, PREFLIGHT_TIMEOUT_S,
-                                    opts->accelerator_model, &gpus, gres, sizeof gres, type,
-                                    sizeof type, err, sizeof err);
-        Py_END_ALLOW_THREADS
+        waiter_t w = {0};
+        dk_slurm_query_t query = preflight_query(&w);
+        w.ts = PyEval_SaveThread();
+        rc = dk_slurm_gpus_per_node(opts->partition, nodes, &query, opts->accelerator_model,
+                                    &gpus, gres, sizeof gres, type, sizeof type, err,
+                                    sizeof err);
+        PyEval_RestoreThread(w.ts);
+        if (w.interrupted)
+            return preflight_interrupted("for the GPUs of its nodes");
         if (rc < 0) {
             PyErr_Format(PyExc_RuntimeError, "could not learn the GPUs of %s: %s. No rank was "
                          "started.", where, err);
@@ -204,34 +266,6 @@ int dk_dist_slurm_plan(const dk_dist_opts_t *opts, dk_dist_plan_t *plan)
 }
 
 /* ---- the wait ------------------------------------------------------------------ */
-
-typedef struct {
-    const dk_dist_slurm_hooks_t *hooks;
-    PyThreadState *ts;          /* ours while the GIL is released */
-    bool interrupted, shutdown;
-} waiter_t;
-
-static void waiter_on_wait(void *data, const char *job_id, const char *state, const char *reason)
-{
-    waiter_t *w = data;
-    if (w->hooks && w->hooks->on_wait)
-        w->hooks->on_wait(w->hooks->data, job_id, state, reason);
-}
-
-static bool waiter_cancelled(void *data)
-{
-    waiter_t *w = data;
-    PyEval_RestoreThread(w->ts);
-    if (PyErr_CheckSignals() < 0) {
-        /* Ours to report, as a KeyboardInterrupt saying what was cancelled. */
-        PyErr_Clear();
-        w->interrupted = true;
-    }
-    w->ts = PyEval_SaveThread();
-    if (w->hooks && w->hooks->shutting_down && w->hooks->shutting_down(w->hooks->data))
-        w->shutdown = true;
-    return w->interrupted || w->shutdown;
-}
 
 /* The request for OPTS: PLAN's nodes and ranks (and a GPU per rank), a time
  * limit after the ranks' timeout, a wait no longer than it. */

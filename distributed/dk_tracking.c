@@ -272,10 +272,19 @@ static json_t *run_tags(const dk_tracking_request_t *req)
 static json_t *run_params(const dk_tracking_request_t *req)
 {
     const dk_dist_opts_t *o = req->opts;
+    /* A list as written, cut where older MLflow servers cut a param (250
+     * characters) rather than refuse the run's parameters for it. */
+    char output[251];
+    if (o->output == DK_OUTPUT_LIST && strlen(o->output_ranks) >= sizeof output)
+        snprintf(output, sizeof output, "%.246s...", o->output_ranks);
+    else
+        snprintf(output, sizeof output, "%s", o->output == DK_OUTPUT_LIST ? o->output_ranks
+                                              : o->output == DK_OUTPUT_RANK0 ? "rank0"
+                                              : o->output == DK_OUTPUT_LOCAL0 ? "local0" : "all");
     json_t *params = json_pack("{s:i, s:s, s:s, s:i, s:s, s:s}", "world_size", req->world_size,
                                "device", req->device, "accelerator_type", accelerator(req),
                                "num_accelerators", req->gpu ? req->world_size : 0, "output",
-                               o->output == DK_OUTPUT_RANK0 ? "rank0" : "all", "kind", req->kind);
+                               output, "kind", req->kind);
     if (o->timeout_s > 0)
         json_object_set_new(params, "timeout", json_real(o->timeout_s));
     else

@@ -7,6 +7,7 @@
  */
 #include "dk_dist_opts.h"
 #include "dk_err.h"
+#include "dk_rank_list.h"
 #include "dk_slurm.h"
 
 #include <arpa/inet.h>
@@ -50,8 +51,11 @@ const char dk_dist_doc[] =
     "                       without GPUs.\n"
     "  timeout=SECONDS      end every rank after this long (default 10800, 3 hours);\n"
     "                       timeout=None for no limit.\n"
-    "  output=all|rank0     show every rank's output (default), or rank 0's only; the\n"
-    "                       full output of every rank is always in its log file.\n"
+    "  output=all|rank0|local0|LIST\n"
+    "                       whose output the cell shows: every rank's (default), rank\n"
+    "                       0's, local rank 0's of each node, or the ranks of a list\n"
+    "                       such as 0,8,16-31 (ranks and FIRST-LAST ranges). The full\n"
+    "                       output of every rank is always in its log file.\n"
     "  result=NAME          store the per-rank results (a list) in variable NAME.\n"
     "  check=True           run the NCCL preflight check across the GPUs first.\n"
     "  experiment=NAME      the MLflow experiment of the run (default: $MLFLOW_EXPERIMENT_NAME,\n"
@@ -109,7 +113,12 @@ const char dk_dist_doc[] =
     "$DISTKERNEL_LOG_DIR (default $XDG_STATE_HOME/distkernel/logs, else\n"
     "~/.local/state/distkernel/logs), which must be yours alone. A kernel keeps its\n"
     "last 20 runs, and the whole folder at most $DISTKERNEL_LOG_ROOT_CAP (default\n"
-    "10G): the oldest runs go first, never a running one.\n"
+    "10G): the oldest runs go first, never a running one.\n"    "\n"
+    "Reading a run of hundreds or thousands of ranks: show a few ranks in the cell,\n"
+    "output=local0 (one rank per node, 128 lines for 1,024 ranks on 128 nodes) or a\n"
+    "list (output=0,512,1023), and read the rest in the run's log folder, which the\n"
+    "status display names: rank-N.log has rank N's whole output, for example\n"
+    "`grep -l Traceback LOGDIR/rank-*.log` finds the ranks that raised.\n"
     "\n"
     "Interrupting the cell, its timeout, a failing rank, and shutting down or\n"
     "restarting the kernel end every rank. The first rank to fail is the root cause\n"
@@ -195,6 +204,7 @@ static const char *next_token(const char *p, char *name, size_t nlen, char *valu
     }
     p++;
     size_t v = 0;
+    bool cut = false;
     *quoted = false;
     if (*p == '"' || *p == '\'') {
         char q = *p++;
@@ -204,6 +214,8 @@ static const char *next_token(const char *p, char *name, size_t nlen, char *valu
                 p++;
             if (v + 1 < vlen)
                 value[v++] = *p;
+            else
+                cut = true;
             p++;
         }
         if (*p != q) {
@@ -215,18 +227,28 @@ static const char *next_token(const char *p, char *name, size_t nlen, char *valu
         while (*p && !isspace((unsigned char)*p)) {
             if (v + 1 < vlen)
                 value[v++] = *p;
+            else
+                cut = true;
             p++;
         }
     }
     value[v] = '\0';
+    /* Cut short, a value would say something else than what was written (a
+     * list of ranks that stops in the middle of a number). */
+    if (cut) {
+        dk_set_err(err, errlen, "option %s: its value is longer than %zu characters%s", name,
+                   vlen - 1, strcmp(name, "output") == 0
+                   ? "; write runs of ranks as ranges (16-31 rather than 16,17,...,31)" : "");
+        return (const char *)-1;
+    }
     return p;
 }
 
 /* The kernel holds descriptors for each rank (five for a local one,
  * runtime/dk_fdlimit.h), its log and its output line; 4096 is far more than
  * one node has cores or GPUs for. Whether a count fits the descriptor limit is
- * checked when the cell runs. */
-#define RANKS_MAX 4096
+ * checked when the cell runs. A list of ranks (output=) knows the bound too. */
+#define RANKS_MAX DK_RANK_LIST_RANKS_MAX
 
 bool dk_dist_opts_parse_size(const char *text, unsigned long long *out)
 {
@@ -420,14 +442,33 @@ static int opt_idle_timeout(const char *name, const char *value, bool quoted,
 static int opt_output(const char *name, const char *value, bool quoted, dk_dist_opts_t *o,
                       char *err, size_t errlen)
 {
-    if (strcmp(value, "all") == 0)
+    o->output_ranks[0] = '\0';
+    if (strcmp(value, "all") == 0) {
         o->output = DK_OUTPUT_ALL;
-    else if (strcmp(value, "rank0") == 0)
+        return 0;
+    }
+    if (strcmp(value, "rank0") == 0) {
         o->output = DK_OUTPUT_RANK0;
-    else {
-        dk_set_err(err, errlen, "output must be all or rank0, got '%s'", value);
+        return 0;
+    }
+    if (strcmp(value, "local0") == 0) {
+        o->output = DK_OUTPUT_LOCAL0;
+        return 0;
+    }
+    /* A list: its ranks are checked against the world once the run is
+     * planned (dk_dist_plan_output), before any rank starts. */
+    char why[512];
+    bool list_like = isdigit((unsigned char)value[strspn(value, " ")]);
+    if (dk_rank_list_parse(value, 0, NULL, why, sizeof why) < 0) {
+        if (list_like)
+            dk_set_err(err, errlen, "output=%s: %s", value, why);
+        else
+            dk_set_err(err, errlen, "output must be all, rank0, local0 (local rank 0 of each "
+                       "node) or a list of ranks such as 0,8,16-31, got '%s'", value);
         return -1;
     }
+    o->output = DK_OUTPUT_LIST;
+    snprintf(o->output_ranks, sizeof o->output_ranks, "%s", value);
     return 0;
 }
 
@@ -541,6 +582,7 @@ static int opt_nodes(const char *name, const char *value, bool quoted, dk_dist_o
         return -1;
     }
     o->nodes = (int)n;
+    o->nodes_from_env = false;     /* env_defaults says otherwise for DISTKERNEL_NODES */
     return 0;
 }
 
@@ -721,8 +763,39 @@ static int env_defaults(dk_dist_opts_t *o, char *err, size_t errlen)
                        "%s", slurm_env[i].env, slurm_env[i].name, why);
             return -1;
         }
+        if (slurm_env[i].parse == opt_nodes)
+            o->nodes_from_env = true;
     }
     return 0;
+}
+
+const char *dk_dist_opts_nodes_given(const dk_dist_opts_t *o, char *out, size_t len)
+{
+    if (o->nodes_from_env)
+        snprintf(out, len, "nodes=%d (the default from DISTKERNEL_NODES=%d)", o->nodes,
+                 o->nodes);
+    else
+        snprintf(out, len, "nodes=%d", o->nodes);
+    return out;
+}
+
+/* The node counts nearest to NODES that split WORLD ranks evenly, for a
+ * message: "nodes=1 or nodes=3". */
+static void nodes_that_fit(int world, int nodes, char *out, size_t len)
+{
+    int below = 1, above = 0;
+    for (int d = 1; d <= world; d++) {
+        if (world % d)
+            continue;
+        if (d <= nodes)
+            below = d;
+        else if (!above)
+            above = d;
+    }
+    if (above)
+        snprintf(out, len, "nodes=%d or nodes=%d", below, above);
+    else
+        snprintf(out, len, "nodes=%d", below);
 }
 
 /* nodes, launcher and the world size, together. */
@@ -740,9 +813,19 @@ static int check_nodes(dk_dist_opts_t *o, bool launcher_given, char *err, size_t
     const char *what = o->num_processes ? "num_processes" : "num_accelerators";
     if (o->nodes && world) {
         if (world < o->nodes || world % o->nodes) {
-            dk_set_err(err, errlen, "%s=%d cannot be split evenly over nodes=%d: %s is the "
-                       "total over all nodes, and every node runs as many ranks; use a "
-                       "multiple of %d", what, world, o->nodes, what, o->nodes);
+            char given[96], fit[64];
+            nodes_that_fit(world, o->nodes, fit, sizeof fit);
+            if (o->nodes_from_env)
+                dk_set_err(err, errlen, "%s=%d cannot be split evenly over %s: %s is the "
+                           "total over all nodes, and every node runs as many ranks; use a "
+                           "multiple of %d, or a number of nodes that divides %d (%s): "
+                           DK_DIST_NODES_ENV_FIX, what, world,
+                           dk_dist_opts_nodes_given(o, given, sizeof given), what, o->nodes,
+                           world, fit);
+            else
+                dk_set_err(err, errlen, "%s=%d cannot be split evenly over nodes=%d: %s is the "
+                           "total over all nodes, and every node runs as many ranks; use a "
+                           "multiple of %d", what, world, o->nodes, what, o->nodes);
             return -1;
         }
         o->ranks_per_node = world / o->nodes;

@@ -22,7 +22,15 @@
 #define DK_DEFAULT_TIMEOUT_S 10800.0
 #define DK_DEFAULT_IDLE_TIMEOUT_S 3600.0
 
-typedef enum { DK_OUTPUT_ALL = 0, DK_OUTPUT_RANK0 } dk_output_mode_t;
+/* Whose output the cell shows (output=); every rank's is in its log whatever
+ * this says. LOCAL0: local rank 0 of each node. LIST: the ranks of
+ * output_ranks (dk_rank_list). */
+typedef enum {
+    DK_OUTPUT_ALL = 0,
+    DK_OUTPUT_RANK0,
+    DK_OUTPUT_LOCAL0,
+    DK_OUTPUT_LIST
+} dk_output_mode_t;
 
 /* Where the ranks run: this node, or nodes Slurm allocates. */
 typedef enum { DK_LAUNCHER_LOCAL = 0, DK_LAUNCHER_SLURM } dk_launcher_t;
@@ -37,6 +45,8 @@ typedef struct {
     double timeout_s;           /* 0: no timeout (timeout=None) */
     bool timeout_given;         /* timeout= was given (else the default) */
     dk_output_mode_t output;
+    char output_ranks[1024];    /* output=LIST: the list as written ("0,8,16-31"), its syntax
+                                   checked; "" for the other modes */
     char result_name[128];      /* "" : results not stored under a name */
     bool check;                 /* run the NCCL preflight check first */
     bool tracking;              /* record the run in MLflow (default true) */
@@ -51,6 +61,7 @@ typedef struct {
      * DISTKERNEL_SLURM_ARGS, export_secrets DISTKERNEL_SLURM_EXPORT_SECRETS. An
      * option given in the cell wins. */
     int nodes;                  /* 0: not given (one node, or as many as GPUs need) */
+    bool nodes_from_env;        /* nodes is DISTKERNEL_NODES's, not given in the cell */
     dk_launcher_t launcher;     /* slurm when asked, or when nodes > 1 */
     int ranks_per_node;         /* the world size / nodes, when both are known; else 0 */
     char partition[128];        /* "": Slurm's default, likewise the three below */
@@ -98,6 +109,17 @@ bool dk_dist_opts_parse_size(const char *text, unsigned long long *out);
 extern const char dk_dist_platform_gpu_types[];
 extern const char dk_dist_platform_accelerator_types[];
 bool dk_dist_platform_model(const char *model);
+
+/* OPTS's nodes as a message about a world that does not fit them names
+ * them: "nodes=4", or, when they are DISTKERNEL_NODES's default,
+ * "nodes=4 (the default from DISTKERNEL_NODES=4)". Returns OUT. */
+const char *dk_dist_opts_nodes_given(const dk_dist_opts_t *opts, char *out, size_t len);
+
+/* What to do, besides the numbers, when a world does not fit nodes that came
+ * from DISTKERNEL_NODES: the cell's nodes= wins over the variable. */
+#define DK_DIST_NODES_ENV_FIX                                                          \
+    "give nodes= in the cell (it wins over DISTKERNEL_NODES), or change DISTKERNEL_NODES " \
+    "where the kernel's environment sets it (the kernelspec's env)"
 
 /* The help text of %%distributed (what `%%distributed?` shows). */
 extern const char dk_dist_doc[];

@@ -22,7 +22,9 @@
  *
  * Bounded time. Every command has a deadline (command_timeout_s) enforced by
  * the same cancel callback; past it, the stop ladder with a short grace ends
- * it (a hung Slurm client ignores SIGINT, rarely SIGTERM, never SIGKILL).
+ * it (a hung Slurm client ignores SIGINT, rarely SIGTERM, never SIGKILL). A
+ * question before a run (sinfo: dk_slurm_query_t) is ended the same way by
+ * its caller's cancel, so that an interrupt does not wait out the deadline.
  */
 #include "dk_slurm.h"
 
@@ -70,6 +72,7 @@ typedef struct {
     bool timed_out;
     char said[SAY_MAX];             /* stderr, what fits */
     size_t said_len;
+    const dk_slurm_query_t *query;  /* a question's caller, whose cancel stops it; or NULL */
     /* while salloc waits */
     const dk_slurm_request_t *req;
     dk_slurm_t *job;                /* its job_id is filled from stderr */
@@ -131,6 +134,8 @@ static bool should_stop(void *data)
     command_t *c = data;
     if (c->req)
         watch_wait(c);
+    else if (!c->stop && c->query && c->query->cancelled && c->query->cancelled(c->query->data))
+        c->stop = 1;
     if (c->stop)
         return true;
     if (dk_now_s() >= c->deadline)
@@ -183,6 +188,10 @@ static int run(const char *program, const char *const *args, double timeout_s, c
                    "slurmctld up and reachable from here? (it said: %s)", program, timeout_s,
                    said_text(c));
         rc = -1;
+    } else if (c->stop && !c->req) {
+        /* A question cancelled (a salloc's stop is its caller's to tell). */
+        dk_set_err(err, errlen, "Slurm's %s was cancelled before it answered", program);
+        rc = -1;
     } else if (res.exit_code < 0 && !c->stop) {
         dk_set_err(err, errlen, "Slurm's %s was killed by signal %d (it said: %s)", program,
                    res.term_signal, said_text(c));
@@ -198,9 +207,16 @@ static int run(const char *program, const char *const *args, double timeout_s, c
     return rc;
 }
 
-/* ---- reachable ----------------------------------------------------------- */
+/* ---- questions before a run ----------------------------------------------- */
 
-int dk_slurm_reachable(double timeout_s, char *err, size_t errlen)
+/* A question's command, its deadline and cancel QUERY's. */
+static command_t question(const dk_slurm_query_t *query, double *timeout_s)
+{
+    *timeout_s = query && query->timeout_s > 0 ? query->timeout_s : DK_SLURM_COMMAND_TIMEOUT_S;
+    return (command_t){.query = query};
+}
+
+int dk_slurm_reachable(const dk_slurm_query_t *query, char *err, size_t errlen)
 {
     static const char *const needed[] = {"sinfo", "salloc", "srun", "squeue", "scancel"};
     char missing[128] = "";
@@ -229,10 +245,10 @@ int dk_slurm_reachable(double timeout_s, char *err, size_t errlen)
                    conf, strerror(errno));
         return -1;
     }
-    command_t c = {0};
+    double t;
+    command_t c = question(query, &t);
     static const char *const args[] = {"-h", "-o", "%P %a", NULL};
     char *out = NULL;
-    double t = timeout_s > 0 ? timeout_s : DK_SLURM_COMMAND_TIMEOUT_S;
     int rc = run("sinfo", args, t, &c, &out, err, errlen);
     free(out);
     if (rc == 0)
@@ -254,13 +270,15 @@ int dk_slurm_reachable(double timeout_s, char *err, size_t errlen)
 
 /* ---- GPUs ------------------------------------------------------------------ */
 
-int dk_slurm_gpus_per_node(const char *partition, const char *nodelist, double timeout_s,
-                           const char *model, int *gpus, char *gres, size_t greslen, char *type,
-                           size_t typelen, char *err, size_t errlen)
+int dk_slurm_gpus_per_node(const char *partition, const char *nodelist,
+                           const dk_slurm_query_t *query, const char *model, int *gpus,
+                           char *gres, size_t greslen, char *type, size_t typelen, char *err,
+                           size_t errlen)
 {
     if (type && typelen)
         type[0] = '\0';
-    command_t c = {0};
+    double t;
+    command_t c = question(query, &t);
     const char *args[8] = {"-h", "-o", "%P|%G"};
     size_t n = 3;
     if (nodelist && nodelist[0]) {
@@ -269,7 +287,6 @@ int dk_slurm_gpus_per_node(const char *partition, const char *nodelist, double t
     }
     args[n] = NULL;
     char *out = NULL;
-    double t = timeout_s > 0 ? timeout_s : DK_SLURM_COMMAND_TIMEOUT_S;
     int rc = run("sinfo", args, t, &c, &out, err, errlen);
     if (rc > 0)
         dk_set_err(err, errlen, "sinfo could not say the nodes' GPUs: %s", said_text(&c));
@@ -302,13 +319,13 @@ int dk_slurm_gpus_per_node(const char *partition, const char *nodelist, double t
     return 0;
 }
 
-int dk_slurm_cpus_per_node(const char *partition, double timeout_s, int *cpus, char *err,
-                           size_t errlen)
+int dk_slurm_cpus_per_node(const char *partition, const dk_slurm_query_t *query, int *cpus,
+                           char *err, size_t errlen)
 {
-    command_t c = {0};
+    double t;
+    command_t c = question(query, &t);
     const char *args[] = {"-h", "-o", "%P|%c", NULL};
     char *out = NULL;
-    double t = timeout_s > 0 ? timeout_s : DK_SLURM_COMMAND_TIMEOUT_S;
     int rc = run("sinfo", args, t, &c, &out, err, errlen);
     if (rc > 0)
         dk_set_err(err, errlen, "sinfo could not say the nodes' CPUs: %s", said_text(&c));

@@ -68,25 +68,39 @@ typedef struct {
     void *data;
 } dk_slurm_request_t;
 
+/* How a question to Slurm (sinfo, before a run) may end early: its deadline,
+ * and the caller's cancel, asked about every 100 ms while the command runs;
+ * the first true ends the command (the stop ladder on its process group) and
+ * the question fails with ERR saying it was cancelled. A user's interrupt
+ * must not wait for a slow slurmctld. Where a function takes one, NULL means
+ * the default deadline and no cancel. */
+typedef struct {
+    double timeout_s;           /* <= 0: DK_SLURM_COMMAND_TIMEOUT_S */
+    bool (*cancelled)(void *data);   /* may be NULL */
+    void *data;
+} dk_slurm_query_t;
+
 /* Whether Slurm can be used from here: sinfo, salloc, srun, squeue and scancel
- * on PATH, and `sinfo` answering within TIMEOUT_S (<= 0: the default). Returns
- * 0, or -1 with ERR saying what is missing or what sinfo said, and what to set
- * (PATH, SLURM_CONF). */
-int dk_slurm_reachable(double timeout_s, char *err, size_t errlen);
+ * on PATH, and `sinfo` answering within QUERY's deadline. Returns 0, or -1
+ * with ERR saying what is missing or what sinfo said, and what to set (PATH,
+ * SLURM_CONF), or that QUERY's cancel ended it. */
+int dk_slurm_reachable(const dk_slurm_query_t *query, char *err, size_t errlen);
 
 /* The GPUs of each node where a run would go, from `sinfo -h -o '%P|%G'`
- * (with NODELIST not NULL: `-n NODELIST`, the nodes of an allocation the
- * kernel runs in; else PARTITION's nodes, NULL or "" the default partition):
+ * asked as QUERY says (with NODELIST not NULL: `-n NODELIST`, the nodes of an
+ * allocation the kernel runs in; else PARTITION's nodes, NULL or "" the
+ * default partition):
  * *GPUS the most GPUs one of those nodes has (0: none), GRES what sinfo said
  * for them ("gpu:h100:8(S:0-1)", "(null)"), for messages. With MODEL (a GPU
  * model the user asked for, "H100"; NULL or "": any) and nodes whose GRES has
  * that type, those count instead: *GPUS the most of that type, GRES that
  * node's, TYPE Slurm's name for it ("h100"; "" when no node has the type,
  * and then *GPUS and GRES are as without MODEL). Returns 0, or -1 with ERR
- * (sinfo failed, or no such partition). */
-int dk_slurm_gpus_per_node(const char *partition, const char *nodelist, double timeout_s,
-                           const char *model, int *gpus, char *gres, size_t greslen, char *type,
-                           size_t typelen, char *err, size_t errlen);
+ * (sinfo failed or was cancelled, or no such partition). */
+int dk_slurm_gpus_per_node(const char *partition, const char *nodelist,
+                           const dk_slurm_query_t *query, const char *model, int *gpus,
+                           char *gres, size_t greslen, char *type, size_t typelen, char *err,
+                           size_t errlen);
 
 /* An allocation for REQ: the one this process runs in when SLURM_JOB_ID is set
  * (REQ->nodes must fit it), else a new one from salloc, waited for (REQ's
@@ -215,10 +229,10 @@ int dk_slurm_partition_gpus(const char *text, const char *partition, bool any_pa
 int dk_slurm_partition_cpus(const char *text, const char *partition);
 
 /* The most CPUs a node of PARTITION (NULL or "": the default) has, from
- * sinfo, into *CPUS. Returns 0, or -1 with ERR (sinfo failed, or knows no
- * such partition). */
-int dk_slurm_cpus_per_node(const char *partition, double timeout_s, int *cpus, char *err,
-                           size_t errlen);
+ * sinfo (as QUERY says), into *CPUS. Returns 0, or -1 with ERR (sinfo failed
+ * or was cancelled, or knows no such partition). */
+int dk_slurm_cpus_per_node(const char *partition, const dk_slurm_query_t *query, int *cpus,
+                           char *err, size_t errlen);
 
 /* Whether Slurm's REASON for a pending job says its time limit is over a
  * limit that will not change while it waits: the partition's MaxTime

@@ -35,7 +35,7 @@ sources() {
   case $1 in
     fuzz_wire)  echo "protocol/dk_wire.c" ;;
     fuzz_conn)  echo "protocol/dk_conn.c protocol/dk_wire.c" ;;
-    fuzz_opts)  echo "magics/dk_magic.c magics/dk_dist_opts.c runtime/dk_slurm_parse.c" ;;
+    fuzz_opts)  echo "magics/dk_magic.c magics/dk_dist_opts.c magics/dk_rank_list.c runtime/dk_slurm_parse.c" ;;
     fuzz_lines) echo "runtime/dk_lines.c runtime/dk_utf8.c" ;;
     fuzz_launchout) echo "runtime/dk_launchout.c" ;;
     fuzz_stacks) echo "runtime/dk_stacks.c runtime/dk_stacks_fold.c runtime/dk_lost.c runtime/dk_utf8.c" ;;

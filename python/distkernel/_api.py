@@ -52,7 +52,10 @@ def _option_text(options):
     for name, value in options.items():
         if value is None and name != "timeout":
             continue
-        if isinstance(value, bool) or value is None:
+        if name == "output" and isinstance(value, (list, tuple, range, set, frozenset)):
+            # output=[0, 8] or range(8): the magic's list of ranks, "0,8"
+            text = repr(",".join(str(int(r)) for r in sorted(value)))
+        elif isinstance(value, bool) or value is None:
             text = repr(value)
         elif isinstance(value, (int, float)):
             text = repr(value)
@@ -250,8 +253,8 @@ distributed.__doc__ = """Make FN runnable as torch.distributed ranks: `FN.distri
 
     Options (as for %%distributed): num_accelerators (gpus), accelerator_type
     (gpu_type; an AcceleratorType or GPUType, or its string), num_processes,
-    timeout (seconds, default 10800; None for none), output ("all" or "rank0"),
-    check, log_cap (the most each rank's log keeps: bytes, or "64M", "2G"),
+    timeout (seconds, default 10800; None for none), output ("all", "rank0",
+    "local0", or ranks: "0,8,16-31", [0, 8], range(4)), check, log_cap (the most each rank's log keeps: bytes, or "64M", "2G"),
     experiment, run_name, tracking. Use as @distributed or @distributed(...).
     gpus= and gpu_type= raise a FutureWarning, as under databricks.air.
     """

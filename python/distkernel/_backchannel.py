@@ -150,8 +150,8 @@ class BackChannel:
                 except (TimeoutError, ChannelClosed, OSError) as exc:
                     self.sock.close()
                     failed = (f"the kernel's back channel at {shown} accepted the connection "
-                              f"but did not start it ({tries} tries in {connect_deadline():g} s; "
-                              f"the last: {exc})")
+                              f"but did not start it within {connect_deadline():g} s ({tries} "
+                              f"tries; the last: {exc or type(exc).__name__})")
                 else:
                     self.sock.settimeout(None)
                     self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

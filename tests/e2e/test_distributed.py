@@ -1,11 +1,12 @@
 """%%distributed and @distributed, end to end on CPU ranks (gloo): the magic's help,
 the reference DDP example through the magic and through each decorator import,
 results, the rank environment, notebook state reaching the ranks, output relay
-(labels, stderr, C-level writes, order, output=rank0, log files, tqdm bars, live
+(labels, stderr, C-level writes, order, output=rank0 and lists, log files, tqdm bars, live
 streaming) and two kernels running distributed cells at once.
 
 Failure paths and bad options are in test_distributed_failures.py. Every run here
-uses 2 ranks (num_processes=2): the machine the suite runs on may have 2 cores.
+uses 2 ranks (num_processes=2): the machine the suite runs on may have 2 cores;
+output= lists take 4, printing a line each, so that some ranks are left out.
 """
 import os
 import sys
@@ -444,6 +445,40 @@ def test_output_rank0_shows_only_rank_0(kernel):
     assert "[rank 0] err of 0" in r.stderr.splitlines(), r.describe()
     assert "rank 1" not in r.stdout and "rank 1" not in r.stderr, r.describe()
     assert "of 1" not in r.stdout + r.stderr, r.describe()
+
+
+OUTPUT_CELL = ("%%distributed num_processes=4 output={output}\nimport os, sys\n"
+               "rank = os.environ['RANK']\n"
+               "print('out of', rank)\nprint('err of', rank, file=sys.stderr)\n")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("output,shown", [("1,3", [1, 3]), ("2-3,2", [2, 3]), ("local0", [0])],
+                         ids=["list", "range", "local0"])
+def test_output_list_shows_only_its_ranks_and_the_logs_keep_every_rank(kernel, output, shown):
+    r = kernel.execute(OUTPUT_CELL.format(output=output), timeout=RUN)
+    assert r.status == "ok", r.describe()
+    assert rank_lines(r.stdout) == {rank: [f"out of {rank}"] for rank in shown}, r.describe()
+    assert rank_lines(r.stderr) == {rank: [f"err of {rank}"] for rank in shown}, r.describe()
+    logs = support.log_dir(r)
+    assert logs is not None, f"no 'logs: PATH' in the status display\n{r.describe()}"
+    for rank in range(4):
+        text = (logs / f"rank-{rank}.log").read_text()
+        assert f"out of {rank}" in text.splitlines(), text[-500:]
+        assert f"err of {rank}" in text.splitlines(), text[-500:]
+
+
+@pytest.mark.timeout(120)
+def test_decorator_output_takes_a_python_list_of_ranks(kernel):
+    r = kernel.execute(
+        "from distkernel import distributed\n"
+        "@distributed(num_processes=2, output=[1])\n"
+        "def f():\n"
+        "    import os\n"
+        "    print('out of', os.environ['RANK'])\n"
+        "f.distributed()", timeout=RUN)
+    assert r.status == "ok", r.describe()
+    assert rank_lines(r.stdout) == {1: ["out of 1"]}, r.describe()
 
 
 LOG_CELL = ("%%distributed num_processes=2{opts}\nimport os, sys\nrank = os.environ['RANK']\n"

@@ -419,6 +419,11 @@ BAD_OPTIONS = [
     ("num_processes=2 timeout=-1", ["timeout", "-1", "None"]),
     ("num_processes=2 timeout=abc", ["timeout", "abc", "None"]),
     ("num_processes=2 output=foo", ["output", "foo", "all", "rank0"]),
+    ("num_processes=2 output=3-1", ["output=3-1", "runs backwards", "1-3"]),
+    ("num_processes=2 output=0,x", ["output=0,x", "'x' is not a rank", "0,8,16-31"]),
+    # the world is known once the run is planned: checked then, before any rank
+    ("num_processes=4 output=0,4", ["output=0,4", "rank 4 is not in this run",
+                                    "its 4 ranks are 0-3", "No rank was started"]),
     ("num_processes=2 result=1x", ["result", "1x", "variable name"]),
     ("accelerator_type=H100", ["accelerator_type", "H100", "GPU_8xH100"]),
     ("num_processes=2 num_accelerators=2", ["num_processes", "num_accelerators"]),

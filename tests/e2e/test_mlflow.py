@@ -295,6 +295,14 @@ def test_parameters_are_logged_in_one_batch(tracked, srv):
     assert sent["output"] == "rank0"
 
 
+@pytest.mark.timeout(120)
+def test_an_output_list_is_logged_as_written(tracked, srv):
+    srv.reset()
+    r, run = run_tracked(tracked, srv, "%%distributed num_processes=2 output=1,0-1\n1\n")
+    assert r.status == "ok", r.describe()
+    assert params_of(run)["output"] == "1,0-1"
+
+
 # -- the ranks and the run ------------------------------------------------------------
 
 @pytest.mark.timeout(120)

@@ -322,6 +322,21 @@ def test_the_start_options_are_the_defaults_of_each_cell(kernel):
     assert support.wait_no_descendants(kernel.pid, timeout=END_WITHIN) == []
 
 
+@pytest.mark.timeout(300)
+def test_a_cells_list_of_ranks_is_checked_against_the_started_ranks_which_stay(started):
+    k = started
+    pids = pids_of(k)
+    r = k.execute("%%distributed output=1\nimport os\nprint('from', os.environ['RANK'])",
+                  timeout=RUN)
+    assert r.status == "ok", r.describe()
+    assert support.rank_lines(r.stdout) == {1: ["from 1"]}, r.describe()
+    r = k.execute("%%distributed output=0,2\n1", timeout=RUN)
+    assert r.status == "error", r.describe()
+    assert "output=0,2: rank 2 is not in this run (its 2 ranks are 0-1)" in r.content["evalue"], \
+        r.describe()
+    assert pids_of(k) == pids
+
+
 # -- failures -----------------------------------------------------------------------------
 
 @pytest.mark.timeout(300)

@@ -10,6 +10,7 @@ that do run on a cluster are test_slurm_runs.py's.
 """
 import os
 import pathlib
+import time
 
 import pytest
 
@@ -94,11 +95,79 @@ def test_missing_slurm_commands_are_named(tmp_path):
         k.stop()
 
 
+def fake_slurm(tmp_path, sinfo):
+    """A folder of Slurm's commands for PATH: sinfo runs SINFO (sh), the others fail."""
+    bin_dir = tmp_path / "fake-slurm"
+    bin_dir.mkdir()
+    for name in ("sinfo", "salloc", "srun", "squeue", "scancel"):
+        path = bin_dir / name
+        path.write_text("#!/bin/sh\n" + (sinfo if name == "sinfo" else "exit 1") + "\n")
+        path.chmod(0o755)
+    return bin_dir
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("cell", ["%%distributed nodes=2 num_processes=2\n1\n",
+                                  "%%distributed launcher=slurm num_accelerators=2\n1\n"],
+                         ids=["reachable", "gpus"])
+def test_an_interrupt_while_sinfo_is_slow_ends_the_cell_and_sinfo_at_once(tmp_path, cell):
+    # A slow controller holds sinfo up to its 15 s deadline. For the GPU cell
+    # the first question (is Slurm there) is answered and the second (the
+    # nodes' GPUs) is the slow one.
+    pid_file = tmp_path / "sinfo.pid"
+    answered = tmp_path / "answered"
+    slow = f"echo $$ > {pid_file}; exec sleep 60"
+    body = (f'if [ ! -e {answered} ]; then touch {answered}; echo "sim* up"; exit 0; fi\n{slow}'
+            if "num_accelerators" in cell else slow)
+    bin_dir = fake_slurm(tmp_path, body)
+    k = start(tmp_path, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    try:
+        msg_id = k.start_execute(cell)
+        deadline = time.monotonic() + 20
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pid_file.exists(), "sinfo was not asked"
+        pid = int(pid_file.read_text())
+        assert support.alive(pid)
+        t0 = time.monotonic()
+        k.km.interrupt_kernel()
+        r = k.finish(msg_id, timeout=30)
+        took = time.monotonic() - t0
+        assert r.status == "error", r.describe()
+        assert r.content["ename"] == "KeyboardInterrupt", r.describe()
+        evalue = r.content["evalue"]
+        assert "interrupted while asking Slurm" in evalue and "(sinfo)" in evalue, evalue
+        assert "No rank was started" in evalue, evalue
+        assert took < 5, f"the interrupt took {took:.1f} s"
+        assert support.wait_gone([pid], timeout=2) == [], "sinfo was left running"
+        nothing_started(tmp_path)
+        still_serves(k)
+    finally:
+        k.stop()
+
+
 def test_an_uneven_split_over_nodes_is_refused_before_slurm_is_asked(kernel_without_slurm):
     r = kernel_without_slurm.execute("%%distributed nodes=3 num_processes=4\n1\n")
     assert r.status == "error", r.describe()
     assert r.content["ename"] == "ValueError"
     assert "num_processes=4 cannot be split evenly over nodes=3" in r.content["evalue"]
+
+
+def test_a_world_that_the_distkernel_nodes_default_does_not_split_names_the_variable(tmp_path):
+    k = start(tmp_path, DISTKERNEL_NODES="2")
+    try:
+        r = k.execute("%%distributed num_processes=3\n1\n")
+        assert r.status == "error", r.describe()
+        assert r.content["ename"] == "ValueError", r.describe()
+        evalue = r.content["evalue"]
+        assert evalue.startswith("num_processes=3 cannot be split evenly over nodes=2 (the "
+                                 "default from DISTKERNEL_NODES=2)"), evalue
+        assert "(nodes=1 or nodes=3): give nodes= in the cell (it wins over DISTKERNEL_NODES)," \
+               " or change DISTKERNEL_NODES" in evalue, evalue
+        nothing_started(tmp_path)
+        still_serves(k)
+    finally:
+        k.stop()
 
 
 def test_site_defaults_from_the_kernel_environment(tmp_path):

@@ -170,6 +170,27 @@ def test_gpus_that_do_not_fit_the_nodes_are_a_clear_error_before_anything_starts
     still_serves(kernel)
 
 
+@pytest.mark.timeout(120)
+def test_gpus_per_node_over_what_distkernel_nodes_gives_name_the_variable(slurm_cluster,
+                                                                          tmp_path, fake_cudart):
+    # The site's default of one node; the user wrote no nodes=.
+    k = start(tmp_path, slurm_cluster, FAKE_CUDART=fake_cudart, CUDA_VISIBLE_DEVICES="",
+              DISTKERNEL_NODES="1")
+    try:
+        r = k.execute("%%distributed num_accelerators=4 launcher=slurm\n1\n", timeout=60)
+        assert r.status == "error", r.describe()
+        evalue = r.content["evalue"]
+        assert ("num_accelerators=4 over nodes=1 (the default from DISTKERNEL_NODES=1) asks 4 "
+                "GPUs of each node, but a node of the default partition has 2" in evalue), evalue
+        assert ("give nodes= in the cell (it wins over DISTKERNEL_NODES), or change "
+                "DISTKERNEL_NODES" in evalue and "nodes=2" in evalue), evalue
+        assert "No rank was started" in evalue, evalue
+        assert our_jobs(slurm_cluster) == [] and rank_processes(slurm_cluster) == []
+        still_serves(k)
+    finally:
+        k.stop()
+
+
 @pytest.mark.timeout(300)
 def test_cpu_ranks_ask_for_no_gpu(kernel):
     r = kernel.execute("%%distributed num_processes=4 nodes=2 timeout=60" + GPU_BODY,

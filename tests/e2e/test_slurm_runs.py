@@ -127,6 +127,21 @@ def test_a_2_node_gloo_cell_runs_on_both_nodes(kernel, slurm_cluster):
     assert "rank 0 on node1 done" in final and "rank 3 on node2 done" in final, final
 
 
+@pytest.mark.timeout(300)
+def test_output_local0_shows_local_rank_0_of_each_node_and_the_logs_keep_all(kernel,
+                                                                             slurm_cluster):
+    r = kernel.execute("%%distributed num_processes=4 nodes=2 output=local0\n"
+                       "import os, socket\n"
+                       "print('from', os.environ['RANK'], 'on', socket.gethostname())\n",
+                       timeout=240)
+    assert r.status == "ok", r.describe()
+    assert support.rank_lines(r.stdout) == {0: ["from 0 on node1"], 2: ["from 2 on node2"]}, \
+        r.describe()
+    logs = support.log_dir(r)
+    for rank, node in ((0, "node1"), (1, "node1"), (2, "node2"), (3, "node2")):
+        assert f"from {rank} on {node}" in (logs / f"rank-{rank}.log").read_text(), rank
+
+
 # Takes every TCP port it can of the range a random pick would come from
 # (20000-32767), on every address of the network it runs in, and holds them
 # until its stdin closes.
@@ -569,6 +584,40 @@ def test_node_2_cut_off_mid_run_is_reported_lost_with_its_ranks(slurm_cluster, t
     finally:
         k.stop()
     assert wait_clean(slurm_cluster, timeout=60) == []
+
+
+@pytest.mark.timeout(300)
+def test_ranks_that_can_never_connect_end_within_the_connect_deadline_and_are_reported(
+        slurm_cluster, tmp_path):
+    # The nodes are sent to 127.0.0.1, which on a node is the node itself:
+    # every try to reach the kernel is refused. Each rank keeps trying
+    # (backoff) until the connect deadline, 10 s here
+    # (DISTKERNEL_SLURM_CONNECT_TIMEOUT; 120 s by default), then gives up
+    # naming it; the kernel, which counts the same deadline, ends the run.
+    k = start(tmp_path, slurm_cluster, DISTKERNEL_SLURM_CONNECT_TIMEOUT="10")
+    try:
+        t0 = time.monotonic()
+        r = k.execute("%%distributed num_processes=2 nodes=2 advertise_addr=127.0.0.1\n1\n",
+                      timeout=120)
+        took = time.monotonic() - t0
+        assert r.status == "error", r.describe()
+        # The kernel reports the run ended: a rank that gave up exited, or
+        # (when the kernel's count ran out first) its node is lost.
+        assert r.content["ename"] in ("RankExited", "NodeLost"), r.describe()
+        assert ("exited with code 1 during start-up, before it received the cell"
+                in r.content["evalue"] or "had not connected 10 s after its launch"
+                in r.content["evalue"]), r.describe()
+        gave_up = re.findall(r"could not connect to the kernel's back channel at "
+                             r"127\.0\.0\.1:\d+ within 10 s \((\d+) tries; the last: "
+                             r"Connection refused\)", r.stderr)
+        assert gave_up or r.content["ename"] == "NodeLost", r.describe()
+        assert all(int(tries) > 1 for tries in gave_up), gave_up
+        # not before the deadline (the ranks kept trying), not long after it
+        assert 9 < took < 40, took
+        still_serves(k)
+    finally:
+        k.stop()
+    assert wait_clean(slurm_cluster) == []
 
 
 @pytest.mark.timeout(120)

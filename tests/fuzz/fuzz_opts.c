@@ -19,13 +19,16 @@
  *   - accepted options are in their documented ranges (log_cap 0 or >= 4K), every string field is
  *     NUL-terminated within its array, `result` is an identifier, and the
  *     cross-option rules hold (num_processes excludes GPUs; a GPU_<n>x count
- *     matches num_accelerators);
+ *     matches num_accelerators); output= is one of its modes, and a list
+ *     (magics/dk_rank_list.h) kept for it parses again, into at least one rank
+ *     of the largest world and exactly as many flags as it says;
  *   - a refusal writes a non-empty, NUL-terminated message.
  */
 #include "fuzz_check.h"
 
 #include "dk_dist_opts.h"
 #include "dk_magic.h"
+#include "dk_rank_list.h"
 
 #include <ctype.h>
 #include <math.h>
@@ -118,8 +121,25 @@ static void check_opts(const char *args, size_t errlen)
                "num_accelerators=%d but GPU_%dx", o.num_accelerators, o.accelerator_count);
     FUZZ_CHECK(isfinite(o.timeout_s) && o.timeout_s >= 0, "timeout=%g", o.timeout_s);
     FUZZ_CHECK(o.log_cap == 0 || o.log_cap >= DK_LOG_CAP_MIN_BYTES, "log_cap=%llu", o.log_cap);
-    FUZZ_CHECK(o.output == DK_OUTPUT_ALL || o.output == DK_OUTPUT_RANK0, "output=%d",
+    FUZZ_CHECK(o.output == DK_OUTPUT_ALL || o.output == DK_OUTPUT_RANK0 ||
+                   o.output == DK_OUTPUT_LOCAL0 || o.output == DK_OUTPUT_LIST, "output=%d",
                (int) o.output);
+    FUZZ_CHECK(fuzz_terminated(o.output_ranks, sizeof o.output_ranks) &&
+                   (o.output == DK_OUTPUT_LIST) == (o.output_ranks[0] != '\0'),
+               "output_ranks '%.40s' for output=%d", o.output_ranks, (int) o.output);
+    if (o.output == DK_OUTPUT_LIST) {
+        static bool shown[DK_RANK_LIST_RANKS_MAX];
+        char why[256];
+        FUZZ_CHECK(dk_rank_list_parse(o.output_ranks, 0, NULL, why, sizeof why) == 0,
+                   "a list kept that its syntax refuses: %s", why);
+        int n = dk_rank_list_parse(o.output_ranks, DK_RANK_LIST_RANKS_MAX, shown, why,
+                                   sizeof why);
+        int set = 0;
+        for (int r = 0; r < DK_RANK_LIST_RANKS_MAX; r++)
+            set += shown[r];
+        FUZZ_CHECK(n >= 1 && n == set, "the list '%.40s' gives %d ranks and %d flags",
+                   o.output_ranks, n, set);
+    }
     for (const char *c = o.accelerator_model; *c; c++)
         FUZZ_CHECK(isalnum((unsigned char) *c), "accelerator model '%s'", o.accelerator_model);
     FUZZ_CHECK(!o.result_name[0] || is_ident(o.result_name), "result='%s'", o.result_name);

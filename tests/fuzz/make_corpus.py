@@ -126,6 +126,9 @@ def opts_seeds():
         "quoted": "timeout=None tracking=False experiment='my exp' run_name=\"run \\\"1\\\"\"",
         "check": "check=True num_accelerators=2 timeout=1e3",
         "output_all": "output=all tracking=true check=false",
+        "output_list": "num_processes=32 output='0, 8,16-31,8' result=r",
+        "output_local0": "output=local0 nodes=4 num_processes=8",
+        "output_bad_list": "output=3-1,x,,4096",
         "cell": "%%distributed num_processes=2\nimport torch.distributed as dist\n"
                 "dist.init_process_group()\nprint(dist.get_rank())\n",
         "cell_blank_lines": "\n  \t\n%%distributed\taccelerator_type=GPU_1xA10 \r\nx = 1\n",

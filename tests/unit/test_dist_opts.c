@@ -149,6 +149,43 @@ Test(values, output_all_and_rank0)
     cr_assert_eq(opts.output, DK_OUTPUT_ALL);
 }
 
+Test(values, output_local0_is_local_rank_0_of_each_node)
+{
+    ok("output=local0");
+    cr_assert_eq(opts.output, DK_OUTPUT_LOCAL0);
+    cr_assert_str_eq(opts.output_ranks, "");
+}
+
+Test(values, output_takes_a_list_of_ranks_kept_as_written)
+{
+    ok("output=0,8,16-31");
+    cr_assert_eq(opts.output, DK_OUTPUT_LIST);
+    cr_assert_str_eq(opts.output_ranks, "0,8,16-31");
+    ok("output=7");
+    cr_assert_eq(opts.output, DK_OUTPUT_LIST);
+    cr_assert_str_eq(opts.output_ranks, "7");
+    ok("output='0, 2-3'");
+    cr_assert_str_eq(opts.output_ranks, "0, 2-3");
+    ok("output=all");
+    cr_assert_str_eq(opts.output_ranks, "", "another mode forgets the list");
+}
+
+Test(values, a_list_past_the_world_is_not_known_here_only_its_syntax)
+{
+    /* The world is the node's or Slurm's: checked once the run is planned. */
+    ok("num_processes=4 output=0,9");
+    cr_assert_str_eq(opts.output_ranks, "0,9");
+}
+
+Test(values, the_help_says_how_to_read_a_run_of_a_thousand_ranks)
+{
+    const char *want[] = {"output=all|rank0|local0|LIST", "local rank 0's of each node",
+                          "0,8,16-31", "hundreds or thousands of ranks", "output=local0",
+                          "rank-N.log has rank N's whole output"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        cr_expect(strstr(dk_dist_doc, want[i]), "the help lacks %s", want[i]);
+}
+
 Test(values, output_may_be_quoted_either_way)
 {
     ok("output='rank0'");
@@ -479,9 +516,33 @@ Test(bad_values, timeout_quoted_number_is_a_string)
 
 Test(bad_values, output_other_than_all_or_rank0)
 {
-    fails("output=rank1", "output", "all", "rank0", "'rank1'", NULL);
+    fails("output=rank1", "output", "all", "rank0", "local0", "0,8,16-31", "'rank1'", NULL);
     fails("output=ALL", "output", "all", "rank0", NULL);
     fails("output=", "output", "all", "rank0", NULL);
+    fails("output=x", "output must be all, rank0, local0 (local rank 0 of each node) or a list "
+          "of ranks such as 0,8,16-31, got 'x'", NULL);
+}
+
+Test(bad_values, a_bad_list_of_ranks_says_what_is_wrong_and_what_to_write)
+{
+    fails("output=3-1", "output=3-1: the range 3-1 runs backwards; write it from its first rank "
+          "to its last: 1-3", NULL);
+    fails("output=0,x", "output=0,x: 'x' is not a rank nor a range of ranks", "FIRST-LAST",
+          NULL);
+    fails("output=0,,1", "output=0,,1: an empty item", NULL);
+    fails("output=0,5000", "output=0,5000: '5000' is past the ranks of any run", NULL);
+}
+
+Test(bad_values, a_value_too_long_is_refused_not_cut)
+{
+    /* Cut at the buffer, "0,1,...,39" would end in the middle of a number
+     * and show other ranks than the user listed. */
+    char args[8192] = "output=";
+    size_t used = strlen(args);
+    for (int r = 0; r < 1200; r++)
+        used += (size_t)snprintf(args + used, sizeof args - used, "%s%d", r ? "," : "", r);
+    fails(args, "option output: its value is longer than 1023 characters", "ranges (16-31",
+          NULL);
 }
 
 Test(bad_values, result_must_be_an_identifier)
@@ -826,6 +887,25 @@ Test(dist_opts, a_wrong_environment_default_names_the_variable)
     unsetenv("DISTKERNEL_LAUNCHER");
     setenv("DISTKERNEL_NODES", "0", 1);
     fails("", "DISTKERNEL_NODES", "nodes must be", NULL);
+}
+
+Test(dist_opts, a_world_that_does_not_fit_distkernel_nodes_names_the_variable)
+{
+    no_slurm_env();
+    setenv("DISTKERNEL_NODES", "2", 1);
+    fails("num_processes=3", "num_processes=3 cannot be split evenly over nodes=2 (the default "
+          "from DISTKERNEL_NODES=2)", "use a multiple of 2, or a number of nodes that divides "
+          "3 (nodes=1 or nodes=3)", "give nodes= in the cell (it wins over DISTKERNEL_NODES)",
+          "change DISTKERNEL_NODES", NULL);
+    setenv("DISTKERNEL_NODES", "8", 1);
+    fails("num_accelerators=12", "num_accelerators=12 cannot be split evenly over nodes=8 (the "
+          "default from DISTKERNEL_NODES=8)", "(nodes=6 or nodes=12)", NULL);
+    /* nodes= in the cell wins, and its own mistake names no variable */
+    ok("nodes=3 num_processes=3");
+    cr_assert(!opts.nodes_from_env);
+    fails("nodes=2 num_processes=3", "cannot be split evenly over nodes=2: ", NULL);
+    cr_assert_null(strstr(err, "DISTKERNEL_NODES"), "%s", err);
+    unsetenv("DISTKERNEL_NODES");
 }
 
 Test(dist_opts, the_help_lists_the_slurm_options_and_their_variables)

@@ -4,6 +4,8 @@
  */
 #include <criterion/criterion.h>
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dk_dist_plan.h"
@@ -205,6 +207,34 @@ Test(plan, slurm_more_gpus_per_node_than_a_node_has_says_how_many_nodes)
     cr_assert(strstr(err, "give nodes=5,"), "%s", err);
 }
 
+Test(plan, slurm_more_gpus_per_node_than_distkernel_nodes_gives_names_the_variable)
+{
+    opts.num_accelerators = 16;
+    opts.nodes = 1;
+    opts.nodes_from_env = true;
+    cr_assert_eq(plan_slurm(8, "gpu:8"), -1);
+    cr_assert_str_eq(err, "num_accelerators=16 over nodes=1 (the default from "
+                          "DISTKERNEL_NODES=1) asks 16 GPUs of each node, but a node of "
+                          "partition gpu has 8 (gpu:8); give nodes= in the cell (it wins over "
+                          "DISTKERNEL_NODES), or change DISTKERNEL_NODES where the kernel's "
+                          "environment sets it (the kernelspec's env): nodes=2, or nodes= unset "
+                          "in both to take as many nodes as the GPUs need");
+}
+
+Test(plan, slurm_a_world_that_distkernel_nodes_does_not_split_names_the_variable)
+{
+    opts.num_processes = 8;
+    opts.nodes = 3;
+    opts.nodes_from_env = true;
+    cr_assert_eq(plan_slurm(0, ""), -1);
+    cr_assert_str_eq(err, "8 ranks (num_processes) cannot be split evenly over nodes=3 (the "
+                          "default from DISTKERNEL_NODES=3): every node runs as many ranks; "
+                          "give num_processes as a multiple of 3, or a number of nodes that "
+                          "divides 8: give nodes= in the cell (it wins over DISTKERNEL_NODES), "
+                          "or change DISTKERNEL_NODES where the kernel's environment sets it "
+                          "(the kernelspec's env)");
+}
+
 Test(plan, slurm_a_partition_without_gpus_says_what_to_give)
 {
     opts.num_accelerators = 2;
@@ -361,4 +391,110 @@ Test(plan, slurm_untyped_gres_cannot_check_the_model_and_says_so)
     strcpy(opts.accelerator_given, "gpu_type=MI300X");
     cr_assert_eq(plan_slurm_typed(8, "gpu:8", ""), 0, "%s", err);
     cr_assert(strstr(plan.notice, "is not checked on Slurm's nodes"), "%s", plan.notice);
+}
+
+/* ---- whose output the cell shows (output=) ---- */
+
+static bool *shown;
+
+/* The ranks SHOWN flags, as a list ("0,4"). */
+static const char *shown_list(void)
+{
+    static char out[8192];
+    size_t used = 0;
+    out[0] = '\0';
+    for (int r = 0; r < plan.world; r++)
+        if (shown[r])
+            used += (size_t)snprintf(out + used, sizeof out - used, "%s%d", used ? "," : "", r);
+    return out;
+}
+
+static void free_shown(void)
+{
+    free(shown);
+    shown = NULL;
+}
+
+TestSuite(output, .init = setup, .fini = free_shown);
+
+Test(output, all_shows_every_rank_without_a_filter)
+{
+    opts.num_processes = 4;
+    cr_assert_eq(dk_dist_plan(&opts, &node, &plan, err, sizeof err), 0);
+    cr_assert_eq(dk_dist_plan_output(&plan, &opts, &shown, err, sizeof err), 0);
+    cr_assert_null(shown);
+}
+
+Test(output, rank0_shows_rank_0)
+{
+    opts.num_processes = 4;
+    opts.output = DK_OUTPUT_RANK0;
+    cr_assert_eq(dk_dist_plan(&opts, &node, &plan, err, sizeof err), 0);
+    cr_assert_eq(dk_dist_plan_output(&plan, &opts, &shown, err, sizeof err), 0);
+    cr_assert_str_eq(shown_list(), "0");
+}
+
+Test(output, local0_on_this_node_is_rank_0)
+{
+    opts.num_processes = 4;
+    opts.output = DK_OUTPUT_LOCAL0;
+    cr_assert_eq(dk_dist_plan(&opts, &node, &plan, err, sizeof err), 0);
+    cr_assert_eq(dk_dist_plan_output(&plan, &opts, &shown, err, sizeof err), 0);
+    cr_assert_str_eq(shown_list(), "0");
+}
+
+Test(output, local0_on_slurm_nodes_is_each_nodes_first_rank)
+{
+    static const struct { int world, nodes; const char *want; } cases[] = {
+        {8, 2, "0,4"}, {8, 8, "0,1,2,3,4,5,6,7"}, {8, 1, "0"}, {12, 3, "0,4,8"},
+        {6, 2, "0,3"},
+    };
+    opts.output = DK_OUTPUT_LOCAL0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        opts.num_processes = cases[i].world;
+        opts.nodes = cases[i].nodes;
+        cr_assert_eq(plan_slurm(0, ""), 0, "%s", err);
+        cr_assert_eq(dk_dist_plan_output(&plan, &opts, &shown, err, sizeof err), 0);
+        cr_assert_str_eq(shown_list(), cases[i].want, "%d ranks on %d nodes", cases[i].world,
+                         cases[i].nodes);
+        free_shown();
+    }
+}
+
+Test(output, local0_at_1024_ranks_on_128_nodes_is_128_ranks)
+{
+    opts.output = DK_OUTPUT_LOCAL0;
+    opts.num_processes = 1024;
+    opts.nodes = 128;
+    cr_assert_eq(plan_slurm(0, ""), 0, "%s", err);
+    cr_assert_eq(dk_dist_plan_output(&plan, &opts, &shown, err, sizeof err), 0);
+    int n = 0;
+    for (int r = 0; r < 1024; r++) {
+        n += shown[r];
+        cr_assert_eq(shown[r], r % 8 == 0, "rank %d", r);
+    }
+    cr_assert_eq(n, 128);
+}
+
+Test(output, a_list_shows_its_ranks)
+{
+    opts.num_processes = 32;
+    opts.output = DK_OUTPUT_LIST;
+    strcpy(opts.output_ranks, "0,8,16-19,8");
+    cr_assert_eq(dk_dist_plan(&opts, &node, &plan, err, sizeof err), 0);
+    cr_assert_eq(dk_dist_plan_output(&plan, &opts, &shown, err, sizeof err), 0, "%s", err);
+    cr_assert_str_eq(shown_list(), "0,8,16,17,18,19");
+}
+
+Test(output, a_list_past_the_world_is_an_error_before_any_rank_starts)
+{
+    opts.num_processes = 4;
+    opts.output = DK_OUTPUT_LIST;
+    strcpy(opts.output_ranks, "0,2-5");
+    cr_assert_eq(dk_dist_plan(&opts, &node, &plan, err, sizeof err), 0);
+    cr_assert_eq(dk_dist_plan_output(&plan, &opts, &shown, err, sizeof err), -1);
+    cr_assert_null(shown);
+    cr_assert_str_eq(err, "output=0,2-5: the range 2-5 goes past this run's last rank, 3 (its 4 "
+                          "ranks are 0-3); list ranks from 0 to 3 (output=all shows every "
+                          "rank). No rank was started.");
 }

@@ -51,18 +51,19 @@ static long long fake_now(void *data)
     return clock_ms;
 }
 
-static void start(int world, bool rank0_only)
+/* A relay for WORLD ranks; SHOWN: whose output the cell shows (NULL: all). */
+static void start(int world, const bool *shown)
 {
     transcript[0] = '\0';
     clock_ms = 1000;
     frontend_full = false;
     append_takes_ms = 0;
     dk_dist_relay_io_t io = {.append = append, .display = display, .now_ms = fake_now};
-    relay = dk_dist_relay_new(world, "abc", rank0_only, &io);
+    relay = dk_dist_relay_new(world, "abc", shown, &io);
     cr_assert_not_null(relay);
 }
 
-static void setup(void) { start(2, false); }
+static void setup(void) { start(2, NULL); }
 static void teardown(void) { dk_dist_relay_destroy(&relay); }
 
 static void out(int rank, int fd, const char *text)
@@ -260,9 +261,27 @@ Test(relay, at_the_end_a_held_back_update_is_forced_out)
 Test(relay, rank0_only_drops_the_other_ranks)
 {
     dk_dist_relay_destroy(&relay);
-    start(3, true);
+    start(3, (const bool[]){true, false, false});
     out(2, 1, "two\n");
     out(1, 2, "one\n");
     out(0, 1, "zero\n");
     cr_assert_str_eq(transcript, "1:[rank 0] zero\n|");
+}
+
+Test(relay, only_the_ranks_shown_reach_the_cell_their_progress_too)
+{
+    dk_dist_relay_destroy(&relay);
+    bool shown[5] = {false, true, false, true, false};
+    start(5, shown);
+    shown[3] = false;           /* the relay keeps its own copy */
+    for (int r = 0; r < 5; r++) {
+        out(r, 1, "line\n");
+        out(r, 2, "\r 1%");
+        out(r, 2, "\r 2%");
+    }
+    dk_dist_relay_finish(relay);
+    cr_assert_str_eq(transcript, "1:[rank 1] line\n|D(distkernel-abc-r1-fd2-0):[rank 1]  2%|"
+                                 "1:[rank 3] line\n|D(distkernel-abc-r3-fd2-0):[rank 3]  2%|"
+                                 "!U(distkernel-abc-r1-fd2-0):[rank 1]  2%|"
+                                 "!U(distkernel-abc-r3-fd2-0):[rank 3]  2%|");
 }

@@ -2427,6 +2427,47 @@ Test(tcp, a_python_rank_keeps_trying_until_the_kernel_listens, .timeout = 60)
     cr_assert(after >= 1.4 && after < 5, "in after %.1f s: %s", after, out);
 }
 
+/* Issue 22: a kernel whose listen queue takes the connection but which never
+ * starts it (no nonce: a kernel too busy taking in hundreds of ranks, a
+ * stranger's listener on a reused port) is tried again, each try bounded by
+ * the heartbeat deadline, until the connect deadline, and the rank gives up
+ * then, naming the deadline, not after one try. */
+#define SILENT_PY                                                                  \
+    "import os, socket, time\n"                                                   \
+    "from distkernel import _backchannel as bc\n"                                 \
+    "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(64)\n"               \
+    "port = s.getsockname()[1]\n"                                                 \
+    "os.environ.update(DISTKERNEL_BC_HEARTBEAT='2', DISTKERNEL_BC_CONNECT_TIMEOUT='5')\n" \
+    "t0 = time.monotonic()\n"                                                     \
+    "try:\n"                                                                      \
+    "    bc.BackChannel(f'tcp:127.0.0.1:{port}', b'k' * 32, 0)\n"               \
+    "except bc.ConnectFailed as e:\n"                                             \
+    "    print('gave up after %.1f s:' % (time.monotonic() - t0), e)\n"
+
+Test(tcp, a_python_rank_whose_kernel_never_starts_the_connection_gives_up_at_the_deadline,
+     .timeout = 60)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "PYTHONPATH=%s timeout 30 %s -c \"$DK_PY\" 2>&1", PY_SRC, PYTHON3);
+    setenv("DK_PY", SILENT_PY, 1);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    char out[4096] = "";
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = '\0';
+    int status = pclose(p);
+    unsetenv("DK_PY");
+    cr_assert_eq(status, 0, "%s", out);
+    double after = -1;
+    int tries = 0;
+    cr_assert(sscanf(out, "gave up after %lf s:", &after) == 1, "%s", out);
+    cr_assert(after >= 4.5 && after < 8, "gave up after %.1f s: %s", after, out);
+    const char *why = strstr(out, "accepted the connection but did not start it within 5 s (");
+    cr_assert(why && sscanf(why, "accepted the connection but did not start it within 5 s "
+                            "(%d tries; the last: ", &tries) == 1, "%s", out);
+    cr_assert_geq(tries, 2, "%s", out);
+}
+
 /* Heartbeats and the GIL (review of issue 13): a rank whose main thread holds
  * the GIL in a long C call (here libc's sleep through ctypes.PyDLL, which,
  * unlike CDLL, keeps the GIL) for three times the deadline is alive, and must

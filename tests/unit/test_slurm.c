@@ -14,6 +14,7 @@
  */
 #include <criterion/criterion.h>
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -514,11 +515,14 @@ static void remove_fakes(void)
 
 TestSuite(slurm_fake, .fini = remove_fakes);
 
+/* A question to Slurm with a deadline of 5 s and no cancel. */
+static const dk_slurm_query_t within_5s = {.timeout_s = 5};
+
 Test(slurm_fake, missing_commands_are_named_with_what_to_set)
 {
     setenv("PATH", "/nonexistent", 1);
     char err[1024] = "";
-    cr_assert_eq(dk_slurm_reachable(5, err, sizeof err), -1);
+    cr_assert_eq(dk_slurm_reachable(&within_5s, err, sizeof err), -1);
     cr_expect(strstr(err, "sinfo, salloc, srun, squeue, scancel"), "%s", err);
     cr_expect(strstr(err, "PATH"), "%s", err);
 }
@@ -529,7 +533,7 @@ Test(slurm_fake, a_failing_sinfo_is_quoted_and_points_at_slurm_conf)
                NULL, NULL);
     setenv("SLURM_CONF", "/dev/null", 1);
     char err[1024] = "";
-    cr_assert_eq(dk_slurm_reachable(5, err, sizeof err), -1);
+    cr_assert_eq(dk_slurm_reachable(&within_5s, err, sizeof err), -1);
     cr_expect(strstr(err, "sinfo failed: sinfo: error: Could not establish a configuration "
                           "source"), "%s", err);
     cr_expect(strstr(err, "SLURM_CONF is '/dev/null'; set it to the cluster's slurm.conf"),
@@ -541,10 +545,61 @@ Test(slurm_fake, a_hung_sinfo_is_ended_at_its_deadline)
     fake_slurm("trap '' INT TERM; sleep 60", NULL, NULL);
     char err[1024] = "";
     double t0 = dk_now_s();
-    cr_assert_eq(dk_slurm_reachable(1, err, sizeof err), -1);
+    cr_assert_eq(dk_slurm_reachable(&(dk_slurm_query_t){.timeout_s = 1}, err, sizeof err), -1);
     /* 1 s, then SIGINT, SIGTERM (both ignored) and SIGKILL 0.5 s apart */
     cr_expect_lt(dk_now_s() - t0, 10.0);
     cr_expect(strstr(err, "did not answer within 1 s"), "%s", err);
+}
+
+/* A sinfo that says nothing for a minute, and writes its pid (it execs
+ * sleep, so the pid is the one dk_proc waits for) where the test reads it. */
+#define SLOW_SINFO "echo $$ > \"$(dirname \"$0\")/sinfo.pid\"; exec sleep 60"
+
+/* The caller's cancel: true once the slow sinfo runs (an interrupt then). */
+static bool once_sinfo_runs(void *data)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/sinfo.pid", fakedir);
+    (*(int *) data)++;
+    return access(path, F_OK) == 0;
+}
+
+static pid_t sinfo_pid(void)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/sinfo.pid", fakedir);
+    FILE *f = fopen(path, "r");
+    int pid = 0;
+    cr_assert(f && fscanf(f, "%d", &pid) == 1, "no pid in %s", path);
+    fclose(f);
+    unlink(path);
+    return pid;
+}
+
+/* An interrupt during a question before a run (is Slurm there, its nodes'
+ * GPUs and CPUs) ends sinfo at once, not at its deadline, and leaves no
+ * process: the question fails saying it was cancelled. */
+Test(slurm_fake, a_cancelled_question_ends_sinfo_at_once, .timeout = 60)
+{
+    fake_slurm(SLOW_SINFO, NULL, NULL);
+    for (int which = 0; which < 3; which++) {
+        int asked = 0, gpus = 0, cpus = 0;
+        char gres[64], err[1024] = "";
+        dk_slurm_query_t query = {.timeout_s = 30, .cancelled = once_sinfo_runs, .data = &asked};
+        double t0 = dk_now_s();
+        int rc = which == 0 ? dk_slurm_reachable(&query, err, sizeof err)
+                 : which == 1 ? dk_slurm_gpus_per_node(NULL, NULL, &query, NULL, &gpus, gres,
+                                                       sizeof gres, NULL, 0, err, sizeof err)
+                              : dk_slurm_cpus_per_node(NULL, &query, &cpus, err, sizeof err);
+        double took = dk_now_s() - t0;
+        cr_assert_eq(rc, -1, "question %d", which);
+        cr_expect_gt(asked, 0);
+        cr_expect_lt(took, 3.0, "question %d took %.1f s", which, took);
+        cr_expect(strstr(err, "Slurm's sinfo was cancelled before it answered"), "%d: %s", which,
+                  err);
+        pid_t pid = sinfo_pid();
+        cr_expect(kill(pid, 0) == -1 && errno == ESRCH, "sinfo %d is still there", (int) pid);
+    }
 }
 
 Test(slurm_fake, a_salloc_that_hangs_silently_is_ended_and_its_job_cancelled_by_name)
@@ -639,14 +694,16 @@ Test(slurm_fake, gpus_per_node_of_a_model_count_the_nodes_of_its_type)
     fake_slurm("echo 'gpu*|gpu:a100:8(S:0-1)'; echo 'gpu*|gpu:h100:4(S:0)'", NULL, NULL);
     int gpus = -1;
     char gres[64] = "", type[32] = "x", err[1024] = "";
-    cr_assert_eq(dk_slurm_gpus_per_node(NULL, NULL, 5, "H100", &gpus, gres, sizeof gres, type,
-                                        sizeof type, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(dk_slurm_gpus_per_node(NULL, NULL, &within_5s,
+                                        "H100", &gpus, gres, sizeof gres, type, sizeof type, err,
+                                        sizeof err), 0, "%s", err);
     cr_expect_eq(gpus, 4);
     cr_expect_str_eq(gres, "gpu:h100:4(S:0)");
     cr_expect_str_eq(type, "h100");
     /* a model no node has: every GPU counts, no type */
-    cr_assert_eq(dk_slurm_gpus_per_node(NULL, NULL, 5, "B300", &gpus, gres, sizeof gres, type,
-                                        sizeof type, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(dk_slurm_gpus_per_node(NULL, NULL, &within_5s,
+                                        "B300", &gpus, gres, sizeof gres, type, sizeof type, err,
+                                        sizeof err), 0, "%s", err);
     cr_expect_eq(gpus, 8);
     cr_expect_str_eq(gres, "gpu:a100:8(S:0-1)");
     cr_expect_str_eq(type, "");
@@ -657,20 +714,24 @@ Test(slurm_fake, gpus_per_node_come_from_sinfo_for_the_partition_or_the_allocati
     fake_slurm("echo 'cpu*|(null)'; echo 'gpu|gpu:h100:8(S:0-1)'", NULL, NULL);
     int gpus = -1;
     char gres[64] = "", err[1024] = "";
-    cr_assert_eq(dk_slurm_gpus_per_node("gpu", NULL, 5, NULL, &gpus, gres, sizeof gres, NULL, 0, err,
-                                        sizeof err), 0, "%s", err);
+    cr_assert_eq(dk_slurm_gpus_per_node("gpu", NULL, &within_5s,
+                                        NULL, &gpus, gres, sizeof gres, NULL, 0, err, sizeof err),
+                 0, "%s", err);
     cr_expect_eq(gpus, 8);
     cr_expect_str_eq(gres, "gpu:h100:8(S:0-1)");
     cr_expect(strstr(calls(), "sinfo -h -o %P|%G\n"), "%s", calls());
-    cr_assert_eq(dk_slurm_gpus_per_node(NULL, NULL, 5, NULL, &gpus, gres, sizeof gres, NULL, 0, err,
-                                        sizeof err), 0, "%s", err);
+    cr_assert_eq(dk_slurm_gpus_per_node(NULL, NULL, &within_5s,
+                                        NULL, &gpus, gres, sizeof gres, NULL, 0, err, sizeof err),
+                 0, "%s", err);
     cr_expect_eq(gpus, 0);
-    cr_assert_eq(dk_slurm_gpus_per_node("nope", NULL, 5, NULL, &gpus, gres, sizeof gres, NULL, 0, err,
-                                        sizeof err), -1);
+    cr_assert_eq(dk_slurm_gpus_per_node("nope", NULL, &within_5s,
+                                        NULL, &gpus, gres, sizeof gres, NULL, 0, err, sizeof err),
+                 -1);
     cr_expect(strstr(err, "Slurm has no partition 'nope'"), "%s", err);
     /* inside an allocation: its nodes, whatever their partition */
-    cr_assert_eq(dk_slurm_gpus_per_node(NULL, "n[1-2]", 5, NULL, &gpus, gres, sizeof gres, NULL, 0, err,
-                                        sizeof err), 0, "%s", err);
+    cr_assert_eq(dk_slurm_gpus_per_node(NULL, "n[1-2]", &within_5s,
+                                        NULL, &gpus, gres, sizeof gres, NULL, 0, err, sizeof err),
+                 0, "%s", err);
     cr_expect_eq(gpus, 8);
     cr_expect(strstr(calls(), "sinfo -h -o %P|%G -n n[1-2]\n"), "%s", calls());
 }
@@ -681,8 +742,9 @@ Test(slurm_fake, a_failing_sinfo_for_the_gpus_is_quoted)
                "controller' >&2; exit 1", NULL, NULL);
     int gpus = -1;
     char gres[64] = "", err[1024] = "";
-    cr_assert_eq(dk_slurm_gpus_per_node(NULL, NULL, 5, NULL, &gpus, gres, sizeof gres, NULL, 0, err,
-                                        sizeof err), -1);
+    cr_assert_eq(dk_slurm_gpus_per_node(NULL, NULL, &within_5s,
+                                        NULL, &gpus, gres, sizeof gres, NULL, 0, err, sizeof err),
+                 -1);
     cr_expect(strstr(err, "sinfo could not say the nodes' GPUs: sinfo: error: "
                           "slurm_load_partitions"), "%s", err);
 }
@@ -930,7 +992,7 @@ Test(slurm_cluster, reachable_when_sinfo_answers)
 {
     need_cluster();
     char err[1024] = "";
-    cr_expect_eq(dk_slurm_reachable(0, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(dk_slurm_reachable(NULL, err, sizeof err), 0, "%s", err);
 }
 
 Test(slurm_cluster, a_wrong_slurm_conf_is_unreachable_and_says_so)
@@ -938,7 +1000,7 @@ Test(slurm_cluster, a_wrong_slurm_conf_is_unreachable_and_says_so)
     need_cluster();
     setenv("SLURM_CONF", "/nowhere/slurm.conf", 1);
     char err[1024] = "";
-    cr_assert_eq(dk_slurm_reachable(0, err, sizeof err), -1);
+    cr_assert_eq(dk_slurm_reachable(NULL, err, sizeof err), -1);
     cr_expect(strstr(err, "Slurm is not reachable from here: SLURM_CONF is "
                           "'/nowhere/slurm.conf', which cannot be read"), "%s", err);
 }
@@ -950,7 +1012,7 @@ Test(slurm_cluster, without_a_configuration_sinfo_is_quoted)
     if (access("/etc/slurm/slurm.conf", F_OK) == 0)
         cr_skip_test("this machine has a Slurm configuration of its own");
     char err[1024] = "";
-    cr_assert_eq(dk_slurm_reachable(0, err, sizeof err), -1);
+    cr_assert_eq(dk_slurm_reachable(NULL, err, sizeof err), -1);
     cr_expect(strstr(err, "sinfo failed: "), "%s", err);
     cr_expect(strstr(err, "Could not establish a configuration source"), "%s", err);
     cr_expect(strstr(err, "SLURM_CONF is not set"), "%s", err);
