@@ -266,40 +266,6 @@ def test_a_rank_failing_on_node_2_is_the_root_cause(kernel):
 
 
 @pytest.mark.timeout(300)
-def test_past_eight_ranks_on_two_nodes_the_status_and_the_error_name_the_nodes(kernel,
-                                                                             slurm_cluster):
-    """Twelve ranks on two nodes, rank 9 raises: the status counts the ranks
-    on their nodes and names the failed rank's node; the error names the root
-    cause's node and groups the other ranks; ranks.txt has them all. Needs
-    nodes of 6 CPUs (DISTKERNEL_SLURM_SIM_CPUS=6 or more; the default is 2)."""
-    cpus = slurm_cluster.run("sinfo", "-h", "-o", "%c").stdout.split()
-    if not cpus or min(int(c.rstrip("+")) for c in cpus) < 6:
-        pytest.skip(f"12 ranks on 2 nodes need 6 CPUs a node; the cluster's have {cpus} "
-                    "(DISTKERNEL_SLURM_SIM_CPUS)")
-    code = ("%%distributed num_processes=12 nodes=2\n"
-            "import os, time\n"
-            "if os.environ['RANK'] == '9':\n"
-            "    time.sleep(1)\n"
-            "    raise ValueError('rank nine')\n"
-            "time.sleep(120)\n")
-    r = kernel.execute(code, timeout=240)
-    assert r.status == "error", r.describe()
-    assert support.status_displays(r), r.describe()
-    final = support.status_displays(r)[-1]["content"]["data"]["text/plain"]
-    lines = final.splitlines()
-    assert len(lines) <= 12, final
-    assert lines[1] == "  12 ranks on 2 nodes: 1 failed · 11 stopped", final
-    assert "  failed: rank 9 on node2" in lines, final
-    tb = r.content["traceback"]
-    assert "Rank 9 on node2 failed first (root cause):" in tb, "\n".join(tb)
-    assert ("  ranks 0\u20138, 10\u201311 (11): ended by distkernel after rank 9 failed"
-            in tb), "\n".join(tb)
-    written = (support.log_dir(r) / "ranks.txt").read_text().splitlines()
-    assert [line.split(":")[0] for line in written] == [f"rank {n}" for n in range(12)], written
-    still_serves(kernel)
-
-
-@pytest.mark.timeout(300)
 def test_interrupt_while_running_ends_the_ranks_on_every_node(kernel, slurm_cluster):
     # Each rank sees the interrupt as a KeyboardInterrupt in its code, as on
     # one node (srun passes no SIGINT on: the kernel asks each rank itself).
