@@ -2409,18 +2409,26 @@ Test(tcp, a_python_rank_whose_kernel_does_not_answer_gives_up_and_says_so, .time
     "ch = bc.BackChannel(f'tcp:127.0.0.1:{port}', b'k' * 32, 0)\n"               \
     "print('in after %.1f s' % (time.monotonic() - t0), ch.nonce == b'n' * 32)\n"
 
-Test(tcp, a_python_rank_keeps_trying_until_the_kernel_listens, .timeout = 60)
+/* Run CODE with Debian's python and distkernel's Python glue (30 s at most):
+ * its exit status, with stdout and stderr in OUT. */
+static int run_python(const char *code, char *out, size_t outlen)
 {
     char cmd[4096];
     snprintf(cmd, sizeof cmd, "PYTHONPATH=%s timeout 30 %s -c \"$DK_PY\" 2>&1", PY_SRC, PYTHON3);
-    setenv("DK_PY", RETRY_PY, 1);
+    setenv("DK_PY", code, 1);
     FILE *p = popen(cmd, "r");
     cr_assert_not_null(p);
-    char out[4096] = "";
-    size_t n = fread(out, 1, sizeof out - 1, p);
+    size_t n = fread(out, 1, outlen - 1, p);
     out[n] = '\0';
     int status = pclose(p);
     unsetenv("DK_PY");
+    return status;
+}
+
+Test(tcp, a_python_rank_keeps_trying_until_the_kernel_listens, .timeout = 60)
+{
+    char out[4096] = "";
+    int status = run_python(RETRY_PY, out, sizeof out);
     cr_assert_eq(status, 0, "%s", out);
     double after = -1;
     cr_assert(sscanf(out, "in after %lf s True", &after) == 1 && strstr(out, "True"), "%s", out);
@@ -2447,16 +2455,8 @@ Test(tcp, a_python_rank_keeps_trying_until_the_kernel_listens, .timeout = 60)
 Test(tcp, a_python_rank_whose_kernel_never_starts_the_connection_gives_up_at_the_deadline,
      .timeout = 60)
 {
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "PYTHONPATH=%s timeout 30 %s -c \"$DK_PY\" 2>&1", PY_SRC, PYTHON3);
-    setenv("DK_PY", SILENT_PY, 1);
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
     char out[4096] = "";
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = '\0';
-    int status = pclose(p);
-    unsetenv("DK_PY");
+    int status = run_python(SILENT_PY, out, sizeof out);
     cr_assert_eq(status, 0, "%s", out);
     double after = -1;
     int tries = 0;
