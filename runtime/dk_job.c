@@ -682,13 +682,19 @@ static void judge_closed(dk_job_t *job)
  * launcher still runs: lost. A node that goes down while its ranks start
  * (Python starting, the rank connecting) leaves no connection whose silence
  * would tell; srun may wait on it far longer than any cell should. Their
- * node-mates that never connected go with them (lose). */
+ * node-mates that never connected go with them (lose).
+ *
+ * The ranks keep trying for the same deadline from their own start, which is
+ * later than the job's, then exit saying why ("could not connect to the
+ * kernel's back channel ... within N s"): that exit is the better root cause,
+ * so it is given one heartbeat deadline more to reach us before the node is
+ * taken for lost. */
 static void judge_unconnected(dk_job_t *job)
 {
     if (job->heartbeat_s <= 0 || job->stop_reason != DK_END_NONE)
         return;
     double now = dk_now_s();
-    if (now < job->started_at + job->connect_timeout_s)
+    if (now < job->started_at + job->connect_timeout_s + job->heartbeat_s)
         return;
     for (int r = 0; r < job->world_size; r++) {
         rank_t *rk = &job->ranks[r];

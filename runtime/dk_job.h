@@ -208,7 +208,8 @@ typedef struct {
     /* The silence deadline: >= 2 * DK_BC_PING_S; <= 0: DK_BC_HEARTBEAT_DEFAULT_S. */
     double heartbeat_s;
     /* With bc_tcp_addr: a launched rank that has not connected this long after
-     * the job's start, while its launcher still runs, is lost (a node that
+     * the job's start (and heartbeat_s more, for the rank's own word on why to
+     * arrive first), while its launcher still runs, is lost (a node that
      * went down while its ranks were starting has no connection to go
      * silent). <= 0: DK_JOB_CONNECT_DEFAULT_S. Ranks are given it too
      * (DISTKERNEL_BC_CONNECT_TIMEOUT): a rank keeps trying to connect, with

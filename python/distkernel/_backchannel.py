@@ -156,10 +156,12 @@ class BackChannel:
                     self.sock.settimeout(None)
                     self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     return nonce
-            if time.monotonic() + pause >= give_up:
+            left = give_up - time.monotonic()
+            if left <= 0:
                 raise ConnectFailed(failed) from None
-            # Jittered, so ranks refused together do not come back together.
-            time.sleep(pause * (0.5 + random.random()))
+            # Jittered, so ranks refused together do not come back together;
+            # never past the deadline, where the last try is made.
+            time.sleep(min(pause * (0.5 + random.random()), left))
             pause = min(pause * 2, CONNECT_PAUSE_MAX_S)
 
     def _recv_exact(self, n):
