@@ -10,6 +10,7 @@
 #include "dk_dist_pool.h"
 #include "dk_clock.h"
 #include "dk_dist_slurm.h"
+#include "dk_lost.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -270,7 +271,7 @@ char *dk_dist_pool_status_text(dk_dist_pool_t *self)
  * 2–3)"), into BUF; empty when none was lost. A node cut off loses every
  * rank on it, but only the first one heard to go silent is marked lost: the
  * job's stop then closes the others' connections before their own heartbeat
- * deadline passes. */
+ * deadline passes. O(N log N): the nodes are found by sorting (dk_lost). */
 static void lost_nodes(dk_dist_pool_t *self, char *buf, size_t len)
 {
     buf[0] = '\0';
@@ -279,14 +280,10 @@ static void lost_nodes(dk_dist_pool_t *self, char *buf, size_t len)
     bool *lost = hosts ? calloc((size_t)n, sizeof *lost) : NULL;
     if (!lost)
         return;
-    bool any = false;
     for (int r = 0; r < n; r++)
-        if (dk_job_rank_lost(self->job, r))
-            for (int o = 0; o < n; o++)
-                if (strcmp(hosts[o], hosts[r]) == 0)
-                    any = lost[o] = true;
-    if (any)
-        dk_lost_format(n, lost, hosts, "; ", buf, len);
+        lost[r] = dk_job_rank_lost(self->job, r);
+    dk_lost_whole_nodes(n, lost, hosts);    /* out of memory: the ranks marked */
+    dk_lost_format(n, lost, hosts, "; ", buf, len);
     free(lost);
 }
 

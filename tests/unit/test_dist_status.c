@@ -245,3 +245,52 @@ Test(status_many, at_every_size_at_most_twelve_short_lines)
         }
     }
 }
+
+/* ---- lost ranks by node (runtime/dk_lost.h) -------------------------------------------- */
+
+Test(lost, a_node_with_one_lost_rank_loses_all_its_ranks)
+{
+    const char *on[] = {"node1", "node1", "node2", "node2", "node10", "node10"};
+    bool lost[6] = {false, false, false, true, true, false};
+    cr_assert_eq(dk_lost_whole_nodes(6, lost, on), 0);
+    bool want[6] = {false, false, true, true, true, true};
+    cr_assert_arr_eq(lost, want, sizeof want);
+    char buf[200];
+    dk_lost_format(6, lost, on, "; ", buf, sizeof buf);
+    /* In the order of each node's first lost rank, not of the names. */
+    cr_assert_str_eq(buf, "node2 lost (ranks 2" DASH "3); node10 lost (ranks 4" DASH "5)");
+}
+
+Test(lost, no_lost_rank_marks_none)
+{
+    const char *on[] = {"node1", "node2"};
+    bool lost[2] = {false, false};
+    cr_assert_eq(dk_lost_whole_nodes(2, lost, on), 0);
+    cr_assert_not(lost[0] || lost[1]);
+}
+
+/* A rank per node, every one lost, at the largest world: grouped by sorting,
+ * so this is a few thousand comparisons, not sixteen million. */
+Test(lost, four_thousand_nodes_lost_are_told_in_rank_order, .timeout = 10)
+{
+    enum { N = 4096 };
+    static char on_names[N][16];
+    static const char *on[N];
+    static bool lost[N];
+    for (int r = 0; r < N; r++) {
+        snprintf(on_names[r], sizeof on_names[r], "node%d", r + 1);
+        on[r] = on_names[r];
+        lost[r] = r % 8 == 0;
+    }
+    cr_assert_eq(dk_lost_whole_nodes(N, lost, on), 0);
+    for (int r = 0; r < N; r++)
+        cr_assert_eq(lost[r], r % 8 == 0);
+    for (int r = 0; r < N; r++)
+        lost[r] = true;
+    static char buf[200000];
+    dk_lost_format(N, lost, on, "; ", buf, sizeof buf);
+    const char *head = "node1 lost (rank 0); node2 lost (rank 1); node3 lost (rank 2); ";
+    cr_assert(strncmp(buf, head, strlen(head)) == 0, "%.200s", buf);
+    cr_assert(strstr(buf, "; node4096 lost (rank 4095)") == buf + strlen(buf) -
+                  strlen("; node4096 lost (rank 4095)"));
+}
