@@ -9,7 +9,11 @@
  */
 #include "dk_dist_pool.h"
 #include "dk_clock.h"
+#include "dk_dist_rank.h"
 #include "dk_dist_slurm.h"
+#include "dk_dist_status.h"
+#include "dk_gpu.h"
+#include "dk_lost.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -231,62 +235,76 @@ bool dk_dist_pool_alive(dk_dist_pool_t *self)
     return self->job && dk_job_end(self->job) == DK_END_NONE;
 }
 
-char *dk_dist_pool_status_text(dk_dist_pool_t *self)
+/* Each rank's lost flag (malloc'd, WORLD entries; NULL when out of memory or
+ * on this node, where no rank is lost), with every rank of a node that has a
+ * lost rank: a node cut off loses them all, but only the first heard to go
+ * silent is marked lost (the job's stop then closes the others' connections
+ * before their own heartbeat deadline passes). O(N log N). */
+static bool *lost_ranks(dk_dist_pool_t *self)
 {
-    size_t cap = 512 + (size_t)self->plan.world * 64;
-    char *text = malloc(cap);
-    if (!text)
-        return NULL;
-    double up = (double)(dk_now_ms() - self->started_ms) / 1000.0;
-    double idle = dk_job_idle_s(self->job);
-    size_t n = (size_t)snprintf(text, cap, "started ranks %s: %s · up %.0f s · %s", self->id,
-                                self->plan.what, up, idle > 0 ? "idle" : "running a cell");
-    if (idle > 0 && n < cap)
-        n += (size_t)snprintf(text + n, cap - n, " for %.0f s", idle);
-    if (n < cap && self->opts.idle_timeout_s > 0)
-        n += (size_t)snprintf(text + n, cap - n, " (ended after %g s idle)",
-                              self->opts.idle_timeout_s);
-    if (self->slurm && n < cap) {
-        const char *limit = dk_dist_slurm_time_limit(self->slurm);
-        n += (size_t)snprintf(text + n, cap - n, "\n  Slurm job %s on %s (time limit %s)",
-                              dk_dist_slurm_job_id(self->slurm),
-                              dk_dist_slurm_node_list(self->slurm),
-                              limit[0] ? limit : "Slurm's default");
-    }
-    const char *const *hosts = dk_dist_pool_hosts(self);
-    for (int r = 0; r < self->plan.world && n < cap; r++) {
-        /* On other nodes the pid here is srun's, the rank's own is the node's. */
-        if (hosts)
-            n += (size_t)snprintf(text + n, cap - n, "%srank %d on %s", r ? " · " : "\n  ", r,
-                                  hosts[r]);
-        else
-            n += (size_t)snprintf(text + n, cap - n, "%srank %d pid %d", r ? " · " : "\n  ", r,
-                                  dk_job_rank_pid(self->job, r));
-    }
-    return text;
-}
-
-/* The nodes a lost rank ran on, each with all its ranks ("node2 lost (ranks
- * 2–3)"), into BUF; empty when none was lost. A node cut off loses every
- * rank on it, but only the first one heard to go silent is marked lost: the
- * job's stop then closes the others' connections before their own heartbeat
- * deadline passes. */
-static void lost_nodes(dk_dist_pool_t *self, char *buf, size_t len)
-{
-    buf[0] = '\0';
     const char *const *hosts = dk_dist_pool_hosts(self);
     int n = self->plan.world;
     bool *lost = hosts ? calloc((size_t)n, sizeof *lost) : NULL;
     if (!lost)
-        return;
-    bool any = false;
+        return NULL;
     for (int r = 0; r < n; r++)
-        if (dk_job_rank_lost(self->job, r))
-            for (int o = 0; o < n; o++)
-                if (strcmp(hosts[o], hosts[r]) == 0)
-                    any = lost[o] = true;
-    if (any)
-        dk_lost_format(n, lost, hosts, "; ", buf, len);
+        lost[r] = dk_job_rank_lost(self->job, r);
+    dk_lost_whole_nodes(n, lost, hosts);    /* out of memory: the ranks marked */
+    return lost;
+}
+
+/* The status is told as a run's is (dk_dist_status), from a record per rank
+ * filled from the job (its state and lost flag are read under the job's
+ * lock, so while it runs too), and whose output a cell shows from the
+ * options the ranks were started with. The records are about 1 KiB each
+ * (room for a launcher line the status does not read): 4 MiB at 4,096
+ * ranks, for a command the user types. */
+char *dk_dist_pool_status_text(dk_dist_pool_t *self)
+{
+    int world = self->plan.world;
+    dk_dist_rank_t *ranks = calloc((size_t)world, sizeof *ranks);
+    bool *lost = lost_ranks(self);
+    bool *shown = NULL;
+    char err[512];
+    if (!ranks || dk_dist_plan_output(&self->plan, &self->opts, &shown, err, sizeof err) < 0) {
+        /* A list past the world was refused when the ranks started: memory. */
+        free(ranks);
+        free(lost);
+        return NULL;
+    }
+    for (int r = 0; r < world; r++)
+        ranks[r] = (dk_dist_rank_t){.state = dk_job_rank_state(self->job, r),
+                                    .pid = dk_job_rank_pid(self->job, r),
+                                    .gpu_index = dk_dist_plan_local_gpu(&self->plan, r),
+                                    .lost = lost && lost[r]};
+    dk_dist_started_t started = {.id = self->id, .idle_s = dk_job_idle_s(self->job),
+                                 .idle_timeout_s = self->opts.idle_timeout_s};
+    if (self->slurm) {
+        started.slurm_job = dk_dist_slurm_job_id(self->slurm);
+        started.slurm_nodes = dk_dist_slurm_node_list(self->slurm);
+        started.slurm_time_limit = dk_dist_slurm_time_limit(self->slurm);
+    }
+    dk_dist_status_t st = {.what = self->plan.what,
+                           .elapsed_s = (double)(dk_now_ms() - self->started_ms) / 1000.0,
+                           .world = world, .ranks = ranks, .gpu = self->plan.gpu,
+                           .hosts = dk_dist_pool_hosts(self),
+                           .gpu_memory = dk_gpu_process_memory, .t0_ms = self->started_ms,
+                           .output = self->opts.output, .shown = shown, .started = &started};
+    char *text = dk_dist_status_text(&st);
+    free(ranks);
+    free(lost);
+    free(shown);
+    return text;
+}
+
+/* The nodes a lost rank ran on, each with all its ranks ("node2 lost (ranks
+ * 2–3)"), into BUF; empty when none was lost. */
+static void lost_nodes(dk_dist_pool_t *self, char *buf, size_t len)
+{
+    buf[0] = '\0';
+    bool *lost = lost_ranks(self);
+    if (lost)
+        dk_lost_format(self->plan.world, lost, dk_dist_pool_hosts(self), "; ", buf, len);
     free(lost);
 }
 

@@ -77,7 +77,9 @@ const char *dk_dist_pool_id(const dk_dist_pool_t *self);
 /* Whether the ranks still run (the job has not ended). */
 bool dk_dist_pool_alive(dk_dist_pool_t *self);
 
-/* What `%distributed status` shows (malloc'd), or NULL when out of memory. */
+/* What `%distributed status` shows (malloc'd, no newline at its end), or NULL
+ * when out of memory: the ranks by pid up to 8, above that counted by state
+ * and node, in at most 12 lines at any size (dk_dist_status). */
 char *dk_dist_pool_status_text(dk_dist_pool_t *self);
 
 /* Why the ranks ended, in a sentence, into OUT (the job must have ended). */

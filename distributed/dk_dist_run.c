@@ -55,6 +55,8 @@ struct dk_dist_run_t {
     char run_id[24];
     dk_job_t *job;
     dk_dist_relay_t *relay;
+    bool *shown;                /* whose output the cell shows (dk_dist_plan_output), for
+                                   the status; NULL: every rank's */
     pthread_mutex_t lock;       /* guards ranks */
     dk_dist_rank_t *ranks;      /* plan.world records */
     atomic_bool status_dirty;   /* set by the sink, read by the wait loop */
@@ -140,7 +142,8 @@ static void publish_status(dk_dist_run_t *run, const char *headline, bool force)
                            .gpu = run->plan.gpu,
                            .log_dir = run->job ? dk_job_log_dir(run->job) : run->log_dir,
                            .hosts = run->hosts, .gpu_memory = dk_gpu_process_memory,
-                           .t0_ms = run->t0_ms};
+                           .t0_ms = run->t0_ms, .output = run->opts.output,
+                           .shown = run->shown};
     /* Ranks on other nodes gone silent: the status names their nodes. Only
      * this thread writes LOST, so it needs not the run's lock. */
     for (int r = 0; run->job && run->hosts && r < run->plan.world; r++)
@@ -234,6 +237,7 @@ void dk_dist_run_destroy(dk_dist_run_t **self_p)
     dk_job_destroy(&run->job);   /* first: its thread calls the relay */
     dk_dist_slurm_destroy(&run->slurm);     /* after: the ranks are its steps */
     dk_dist_relay_destroy(&run->relay);
+    free(run->shown);
     for (int r = 0; run->ranks && r < run->plan.world; r++)
         free(run->ranks[r].message);
     free(run->ranks);
@@ -760,7 +764,7 @@ static dk_dist_run_t *run_begin(dk_dist_run_t *run, const dk_dist_host_t *host,
         random_id(run->run_id);
     dk_dist_relay_io_t io = {.data = run, .append = relay_append, .display = relay_display};
     run->relay = dk_dist_relay_new(run->plan.world, run->run_id, shown, &io);
-    free(shown);
+    run->shown = shown;
     if (!run->relay)
         return fail(run, PyExc_MemoryError, NULL);
     run->t0_ms = dk_now_ms();   /* the wait for Slurm's nodes; announce starts the ranks' */

@@ -15,6 +15,12 @@
  *
  * Nodes are found by sorting the ranks by node name (O(N log N)); the nodes
  * with the same counts, by sorting the nodes by their counts.
+ *
+ * Started ranks go through the same lines: their states are a cell's (a rank
+ * that answered is done, but stays, idle; a failed one raised and stays too),
+ * so only the words differ, and the header and the per-rank line, which say
+ * what they always have. Their GPU memory is any live rank's, not a running
+ * one's only: an idle rank holds its memory.
  */
 #include "dk_dist_status.h"
 
@@ -59,6 +65,13 @@ static const char *state_word(dk_rank_state_t st)
 enum { K_RUNNING, K_DONE, K_STARTING, K_FAILED, K_LOST, K_STOPPED, KINDS };
 static const char *const kind_words[KINDS] = {"running", "done", "starting",
                                               "failed", "lost", "stopped"};
+static const char *const started_words[KINDS] = {"running", "idle", "starting",
+                                                 "raised", "lost", "interrupted"};
+
+static const char *const *words_of(const dk_dist_status_t *st)
+{
+    return st->started ? started_words : kind_words;
+}
 
 static int kind_of(const dk_dist_rank_t *ri)
 {
@@ -124,27 +137,47 @@ static const char *host_of(const dk_dist_status_t *st, int r)
     return st->hosts && st->hosts[r] ? st->hosts[r] : "localhost";
 }
 
-/* "250 running · 4 done · 1 failed", the kinds with a count. */
-static void counts_words(const int *counts, char *buf, size_t len)
+/* "250 running · 4 done · 1 failed", the kinds with a count, in WORDS. */
+static void counts_words(const int *counts, const char *const *words, char *buf, size_t len)
 {
     size_t at = 0;
     buf[0] = '\0';
     for (int k = 0; k < KINDS && at < len; k++)
         if (counts[k])
             at += (size_t) snprintf(buf + at, len - at, "%s%d %s", at ? " · " : "", counts[k],
-                                    kind_words[k]);
+                                    words[k]);
+}
+
+/* Whether ST tells RI's GPU memory: a run's running ranks, and any started
+ * rank that has started and is not lost (idle, it still holds its memory). */
+static bool holds_gpu(const dk_dist_status_t *st, const dk_dist_rank_t *ri)
+{
+    if (!st->gpu || ri->gpu_index < 0 || ri->pid <= 0)
+        return false;
+    return st->started ? ri->state != DK_RANK_STARTING && !ri->lost
+                       : ri->state == DK_RANK_RUNNING;
 }
 
 /* ---- up to a few ranks: a word each --------------------------------------------- */
 
+/* A run's ranks by state, with their GPU memory while they run; started
+ * ranks by pid, as their status has always named them (their state is a
+ * cell's, which the cell tells), or by node on Slurm's nodes, where the pid
+ * here is srun's and the rank's own is the node's. */
 static void each_rank(text_t *t, const dk_dist_status_t *st)
 {
     for (int r = 0; r < st->world; r++) {
         const dk_dist_rank_t *ri = &st->ranks[r];
-        put(t, "%srank %d%s%.40s %s", r ? " · " : "  ", r, st->hosts ? " on " : "",
-            st->hosts ? st->hosts[r] : "", state_word(ri->state));
-        if (st->gpu && ri->gpu_index >= 0 && ri->state == DK_RANK_RUNNING && ri->pid > 0) {
-            unsigned long long used = st->gpu_memory(ri->gpu_index, ri->pid);
+        put(t, "%srank %d", r ? " · " : "  ", r);
+        if (st->started && st->hosts) {
+            put(t, " on %.64s", host_of(st, r));
+        } else if (st->started) {
+            put(t, " pid %d", ri->pid);
+        } else {
+            put(t, "%s%.40s %s", st->hosts ? " on " : "", st->hosts ? st->hosts[r] : "",
+                state_word(ri->state));
+            unsigned long long used = holds_gpu(st, ri) ? st->gpu_memory(ri->gpu_index, ri->pid)
+                                                        : 0;
             if (used)
                 put(t, " (GPU %.1f GiB)", (double) used / GIB);
         }
@@ -224,7 +257,7 @@ static int group_by_first(const void *pa, const void *pb)
 /* "  node[1-9,11-16]: 16 running on each", a line per kind of node, when
  * there are two to NODE_LINES_MAX kinds: one says no more than the counts,
  * more say less than the exceptions. */
-static void node_lines(text_t *t, const node_t *nodes, int n)
+static void node_lines(text_t *t, const node_t *nodes, int n, const char *const *words)
 {
     node_group_t groups[NODE_LINES_MAX];
     size_t ng = 0;
@@ -247,7 +280,7 @@ static void node_lines(text_t *t, const node_t *nodes, int n)
             names[i] = groups[g].nodes[i].host;
         char list[LIST_MAX], counts[LINE_MAX];
         hosts_words(names, groups[g].n, list, sizeof list);
-        counts_words(groups[g].nodes[0].counts, counts, sizeof counts);
+        counts_words(groups[g].nodes[0].counts, words, counts, sizeof counts);
         put(t, "  %s: %s%s\n", list, counts, groups[g].n > 1 ? " on each" : "");
         free(names);
     }
@@ -365,13 +398,13 @@ static int gpu_use_cmp(const void *pa, const void *pb)
 }
 
 /* "  GPU memory: min 2.9 GiB · median 3.1 GiB · max 7.8 GiB (rank 12 on node1)",
- * over the running ranks whose memory is known. */
+ * over the ranks that hold memory (holds_gpu) whose memory is known. */
 static void gpu_line(text_t *t, const dk_dist_status_t *st, gpu_use_t *use)
 {
     size_t n = 0;
     for (int r = 0; st->gpu && r < st->world; r++) {
         const dk_dist_rank_t *ri = &st->ranks[r];
-        if (ri->gpu_index < 0 || ri->state != DK_RANK_RUNNING || ri->pid <= 0)
+        if (!holds_gpu(st, ri))
             continue;
         unsigned long long used = st->gpu_memory(ri->gpu_index, ri->pid);
         if (used)
@@ -403,13 +436,13 @@ static int many_ranks(text_t *t, const dk_dist_status_t *st)
             for (int k = 0; k < KINDS; k++)
                 counts[k] += nodes[i].counts[k];
         char words[LINE_MAX];
-        counts_words(counts, words, sizeof words);
+        counts_words(counts, words_of(st), words, sizeof words);
         put(t, "  %d ranks", st->world);
         if (st->hosts)
             put(t, " on %d node%s", n, n > 1 ? "s" : "");
         put(t, ": %s\n", words);
-        node_lines(t, nodes, n);
-        named_ranks(t, st, K_FAILED, "failed", ranks, names);
+        node_lines(t, nodes, n, words_of(st));
+        named_ranks(t, st, K_FAILED, words_of(st)[K_FAILED], ranks, names);
         lost_line(t, st, nodes, n, counts, lost, names);
         start_line(t, st, counts, ranks, names, times);
         gpu_line(t, st, use);
@@ -423,24 +456,85 @@ static int many_ranks(text_t *t, const dk_dist_status_t *st)
     return n >= 0 ? 0 : -1;
 }
 
+/* ---- whose output is shown ----------------------------------------------------------- */
+
+/* "  output shown: ranks 0, 8, 16–31 (all in the logs)", when output= shows
+ * some ranks only: the cell's output then is not all there is, and the
+ * reader of a thousand ranks should know whose they are reading. */
+static int output_line(text_t *t, const dk_dist_status_t *st)
+{
+    if (!st->shown || (st->output != DK_OUTPUT_LOCAL0 && st->output != DK_OUTPUT_LIST))
+        return 0;
+    int *ranks = malloc((size_t) st->world * sizeof *ranks);
+    if (!ranks)
+        return -1;
+    size_t n = 0;
+    for (int r = 0; r < st->world; r++)
+        if (st->shown[r])
+            ranks[n++] = r;
+    char which[LIST_MAX] = "no rank";
+    if (n) {
+        size_t at = (size_t) snprintf(which, sizeof which, "rank%s ", n > 1 ? "s" : "");
+        dk_ranks_format(ranks, n, 2, which, sizeof which, &at);
+    }
+    put(t, "  output shown: %s%s (all in the logs)\n",
+        st->output == DK_OUTPUT_LOCAL0 ? "local rank 0 of each node, " : "", which);
+    free(ranks);
+    return 0;
+}
+
+/* ---- the whole ------------------------------------------------------------------------ */
+
+/* The started ranks' header: "started ranks ID: WHAT · up 312 s · idle for
+ * 20 s (ended after 3600 s idle)", and their Slurm job's line. */
+static void started_header(text_t *t, const dk_dist_status_t *st)
+{
+    const dk_dist_started_t *p = st->started;
+    put(t, "started ranks %s: %s · up %.0f s · %s", p->id, st->what, st->elapsed_s,
+        p->idle_s > 0 ? "idle" : "running a cell");
+    if (p->idle_s > 0)
+        put(t, " for %.0f s", p->idle_s);
+    if (p->idle_timeout_s > 0)
+        put(t, " (ended after %g s idle)", p->idle_timeout_s);
+    put(t, "\n");
+    if (p->slurm_job)
+        put(t, "  Slurm job %s on %s (time limit %s)\n", p->slurm_job, p->slurm_nodes,
+            p->slurm_time_limit[0] ? p->slurm_time_limit : "Slurm's default");
+}
+
 char *dk_dist_status_text(const dk_dist_status_t *st)
 {
     bool each = st->world <= DK_DIST_STATUS_EACH_RANK_MAX;
-    size_t cap = 256 + strlen(st->what) + (st->headline ? strlen(st->headline) : 0) +
-                 strlen(st->log_dir) +
+    const dk_dist_started_t *p = st->started;
+    size_t cap = 256 + strlen(st->what) + LINE_MAX +
+                 (st->headline ? strlen(st->headline) : 0) +
+                 (p ? strlen(p->id) : strlen(st->log_dir)) +
+                 (p && p->slurm_job ? strlen(p->slurm_job) + strlen(p->slurm_nodes) +
+                                          strlen(p->slurm_time_limit)
+                                    : 0) +
                  (each ? (size_t) st->world * 140 : (size_t) DK_DIST_STATUS_MAX_LINES * LINE_MAX);
     text_t t = {.text = malloc(cap), .cap = cap};
     if (!t.text)
         return NULL;
     t.text[0] = '\0';
-    put(&t, "distributed: %s · %.1f s%s%s\n", st->what, st->elapsed_s,
-        st->headline ? " · " : "", st->headline ? st->headline : "");
+    if (p)
+        started_header(&t, st);
+    else
+        put(&t, "distributed: %s · %.1f s%s%s\n", st->what, st->elapsed_s,
+            st->headline ? " · " : "", st->headline ? st->headline : "");
     if (each) {
         each_rank(&t, st);
     } else if (many_ranks(&t, st) < 0) {
         free(t.text);
         return NULL;
     }
-    put(&t, "  logs: %s", st->log_dir);
+    if (output_line(&t, st) < 0) {
+        free(t.text);
+        return NULL;
+    }
+    if (p && t.len && t.text[t.len - 1] == '\n')
+        t.text[--t.len] = '\0';     /* the last line's newline */
+    else if (!p)
+        put(&t, "  logs: %s", st->log_dir);
     return t.text;
 }

@@ -3,6 +3,11 @@
  *
  * Pure (records in, text out) so that the runtime's own summary and the
  * feature's cell error, which keeps its own records, say it the same way.
+ *
+ * Ranks are grouped by node by sorting them by node name, not by comparing
+ * each lost rank's node with every other rank's: a thousand ranks on a
+ * thousand nodes, all lost, would be a million comparisons where a display
+ * needs a few thousand.
  */
 #include "dk_lost.h"
 
@@ -58,39 +63,117 @@ void dk_ranks_format(const int *ranks, size_t n, int min_run, char *buf, size_t 
     }
 }
 
+/* A rank and its node, to sort ranks by node. */
+typedef struct {
+    const char *host;
+    int rank;
+} placed_t;
+
+static int placed_cmp(const void *pa, const void *pb)
+{
+    const placed_t *a = pa, *b = pb;
+    int c = strcmp(a->host, b->host);
+    return c ? c : (a->rank > b->rank) - (a->rank < b->rank);
+}
+
+static const char *host_of(const char *const *hosts, int r)
+{
+    return hosts && hosts[r] ? hosts[r] : "localhost";
+}
+
+/* The ranks R of [0, N) with FLAGS[r] (every rank when FLAGS is NULL) into
+ * *PLACED (malloc'd), sorted by node then rank; returns how many, -1 when out
+ * of memory. */
+static int place(int n, const bool *flags, const char *const *hosts, placed_t **placed)
+{
+    int m = 0;
+    for (int r = 0; r < n; r++)
+        m += !flags || flags[r];
+    *placed = malloc((size_t) (m ? m : 1) * sizeof **placed);
+    if (!*placed)
+        return -1;
+    m = 0;
+    for (int r = 0; r < n; r++)
+        if (!flags || flags[r])
+            (*placed)[m++] = (placed_t){.host = host_of(hosts, r), .rank = r};
+    qsort(*placed, (size_t) m, sizeof **placed, placed_cmp);
+    return m;
+}
+
+/* A node's lost ranks: PLACED[from..to), the lowest first. */
+typedef struct {
+    int from, to;
+    int first;
+} clause_t;
+
+static int clause_cmp(const void *pa, const void *pb)
+{
+    const clause_t *a = pa, *b = pb;
+    return (a->first > b->first) - (a->first < b->first);
+}
+
+/* The lost ranks sorted by node make one clause per run of the same node;
+ * the clauses sorted by their first rank are the order they are told in. */
 void dk_lost_format(int n, const bool *lost, const char *const *hosts, const char *sep,
                     char *buf, size_t len)
 {
     if (!buf || len == 0)
         return;
     buf[0] = '\0';
-    size_t at = 0;
-    bool *said = n > 0 ? calloc((size_t) n, sizeof *said) : NULL;
-    int *ranks = n > 0 ? calloc((size_t) n, sizeof *ranks) : NULL;
-    if (!said || !ranks) {
-        free(said);
-        free(ranks);
+    placed_t *placed;
+    int m = place(n, lost, hosts, &placed);
+    if (m <= 0) {
+        free(placed);
         return;
     }
-#define HOST_OF(r) (hosts && hosts[r] ? hosts[r] : "localhost")
-    /* One clause per node, in the order of its first lost rank; its lost
-     * ranks as runs ("4–7", "8, 10–11"). */
-    for (int r = 0; r < n; r++) {
-        if (!lost[r] || said[r])
-            continue;
-        const char *host = HOST_OF(r);
+    clause_t *clauses = malloc((size_t) m * sizeof *clauses);
+    int *ranks = malloc((size_t) m * sizeof *ranks);
+    if (!clauses || !ranks) {
+        free(clauses);
+        free(ranks);
+        free(placed);
+        return;
+    }
+    int nc = 0;
+    for (int i = 0; i < m; i++) {
+        if (!i || strcmp(placed[i].host, placed[i - 1].host))
+            clauses[nc++] = (clause_t){.from = i, .first = placed[i].rank};
+        clauses[nc - 1].to = i + 1;
+    }
+    qsort(clauses, (size_t) nc, sizeof *clauses, clause_cmp);
+    size_t at = 0;
+    for (int c = 0; c < nc && at < len; c++) {
         size_t count = 0;
-        for (int q = r; q < n; q++) {
-            if (lost[q] && !said[q] && !strcmp(HOST_OF(q), host)) {
-                said[q] = true;
-                ranks[count++] = q;
-            }
-        }
-        put(buf, len, &at, "%s%s lost (rank%s ", at ? sep : "", host, count > 1 ? "s" : "");
+        for (int i = clauses[c].from; i < clauses[c].to; i++)
+            ranks[count++] = placed[i].rank;
+        put(buf, len, &at, "%s%s lost (rank%s ", at ? sep : "", placed[clauses[c].from].host,
+            count > 1 ? "s" : "");
         dk_ranks_format(ranks, count, 2, buf, len, &at);
         put(buf, len, &at, ")");
     }
-#undef HOST_OF
-    free(said);
+    free(clauses);
     free(ranks);
+    free(placed);
+}
+
+int dk_lost_whole_nodes(int n, bool *lost, const char *const *hosts)
+{
+    bool any = false;
+    for (int r = 0; r < n && !any; r++)
+        any = lost[r];
+    if (!any)
+        return 0;
+    placed_t *placed;
+    int m = place(n, NULL, hosts, &placed);
+    if (m < 0)
+        return -1;
+    for (int i = 0, j; i < m; i = j) {
+        bool node_lost = false;
+        for (j = i; j < m && !strcmp(placed[j].host, placed[i].host); j++)
+            node_lost = node_lost || lost[placed[j].rank];
+        for (int k = i; node_lost && k < j; k++)
+            lost[placed[k].rank] = true;
+    }
+    free(placed);
+    return 0;
 }

@@ -30,8 +30,16 @@ void dk_ranks_format(const int *ranks, size_t n, int min_run, char *buf, size_t 
 /* N ranks, LOST[r] whether rank r was lost, HOSTS[r] its node (HOSTS or an
  * entry NULL: "localhost"): one clause per node, in the order of its first
  * lost rank, with SEP between clauses ("; " for one line, "\n" for one line
- * per node). Empty when none was lost; truncated to fit BUF (LEN >= 1). */
+ * per node). Empty when none was lost, or when out of memory; truncated to
+ * fit BUF (LEN >= 1). O(N + L log L) for L lost ranks. */
 void dk_lost_format(int n, const bool *lost, const char *const *hosts, const char *sep,
                     char *buf, size_t len);
+
+/* Mark lost, in LOST[0..N), every rank of a node that has a lost rank (HOSTS
+ * as for dk_lost_format). A node cut off loses all its ranks, but the runtime
+ * marks only those it heard go silent (dk_job_rank_lost): the stop that
+ * follows closes the others' connections before their own deadline. O(N log
+ * N). Returns 0, or -1 when out of memory, LOST unchanged. */
+int dk_lost_whole_nodes(int n, bool *lost, const char *const *hosts);
 
 #endif

@@ -337,6 +337,33 @@ def test_a_cells_list_of_ranks_is_checked_against_the_started_ranks_which_stay(s
     assert pids_of(k) == pids
 
 
+@pytest.mark.timeout(300)
+def test_the_status_of_ten_started_ranks_counts_them_and_says_whose_output_is_shown(kernel):
+    # Past 8 ranks the status counts them (at a thousand, a word per rank
+    # would not read), within 12 lines; it says whose output a cell shows.
+    r = kernel.execute("%distributed start num_processes=10 output=0,8-9", timeout=RUN)
+    assert r.status == "ok" and "started 10 CPU ranks" in r.stdout, r.describe()
+    try:
+        r = kernel.execute("%distributed status")
+        lines = r.stdout.rstrip("\n").splitlines()
+        head = [i for i, line in enumerate(lines) if line.startswith("started ranks ")]
+        assert len(head) == 1 and "10 CPU ranks" in lines[head[0]], r.stdout
+        status = lines[head[0]:]
+        assert len(status) <= 12, r.stdout
+        assert status[1:] == ["  10 ranks: 10 idle",
+                              "  output shown: ranks 0, 8\u20139 (all in the logs)"], r.stdout
+        # A cell's own status says it too, and the cell shows those ranks only.
+        r = kernel.execute("%%distributed\nimport os\nprint('from', os.environ['RANK'])",
+                           timeout=RUN)
+        assert sorted(support.rank_lines(r.stdout)) == [0, 8, 9], r.describe()
+        last = support.status_displays(r)[-1]["content"]["data"]["text/plain"].splitlines()
+        assert last[1:3] == ["  10 ranks: 10 done",
+                             "  output shown: ranks 0, 8\u20139 (all in the logs)"], last
+    finally:
+        kernel.execute("%distributed stop", timeout=RUN)
+    assert support.wait_no_descendants(kernel.pid, timeout=END_WITHIN) == []
+
+
 # -- failures -----------------------------------------------------------------------------
 
 @pytest.mark.timeout(300)
