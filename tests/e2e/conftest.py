@@ -7,15 +7,65 @@ The kernel under test is the one `meson install` put under DISTKERNEL_PREFIX (de
 (nbconvert, jupyter execute) included.
 """
 import os
+import random
+import socket
 
 import pytest
 import zmq
+from jupyter_client.connect import LocalPortCache
 
 import support
 
 if support.KERNEL_NAME == "distkernel":
     os.environ["JUPYTER_PATH"] = os.pathsep.join(
         p for p in [str(support.JUPYTER_DATA), os.environ.get("JUPYTER_PATH", "")] if p)
+
+
+# The kernels' ports. jupyter_client picks a port by binding port 0 and
+# closing it, and the kernel binds it a moment later; any process that binds
+# or connects in between may get the same port from the system's ephemeral
+# range (32768-60999 here). With four workers starting kernels, ranks, gloo
+# and back channels at once, one did: "cannot bind the hb channel ... Address
+# already in use", a kernel dead at start. So each worker hands out ports of
+# a band of its own below that range (and below the 20000-32767 of the
+# ranks' MASTER_PORT): no ephemeral port and no other worker's kernel can
+# take them. A process outside xdist (a single pytest, the SIGINT-ignored
+# stage beside other suites) takes the last band, at random.
+PORT_BAND = 1000
+
+
+def _port_band():
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and worker[2:].isdigit() and int(worker[2:]) < 8:
+        return 10000 + int(worker[2:]) * PORT_BAND, False
+    return 10000 + 8 * PORT_BAND, True
+
+
+def _find_port_in_band(self, ip):
+    """LocalPortCache.find_available_port, from this process's band: the next
+    free port after the last one given (a port just given back may still be
+    in TIME_WAIT), starting at a random place (another test run beside this
+    one has the same bands), or at a random place each time in the shared band."""
+    low, shared = _port_band()
+    if shared or not hasattr(self, "_dk_next"):
+        self._dk_next = random.randrange(PORT_BAND)
+    first = self._dk_next
+    for i in range(PORT_BAND):
+        port = low + (first + i) % PORT_BAND
+        if port in self.currently_used_ports:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind((ip, port))
+            except OSError:
+                continue
+        self._dk_next = (first + i + 1) % PORT_BAND
+        self.currently_used_ports.add(port)
+        return port
+    raise RuntimeError(f"no free port in {low}-{low + PORT_BAND - 1} for a kernel")
+
+
+LocalPortCache.find_available_port = _find_port_in_band
 
 
 def pytest_configure(config):
