@@ -97,6 +97,11 @@ extern char **environ;
 /* The raw bytes of a launcher line kept for the outcome: enough for srun's
  * and slurmstepd's messages; sanitized, at most 3 times as much. */
 #define LAUNCHER_LINE_KEEP 320
+/* On this node, how long a rank's error that says a peer went away (gloo's
+ * "Connection closed by peer") waits for that peer's exit: a rank killed by a
+ * signal closes its sockets at once, but the process we reap for it, the warm
+ * launcher, learns of the death from the template a moment later. */
+#define LOCAL_ECHO_GRACE_S 2.0
 
 typedef struct {
     pid_t pid;
@@ -447,9 +452,17 @@ static bool says_peer_went_away(const void *bytes, size_t len)
     return false;
 }
 
+/* Until when a pending failure that is most likely an echo (see below)
+ * waits for the peer it echoes. */
+static double echo_deadline(const dk_job_t *job)
+{
+    return job->failure_at +
+           (job->heartbeat_s > 0 ? job->heartbeat_s + DK_BC_PING_S : LOCAL_ECHO_GRACE_S);
+}
+
 /* The first failure seen this turn, rank R's, is the root cause unless a peer
  * failed first and R most likely only saw it go (gloo's or NCCL's "connection
- * closed"). Two kinds of peer are taken to have failed first:
+ * closed"). Three kinds of peer are taken to have failed first:
  *   - one whose connection closed before it answered (bc_closed): its
  *     process's exit, or the deadline that makes it lost, is awaited first,
  *     so the failure stays pending meanwhile; the back channel is drained
@@ -461,7 +474,12 @@ static bool says_peer_went_away(const void *bytes, size_t len)
  *     exit, but that frame may still wait in the socket behind R's (or may
  *     have lost the race with R's ERROR to this turn): so the peers on their
  *     way out are noted first, the back channel is drained, and only those
- *     still without an answer count.
+ *     still without an answer count;
+ *   - when R's error says a peer went away: one that has died without a word
+ *     (reaped, no ERROR of its own), waited for until echo_deadline. On this
+ *     node a killed rank is not always reaped by the time its peers' errors
+ *     arrive: a warm rank's process is its launcher, which hears of the death
+ *     from the template.
  * Then the stop begins. */
 static void resolve_failure(dk_job_t *job)
 {
@@ -481,15 +499,19 @@ static void resolve_failure(dk_job_t *job)
     /* Rank R says a peer's connection went away, and no peer is known to
      * have gone yet: wait for the kernel to learn whose, within the
      * heartbeat deadline (a killed node's connections close; a cut one's go
-     * silent), rather than blame R. */
-    if (job->heartbeat_s > 0 && job->ranks[r].echo && !peer_gone &&
-        dk_now_s() < job->failure_at + job->heartbeat_s + DK_BC_PING_S)
+     * silent), or on this node until the dead peer is reaped, rather than
+     * blame R. */
+    if (job->ranks[r].echo && !peer_gone && dk_now_s() < echo_deadline(job))
         return;
     job->failure_pending = -1;
     int cause = job->ranks[r].closed_unanswered ? r : -1;
     for (int q = 0; q < job->world_size && cause < 0 && !job->ranks[r].lost; q++) {
         if (q != r && job->ranks[q].lost)
             cause = q;      /* a lost node's rank: R's error was its echo */
+    }
+    for (int q = 0; q < job->world_size && cause < 0 && job->ranks[r].echo; q++) {
+        if (q != r && job->ranks[q].failed && !job->ranks[q].reported)
+            cause = q;      /* a peer that died without a word: R's error was its echo */
     }
     for (int q = 0; q < job->world_size && cause < 0; q++) {
         if (job->ranks[q].closed_unanswered && job->ranks[q].failed)
@@ -1048,6 +1070,8 @@ static int poll_timeout_ms(const dk_job_t *job)
         earliest(&next, job->last_reap_at + DRAIN_S);
     if (dk_backchan_deadline(job->chan) >= 0)
         earliest(&next, dk_backchan_deadline(job->chan));
+    if (job->failure_pending >= 0 && job->stop_reason == DK_END_NONE)
+        earliest(&next, echo_deadline(job));
     if (job->persistent && job->stop_reason == DK_END_NONE) {
         pthread_mutex_lock((pthread_mutex_t *) &job->lock);
         bool active = job->round_active;

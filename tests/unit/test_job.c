@@ -609,6 +609,24 @@ Test(job, a_rank_exiting_before_it_connects_is_never_running)
     finish(&job);
 }
 
+/* On this node a killed rank's sockets close at once, but the process the
+ * runtime reaps for it (a warm rank's launcher) ends a moment later; its
+ * peer's "Connection closed by peer", which arrives in between, is its echo
+ * and waits for it: rank 1, which closed its connection and died without a
+ * word, is the root cause (seen in a full run with a rank SIGKILLed in
+ * all_reduce, whose peer was blamed). */
+Test(job, a_peers_connection_error_here_waits_for_the_rank_it_echoes)
+{
+    const char *extra[] = {"FAKE_MODE_0=echo_error", "FAKE_MODE_1=close_hang", "FAKE_SLEEP_S=1",
+                           NULL};
+    dk_job_t *job = run(2, extra);
+    cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    cr_assert_eq(dk_job_root_cause(job), 1);
+    cr_assert_eq(dk_job_rank_exit_code(job, 1), 3);
+    cr_assert_eq(dk_job_rank_state(job, 1), DK_RANK_FAILED);
+    finish(&job);
+}
+
 Test(job, a_crash_is_reported_with_its_signal)
 {
     const char *extra[] = {"FAKE_MODE=segv", NULL};
