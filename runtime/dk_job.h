@@ -242,6 +242,14 @@ typedef struct {
      * above; needs bc_tcp_addr). */
     const char *master_addr;
     int master_port;
+    /* Ask the ranks of this node for their Python stacks before the runtime
+     * signals them (a failure while others run, cancel, the timeout, a
+     * round's interrupt or error; not an idle timeout), once per job or
+     * round, waiting at most STACKS_WAIT_S for all of them together (<= 0:
+     * DK_STACKREQ_WAIT_S, 2 s): dk_job_rank_stacks, dk_stackreq.h. Each rank
+     * gets DISTKERNEL_STACKS. Not for ranks on other nodes (bc_tcp_addr). */
+    bool stacks;
+    double stacks_wait_s;
 } dk_job_spec_t;
 
 #define DK_JOB_PORT_FROM_RANK0 (-1)
@@ -302,6 +310,14 @@ bool dk_job_rank_lost(dk_job_t *job, int rank);
  * "node2 lost (rank 4); node3 lost (ranks 8, 10–11)" (runs of ranks with an
  * en dash, DK_EN_DASH). Empty when none was lost. Truncated to fit BUF. */
 void dk_job_lost_summary(dk_job_t *job, char *buf, size_t len);
+
+/* The Python stacks RANK showed when they were asked for (spec.stacks):
+ * faulthandler's text, *LEN bytes, NUL-terminated; "" when it was asked and
+ * did not answer in time (still starting, or stuck past a signal handler);
+ * NULL when it was not asked (it had finished, failed or exited already, or
+ * nothing was asked: the run ended by itself). Valid once the job has ended,
+ * or on a persistent job once the round has, until the next round. */
+const char *dk_job_rank_stacks(dk_job_t *job, int rank, size_t *len);
 
 /* The address ranks were given in DISTKERNEL_BC (borrowed). */
 const char *dk_job_bc_address(dk_job_t *job);
