@@ -47,6 +47,12 @@ typedef struct {
     /* Where dk_dist_outcome_write_fates wrote every rank's fate, named by an
      * error that groups them; NULL when not written. */
     const char *ranks_file;
+    /* Where the live ranks were when the run was ended (dk_dist_stacks: lines
+     * ending in '\n'), shown first under "Where the ranks were:"; NULL or ""
+     * when no rank was asked. STACKS_FILE: the file with every dump (NULL:
+     * not written). */
+    const char *stacks;
+    const char *stacks_file;
 } dk_dist_outcome_t;
 
 /* The fate of rank R in a few words into OUT ("rank 1: raised ValueError: bad"),
@@ -55,7 +61,9 @@ typedef struct {
 void dk_dist_outcome_fate(const dk_dist_outcome_t *o, int r, int root, char *out, size_t outlen);
 
 /* The run's error, {ename, evalue, traceback}, a new reference (NULL when out
- * of memory). The traceback names the root cause (its own traceback when it
+ * of memory). The traceback says first where the live ranks were when the
+ * run was ended (STACKS, under "Where the ranks were:", then the stacks
+ * file), then names the root cause (its own traceback when it
  * raised, under a line with its rank and node), then "Ranks:" with every
  * rank's fate (grouped above DK_DIST_OUTCOME_EACH_RANK_MAX ranks, and then
  * the ranks file named), then the logs, saying which a full disk cut short

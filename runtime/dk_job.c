@@ -273,7 +273,9 @@ static bool ask_stacks(dk_job_t *job)
         return false;
     if (dk_stackreq_running(job->stacks))
         return true;
-    if (job->stacks_asked)
+    /* Between rounds no rank runs a cell, and the host may be reading the
+     * last round's answers. */
+    if (job->stacks_asked || (job->persistent && job->round_pending == 0))
         return false;
     job->stacks_asked = true;
     pid_t *groups = calloc((size_t) job->world_size, sizeof *groups);
