@@ -34,6 +34,10 @@
  * stop comes first decides how the job ends, and a failure seen after the stop
  * began is recorded on its rank but is not a root cause (it is most likely an
  * echo: a peer losing its NCCL connection to the rank that failed).
+ * Before that first signal (and before a round's interrupt) the live ranks
+ * are asked for their stacks (dk_stackreq), once per job or round: the
+ * signal is deferred until they answered or the wait is over, so what the
+ * host shows is where they were, not where a KeyboardInterrupt took them.
  *
  * Ending. The job ends when every rank is reaped and its pipes reached EOF.
  * What a rank leaves running in its process group is SIGKILLed when the rank

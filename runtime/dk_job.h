@@ -95,6 +95,9 @@
  * runtime then ends every other rank: SIGINT, and after GRACE SIGTERM, and after
  * GRACE SIGKILL, each sent to the rank's whole process group. Cancel (interrupt,
  * shutdown) and the timeout end ranks the same way.
+ * With spec.stacks the live ranks of this node are first asked for their
+ * Python stacks, all at once, and the first signal waits for their answers
+ * (at most spec.stacks_wait_s, 2 s): dk_job_rank_stacks.
  *
  * Rounds of a persistent job. Round 0 is the start: it ends when every rank has
  * said HELLO. A round ends when every rank has answered. An ERROR that is not

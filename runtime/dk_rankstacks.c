@@ -1,11 +1,17 @@
 /*
  * dk_rankstacks: the end line after a rank's dump. See the header.
  *
- * The handler runs inside faulthandler's, on whatever thread the signal was
- * delivered to, and may interrupt anything: it only writes, with errno kept.
- * SA_RESTART: a system call the signal interrupted in C code that does not
- * expect EINTR is restarted where the kernel can (faulthandler's own
- * registration with chain=True leaves it out; this is the last handler run).
+ * The handler runs inside faulthandler's (which raises the signal again with
+ * ours in place), on whatever thread the signal was delivered to, and may
+ * interrupt anything: it only writes, with errno kept.
+ *
+ * What the signal interrupts: faulthandler registers with chain=True without
+ * SA_RESTART, so a blocking system call of the thread that takes the signal
+ * returns EINTR, as it does for every signal CPython handles (its handlers
+ * have no SA_RESTART either). Python retries its own calls (PEP 475) and
+ * C++ waits on a condition variable or futex wake and wait again; C code
+ * that takes EINTR for an error would see one, once per request, which is
+ * made only when the rank is about to be ended anyway.
  */
 #include "dk_rankstacks.h"
 #include "dk_stackreq.h"
@@ -54,7 +60,7 @@ static PyObject *arm(PyObject *self, PyObject *arg)
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = write_end;
     sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART;
+    sa.sa_flags = 0;
     if (sigaction(DK_STACKS_SIGNAL, &sa, NULL) < 0)
         return PyErr_SetFromErrno(PyExc_OSError);
     return PyLong_FromLong(DK_STACKS_SIGNAL);
