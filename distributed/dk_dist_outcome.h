@@ -12,8 +12,10 @@
  * line per fate with its ranks as runs ("ranks 0–151, 153–255 (255): ended
  * by distkernel after rank 152 failed"), the root cause's first, and the
  * whole error within DK_DIST_OUTCOME_MAX_LINES lines besides the root cause's
- * own traceback (the rank's, whatever the size). Every rank's fate, one line
- * each, then goes to a file of the run's log folder that the error names.
+ * own traceback (the rank's, whatever the size); where the ranks were
+ * (dk_dist_stacks) counts within them and leaves the fates fewer lines, but
+ * it may take its own 45 and the fates keep at least 4. Every rank's fate, one line each, then goes to a file of the
+ * run's log folder that the error names.
  */
 #ifndef DK_DIST_OUTCOME_H
 #define DK_DIST_OUTCOME_H
