@@ -270,7 +270,8 @@ static void signal_ranks(dk_job_t *job, int sig)
  * per job or round. True while the request runs: what the caller was about
  * to signal waits for it (stacks_over), so the ranks are seen where they
  * were, not where a KeyboardInterrupt took them. A rank that has answered
- * is past its code; one started through a launcher is on another node. */
+ * is past its code; one started through a launcher, on another node, is
+ * asked over its connection; a lost one is not asked. */
 static bool ask_stacks(dk_job_t *job)
 {
     if (!job->stacks)
@@ -287,7 +288,12 @@ static bool ask_stacks(dk_job_t *job)
         return false;
     for (int r = 0; r < job->world_size; r++) {
         const rank_t *rk = &job->ranks[r];
-        groups[r] = rk->reaped || rk->reported || rk->launched ? 0 : rk->pid;
+        if (rk->reaped || rk->reported || rk->lost)
+            groups[r] = 0;
+        else if (!rk->launched)
+            groups[r] = rk->pid;
+        else        /* on another node: over its connection, if it has one */
+            groups[r] = dk_backchan_ask_stacks(job->chan, r) ? DK_STACKREQ_BY_CHANNEL : 0;
     }
     int asked = dk_stackreq_begin(job->stacks, groups, dk_now_s(), job->stacks_wait_s);
     free(groups);
@@ -659,6 +665,14 @@ static void log_bytes(dk_job_t *job, int r, const char *buf, size_t n);
 
 /* A remote rank's output: the same path as a pipe's; its notes about itself
  * (DK_BC_OUTPUT_LOG) to its log only, as a launcher's own lines go. */
+/* A rank on another node answered for its stacks (dk_backchan_ask_stacks). */
+static void bc_stacks(void *data, int r, const void *bytes, size_t len)
+{
+    dk_job_t *job = data;
+    if (job->stacks)
+        dk_stackreq_answer(job->stacks, r, bytes, len);
+}
+
 static void bc_output(void *data, int r, int fd, const void *bytes, size_t len, bool caught_up)
 {
     dk_job_t *job = data;
@@ -1646,7 +1660,7 @@ dk_job_t *dk_job_start(const dk_job_spec_t *spec, const dk_sink_t *sink, char *e
     if (!open_log_dir(job, err, errlen))
         goto fail;
     dk_backchan_sink_t bcsink = {job,       bc_delivered, bc_message, bc_warning,
-                                 bc_hello,  bc_output,    bc_lost,    bc_closed};
+                                 bc_hello,  bc_output,    bc_lost,    bc_closed, bc_stacks};
     dk_backchan_opts_t opts = {spec->bc_tcp_addr, spec->bc_tcp_port, 0,
                                spec->master_port == DK_JOB_PORT_FROM_RANK0,
                                spec->bc_allow_hosts, spec->bc_nallow};
@@ -1682,9 +1696,8 @@ dk_job_t *dk_job_start(const dk_job_spec_t *spec, const dk_sink_t *sink, char *e
     }
     if (!open_logs(job, err, errlen))
         goto fail;
-    /* Ranks on other nodes cannot be signalled from here: their stacks are
-     * not asked for. A folder that cannot be made costs the stacks only. */
-    if (spec->stacks && !spec->bc_tcp_addr) {
+    /* A folder that cannot be made costs the stacks only. */
+    if (spec->stacks) {
         char why[512];
         if (!(job->stacks = dk_stackreq_new(spec->world_size, why, sizeof why)))
             warn(job, "the ranks' stacks will not be shown if the run hangs: %s", why);

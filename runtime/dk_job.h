@@ -56,6 +56,11 @@
  *              sent in place of the ladder's SIGINT to a rank started through
  *              a launcher, since srun takes a SIGINT as "print the tasks'
  *              state" and passes nothing on; SIGTERM to srun ends the step)
+ *     10 STACKS (runtime -> rank, empty: send your Python stacks, spec.stacks;
+ *              rank -> runtime: faulthandler's dump of every thread, at most
+ *              DK_BC_STACKS_MAX bytes, written by the rank's back-channel
+ *              thread, which needs the GIL for it: a rank holding the GIL in
+ *              a C loop does not answer)
  * A rank there captures its own fd 1 and 2 (C-level writes and its children's
  * included) and sends them as OUTPUT frames, which reach on_output, the logs
  * and on_caught_up exactly as pipe output does; it sends every OUTPUT frame
@@ -250,7 +255,8 @@ typedef struct {
      * round's interrupt or error; not an idle timeout), once per job or
      * round, waiting at most STACKS_WAIT_S for all of them together (<= 0:
      * DK_STACKREQ_WAIT_S, 2 s): dk_job_rank_stacks, dk_stackreq.h. Each rank
-     * gets DISTKERNEL_STACKS. Not for ranks on other nodes (bc_tcp_addr). */
+     * started here gets DISTKERNEL_STACKS; a launched one (another node) is
+     * asked over its connection (a STACKS frame, see the top). */
     bool stacks;
     double stacks_wait_s;
 } dk_job_spec_t;

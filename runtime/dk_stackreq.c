@@ -27,6 +27,7 @@ typedef struct {
     int fd;                 /* open while asked in a running request */
     bool asked;             /* in the last request */
     bool pending;           /* asked, not yet answered or gone */
+    bool by_channel;        /* asked over the back channel: answered by dk_stackreq_answer */
     char *dump;             /* what it wrote for the last request, its tail */
     size_t len;
 } slot_t;
@@ -159,6 +160,7 @@ static void close_slot(slot_t *s)
         close(s->fd);
     s->fd = -1;
     s->pending = false;
+    s->by_channel = false;
 }
 
 void dk_stackreq_clear(dk_stackreq_t *self)
@@ -179,12 +181,17 @@ int dk_stackreq_begin(dk_stackreq_t *self, const pid_t *groups, double now, doub
     int asked = 0;
     for (int r = 0; r < self->world; r++) {
         slot_t *s = &self->slots[r];
-        if (groups[r] <= 0)
+        if (groups[r] <= 0 && groups[r] != DK_STACKREQ_BY_CHANNEL)
             continue;
         if (!(s->dump = malloc(DK_STACKREQ_KEEP + 1)))
             continue;           /* out of memory: this rank is not asked */
         s->asked = true;
         s->dump[0] = '\0';
+        if (groups[r] == DK_STACKREQ_BY_CHANNEL) {
+            s->by_channel = s->pending = true;
+            asked++;
+            continue;
+        }
         s->fd = open(s->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
         if (s->fd < 0)
             continue;
@@ -221,7 +228,8 @@ bool dk_stackreq_poll(dk_stackreq_t *self, double now)
         slot_t *s = &self->slots[r];
         if (!s->pending)
             continue;
-        read_answer(s);
+        if (!s->by_channel)
+            read_answer(s);
         waiting = waiting || s->pending;
     }
     if (!waiting || now >= self->until)
@@ -241,11 +249,28 @@ double dk_stackreq_next_at(const dk_stackreq_t *self, double now)
     return now + DK_STACKREQ_TICK_S < self->until ? now + DK_STACKREQ_TICK_S : self->until;
 }
 
+void dk_stackreq_answer(dk_stackreq_t *self, int rank, const void *dump, size_t len)
+{
+    if (!self->running || rank < 0 || rank >= self->world || !self->slots[rank].by_channel ||
+        !self->slots[rank].pending)
+        return;
+    slot_t *s = &self->slots[rank];
+    if (len > DK_STACKREQ_KEEP) {
+        dump = (const char *) dump + len - DK_STACKREQ_KEEP;
+        len = DK_STACKREQ_KEEP;
+    }
+    memcpy(s->dump, dump, len);
+    s->len = len;
+    s->dump[len] = '\0';
+    close_slot(s);
+}
+
 void dk_stackreq_gone(dk_stackreq_t *self, int rank)
 {
     if (rank < 0 || rank >= self->world || !self->slots[rank].pending)
         return;
-    read_answer(&self->slots[rank]);    /* what it wrote before it went */
+    if (!self->slots[rank].by_channel)
+        read_answer(&self->slots[rank]);    /* what it wrote before it went */
     close_slot(&self->slots[rank]);
 }
 
@@ -253,7 +278,7 @@ void dk_stackreq_end(dk_stackreq_t *self)
 {
     for (int r = 0; r < self->world; r++) {
         slot_t *s = &self->slots[r];
-        if (s->pending)
+        if (s->pending && !s->by_channel)
             read_answer(s);
         close_slot(s);
     }

@@ -26,6 +26,11 @@
  * ready line yet (still starting) is not signalled at all: a real-time
  * signal's default action ends a process.
  *
+ * A rank on another node cannot be signalled from here: its caller asks it
+ * over the back channel (DK_BC_STACKS, dk_backchan.h), where the rank's
+ * back-channel thread dumps its stacks, and hands the answer in
+ * (dk_stackreq_answer); the request waits for those ranks as for the others.
+ *
  * A request asks every rank it is given at once and waits for all of them
  * together, bounded by the wait given (about 2 s at any world size), reading
  * each file from where it ended before the signal. A rank that does not
@@ -71,11 +76,15 @@ void dk_stackreq_destroy(dk_stackreq_t **self_p);
 /* The path of RANK's file (borrowed), for DK_STACKS_ENV. */
 const char *dk_stackreq_path(const dk_stackreq_t *self, int rank);
 
+/* GROUPS[R] for a rank the caller asked itself (over the back channel). */
+#define DK_STACKREQ_BY_CHANNEL ((pid_t) -1)
+
 /* Ask every rank R with GROUPS[R] > 0 (its process group: the pid the job
- * started) for its stacks now (NOW, seconds of any monotonic clock); wait at
- * most WAIT_S (<= 0: DK_STACKREQ_WAIT_S). The previous request's dumps are
- * forgotten. Returns how many ranks were asked (0: the request is over at
- * once). */
+ * started) for its stacks now (NOW, seconds of any monotonic clock), and
+ * wait for those with DK_STACKREQ_BY_CHANNEL as well (dk_stackreq_answer);
+ * wait at most WAIT_S (<= 0: DK_STACKREQ_WAIT_S). The previous request's
+ * dumps are forgotten. Returns how many ranks are waited for (0: the
+ * request is over at once). */
 int dk_stackreq_begin(dk_stackreq_t *self, const pid_t *groups, double now, double wait_s);
 
 /* Read what the asked ranks wrote. True when the request is over: every
@@ -89,6 +98,11 @@ bool dk_stackreq_running(const dk_stackreq_t *self);
 /* When to poll next: within DK_STACKREQ_TICK_S of NOW, and at the end of
  * the wait; a negative value when no request runs. */
 double dk_stackreq_next_at(const dk_stackreq_t *self, double now);
+
+/* RANK's answer over the back channel (LEN bytes of dump, its tail kept),
+ * for a rank the running request waits for by channel; ignored otherwise
+ * (a late answer, one nobody asked for). */
+void dk_stackreq_answer(dk_stackreq_t *self, int rank, const void *dump, size_t len);
 
 /* RANK has exited: the request does not wait for it. */
 void dk_stackreq_gone(dk_stackreq_t *self, int rank);
