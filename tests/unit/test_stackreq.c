@@ -240,3 +240,47 @@ Test(stackreq, destroy_leaves_no_file)
     *slash = '\0';
     cr_assert_neq(access(path, F_OK), 0, "the folder %s is gone too", path);
 }
+
+Test(stackreq, a_rank_asked_over_the_channel_is_waited_for_until_it_answers)
+{
+    char err[256];
+    dk_stackreq_t *req = dk_stackreq_new(2, err, sizeof err);
+    pid_t groups[2] = {rank(dk_stackreq_path(req, 0), ANSWERS), DK_STACKREQ_BY_CHANNEL};
+    double t0 = now();
+    cr_assert_eq(dk_stackreq_begin(req, groups, t0, 5.0), 2);
+    for (int i = 0; i < 20; i++) {
+        cr_assert_not(dk_stackreq_poll(req, now()), "rank 1 has not answered yet");
+        usleep(5000);
+    }
+    dk_stackreq_answer(req, 1, DUMP, strlen(DUMP));
+    cr_assert(dk_stackreq_poll(req, now()));
+    size_t len;
+    cr_assert_str_eq(dk_stackreq_dump(req, 1, &len), DUMP);
+    cr_assert_eq(len, strlen(DUMP));
+    /* A late answer, or one nobody asked for, changes nothing. */
+    dk_stackreq_answer(req, 1, "late", 4);
+    dk_stackreq_answer(req, 0, "stranger", 8);
+    cr_assert_str_eq(dk_stackreq_dump(req, 1, &len), DUMP);
+    cr_assert_str_eq(dk_stackreq_dump(req, 0, &len), DUMP);
+    end(groups[0]);
+    dk_stackreq_destroy(&req);
+}
+
+Test(stackreq, a_long_answer_over_the_channel_keeps_its_tail)
+{
+    char err[256];
+    dk_stackreq_t *req = dk_stackreq_new(1, err, sizeof err);
+    pid_t groups[1] = {DK_STACKREQ_BY_CHANNEL};
+    cr_assert_eq(dk_stackreq_begin(req, groups, now(), 5.0), 1);
+    size_t big = DK_STACKREQ_KEEP + 100;
+    char *dump = malloc(big);
+    memset(dump, 'a', big);
+    memcpy(dump + big - 3, "end", 3);
+    dk_stackreq_answer(req, 0, dump, big);
+    free(dump);
+    size_t len;
+    const char *kept = dk_stackreq_dump(req, 0, &len);
+    cr_assert_eq(len, DK_STACKREQ_KEEP);
+    cr_assert_str_eq(kept + len - 3, "end");
+    dk_stackreq_destroy(&req);
+}
