@@ -30,6 +30,7 @@ typedef struct {
     bool by_channel;        /* asked over the back channel: answered by dk_stackreq_answer */
     char *dump;             /* what it wrote for the last request, its tail */
     size_t len;
+    size_t cap;             /* DUMP's size: grown as answers come, up to KEEP + 1 */
 } slot_t;
 
 struct dk_stackreq_t {
@@ -124,10 +125,34 @@ static void read_ready(slot_t *s)
 #define READ_CHUNK 16384
 _Static_assert(READ_CHUNK < DK_STACKREQ_KEEP, "a read fits in what is kept");
 
+/* Room in S's dump for WANT bytes and a NUL (at most DK_STACKREQ_KEEP): a
+ * request of a thousand ranks holds what they wrote, not a thousand times
+ * the most one may write. False when memory ran out. */
+static bool room(slot_t *s, size_t want)
+{
+    if (want > DK_STACKREQ_KEEP)
+        want = DK_STACKREQ_KEEP;
+    if (want + 1 <= s->cap)
+        return true;
+    size_t cap = s->cap ? s->cap : 4096;
+    while (cap < want + 1)
+        cap *= 2;
+    if (cap > DK_STACKREQ_KEEP + 1)
+        cap = DK_STACKREQ_KEEP + 1;
+    char *dump = realloc(s->dump, cap);
+    if (!dump)
+        return false;
+    s->dump = dump;
+    s->cap = cap;
+    return true;
+}
+
 /* Keep DATA (N <= READ_CHUNK bytes) at the end of S's dump, within
- * DK_STACKREQ_KEEP. */
+ * DK_STACKREQ_KEEP (what does not fit in memory is dropped). */
 static void keep(slot_t *s, const char *data, size_t n)
 {
+    if (!room(s, s->len + n))
+        return;
     if (s->len + n > DK_STACKREQ_KEEP) {
         size_t drop = s->len + n - DK_STACKREQ_KEEP;
         memmove(s->dump, s->dump + drop, s->len - drop);
@@ -171,7 +196,7 @@ void dk_stackreq_clear(dk_stackreq_t *self)
         s->asked = false;
         free(s->dump);
         s->dump = NULL;
-        s->len = 0;
+        s->len = s->cap = 0;
     }
 }
 
@@ -183,7 +208,8 @@ int dk_stackreq_begin(dk_stackreq_t *self, const pid_t *groups, double now, doub
         slot_t *s = &self->slots[r];
         if (groups[r] <= 0 && groups[r] != DK_STACKREQ_BY_CHANNEL)
             continue;
-        if (!(s->dump = malloc(DK_STACKREQ_KEEP + 1)))
+        s->cap = 0;
+        if (!room(s, 0))
             continue;           /* out of memory: this rank is not asked */
         s->asked = true;
         s->dump[0] = '\0';
@@ -259,9 +285,11 @@ void dk_stackreq_answer(dk_stackreq_t *self, int rank, const void *dump, size_t 
         dump = (const char *) dump + len - DK_STACKREQ_KEEP;
         len = DK_STACKREQ_KEEP;
     }
-    memcpy(s->dump, dump, len);
-    s->len = len;
-    s->dump[len] = '\0';
+    if (room(s, len)) {
+        memcpy(s->dump, dump, len);
+        s->len = len;
+        s->dump[len] = '\0';
+    }
     close_slot(s);
 }
 
