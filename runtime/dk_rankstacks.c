@@ -78,7 +78,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, DK_RANKSTACKS_MODULE,
 PyObject *dk_rankstacks_init(void)
 {
     PyObject *m = PyModule_Create(&module);
-    if (m && PyModule_AddIntConstant(m, "SIGNAL", DK_STACKS_SIGNAL) < 0)
+    if (m && (PyModule_AddIntConstant(m, "SIGNAL", DK_STACKS_SIGNAL) < 0 ||
+              PyModule_AddStringConstant(m, "READY", DK_STACKS_READY) < 0))
         Py_CLEAR(m);
     return m;
 }

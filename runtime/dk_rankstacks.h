@@ -18,6 +18,8 @@
  *       faulthandler.register(signum, file=fd, all_threads=True, chain=True).
  *   SIGNAL
  *       that signal (a forked warm rank ignores it until it is armed).
+ *   READY
+ *       the start of the line the rank writes once armed, before its pid.
  */
 #ifndef DK_RANKSTACKS_H
 #define DK_RANKSTACKS_H

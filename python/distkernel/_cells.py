@@ -195,6 +195,7 @@ def folder():
     kernel tells cell frames in a rank's stack by (runtime/dk_stacks.h)."""
     return files.folder()
 
+
 # The whole text of the native-magic cell running now (%%distributed), so that
 # its body is compiled in the ranks under the cell's own file and lines.
 native_cell = None

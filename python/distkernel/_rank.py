@@ -307,7 +307,7 @@ def _arm_stacks():
     try:
         signum = _distkernel_stacks.arm(fd)
         faulthandler.register(signum, file=fd, all_threads=True, chain=True)
-        os.write(fd, b"distkernel stacks: ready, pid %d\n" % os.getpid())
+        os.write(fd, b"%s%d\n" % (_distkernel_stacks.READY.encode(), os.getpid()))
     except (OSError, RuntimeError, ValueError):
         pass
 
