@@ -512,6 +512,31 @@ static size_t fates_room(const dk_dist_outcome_t *o, json_t *tb, size_t own, boo
                                                         : FATES_MIN;
 }
 
+/* Where the ranks were, put before the rest of TB: the heading, O's
+ * summary lines, the stacks file, and a blank line before what follows.
+ * Returns how many lines were put there (0: no rank was asked). */
+static size_t stacks_lines(const dk_dist_outcome_t *o, json_t *tb)
+{
+    if (!o->stacks || !*o->stacks)
+        return 0;
+    size_t at = 0;
+    json_array_insert_new(tb, at++, json_string("Where the ranks were:"));
+    for (const char *p = o->stacks; *p;) {
+        const char *nl = strchr(p, '\n');
+        size_t n = nl ? (size_t) (nl - p) : strlen(p);
+        json_array_insert_new(tb, at++, json_stringn(p, n));
+        p += n + (nl ? 1 : 0);
+    }
+    if (o->stacks_file) {
+        char line[4300];
+        snprintf(line, sizeof line, "Every rank's stacks, in full: %s", o->stacks_file);
+        json_array_insert_new(tb, at++, json_string(line));
+    }
+    if (json_array_size(tb) > at)
+        json_array_insert_new(tb, at++, json_string(""));
+    return at;
+}
+
 json_t *dk_dist_outcome_error(const dk_dist_outcome_t *o, bool headline)
 {
     json_t *tb = json_array();
@@ -520,6 +545,7 @@ json_t *dk_dist_outcome_error(const dk_dist_outcome_t *o, bool headline)
     char ename[128], evalue[2048];
     size_t own;
     cause(o, tb, ename, sizeof ename, evalue, sizeof evalue, &own);
+    size_t where = stacks_lines(o, tb);
     json_array_append_new(tb, json_string(""));
     json_array_append_new(tb, json_string("Ranks:"));
     if (o->world <= DK_DIST_OUTCOME_EACH_RANK_MAX) {
@@ -546,7 +572,7 @@ json_t *dk_dist_outcome_error(const dk_dist_outcome_t *o, bool headline)
      * IPython colours the exception line of a traceback. */
     if (headline) {
         const char *first = json_string_value(json_array_get(tb, 0));
-        if (first && *first)
+        if (first && *first && !where)
             json_array_insert_new(tb, 0, json_string(""));
         char line[2400];
         snprintf(line, sizeof line, "\x1b[0;31m%s\x1b[0m: %s", ename, evalue);

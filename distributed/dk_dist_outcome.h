@@ -12,8 +12,10 @@
  * line per fate with its ranks as runs ("ranks 0–151, 153–255 (255): ended
  * by distkernel after rank 152 failed"), the root cause's first, and the
  * whole error within DK_DIST_OUTCOME_MAX_LINES lines besides the root cause's
- * own traceback (the rank's, whatever the size). Every rank's fate, one line
- * each, then goes to a file of the run's log folder that the error names.
+ * own traceback (the rank's, whatever the size); where the ranks were
+ * (dk_dist_stacks) counts within them and leaves the fates fewer lines, but
+ * it may take its own 45 and the fates keep at least 4. Every rank's fate, one line each, then goes to a file of the
+ * run's log folder that the error names.
  */
 #ifndef DK_DIST_OUTCOME_H
 #define DK_DIST_OUTCOME_H
@@ -47,6 +49,12 @@ typedef struct {
     /* Where dk_dist_outcome_write_fates wrote every rank's fate, named by an
      * error that groups them; NULL when not written. */
     const char *ranks_file;
+    /* Where the live ranks were when the run was ended (dk_dist_stacks: lines
+     * ending in '\n'), shown first under "Where the ranks were:"; NULL or ""
+     * when no rank was asked. STACKS_FILE: the file with every dump (NULL:
+     * not written). */
+    const char *stacks;
+    const char *stacks_file;
 } dk_dist_outcome_t;
 
 /* The fate of rank R in a few words into OUT ("rank 1: raised ValueError: bad"),
@@ -55,7 +63,9 @@ typedef struct {
 void dk_dist_outcome_fate(const dk_dist_outcome_t *o, int r, int root, char *out, size_t outlen);
 
 /* The run's error, {ename, evalue, traceback}, a new reference (NULL when out
- * of memory). The traceback names the root cause (its own traceback when it
+ * of memory). The traceback says first where the live ranks were when the
+ * run was ended (STACKS, under "Where the ranks were:", then the stacks
+ * file), then names the root cause (its own traceback when it
  * raised, under a line with its rank and node), then "Ranks:" with every
  * rank's fate (grouped above DK_DIST_OUTCOME_EACH_RANK_MAX ranks, and then
  * the ranks file named), then the logs, saying which a full disk cut short

@@ -30,6 +30,7 @@
 #include "dk_dist_rank.h"
 #include "dk_dist_relay.h"
 #include "dk_dist_slurm.h"
+#include "dk_dist_stacks.h"
 #include "dk_dist_status.h"
 #include "dk_dist_warm.h"
 #include "dk_gpu.h"
@@ -81,6 +82,11 @@ struct dk_dist_run_t {
     dk_dist_slurm_t *slurm;
     const char *const *hosts;
     char log_dir[4096];         /* the run's log folder, once made */
+    /* Where the ranks were when the run was ended (dk_dist_stacks), made
+     * with the error once: the summary (NULL: none) and stacks.txt's path. */
+    bool stacks_made;
+    char *stacks;
+    char stacks_file[4200];
 };
 
 static void write_err(dk_dist_run_t *run, const char *text)
@@ -241,6 +247,7 @@ void dk_dist_run_destroy(dk_dist_run_t **self_p)
     for (int r = 0; run->ranks && r < run->plan.world; r++)
         free(run->ranks[r].message);
     free(run->ranks);
+    free(run->stacks);
     pthread_mutex_destroy(&run->lock);
     free(run);
     *self_p = NULL;
@@ -465,6 +472,7 @@ static dk_job_t *start_job(dk_dist_run_t *run, char **env, const char *log_dir,
         .payload_len = len,
         .timeout_s = run->opts.timeout_s,
         .grace_s = DK_DIST_KILL_GRACE_S,
+        .stacks = true,     /* a run that ends badly says where its ranks were */
     };
     char *warm_socket = NULL;    /* ours: freed once dk_job_start copied it */
     PyObject *wrapped = NULL;    /* likewise the payload with MLflow's secrets */
@@ -905,8 +913,56 @@ PyObject *dk_dist_run_results(dk_dist_run_t *run)
     return list;
 }
 
+/* The cell files' folder, ending in '/' (malloc'd), or NULL when no cell
+ * has been written (python/distkernel/_cells.py). Needs the GIL. */
+static char *cells_folder(void)
+{
+    PyObject *mod = PyImport_ImportModule("distkernel._cells");
+    PyObject *folder = mod ? PyObject_CallMethod(mod, "folder", NULL) : NULL;
+    const char *text = folder && PyUnicode_Check(folder) ? PyUnicode_AsUTF8(folder) : NULL;
+    char *out = text ? strdup(text) : NULL;
+    if (PyErr_Occurred()) {
+        dk_log("distributed: cannot tell the cell files' folder (stacks show no cell lines)");
+        PyErr_Clear();
+    }
+    Py_XDECREF(folder);
+    Py_XDECREF(mod);
+    return out;
+}
+
+/* Where the ranks were, from the stacks the runtime asked them for before it
+ * ended them (none on a run that ended by itself): made once, with
+ * stacks.txt in the run's log folder. */
+static void make_stacks(dk_dist_run_t *run)
+{
+    if (run->stacks_made)
+        return;
+    run->stacks_made = true;
+    int world = run->plan.world;
+    const char **dumps = calloc((size_t) world, sizeof *dumps);
+    size_t *lens = calloc((size_t) world, sizeof *lens);
+    bool any = false;
+    for (int r = 0; dumps && lens && r < world; r++) {
+        dumps[r] = dk_job_rank_stacks(run->job, r, &lens[r]);
+        any = any || dumps[r];
+    }
+    if (any) {
+        char *cells = cells_folder();
+        char err[4400];
+        run->stacks = dk_dist_stacks_report(world, dumps, lens, run->hosts, cells,
+                                            dk_job_log_dir(run->job), run->stacks_file,
+                                            sizeof run->stacks_file, err, sizeof err);
+        if (*err)
+            dk_log("distributed: %s", err);
+        free(cells);
+    }
+    free(dumps);
+    free(lens);
+}
+
 json_t *dk_dist_run_error(dk_dist_run_t *run, bool headline)
 {
+    make_stacks(run);
     dk_job_end_t end = run_end(run);
     bool gone = run->pool && dk_job_end(run->job) != DK_END_NONE;
     int root = end != DK_END_FAILED ? -1
@@ -924,7 +980,9 @@ json_t *dk_dist_run_error(dk_dist_run_t *run, bool headline)
                            .interrupted = run->interrupted, .shutdown = run->shutdown,
                            .timeout_s = run->timeout_s, .timeout_cut = run->timeout_cut,
                            .log_dir = dk_job_log_dir(run->job),
-                           .world = run->plan.world, .ranks = run->ranks};
+                           .world = run->plan.world, .ranks = run->ranks,
+                           .stacks = run->stacks,
+                           .stacks_file = run->stacks_file[0] ? run->stacks_file : NULL};
     /* Above a few ranks the error groups them by fate; every rank's own line
      * goes to the log folder, which the error names (or not, if unwritable). */
     char path[4200], err[4300];

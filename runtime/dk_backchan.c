@@ -119,6 +119,7 @@ typedef struct {
     double pinged_at;       /* when we last queued a PING */
     bool lost;              /* reported silent past the deadline */
     bool interrupt_due;     /* an INTERRUPT to send once the output is written */
+    bool stacks_due;        /* a STACKS request to send likewise */
     bool port_due;          /* port_from_rank0: its HELLO came before the port; its
                                PORT (and PAYLOAD) go out once rank 0 sends it */
     unsigned char nonce[DK_BC_NONCE_LEN];
@@ -503,6 +504,20 @@ bool dk_backchan_interrupt(dk_backchan_t *self, int rank)
     return false;
 }
 
+bool dk_backchan_ask_stacks(dk_backchan_t *self, int rank)
+{
+    for (size_t i = 0; i < self->nconns; i++) {
+        conn_t *c = &self->conns[i];
+        if (c->fd < 0 || c->rank != rank || c->lost)
+            continue;
+        c->stacks_due = true;
+        if (self->heartbeat_s > 0)
+            heartbeat(self);
+        return true;
+    }
+    return false;
+}
+
 int dk_backchan_port(const dk_backchan_t *self)
 {
     return self->port;
@@ -776,6 +791,12 @@ static void conn_frame(dk_backchan_t *self, conn_t *c)
             port_arrived(self, c, body + BODY_HEAD, body_len - BODY_HEAD);
     } else if (type == DK_BC_PING) {
         /* Its arrival was the point (heard_at). */
+    } else if (type == DK_BC_STACKS) {
+        if (body_len - BODY_HEAD > DK_BC_STACKS_MAX)
+            refuse(self, c, "it sent more than 128 KiB of stacks in one message");
+        else if (self->sink.on_stacks)
+            self->sink.on_stacks(self->sink.data, c->rank, body + BODY_HEAD,
+                                 body_len - BODY_HEAD);
     } else if (type == DK_BC_OUTPUT) {
         int fd = body_len >= BODY_HEAD + 2 ? body[BODY_HEAD] : 0;
         if ((fd != 1 && fd != 2 && fd != DK_BC_OUTPUT_LOG) ||
@@ -1035,6 +1056,13 @@ static void heartbeat(dk_backchan_t *self)
             c->interrupt_due = false;
             if (!queue_empty(self, c, DK_BC_INTERRUPT))
                 refuse(self, c, "OpenSSL could not sign an interrupt");
+            else
+                conn_write(self, c);
+        }
+        if (c->fd >= 0 && c->stacks_due && !conn_has_output(c)) {
+            c->stacks_due = false;
+            if (!queue_empty(self, c, DK_BC_STACKS))
+                refuse(self, c, "OpenSSL could not sign a request for stacks");
             else
                 conn_write(self, c);
         }

@@ -28,7 +28,13 @@ enum {
     DK_BC_INTERRUPT = 8,/* runtime -> rank, empty: raise SIGINT in your process group */
     DK_BC_PORT = 9,     /* u32 port: rank 0 -> runtime, the MASTER_PORT it found free on
                            its node; runtime -> every rank, that port (opts.port_from_rank0) */
+    DK_BC_STACKS = 10,  /* runtime -> rank, empty: send your threads' Python stacks;
+                           rank -> runtime: faulthandler's dump of them (at most
+                           DK_BC_STACKS_MAX bytes, the tail) */
 };
+
+/* The most bytes of a rank's stacks one STACKS frame carries. */
+#define DK_BC_STACKS_MAX ((size_t) 128 << 10)
 
 /* OUTPUT flags: the rank's read found nothing more waiting on that fd. */
 #define DK_BC_OUTPUT_CAUGHT_UP 0x01
@@ -104,6 +110,8 @@ typedef struct {
      * once per connection; never for a connection this side closed. May be
      * NULL. */
     void (*on_closed)(void *data, int rank);
+    /* RANK's STACKS frame: its dump, BYTES valid during the call. May be NULL. */
+    void (*on_stacks)(void *data, int rank, const void *bytes, size_t len);
 } dk_backchan_sink_t;
 
 /* How a channel listens. Zeroed (or NULL): today's local channel, a Unix
@@ -177,6 +185,13 @@ bool dk_backchan_rank_connected_once(const dk_backchan_t *self, int rank);
  * SIGINT in its own process group, as a local rank's group gets it. Returns
  * false when RANK has no connection (nothing will be sent). */
 bool dk_backchan_interrupt(dk_backchan_t *self, int rank);
+
+/* Ask RANK (connected over TCP: a rank on another node, which the runtime
+ * cannot signal) for its Python stacks: a STACKS frame goes as soon as
+ * nothing else is being written on its connection, and the rank answers
+ * with one (on_stacks). Returns false when RANK has no connection, or it was
+ * lost (nothing will be sent). */
+bool dk_backchan_ask_stacks(dk_backchan_t *self, int rank);
 
 /* The TCP port listened on, or 0 for a Unix socket. */
 int dk_backchan_port(const dk_backchan_t *self);

@@ -34,6 +34,10 @@
  * stop comes first decides how the job ends, and a failure seen after the stop
  * began is recorded on its rank but is not a root cause (it is most likely an
  * echo: a peer losing its NCCL connection to the rank that failed).
+ * Before that first signal (and before a round's interrupt) the live ranks
+ * are asked for their stacks (dk_stackreq), once per job or round: the
+ * signal is deferred until they answered or the wait is over, so what the
+ * host shows is where they were, not where a KeyboardInterrupt took them.
  *
  * Ending. The job ends when every rank is reaped and its pipes reached EOF.
  * What a rank leaves running in its process group is SIGKILLed when the rank
@@ -65,6 +69,7 @@
 #include "dk_logdir.h"
 #include "dk_logfile.h"
 #include "dk_spawn.h"
+#include "dk_stackreq.h"
 #include "dk_stop.h"
 #include "dk_utf8.h"
 
@@ -200,6 +205,15 @@ struct dk_job_t {
     int unreaped;
     double last_reap_at;
     bool drain_cut;         /* cancel during the drain window: stop waiting */
+    /* spec.stacks: the live ranks' stacks are asked for before they are
+     * signalled, once per job (per round of a persistent one); the stop or
+     * the round's interrupt waits for the answers (stacks_over). NULL: never.
+     * Read by others once the job or the round has ended. */
+    dk_stackreq_t *stacks;
+    double stacks_wait_s;
+    bool stacks_asked;
+    bool stop_deferred;
+    bool interrupt_deferred;
 };
 
 static void warn(dk_job_t *job, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -257,11 +271,75 @@ static void signal_ranks(dk_job_t *job, int sig)
     }
 }
 
+/* Ask every live rank of this node for its stacks (dk_stackreq.h), once
+ * per job or round. True while the request runs: what the caller was about
+ * to signal waits for it (stacks_over), so the ranks are seen where they
+ * were, not where a KeyboardInterrupt took them. A rank that has answered
+ * is past its code; one started through a launcher, on another node, is
+ * asked over its connection; a lost one is not asked. */
+static bool ask_stacks(dk_job_t *job)
+{
+    if (!job->stacks)
+        return false;
+    if (dk_stackreq_running(job->stacks))
+        return true;
+    /* Between rounds no rank runs a cell, and the host may be reading the
+     * last round's answers. */
+    if (job->stacks_asked || (job->persistent && job->round_pending == 0))
+        return false;
+    job->stacks_asked = true;
+    pid_t *groups = calloc((size_t) job->world_size, sizeof *groups);
+    if (!groups)
+        return false;
+    for (int r = 0; r < job->world_size; r++) {
+        const rank_t *rk = &job->ranks[r];
+        if (rk->reaped || rk->reported || rk->lost)
+            groups[r] = 0;
+        else if (!rk->launched)
+            groups[r] = rk->pid;
+        else        /* on another node: over its connection, if it has one */
+            groups[r] = dk_backchan_ask_stacks(job->chan, r) ? DK_STACKREQ_BY_CHANNEL : 0;
+    }
+    int asked = dk_stackreq_begin(job->stacks, groups, dk_now_s(), job->stacks_wait_s);
+    free(groups);
+    return asked > 0;
+}
+
+static void stop_now(dk_job_t *job);
+static void signal_unanswered(dk_job_t *job);
+
+/* The stacks are in (or their wait is over): what waited for them goes on. */
+static void stacks_over(dk_job_t *job)
+{
+    if (job->interrupt_deferred) {
+        job->interrupt_deferred = false;
+        if (job->round_pending > 0) {
+            signal_unanswered(job);
+            if (job->round_deadline < 0)
+                job->round_deadline = dk_now_s() + job->stop.grace;
+        }
+    }
+    if (job->stop_deferred) {
+        job->stop_deferred = false;
+        stop_now(job);
+    }
+}
+
 static void begin_stop(dk_job_t *job, dk_job_end_t reason)
 {
     if (job->stop_reason != DK_END_NONE)
         return;
     job->stop_reason = reason;
+    /* An idle timeout ends ranks that are in no cell: nowhere to be seen. */
+    if (reason != DK_END_IDLE && ask_stacks(job)) {
+        job->stop_deferred = true;
+        return;
+    }
+    stop_now(job);
+}
+
+static void stop_now(dk_job_t *job)
+{
     /* An idle rank of a persistent job ignores SIGINT and waits on the channel:
      * EOF is its cue to exit. */
     if (job->persistent) {
@@ -278,6 +356,9 @@ static void begin_stop(dk_job_t *job, dk_job_end_t reason)
 /* Every rank has answered (or said HELLO, in round 0): the round is over. */
 static void round_complete(dk_job_t *job)
 {
+    /* The round's stacks are final before the host can read them. */
+    if (job->stacks)
+        dk_stackreq_end(job->stacks);
     pthread_mutex_lock(&job->lock);
     job->round_active = false;
     /* A rank's error is the root cause even when an interrupt or the timeout
@@ -321,6 +402,10 @@ static void signal_unanswered(dk_job_t *job)
  * grace starts. */
 static void interrupt_round(dk_job_t *job)
 {
+    if (ask_stacks(job)) {
+        job->interrupt_deferred = true;
+        return;
+    }
     signal_unanswered(job);
     if (job->round_deadline < 0)
         job->round_deadline = dk_now_s() + job->stop.grace;
@@ -362,6 +447,9 @@ static void start_round(dk_job_t *job)
     job->round_reason = DK_END_NONE;
     job->round_deadline = -1;
     job->round_started_at = dk_now_s();
+    job->stacks_asked = false;
+    if (job->stacks)
+        dk_stackreq_clear(job->stacks);
     for (int r = 0; r < job->world_size; r++) {
         rank_t *rk = &job->ranks[r];
         rk->reported = rk->got_result = rk->interrupted = false;
@@ -599,6 +687,14 @@ static void log_bytes(dk_job_t *job, int r, const char *buf, size_t n);
 
 /* A remote rank's output: the same path as a pipe's; its notes about itself
  * (DK_BC_OUTPUT_LOG) to its log only, as a launcher's own lines go. */
+/* A rank on another node answered for its stacks (dk_backchan_ask_stacks). */
+static void bc_stacks(void *data, int r, const void *bytes, size_t len)
+{
+    dk_job_t *job = data;
+    if (job->stacks)
+        dk_stackreq_answer(job->stacks, r, bytes, len);
+}
+
 static void bc_output(void *data, int r, int fd, const void *bytes, size_t len, bool caught_up)
 {
     dk_job_t *job = data;
@@ -946,6 +1042,8 @@ static void reap(dk_job_t *job, int r)
 
     rk->reaped = true;
     close_fd(&rk->pidfd);
+    if (job->stacks)
+        dk_stackreq_gone(job->stacks, r);
     /* A launcher (srun) that exits on its own while its rank's connection is
      * still open and unanswered may be telling of a lost node before the
      * heartbeats can: its verdict waits until the connection closes, goes
@@ -1068,6 +1166,8 @@ static int poll_timeout_ms(const dk_job_t *job)
         earliest(&next, dk_stop_next_at(&job->stop));
     if (job->unreaped == 0)
         earliest(&next, job->last_reap_at + DRAIN_S);
+    if (job->stacks && dk_stackreq_running(job->stacks))
+        earliest(&next, dk_stackreq_next_at(job->stacks, dk_now_s()));
     if (dk_backchan_deadline(job->chan) >= 0)
         earliest(&next, dk_backchan_deadline(job->chan));
     if (job->failure_pending >= 0 && job->stop_reason == DK_END_NONE)
@@ -1181,6 +1281,9 @@ static void loop_once(dk_job_t *job)
     judge_closed(job);
     judge_unconnected(job);
     resolve_failure(job);
+    if (job->stacks && dk_stackreq_poll(job->stacks, dk_now_s()) &&
+        (job->stop_deferred || job->interrupt_deferred))
+        stacks_over(job);
     escalate(job);
 }
 
@@ -1198,6 +1301,8 @@ static void *job_thread(void *arg)
     }
     close_logs(job);
     dk_backchan_close_all(job->chan);
+    if (job->stacks)
+        dk_stackreq_end(job->stacks);     /* every rank is gone: final before the end is told */
     /* Every rank is reaped and its group was ended as it was (reap): the
      * sentinel has nothing left to guard. */
     dk_spawn_sentinel_end(&job->sentinel_pid, &job->sentinel_fd);
@@ -1306,6 +1411,7 @@ static void job_free(dk_job_t *job)
         dk_launchout_destroy(&rk->filter[1]);
     }
     dk_spawn_sentinel_end(&job->sentinel_pid, &job->sentinel_fd);
+    dk_stackreq_destroy(&job->stacks);
     free(job->master_addr);
     dk_backchan_destroy(&job->chan);
     close_fd(&job->wake[0]);
@@ -1367,7 +1473,7 @@ static bool start_rank(dk_job_t *job, int r, const char *program, char *const ar
     rank_t *rk = &job->ranks[r];
     int n = job->world_size;
     char vars[ENV_VARS][128];
-    const char *set[ENV_VARS + 4];
+    const char *set[ENV_VARS + 5];
     size_t k = 0;
 #define SETF(...) (snprintf(vars[k], sizeof vars[k], __VA_ARGS__), set[k] = vars[k], k++)
     int per = job->ranks_per_node;
@@ -1412,8 +1518,16 @@ static bool start_rank(dk_job_t *job, int r, const char *program, char *const ar
     char *cwd = NULL, here[PATH_MAX];
     if (rk->launched && getcwd(here, sizeof here) && asprintf(&cwd, "DISTKERNEL_CWD=%s", here) < 0)
         cwd = NULL;
+    /* Where it answers for its stacks (dk_stackreq.h); a rank on another
+     * node has no such file. */
+    char *stacks = NULL;
+    bool want_stacks = job->stacks && !rk->launched;
+    if (want_stacks && asprintf(&stacks, DK_STACKS_ENV "=%s", dk_stackreq_path(job->stacks, r)) < 0)
+        stacks = NULL;
     char **env = NULL;
-    if (bc && log && (warm || !job->warm_socket)) {
+    if (bc && log && (warm || !job->warm_socket) && (stacks || !want_stacks)) {
+        if (stacks)
+            set[k++] = stacks;
         set[k++] = bc;
         set[k++] = log;
         if (warm)
@@ -1426,6 +1540,7 @@ static bool start_rank(dk_job_t *job, int r, const char *program, char *const ar
     free(log);
     free(warm);
     free(cwd);
+    free(stacks);
     if (!env) {
         dk_set_err(err, errlen, "out of memory building rank %d's environment", r);
         return false;
@@ -1575,7 +1690,7 @@ dk_job_t *dk_job_start(const dk_job_spec_t *spec, const dk_sink_t *sink, char *e
     if (!open_log_dir(job, err, errlen))
         goto fail;
     dk_backchan_sink_t bcsink = {job,       bc_delivered, bc_message, bc_warning,
-                                 bc_hello,  bc_output,    bc_lost,    bc_closed};
+                                 bc_hello,  bc_output,    bc_lost,    bc_closed, bc_stacks};
     dk_backchan_opts_t opts = {spec->bc_tcp_addr, spec->bc_tcp_port, 0,
                                spec->master_port == DK_JOB_PORT_FROM_RANK0,
                                spec->bc_allow_hosts, spec->bc_nallow};
@@ -1611,6 +1726,13 @@ dk_job_t *dk_job_start(const dk_job_spec_t *spec, const dk_sink_t *sink, char *e
     }
     if (!open_logs(job, err, errlen))
         goto fail;
+    /* A folder that cannot be made costs the stacks only. */
+    if (spec->stacks) {
+        char why[512];
+        if (!(job->stacks = dk_stackreq_new(spec->world_size, why, sizeof why)))
+            warn(job, "the ranks' stacks will not be shown if the run hangs: %s", why);
+        job->stacks_wait_s = spec->stacks_wait_s;
+    }
 
     char *default_argv[2] = {program, NULL};
     char *const *argv = spec->rank_argv ? (char *const *) spec->rank_argv : default_argv;
@@ -2039,4 +2161,13 @@ double dk_job_idle_s(dk_job_t *job)
     double idle = job->round_active || job->idle_since <= 0 ? 0 : dk_now_s() - job->idle_since;
     pthread_mutex_unlock(&job->lock);
     return idle;
+}
+
+const char *dk_job_rank_stacks(dk_job_t *job, int rank, size_t *len)
+{
+    if (!job->stacks || rank < 0 || rank >= job->world_size) {
+        *len = 0;
+        return NULL;
+    }
+    return dk_stackreq_dump(job->stacks, rank, len);
 }

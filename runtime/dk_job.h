@@ -56,6 +56,11 @@
  *              sent in place of the ladder's SIGINT to a rank started through
  *              a launcher, since srun takes a SIGINT as "print the tasks'
  *              state" and passes nothing on; SIGTERM to srun ends the step)
+ *     10 STACKS (runtime -> rank, empty: send your Python stacks, spec.stacks;
+ *              rank -> runtime: faulthandler's dump of every thread, at most
+ *              DK_BC_STACKS_MAX bytes, written by the rank's back-channel
+ *              thread, which needs the GIL for it: a rank holding the GIL in
+ *              a C loop does not answer)
  * A rank there captures its own fd 1 and 2 (C-level writes and its children's
  * included) and sends them as OUTPUT frames, which reach on_output, the logs
  * and on_caught_up exactly as pipe output does; it sends every OUTPUT frame
@@ -95,6 +100,9 @@
  * runtime then ends every other rank: SIGINT, and after GRACE SIGTERM, and after
  * GRACE SIGKILL, each sent to the rank's whole process group. Cancel (interrupt,
  * shutdown) and the timeout end ranks the same way.
+ * With spec.stacks the live ranks of this node are first asked for their
+ * Python stacks, all at once, and the first signal waits for their answers
+ * (at most spec.stacks_wait_s, 2 s): dk_job_rank_stacks.
  *
  * Rounds of a persistent job. Round 0 is the start: it ends when every rank has
  * said HELLO. A round ends when every rank has answered. An ERROR that is not
@@ -243,6 +251,15 @@ typedef struct {
      * above; needs bc_tcp_addr). */
     const char *master_addr;
     int master_port;
+    /* Ask the ranks of this node for their Python stacks before the runtime
+     * signals them (a failure while others run, cancel, the timeout, a
+     * round's interrupt or error; not an idle timeout), once per job or
+     * round, waiting at most STACKS_WAIT_S for all of them together (<= 0:
+     * DK_STACKREQ_WAIT_S, 2 s): dk_job_rank_stacks, dk_stackreq.h. Each rank
+     * started here gets DISTKERNEL_STACKS; a launched one (another node) is
+     * asked over its connection (a STACKS frame, see the top). */
+    bool stacks;
+    double stacks_wait_s;
 } dk_job_spec_t;
 
 #define DK_JOB_PORT_FROM_RANK0 (-1)
@@ -303,6 +320,14 @@ bool dk_job_rank_lost(dk_job_t *job, int rank);
  * "node2 lost (rank 4); node3 lost (ranks 8, 10–11)" (runs of ranks with an
  * en dash, DK_EN_DASH). Empty when none was lost. Truncated to fit BUF. */
 void dk_job_lost_summary(dk_job_t *job, char *buf, size_t len);
+
+/* The Python stacks RANK showed when they were asked for (spec.stacks):
+ * faulthandler's text, *LEN bytes, NUL-terminated; "" when it was asked and
+ * did not answer in time (still starting, or stuck past a signal handler);
+ * NULL when it was not asked (it had finished, failed or exited already, or
+ * nothing was asked: the run ended by itself). Valid once the job has ended,
+ * or on a persistent job once the round has, until the next round. */
+const char *dk_job_rank_stacks(dk_job_t *job, int rank, size_t *len);
 
 /* The address ranks were given in DISTKERNEL_BC (borrowed). */
 const char *dk_job_bc_address(dk_job_t *job);

@@ -21,6 +21,7 @@
 #include "dk_pyinit.h"
 #include "dk_rankchan.h"
 #include "dk_rankpath.h"
+#include "dk_rankstacks.h"
 #include "dk_slurm.h"
 #include "dk_template.h"
 
@@ -301,6 +302,11 @@ int main(int argc, char **argv)
     /* Which folders a rank on another node may use (dk_rankpath.h). */
     if (PyImport_AppendInittab(DK_RANKPATH_MODULE, dk_rankpath_init) < 0) {
         fprintf(stderr, "distkernel-rank: cannot register " DK_RANKPATH_MODULE "\n");
+        return 1;
+    }
+    /* The end line after a dump of the rank's stacks (dk_rankstacks.h). */
+    if (PyImport_AppendInittab(DK_RANKSTACKS_MODULE, dk_rankstacks_init) < 0) {
+        fprintf(stderr, "distkernel-rank: cannot register " DK_RANKSTACKS_MODULE "\n");
         return 1;
     }
     if (dk_pyinit_start("distkernel-rank", err, sizeof err) < 0) {

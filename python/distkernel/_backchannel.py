@@ -45,7 +45,7 @@ try:
 except ImportError:
     _native = None
 
-HELLO, PAYLOAD, RESULT, ERROR, TASK, OUTPUT, PING, INTERRUPT, PORT = 1, 2, 3, 4, 5, 6, 7, 8, 9
+HELLO, PAYLOAD, RESULT, ERROR, TASK, OUTPUT, PING, INTERRUPT, PORT, STACKS = range(1, 11)
 MAC_LEN = 32
 # The direction byte of the MAC (dk_backchan.h, DK_BC_DIR_TO_*).
 TO_KERNEL = b"R"
@@ -59,6 +59,7 @@ MAX_FRAME = MAC_LEN + 5 + PAYLOAD_MAX
 OUTPUT_MAX = 64 << 10
 OUTPUT_CAUGHT_UP = 0x01
 OUTPUT_LOG = 3      # OUTPUT's fd for the rank's log only (DK_BC_OUTPUT_LOG)
+STACKS_MAX = 128 << 10  # the most bytes of a STACKS answer (DK_BC_STACKS_MAX)
 PING_S = 1.0
 HEARTBEAT_DEFAULT_S = 5.0
 CONNECT_DEFAULT_S = 120.0       # dk_job.h DK_JOB_CONNECT_DEFAULT_S
@@ -368,12 +369,32 @@ class _Remote:
                 kind, payload = self.ch._open(frame[:MAC_LEN], frame[MAC_LEN:])
                 if kind == INTERRUPT:
                     _interrupt_self()
+                elif kind == STACKS:
+                    self._send_stacks()
                 elif kind != PING:
                     with self.cond:
                         self.frames.append((kind, payload))
                         self.cond.notify_all()
         except BackChannelError as exc:
             self._end(exc)
+
+    def _send_stacks(self):
+        """The kernel asks where this rank is (runtime/dk_stackreq.h): every
+        thread's stack as faulthandler writes it, through a file of this
+        node (a pipe could fill up before it is read), its tail if long.
+        This thread needs the GIL for it: a main thread that holds the GIL
+        in a C loop keeps the answer back, and the kernel's wait ends."""
+        import faulthandler
+        import tempfile
+        try:
+            with tempfile.TemporaryFile() as f:
+                faulthandler.dump_traceback(file=f, all_threads=True)
+                size = f.seek(0, os.SEEK_END)
+                f.seek(max(0, size - STACKS_MAX))
+                dump = f.read()
+            self.ch._send(STACKS, dump)
+        except OSError:
+            pass    # no file on this node, or the channel broke: no answer
 
     def _readable_now(self):
         try:

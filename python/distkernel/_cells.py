@@ -86,6 +86,12 @@ class CellFiles:
                 self._open()
             return self._dir
 
+    def folder(self):
+        """The directory with its separator, or None when no cell file was made
+        yet (unlike prefix, it makes none)."""
+        with self._lock:
+            return None if self._dir is None else self._dir + os.sep
+
     @property
     def prefix(self):
         return self.directory + os.sep
@@ -182,6 +188,13 @@ def _write_all(fd, data):
 
 
 files = CellFiles()
+
+
+def folder():
+    """The cell files' directory, ending in a separator, or None: what the
+    kernel tells cell frames in a rank's stack by (runtime/dk_stacks.h)."""
+    return files.folder()
+
 
 # The whole text of the native-magic cell running now (%%distributed), so that
 # its body is compiled in the ranks under the cell's own file and lines.

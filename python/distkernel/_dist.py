@@ -97,12 +97,31 @@ def active_mlflow_run():
     return os.environ.get("MLFLOW_RUN_ID") or None
 
 
+WHERE_HEADING = "Where the ranks were:"
+
+
+def _where_the_ranks_were(traceback_lines):
+    """The lines that say where the ranks were when the run was ended (the
+    heading, a line per group, the stacks file), or []."""
+    if WHERE_HEADING not in traceback_lines:
+        return []
+    at = traceback_lines.index(WHERE_HEADING)
+    end = at + 1
+    while end < len(traceback_lines) and traceback_lines[end]:
+        end += 1
+    return traceback_lines[at:end]
+
+
 def raise_error(ename, evalue, traceback_lines):
-    """Raise the outcome of a failed run inside the notebook's Python."""
-    if ename == "KeyboardInterrupt":
-        raise KeyboardInterrupt(evalue)
-    if ename == "TimeoutError":
-        raise TimeoutError(evalue)
+    """Raise the outcome of a failed run inside the notebook's Python. A
+    KeyboardInterrupt or TimeoutError says where the ranks were after its
+    message, as the cell's error does (DistributedError has every line)."""
+    if ename in ("KeyboardInterrupt", "TimeoutError"):
+        where = _where_the_ranks_were(list(traceback_lines))
+        exc = (KeyboardInterrupt if ename == "KeyboardInterrupt" else TimeoutError)(
+            "\n".join([evalue, *where]))
+        exc.rank_traceback = list(traceback_lines)
+        raise exc
     raise DistributedError(ename, evalue, traceback_lines)
 
 

@@ -284,8 +284,37 @@ def run_secret(label):
     return hmac.new(_RUN_KEY, b"distkernel/" + label, hashlib.sha256).digest()
 
 
+def _arm_stacks():
+    """Let the kernel ask for this rank's stacks (runtime/dk_stackreq.h): on
+    its signal faulthandler writes every thread's stack to the rank's file
+    (DISTKERNEL_STACKS) from the signal handler, without the GIL, and the
+    handler it chains to (_distkernel_stacks, runtime/dk_rankstacks.h) writes
+    the end line. The ready line says the rank may be signalled, and which pid
+    to signal (a warm rank is not the process the kernel started). A plain
+    python3 has no _distkernel_stacks: it is never asked."""
+    path = os.environ.pop("DISTKERNEL_STACKS", None)
+    if not path:
+        return
+    try:
+        import _distkernel_stacks
+    except ImportError:
+        return
+    import faulthandler
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return      # not asked; the rank runs as before
+    try:
+        signum = _distkernel_stacks.arm(fd)
+        faulthandler.register(signum, file=fd, all_threads=True, chain=True)
+        os.write(fd, b"%s%d\n" % (_distkernel_stacks.READY.encode(), os.getpid()))
+    except (OSError, RuntimeError, ValueError):
+        pass
+
+
 def _main():
     global _IN_KERNEL_FOLDER, _RUN_KEY
+    _arm_stacks()
     _IN_KERNEL_FOLDER = _enter_kernel_folder()
     _buffer_output()
     path = os.environ.pop("DISTKERNEL_BC")
@@ -755,14 +784,16 @@ def _become_rank(body, fds, template_pid, closing):
     os.dup2(fds[1], 2)
     os.closerange(3, os.sysconf("SC_OPEN_MAX") if os.sysconf("SC_OPEN_MAX") > 0 else 65536)
     # As a cold rank starts: Python's own dispositions, SIGINT blocked until
-    # the user's code runs (rank_main.c).
+    # the user's code runs (rank_main.c). The stacks signal stays ignored
+    # until main() arms it (_arm_stacks): its default would end the rank.
+    stacks_signal = _stacks_signal()
     for sig in signal.valid_signals():
         if sig in (signal.SIGKILL, signal.SIGSTOP):
             continue
         handler = signal.SIG_DFL
         if sig == signal.SIGINT:
             handler = signal.default_int_handler
-        elif sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        elif sig in (signal.SIGPIPE, signal.SIGXFSZ) or sig == stacks_signal:
             handler = signal.SIG_IGN
         try:
             signal.signal(sig, handler)
@@ -790,6 +821,15 @@ def _become_rank(body, fds, template_pid, closing):
         traceback.print_exc()
         rc = 1
     _exit_warm(rc, template_names)
+
+
+def _stacks_signal():
+    """The signal the kernel asks for stacks with, or None (not distkernel-rank)."""
+    try:
+        import _distkernel_stacks
+    except ImportError:
+        return None
+    return _distkernel_stacks.SIGNAL
 
 
 def _exit_warm(rc, template_names=()):

@@ -82,7 +82,9 @@ def test_exception_summary_gives_every_ranks_fate_and_marks_the_root_cause(kerne
                        "    raise RuntimeError('first and only failure')\n"
                        "time.sleep(60)\n", timeout=RUN)
     assert r.status == "error", r.describe()
+    # The fates, under "Ranks:" ("Where the ranks were:" above them has rank 0 too).
     lines = r.content["traceback"]
+    lines = lines[lines.index("Ranks:") + 1:]
     fates = {rank: [x for x in lines if x.strip().startswith(f"rank {rank}:")] for rank in (0, 1)}
     assert len(fates[0]) == 1 and len(fates[1]) == 1, lines
     assert "root cause" in fates[1][0].lower(), fates

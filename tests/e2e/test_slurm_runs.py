@@ -295,6 +295,39 @@ def test_interrupt_while_running_ends_the_ranks_on_every_node(kernel, slurm_clus
 
 
 @pytest.mark.timeout(300)
+def test_an_interrupt_says_where_the_ranks_on_every_node_were(kernel, slurm_cluster):
+    # The kernel cannot signal ranks on other nodes: each is asked for its
+    # stacks over its back channel before it is ended (runtime/dk_stackreq.h).
+    code = ("%%distributed num_processes=4 nodes=2\n"
+            "import time, torch, torch.distributed as dist\n"
+            "dist.init_process_group('gloo')\n"
+            "print('here', flush=True)\n"
+            "if dist.get_rank() == 2:\n"
+            "    time.sleep(300)\n"
+            "dist.all_reduce(torch.ones(1))\n")
+    msg_id = kernel.start_execute(code)
+
+    def all_here(_m):
+        out = "".join(m["content"]["text"] for m in kernel.iopub_for(msg_id)
+                      if m["msg_type"] == "stream")
+        return all(f"[rank {n}] here" in out for n in range(4))
+    kernel.wait_iopub(lambda m: m["parent_header"].get("msg_id") == msg_id and all_here(m),
+                      timeout=180)
+    kernel.km.interrupt_kernel()
+    r = kernel.finish(msg_id, timeout=60)
+    assert r.content["ename"] == "KeyboardInterrupt", r.describe()
+    tb = r.content["traceback"]
+    where = tb[tb.index("Where the ranks were:") + 1:]
+    assert where[0].strip().startswith("rank 2:") and "cell line 6" in where[0], tb
+    assert where[1].strip().startswith("ranks 0, 1, 3 (3): torch.distributed.all_reduce"), tb
+    stacks = (support.log_dir(r) / "stacks.txt").read_text()
+    for rank, node in ((0, "node1"), (1, "node1"), (2, "node2"), (3, "node2")):
+        assert f"--- rank {rank} on {node} ---" in stacks, stacks
+    assert wait_clean(slurm_cluster) == []
+    still_serves(kernel)
+
+
+@pytest.mark.timeout(300)
 def test_interrupt_while_queued_cancels_the_request(kernel, slurm_cluster):
     code = "%%distributed num_processes=2 nodes=2 partition=stuck\n1\n"
     msg_id = kernel.start_execute(code)

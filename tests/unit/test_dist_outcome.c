@@ -756,3 +756,53 @@ Test(outcome, the_fates_file_is_not_written_through_a_symlink, .fini = free_worl
     unlink(link);
     rmdir(dir);
 }
+
+/* ---- where the ranks were ---------------------------------------------------------- */
+
+static const char *WHERE = "  rank 1:         cell line 6\n"
+                           "  ranks 0, 2 (2): torch.distributed.all_reduce  (cell line 7)\n";
+
+Test(outcome, where_the_ranks_were_comes_right_after_the_headline)
+{
+    o.end = DK_END_TIMEOUT;
+    o.timeout_s = 30;
+    o.stacks = WHERE;
+    o.stacks_file = "/logs/run-1/stacks.txt";
+    build(true);
+    const char *want[] = {RED "TimeoutError" RESET ": the job ran past timeout=30 s and every "
+                          "rank was ended; give a larger timeout= or timeout=None",
+                          "Where the ranks were:",
+                          "  rank 1:         cell line 6",
+                          "  ranks 0, 2 (2): torch.distributed.all_reduce  (cell line 7)",
+                          "Every rank's stacks, in full: /logs/run-1/stacks.txt",
+                          "",
+                          "Ranks:",
+                          "  rank 0: ended by distkernel (timeout)",
+                          "  rank 1: ended by distkernel (timeout)",
+                          "Full output of every rank: /logs/run-1/rank-N.log"};
+    cr_assert_eq(lines(), sizeof want / sizeof want[0]);
+    for (size_t i = 0; i < lines(); i++)
+        cr_assert_str_eq(line(i), want[i], "line %zu", i);
+}
+
+Test(outcome, where_the_ranks_were_comes_before_the_root_causes_traceback)
+{
+    raised(1);
+    o.root = 1;
+    o.stacks = "  rank 0: cell line 3\n";
+    build(false);
+    cr_assert_str_eq(line(0), "Where the ranks were:");
+    cr_assert_str_eq(line(1), "  rank 0: cell line 3");
+    cr_assert_str_eq(line(2), "");     /* no stacks file: none named */
+    cr_assert_str_eq(line(3), "Rank 1 failed first (root cause):");
+}
+
+Test(outcome, no_stacks_no_heading)
+{
+    o.end = DK_END_TIMEOUT;
+    o.stacks = "";
+    build(true);
+    for (size_t i = 0; i < lines(); i++)
+        cr_assert_str_neq(line(i), "Where the ranks were:");
+    cr_assert_str_eq(line(1), "");
+}

@@ -32,6 +32,7 @@
 #include "dk_job.h"
 #include "dk_logdir.h"
 #include "dk_logfile.h"
+#include "dk_stackreq.h"
 
 #ifndef FAKE_RANK
 #error "FAKE_RANK (the path of fake_rank) must be defined"
@@ -2697,5 +2698,84 @@ Test(tcp, a_launched_rank_is_told_the_hosts_folder, .timeout = 60)
     cr_assert_not_null(getcwd(here, sizeof here));
     cr_expect_str_eq(env_of(0, "DISTKERNEL_CWD"), here);
     cr_expect_str_eq(env_of(1, "DISTKERNEL_CWD"), "(unset)", "a local rank was told a folder");
+    finish(&job);
+}
+
+/* ---- the ranks' stacks before they are ended (spec.stacks, dk_stackreq.h) ---- */
+
+/* SPEC's ranks sleep in a cell; once each has said so, the job is
+ * cancelled: each rank's stacks, asked before its SIGINT, show the cell's
+ * line 3, and the answers did not hold the stop up for the whole wait. */
+static void stacks_of_sleeping_ranks(dk_job_spec_t spec, int world)
+{
+    spec.stacks = true;
+    dk_job_t *job = start(&spec);
+    for (int i = 0; i < 6000; i++) {
+        bool all = true;
+        for (int r = 0; r < world; r++)
+            all = all && output_has(r, 1, "sleeping");
+        if (all)
+            break;
+        usleep(10000);
+    }
+    for (int r = 0; r < world; r++)
+        cr_assert(output_has(r, 1, "sleeping"), "rank %d did not start: %s", r,
+                  rec.out[r][2].buf ? rec.out[r][2].buf : "");
+    double t0 = now_s();
+    dk_job_cancel(job);
+    cr_assert(dk_job_wait(job, 30000), "the job did not end");
+    cr_assert_lt(now_s() - t0, 15.0);
+    cr_assert_eq(dk_job_end(job), DK_END_CANCELLED);
+    for (int r = 0; r < world; r++) {
+        size_t len;
+        const char *dump = dk_job_rank_stacks(job, r, &len);
+        cr_assert_not_null(dump, "rank %d was not asked", r);
+        cr_assert(strstr(dump, "File \"<distributed-cell>\", line 3 in <module>"),
+                  "rank %d: %s", r, dump);
+        cr_assert_null(strstr(dump, DK_STACKS_END), "rank %d: the end line is left out", r);
+    }
+    finish(&job);
+}
+
+static const char *SLEEPING_CELL = "import time\nprint('sleeping', flush=True)\ntime.sleep(60)\n";
+
+Test(stacks, local_ranks_answer_for_their_stacks_before_they_are_stopped, .timeout = 90)
+{
+    static char payload[65536];
+    size_t len = cell_payload(SLEEPING_CELL, payload, sizeof payload);
+    static const char *extra[] = {"PYTHONPATH=" PY_SRC, "DISTKERNEL_GLUE_DIR=" PY_SRC,
+                                  "ASAN_OPTIONS=detect_leaks=0", NULL};
+    dk_job_spec_t spec = spec_for(2, extra);
+    spec.rank_exe = RANK_EXE;
+    spec.payload = payload;
+    spec.payload_len = len;
+    stacks_of_sleeping_ranks(spec, 2);
+}
+
+/* A rank on another node (started through a launcher) cannot be signalled
+ * from here: it is asked over its connection, and its back-channel thread
+ * answers. */
+Test(stacks, launched_ranks_answer_over_their_connection, .timeout = 90)
+{
+    static char payload[65536];
+    size_t len = cell_payload(SLEEPING_CELL, payload, sizeof payload);
+    static const char *const cmd[] = {RANK_EXE, NULL};
+    static const char *const *cmds[2] = {cmd, cmd};
+    dk_job_spec_t spec = rank_exe_spec(2, payload, len);
+    spec.rank_commands = cmds;
+    stacks_of_sleeping_ranks(spec, 2);
+}
+
+Test(stacks, without_spec_stacks_no_rank_is_asked, .timeout = 60)
+{
+    const char *extra[] = {"FAKE_MODE=sleep", NULL};
+    dk_job_spec_t spec = spec_for(2, extra);
+    spec.timeout_s = 0.5;
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 30000), "the job did not end");
+    cr_assert_eq(dk_job_end(job), DK_END_TIMEOUT);
+    size_t len;
+    cr_assert_null(dk_job_rank_stacks(job, 0, &len));
+    cr_assert_null(dk_job_rank_stacks(job, 1, &len));
     finish(&job);
 }

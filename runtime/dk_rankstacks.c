@@ -1,0 +1,85 @@
+/*
+ * dk_rankstacks: the end line after a rank's dump. See the header.
+ *
+ * The handler runs inside faulthandler's (which raises the signal again with
+ * ours in place), on whatever thread the signal was delivered to, and may
+ * interrupt anything: it only writes, with errno kept.
+ *
+ * What the signal interrupts: faulthandler registers with chain=True without
+ * SA_RESTART, so a blocking system call of the thread that takes the signal
+ * returns EINTR, as it does for every signal CPython handles (its handlers
+ * have no SA_RESTART either). Python retries its own calls (PEP 475) and
+ * C++ waits on a condition variable or futex wake and wait again; C code
+ * that takes EINTR for an error would see one, once per request, which is
+ * made only when the rank is about to be ended anyway.
+ */
+#include "dk_rankstacks.h"
+#include "dk_stackreq.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <string.h>
+#include <unistd.h>
+
+static volatile sig_atomic_t end_fd = -1;
+
+static void write_end(int sig)
+{
+    (void) sig;
+    int saved = errno;
+    int fd = end_fd;
+    if (fd >= 0) {
+        const char *p = DK_STACKS_END;
+        size_t n = sizeof DK_STACKS_END - 1;
+        while (n) {
+            ssize_t w = write(fd, p, n);
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0)
+                break;
+            p += w;
+            n -= (size_t) w;
+        }
+    }
+    errno = saved;
+}
+
+static PyObject *arm(PyObject *self, PyObject *arg)
+{
+    (void) self;
+    long fd = PyLong_AsLong(arg);
+    if (fd == -1 && PyErr_Occurred())
+        return NULL;
+    if (fd < 0 || fd > INT_MAX) {
+        PyErr_SetString(PyExc_ValueError, "arm() needs an open file descriptor");
+        return NULL;
+    }
+    end_fd = (int) fd;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = write_end;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0;
+    if (sigaction(DK_STACKS_SIGNAL, &sa, NULL) < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    return PyLong_FromLong(DK_STACKS_SIGNAL);
+}
+
+static PyMethodDef methods[] = {
+    {"arm", arm, METH_O,
+     "arm(fd) -> signum: write the end line to FD after each dump on signum"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, DK_RANKSTACKS_MODULE,
+                                    "The end line after a rank's stack dump (runtime/dk_rankstacks.h).",
+                                    -1, methods, NULL, NULL, NULL, NULL};
+
+PyObject *dk_rankstacks_init(void)
+{
+    PyObject *m = PyModule_Create(&module);
+    if (m && (PyModule_AddIntConstant(m, "SIGNAL", DK_STACKS_SIGNAL) < 0 ||
+              PyModule_AddStringConstant(m, "READY", DK_STACKS_READY) < 0))
+        Py_CLEAR(m);
+    return m;
+}

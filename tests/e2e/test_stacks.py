@@ -1,0 +1,233 @@
+"""Where the ranks were: a run that did not end by itself says, in its error,
+where each live rank's Python stack was when it was ended, ranks with the same
+stack grouped, the odd one out first, library frames folded to the call the
+user made and cell frames shown as the cell's lines; every dump is in
+stacks.txt in the run's log folder (runtime/dk_stackreq.h, dk_stacks.h).
+
+One node, a few ranks. The ranks say when they are where the test wants them
+(a line printed just before), and the test waits for those lines; the sleep or
+collective after them is what is caught.
+"""
+import re
+import shutil
+import subprocess
+
+import pytest
+
+import support
+
+pytestmark = pytest.mark.skipif(support.KERNEL_NAME != "distkernel",
+                                reason="%%distributed is distkernel's")
+
+RUN = 120           # seconds a cell that starts ranks may take on a busy machine
+HEADING = "Where the ranks were:"
+
+
+def where(r):
+    """The summary lines of R's error under its heading, and the stacks file's line."""
+    tb = r.content.get("traceback", [])
+    assert HEADING in tb, "\n".join(tb)
+    lines = tb[tb.index(HEADING) + 1:]
+    end = next(i for i, line in enumerate(lines) if not line.startswith("  "))
+    return lines[:end], lines[end]
+
+
+def text(r):
+    return r.content.get("ename", "") + ": " + r.content.get("evalue", "") + "\n" + \
+        "\n".join(r.content.get("traceback", []))
+
+
+def group(lines, ranks):
+    """The summary line of the group of RANKS ("rank 1:", "ranks 0, 2 (2):")."""
+    head = f"rank {ranks[0]}:" if len(ranks) == 1 else \
+        "ranks " + ", ".join(map(str, ranks)) + f" ({len(ranks)}):"
+    found = [line for line in lines if line.strip().startswith(head)]
+    assert len(found) == 1, (head, lines)
+    return found[0]
+
+
+def stacks_file(r, world):
+    """stacks.txt, named in the error, holding every rank of WORLD."""
+    _, named = where(r)
+    m = re.fullmatch(r"Every rank's stacks, in full: (\S+)", named)
+    assert m, named
+    path = support.log_dir(r) / "stacks.txt"
+    assert m.group(1) == str(path), (named, path)
+    text = path.read_text()
+    for rank in range(world):
+        assert re.search(rf"^--- rank {rank} on ", text, re.M), text
+    return text
+
+
+# Rank 1 sleeps while the others wait for it in a gloo all_reduce.
+ASLEEP = """%%distributed num_processes=3{opts}
+import time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+print("here", flush=True)
+if dist.get_rank() == 1:
+    time.sleep(600)
+dist.all_reduce(torch.ones(1))
+"""
+
+
+def assert_asleep_and_waiting(r):
+    lines, _ = where(r)
+    assert len(lines) == 2, lines
+    assert lines[0].strip().startswith("rank 1:"), lines     # the odd one out first
+    assert "cell line 6" in group(lines, [1]), lines
+    waiting = group(lines, [0, 2])
+    assert "torch.distributed.all_reduce" in waiting and "cell line 7" in waiting, lines
+    stacks_file(r, 3)
+
+
+@pytest.mark.timeout(240)
+def test_a_timeout_says_where_every_rank_was(kernel):
+    r = kernel.execute(ASLEEP.format(opts=" timeout=40"), timeout=RUN)
+    assert r.content["ename"] == "TimeoutError", text(r)
+    tb = r.content["traceback"]
+    assert tb[1] == HEADING, text(r)      # right after the headline
+    assert_asleep_and_waiting(r)
+
+
+def seen(kernel, msg_id, texts):
+    """Wait until every one of TEXTS was in MSG_ID's streams."""
+    def all_in(_m):
+        out = "".join(m["content"]["text"] for m in kernel.iopub_for(msg_id)
+                      if m["msg_type"] == "stream")
+        return all(t in out for t in texts)
+    kernel.wait_iopub(lambda m: m["parent_header"].get("msg_id") == msg_id and all_in(m),
+                      timeout=RUN)
+
+
+def interrupted(kernel, code, texts):
+    """Run CODE, interrupt it once TEXTS were printed; its execution."""
+    msg_id = kernel.start_execute(code)
+    seen(kernel, msg_id, texts)
+    kernel.km.interrupt_kernel()
+    return kernel.finish(msg_id, timeout=RUN)
+
+
+HERE = [f"[rank {n}] here" for n in range(3)]
+
+
+@pytest.mark.timeout(240)
+def test_an_interrupt_says_where_every_rank_was(kernel):
+    r = interrupted(kernel, ASLEEP.format(opts=""), HERE)
+    assert r.content["ename"] == "KeyboardInterrupt", text(r)
+    assert_asleep_and_waiting(r)
+
+
+@pytest.mark.timeout(240)
+def test_a_rank_that_raised_is_not_asked_and_the_others_wait_in_a_barrier(kernel):
+    r = kernel.execute("""%%distributed num_processes=3
+import time, torch.distributed as dist
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:
+    raise ValueError("rank one gives up")
+dist.barrier()
+""", timeout=RUN)
+    assert r.content["ename"] == "ValueError", text(r)
+    lines, _ = where(r)
+    assert len(lines) == 1, lines
+    assert "torch.distributed.barrier" in group(lines, [0, 2]) and "cell line 6" in lines[0], lines
+    # The root cause's own traceback follows, as before.
+    tb = r.content["traceback"]
+    assert "Rank 1 failed first (root cause):" in tb[tb.index(HEADING):], text(r)
+    stacks = stacks_file(r, 0)
+    assert "--- rank 1 " not in stacks, stacks
+
+
+SPIN_C = "void spin(void) { for (volatile unsigned long i = 0;; i++) ; }\n"
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(not shutil.which("cc"), reason="needs a C compiler for the spinning loop")
+def test_a_rank_holding_the_gil_in_a_c_loop_answers(kernel, tmp_path):
+    (tmp_path / "spin.c").write_text(SPIN_C)
+    lib = tmp_path / "spin.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-O0", "-o", str(lib), str(tmp_path / "spin.c")],
+                   check=True)
+    # ctypes.PyDLL keeps the GIL through the call (CDLL would release it).
+    r = interrupted(kernel, f"""%%distributed num_processes=3
+import ctypes, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+print("here", flush=True)
+if dist.get_rank() == 1:
+    ctypes.PyDLL({str(lib)!r}).spin()
+dist.all_reduce(torch.ones(1))
+""", HERE)
+    assert r.content["ename"] == "KeyboardInterrupt", text(r)
+    lines, _ = where(r)
+    assert "cell line 6" in group(lines, [1]), lines
+    assert "torch.distributed.all_reduce" in group(lines, [0, 2]), lines
+    stacks_file(r, 3)
+
+
+@pytest.mark.timeout(240)
+def test_a_deep_recursion_stays_within_its_lines(kernel):
+    r = interrupted(kernel, """%%distributed num_processes=2
+import sys, time
+sys.setrecursionlimit(20000)
+def down(n):
+    if n == 0:
+        print("here", flush=True)
+        time.sleep(600)
+    return down(n - 1)
+down(5000)
+""", ["[rank 0] here", "[rank 1] here"])
+    assert r.content["ename"] == "KeyboardInterrupt", text(r)
+    lines, named = where(r)
+    assert len(lines) == 1 and len(lines[0]) < 512, lines
+    assert lines[0].strip().startswith("ranks 0, 1 (2):"), lines
+    assert len(r.content["traceback"]) < 20, text(r)
+    full = stacks_file(r, 2)
+    assert len(full) < 200_000, len(full)     # faulthandler's 100 frames a thread
+
+
+@pytest.mark.timeout(240)
+def test_the_decorators_exception_says_where_the_ranks_were(kernel):
+    r = kernel.execute("""from distkernel import distributed
+@distributed(num_processes=3, timeout=40, tracking=False)
+def hang():
+    import time, torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        time.sleep(600)
+    dist.all_reduce(torch.ones(1))
+try:
+    hang.distributed()
+except TimeoutError as exc:
+    print(exc)
+""", timeout=RUN)
+    assert r.status == "ok", r.describe()
+    out = r.stdout
+    assert HEADING in out, out
+    lines = out[out.index(HEADING):].splitlines()[1:3]
+    assert lines[0].strip().startswith("rank 1:") and "in hang" in lines[0], out
+    assert lines[1].strip().startswith("ranks 0, 2 (2): torch.distributed.all_reduce"), out
+    assert "Every rank's stacks, in full: " in out, out
+
+
+@pytest.mark.timeout(300)
+def test_started_ranks_stuck_past_the_grace_say_where_they_were(kernel):
+    r = kernel.execute("%distributed start num_processes=3", timeout=RUN)
+    assert r.status == "ok", r.describe()
+    try:
+        r = kernel.execute("%%distributed\nimport torch, torch.distributed as dist\n"
+                           "dist.init_process_group('gloo')", timeout=RUN)
+        assert r.status == "ok", r.describe()
+        # The process group is the one the ranks kept: the cell's lines stay.
+        r = interrupted(kernel, ASLEEP.format(opts="").replace(
+            'dist.init_process_group("gloo")', "assert dist.is_initialized()"), HERE)
+        assert "did not return to the prompt" in r.stderr, r.describe()
+        assert_asleep_and_waiting(r)
+    finally:
+        kernel.execute("%distributed stop", timeout=RUN)
+
+
+@pytest.mark.timeout(240)
+def test_a_run_that_finishes_asks_no_rank(kernel):
+    r = kernel.execute("%%distributed num_processes=2\nimport os\nint(os.environ['RANK'])",
+                       timeout=RUN)
+    assert r.status == "ok", r.describe()
+    assert not (support.log_dir(r) / "stacks.txt").exists()
