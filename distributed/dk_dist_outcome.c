@@ -35,6 +35,7 @@
 
 #include "dk_err.h"
 #include "dk_hostlist.h"
+#include "dk_logdir.h"
 #include "dk_lost.h"
 
 #include <errno.h>
@@ -581,31 +582,20 @@ json_t *dk_dist_outcome_error(const dk_dist_outcome_t *o, bool headline)
     return json_pack("{s:s, s:s, s:o}", "ename", ename, "evalue", evalue, "traceback", tb);
 }
 
-int dk_dist_outcome_write_fates(const dk_dist_outcome_t *o, const char *path, char *err,
-                                size_t errlen)
+static int write_fates(FILE *f, void *data)
 {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
-    if (!f) {
-        dk_set_err(err, errlen, "cannot write %s: %s", path, strerror(errno));
-        if (fd >= 0)
-            close(fd);
-        return -1;
-    }
+    const dk_dist_outcome_t *o = data;
     char fate[2048];
     for (int r = 0; r < o->world; r++) {
         dk_dist_outcome_fate(o, r, o->root, fate, sizeof fate);
-        fprintf(f, "%s\n", fate);
-    }
-    bool ok = !ferror(f);
-    int saved = errno;
-    if (fclose(f) != 0) {
-        ok = false;
-        saved = errno;
-    }
-    if (!ok) {
-        dk_set_err(err, errlen, "cannot write %s: %s", path, strerror(saved));
-        return -1;
+        if (fprintf(f, "%s\n", fate) < 0)
+            return -1;
     }
     return 0;
+}
+
+int dk_dist_outcome_write_fates(const dk_dist_outcome_t *o, const char *path, char *err,
+                                size_t errlen)
+{
+    return dk_logdir_write_file(path, write_fates, (void *) o, err, errlen);
 }

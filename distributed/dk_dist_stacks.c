@@ -11,6 +11,7 @@
 #include "dk_dist_stacks.h"
 
 #include "dk_err.h"
+#include "dk_logdir.h"
 #include "dk_stacks.h"
 
 #include <errno.h>
@@ -19,25 +20,14 @@
 #include <string.h>
 #include <unistd.h>
 
+static int write_stacks(FILE *f, void *stacks)
+{
+    return dk_stacks_write(stacks, f);
+}
+
 static int write_file(dk_stacks_t *stacks, const char *path, char *err, size_t errlen)
 {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
-    if (!f) {
-        dk_set_err(err, errlen, "cannot write %s: %s", path, strerror(errno));
-        if (fd >= 0)
-            close(fd);
-        return -1;
-    }
-    int rc = dk_stacks_write(stacks, f);
-    int saved = errno;
-    if (fclose(f) != 0 && rc == 0) {
-        rc = -1;
-        saved = errno;
-    }
-    if (rc < 0)
-        dk_set_err(err, errlen, "cannot write %s: %s", path, strerror(saved));
-    return rc;
+    return dk_logdir_write_file(path, write_stacks, stacks, err, errlen);
 }
 
 char *dk_dist_stacks_report(int world, const char *const *dumps, const size_t *lens,

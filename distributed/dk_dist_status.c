@@ -194,19 +194,6 @@ typedef struct {
     int counts[KINDS];
 } node_t;
 
-/* A rank and its node, to sort the ranks by node. */
-typedef struct {
-    const char *host;
-    int rank;
-} placed_t;
-
-static int placed_cmp(const void *pa, const void *pb)
-{
-    const placed_t *a = pa, *b = pb;
-    int c = strcmp(a->host, b->host);
-    return c ? c : (a->rank > b->rank) - (a->rank < b->rank);
-}
-
 static int node_by_counts(const void *pa, const void *pb)
 {
     const node_t *a = pa, *b = pb;
@@ -218,7 +205,7 @@ static int node_by_counts(const void *pa, const void *pb)
  * lowest rank); returns their number, -1 when out of memory. */
 static int find_nodes(const dk_dist_status_t *st, node_t **nodes)
 {
-    placed_t *order = malloc((size_t) st->world * sizeof *order);
+    dk_placed_t *order = malloc((size_t) st->world * sizeof *order);
     *nodes = calloc((size_t) st->world, sizeof **nodes);
     if (!order || !*nodes) {
         free(order);
@@ -227,8 +214,8 @@ static int find_nodes(const dk_dist_status_t *st, node_t **nodes)
         return -1;
     }
     for (int r = 0; r < st->world; r++)
-        order[r] = (placed_t){.host = host_of(st, r), .rank = r};
-    qsort(order, (size_t) st->world, sizeof *order, placed_cmp);
+        order[r] = (dk_placed_t){.host = host_of(st, r), .rank = r};
+    qsort(order, (size_t) st->world, sizeof *order, dk_placed_cmp);
     int n = 0;
     for (int i = 0; i < st->world; i++) {
         int r = order[i].rank;

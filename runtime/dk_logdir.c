@@ -540,3 +540,25 @@ char *dk_logdir_socket_dir(const char *kind, const char *socket_name, const char
                "unset, too long for a socket path, or /tmp is missing)", what);
     return NULL;
 }
+
+int dk_logdir_write_file(const char *path, int (*write)(FILE *f, void *data), void *data,
+                         char *err, size_t errlen)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (!f) {
+        dk_set_err(err, errlen, "cannot write %s: %s", path, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    int rc = write(f, data) < 0 || ferror(f) ? -1 : 0;
+    int saved = errno;
+    if (fclose(f) != 0 && rc == 0) {
+        rc = -1;
+        saved = errno;
+    }
+    if (rc < 0)
+        dk_set_err(err, errlen, "cannot write %s: %s", path, strerror(saved));
+    return rc;
+}

@@ -32,6 +32,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 #define DK_LOG_ROOT_CAP_DEFAULT (10ULL << 30)  /* the whole root: 10 GiB */
@@ -84,6 +85,13 @@ int dk_logdir_create(int dirfd, const char *name, char *err, size_t errlen);
  * store another program then opens by path (mlflow.db). Returns its
  * descriptor or -1 with a reason in ERR. */
 int dk_logdir_private_file(int dirfd, const char *name, char *err, size_t errlen);
+
+/* Write the file at PATH (a run's folder's, made 0600, never through a
+ * symlink, truncated) with WRITE(F, DATA), which returns 0 or -1 with errno
+ * set. Returns 0, or -1 with ERR naming PATH and why (the open, WRITE, or the
+ * final flush and close). For the files an error names (ranks.txt, stacks.txt). */
+int dk_logdir_write_file(const char *path, int (*write)(FILE *f, void *data), void *data,
+                         char *err, size_t errlen);
 
 /* Hold directory descriptor FD as in use (flock LOCK_SH) until it is closed:
  * pruning then leaves it alone. Returns 0, or -1 with errno. */

@@ -63,15 +63,9 @@ void dk_ranks_format(const int *ranks, size_t n, int min_run, char *buf, size_t 
     }
 }
 
-/* A rank and its node, to sort ranks by node. */
-typedef struct {
-    const char *host;
-    int rank;
-} placed_t;
-
-static int placed_cmp(const void *pa, const void *pb)
+int dk_placed_cmp(const void *pa, const void *pb)
 {
-    const placed_t *a = pa, *b = pb;
+    const dk_placed_t *a = pa, *b = pb;
     int c = strcmp(a->host, b->host);
     return c ? c : (a->rank > b->rank) - (a->rank < b->rank);
 }
@@ -84,7 +78,7 @@ static const char *host_of(const char *const *hosts, int r)
 /* The ranks R of [0, N) with FLAGS[r] (every rank when FLAGS is NULL) into
  * *PLACED (malloc'd), sorted by node then rank; returns how many, -1 when out
  * of memory. */
-static int place(int n, const bool *flags, const char *const *hosts, placed_t **placed)
+static int place(int n, const bool *flags, const char *const *hosts, dk_placed_t **placed)
 {
     int m = 0;
     for (int r = 0; r < n; r++)
@@ -95,8 +89,8 @@ static int place(int n, const bool *flags, const char *const *hosts, placed_t **
     m = 0;
     for (int r = 0; r < n; r++)
         if (!flags || flags[r])
-            (*placed)[m++] = (placed_t){.host = host_of(hosts, r), .rank = r};
-    qsort(*placed, (size_t) m, sizeof **placed, placed_cmp);
+            (*placed)[m++] = (dk_placed_t){.host = host_of(hosts, r), .rank = r};
+    qsort(*placed, (size_t) m, sizeof **placed, dk_placed_cmp);
     return m;
 }
 
@@ -120,7 +114,7 @@ void dk_lost_format(int n, const bool *lost, const char *const *hosts, const cha
     if (!buf || len == 0)
         return;
     buf[0] = '\0';
-    placed_t *placed;
+    dk_placed_t *placed;
     int m = place(n, lost, hosts, &placed);
     if (m <= 0) {
         free(placed);
@@ -163,7 +157,7 @@ int dk_lost_whole_nodes(int n, bool *lost, const char *const *hosts)
         any = lost[r];
     if (!any)
         return 0;
-    placed_t *placed;
+    dk_placed_t *placed;
     int m = place(n, NULL, hosts, &placed);
     if (m < 0)
         return -1;

@@ -27,6 +27,15 @@
 void dk_ranks_format(const int *ranks, size_t n, int min_run, char *buf, size_t len,
                      size_t *at);
 
+/* A rank and its node: sorted with dk_placed_cmp, the ranks of a node come
+ * together, each node's in rank order (nodes by name). */
+typedef struct {
+    const char *host;
+    int rank;
+} dk_placed_t;
+
+int dk_placed_cmp(const void *a, const void *b);
+
 /* N ranks, LOST[r] whether rank r was lost, HOSTS[r] its node (HOSTS or an
  * entry NULL: "localhost"): one clause per node, in the order of its first
  * lost rank, with SEP between clauses ("; " for one line, "\n" for one line
