@@ -348,8 +348,10 @@ def tmp_contents(tmpdir, kernel_pid, cell_files=None):
             if path.parent == kernel_logs and re.fullmatch(r"run-\d{4,}-[0-9a-f]{16}", path.name):
                 runs.append(path)
                 continue
-        elif (path.parent.parent == kernel_logs and path.name in ("rank-0.log", "rank-1.log")
-              and path.is_file()):
+        elif (path.parent.parent == kernel_logs and path.is_file()
+              and (path.name in ("rank-0.log", "rank-1.log")
+                   # A failed run's stacks, and its ranks by fate past what the error shows.
+                   or path.name in ("stacks.txt", "ranks.txt"))):
             continue
         unexpected.append(str(path.relative_to(tmpdir)))
     return runs, unexpected
@@ -366,7 +368,11 @@ def run_number(folder):
 
 
 def incomplete_runs(runs):
-    return [r.name for r in runs if sorted(p.name for p in r.iterdir()) != ["rank-0.log", "rank-1.log"]]
+    """Kept run folders that lack a rank's log, or hold more than the logs and the
+    files a failed run's error names (its stacks, its ranks by fate)."""
+    extras = {"stacks.txt", "ranks.txt"}
+    return [r.name for r in runs
+            if sorted(p.name for p in r.iterdir() if p.name not in extras) != ["rank-0.log", "rank-1.log"]]
 
 
 # -- the soak ----------------------------------------------------------------------------
@@ -541,7 +547,7 @@ def test_soak(kernelspec_installed, tmp_path):
     # One file per distinct cell source at most (the soak's cells repeat).
     executed = EXECUTES + warm_executes + CELLS + len(warm_cells)
     assert 0 < len(cell_files) <= executed, (len(cell_files), executed)
-    assert incomplete == [], f"kept run folders without exactly rank-0.log and rank-1.log: {incomplete}"
+    assert incomplete == [], f"kept run folders without both rank logs, or with files beyond them, stacks.txt and ranks.txt: {incomplete}"
     expected_runs = list(range(runs_started - KEEP_RUNS + 1, runs_started + 1))
     assert sorted(map(run_number, runs_running)) == expected_runs, (
         f"the kept log folders are not those of the last {KEEP_RUNS} runs of "
