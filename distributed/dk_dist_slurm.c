@@ -26,6 +26,7 @@
 #include <Python.h>
 
 #include "dk_dist_slurm.h"
+#include "dk_hostlist.h"
 #include "dk_netaddr.h"
 #include "dk_slurm.h"
 #include "dk_spawn.h"
@@ -92,7 +93,7 @@ struct dk_dist_slurm_t {
     dk_slurm_t *alloc;
     int world, per_node;
     bool gpu;                   /* GPU ranks: the allocation has per_node GPUs on each node */
-    char node_list[4096];
+    char *node_list;            /* the nodes as Slurm writes them, "node[1-16]" */
     char bc_addr[64];
     char advertise[64];         /* advertise_addr=, "" if not given */
     char export_secrets[512];   /* export_secrets=: secret-named variables sent anyway */
@@ -360,12 +361,13 @@ static dk_dist_slurm_t *slurm_new(dk_slurm_t *alloc, int world, int per_node, bo
     self->steps = calloc((size_t)world, sizeof *self->steps);
     self->cmds = calloc((size_t)world, sizeof *self->cmds);
     self->allow = calloc(dk_slurm_node_count(alloc) + 1, sizeof *self->allow);
-    size_t n = 0;
-    for (size_t i = 0; i < dk_slurm_node_count(alloc); i++)
-        n += (size_t)snprintf(self->node_list + n, n < sizeof self->node_list
-                              ? sizeof self->node_list - n : 0, "%s%s", i ? "," : "",
-                              dk_slurm_node_name(alloc, i));
-    if (!self->hosts || !self->steps || !self->cmds || !self->allow) {
+    size_t nodes = dk_slurm_node_count(alloc);
+    const char **names = calloc(nodes + 1, sizeof *names);
+    for (size_t i = 0; names && i < nodes; i++)
+        names[i] = dk_slurm_node_name(alloc, i);
+    self->node_list = names ? dk_hostlist_compress(names, nodes) : NULL;
+    free(names);
+    if (!self->hosts || !self->steps || !self->cmds || !self->allow || !self->node_list) {
         self->alloc = NULL;     /* the caller's still */
         dk_dist_slurm_destroy(&self);
         return NULL;
@@ -572,6 +574,7 @@ void dk_dist_slurm_destroy(dk_dist_slurm_t **self_p)
     }
     dk_spawn_env_free(self->env);
     free(self->hosts);
+    free(self->node_list);
     free(self->allow);
     free(self->steps);
     free(self->cmds);

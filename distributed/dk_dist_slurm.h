@@ -83,7 +83,7 @@ dk_dist_slurm_t *dk_dist_slurm_allocate(const dk_dist_opts_t *opts, const dk_dis
  * set. Warm start does not apply: the caller leaves spec.warm_socket NULL. */
 int dk_dist_slurm_spec(dk_dist_slurm_t *self, const char *rank_exe, dk_job_spec_t *spec);
 
-/* The Slurm job's id, and its nodes as one comma-separated list. */
+/* The Slurm job's id, and its nodes as Slurm writes them ("node[1-16]"). */
 const char *dk_dist_slurm_job_id(const dk_dist_slurm_t *self);
 const char *dk_dist_slurm_node_list(const dk_dist_slurm_t *self);
 

@@ -57,6 +57,7 @@ ASAN_SKIP=(
   test_execute.py        # IPython semantics of execute (payloads, user_expressions, history)
   test_kernelspec.py     # files that meson install wrote
   test_mlflow.py         # tracking bookkeeping; the REST client (dk_mlflow) runs in its C unit test
+  test_slurm_scale.py    # 256 ranks on 16 nodes, 3 min alone; the same C paths run at 2 nodes above
   test_tracking_trust.py # the port-owner and id checks and the escaping run in their C unit tests
   test_ray_trust.py      # the Ray head's signed address and token: Python (python/distkernel/_ray.py)
   test_shared_machine.py # the log root's checks (dk_logdir) run in their C unit test, with leaks checked

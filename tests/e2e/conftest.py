@@ -163,5 +163,5 @@ def heartbeat(kernel):
 
 # The simulated Slurm cluster (tests/slurm/), for the tests that ask for it.
 from slurm_cluster import (slurm_cluster, slurm_cluster_a, slurm_cluster_b,  # noqa: E402,F401
-                           slurm_mem_cluster)
+                           slurm_mem_cluster, slurm_scale_cluster)
 from slurm_cluster import group_of as slurm_group_of  # noqa: E402

@@ -90,6 +90,10 @@ class SlurmCluster:
                 pass
             time.sleep(0.5)
 
+    def boot(self, node):
+        """Boot NODE again, without waiting for it to take steps (see start)."""
+        cluster_sh("start", node, env=self.sh_env)
+
     def cut(self, node):
         """Cut NODE off the network (no FIN, no RST): its processes run on, unheard."""
         self.exec(node, "ip", "link", "set", "eth0", "down")
@@ -138,15 +142,15 @@ def bring_up(nodes=2, env=None):
     return cluster
 
 
-def session_cluster(env=None):
-    """Bring a cluster up for the session (or skip, or fail on CI, saying why),
-    yield it, and take it down if this session started it."""
+def session_cluster(env=None, nodes=2):
+    """Bring a cluster of NODES up for the session (or skip, or fail on CI, saying
+    why), yield it, and take it down if this session started it."""
     why = unavailable()
     if why:
         if os.environ.get("CI"):
             pytest.fail(f"{why}; CI runs as root and must run the Slurm tests", pytrace=False)
         pytest.skip(why)
-    cluster = bring_up(2, env=env)
+    cluster = bring_up(nodes, env=env)
     yield cluster
     if cluster.started:
         cluster_sh("down", env=env)
@@ -216,3 +220,24 @@ def slurm_mem_cluster():
                                                           "dkslurm2"),
                DISTKERNEL_SLURM_SIM_SELECT="CR_CPU_Memory", DISTKERNEL_SLURM_SIM_GPUS="0")
     yield from session_cluster(env)
+
+
+SCALE_NODES = 16
+SCALE_CPUS = 16
+
+
+@pytest.fixture(scope="session")
+def slurm_scale_cluster():
+    """16 nodes of 16 CPUs, no GPUs: room for a 256-rank run (tests/e2e/test_slurm_scale.py),
+    in its own folder, network and bridge (DISTKERNEL_SLURM_SIM_SCALE_DIR, _SCALE_NET,
+    _SCALE_BRIDGE; defaults /tmp/distkernel-slurm-scale, 10.79.3, dkslurm3). Its tests
+    run alone (they use every CPU of the machine), so it is up only while they run."""
+    env = dict(os.environ,
+               DISTKERNEL_SLURM_SIM_DIR=os.environ.get("DISTKERNEL_SLURM_SIM_SCALE_DIR",
+                                                       "/tmp/distkernel-slurm-scale"),
+               DISTKERNEL_SLURM_SIM_NET=os.environ.get("DISTKERNEL_SLURM_SIM_SCALE_NET",
+                                                       "10.79.3"),
+               DISTKERNEL_SLURM_SIM_BRIDGE=os.environ.get("DISTKERNEL_SLURM_SIM_SCALE_BRIDGE",
+                                                          "dkslurm3"),
+               DISTKERNEL_SLURM_SIM_CPUS=str(SCALE_CPUS), DISTKERNEL_SLURM_SIM_GPUS="0")
+    yield from session_cluster(env, nodes=SCALE_NODES)

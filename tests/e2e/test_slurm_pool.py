@@ -97,7 +97,7 @@ def test_state_is_kept_across_cells_on_the_same_pids_on_both_nodes(kernel, slurm
     assert limit == "UNLIMITED", limit
     # The status names the Slurm job and each rank's node.
     status = kernel.execute("%distributed status").stdout
-    assert f"Slurm job {job} on node1,node2 (time limit infinite)" in status, status
+    assert f"Slurm job {job} on node[1-2] (time limit infinite)" in status, status
     assert "rank 0 on node1 · rank 1 on node1 · rank 2 on node2 · rank 3 on node2" in status, \
         status
     stop_and_check_released(kernel, slurm_cluster)

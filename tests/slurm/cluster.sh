@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test cluster: a Slurm 22.05 cluster of 1 to 9 nodes simulated on this
+# The test cluster: a Slurm 22.05 cluster of 1 to 64 nodes simulated on this
 # machine, for the tests of distkernel's Slurm launcher (CI has no cluster).
 #
 #   tests/slurm/cluster.sh up [N]        start it (N nodes, default 2); prints the
@@ -20,6 +20,9 @@
 #   this namespace ("login")  bridge $BR, $NET.1      sinfo, salloc, a kernel
 #   ctl                       $NET.2                  slurmctld
 #   nodeI                     $NET.(10+I)             slurmd -N nodeI
+#
+# Each host's end of the bridge is a veth named $BR-ctl, $BR-n1 ... $BR-n64: a
+# link's name has at most 15 characters, and a 9-character bridge name leaves 5.
 #   munged                    this namespace, its own key and socket in $DIR
 #
 # Why it is built so (../shared/slurm-sim/README.md has the findings):
@@ -43,7 +46,8 @@
 #   DISTKERNEL_SLURM_SIM_DIR     state folder (default /tmp/distkernel-slurm)
 #   DISTKERNEL_SLURM_SIM_NET     first three octets of its /24 (default 10.79.0)
 #   DISTKERNEL_SLURM_SIM_BRIDGE  the bridge's name (default dkslurm0)
-#   DISTKERNEL_SLURM_SIM_CPUS    CPUs each node reports (default 2; may exceed the real ones)
+#   DISTKERNEL_SLURM_SIM_CPUS    CPUs each node reports (default 2, at most 256; may exceed
+#                                the real ones: 16 nodes of 16 hold a 256-rank run)
 #   DISTKERNEL_SLURM_SIM_SRUN_WORKAROUND  1 (default): the FUTURE node for bug 16401
 #                                (above); 0: leave it out, so srun behaves as on a site
 #                                whose login host is no node, and hangs after a node loss
@@ -84,6 +88,7 @@ note() { echo "cluster.sh: $*" >&2; }
 case $DIR in /*) ;; *) die "DISTKERNEL_SLURM_SIM_DIR must be an absolute path, got '$DIR'" ;; esac
 [[ $NET =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "DISTKERNEL_SLURM_SIM_NET must look like 10.79.0, got '$NET'"
 [[ $WORKAROUND =~ ^[01]$ ]] || die "DISTKERNEL_SLURM_SIM_SRUN_WORKAROUND must be 0 or 1, got '$WORKAROUND'"
+[[ $CPUS =~ ^[1-9][0-9]{0,2}$ ]] && ((CPUS <= 256)) || die "DISTKERNEL_SLURM_SIM_CPUS must be 1 to 256, got '$CPUS'"
 [[ $GPUS =~ ^[0-8]$ ]] || die "DISTKERNEL_SLURM_SIM_GPUS must be 0 to 8, got '$GPUS'"
 [[ $GPU_TYPE =~ ^[a-z][a-z0-9_]{0,19}$ ]] || die "DISTKERNEL_SLURM_SIM_GPU_TYPE must be a GRES type such as h200 (1 to 20 lower-case letters, digits, _) or none, got '$GPU_TYPE'"
 [[ $SELECT =~ ^CR_CPU(_Memory)?$ ]] || die "DISTKERNEL_SLURM_SIM_SELECT must be CR_CPU or CR_CPU_Memory, got '$SELECT'"
@@ -178,8 +183,9 @@ host_up() {
     for ((k = 0; k < 200; k++)); do [[ -e $DIR/run/$name.ready ]] && break; sleep 0.01; done
     [[ -e $DIR/run/$name.ready ]] || die "host $name did not come up"
     remember "host-$name" "$pid"
-    ip link add "$PREFIX$name" type veth peer name eth0 netns "$pid"
-    ip link set "$PREFIX$name" master "$BR" up
+    local link=$PREFIX${name/#node/n}     # node64 -> n64: see the top of this file
+    ip link add "$link" type veth peer name eth0 netns "$pid"
+    ip link set "$link" master "$BR" up
     nsenter -t "$pid" -n -- sh -ec "
         ip link set lo up
         ip addr add $addr/24 dev eth0
@@ -198,7 +204,7 @@ daemon_in() {
 }
 
 node_addr() {    # nodeI -> its address, from the config
-    [[ $1 =~ ^node[1-9]$ ]] || die "no such node '$1' (nodes are node1..node9)"
+    [[ $1 =~ ^node([1-9]|[1-5][0-9]|6[0-4])$ ]] || die "no such node '$1' (nodes are node1..node64)"
     local a
     a=$(sed -n "s/^NodeName=$1 NodeAddr=\([0-9.]*\) .*/\1/p" "$CONF" 2>/dev/null)
     [[ -n $a ]] || die "$1 is not a node of the cluster in $DIR"
@@ -267,6 +273,7 @@ EOF
     fi >> "$CONF"
     echo "$WORKAROUND" > "$DIR/workaround"
     echo "$SELECT" > "$DIR/select"
+    echo "$CPUS" > "$DIR/cpus"
     echo "$GPU_TYPE" > "$DIR/gputype"
     local gres_type="" conf_type=""
     if [[ $GPU_TYPE != none ]]; then
@@ -309,6 +316,9 @@ healthy() {      # N: our cluster with N nodes runs and every node is idle
     local gt=none  # a cluster from before the setting had untyped GPUs
     [[ -r $DIR/gputype ]] && gt=$(< "$DIR/gputype")
     [[ $gt == "$GPU_TYPE" ]] || return 1
+    local cpus=2   # a cluster from before the file had the default
+    [[ -r $DIR/cpus ]] && cpus=$(< "$DIR/cpus")
+    [[ $cpus == "$CPUS" ]] || return 1
     recorded munged > /dev/null && recorded slurmctld > /dev/null || return 1
     local i
     for ((i = 1; i <= $1; i++)); do recorded "slurmd-node$i" > /dev/null || return 1; done
@@ -326,7 +336,7 @@ print_env() {
 
 cmd_up() {
     local n=${1:-2} i k
-    [[ $n =~ ^[1-9]$ ]] || die "node count must be 1 to 9, got '$n'"
+    [[ $n =~ ^([1-9]|[1-5][0-9]|6[0-4])$ ]] || die "node count must be 1 to 64, got '$n'"
     [[ $(id -u) == 0 ]] || die "must run as root (it makes network namespaces and a bridge)"
     for c in unshare nsenter ip setsid munged mungekey slurmctld slurmd sinfo; do
         command -v "$c" > /dev/null || die "'$c' is not installed; run scripts/deps.sh"
@@ -361,12 +371,15 @@ cmd_up() {
     daemon_in ctl slurmctld slurmctld -D -c -f "$CONF"   # -c: no jobs from an earlier cluster
     for ((i = 1; i <= n; i++)); do node_boot "node$i"; done
 
-    for ((k = 0; k < 600; k++)); do
+    # 30 s, and half a second more a node: slurmctld takes the nodes' registrations
+    # one by one, and on 2 shared cores 64 slurmds start slowly
+    local wait_s=$((30 + n / 2))
+    for ((k = 0; k < wait_s * 20; k++)); do
         healthy "$n" && break
         recorded slurmctld > /dev/null || die "slurmctld exited"
         sleep 0.05
     done
-    healthy "$n" || die "the nodes were not idle within 30 s"
+    healthy "$n" || die "the nodes were not idle within $wait_s s"
     trap - EXIT
     print_env
     echo started
