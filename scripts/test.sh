@@ -41,7 +41,7 @@ PY=/usr/bin/python3   # Debian's, which has the Jupyter stack
 # protocol, executing, output, interrupts, the kernel's life, and
 # distributed cells with their failures. About 3 minutes with 4 workers.
 QUICK_FILES=(test_protocol.py test_execute.py test_io.py test_interrupt.py test_lifecycle.py
-             test_conformance.py test_distributed.py test_distributed_failures.py)
+             test_conformance.py test_distributed.py test_distributed_failures.py test_docs.py)
 
 # The sanitizer pass leaves out these end-to-end files. Each mostly exercises
 # Python (IPython, debugpy, nbconvert, the platform's decorator API in
@@ -53,6 +53,7 @@ ASAN_SKIP=(
   test_cell_sources.py   # cell file names, inspect.getsource, tracebacks: Python
   test_conformance.py    # jupyter_kernel_test's message checks: test_protocol.py and test_abuse.py keep the wire
   test_debugger.py       # debugpy's DAP relay: Python; dk_debug's framing runs in its C unit test
+  test_docs.py           # the docs' links and the README's length: files only, no kernel
   test_environments.py   # venv kernelspecs: the probe and install run in the install unit test
   test_execute.py        # IPython semantics of execute (payloads, user_expressions, history)
   test_kernelspec.py     # files that meson install wrote
@@ -207,7 +208,7 @@ e = s.cluster_b_env(); print(" ".join(f"{k}={e[k]}" for k in e if k.startswith("
   return 0
 }
 
-figures() {      # BUILD: what the reliability tests measured, for the README
+figures() {      # BUILD: what the reliability tests measured, for docs/reliability.md
   for f in "$1"/figures/*.json; do
     [ -e "$f" ] && $PY -c \
       'import json, sys; print(sys.argv[2] + ":", json.dumps(json.load(open(sys.argv[1]))))' \
