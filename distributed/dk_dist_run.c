@@ -34,6 +34,7 @@
 #include "dk_dist_status.h"
 #include "dk_dist_warm.h"
 #include "dk_gpu.h"
+#include "dk_hostlist.h"
 #include "dk_logdir.h"
 #include "dk_logfile.h"
 #include "dk_slurm.h"
@@ -409,8 +410,12 @@ static int slurm_nodes(dk_dist_run_t *run, dk_job_spec_t *spec)
     run->slurm_end_s = left >= 0 ? dk_now_s() + left : 0;
     if (!run->pool)
         spec->timeout_s = cut_timeout(run, left);
+    /* The run's own nodes, the ones its ranks are on: inside a larger
+     * allocation, not all of the allocation's. */
+    char *own = dk_hostlist_compress(spec->rank_hosts, (size_t)spec->world_size);
     dk_dist_mlflow_slurm(&run->mlflow, run->kernel, dk_dist_slurm_job_id(run->slurm),
-                         dk_dist_slurm_node_list(run->slurm));
+                         own ? own : dk_dist_slurm_node_list(run->slurm));
+    free(own);
     run->hosts = spec->rank_hosts;
     return 0;
 }

@@ -66,7 +66,8 @@ void dk_tracking_begin(dk_tracking_t *self, const dk_tracking_request_t *req, dk
 void dk_tracking_end(dk_tracked_run_t *run, const char *status, char *note, size_t notelen);
 
 /* Record where a run on a Slurm cluster ran: parameters slurm_job_id (JOB_ID)
- * and nodes (NODES, comma-separated), once Slurm has given them (after the run
+ * and nodes (NODES, the nodes the run's ranks are on, as Slurm writes a node
+ * list: "node[1-16]"), once Slurm has given them (after the run
  * was created). No-op if RUN is not active; a warning may go into NOTE. */
 void dk_tracking_log_slurm(dk_tracked_run_t *run, const char *job_id, const char *nodes,
                            char *note, size_t notelen);

@@ -463,8 +463,35 @@ def test_the_mlflow_run_records_the_slurm_job_and_the_nodes(slurm_cluster, tmp_p
         assert len(runs) == 1, runs
         params = {p["key"]: p["value"] for p in runs[0]["data"]["params"]}
         assert params["slurm_job_id"] == job, params
-        assert params["nodes"] == "node1,node2", params
+        assert params["nodes"] == "node[1-2]", params   # as Slurm writes a node list
     assert wait_clean(slurm_cluster) == []
+
+
+@pytest.mark.timeout(300)
+def test_inside_a_larger_allocation_the_mlflow_run_records_its_own_nodes(slurm_cluster,
+                                                                          tmp_path):
+    # The notebook's allocation has both nodes; a 1-node run uses one of them.
+    got = slurm_cluster.run("salloc", "-N2", "--no-shell", "--job-name=batch-of-user")
+    assert got.returncode == 0, got.stderr
+    job = got.stderr.split("Granted job allocation ")[1].split()[0]
+    try:
+        with MlflowTestServer() as srv:
+            k = start(tmp_path, slurm_cluster, MLFLOW_TRACKING_URI=srv.url, SLURM_JOB_ID=job,
+                      SLURM_JOB_NODELIST="node[1-2]")
+            try:
+                r = k.execute("%%distributed num_processes=1 nodes=1 launcher=slurm\n"
+                              "import os\nos.environ['SLURMD_NODENAME']\n", timeout=240)
+                assert r.status == "ok", r.describe()
+            finally:
+                k.stop()
+            runs = srv.runs()
+        assert len(runs) == 1, runs
+        params = {p["key"]: p["value"] for p in runs[0]["data"]["params"]}
+        assert params["slurm_job_id"] == job, params
+        assert params["nodes"] == r.result.split(": ")[1].strip("'"), (params, r.result)
+    finally:
+        slurm_cluster.run("scancel", job)
+    assert rank_processes(slurm_cluster) == []
 
 
 def kill_node_2_mid_run(kernel, slurm_cluster, code):
