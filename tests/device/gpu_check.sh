@@ -172,7 +172,7 @@ if [ ! -x "$CHECK" ]; then
     check_min() {
         mkdir -p "$DK/check-min"
         cc -std=c11 -O2 -D_GNU_SOURCE -I"$REPO/runtime/gpu" -I"$REPO/runtime/base" -I"$DK/kernel/usr/include" \
-            "$REPO"/runtime/gpu/{check_main,dk_nccl,dk_nccl_report,dk_gpu}.c \
+            "$REPO"/runtime/gpu/{check_main,dk_nccl,dk_nccl_report,dk_nccl_load,dk_dl,dk_gpu}.c \
             -L"$LIBDEV" -ljansson -ldl -lpthread -lm -o "$DK/check-min/distkernel-check"
     }
     step check-min 60 check_min && CHECK=$DK/check-min/distkernel-check
