@@ -14,7 +14,7 @@
  * The difference from ipykernel: this kernel embeds one libpython, so it does
  * not run the environment's python but tells the embedded one to start as
  * that python would (kernel.json's argv is `distkernel --python PATH -f
- * {connection_file}`, see runtime/dk_pyinit.h). That only works for a Python
+ * {connection_file}`, see runtime/rank/dk_pyinit.h). That only works for a Python
  * of the same version and ABI, so PATH is probed first (dk_pyprobe.h) and
  * refused, with no kernelspec written, when it
  * is another version or ABI, not a Python at all, or lacks IPython or

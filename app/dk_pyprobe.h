@@ -3,7 +3,7 @@
  * run in its environment.
  *
  * The kernel embeds one libpython and starts it as the environment's python
- * would (runtime/dk_pyinit.h), which works only for a Python of the same
+ * would (runtime/rank/dk_pyinit.h), which works only for a Python of the same
  * version and ABI that has IPython and cloudpickle. The probe runs the python
  * with a few lines (dk_pyprobe_script) that print its version, SOABI,
  * sys.prefix and which of those modules it lacks; the check compares that

@@ -275,7 +275,7 @@ FANOUT_CODE = ('import os, torch, torch.distributed as dist\n'
 
 BARE_SCRIPT = r'''#!/bin/bash
 # The same ranks as %%distributed starts, launched bare: the rank environment
-# the kernel's runtime sets (runtime/dk_job.c), then `python3 -c CODE` each.
+# the kernel's runtime sets (runtime/launch/dk_job_launch.c), then `python3 -c CODE` each.
 # Each rank writes to its own file (as distkernel gives each rank its own
 # pipe and log), printed as "RANK: TEXT" lines once all have exited.
 N=$1; PORT=$2; PY=$3; CODE=$4

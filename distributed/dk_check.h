@@ -2,7 +2,7 @@
  * dk_check: %distributed_check and check=True, the NCCL preflight check.
  *
  * The check all-reduces across every local GPU and creates a CUDA context on
- * each, so it runs in its own process, distkernel-check (runtime/check_main.c),
+ * each, so it runs in its own process, distkernel-check (runtime/gpu/check_main.c),
  * never in the kernel, which must hold no CUDA context. The kernel relays what
  * the program writes to stderr (NCCL's own logs), reads its JSON report from
  * stdout, and renders it with dk_nccl_report_text.

@@ -5,7 +5,7 @@
  * A run's folder is ROOT/kernel-PID/run-NNNN-ID, ROOT being DISTKERNEL_LOG_DIR
  * or the user's state directory (dk_logdir_default_root), checked to be the
  * user's alone on every run (the notebook may change DISTKERNEL_LOG_DIR).
- * Retention (runtime/dk_logdir does the removing, never through a symlink,
+ * Retention (runtime/logs/dk_logdir does the removing, never through a symlink,
  * never a running job's folder):
  *   - a kernel keeps its last DK_DIST_KEEP_RUN_LOGS runs, so a long session does
  *     not fill the disk with logs nobody will read;

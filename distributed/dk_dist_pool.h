@@ -1,7 +1,7 @@
 /*
  * dk_dist_pool: ranks started with `%distributed start`, kept between cells.
  *
- * The pool is a persistent job (runtime/dk_job.h: rounds of TASK frames on
+ * The pool is a persistent job (runtime/launch/dk_job.h: rounds of TASK frames on
  * ranks that stay) with the plan and options it was started with. Each cell
  * or .distributed() call on it is a dk_dist_run of its own (its relay, status
  * display, log folder, MLflow run, outcome), which attaches its sink to the

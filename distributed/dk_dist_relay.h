@@ -1,7 +1,7 @@
 /*
  * dk_dist_relay: from the bytes ranks write to what the cell shows.
  *
- * Each rank's stdout and stderr go through a line assembler (runtime/dk_lines)
+ * Each rank's stdout and stderr go through a line assembler (runtime/base/dk_lines)
  * of their own. A finished line becomes "[rank N] text\n" in the cell's stdout
  * or stderr; the lines of one read are handed over together. A line being
  * redrawn with '\r' (a progress bar) becomes a display of its own, updated in

@@ -4,7 +4,7 @@
  * Start: parse the options, plan the ranks (dk_dist_plan), run the preflight
  * check when asked (dk_dist_preflight), create the MLflow run
  * (dk_dist_mlflow), make the log folder (dk_dist_logs) and start the job
- * (runtime/dk_job) with a sink: output goes to the relay (dk_dist_relay),
+ * (runtime/launch/dk_job) with a sink: output goes to the relay (dk_dist_relay),
  * states and messages to the ranks' records (dk_dist_rank). Wait: with the GIL
  * released, waking every DK_DIST_WAIT_SLICE_MS to honour an interrupt or a
  * shutdown (which end every rank), to tick the relay and to refresh the status

@@ -16,11 +16,11 @@
  * The price is that srun tells each rank of a one-task step (SLURM_PROCID=0,
  * SLURM_NTASKS=1): the ranks get the run's node lists in their environment
  * and rewrite those variables to the whole run's before any Python runs
- * (runtime/dk_slurm_rank.c, from distkernel-rank's main). The steps share
+ * (runtime/slurm/dk_slurm_rank.c, from distkernel-rank's main). The steps share
  * the job's resources (--overlap) and get none of srun's input variables from
  * the kernel's environment (a batch script's SLURM_MEM_PER_NODE ...), so that
  * no rank's step waits for another while rank 0 waits for all of them in the
- * rendezvous (runtime/dk_slurm_step.c says why each).
+ * rendezvous (runtime/slurm/dk_slurm_step.c says why each).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -3,7 +3,7 @@
  * nodes > 1, or the decorator's remote=True).
  *
  * Before anything starts, Slurm must be reachable from the kernel
- * (runtime/dk_slurm.h says what that means); otherwise the user reads what is
+ * (runtime/slurm/dk_slurm.h says what that means); otherwise the user reads what is
  * missing and what to set, and no rank, log folder or MLflow run is made.
  *
  * Then, once the run's log folder exists, the run's nodes: an allocation of

@@ -2,7 +2,7 @@
  * dk_dist_stacks: where the ranks of a run that did not end by itself were.
  *
  * The runtime asks the live ranks for their stacks before it ends them
- * (dk_job_rank_stacks, runtime/dk_stackreq.h); this turns those dumps into
+ * (dk_job_rank_stacks, runtime/stacks/dk_stackreq.h); this turns those dumps into
  * what the error shows under "Where the ranks were:" (dk_stacks_summary: the
  * ranks grouped by stack, the odd one out first, within 45 lines at any
  * size) and writes every dump to stacks.txt in the run's log folder, which

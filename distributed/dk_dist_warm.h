@@ -1,5 +1,5 @@
 /*
- * dk_dist_warm: which warm-start template (runtime/dk_template.h) a fresh
+ * dk_dist_warm: which warm-start template (runtime/launch/dk_template.h) a fresh
  * run's ranks are forked from, if any.
  *
  * The kernel keeps at most one template. Nothing is started before the first

@@ -1,7 +1,7 @@
 /*
  * dk_distributed: %%distributed and the @distributed decorator, on the runtime.
  *
- * This is where the kernel meets the runtime (runtime/dk_job.h): it checks the
+ * This is where the kernel meets the runtime (runtime/launch/dk_job.h): it checks the
  * options against the node's devices, asks the Python glue for the job's payload
  * (the cell and the notebook names it uses, or a function and its arguments,
  * pickled), runs the job with a sink that turns rank output into labelled stream

@@ -246,7 +246,7 @@ static const char *next_token(const char *p, char *name, size_t nlen, char *valu
 }
 
 /* The kernel holds descriptors for each rank (five for a local one,
- * runtime/dk_fdlimit.h), its log and its output line; 4096 is far more than
+ * runtime/channel/dk_fdlimit.h), its log and its output line; 4096 is far more than
  * one node has cores or GPUs for. Whether a count fits the descriptor limit is
  * checked when the cell runs. A list of ranks (output=) knows the bound too. */
 #define RANKS_MAX DK_RANK_LIST_RANKS_MAX

@@ -35,10 +35,10 @@ sources() {
   case $1 in
     fuzz_wire)  echo "protocol/dk_wire.c" ;;
     fuzz_conn)  echo "protocol/dk_conn.c protocol/dk_wire.c" ;;
-    fuzz_opts)  echo "magics/dk_magic.c magics/dk_dist_opts.c magics/dk_rank_list.c runtime/dk_slurm_parse.c" ;;
-    fuzz_lines) echo "runtime/dk_lines.c runtime/dk_utf8.c" ;;
-    fuzz_launchout) echo "runtime/dk_launchout.c" ;;
-    fuzz_stacks) echo "runtime/dk_stacks.c runtime/dk_stacks_fold.c runtime/dk_lost.c runtime/dk_utf8.c" ;;
+    fuzz_opts)  echo "magics/dk_magic.c magics/dk_dist_opts.c magics/dk_rank_list.c runtime/slurm/dk_slurm_parse.c" ;;
+    fuzz_lines) echo "runtime/base/dk_lines.c runtime/base/dk_utf8.c" ;;
+    fuzz_launchout) echo "runtime/launch/dk_launchout.c" ;;
+    fuzz_stacks) echo "runtime/stacks/dk_stacks.c runtime/stacks/dk_stacks_fold.c runtime/base/dk_lost.c runtime/base/dk_utf8.c" ;;
     *) echo "unknown fuzz target '$1'; the targets are: ${ALL_TARGETS[*]}" >&2; return 1 ;;
   esac
 }
@@ -65,7 +65,8 @@ mkdir -p "$BUILD"
 CFLAGS=(-std=c11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer
         -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
         -Wall -Wextra -Wno-unused-parameter
-        -Iprotocol -Imagics -Iruntime -Itests/fuzz)
+        -Iprotocol -Imagics -Iruntime/base -Iruntime/slurm -Iruntime/stacks
+        -Iruntime/launch -Itests/fuzz)
 for t in "${TARGETS[@]}"; do
   src=$(sources "$t")
   echo "fuzz: building $t"

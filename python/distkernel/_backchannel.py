@@ -1,4 +1,4 @@
-"""The rank side of the runtime's back channel (see runtime/dk_job.h).
+"""The rank side of the runtime's back channel (see runtime/launch/dk_job.h).
 
 Every frame is  u32 length | 32-byte MAC | body,  MAC = HMAC-SHA256(key, nonce |
 u8 dir | u32 seq | body),  body = u8 type | u32 rank | payload. The nonce is
@@ -38,7 +38,7 @@ import threading
 import time
 
 try:
-    # distkernel-rank has it built in (runtime/dk_rankchan.c): the sending side
+    # distkernel-rank has it built in (runtime/rank/dk_rankchan.c): the sending side
     # in C, with PINGs from a native thread that needs no GIL. A plain python3
     # has not; its PINGs then come from the Python thread below.
     import _distkernel_rankchan as _native
@@ -50,7 +50,7 @@ MAC_LEN = 32
 # The direction byte of the MAC (dk_backchan.h, DK_BC_DIR_TO_*).
 TO_KERNEL = b"R"
 TO_RANK = b"K"
-# The protocol's one size limit, as runtime/dk_backchan.h has it (and
+# The protocol's one size limit, as runtime/channel/dk_backchan.h has it (and
 # tests/unit/test_job.c checks): the bytes after a frame's u8 type | u32 rank,
 # either way. A frame's length field covers the MAC, type, rank and those.
 PAYLOAD_MAX = 1 << 30
@@ -379,7 +379,7 @@ class _Remote:
             self._end(exc)
 
     def _send_stacks(self):
-        """The kernel asks where this rank is (runtime/dk_stackreq.h): every
+        """The kernel asks where this rank is (runtime/stacks/dk_stackreq.h): every
         thread's stack as faulthandler writes it, through a file of this
         node (a pipe could fill up before it is read), its tail if long.
         This thread needs the GIL for it: a main thread that holds the GIL

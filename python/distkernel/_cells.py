@@ -192,7 +192,7 @@ files = CellFiles()
 
 def folder():
     """The cell files' directory, ending in a separator, or None: what the
-    kernel tells cell frames in a rank's stack by (runtime/dk_stacks.h)."""
+    kernel tells cell frames in a rank's stack by (runtime/stacks/dk_stacks.h)."""
     return files.folder()
 
 

@@ -214,7 +214,7 @@ class _NodeFolders:
     """What a rank on another node than the kernel's may run in and import
     from: a folder or sys.path entry its node's other users cannot change,
     checked by distkernel-rank's built-in _distkernel_rankpath
-    (runtime/dk_rankpath.h, dk_logdir's check for code: the user's or root's,
+    (runtime/rank/dk_rankpath.h, dk_logdir's check for code: the user's or root's,
     writable by nobody else, through parents nobody else can rename). A
     refused one is left out, and said once in the rank's log (_Notes); one
     that is not there is left out silently, as the kernel's folder on a node
@@ -285,10 +285,10 @@ def run_secret(label):
 
 
 def _arm_stacks():
-    """Let the kernel ask for this rank's stacks (runtime/dk_stackreq.h): on
+    """Let the kernel ask for this rank's stacks (runtime/stacks/dk_stackreq.h): on
     its signal faulthandler writes every thread's stack to the rank's file
     (DISTKERNEL_STACKS) from the signal handler, without the GIL, and the
-    handler it chains to (_distkernel_stacks, runtime/dk_rankstacks.h) writes
+    handler it chains to (_distkernel_stacks, runtime/rank/dk_rankstacks.h) writes
     the end line. The ready line says the rank may be signalled, and which pid
     to signal (a warm rank is not the process the kernel started). A plain
     python3 has no _distkernel_stacks: it is never asked."""
@@ -641,11 +641,11 @@ class _Unpicklable:
 
 # ---- the warm-start template --------------------------------------------------
 #
-# A template is a distkernel-rank started by the kernel (runtime/dk_template.c)
+# A template is a distkernel-rank started by the kernel (runtime/launch/dk_template.c)
 # with DISTKERNEL_TEMPLATE (its socket's path) and DISTKERNEL_WARM_MODULES set.
 # It imports those modules once, then forks a rank for each request on its
 # socket: the request comes from a distkernel-rank started by the job as a cold
-# rank would be (runtime/rank_main.c), which sends its own environment, working
+# rank would be (runtime/rank/rank_main.c), which sends its own environment, working
 # directory, process group and stdout/stderr, waits, and ends as the rank ended.
 # So the rank is the cold rank's process in every way the job sees (group,
 # pipes, environment, status), less the imports.
@@ -743,7 +743,7 @@ RANK_NAME = b"distkernel-rank"
 
 def _take_the_rank_name(libc):
     """In a rank forked from the template: the rank's name back, where ps and
-    pgrep look (the template's is distkernel-template, runtime/dk_template.h):
+    pgrep look (the template's is distkernel-template, runtime/launch/dk_template.h):
     the process name, and the command line, overwritten in place (the
     template's is longer, so the rank's fits; what is past it is zeroed)."""
     import ctypes

@@ -10,7 +10,7 @@ wait until the driver is done. Then every rank runs `ray stop`.
 
 `ray stop` must run however the run ends: a failing driver, an interrupt, a
 timeout, another rank failing. The kernel ends ranks with SIGINT, then SIGTERM
-and SIGKILL 2 s apart (runtime/dk_job.h), to the rank's whole process group.
+and SIGKILL 2 s apart (runtime/launch/dk_job.h), to the rank's whole process group.
 So every wait here is a loop of short waits (an interrupt lands between them
 and unwinds through `finally`), and `ray stop` runs in a session of its own,
 out of reach of the signals to the rank's group, with SIGINT and SIGTERM held

@@ -171,8 +171,8 @@ if [ ! -x "$CHECK" ]; then
     # distkernel-check needs no Python: build it with the compiler alone.
     check_min() {
         mkdir -p "$DK/check-min"
-        cc -std=c11 -O2 -D_GNU_SOURCE -I"$REPO/runtime" -I"$DK/kernel/usr/include" \
-            "$REPO"/runtime/{check_main,dk_nccl,dk_nccl_report,dk_gpu}.c \
+        cc -std=c11 -O2 -D_GNU_SOURCE -I"$REPO/runtime/gpu" -I"$REPO/runtime/base" -I"$DK/kernel/usr/include" \
+            "$REPO"/runtime/gpu/{check_main,dk_nccl,dk_nccl_report,dk_nccl_load,dk_dl,dk_gpu}.c \
             -L"$LIBDEV" -ljansson -ldl -lpthread -lm -o "$DK/check-min/distkernel-check"
     }
     step check-min 60 check_min && CHECK=$DK/check-min/distkernel-check

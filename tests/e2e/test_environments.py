@@ -1,6 +1,6 @@
 """A kernel per Python environment: `distkernel install --python ENV/bin/python`
 (app/dk_install.h) writes a kernelspec whose kernel, and every rank it starts,
-runs in that environment (runtime/dk_pyinit.h).
+runs in that environment (runtime/rank/dk_pyinit.h).
 
 The environments are venvs of Debian's Python made with --system-site-packages
 (so IPython, cloudpickle and torch still come from dist-packages, as in a real

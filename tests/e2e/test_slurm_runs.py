@@ -297,7 +297,7 @@ def test_interrupt_while_running_ends_the_ranks_on_every_node(kernel, slurm_clus
 @pytest.mark.timeout(300)
 def test_an_interrupt_says_where_the_ranks_on_every_node_were(kernel, slurm_cluster):
     # The kernel cannot signal ranks on other nodes: each is asked for its
-    # stacks over its back channel before it is ended (runtime/dk_stackreq.h).
+    # stacks over its back channel before it is ended (runtime/stacks/dk_stackreq.h).
     code = ("%%distributed num_processes=4 nodes=2\n"
             "import time, torch, torch.distributed as dist\n"
             "dist.init_process_group('gloo')\n"

@@ -2,7 +2,7 @@
 where each live rank's Python stack was when it was ended, ranks with the same
 stack grouped, the odd one out first, library frames folded to the call the
 user made and cell frames shown as the cell's lines; every dump is in
-stacks.txt in the run's log folder (runtime/dk_stackreq.h, dk_stacks.h).
+stacks.txt in the run's log folder (runtime/stacks/dk_stackreq.h, dk_stacks.h).
 
 One node, a few ranks. The ranks say when they are where the test wants them
 (a line printed just before), and the test waits for those lines; the sleep or

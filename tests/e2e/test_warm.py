@@ -1,5 +1,5 @@
 """Warm start: a fresh run's ranks forked from the kernel's template, which has
-imported torch already (runtime/dk_template.h, distributed/dk_dist_warm.h).
+imported torch already (runtime/launch/dk_template.h, distributed/dk_dist_warm.h).
 
 A warm run must be a fresh run in every way the user can see: the same values,
 environment, working directory and sys.path as a cold one (warm=False), the

@@ -8,7 +8,7 @@
  * SIGABRT.
  *
  * The UTF-8 validator is written here from the Unicode Standard's table 3-7,
- * not borrowed from runtime/dk_utf8.c: the targets check that code's output,
+ * not borrowed from runtime/base/dk_utf8.c: the targets check that code's output,
  * so they must not judge it by its own rules.
  */
 #ifndef FUZZ_CHECK_H

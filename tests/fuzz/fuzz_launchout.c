@@ -1,6 +1,6 @@
 /*
  * fuzz_launchout: the filter that tells srun's and slurmstepd's own lines
- * from a launched rank's output (runtime/dk_launchout.h).
+ * from a launched rank's output (runtime/launch/dk_launchout.h).
  *
  * Input: a small header, then the bytes srun's pipe carries:
  *

@@ -1,6 +1,6 @@
 /*
- * fuzz_lines: the rank output line assembler (runtime/dk_lines.h) and the UTF-8
- * repair under it (runtime/dk_utf8.h).
+ * fuzz_lines: the rank output line assembler (runtime/base/dk_lines.h) and the UTF-8
+ * repair under it (runtime/base/dk_utf8.h).
  *
  * Input: a small header, then the bytes a rank writes:
  *

@@ -1,6 +1,6 @@
 /*
- * fuzz_stacks: the ranks' stacks grouped and folded (runtime/dk_stacks.h),
- * with the rank runs under the group labels (runtime/dk_lost.h).
+ * fuzz_stacks: the ranks' stacks grouped and folded (runtime/stacks/dk_stacks.h),
+ * with the rank runs under the group labels (runtime/base/dk_lost.h).
  *
  * Input: a small header, then the dumps of the ranks:
  *

@@ -6,7 +6,7 @@
 # use). Where no cluster can run here (not root, or no network namespaces), CMD
 # runs without it and DISTKERNEL_TEST_SLURM_SKIP says why, so its cluster tests
 # skip with that reason; on CI (CI set) that is a failure instead, since CI runs
-# as root and must run them. The meson test of runtime/dk_slurm runs through it.
+# as root and must run them. The meson test of runtime/slurm/dk_slurm runs through it.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 NODES=2

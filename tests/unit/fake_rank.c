@@ -1,5 +1,5 @@
 /*
- * fake_rank: the rank side of the back channel (runtime/dk_job.h), in C, so the
+ * fake_rank: the rank side of the back channel (runtime/launch/dk_job.h), in C, so the
  * runtime can be tested without Python or torch.
  *
  * It is written from the header's protocol text, independently of the

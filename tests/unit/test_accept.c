@@ -1,5 +1,5 @@
 /*
- * The back channel's admission (runtime/dk_accept.h, dk_backchan.c): who is
+ * The back channel's admission (runtime/channel/dk_accept.h, dk_backchan_admit.c): who is
  * let in, how many at once, and when the listener closes. Issue 21 item 4 and
  * the back-channel part of issue 22.
  *

@@ -967,7 +967,7 @@ Test(warm, warm_modules_must_be_module_names)
     fails("warm=maybe", "warm", NULL);
 }
 
-/* Secrets on Slurm's nodes (runtime/dk_slurm.h, dk_slurm_secret_name): none
+/* Secrets on Slurm's nodes (runtime/slurm/dk_slurm.h, dk_slurm_secret_name): none
  * unless listed, by export_secrets= or DISTKERNEL_SLURM_EXPORT_SECRETS. */
 Test(dist_opts, export_secrets_lists_names_and_has_a_default_from_the_environment)
 {

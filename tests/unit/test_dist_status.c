@@ -4,7 +4,7 @@
  * any size. Up to 8 ranks, a word each: tests/unit/test_dist_plan.c. The line
  * that says whose output a cell shows; the started ranks' status
  * (`%distributed status`) at every size; and the lost ranks by node
- * (runtime/dk_lost.h) that it and the started ranks' end say.
+ * (runtime/base/dk_lost.h) that it and the started ranks' end say.
  */
 #include <criterion/criterion.h>
 
@@ -511,7 +511,7 @@ Test(status_started, at_every_size_at_most_twelve_short_lines)
     }
 }
 
-/* ---- lost ranks by node (runtime/dk_lost.h) -------------------------------------------- */
+/* ---- lost ranks by node (runtime/base/dk_lost.h) -------------------------------------------- */
 
 Test(lost, a_node_with_one_lost_rank_loses_all_its_ranks)
 {

@@ -1,5 +1,5 @@
 /*
- * What GPUs the node has (runtime/dk_gpu.h): the device-name to model mapping
+ * What GPUs the node has (runtime/gpu/dk_gpu.h): the device-name to model mapping
  * that accelerator_type is checked against, and discovery through its no-GPU
  * path (this machine has no NVIDIA driver; the GPU path is checked on the
  * device machine).

@@ -1,5 +1,5 @@
 /*
- * Node names written as Slurm writes them (runtime/dk_hostlist.h): the text
+ * Node names written as Slurm writes them (runtime/slurm/dk_hostlist.h): the text
  * for small sets, and, at every size, that dk_slurm_hostlist_expand reads it
  * back to the same names.
  */

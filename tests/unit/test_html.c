@@ -1,5 +1,5 @@
 /*
- * Text placed in HTML (runtime/dk_html.h): every character that could end an
+ * Text placed in HTML (runtime/base/dk_html.h): every character that could end an
  * element's text or a quoted attribute comes out as a reference.
  */
 #include <criterion/criterion.h>

@@ -1,5 +1,5 @@
 /*
- * Running a job of rank processes (runtime/dk_job.h), with fake_rank as the
+ * Running a job of rank processes (runtime/launch/dk_job.h), with fake_rank as the
  * rank executable: it speaks the back channel and misbehaves on request
  * (FAKE_MODE, FAKE_MODE_<rank>; see fake_rank.c).
  *
@@ -1981,7 +1981,7 @@ Test(tcp, the_python_rank_over_tcp_sends_its_output_and_result, .timeout = 90)
 }
 
 /* The same run by distkernel-rank, whose frames and PINGs are sent by C
- * (runtime/dk_rankchan.c). */
+ * (runtime/rank/dk_rankchan.c). */
 Test(tcp, the_rank_program_over_tcp_sends_its_output_and_result, .timeout = 90)
 {
     output_and_result(true);

@@ -1,5 +1,5 @@
 /*
- * Turning a rank's output bytes into lines and progress (runtime/dk_lines.h).
+ * Turning a rank's output bytes into lines and progress (runtime/base/dk_lines.h).
  * Each test feeds chunks and compares the events with a transcript in which
  * "L:" is a finished line and "P:" a progress redraw.
  */

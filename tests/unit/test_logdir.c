@@ -1,5 +1,5 @@
 /*
- * Log directories on a shared machine and their retention (runtime/dk_logdir.h).
+ * Log directories on a shared machine and their retention (runtime/logs/dk_logdir.h).
  *
  * Each test works in a fresh directory under /tmp. Tests that need a directory
  * or link owned by another user use chown, so they need root (CI runs as root)

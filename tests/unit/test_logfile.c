@@ -1,5 +1,5 @@
 /*
- * Capped log files (runtime/dk_logfile.h): head, marker, tail, bounded on disk.
+ * Capped log files (runtime/logs/dk_logfile.h): head, marker, tail, bounded on disk.
  * Each test works in a fresh directory under /tmp.
  */
 #include <criterion/criterion.h>

@@ -1,5 +1,5 @@
 /*
- * The NCCL preflight check (runtime/dk_nccl.h) without a GPU: the bandwidth
+ * The NCCL preflight check (runtime/gpu/dk_nccl.h) without a GPU: the bandwidth
  * arithmetic against nccl-tests' figures, the message sizes, the verdict on
  * synthetic results (a failed GPU, a wrong result, a slow or failed link, a
  * slow GPU), the report as JSON and as a text table, and the no-driver path

@@ -1,6 +1,6 @@
 /*
  * Which address the back channel listens on for ranks on other nodes
- * (runtime/dk_netaddr.h): the route to the first node, or what the user or
+ * (runtime/channel/dk_netaddr.h): the route to the first node, or what the user or
  * the site gives.
  */
 #include <criterion/criterion.h>

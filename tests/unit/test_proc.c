@@ -1,5 +1,5 @@
 /*
- * Running one helper program to its end (runtime/dk_proc.h), with small
+ * Running one helper program to its end (runtime/proc/dk_proc.h), with small
  * programs written in sh: stdout kept and bounded, stderr handed over, the
  * exit status and the killing signal, a start failure, and a cancel that
  * climbs the stop ladder (SIGINT, then SIGTERM, then SIGKILL) when the

@@ -1,5 +1,5 @@
 /*
- * Slurm through its commands (runtime/dk_slurm.h).
+ * Slurm through its commands (runtime/slurm/dk_slurm.h).
  *
  * Three groups:
  *  - slurm_text: the host list, word splitting, squeue and salloc formats; pure.

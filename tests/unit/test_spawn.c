@@ -1,5 +1,5 @@
 /*
- * runtime/dk_spawn's last word: a command run when its host ends, however it
+ * runtime/proc/dk_spawn's last word: a command run when its host ends, however it
  * ends, and never when the host disarms it. The host here is a forked child
  * of the test, which arms the last word and then dies (or disarms it); the
  * command writes a file whose presence is the evidence.

@@ -1,5 +1,5 @@
 /*
- * Asking ranks for their stacks (runtime/dk_stackreq.h), with children that
+ * Asking ranks for their stacks (runtime/stacks/dk_stackreq.h), with children that
  * answer as distkernel-rank does: a ready line with their pid, then on the
  * signal a dump and the end line. Every rank is asked at once, and the wait
  * is bounded whatever the ranks do.

@@ -1,5 +1,5 @@
 /*
- * Where every rank is (runtime/dk_stacks.h): faulthandler dumps grouped by
+ * Where every rank is (runtime/stacks/dk_stacks.h): faulthandler dumps grouped by
  * the ranks' main-thread stacks, library frames folded to the user's call,
  * cell frames as cell lines, within the summary's line budget at any size.
  * The dumps under stacks/ were captured from /usr/bin/python3 by

@@ -1,5 +1,5 @@
 /*
- * The stop ladder (runtime/dk_stop.h) on a clock the test turns by hand: which
+ * The stop ladder (runtime/proc/dk_stop.h) on a clock the test turns by hand: which
  * signal falls due when, escalation when the target ignores a rung, and
  * nothing once the target is gone.
  */

@@ -1,6 +1,6 @@
 /*
- * The warm-start template (runtime/dk_template.c) with the real rank program
- * (build/runtime/distkernel-rank, the Python glue from the source tree): it
+ * The warm-start template (runtime/launch/dk_template.c) with the real rank program
+ * (build/runtime/rank/distkernel-rank, the Python glue from the source tree): it
  * becomes ready, forks jobs' ranks that are the job's in every way (exit
  * codes, signals, output), refuses when a module left a thread running (the
  * ranks then start cold and warm.log says why), reports a failed import, and

@@ -1,5 +1,5 @@
 /*
- * Turning output bytes into JSON-safe text (runtime/dk_utf8.h). Expected
+ * Turning output bytes into JSON-safe text (runtime/base/dk_utf8.h). Expected
  * replacements are what Python's bytes.decode("utf-8", "replace") gives.
  */
 #include <criterion/criterion.h>

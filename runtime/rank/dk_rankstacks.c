@@ -72,7 +72,7 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, DK_RANKSTACKS_MODULE,
-                                    "The end line after a rank's stack dump (runtime/dk_rankstacks.h).",
+                                    "The end line after a rank's stack dump (runtime/rank/dk_rankstacks.h).",
                                     -1, methods, NULL, NULL, NULL, NULL};
 
 PyObject *dk_rankstacks_init(void)

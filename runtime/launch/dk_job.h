@@ -68,7 +68,7 @@
  * side and waits for the runtime to close, so nothing it sent is still in
  * flight when its exit is judged. Both sides send a PING every second
  * (DK_BC_PING_S) while connected; distkernel-rank sends its PINGs from a
- * native thread (runtime/dk_rankchan.c), so a rank whose main thread holds
+ * native thread (runtime/rank/dk_rankchan.c), so a rank whose main thread holds
  * the GIL in a long C call is still heard. A rank whose connection is silent for
  * longer than spec.heartbeat_s is lost: a failure (the first is the root
  * cause; on_lost, dk_job_lost_summary). A rank whose connection its side

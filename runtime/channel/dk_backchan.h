@@ -61,7 +61,7 @@ enum {
 #define DK_BC_NONCE_LEN 32
 #define DK_BC_MAC_LEN 32
 /* Connection slots beyond one per rank: the most connections that may wait
- * for their HELLO at once is the ranks not yet in plus this (dk_backchan.c),
+ * for their HELLO at once is the ranks not yet in plus this (dk_backchan_admit.c),
  * and each waits at most DK_BC_HELLO_DEADLINE_S (a rank says HELLO as soon as
  * it has the nonce). Over TCP only the run's nodes get a slot
  * (dk_backchan_opts_t.allow_hosts). The slots bound what connections cost: at

@@ -25,8 +25,13 @@
  * it (a hung Slurm client ignores SIGINT, rarely SIGTERM, never SIGKILL). A
  * question before a run (sinfo: dk_slurm_query_t) is ended the same way by
  * its caller's cancel, so that an interrupt does not wait out the deadline.
+ *
+ * The questions asked before a run (sinfo: is Slurm reachable, how many GPUs
+ * and CPUs a node has) are in dk_slurm_query.c, through the same slurm_run
+ * (dk_slurm_command.h).
  */
 #include "dk_slurm.h"
+#include "dk_slurm_command.h"
 
 #include "dk_clock.h"
 #include "dk_err.h"
@@ -44,7 +49,6 @@
 extern char **environ;
 
 #define OUT_MAX (1 << 20)
-#define SAY_MAX 2048            /* what a command said on stderr, kept for messages */
 #define POLL_EVERY_S 1.0        /* squeue while a request waits */
 #define GRACE_S 0.5             /* between the rungs of a command's stop ladder */
 
@@ -67,20 +71,6 @@ struct dk_slurm_t {
 
 /* ---- running one command ------------------------------------------------- */
 
-typedef struct {
-    double deadline;                /* monotonic s */
-    bool timed_out;
-    char said[SAY_MAX];             /* stderr, what fits */
-    size_t said_len;
-    const dk_slurm_query_t *query;  /* a question's caller, whose cancel stops it; or NULL */
-    /* while salloc waits */
-    const dk_slurm_request_t *req;
-    dk_slurm_t *job;                /* its job_id is filled from stderr */
-    double wait_end;                /* 0: no wait limit */
-    double next_poll;
-    int stop;                       /* 1 cancelled, 2 wait limit */
-    char state[32], reason[128];
-} command_t;
 
 /* A command's stderr, its latest SAY_MAX bytes: a message quotes how it
  * ended, and a long banner first (a site's job_submit plugin) must not push
@@ -144,7 +134,7 @@ static bool should_stop(void *data)
 }
 
 /* The stderr a message quotes: its last line that says something, trimmed. */
-static const char *said_text(command_t *c)
+const char *slurm_said_text(command_t *c)
 {
     size_t n = c->said_len;
     while (n && (c->said[n - 1] == '\n' || c->said[n - 1] == ' '))
@@ -156,8 +146,8 @@ static const char *said_text(command_t *c)
  * within TIMEOUT_S (0: none; C->deadline is set here). Its stdout into *OUT when
  * OUT is not NULL. Returns its exit code (>= 0), or -1 with ERR when it could
  * not run, was ended by a signal, or passed its deadline. */
-static int run(const char *program, const char *const *args, double timeout_s, command_t *c,
-               char **out, char *err, size_t errlen)
+int slurm_run(const char *program, const char *const *args, double timeout_s, command_t *c,
+              char **out, char *err, size_t errlen)
 {
     char *path = dk_spawn_find_program(program, err, errlen);
     if (!path)
@@ -186,7 +176,7 @@ static int run(const char *program, const char *const *args, double timeout_s, c
     if (c->timed_out) {
         dk_set_err(err, errlen, "Slurm's %s did not answer within %.0f s and was ended; is "
                    "slurmctld up and reachable from here? (it said: %s)", program, timeout_s,
-                   said_text(c));
+                   slurm_said_text(c));
         rc = -1;
     } else if (c->stop && !c->req) {
         /* A question cancelled (a salloc's stop is its caller's to tell). */
@@ -194,7 +184,7 @@ static int run(const char *program, const char *const *args, double timeout_s, c
         rc = -1;
     } else if (res.exit_code < 0 && !c->stop) {
         dk_set_err(err, errlen, "Slurm's %s was killed by signal %d (it said: %s)", program,
-                   res.term_signal, said_text(c));
+                   res.term_signal, slurm_said_text(c));
         rc = -1;
     } else {
         rc = res.exit_code < 0 ? 128 + res.term_signal : res.exit_code;
@@ -205,142 +195,6 @@ static int run(const char *program, const char *const *args, double timeout_s, c
     }
     dk_proc_result_free(&res);
     return rc;
-}
-
-/* ---- questions before a run ----------------------------------------------- */
-
-/* A question's command, its deadline and cancel QUERY's. */
-static command_t question(const dk_slurm_query_t *query, double *timeout_s)
-{
-    *timeout_s = query && query->timeout_s > 0 ? query->timeout_s : DK_SLURM_COMMAND_TIMEOUT_S;
-    return (command_t){.query = query};
-}
-
-int dk_slurm_reachable(const dk_slurm_query_t *query, char *err, size_t errlen)
-{
-    static const char *const needed[] = {"sinfo", "salloc", "srun", "squeue", "scancel"};
-    char missing[128] = "";
-    for (size_t i = 0; i < sizeof needed / sizeof needed[0]; i++) {
-        char *path = dk_spawn_find_program(needed[i], NULL, 0);
-        if (!path) {
-            size_t used = strlen(missing);
-            snprintf(missing + used, sizeof missing - used, "%s%s", used ? ", " : "", needed[i]);
-        }
-        free(path);
-    }
-    if (missing[0]) {
-        const char *path = getenv("PATH");
-        dk_set_err(err, errlen, "Slurm is not reachable from here: its commands %s are not on "
-                   "PATH (%s). Run the kernel where Slurm's client commands are installed, "
-                   "or add their folder to PATH in the kernelspec's env", missing,
-                   path ? path : "unset");
-        return -1;
-    }
-    /* Slurm retries an unreadable SLURM_CONF for 60 s before it gives up */
-    const char *conf = getenv("SLURM_CONF");
-    if (conf && conf[0] && access(conf, R_OK) != 0) {
-        dk_set_err(err, errlen, "Slurm is not reachable from here: SLURM_CONF is '%s', which "
-                   "cannot be read (%s); set it to the cluster's slurm.conf (in the "
-                   "kernelspec's env), or unset it where Slurm finds its configuration itself",
-                   conf, strerror(errno));
-        return -1;
-    }
-    double t;
-    command_t c = question(query, &t);
-    static const char *const args[] = {"-h", "-o", "%P %a", NULL};
-    char *out = NULL;
-    int rc = run("sinfo", args, t, &c, &out, err, errlen);
-    free(out);
-    if (rc == 0)
-        return 0;
-    if (rc > 0 || c.timed_out) {
-        char detail[1200];
-        if (c.timed_out)
-            snprintf(detail, sizeof detail, "sinfo did not answer within %.0f s", t);
-        else
-            snprintf(detail, sizeof detail, "sinfo failed: %.1000s", said_text(&c));
-        dk_set_err(err, errlen, "Slurm is not reachable from here: %s. SLURM_CONF is %s%s%s; "
-                   "set it to the cluster's slurm.conf (in the kernelspec's env) and check "
-                   "that `sinfo` works in a terminal on this machine", detail,
-                   conf ? "'" : "", conf ? conf : "not set (Slurm then reads /etc/slurm/slurm.conf)",
-                   conf ? "'" : "");
-    }
-    return -1;
-}
-
-/* ---- GPUs ------------------------------------------------------------------ */
-
-int dk_slurm_gpus_per_node(const char *partition, const char *nodelist,
-                           const dk_slurm_query_t *query, const char *model, int *gpus,
-                           char *gres, size_t greslen, char *type, size_t typelen, char *err,
-                           size_t errlen)
-{
-    if (type && typelen)
-        type[0] = '\0';
-    double t;
-    command_t c = question(query, &t);
-    const char *args[8] = {"-h", "-o", "%P|%G"};
-    size_t n = 3;
-    if (nodelist && nodelist[0]) {
-        args[n++] = "-n";
-        args[n++] = nodelist;
-    }
-    args[n] = NULL;
-    char *out = NULL;
-    int rc = run("sinfo", args, t, &c, &out, err, errlen);
-    if (rc > 0)
-        dk_set_err(err, errlen, "sinfo could not say the nodes' GPUs: %s", said_text(&c));
-    bool any = nodelist && nodelist[0];
-    int most = rc == 0 ? dk_slurm_partition_gpus(out, partition, any, gres, greslen) : -1;
-    if (most > 0 && model && model[0] && type && typelen) {
-        char typed_gres[512];
-        int typed = dk_slurm_partition_gpus_of(out, partition, any, model, typed_gres,
-                                               sizeof typed_gres, type, typelen);
-        if (typed > 0) {
-            most = typed;
-            snprintf(gres, greslen, "%s", typed_gres);
-        }
-    }
-    free(out);
-    if (rc != 0)
-        return -1;
-    if (most < 0) {
-        if (nodelist && nodelist[0])
-            dk_set_err(err, errlen, "sinfo knows none of the nodes %s", nodelist);
-        else if (partition && partition[0])
-            dk_set_err(err, errlen, "Slurm has no partition '%s' (sinfo lists none of that "
-                       "name); give partition= one that `sinfo` lists", partition);
-        else
-            dk_set_err(err, errlen, "Slurm has no default partition; give partition= one "
-                       "that `sinfo` lists");
-        return -1;
-    }
-    *gpus = most;
-    return 0;
-}
-
-int dk_slurm_cpus_per_node(const char *partition, const dk_slurm_query_t *query, int *cpus,
-                           char *err, size_t errlen)
-{
-    double t;
-    command_t c = question(query, &t);
-    const char *args[] = {"-h", "-o", "%P|%c", NULL};
-    char *out = NULL;
-    int rc = run("sinfo", args, t, &c, &out, err, errlen);
-    if (rc > 0)
-        dk_set_err(err, errlen, "sinfo could not say the nodes' CPUs: %s", said_text(&c));
-    int most = rc == 0 ? dk_slurm_partition_cpus(out, partition) : -1;
-    free(out);
-    if (rc != 0)
-        return -1;
-    if (most < 0) {
-        dk_set_err(err, errlen, "sinfo says no CPU count for %s%s%s",
-                   partition && partition[0] ? "partition " : "the default partition",
-                   partition && partition[0] ? partition : "", "");
-        return -1;
-    }
-    *cpus = most;
-    return 0;
 }
 
 /* ---- the allocation -------------------------------------------------------- */
@@ -373,12 +227,12 @@ static int cancel_job(dk_slurm_t *self, char *err, size_t errlen)
     snprintf(name_arg, sizeof name_arg, "--name=%s", self->job_name);
     if (!self->job_id[0] && !self->job_name[0])
         return 0;
-    int rc = run("scancel", self->job_id[0] ? by_id : by_name, self->timeout_s, &c, NULL, err,
+    int rc = slurm_run("scancel", self->job_id[0] ? by_id : by_name, self->timeout_s, &c, NULL, err,
                  errlen);
     /* a job that already ended is released */
     if (rc > 0 && !strstr(c.said, "Invalid job id") && !strstr(c.said, "already complet")) {
         dk_set_err(err, errlen, "scancel %s failed: %s", self->job_id[0] ? self->job_id : name_arg,
-                   said_text(&c));
+                   slurm_said_text(&c));
         return -1;
     }
     return rc < 0 ? -1 : 0;
@@ -394,7 +248,7 @@ static int squeue_own(dk_slurm_t *self, const char *format, char **out, char *er
     command_t c = {0};
     const char *args[] = {"-h", "-j", self->job_id, "-o", format, NULL};
     *out = NULL;
-    int rc = run("squeue", args, self->timeout_s, &c, out, err, errlen);
+    int rc = slurm_run("squeue", args, self->timeout_s, &c, out, err, errlen);
     if (rc < 0)
         return -1;
     if (rc > 0) {
@@ -402,7 +256,7 @@ static int squeue_own(dk_slurm_t *self, const char *format, char **out, char *er
         *out = NULL;
         if (strstr(c.said, "Invalid job id"))
             return 0;
-        dk_set_err(err, errlen, "squeue -j %s failed: %s", self->job_id, said_text(&c));
+        dk_set_err(err, errlen, "squeue -j %s failed: %s", self->job_id, slurm_said_text(&c));
         return -1;
     }
     return 1;
@@ -568,9 +422,9 @@ static int find_addrs(dk_slurm_t *self, const char *nodelist, char *err, size_t 
     command_t c = {0};
     const char *args[] = {"-h", "-N", "-n", nodelist, "-o", "%N|%o", NULL};
     char *out = NULL;
-    int rc = run("sinfo", args, self->timeout_s, &c, &out, err, errlen);
+    int rc = slurm_run("sinfo", args, self->timeout_s, &c, &out, err, errlen);
     if (rc > 0)
-        dk_set_err(err, errlen, "sinfo -n %s failed: %s", nodelist, said_text(&c));
+        dk_set_err(err, errlen, "sinfo -n %s failed: %s", nodelist, slurm_said_text(&c));
     for (char *line = out, *next; rc == 0 && line && *line; line = next) {
         next = strchr(line, '\n');
         if (next)
@@ -680,7 +534,7 @@ static int request_time_limit(const dk_slurm_request_t *req, dk_slurm_t *self, c
     static const char *const args[] = {"-h", "-o", "%P %l", NULL};
     char *out = NULL;
     char max[sizeof self->time_limit];
-    int rc = run("sinfo", args, self->timeout_s, &c, &out, err, errlen);
+    int rc = slurm_run("sinfo", args, self->timeout_s, &c, &out, err, errlen);
     bool found = rc == 0 && out && dk_slurm_partition_limit(out, req->partition, max, sizeof max);
     free(out);
     if (req->time_limit_s > 0) {
@@ -697,7 +551,7 @@ static int request_time_limit(const dk_slurm_request_t *req, dk_slurm_t *self, c
         return -1;
     if (rc != 0) {
         dk_set_err(err, errlen, "sinfo could not say the partition's time limit: %s",
-                   said_text(&c));
+                   slurm_said_text(&c));
         return -1;
     }
     if (!found)     /* a partition sinfo does not list: salloc will say so */
@@ -730,20 +584,20 @@ static dk_slurm_t *request(const dk_slurm_request_t *req, int *cancelled, char *
     command_t c = {.req = req, .job = self};
     if (req->wait_s > 0)
         c.wait_end = dk_now_s() + req->wait_s;
-    int rc = run("salloc", (const char *const *) args, self->timeout_s, &c, NULL, err, errlen);
+    int rc = slurm_run("salloc", (const char *const *) args, self->timeout_s, &c, NULL, err, errlen);
     free_args(args);
     if (c.stop)
         goto stopped;
     if (rc != 0) {
         if (rc > 0)
             dk_set_err(err, errlen, "salloc could not allocate %d node%s: %s", req->nodes,
-                       req->nodes == 1 ? "" : "s", said_text(&c));
+                       req->nodes == 1 ? "" : "s", slurm_said_text(&c));
         goto fail;
     }
     if (!self->job_id[0] &&
         !dk_slurm_salloc_job_id(c.said, self->job_id, sizeof self->job_id)) {
         dk_set_err(err, errlen, "salloc succeeded but did not say the job's id: %s",
-                   said_text(&c));
+                   slurm_said_text(&c));
         goto fail;
     }
     last_word_by_id(self);

@@ -6,7 +6,7 @@
  * file of its own in a private folder this object makes (DK_STACKS_ENV names
  * it in the rank's environment). distkernel-rank opens it at start and arms
  * faulthandler on DK_STACKS_SIGNAL with it (python/distkernel/_rank.py,
- * runtime/dk_rankstacks.h), then writes one line, DK_STACKS_READY and its
+ * runtime/rank/dk_rankstacks.h), then writes one line, DK_STACKS_READY and its
  * pid. On the signal, faulthandler writes every thread's stack from the
  * signal handler, without the GIL, so a rank answers while its main thread
  * sleeps in a C call (time.sleep, a collective) or holds the GIL in a C loop;

@@ -6,7 +6,7 @@
  * The CUDA runtime and NCCL are loaded with dlopen when the check runs, so one
  * build serves machines with and without them. Running the check creates a
  * CUDA context on every GPU, which is why the kernel never calls dk_nccl_run
- * itself: it starts `distkernel-check` (runtime/check_main.c) and reads the
+ * itself: it starts `distkernel-check` (runtime/gpu/check_main.c) and reads the
  * JSON report that program prints.
  *
  * The arithmetic, the verdict and the two renderings (JSON, text table) are

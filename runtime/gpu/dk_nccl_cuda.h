@@ -8,7 +8,7 @@
  * real headers are on the build machine, dk_nccl_abi_check.c compiles them
  * side by side with this file and fails the build on any difference.
  *
- * Private to runtime/ (dk_nccl.c, dk_nccl_load.c): callers include dk_nccl.h.
+ * Private to runtime/gpu/ (dk_nccl.c, dk_nccl_load.c): callers include dk_nccl.h.
  */
 #ifndef DK_NCCL_CUDA_H
 #define DK_NCCL_CUDA_H

@@ -1,7 +1,7 @@
 /*
  * distkernel-rank: one rank of a distributed job.
  *
- * Started by the runtime (runtime/dk_job.c) with the rank's environment; it
+ * Started by the runtime (runtime/launch/dk_job_launch.c) with the rank's environment; it
  * embeds the same CPython as the kernel and runs distkernel._rank.main(), which
  * talks to the kernel over the back channel (and decides how the rank's
  * output is buffered).

@@ -21,7 +21,7 @@
  * What this does not stop: another user on one of the run's own nodes shares
  * that node's address. Against them the back channel's slots are sized for
  * the whole world plus slack and a connection that has not said HELLO gives
- * its slot up when a newer one wants it (dk_backchan.c); the HELLO's MAC is
+ * its slot up when a newer one wants it (dk_backchan_admit.c); the HELLO's MAC is
  * what keeps them from speaking.
  *
  * Bounds: one entry per resolved address, at most DK_ACCEPT_ADDRS_MAX (a

@@ -2,7 +2,7 @@
  * dk_nccl_abi_check: compile-time proof that dk_nccl_cuda.h matches the real
  * CUDA runtime and NCCL headers.
  *
- * Built only when meson finds cuda_runtime_api.h and nccl.h (runtime/meson.build).
+ * Built only when meson finds cuda_runtime_api.h and nccl.h (runtime/gpu/meson.build).
  * It maps dk_nccl_cuda.h's type names to the headers' types, then asks the
  * compiler whether every function pointer type dk_nccl.c stores dlsym results
  * in is the type of the real function, and whether every constant and size

@@ -1,0 +1,449 @@
+/*
+ * dk_backchan_frame: the frames on one back-channel connection.
+ *
+ * Every descriptor is non-blocking and each connection has its own input and
+ * output state, so a slow reader of a large payload or a peer trickling a
+ * frame byte by byte holds up nobody. The payload is kept once; each rank's
+ * output is a small header (nonce, length, MAC, type, rank) plus a pointer into
+ * that copy, sent with sendmsg(MSG_NOSIGNAL) so a vanished reader is an error
+ * code, not a SIGPIPE to the host.
+ *
+ * The MAC of a PAYLOAD frame covers the whole payload and differs per
+ * connection (the nonce), so it is computed once per rank when its HELLO
+ * arrives: about a quarter second per rank for 500 MB, during which this loop
+ * does nothing else. Ranks are waiting for exactly that payload at that moment,
+ * so nothing useful is delayed.
+ */
+#include "dk_backchan_state.h"
+#include "dk_clock.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <openssl/core_names.h>
+#include <openssl/params.h>
+
+static void put_be32(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char) (v >> 24);
+    p[1] = (unsigned char) (v >> 16);
+    p[2] = (unsigned char) (v >> 8);
+    p[3] = (unsigned char) v;
+}
+
+static uint32_t get_be32(const unsigned char *p)
+{
+    return (uint32_t) p[0] << 24 | (uint32_t) p[1] << 16 | (uint32_t) p[2] << 8 | p[3];
+}
+
+/* MAC = HMAC-SHA256(key, nonce | u8 direction | u32 seq | head | tail); head
+ * and tail are the body in at most two pieces, so a PAYLOAD frame is never
+ * assembled in memory. DIR is DK_BC_DIR_TO_RANK for what we send and
+ * DK_BC_DIR_TO_RUNTIME for what we verify: a frame of ours sent back to us
+ * (a PING's body is the same both ways) does not verify. */
+static bool frame_mac(dk_backchan_t *self, const unsigned char *nonce, unsigned char dir,
+                      uint32_t seq, const unsigned char *head, size_t head_len,
+                      const unsigned char *tail, size_t tail_len,
+                      unsigned char out[DK_BC_MAC_LEN])
+{
+    char digest[] = "SHA256";
+    OSSL_PARAM params[] = {
+        OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
+        OSSL_PARAM_construct_end(),
+    };
+    unsigned char seq_be[4];
+    put_be32(seq_be, seq);
+    size_t out_len = 0;
+    EVP_MAC_CTX *ctx = EVP_MAC_CTX_new(self->mac);
+    bool ok = ctx && EVP_MAC_init(ctx, self->key, sizeof self->key, params) &&
+              EVP_MAC_update(ctx, nonce, DK_BC_NONCE_LEN) && EVP_MAC_update(ctx, &dir, 1) &&
+              EVP_MAC_update(ctx, seq_be, 4) &&
+              EVP_MAC_update(ctx, head, head_len) &&
+              (tail_len == 0 || EVP_MAC_update(ctx, tail, tail_len)) &&
+              EVP_MAC_final(ctx, out, &out_len, DK_BC_MAC_LEN) && out_len == DK_BC_MAC_LEN;
+    EVP_MAC_CTX_free(ctx);
+    return ok;
+}
+
+/* The peer ended connection C. A rank that had not answered is told to the
+ * job: its end is judged by its exit, but over the network that exit may
+ * never come (an srun stuck after its node was lost), and the job bounds the
+ * wait (dk_job_chan.c, bc_closed). */
+static void peer_closed(dk_backchan_t *self, conn_t *c)
+{
+    int rank = c->rank;
+    bool unanswered = rank >= 0 && !c->done;
+    chan_conn_close(c);
+    if (unanswered && self->sink.on_closed)
+        self->sink.on_closed(self->sink.data, rank);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Writing                                                                   */
+
+bool chan_conn_has_output(const conn_t *c)
+{
+    return c->head_off < c->head_len || c->body_off < c->body_len;
+}
+
+void chan_conn_write(dk_backchan_t *self, conn_t *c)
+{
+    while (chan_conn_has_output(c)) {
+        struct iovec iov[2] = {
+            {c->head + c->head_off, c->head_len - c->head_off},
+            {(void *) (c->body + c->body_off), c->body_len - c->body_off},
+        };
+        struct msghdr msg;
+        memset(&msg, 0, sizeof msg);
+        msg.msg_iov = iov[0].iov_len ? iov : iov + 1;
+        msg.msg_iovlen = iov[0].iov_len ? 2 : 1;
+        ssize_t n = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        if (n < 0) {
+            peer_closed(self, c);   /* the peer went away */
+            return;
+        }
+        size_t sent = (size_t) n;
+        size_t from_head = c->head_len - c->head_off < sent ? c->head_len - c->head_off : sent;
+        c->head_off += from_head;
+        c->body_off += sent - from_head;
+    }
+    c->head_off = c->head_len = 0;
+    if (c->delivering) {
+        c->delivering = false;
+        if (self->sink.on_delivered)
+            self->sink.on_delivered(self->sink.data, c->rank);
+    }
+}
+
+/* Queue the PAYLOAD frame for C's rank, or in a persistent channel the TASK
+ * frame of the current round (its body head then ends with the round). */
+bool chan_queue_payload(dk_backchan_t *self, conn_t *c)
+{
+    unsigned char body_head[BODY_HEAD + 4];
+    size_t head_n = BODY_HEAD;
+    body_head[0] = self->persistent ? DK_BC_TASK : DK_BC_PAYLOAD;
+    put_be32(body_head + 1, (uint32_t) c->rank);
+    if (self->persistent) {
+        put_be32(body_head + BODY_HEAD, self->round);
+        head_n += 4;
+    }
+    unsigned char mac[DK_BC_MAC_LEN];
+    if (!frame_mac(self, c->nonce, DK_BC_DIR_TO_RANK, c->seq_out, body_head, head_n,
+                   self->payload, self->payload_len, mac))
+        return false;
+    c->seq_out++;
+    if (c->head_off > 0) {      /* never in practice: the nonce went before the HELLO came */
+        memmove(c->head, c->head + c->head_off, c->head_len - c->head_off);
+        c->head_len -= c->head_off;
+        c->head_off = 0;
+    }
+    unsigned char *h = c->head + c->head_len;
+    put_be32(h, (uint32_t) (DK_BC_MAC_LEN + head_n + self->payload_len));
+    memcpy(h + 4, mac, sizeof mac);
+    memcpy(h + 4 + DK_BC_MAC_LEN, body_head, head_n);
+    c->head_len += 4 + DK_BC_MAC_LEN + head_n;
+    c->body = self->payload;
+    c->body_len = self->payload_len;
+    c->body_off = 0;
+    c->delivering = true;
+    return true;
+}
+
+
+/* Append the PORT frame (the run's MASTER_PORT) to C's head, after whatever
+ * small frame is still being written there (a PING); nothing with a body is
+ * queued on C yet (its PAYLOAD or TASK follows this). */
+static bool queue_port(dk_backchan_t *self, conn_t *c)
+{
+    unsigned char body[BODY_HEAD + 4];
+    body[0] = DK_BC_PORT;
+    put_be32(body + 1, (uint32_t) c->rank);
+    put_be32(body + BODY_HEAD, (uint32_t) self->master_port);
+    unsigned char mac[DK_BC_MAC_LEN];
+    if (!frame_mac(self, c->nonce, DK_BC_DIR_TO_RANK, c->seq_out, body, sizeof body, NULL, 0,
+                   mac))
+        return false;
+    c->seq_out++;
+    if (c->head_off > 0) {
+        memmove(c->head, c->head + c->head_off, c->head_len - c->head_off);
+        c->head_len -= c->head_off;
+        c->head_off = 0;
+    }
+    unsigned char *h = c->head + c->head_len;
+    put_be32(h, (uint32_t) (DK_BC_MAC_LEN + sizeof body));
+    memcpy(h + 4, mac, sizeof mac);
+    memcpy(h + 4 + DK_BC_MAC_LEN, body, sizeof body);
+    c->head_len += 4 + DK_BC_MAC_LEN + sizeof body;
+    return true;
+}
+
+/* C's rank is ready for its work: the PORT frame first when the port comes
+ * from rank 0, then the PAYLOAD (or, persistent, on_hello: tasks may come).
+ * False when it was refused (closed). */
+static bool rank_ready(dk_backchan_t *self, conn_t *c)
+{
+    if (self->port_from_rank0 && !queue_port(self, c)) {
+        chan_refuse(self, c, "OpenSSL could not sign the port");
+        return false;
+    }
+    if (self->persistent) {
+        c->done = true;     /* nothing to answer until the first TASK */
+        if (chan_conn_has_output(c))
+            chan_conn_write(self, c);
+        if (c->fd >= 0 && self->sink.on_hello)
+            self->sink.on_hello(self->sink.data, c->rank);
+        return c->fd >= 0;
+    }
+    if (!chan_queue_payload(self, c)) {
+        chan_refuse(self, c, "OpenSSL could not sign the payload");
+        return false;
+    }
+    chan_conn_write(self, c);
+    return c->fd >= 0;
+}
+
+/* Rank 0's PORT frame (port_from_rank0): every rank waiting for it gets it. */
+static void port_arrived(dk_backchan_t *self, conn_t *c0, const unsigned char *payload,
+                         size_t len)
+{
+    uint32_t port = len == 4 ? get_be32(payload) : 0;
+    if (port == 0 || port > 65535) {
+        chan_refuse(self, c0, "its PORT message did not hold a TCP port (1-65535)");
+        return;
+    }
+    self->master_port = (int) port;
+    c0->port_due = true;
+    for (size_t i = 0; i < self->nconns; i++) {
+        conn_t *c = &self->conns[i];
+        if (c->fd >= 0 && c->rank >= 0 && c->port_due) {
+            c->port_due = false;
+            rank_ready(self, c);
+        }
+    }
+}
+
+int dk_backchan_master_port(const dk_backchan_t *self)
+{
+    return self->master_port;
+}
+
+/* Queue an empty frame of TYPE (a PING, an INTERRUPT) on C (nothing else is
+ * being written on it). */
+bool chan_queue_empty(dk_backchan_t *self, conn_t *c, unsigned char type)
+{
+    unsigned char body[BODY_HEAD];
+    body[0] = type;
+    put_be32(body + 1, (uint32_t) c->rank);
+    unsigned char mac[DK_BC_MAC_LEN];
+    if (!frame_mac(self, c->nonce, DK_BC_DIR_TO_RANK, c->seq_out, body, sizeof body, NULL, 0,
+                   mac))
+        return false;
+    c->seq_out++;
+    put_be32(c->head, (uint32_t) (DK_BC_MAC_LEN + sizeof body));
+    memcpy(c->head + 4, mac, sizeof mac);
+    memcpy(c->head + 4 + DK_BC_MAC_LEN, body, sizeof body);
+    c->head_off = 0;
+    c->head_len = 4 + DK_BC_MAC_LEN + sizeof body;
+    c->body = NULL;
+    c->body_len = c->body_off = 0;
+    return true;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Reading                                                                   */
+
+void chan_refuse(dk_backchan_t *self, conn_t *c, const char *why)
+{
+    if (c->rank < 0)
+        chan_warn(self, "back channel: refused a connection: %s", why);
+    else
+        chan_warn(self, "back channel: closed rank %d's connection: %s", c->rank, why);
+    chan_conn_close(c);
+}
+
+/* Every rank has said HELLO: no one else has anything to say here. Close the
+ * listener (unlink the Unix socket) and whatever still waits for its HELLO. */
+static void stop_listening(dk_backchan_t *self)
+{
+    if (self->listen_fd >= 0)
+        close(self->listen_fd);
+    self->listen_fd = -1;
+    if (self->path)
+        unlink(self->path);
+    for (size_t i = 0; i < self->nconns; i++) {
+        conn_t *c = &self->conns[i];
+        if (c->fd >= 0 && c->rank < 0)
+            chan_refuse(self, c, "every rank is in and it had not said HELLO");
+    }
+}
+
+/* A whole frame has arrived in c->frame: verify, then act. */
+static void conn_frame(dk_backchan_t *self, conn_t *c)
+{
+    const unsigned char *body = c->frame + DK_BC_MAC_LEN;
+    size_t body_len = c->frame_len - DK_BC_MAC_LEN;
+    unsigned char expected[DK_BC_MAC_LEN];
+    if (!frame_mac(self, c->nonce, DK_BC_DIR_TO_RUNTIME, c->seq_in, body, body_len, NULL, 0,
+                   expected) ||
+        CRYPTO_memcmp(expected, c->frame, DK_BC_MAC_LEN) != 0) {
+        chan_refuse(self, c, "a message did not verify (it was not signed with this job's key)");
+        return;
+    }
+    c->seq_in++;
+    int type = body[0];
+    uint32_t rank = get_be32(body + 1);
+    char why[160];
+
+    if (c->rank < 0) {
+        if (type != DK_BC_HELLO) {
+            chan_refuse(self, c, "its first message was not a HELLO");
+        } else if (rank >= (uint32_t) self->world_size) {
+            snprintf(why, sizeof why, "its HELLO named rank %u, but this job has ranks 0 to %d",
+                     rank, self->world_size - 1);
+            chan_refuse(self, c, why);
+        } else if (self->claimed[rank]) {
+            snprintf(why, sizeof why, "its HELLO named rank %u, which is already connected",
+                     rank);
+            chan_refuse(self, c, why);
+        } else {
+            self->claimed[rank] = true;
+            self->nclaimed++;
+            c->rank = (int) rank;
+            /* Before the rank is reported ready: whoever hears that every
+             * rank is in finds nothing listening. */
+            if (self->nclaimed == self->world_size)
+                stop_listening(self);
+            /* With the port from rank 0, every rank waits for it: rank 0's
+             * own PORT frame follows its HELLO. */
+            if (self->port_from_rank0 && (rank == 0 || self->master_port == 0))
+                c->port_due = true;
+            else
+                rank_ready(self, c);
+        }
+        return;
+    }
+    if (rank != (uint32_t) c->rank) {
+        chan_refuse(self, c, "a message named another rank");
+    } else if (type == DK_BC_PORT) {
+        if (!self->port_from_rank0 || c->rank != 0 || self->master_port != 0)
+            chan_refuse(self, c, "it sent a port nobody asked for");
+        else
+            port_arrived(self, c, body + BODY_HEAD, body_len - BODY_HEAD);
+    } else if (type == DK_BC_PING) {
+        /* Its arrival was the point (heard_at). */
+    } else if (type == DK_BC_STACKS) {
+        if (body_len - BODY_HEAD > DK_BC_STACKS_MAX)
+            chan_refuse(self, c, "it sent more than 128 KiB of stacks in one message");
+        else if (self->sink.on_stacks)
+            self->sink.on_stacks(self->sink.data, c->rank, body + BODY_HEAD,
+                                 body_len - BODY_HEAD);
+    } else if (type == DK_BC_OUTPUT) {
+        int fd = body_len >= BODY_HEAD + 2 ? body[BODY_HEAD] : 0;
+        if ((fd != 1 && fd != 2 && fd != DK_BC_OUTPUT_LOG) ||
+            body_len - BODY_HEAD - 2 > DK_BC_OUTPUT_MAX)
+            chan_refuse(self, c, "it sent output that is not for fd 1 or 2 or its log, or more "
+                   "than 64 KiB in one message");
+        else if (self->sink.on_output)
+            self->sink.on_output(self->sink.data, c->rank, fd, body + BODY_HEAD + 2,
+                                 body_len - BODY_HEAD - 2,
+                                 (body[BODY_HEAD + 1] & DK_BC_OUTPUT_CAUGHT_UP) != 0);
+    } else if (type != DK_BC_RESULT && type != DK_BC_ERROR)
+        chan_refuse(self, c, "it sent a message of an unexpected type");
+    else if (c->done)
+        chan_refuse(self, c, self->persistent ? "it answered with no task waiting for an answer"
+                                         : "it sent a second result");
+    else if (self->persistent && c->delivering)
+        /* An answer before its TASK has been read in full is not an answer to
+         * it; and the TASK still being written must not be freed or queued
+         * over by the next round. */
+        chan_refuse(self, c, "it answered before it had read its task");
+    else if (self->persistent &&
+             (body_len < BODY_HEAD + 4 || get_be32(body + BODY_HEAD) != self->round))
+        chan_refuse(self, c, "its answer did not name the current round");
+    else {
+        c->done = true;
+        size_t skip = BODY_HEAD + (self->persistent ? 4 : 0);
+        if (self->sink.on_message)
+            self->sink.on_message(self->sink.data, c->rank, type == DK_BC_ERROR,
+                                  body + skip, body_len - skip);
+    }
+}
+
+/* A frame's length has arrived: check it against what this connection may
+ * send before allocating anything. */
+static bool conn_frame_start(dk_backchan_t *self, conn_t *c)
+{
+    uint32_t len = get_be32(c->len_buf);
+    char why[160];
+    if (c->rank < 0 && len != FRAME_MIN) {
+        snprintf(why, sizeof why, "its first message (%u bytes) is not a HELLO", len);
+        chan_refuse(self, c, why);
+        return false;
+    }
+    if (len < FRAME_MIN || len - FRAME_MIN > DK_BC_PAYLOAD_MAX) {
+        snprintf(why, sizeof why, "a message of %u bytes is outside the protocol's limits "
+                 "(%d bytes to 1 GiB)", len, FRAME_MIN);
+        chan_refuse(self, c, why);
+        return false;
+    }
+    if (!(c->frame = malloc(len))) {
+        chan_refuse(self, c, "out of memory for its message");
+        return false;
+    }
+    c->frame_len = len;
+    c->frame_have = 0;
+    return true;
+}
+
+/* Read until EAGAIN, EOF, BUDGET bytes, or the first whole frame after
+ * SLICE_S seconds. */
+void chan_conn_read(dk_backchan_t *self, conn_t *c, size_t budget, double slice_s)
+{
+    double until = dk_now_s() + slice_s;
+    while (c->fd >= 0 && budget > 0) {
+        unsigned char *dst;
+        size_t want;
+        if (!c->frame) {
+            dst = c->len_buf + c->len_have;
+            want = sizeof c->len_buf - c->len_have;
+        } else {
+            dst = c->frame + c->frame_have;
+            want = c->frame_len - c->frame_have;
+        }
+        if (want > budget)
+            want = budget;
+        ssize_t n = recv(c->fd, dst, want, MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        if (n <= 0) {
+            peer_closed(self, c);   /* EOF or reset */
+            return;
+        }
+        budget -= (size_t) n;
+        c->heard_at = dk_now_s();
+        if (!c->frame) {
+            c->len_have += (size_t) n;
+            if (c->len_have == sizeof c->len_buf && !conn_frame_start(self, c))
+                return;
+        } else if ((c->frame_have += (size_t) n) == c->frame_len) {
+            conn_frame(self, c);
+            if (c->fd < 0)
+                return;
+            free(c->frame);
+            c->frame = NULL;
+            c->len_have = 0;
+            if (dk_now_s() >= until)
+                return;
+        }
+    }
+}

@@ -1,0 +1,104 @@
+/*
+ * dk_backchan_state: one back channel's state, shared by the files that serve it.
+ *
+ * Private to runtime/channel/ (dk_backchan.h is the API). The channel is three
+ * files over this state:
+ *   dk_backchan.c        making it (the listener, the key), what the job asks
+ *                        of it, and its poll turn: heartbeats, tasks, the drain;
+ *   dk_backchan_frame.c  the frames on one connection: written, read, verified
+ *                        and acted on;
+ *   dk_backchan_admit.c  admission: who may take a slot, and when a waiting
+ *                        connection gives its slot up.
+ */
+#ifndef DK_BACKCHAN_STATE_H
+#define DK_BACKCHAN_STATE_H
+
+#include "dk_backchan.h"
+#include "dk_accept.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <openssl/evp.h>
+
+#define EVICT_AFTER_S 0.5                  /* a pending connection's HELLO time when others wait */
+#define BODY_HEAD 5                        /* u8 type | u32 rank */
+#define FRAME_MIN (DK_BC_MAC_LEN + BODY_HEAD)
+
+typedef struct {
+    int fd;                 /* -1: free slot */
+    int rank;               /* -1 until a valid HELLO */
+    double since;           /* when it was accepted (CLOCK_MONOTONIC seconds) */
+    bool done;              /* RESULT or ERROR received */
+    bool delivering;        /* PAYLOAD frame queued, not yet reported written */
+    double heard_at;        /* when bytes last arrived (heartbeats) */
+    double pinged_at;       /* when we last queued a PING */
+    bool lost;              /* reported silent past the deadline */
+    bool interrupt_due;     /* an INTERRUPT to send once the output is written */
+    bool stacks_due;        /* a STACKS request to send likewise */
+    bool port_due;          /* port_from_rank0: its HELLO came before the port; its
+                               PORT (and PAYLOAD) go out once rank 0 sends it */
+    unsigned char nonce[DK_BC_NONCE_LEN];
+    uint32_t seq_in;
+    uint32_t seq_out;       /* frames we have sent after the nonce */
+    /* input: a 4-byte length, then a frame of that many bytes */
+    unsigned char len_buf[4];
+    size_t len_have;
+    unsigned char *frame;
+    size_t frame_len, frame_have;
+    /* output: a small head (the nonce or a PING still being written, then a
+     * frame's header), then a borrowed body */
+    unsigned char head[DK_BC_NONCE_LEN + 4 + FRAME_MIN + 4 + FRAME_MIN + 4 + 4 + FRAME_MIN + 4];
+    size_t head_len, head_off;
+    const unsigned char *body;
+    size_t body_len, body_off;
+} conn_t;
+
+struct dk_backchan_t {
+    int world_size;
+    dk_backchan_sink_t sink;
+    char *dir;
+    char *path;             /* Unix socket; NULL for TCP */
+    char *address;          /* what ranks get in DISTKERNEL_BC */
+    int port;               /* TCP only */
+    double heartbeat_s;     /* > 0: PINGs and the silence deadline */
+    int listen_fd;
+    unsigned char key[DK_BC_KEY_LEN];
+    char key_hex[DK_BC_KEY_LEN * 2 + 1];
+    EVP_MAC *mac;
+    unsigned char *payload;
+    size_t payload_len;
+    bool persistent;        /* rounds of TASK frames; nothing sent at HELLO */
+    uint32_t round;         /* the round a RESULT or ERROR must name */
+    bool port_from_rank0;   /* opts.port_from_rank0 */
+    int master_port;        /* ... and the port rank 0 sent; 0 until then */
+    bool *claimed;          /* per rank: a connection has said HELLO for it */
+    int nclaimed;           /* ... how many ranks have */
+    dk_accept_t *allow;     /* TCP: the run's nodes' addresses; NULL: any */
+    unsigned long dropped;  /* connections closed at accept: not from a node */
+    conn_t *conns;
+    size_t nconns;
+    size_t *polled;         /* conn slot of each pollfd entry after the listener */
+    bool polled_listener;
+    unsigned warnings;
+};
+
+/* dk_backchan.c */
+void chan_warn(dk_backchan_t *self, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void chan_conn_close(conn_t *c);
+
+/* dk_backchan_frame.c */
+bool chan_conn_has_output(const conn_t *c);
+void chan_conn_write(dk_backchan_t *self, conn_t *c);
+bool chan_queue_payload(dk_backchan_t *self, conn_t *c);
+bool chan_queue_empty(dk_backchan_t *self, conn_t *c, unsigned char type);
+void chan_refuse(dk_backchan_t *self, conn_t *c, const char *why);
+void chan_conn_read(dk_backchan_t *self, conn_t *c, size_t budget, double slice_s);
+
+/* dk_backchan_admit.c */
+void chan_expire_pending(dk_backchan_t *self);
+conn_t *chan_free_slot(dk_backchan_t *self, conn_t **oldest);
+void chan_accept_all(dk_backchan_t *self);
+
+#endif

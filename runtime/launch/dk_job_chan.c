@@ -1,0 +1,283 @@
+/*
+ * dk_job_chan: the channel between a job and its ranks, and their output.
+ *
+ * The back channel (dk_backchan) calls the handlers here from the runtime
+ * thread's poll loop: a rank's delivery, its answer, its HELLO, its output
+ * frames, its stacks, its silence or its close. Its pipes are read here too.
+ *
+ * Output goes to the sink and to rank-N.log as it is read, stdout and stderr
+ * into the same file in arrival order. A launched rank's pipes are its
+ * launcher's (srun's): its own output comes over the back channel, and what
+ * the pipes carry is read through a filter per pipe (dk_launchout) that
+ * sends the launcher's own lines to the log only, since a local run shows
+ * none of them, and keeps the last one that says more than the exit status
+ * for the outcome; a local rank's bytes go on as read, unbuffered. A log that cannot be written (full
+ * disk) is reported once and abandoned; the relay goes on. The log directory
+ * is opened and checked with dk_logdir (nobody else can write it), held with
+ * flock while the job runs so no pruning removes it, and every log is created
+ * relative to its descriptor with O_EXCL | O_NOFOLLOW. A log that passes its
+ * cap keeps its head and tail (dk_logfile_t); the sink is warned once per rank.
+ */
+#include "dk_job_state.h"
+#include "dk_clock.h"
+#include "dk_utf8.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------------ */
+/* Output                                                                    */
+
+static void log_bytes(dk_job_t *job, int r, const char *buf, size_t n)
+{
+    rank_t *rk = &job->ranks[r];
+    if (!rk->log)
+        return;
+    if (dk_logfile_write(rk->log, buf, n) != 0) {
+        job_warn(job, "cannot write rank %d's log file %s (%s); its output is still shown "
+             "but no longer saved there", r, rk->log_path, strerror(errno));
+        dk_logfile_close(&rk->log);
+        pthread_mutex_lock(&job->lock);
+        rk->log_failed = true;
+        pthread_mutex_unlock(&job->lock);
+        return;
+    }
+    if (!rk->log_capped && dk_logfile_capped(rk->log)) {
+        pthread_mutex_lock(&job->lock);
+        rk->log_capped = true;
+        pthread_mutex_unlock(&job->lock);
+        unsigned long long cap = dk_logfile_cap(rk->log);
+        job_warn(job, "rank %d's output passed its log cap of %llu bytes (log_cap=, "
+             "DISTKERNEL_LOG_CAP): %s keeps its first %llu bytes and its last, with a line "
+             "saying how much was left out between them", r, cap, rk->log_path, cap / 2);
+    }
+}
+
+/* Assemble each capped log (its head, a marker, its tail) and close it. */
+void job_close_logs(dk_job_t *job)
+{
+    pthread_mutex_lock(&job->log_lock);
+    for (int r = 0; r < job->world_size; r++) {
+        rank_t *rk = &job->ranks[r];
+        if (rk->log && dk_logfile_close(&rk->log) != 0) {
+            job_warn(job, "cannot finish rank %d's log file %s (%s); it may be cut short", r,
+                 rk->log_path, strerror(errno));
+            pthread_mutex_lock(&job->lock);
+            rk->log_failed = true;
+            pthread_mutex_unlock(&job->lock);
+        }
+    }
+    pthread_mutex_unlock(&job->log_lock);
+}
+
+/* Rank R's output on FD (1 or 2), from its pipe or its OUTPUT frames: to the
+ * log and the sink. */
+static void deliver(dk_job_t *job, int r, int fd, const char *buf, size_t n)
+{
+    pthread_mutex_lock(&job->log_lock);
+    log_bytes(job, r, buf, n);
+    pthread_mutex_unlock(&job->log_lock);
+    if (job->sink.on_output)
+        job->sink.on_output(job->sink.data, r, fd, buf, n);
+}
+
+/* Keep LINE, a launcher line that says more than the exit status, as rank
+ * R's reason (dk_job_rank_launcher_line): its first LAUNCHER_LINE_KEEP bytes,
+ * as valid UTF-8, without its newline. */
+static void keep_launcher_line(dk_job_t *job, int r, const char *line, size_t len)
+{
+    while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+        len--;
+    if (len > LAUNCHER_LINE_KEEP)
+        len = dk_utf8_complete_prefix(line, LAUNCHER_LINE_KEEP);
+    size_t out_len = 0;
+    char *text = dk_utf8_sanitize(line, len, &out_len);
+    if (!text)
+        return;
+    pthread_mutex_lock(&job->lock);
+    free(job->ranks[r].launcher_line);
+    job->ranks[r].launcher_line = text;
+    pthread_mutex_unlock(&job->lock);
+}
+
+typedef struct {
+    dk_job_t *job;
+    int rank, fd;
+} filtered_t;
+
+/* What a launched rank's pipe filter passes on: the rank's own bytes as any
+ * output; the launcher's lines to the log only (see dk_launchout.h). */
+static void filtered(void *data, dk_launchout_kind_t kind, const char *bytes, size_t len)
+{
+    filtered_t *f = data;
+    if (kind == DK_LAUNCHOUT_RANK) {
+        deliver(f->job, f->rank, f->fd, bytes, len);
+        return;
+    }
+    pthread_mutex_lock(&f->job->log_lock);
+    log_bytes(f->job, f->rank, bytes, len);
+    pthread_mutex_unlock(&f->job->log_lock);
+    if (dk_launchout_tells(bytes, len))
+        keep_launcher_line(f->job, f->rank, bytes, len);
+}
+
+/* Read pipe WHICH of rank R until EAGAIN, EOF or BUDGET bytes. A launched
+ * rank's pipes are its launcher's (srun's): they go through its filter,
+ * which holds a launcher line to its end; a local rank's bytes go on as read. */
+void job_drain_pipe(dk_job_t *job, int r, int which, size_t budget)
+{
+    rank_t *rk = &job->ranks[r];
+    char buf[65536];
+    filtered_t f = {job, r, which + 1};
+    while (rk->pipe_fd[which] >= 0 && budget > 0) {
+        ssize_t n = read(rk->pipe_fd[which], buf, sizeof buf);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            if (job->sink.on_caught_up)
+                job->sink.on_caught_up(job->sink.data, r, which + 1);
+            return;
+        }
+        if (n <= 0) {
+            if (rk->filter[which])
+                dk_launchout_finish(rk->filter[which], filtered, &f);
+            job_close_fd(&rk->pipe_fd[which]);
+            return;
+        }
+        if (rk->filter[which])
+            dk_launchout_feed(rk->filter[which], buf, (size_t) n, filtered, &f);
+        else
+            deliver(job, r, which + 1, buf, (size_t) n);
+        budget -= (size_t) n < budget ? (size_t) n : budget;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Back-channel events                                                       */
+
+static void bc_delivered(void *data, int r)
+{
+    dk_job_t *job = data;
+    if (job->persistent ? !job->ranks[r].reported && job->stop_reason == DK_END_NONE
+                        : job->ranks[r].state == DK_RANK_STARTING)
+        if (!job->ranks[r].reaped)
+            job_set_state(job, r, DK_RANK_RUNNING);
+}
+
+static void bc_hello(void *data, int r)
+{
+    dk_job_t *job = data;
+    if (job->ranks[r].reaped || job->ranks[r].reported)
+        return;
+    job->ranks[r].reported = true;
+    job_set_state(job, r, DK_RANK_DONE);
+    job_round_answered(job);
+}
+
+/* A remote rank's output: the same path as a pipe's; its notes about itself
+ * (DK_BC_OUTPUT_LOG) to its log only, as a launcher's own lines go. */
+/* A rank on another node answered for its stacks (dk_backchan_ask_stacks). */
+static void bc_stacks(void *data, int r, const void *bytes, size_t len)
+{
+    dk_job_t *job = data;
+    if (job->stacks)
+        dk_stackreq_answer(job->stacks, r, bytes, len);
+}
+
+static void bc_output(void *data, int r, int fd, const void *bytes, size_t len, bool caught_up)
+{
+    dk_job_t *job = data;
+    if (fd == DK_BC_OUTPUT_LOG) {
+        pthread_mutex_lock(&job->log_lock);
+        log_bytes(job, r, bytes, len);
+        pthread_mutex_unlock(&job->log_lock);
+        return;
+    }
+    if (len > 0)
+        deliver(job, r, fd, bytes, len);
+    if (caught_up && job->sink.on_caught_up)
+        job->sink.on_caught_up(job->sink.data, r, fd);
+}
+
+/* Rank R's connection went silent: it is lost. */
+static void bc_lost(void *data, int r, double silent_s)
+{
+    dk_job_t *job = data;
+    rank_t *rk = &job->ranks[r];
+    if (rk->reaped && !rk->deferred)
+        return;
+    char why[96];
+    snprintf(why, sizeof why, "nothing heard from it for %.1f s", silent_s);
+    job_lose(job, r, why);
+}
+
+/* Rank R's connection was ended by its side before it answered. Its process
+ * usually exits at once (a crash, a rank that gave up), and that exit is
+ * judged as any other. But the processes of a lost node can be killed rather
+ * than fall silent (FIN or RST), and srun, the process we see, may then never
+ * exit: Slurm 22.05.8 run from a host that is not a node of the cluster
+ * (Slurm bug 16401). So its exit is awaited for the heartbeat deadline, as
+ * silence would be, and a process still running then has lost its rank
+ * (job_judge_closed). Meanwhile a peer's failure waits (job_resolve_failure): that is
+ * most likely its echo, gloo's "Connection closed by peer". */
+static void bc_closed(void *data, int r)
+{
+    dk_job_t *job = data;
+    rank_t *rk = &job->ranks[r];
+    if (job->heartbeat_s <= 0 || rk->reaped || rk->signalled || rk->lost || rk->reported)
+        return;
+    rk->closed_unanswered = true;
+    rk->closed_until = dk_now_s() + job->heartbeat_s;
+}
+
+/* What a rank raises when a peer's connection went away under it: gloo's
+ * "Connection closed by peer [ADDR]:PORT", a reset, a write to a closed
+ * socket. On other nodes that is most often the echo of a lost node, which
+ * the kernel learns of a little later (a close, a silence, srun's word). */
+static const char *const echo_marks[] = {"Connection closed by peer",
+                                         "Connection reset by peer", "Broken pipe"};
+
+static bool says_peer_went_away(const void *bytes, size_t len)
+{
+    for (size_t i = 0; i < sizeof echo_marks / sizeof echo_marks[0]; i++)
+        if (memmem(bytes, len, echo_marks[i], strlen(echo_marks[i])))
+            return true;
+    return false;
+}
+
+static void bc_message(void *data, int r, bool is_error, const void *bytes, size_t len)
+{
+    dk_job_t *job = data;
+    if (job->persistent) {
+        job_round_message(job, r, is_error, bytes, len);
+        return;
+    }
+    job->ranks[r].reported = true;
+    if (!is_error)
+        job->ranks[r].got_result = true;
+    if (is_error)
+        job->ranks[r].echo = says_peer_went_away(bytes, len);
+    if (job->sink.on_message)
+        job->sink.on_message(job->sink.data, r, is_error, bytes, len);
+    if (is_error)
+        job_note_failure(job, r);
+}
+
+static void bc_warning(void *data, const char *text)
+{
+    dk_job_t *job = data;
+    if (job->sink.on_warning)
+        job->sink.on_warning(job->sink.data, text);
+}
+
+/* The handlers above, as the back channel's sink for dk_job_start. */
+dk_backchan_sink_t job_backchan_sink(dk_job_t *job)
+{
+    dk_backchan_sink_t bcsink = {job,       bc_delivered, bc_message, bc_warning,
+                                 bc_hello,  bc_output,    bc_lost,    bc_closed, bc_stacks};
+    return bcsink;
+}

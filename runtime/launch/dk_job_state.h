@@ -1,0 +1,188 @@
+/*
+ * dk_job_state: the state of one job, shared by the files that run it.
+ *
+ * Private to runtime/launch/ (dk_job.h is the API). One job is five files,
+ * one idea each, over this one state:
+ *   dk_job.c         the runtime thread's poll loop, and the handle the host
+ *                    holds (waiting, cancelling, reading what each rank did);
+ *   dk_job_launch.c  everything before the loop: the checks, the logs, the
+ *                    back channel, each rank's environment and its fork;
+ *   dk_job_chan.c    the channel to the ranks: back-channel events, and their
+ *                    output from pipes and frames to the logs and the sink;
+ *   dk_job_judge.c   judging how each rank ended (its exit, its loss, the root
+ *                    cause) and the stop that follows a failure;
+ *   dk_job_round.c   the rounds of a persistent job (started ranks).
+ * Fields are the runtime thread's unless said: those marked guarded are read
+ * by other threads under job->lock (see the top of dk_job.c).
+ */
+#ifndef DK_JOB_STATE_H
+#define DK_JOB_STATE_H
+
+#include "dk_job.h"
+
+#include "dk_backchan.h"
+#include "dk_launchout.h"
+#include "dk_logfile.h"
+#include "dk_stackreq.h"
+#include "dk_stop.h"
+
+#include <poll.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define REAP_DRAIN_BUDGET ((size_t) 16 << 20)
+/* The raw bytes of a launcher line kept for the outcome: enough for srun's
+ * and slurmstepd's messages; sanitized, at most 3 times as much. */
+#define LAUNCHER_LINE_KEEP 320
+
+typedef struct {
+    pid_t pid;
+    int pidfd;
+    int pipe_fd[2];         /* read ends of stdout, stderr; -1 at EOF */
+    dk_logfile_t *log;      /* NULL once a write failed */
+    bool log_failed;        /* a write to the log failed: it is incomplete */
+    bool log_capped;        /* the log passed its cap (the sink was told); guarded */
+    char *log_path;
+    bool reaped;
+    bool signalled;         /* the runtime has sent its group a stop signal */
+    bool got_result;
+    bool reported;          /* sent RESULT or ERROR */
+    bool failed;            /* failed on its own, before any stop signal */
+    bool was_exiting;       /* job_resolve_failure's note: exiting, unanswered */
+    bool echo;              /* its ERROR says a peer's connection went away */
+    bool interrupted;       /* persistent: sent SIGINT this round */
+    char *host;             /* its node, for what is said when it is lost */
+    bool launched;          /* through a launcher (srun): SIGINT goes over the channel */
+    dk_launchout_t *filter[2];  /* launched: the launcher's lines out of its pipes */
+    char *launcher_line;    /* launched: its last telling launcher line, or NULL; guarded */
+    bool lost;              /* silent past the heartbeat deadline; guarded */
+    bool closed_unanswered; /* its connection was ended by its side before it answered */
+    double closed_until;    /* > 0: its exit is awaited until then (bc_closed) */
+    bool deferred;          /* collected, its verdict waiting (see job_reap) */
+    double deferred_until;
+    int deferred_status;
+    bool deferred_known;
+    /* guarded by job->lock */
+    dk_rank_state_t state;
+    int exit_code;
+    int term_signal;
+} rank_t;
+
+struct dk_job_t {
+    dk_sink_t sink;
+    int world_size;
+    double timeout_s;
+    rank_t *ranks;
+    dk_backchan_t *chan;
+    char *log_dir;
+    int log_dirfd;          /* held (dk_logdir_hold) while the job exists */
+    unsigned long long log_cap;
+    int master_port;
+    char *master_addr;      /* NULL: 127.0.0.1 */
+    int ranks_per_node;     /* >= 1 */
+    int wake[2];
+    pthread_t thread;
+
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    /* The sentinel that ends the ranks' process groups (their
+     * children too) if the host dies (dk_spawn_sentinel); -1 when none. Set at
+     * start, ended by the runtime thread once every rank is reaped. */
+    int sentinel_pid, sentinel_fd;
+    bool cancel_requested;  /* guarded */
+    bool ended;             /* guarded */
+    dk_job_end_t end;       /* guarded */
+    int root_cause;         /* guarded */
+    int failure_pending;    /* runtime thread: the turn's first failure, or -1 */
+    double failure_at;      /* ... when it was noted */
+
+    /* persistent jobs (see dk_job.h); guarded by lock unless said */
+    bool persistent;
+    double idle_timeout_s;
+    char *warm_socket;          /* spec.warm_socket (copied), or NULL */
+    double heartbeat_s;         /* > 0: ranks over TCP, with heartbeats */
+    pthread_mutex_t log_lock;   /* the ranks' log objects: swapped between rounds */
+    bool round_active;
+    dk_job_end_t round_end;
+    int round_root;
+    double idle_since;
+    bool submit_pending;
+    void *submit_payload;
+    size_t submit_len;
+    double submit_timeout_s;
+    bool interrupt_requested;
+    /* runtime thread only */
+    uint32_t round;
+    int round_pending;          /* ranks that have not answered this round */
+    double round_started_at;
+    double round_timeout_s;
+    dk_job_end_t round_reason;  /* CANCELLED or TIMEOUT once interrupted */
+    double round_deadline;      /* the grace after our SIGINT ends; -1: none */
+    double round_resend_at;     /* the next SIGINT to ranks still not answering */
+
+    /* runtime thread only */
+    struct pollfd *fds;
+    int *slot_rank;         /* for each pollfd after the back channel's: rank and */
+    int *slot_kind;         /* which descriptor (0 stdout, 1 stderr, 2 pidfd) */
+    size_t max_fds;
+    double started_at;
+    double connect_timeout_s;   /* spec's (launched ranks over TCP); see job_judge_unconnected */
+    dk_job_end_t stop_reason;
+    dk_stop_t stop;         /* SIGINT, SIGTERM, SIGKILL: a grace apart (seconds) */
+    int unreaped;
+    double last_reap_at;
+    bool drain_cut;         /* cancel during the drain window: stop waiting */
+    /* spec.stacks: the live ranks' stacks are asked for before they are
+     * signalled, once per job (per round of a persistent one); the stop or
+     * the round's interrupt waits for the answers (job_stacks_over). NULL: never.
+     * Read by others once the job or the round has ended. */
+    dk_stackreq_t *stacks;
+    double stacks_wait_s;
+    bool stacks_asked;
+    bool stop_deferred;
+    bool interrupt_deferred;
+};
+
+/* dk_job.c */
+void job_warn(dk_job_t *job, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void job_close_fd(int *fd);
+void *job_thread(void *arg);
+bool job_wait_for(dk_job_t *job, int timeout_ms, bool (*done)(const dk_job_t *));
+void job_request(dk_job_t *job, bool *flag);
+
+/* dk_job_launch.c */
+void job_free(dk_job_t *job);
+
+/* dk_job_chan.c */
+dk_backchan_sink_t job_backchan_sink(dk_job_t *job);
+void job_drain_pipe(dk_job_t *job, int r, int which, size_t budget);
+void job_close_logs(dk_job_t *job);
+
+/* dk_job_judge.c */
+void job_set_state(dk_job_t *job, int r, dk_rank_state_t state);
+bool job_ask_stacks(dk_job_t *job);
+void job_stacks_over(dk_job_t *job);
+void job_begin_stop(dk_job_t *job, dk_job_end_t reason);
+bool job_closing(const rank_t *rk);
+void job_note_failure(dk_job_t *job, int r);
+double job_echo_deadline(const dk_job_t *job);
+void job_resolve_failure(dk_job_t *job);
+void job_escalate(dk_job_t *job);
+void job_lose(dk_job_t *job, int r, const char *why);
+void job_judge_closed(dk_job_t *job);
+void job_judge_unconnected(dk_job_t *job);
+void job_reap(dk_job_t *job, int r);
+void job_judge_deferred(dk_job_t *job);
+
+/* dk_job_round.c */
+void job_round_answered(dk_job_t *job);
+void job_signal_unanswered(dk_job_t *job);
+void job_interrupt_round(dk_job_t *job);
+void job_round_stuck(dk_job_t *job);
+void job_start_round(dk_job_t *job);
+void job_round_message(dk_job_t *job, int r, bool is_error, const void *bytes, size_t len);
+
+#endif
