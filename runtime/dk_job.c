@@ -184,6 +184,7 @@ struct dk_job_t {
     size_t submit_len;
     double submit_timeout_s;
     bool interrupt_requested;
+    bool sample_requested;      /* dk_job_sample_stacks */
     /* runtime thread only */
     uint32_t round;
     int round_pending;          /* ranks that have not answered this round */
@@ -212,6 +213,7 @@ struct dk_job_t {
     dk_stackreq_t *stacks;
     double stacks_wait_s;
     bool stacks_asked;
+    bool sampling;              /* the running request is a live sample (sample_stacks) */
     bool stop_deferred;
     bool interrupt_deferred;
 };
@@ -277,20 +279,11 @@ static void signal_ranks(dk_job_t *job, int sig)
  * were, not where a KeyboardInterrupt took them. A rank that has answered
  * is past its code; one started through a launcher, on another node, is
  * asked over its connection; a lost one is not asked. */
-static bool ask_stacks(dk_job_t *job)
+static int begin_stacks(dk_job_t *job)
 {
-    if (!job->stacks)
-        return false;
-    if (dk_stackreq_running(job->stacks))
-        return true;
-    /* Between rounds no rank runs a cell, and the host may be reading the
-     * last round's answers. */
-    if (job->stacks_asked || (job->persistent && job->round_pending == 0))
-        return false;
-    job->stacks_asked = true;
     pid_t *groups = calloc((size_t) job->world_size, sizeof *groups);
     if (!groups)
-        return false;
+        return 0;
     for (int r = 0; r < job->world_size; r++) {
         const rank_t *rk = &job->ranks[r];
         if (rk->reaped || rk->reported || rk->lost)
@@ -302,7 +295,59 @@ static bool ask_stacks(dk_job_t *job)
     }
     int asked = dk_stackreq_begin(job->stacks, groups, dk_now_s(), job->stacks_wait_s);
     free(groups);
-    return asked > 0;
+    return asked;
+}
+
+static bool ask_stacks(dk_job_t *job)
+{
+    if (!job->stacks)
+        return false;
+    if (dk_stackreq_running(job->stacks)) {
+        /* A live sample asked a moment ago: its answers are the end's. */
+        if (job->sampling) {
+            job->sampling = false;
+            job->stacks_asked = true;
+        }
+        return true;
+    }
+    /* Between rounds no rank runs a cell, and the host may be reading the
+     * last round's answers. */
+    if (job->stacks_asked || (job->persistent && job->round_pending == 0))
+        return false;
+    job->stacks_asked = true;
+    return begin_stacks(job) > 0;
+}
+
+/* A live sample's answers to the host (dk_job_sample_stacks), then
+ * forgotten: they are not the stacks of an end. */
+static void sample_over(dk_job_t *job)
+{
+    job->sampling = false;
+    int world = job->world_size;
+    const char **dumps = calloc((size_t) world, sizeof *dumps);
+    size_t *lens = calloc((size_t) world, sizeof *lens);
+    if (dumps && lens && job->sink.on_stacks) {
+        for (int r = 0; r < world; r++)
+            dumps[r] = dk_stackreq_dump(job->stacks, r, &lens[r]);
+        job->sink.on_stacks(job->sink.data, world, dumps, lens);
+    }
+    free(dumps);
+    free(lens);
+    dk_stackreq_clear(job->stacks);
+}
+
+/* Begin a live sample, unless the job ends, a request runs already, or (a
+ * persistent job) no round is running or it is being interrupted. The
+ * request is polled as any (loop_once); nothing waits for it. */
+static void sample_stacks(dk_job_t *job)
+{
+    if (!job->stacks || job->stop_reason != DK_END_NONE || job->stacks_asked ||
+        dk_stackreq_running(job->stacks) ||
+        (job->persistent && (job->round_pending == 0 || job->round_reason != DK_END_NONE)))
+        return;
+    job->sampling = true;
+    if (begin_stacks(job) == 0)
+        sample_over(job);
 }
 
 static void stop_now(dk_job_t *job);
@@ -356,9 +401,12 @@ static void stop_now(dk_job_t *job)
 /* Every rank has answered (or said HELLO, in round 0): the round is over. */
 static void round_complete(dk_job_t *job)
 {
-    /* The round's stacks are final before the host can read them. */
+    /* The round's stacks are final before the host can read them; a live
+     * sample's are not the round's. */
     if (job->stacks)
         dk_stackreq_end(job->stacks);
+    if (job->sampling)
+        sample_over(job);
     pthread_mutex_lock(&job->lock);
     job->round_active = false;
     /* A rank's error is the root cause even when an interrupt or the timeout
@@ -1218,7 +1266,8 @@ static void handle_wake(dk_job_t *job)
     pthread_mutex_lock(&job->lock);
     bool cancel = job->cancel_requested;
     bool submit = job->submit_pending, interrupt = job->interrupt_requested;
-    job->interrupt_requested = false;
+    bool sample = job->sample_requested;
+    job->interrupt_requested = job->sample_requested = false;
     pthread_mutex_unlock(&job->lock);
     if (submit && !cancel && job->stop_reason == DK_END_NONE)
         start_round(job);
@@ -1226,6 +1275,8 @@ static void handle_wake(dk_job_t *job)
         job->round_reason = DK_END_CANCELLED;
         interrupt_round(job);
     }
+    if (sample && !cancel)
+        sample_stacks(job);
     if (!cancel)
         return;
     if (job->unreaped > 0)
@@ -1281,9 +1332,12 @@ static void loop_once(dk_job_t *job)
     judge_closed(job);
     judge_unconnected(job);
     resolve_failure(job);
-    if (job->stacks && dk_stackreq_poll(job->stacks, dk_now_s()) &&
-        (job->stop_deferred || job->interrupt_deferred))
-        stacks_over(job);
+    if (job->stacks && dk_stackreq_poll(job->stacks, dk_now_s())) {
+        if (job->sampling)
+            sample_over(job);
+        else if (job->stop_deferred || job->interrupt_deferred)
+            stacks_over(job);
+    }
     escalate(job);
 }
 
@@ -1303,6 +1357,8 @@ static void *job_thread(void *arg)
     dk_backchan_close_all(job->chan);
     if (job->stacks)
         dk_stackreq_end(job->stacks);     /* every rank is gone: final before the end is told */
+    if (job->sampling)
+        sample_over(job);                 /* the job ended by itself: no end's stacks */
     /* Every rank is reaped and its group was ended as it was (reap): the
      * sentinel has nothing left to guard. */
     dk_spawn_sentinel_end(&job->sentinel_pid, &job->sentinel_fd);
@@ -2153,6 +2209,12 @@ int dk_job_round_root_cause(dk_job_t *job)
 void dk_job_interrupt(dk_job_t *job)
 {
     request(job, &job->interrupt_requested);
+}
+
+bool dk_job_sample_stacks(dk_job_t *job)
+{
+    request(job, &job->sample_requested);
+    return dk_job_end(job) == DK_END_NONE;
 }
 
 double dk_job_idle_s(dk_job_t *job)

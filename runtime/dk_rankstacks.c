@@ -10,8 +10,10 @@
  * returns EINTR, as it does for every signal CPython handles (its handlers
  * have no SA_RESTART either). Python retries its own calls (PEP 475) and
  * C++ waits on a condition variable or futex wake and wait again; C code
- * that takes EINTR for an error would see one, once per request, which is
- * made only when the rank is about to be ended anyway.
+ * that takes EINTR for an error would see one, once per request: when the
+ * rank is about to be ended, and every few seconds while the run has been
+ * silent past its stall_after (a live sample, distributed/dk_dist_stall.h).
+ * gloo and NCCL retry their socket calls on EINTR.
  */
 #include "dk_rankstacks.h"
 #include "dk_stackreq.h"
