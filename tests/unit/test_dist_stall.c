@@ -155,6 +155,7 @@ Test(dist_stall, many_groups_stay_within_the_lines_given)
         cr_assert_not_null(text);
         cr_assert_leq(lines_of(text), (int) max, "%zu lines given: %s", max, text);
     }
+    free(text);
     text = dk_dist_stall_lines(stall, 3000, 4);
     cr_assert(strstr(text, "and 10 more groups (54 ranks)\n"), "%s", text);
     cr_assert_null(strstr(text, "see "), "no file to see yet: %s", text);
