@@ -802,9 +802,10 @@ static dk_dist_run_t *run_begin(dk_dist_run_t *run, const dk_dist_host_t *host,
     run->t0_ms = dk_now_ms();   /* the wait for Slurm's nodes; announce starts the ranks' */
     /* Made before the job, whose sink tells it output from the start. */
     if (run->opts.stall_after_s > 0 && !run->starting) {
+        const char *every = getenv(DK_DIST_STALL_EVERY_ENV);
         char *cells = cells_folder();
-        run->stall = dk_dist_stall_new(run->plan.world, run->opts.stall_after_s, run->t0_ms,
-                                       cells);
+        run->stall = dk_dist_stall_new(run->plan.world, run->opts.stall_after_s,
+                                       every ? atof(every) : 0, run->t0_ms, cells);
         free(cells);
         if (!run->stall)
             return fail(run, PyExc_MemoryError, NULL);

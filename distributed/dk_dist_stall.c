@@ -25,6 +25,7 @@
 struct dk_dist_stall_t {
     int world;
     long long after_ms;
+    long long every_ms;
     char *cells_dir;
     atomic_llong heard_ms;      /* the last output, or the ranks' start */
     atomic_llong asked_ms;      /* the last ask; 0: none */
@@ -37,8 +38,8 @@ struct dk_dist_stall_t {
     unsigned long shown_gen;
 };
 
-dk_dist_stall_t *dk_dist_stall_new(int world, double stall_after_s, long long now_ms,
-                                   const char *cells_dir)
+dk_dist_stall_t *dk_dist_stall_new(int world, double stall_after_s, double every_s,
+                                   long long now_ms, const char *cells_dir)
 {
     dk_dist_stall_t *self = calloc(1, sizeof *self);
     if (!self)
@@ -49,6 +50,7 @@ dk_dist_stall_t *dk_dist_stall_new(int world, double stall_after_s, long long no
     }
     self->world = world;
     self->after_ms = (long long) (stall_after_s * 1000.0);
+    self->every_ms = (long long) ((every_s > 0 ? every_s : DK_DIST_STALL_EVERY_S) * 1000.0);
     atomic_init(&self->heard_ms, now_ms);
     atomic_init(&self->asked_ms, 0);
     pthread_mutex_init(&self->lock, NULL);
@@ -78,7 +80,7 @@ bool dk_dist_stall_due(dk_dist_stall_t *self, long long now_ms)
     if (now_ms - heard < self->after_ms)
         return false;
     long long asked = atomic_load(&self->asked_ms);
-    if (asked > heard && now_ms - asked < (long long) (DK_DIST_STALL_EVERY_S * 1000.0))
+    if (asked > heard && now_ms - asked < self->every_ms)
         return false;
     atomic_store(&self->asked_ms, now_ms);
     return true;

@@ -33,24 +33,29 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-/* Seconds between two samples while the silence lasts. */
+/* Seconds between two samples while the silence lasts; DK_DIST_STALL_EVERY_ENV
+ * (seconds; what is not a positive number leaves the default) changes it, for
+ * a benchmark that measures what one sample costs (bench/stall_bench.py), not
+ * for users. */
 #define DK_DIST_STALL_EVERY_S 5.0
+#define DK_DIST_STALL_EVERY_ENV "DISTKERNEL_STALL_EVERY"
 
 typedef struct dk_dist_stall_t dk_dist_stall_t;
 
 /* Watch a run of WORLD ranks for silence past STALL_AFTER_S seconds (> 0),
- * counted from NOW_MS (the ranks' start) until a rank prints. Frames in
+ * counted from NOW_MS (the ranks' start) until a rank prints, and sample
+ * every EVERY_S (<= 0: DK_DIST_STALL_EVERY_S) while it lasts. Frames in
  * files under CELLS_DIR (ending in '/'; NULL: none; copied) are the cells'.
  * NULL when out of memory. */
-dk_dist_stall_t *dk_dist_stall_new(int world, double stall_after_s, long long now_ms,
-                                   const char *cells_dir);
+dk_dist_stall_t *dk_dist_stall_new(int world, double stall_after_s, double every_s,
+                                   long long now_ms, const char *cells_dir);
 void dk_dist_stall_destroy(dk_dist_stall_t **self_p);
 
 /* A rank printed at NOW_MS. Any thread; lock-free. */
 void dk_dist_stall_output(dk_dist_stall_t *self, long long now_ms);
 
 /* Whether to ask for a sample at NOW_MS: silent for stall_after, and the
- * last ask DK_DIST_STALL_EVERY_S ago or more (or none since the silence
+ * last ask EVERY_S ago or more (or none since the silence
  * began). A true answer counts as asked at NOW_MS. */
 bool dk_dist_stall_due(dk_dist_stall_t *self, long long now_ms);
 

@@ -56,7 +56,7 @@ static int lines_of(const char *s)
 
 Test(dist_stall, nothing_is_asked_before_stall_after)
 {
-    stall = dk_dist_stall_new(4, 60, 1000, CELLS);
+    stall = dk_dist_stall_new(4, 60, 0, 1000, CELLS);
     cr_assert_not_null(stall);
     cr_assert_not(dk_dist_stall_due(stall, 1000));
     cr_assert_not(dk_dist_stall_due(stall, 60999));
@@ -66,7 +66,7 @@ Test(dist_stall, nothing_is_asked_before_stall_after)
 
 Test(dist_stall, output_restarts_the_silence)
 {
-    stall = dk_dist_stall_new(4, 2, 0, CELLS);
+    stall = dk_dist_stall_new(4, 2, 0, 0, CELLS);
     dk_dist_stall_output(stall, 1500);
     cr_assert_not(dk_dist_stall_due(stall, 2500), "silent for 1 s only");
     cr_assert(dk_dist_stall_due(stall, 3500));
@@ -74,7 +74,7 @@ Test(dist_stall, output_restarts_the_silence)
 
 Test(dist_stall, samples_come_every_few_seconds_while_the_silence_lasts)
 {
-    stall = dk_dist_stall_new(4, 2, 0, CELLS);
+    stall = dk_dist_stall_new(4, 2, 0, 0, CELLS);
     long long every = (long long) (DK_DIST_STALL_EVERY_S * 1000);
     cr_assert(dk_dist_stall_due(stall, 2000));
     cr_assert_not(dk_dist_stall_due(stall, 2050), "asked twice at once");
@@ -87,7 +87,7 @@ Test(dist_stall, samples_come_every_few_seconds_while_the_silence_lasts)
 
 Test(dist_stall, the_status_gets_the_odd_rank_first_in_the_cells_lines)
 {
-    stall = dk_dist_stall_new(4, 60, 0, CELLS);
+    stall = dk_dist_stall_new(4, 60, 0, 0, CELLS);
     cr_assert(dk_dist_stall_due(stall, 75000));
     sample_four();
     cr_assert(dk_dist_stall_changed(stall, 75500));
@@ -101,7 +101,7 @@ Test(dist_stall, the_status_gets_the_odd_rank_first_in_the_cells_lines)
 
 Test(dist_stall, output_clears_the_groups_at_once)
 {
-    stall = dk_dist_stall_new(4, 2, 0, CELLS);
+    stall = dk_dist_stall_new(4, 2, 0, 0, CELLS);
     cr_assert(dk_dist_stall_due(stall, 2000));
     sample_four();
     text = dk_dist_stall_lines(stall, 2500, 10);
@@ -114,7 +114,7 @@ Test(dist_stall, output_clears_the_groups_at_once)
 
 Test(dist_stall, a_sample_asked_before_output_is_dropped)
 {
-    stall = dk_dist_stall_new(4, 2, 0, CELLS);
+    stall = dk_dist_stall_new(4, 2, 0, 0, CELLS);
     cr_assert(dk_dist_stall_due(stall, 2000));
     dk_dist_stall_output(stall, 2100);      /* a rank printed while the answers came */
     sample_four();
@@ -124,7 +124,7 @@ Test(dist_stall, a_sample_asked_before_output_is_dropped)
 
 Test(dist_stall, a_sample_without_any_rank_shows_nothing)
 {
-    stall = dk_dist_stall_new(2, 2, 0, CELLS);
+    stall = dk_dist_stall_new(2, 2, 0, 0, CELLS);
     cr_assert(dk_dist_stall_due(stall, 2000));
     const char *dumps[2] = {NULL, NULL};
     size_t lens[2] = {0, 0};
@@ -136,7 +136,7 @@ Test(dist_stall, a_sample_without_any_rank_shows_nothing)
  * says how many groups were left out. */
 Test(dist_stall, many_groups_stay_within_the_lines_given)
 {
-    stall = dk_dist_stall_new(64, 2, 0, CELLS);
+    stall = dk_dist_stall_new(64, 2, 0, 0, CELLS);
     cr_assert(dk_dist_stall_due(stall, 2000));
     static char bufs[64][256];
     const char *dumps[64];
@@ -174,7 +174,7 @@ static char *where_of(void *data, size_t max_lines)
 
 Test(dist_stall, the_status_shows_the_groups_above_the_logs_within_12_lines)
 {
-    stall = dk_dist_stall_new(4, 60, 0, CELLS);
+    stall = dk_dist_stall_new(4, 60, 0, 0, CELLS);
     cr_assert(dk_dist_stall_due(stall, 75000));
     sample_four();
     dk_dist_rank_t ranks[4] = {0};
@@ -198,7 +198,7 @@ Test(dist_stall, the_status_shows_the_groups_above_the_logs_within_12_lines)
 Test(dist_stall, the_status_gives_the_groups_only_the_lines_it_has_left)
 {
     int world = 1024;
-    stall = dk_dist_stall_new(world, 60, 0, CELLS);
+    stall = dk_dist_stall_new(world, 60, 0, 0, CELLS);
     cr_assert(dk_dist_stall_due(stall, 75000));
     const char **dumps = calloc((size_t) world, sizeof *dumps);
     size_t *lens = calloc((size_t) world, sizeof *lens);
