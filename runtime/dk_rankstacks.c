@@ -13,7 +13,13 @@
  * that takes EINTR for an error would see one, once per request: when the
  * rank is about to be ended, and every few seconds while the run has been
  * silent past its stall_after (a live sample, distributed/dk_dist_stall.h).
- * gloo and NCCL retry their socket calls on EINTR.
+ * gloo's collectives retry; torch's rendezvous (init_process_group) does
+ * not ("RuntimeError: Interrupted system call"). Taking the signal on a
+ * thread of its own, blocked everywhere else, would spare every other
+ * thread, but faulthandler then reads the main thread's frames while it
+ * runs: ranks sampled every 50 ms died of SIGSEGV, so the signal stays with
+ * whichever thread the kernel picks (the main one, most often), stopped
+ * while it is dumped.
  */
 #include "dk_rankstacks.h"
 #include "dk_stackreq.h"

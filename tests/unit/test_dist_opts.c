@@ -161,6 +161,13 @@ Test(values, stall_after_refuses_what_is_not_seconds)
     fails("stall_after='5'", "stall_after", NULL);
 }
 
+Test(values, the_help_says_how_stall_after_works)
+{
+    cr_assert_not_null(strstr(dk_dist_doc, "stall_after=SECONDS"));
+    cr_assert_not_null(strstr(dk_dist_doc, "$DISTKERNEL_STALL_AFTER"));
+    cr_assert_not_null(strstr(dk_dist_doc, "0 turns it off"));
+}
+
 Test(values, stall_after_comes_from_the_environment_and_the_cell_wins)
 {
     setenv(DK_STALL_AFTER_ENV, "5", 1);
