@@ -773,9 +773,9 @@ def test_silent_ranks_on_every_node_show_where_they_are(kernel, slurm_cluster, t
     # once rank 2 prints (distributed/dk_dist_stall.h; tests/e2e/test_stall.py).
     from test_stall import WHERE, printed, wait_status
     go = tmp_path / "go"
-    code = ("%%distributed num_processes=4 nodes=2 stall_after=2\n"
+    code = ("%%distributed num_processes=4 nodes=2 stall_after=3\n"
             "import os, time, torch, torch.distributed as dist\n"
-            "dist.init_process_group('gloo')\n"
+            "print('joining', flush=True); dist.init_process_group('gloo')\n"
             "print('here', flush=True)\n"
             "if dist.get_rank() == 2:\n"
             f"    while not os.path.exists({str(go)!r}): time.sleep(0.05)\n"

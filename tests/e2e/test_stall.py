@@ -21,9 +21,11 @@ WHERE = "where the ranks are:"
 
 # Rank 1 polls for GO (cell line 6) while rank 0 waits for it in a gloo
 # all_reduce (line 10); then rank 1 prints every 0.2 s until DONE exists.
+# A sample in torch's rendezvous can fail it (EINTR, runtime/dk_rankstacks.c):
+# the line before it prints, so the silence starts after the rendezvous.
 WAITING = """%%distributed num_processes=2 {opts}
 import os, time, torch, torch.distributed as dist
-dist.init_process_group("gloo")
+print("joining", flush=True); dist.is_initialized() or dist.init_process_group("gloo")
 print("here", flush=True)
 if dist.get_rank() == 1:
     while not os.path.exists({go!r}): time.sleep(0.05)
@@ -98,15 +100,19 @@ def the_groups_show_and_clear(kernel, msg_id, go, done):
 
 @pytest.mark.timeout(240)
 def test_silent_ranks_show_where_they_are_until_a_rank_prints(kernel, tmp_path):
-    msg_id, go, done = run_waiting(kernel, tmp_path, "stall_after=2")
+    msg_id, go, done = run_waiting(kernel, tmp_path, "stall_after=3")
     the_groups_show_and_clear(kernel, msg_id, go, done)
 
 
 @pytest.mark.timeout(300)
 def test_started_ranks_show_where_they_are_too(kernel, tmp_path):
-    r = kernel.execute("%distributed start num_processes=2 stall_after=2", timeout=RUN)
+    r = kernel.execute("%distributed start num_processes=2 stall_after=3", timeout=RUN)
     assert r.status == "ok", r.describe()
     try:
+        # The process group first, in a cell of its own, which the ranks keep.
+        r = kernel.execute("%%distributed stall_after=0\nimport torch.distributed as dist\n"
+                           "dist.init_process_group('gloo')", timeout=RUN)
+        assert r.status == "ok", r.describe()
         code = WAITING.replace("%%distributed num_processes=2 {opts}", "%%distributed")
         go, done = tmp_path / "go", tmp_path / "done"
         msg_id = kernel.start_execute(code.format(go=str(go), done=str(done)))
