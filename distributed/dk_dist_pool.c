@@ -102,11 +102,20 @@ static void fwd_caught_up(void *data, int rank, int fd)
     pthread_mutex_unlock(&p->lock);
 }
 
+static void fwd_stacks(void *data, int world, const char *const *dumps, const size_t *lens)
+{
+    dk_dist_pool_t *p = data;
+    pthread_mutex_lock(&p->lock);
+    if (p->current.data && p->current.on_stacks)
+        p->current.on_stacks(p->current.data, world, dumps, lens);
+    pthread_mutex_unlock(&p->lock);
+}
+
 dk_sink_t dk_dist_pool_sink(dk_dist_pool_t *self)
 {
     return (dk_sink_t){.data = self, .on_output = fwd_output, .on_state = fwd_state,
                        .on_message = fwd_message, .on_warning = fwd_warning,
-                       .on_caught_up = fwd_caught_up};
+                       .on_caught_up = fwd_caught_up, .on_stacks = fwd_stacks};
 }
 
 /* ---- the main thread -------------------------------------------------------- */

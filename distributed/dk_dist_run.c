@@ -31,6 +31,7 @@
 #include "dk_dist_relay.h"
 #include "dk_dist_slurm.h"
 #include "dk_dist_stacks.h"
+#include "dk_dist_stall.h"
 #include "dk_dist_status.h"
 #include "dk_dist_warm.h"
 #include "dk_gpu.h"
@@ -88,6 +89,9 @@ struct dk_dist_run_t {
     bool stacks_made;
     char *stacks;
     char stacks_file[4200];
+    /* Where the ranks are while they are silent past stall_after (NULL:
+     * off): told output and samples by the sink, asked by the wait. */
+    dk_dist_stall_t *stall;
 };
 
 static void write_err(dk_dist_run_t *run, const char *text)
@@ -141,6 +145,13 @@ static bool relay_display(void *data, const char *display_id, bool update, const
 
 /* The run's status display. FORCE: the first and last states, which must arrive;
  * the updates in between are skipped while a frontend is behind. */
+static char *cells_folder(void);
+
+static char *stall_where(void *data, size_t max_lines)
+{
+    return dk_dist_stall_lines(data, dk_now_ms(), max_lines);
+}
+
 static void publish_status(dk_dist_run_t *run, const char *headline, bool force)
 {
     dk_dist_status_t st = {.what = run->plan.what,
@@ -150,7 +161,8 @@ static void publish_status(dk_dist_run_t *run, const char *headline, bool force)
                            .log_dir = run->job ? dk_job_log_dir(run->job) : run->log_dir,
                            .hosts = run->hosts, .gpu_memory = dk_gpu_process_memory,
                            .t0_ms = run->t0_ms, .output = run->opts.output,
-                           .shown = run->shown};
+                           .shown = run->shown, .where = run->stall ? stall_where : NULL,
+                           .where_data = run->stall};
     /* Ranks on other nodes gone silent: the status names their nodes. Only
      * this thread writes LOST, so it needs not the run's lock. */
     for (int r = 0; run->job && run->hosts && r < run->plan.world; r++)
@@ -176,7 +188,16 @@ static void publish_status(dk_dist_run_t *run, const char *headline, bool force)
 static void sink_output(void *data, int rank, int fd, const char *bytes, size_t len)
 {
     dk_dist_run_t *run = data;
+    if (run->stall)
+        dk_dist_stall_output(run->stall, dk_now_ms());
     dk_dist_relay_output(run->relay, rank, fd, bytes, len);
+}
+
+static void sink_stacks(void *data, int world, const char *const *dumps, const size_t *lens)
+{
+    dk_dist_run_t *run = data;
+    if (run->stall)
+        dk_dist_stall_sampled(run->stall, world, dumps, lens);
 }
 
 static void sink_caught_up(void *data, int rank, int fd)
@@ -244,6 +265,7 @@ void dk_dist_run_destroy(dk_dist_run_t **self_p)
     dk_job_destroy(&run->job);   /* first: its thread calls the relay */
     dk_dist_slurm_destroy(&run->slurm);     /* after: the ranks are its steps */
     dk_dist_relay_destroy(&run->relay);
+    dk_dist_stall_destroy(&run->stall);
     free(run->shown);
     for (int r = 0; run->ranks && r < run->plan.world; r++)
         free(run->ranks[r].message);
@@ -337,7 +359,7 @@ static dk_sink_t run_sink(dk_dist_run_t *run)
 {
     return (dk_sink_t){.data = run, .on_output = sink_output, .on_caught_up = sink_caught_up,
                        .on_state = sink_state, .on_message = sink_message,
-                       .on_warning = sink_warning};
+                       .on_warning = sink_warning, .on_stacks = sink_stacks};
 }
 
 /* The status while Slurm's queue holds the request. */
@@ -632,6 +654,8 @@ static void announce(dk_dist_run_t *run)
     snprintf(hint, sizeof hint, "; every rank's full output is in %s", dk_job_log_dir(run->job));
     dk_stream_set_thin_hint(stream, hint);
     run->t0_ms = dk_now_ms();
+    if (run->stall)
+        dk_dist_stall_output(run->stall, run->t0_ms);     /* silent from the ranks' start */
     publish_status(run, NULL, true);
     dk_dist_mlflow_publish_link(&run->mlflow, run->kernel);
 }
@@ -781,6 +805,16 @@ static dk_dist_run_t *run_begin(dk_dist_run_t *run, const dk_dist_host_t *host,
     if (!run->relay)
         return fail(run, PyExc_MemoryError, NULL);
     run->t0_ms = dk_now_ms();   /* the wait for Slurm's nodes; announce starts the ranks' */
+    /* Made before the job, whose sink tells it output from the start. */
+    if (run->opts.stall_after_s > 0 && !run->starting) {
+        const char *every = getenv(DK_DIST_STALL_EVERY_ENV);
+        char *cells = cells_folder();
+        run->stall = dk_dist_stall_new(run->plan.world, run->opts.stall_after_s,
+                                       every ? atof(every) : 0, run->t0_ms, cells);
+        free(cells);
+        if (!run->stall)
+            return fail(run, PyExc_MemoryError, NULL);
+    }
     /* Ranks on other nodes need not share the notebook folder: the payload
      * carries its modules (distkernel._dist.with_local_modules). */
     PyObject *wrapped = NULL;
@@ -883,6 +917,11 @@ dk_job_end_t dk_dist_run_wait(dk_dist_run_t *run)
             break;
         honour_signals(run);
         dk_dist_relay_tick(run->relay);
+        /* Silent past stall_after: where are the ranks? (dk_dist_stall.h) */
+        if (run->stall && !run->interrupted && dk_dist_stall_due(run->stall, dk_now_ms()))
+            dk_job_sample_stacks(run->job);
+        if (run->stall && dk_dist_stall_changed(run->stall, dk_now_ms()))
+            run->status_dirty = true;
         if (run->status_dirty || dk_now_ms() - last_status >= DK_DIST_STATUS_EVERY_MS) {
             publish_status(run, run->interrupted ? "ending ranks" : NULL, false);
             last_status = dk_now_ms();
@@ -894,6 +933,8 @@ dk_job_end_t dk_dist_run_wait(dk_dist_run_t *run)
      * before answering, so the cell's own output is in the relay already. */
     if (run->pool)
         dk_dist_pool_attach(run->pool, NULL);
+    /* No sink calls it any more; the final status says no silence. */
+    dk_dist_stall_destroy(&run->stall);
     dk_job_end_t end = run_end(run);
     finish(run, end);
     publish_status(run, end == DK_END_OK ? "finished" : run->interrupted ? "interrupted" : "failed",

@@ -470,6 +470,35 @@ static int output_line(text_t *t, const dk_dist_status_t *st)
     return 0;
 }
 
+/* ---- where silent ranks are ---------------------------------------------------------- */
+
+/* The lines of ST->where, in the lines left of DK_DIST_STATUS_MAX_LINES
+ * (RESERVED more are to come after them: the logs line). */
+static int where_lines(text_t *t, const dk_dist_status_t *st, size_t reserved)
+{
+    if (!st->where)
+        return 0;
+    size_t used = 0;
+    for (size_t i = 0; i < t->len; i++)
+        used += t->text[i] == '\n';
+    if (used + reserved >= DK_DIST_STATUS_MAX_LINES)
+        return 0;
+    char *where = st->where(st->where_data, DK_DIST_STATUS_MAX_LINES - used - reserved);
+    if (!where)
+        return 0;
+    size_t n = strlen(where);
+    char *grown = realloc(t->text, t->cap + n);
+    if (!grown) {
+        free(where);
+        return -1;
+    }
+    t->text = grown;
+    t->cap += n;
+    put(t, "%s", where);
+    free(where);
+    return 0;
+}
+
 /* ---- the whole ------------------------------------------------------------------------ */
 
 /* The started ranks' header: "started ranks ID: WHAT · up 312 s · idle for
@@ -515,7 +544,7 @@ char *dk_dist_status_text(const dk_dist_status_t *st)
         free(t.text);
         return NULL;
     }
-    if (output_line(&t, st) < 0) {
+    if (output_line(&t, st) < 0 || (!p && where_lines(&t, st, 1) < 0)) {
         free(t.text);
         return NULL;
     }

@@ -26,6 +26,13 @@
  * When output= shows some ranks only (a list, or local0), a line says
  * which, above the logs: "output shown: ranks 0, 8, 16–31 (all in the logs)".
  *
+ * While the ranks have been silent past stall_after, the lines left above
+ * the logs say where they are (dk_dist_stall.h), the smallest group first:
+ *
+ *     silent 75 s; where the ranks are:
+ *       rank 1:            time.sleep                    (cell line 6)
+ *       ranks 0, 2, 3 (3): torch.distributed.all_reduce  (cell line 8)
+ *
  * A display of its own, updated in place while the job runs (dk_dist_run
  * publishes it). Pure but for the GPU memory, which the caller supplies.
  *
@@ -91,6 +98,12 @@ typedef struct {
      * have been up (WHAT, WORLD, RANKS, GPU, HOSTS, GPU_MEMORY as for a run;
      * HEADLINE and LOG_DIR unused). NULL for a run. */
     const dk_dist_started_t *started;
+    /* A run's ranks silent for a while: WHERE(WHERE_DATA, MAX_LINES) gives
+     * the lines saying where they are, within the lines the status has left
+     * (at least 1), each ending in '\n' (malloc'd), or NULL for none
+     * (dk_dist_stall_lines). NULL: none. */
+    char *(*where)(void *data, size_t max_lines);
+    void *where_data;
 } dk_dist_status_t;
 
 /* The status text (malloc'd; NULL when out of memory), a run's or, with

@@ -51,6 +51,12 @@ const char dk_dist_doc[] =
     "                       without GPUs.\n"
     "  timeout=SECONDS      end every rank after this long (default 10800, 3 hours);\n"
     "                       timeout=None for no limit.\n"
+    "  stall_after=SECONDS  once no rank has printed for this long (default 60, or\n"
+    "                       $DISTKERNEL_STALL_AFTER), the status shows where the ranks\n"
+    "                       are, grouped by stack (the odd one out first), sampled every\n"
+    "                       5 s until a rank prints again; 0 turns it off. A sample\n"
+    "                       interrupts the system call a rank is in: one stuck in\n"
+    "                       init_process_group's rendezvous fails (EINTR).\n"
     "  output=all|rank0|local0|LIST\n"
     "                       whose output the cell shows: every rank's (default), rank\n"
     "                       0's, local rank 0's of each node, or the ranks of a list\n"
@@ -173,7 +179,8 @@ bool dk_dist_platform_model(const char *model)
 }
 
 static const char accepted[] =
-    "accepted options: num_accelerators, accelerator_type, num_processes, timeout, output, "
+    "accepted options: num_accelerators, accelerator_type, num_processes, timeout, stall_after, "
+    "output, "
     "result, check, experiment, run_name, tracking, log_cap, nodes, launcher, partition, "
     "account, qos, constraint, slurm_args, export_secrets, advertise_addr, idle_timeout, warm, "
     "warm_modules (and the deprecated "
@@ -418,6 +425,30 @@ static int opt_timeout(const char *name, const char *value, bool quoted, dk_dist
         return -1;
     }
     o->timeout_s = t;
+    return 0;
+}
+
+/* Seconds >= 0 (0: off) into *OUT, from the option or the variable. */
+static bool stall_seconds(const char *value, double *out)
+{
+    char *end;
+    errno = 0;
+    double t = strtod(value, &end);
+    if (!*value || *end || errno || !(t >= 0) || !isfinite(t))
+        return false;
+    *out = t;
+    return true;
+}
+
+#define STALL_ACCEPTED "a number of seconds, 0 or more (0 turns it off)"
+
+static int opt_stall_after(const char *name, const char *value, bool quoted, dk_dist_opts_t *o,
+                           char *err, size_t errlen)
+{
+    if (quoted || !stall_seconds(value, &o->stall_after_s)) {
+        dk_set_err(err, errlen, "%s must be " STALL_ACCEPTED ", got '%s'", name, value);
+        return -1;
+    }
     return 0;
 }
 
@@ -691,6 +722,7 @@ static const struct {
      opt_accelerator_type},
     {"num_processes", NULL, NULL, opt_processes},
     {"timeout", NULL, NULL, opt_timeout},
+    {"stall_after", NULL, NULL, opt_stall_after},
     {"output", NULL, NULL, opt_output},
     {"result", NULL, NULL, opt_result},
     {"experiment", NULL, NULL, opt_mlflow_name},
@@ -840,8 +872,15 @@ int dk_dist_opts_parse(const char *args, dk_dist_opts_t *o, char *err, size_t er
     memset(o, 0, sizeof *o);
     o->timeout_s = DK_DEFAULT_TIMEOUT_S;
     o->idle_timeout_s = DK_DEFAULT_IDLE_TIMEOUT_S;
+    o->stall_after_s = DK_DEFAULT_STALL_AFTER_S;
     o->tracking = true;
     o->warm = true;
+    const char *stall = getenv(DK_STALL_AFTER_ENV);
+    if (stall && *stall && !stall_seconds(stall, &o->stall_after_s)) {
+        dk_set_err(err, errlen, "the environment variable " DK_STALL_AFTER_ENV " (the default "
+                   "of stall_after=) is '%.64s'; it must be " STALL_ACCEPTED, stall);
+        return -1;
+    }
     return dk_dist_opts_parse_onto(args, o, err, errlen);
 }
 

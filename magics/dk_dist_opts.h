@@ -21,6 +21,9 @@
 
 #define DK_DEFAULT_TIMEOUT_S 10800.0
 #define DK_DEFAULT_IDLE_TIMEOUT_S 3600.0
+/* stall_after='s default, and the variable that changes it (the option wins). */
+#define DK_DEFAULT_STALL_AFTER_S 60.0
+#define DK_STALL_AFTER_ENV "DISTKERNEL_STALL_AFTER"
 
 /* Whose output the cell shows (output=); every rank's is in its log whatever
  * this says. LOCAL0: local rank 0 of each node. LIST: the ranks of
@@ -44,6 +47,8 @@ typedef struct {
     int num_processes;          /* CPU ranks; 0: not given */
     double timeout_s;           /* 0: no timeout (timeout=None) */
     bool timeout_given;         /* timeout= was given (else the default) */
+    double stall_after_s;       /* ranks silent this long: show where they are
+                                   (distributed/dk_dist_stall.h); 0: never */
     dk_output_mode_t output;
     char output_ranks[1024];    /* output=LIST: the list as written ("0,8,16-31"), its syntax
                                    checked; "" for the other modes */

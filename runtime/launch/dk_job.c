@@ -151,7 +151,8 @@ static void handle_wake(dk_job_t *job)
     pthread_mutex_lock(&job->lock);
     bool cancel = job->cancel_requested;
     bool submit = job->submit_pending, interrupt = job->interrupt_requested;
-    job->interrupt_requested = false;
+    bool sample = job->sample_requested;
+    job->interrupt_requested = job->sample_requested = false;
     pthread_mutex_unlock(&job->lock);
     if (submit && !cancel && job->stop_reason == DK_END_NONE)
         job_start_round(job);
@@ -159,6 +160,8 @@ static void handle_wake(dk_job_t *job)
         job->round_reason = DK_END_CANCELLED;
         job_interrupt_round(job);
     }
+    if (sample && !cancel)
+        job_sample_stacks(job);
     if (!cancel)
         return;
     if (job->unreaped > 0)
@@ -214,9 +217,12 @@ static void loop_once(dk_job_t *job)
     job_judge_closed(job);
     job_judge_unconnected(job);
     job_resolve_failure(job);
-    if (job->stacks && dk_stackreq_poll(job->stacks, dk_now_s()) &&
-        (job->stop_deferred || job->interrupt_deferred))
-        job_stacks_over(job);
+    if (job->stacks && dk_stackreq_poll(job->stacks, dk_now_s())) {
+        if (job->sampling)
+            job_sample_over(job);
+        else if (job->stop_deferred || job->interrupt_deferred)
+            job_stacks_over(job);
+    }
     job_escalate(job);
 }
 
@@ -236,6 +242,8 @@ void *job_thread(void *arg)
     dk_backchan_close_all(job->chan);
     if (job->stacks)
         dk_stackreq_end(job->stacks);     /* every rank is gone: final before the end is told */
+    if (job->sampling)
+        job_sample_over(job);             /* the job ended by itself: no end's stacks */
     /* Every rank is reaped and its group was ended as it was (job_reap): the
      * sentinel has nothing left to guard. */
     dk_spawn_sentinel_end(&job->sentinel_pid, &job->sentinel_fd);

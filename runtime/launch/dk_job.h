@@ -166,6 +166,11 @@ typedef struct {
     /* RANK, on HOST (spec.rank_hosts, or "localhost"), has been silent past
      * the heartbeat deadline: it is lost and counts as failed. May be NULL. */
     void (*on_lost)(void *data, int rank, const char *host);
+    /* The answers to a live sample (dk_job_sample_stacks): DUMPS[R] (LENS[R]
+     * bytes, NUL-terminated) is what rank R wrote, "" when it did not answer
+     * in time, NULL when it was not asked (not in a cell: done, gone, lost).
+     * Valid during the call only. May be NULL. */
+    void (*on_stacks)(void *data, int world, const char *const *dumps, const size_t *lens);
 } dk_sink_t;
 
 typedef struct {
@@ -328,6 +333,18 @@ void dk_job_lost_summary(dk_job_t *job, char *buf, size_t len);
  * nothing was asked: the run ended by itself). Valid once the job has ended,
  * or on a persistent job once the round has, until the next round. */
 const char *dk_job_rank_stacks(dk_job_t *job, int rank, size_t *len);
+
+/* Ask the live ranks for their stacks now, as a stop would (spec.stacks,
+ * the same files and STACKS frames, the same 2 s bound), but stopping
+ * nothing: the runtime thread begins the request and goes on with its work
+ * while the answers come, then hands them to sink.on_stacks, once; they are
+ * not what dk_job_rank_stacks tells. For a host that shows where ranks that
+ * have been silent for a while are. Nothing is asked, and on_stacks is not
+ * called, when the job has no spec.stacks, is ending, a request is running,
+ * or (persistent jobs) no round is; a stop or an interrupt that comes while
+ * a sample runs takes its answers as its own. Returns at once; false when
+ * the job has ended. Thread-safe. */
+bool dk_job_sample_stacks(dk_job_t *job);
 
 /* The address ranks were given in DISTKERNEL_BC (borrowed). */
 const char *dk_job_bc_address(dk_job_t *job);

@@ -87,20 +87,11 @@ static void signal_ranks(dk_job_t *job, int sig)
  * were, not where a KeyboardInterrupt took them. A rank that has answered
  * is past its code; one started through a launcher, on another node, is
  * asked over its connection; a lost one is not asked. */
-bool job_ask_stacks(dk_job_t *job)
+static int begin_stacks(dk_job_t *job)
 {
-    if (!job->stacks)
-        return false;
-    if (dk_stackreq_running(job->stacks))
-        return true;
-    /* Between rounds no rank runs a cell, and the host may be reading the
-     * last round's answers. */
-    if (job->stacks_asked || (job->persistent && job->round_pending == 0))
-        return false;
-    job->stacks_asked = true;
     pid_t *groups = calloc((size_t) job->world_size, sizeof *groups);
     if (!groups)
-        return false;
+        return 0;
     for (int r = 0; r < job->world_size; r++) {
         const rank_t *rk = &job->ranks[r];
         if (rk->reaped || rk->reported || rk->lost)
@@ -112,7 +103,59 @@ bool job_ask_stacks(dk_job_t *job)
     }
     int asked = dk_stackreq_begin(job->stacks, groups, dk_now_s(), job->stacks_wait_s);
     free(groups);
-    return asked > 0;
+    return asked;
+}
+
+bool job_ask_stacks(dk_job_t *job)
+{
+    if (!job->stacks)
+        return false;
+    if (dk_stackreq_running(job->stacks)) {
+        /* A live sample asked a moment ago: its answers are the end's. */
+        if (job->sampling) {
+            job->sampling = false;
+            job->stacks_asked = true;
+        }
+        return true;
+    }
+    /* Between rounds no rank runs a cell, and the host may be reading the
+     * last round's answers. */
+    if (job->stacks_asked || (job->persistent && job->round_pending == 0))
+        return false;
+    job->stacks_asked = true;
+    return begin_stacks(job) > 0;
+}
+
+/* A live sample's answers to the host (dk_job_sample_stacks), then
+ * forgotten: they are not the stacks of an end. */
+void job_sample_over(dk_job_t *job)
+{
+    job->sampling = false;
+    int world = job->world_size;
+    const char **dumps = calloc((size_t) world, sizeof *dumps);
+    size_t *lens = calloc((size_t) world, sizeof *lens);
+    if (dumps && lens && job->sink.on_stacks) {
+        for (int r = 0; r < world; r++)
+            dumps[r] = dk_stackreq_dump(job->stacks, r, &lens[r]);
+        job->sink.on_stacks(job->sink.data, world, dumps, lens);
+    }
+    free(dumps);
+    free(lens);
+    dk_stackreq_clear(job->stacks);
+}
+
+/* Begin a live sample, unless the job ends, a request runs already, or (a
+ * persistent job) no round is running or it is being interrupted. The
+ * request is polled as any (loop_once); nothing waits for it. */
+void job_sample_stacks(dk_job_t *job)
+{
+    if (!job->stacks || job->stop_reason != DK_END_NONE || job->stacks_asked ||
+        dk_stackreq_running(job->stacks) ||
+        (job->persistent && (job->round_pending == 0 || job->round_reason != DK_END_NONE)))
+        return;
+    job->sampling = true;
+    if (begin_stacks(job) == 0)
+        job_sample_over(job);
 }
 
 static void stop_now(dk_job_t *job);

@@ -24,9 +24,12 @@
 /* Every rank has answered (or said HELLO, in round 0): the round is over. */
 static void round_complete(dk_job_t *job)
 {
-    /* The round's stacks are final before the host can read them. */
+    /* The round's stacks are final before the host can read them; a live
+     * sample's are not the round's. */
     if (job->stacks)
         dk_stackreq_end(job->stacks);
+    if (job->sampling)
+        job_sample_over(job);
     pthread_mutex_lock(&job->lock);
     job->round_active = false;
     /* A rank's error is the root cause even when an interrupt or the timeout
@@ -237,6 +240,12 @@ int dk_job_round_root_cause(dk_job_t *job)
 void dk_job_interrupt(dk_job_t *job)
 {
     job_request(job, &job->interrupt_requested);
+}
+
+bool dk_job_sample_stacks(dk_job_t *job)
+{
+    job_request(job, &job->sample_requested);
+    return dk_job_end(job) == DK_END_NONE;
 }
 
 double dk_job_idle_s(dk_job_t *job)

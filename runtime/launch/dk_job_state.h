@@ -114,6 +114,7 @@ struct dk_job_t {
     size_t submit_len;
     double submit_timeout_s;
     bool interrupt_requested;
+    bool sample_requested;      /* dk_job_sample_stacks */
     /* runtime thread only */
     uint32_t round;
     int round_pending;          /* ranks that have not answered this round */
@@ -142,6 +143,7 @@ struct dk_job_t {
     dk_stackreq_t *stacks;
     double stacks_wait_s;
     bool stacks_asked;
+    bool sampling;              /* the running request is a live sample (job_sample_stacks) */
     bool stop_deferred;
     bool interrupt_deferred;
 };
@@ -164,6 +166,8 @@ void job_close_logs(dk_job_t *job);
 /* dk_job_judge.c */
 void job_set_state(dk_job_t *job, int r, dk_rank_state_t state);
 bool job_ask_stacks(dk_job_t *job);
+void job_sample_stacks(dk_job_t *job);
+void job_sample_over(dk_job_t *job);
 void job_stacks_over(dk_job_t *job);
 void job_begin_stop(dk_job_t *job, dk_job_end_t reason);
 bool job_closing(const rank_t *rk);

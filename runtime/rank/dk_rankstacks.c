@@ -10,8 +10,19 @@
  * returns EINTR, as it does for every signal CPython handles (its handlers
  * have no SA_RESTART either). Python retries its own calls (PEP 475) and
  * C++ waits on a condition variable or futex wake and wait again; C code
- * that takes EINTR for an error would see one, once per request, which is
- * made only when the rank is about to be ended anyway.
+ * that takes EINTR for an error would see one, once per request: when the
+ * rank is about to be ended, and every few seconds while the run has been
+ * silent past its stall_after (a live sample, distributed/dk_dist_stall.h).
+ * gloo's collectives retry; torch's rendezvous (init_process_group) does
+ * not ("RuntimeError: Interrupted system call"; 3 of 5 cold runs sampled
+ * every 50 ms from their start). A handler of our own with SA_RESTART,
+ * calling CPython's dump itself, did no clearly better there (the calls
+ * that fail are ones the kernel never resumes). Taking the signal on a
+ * thread of its own, blocked everywhere else, would spare every other
+ * thread, but faulthandler then reads the main thread's frames while it
+ * runs: ranks sampled every 50 ms died of SIGSEGV, so the signal stays with
+ * whichever thread the kernel picks (the main one, most often), stopped
+ * while it is dumped.
  */
 #include "dk_rankstacks.h"
 #include "dk_stackreq.h"

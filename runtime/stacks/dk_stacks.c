@@ -307,8 +307,9 @@ char *dk_stacks_summary(dk_stacks_t *self, size_t max_lines, const char *full_na
         size_t ranks = 0;
         for (size_t i = shown; i < n; i++)
             ranks += order[i]->n;
-        fprintf(out, "  \xe2\x80\xa6 and %zu more groups (%zu ranks): see %s\n", n - shown,
-                ranks, full_name ? full_name : "stacks.txt");
+        bool named = !full_name || *full_name;
+        fprintf(out, "  \xe2\x80\xa6 and %zu more groups (%zu ranks)%s%s\n", n - shown, ranks,
+                named ? ": see " : "", named ? (full_name ? full_name : "stacks.txt") : "");
     }
     free(order);
     bool failed = ferror(out) != 0;

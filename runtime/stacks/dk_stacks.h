@@ -87,7 +87,7 @@ size_t dk_stacks_groups(const dk_stacks_t *self);
 /* The groups, one line each ("  rank 2:            cell line 6"), smallest
  * first, columns aligned, within MAX_LINES lines (0: DK_STACKS_MAX_LINES);
  * when there are more groups the last line says how many were left out and
- * that FULL_NAME (NULL: "stacks.txt") has them. Every line ends in '\n'; text
+ * that FULL_NAME (NULL: "stacks.txt"; "": no file is named) has them. Every line ends in '\n'; text
  * is valid UTF-8, each line under 512 bytes. Empty when no rank was added.
  * The caller frees it; NULL on allocation failure. */
 char *dk_stacks_summary(dk_stacks_t *self, size_t max_lines, const char *full_name);

@@ -791,3 +791,36 @@ def test_more_ranks_per_node_than_its_cpus_is_refused_before_slurm_is_asked(kern
     r = kernel.execute("%%distributed num_processes=4 nodes=2\nimport os\nos.environ['RANK']\n",
                        timeout=240)
     assert r.status == "ok", r.describe()
+
+
+@pytest.mark.timeout(300)
+def test_silent_ranks_on_every_node_show_where_they_are(kernel, slurm_cluster, tmp_path):
+    # Live, over the back channel: the status shows rank 2 (node2) polling
+    # for a file while the others wait for it in all_reduce, and drops them
+    # once rank 2 prints (distributed/dk_dist_stall.h; tests/e2e/test_stall.py).
+    from test_stall import WHERE, printed, wait_status
+    go = tmp_path / "go"
+    code = ("%%distributed num_processes=4 nodes=2 stall_after=3\n"
+            "import os, time, torch, torch.distributed as dist\n"
+            "print('joining', flush=True); dist.init_process_group('gloo')\n"
+            "print('here', flush=True)\n"
+            "if dist.get_rank() == 2:\n"
+            f"    while not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
+            "    print('going', flush=True)\n"
+            "dist.all_reduce(torch.ones(1))\n")
+    msg_id = kernel.start_execute(code)
+    shown = wait_status(kernel, msg_id, lambda _at, t: WHERE in t and "all_reduce" in t,
+                        timeout=180)
+    lines = [line.strip() for line in shown.splitlines()]
+    at = next(i for i, line in enumerate(lines) if WHERE in line)
+    assert lines[at + 1].startswith("rank 2:") and "cell line 6" in lines[at + 1], shown
+    assert lines[at + 2].startswith("ranks 0, 1, 3 (3): torch.distributed.all_reduce"), shown
+    go.touch()
+    deadline = time.monotonic() + 60
+    while not printed(kernel, msg_id, "[rank 2] going"):
+        assert time.monotonic() < deadline, "rank 2 never printed"
+        kernel.pump_iopub(0.2)
+    r = kernel.finish(msg_id, timeout=60)
+    assert r.status == "ok", r.describe()
+    assert WHERE not in support.status_displays(r)[-1]["content"]["data"]["text/plain"]
+    assert wait_clean(slurm_cluster) == []

@@ -234,3 +234,35 @@ def test_a_run_that_finishes_asks_no_rank(kernel):
                        timeout=RUN)
     assert r.status == "ok", r.describe()
     assert not (support.log_dir(r) / "stacks.txt").exists()
+
+
+# 64 ranks in 4 places, groups of 1, 2, 4 and 57 ranks, with no torch (64
+# ranks importing it would cost this machine more than the test is about).
+SIXTY_FOUR = """%%distributed num_processes=64 timeout={timeout}
+import os, time
+rank = int(os.environ["RANK"])
+if rank == 9:
+    time.sleep(600)
+elif rank in (3, 60):
+    time.sleep(601)
+elif rank in (10, 11, 12, 13):
+    time.sleep(602)
+else:
+    time.sleep(603)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_64_ranks_in_4_places_stay_within_45_lines(kernel):
+    r = kernel.execute(SIXTY_FOUR.format(timeout=20), timeout=RUN)
+    assert r.content["ename"] == "TimeoutError", text(r)
+    whole = text(r).splitlines()
+    assert len(whole) <= 45, text(r)
+    lines, named = where(r)
+    labels = [line.split(":")[0].strip() for line in lines]
+    assert labels[:3] == ["rank 9", "ranks 3, 60 (2)", "ranks 10–13 (4)"], lines
+    assert len(labels) == 4 and labels[3].startswith("ranks 0") and labels[3].endswith("(57)"), \
+        lines
+    for line, n in zip(lines, (5, 7, 9, 11)):
+        assert line.rstrip().endswith(f"cell line {n}"), lines
+    stacks_file(r, 64)

@@ -93,7 +93,8 @@ static void on_warning(void *data, const char *text)
     pthread_mutex_unlock(&rec.lock);
 }
 
-static const dk_sink_t sink = {NULL, on_output, on_state, on_message, on_warning, NULL, NULL};
+static const dk_sink_t sink = {.on_output = on_output, .on_state = on_state,
+                               .on_message = on_message, .on_warning = on_warning};
 
 static bool warned(const char *needle)
 {

@@ -141,6 +141,45 @@ Test(values, timeout_none_means_no_limit)
     cr_assert_float_eq(opts.timeout_s, 0.0, 1e-12);
 }
 
+Test(values, stall_after_defaults_to_a_minute_and_0_turns_it_off)
+{
+    unsetenv(DK_STALL_AFTER_ENV);
+    ok("");
+    cr_assert_float_eq(opts.stall_after_s, 60.0, 1e-9);
+    ok("stall_after=2.5");
+    cr_assert_float_eq(opts.stall_after_s, 2.5, 1e-9);
+    ok("stall_after=0");
+    cr_assert_float_eq(opts.stall_after_s, 0.0, 1e-12);
+}
+
+Test(values, stall_after_refuses_what_is_not_seconds)
+{
+    unsetenv(DK_STALL_AFTER_ENV);
+    fails("stall_after=-1", "stall_after", "0 or more", "0 turns it off", "'-1'", NULL);
+    fails("stall_after=soon", "stall_after", "'soon'", NULL);
+    fails("stall_after=None", "stall_after", NULL);
+    fails("stall_after='5'", "stall_after", NULL);
+}
+
+Test(values, the_help_says_how_stall_after_works)
+{
+    cr_assert_not_null(strstr(dk_dist_doc, "stall_after=SECONDS"));
+    cr_assert_not_null(strstr(dk_dist_doc, "$DISTKERNEL_STALL_AFTER"));
+    cr_assert_not_null(strstr(dk_dist_doc, "0 turns it off"));
+}
+
+Test(values, stall_after_comes_from_the_environment_and_the_cell_wins)
+{
+    setenv(DK_STALL_AFTER_ENV, "5", 1);
+    ok("");
+    cr_assert_float_eq(opts.stall_after_s, 5.0, 1e-9);
+    ok("stall_after=0");
+    cr_assert_float_eq(opts.stall_after_s, 0.0, 1e-12);
+    setenv(DK_STALL_AFTER_ENV, "a minute", 1);
+    fails("", "DISTKERNEL_STALL_AFTER", "stall_after=", "'a minute'", "0 or more", NULL);
+    unsetenv(DK_STALL_AFTER_ENV);
+}
+
 Test(values, output_all_and_rank0)
 {
     ok("output=rank0");

@@ -71,6 +71,9 @@ static struct {
     bool last_words_first[MAXR];        /* "last words" on fd 1 and 2 before its message */
     char lost_host[MAXR][64];           /* on_lost's host, "" if not told */
     size_t out_len_at_msg[MAXR][3];     /* output length when its message came */
+    bytes_t sampled[MAXR];              /* the last live sample's dumps (on_stacks) */
+    bool sample_asked[MAXR];
+    int nsamples;
 } rec = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static double now_s(void)
@@ -170,8 +173,21 @@ static void on_lost(void *data, int rank, const char *host)
     pthread_mutex_unlock(&rec.lock);
 }
 
+static void on_stacks(void *data, int world, const char *const *dumps, const size_t *lens)
+{
+    (void) data;
+    pthread_mutex_lock(&rec.lock);
+    for (int r = 0; r < world && r < MAXR; r++) {
+        rec.sampled[r].len = 0;
+        rec.sample_asked[r] = dumps[r] != NULL;
+        append(&rec.sampled[r], dumps[r] ? dumps[r] : "", dumps[r] ? lens[r] : 0);
+    }
+    rec.nsamples++;
+    pthread_mutex_unlock(&rec.lock);
+}
+
 static const dk_sink_t sink = {NULL,       on_output,    on_state, on_message,
-                               on_warning, on_caught_up, on_lost};
+                               on_warning, on_caught_up, on_lost,  on_stacks};
 
 static bool output_has(int rank, int fd, const char *needle)
 {
@@ -2767,6 +2783,69 @@ Test(stacks, launched_ranks_answer_over_their_connection, .timeout = 90)
     dk_job_spec_t spec = rank_exe_spec(2, payload, len);
     spec.rank_commands = cmds;
     stacks_of_sleeping_ranks(spec, 2);
+}
+
+static int samples(void)
+{
+    pthread_mutex_lock(&rec.lock);
+    int n = rec.nsamples;
+    pthread_mutex_unlock(&rec.lock);
+    return n;
+}
+
+/* Wait (at most 15 s) for the N-th live sample's answers. */
+static void wait_sample(int n)
+{
+    for (int i = 0; i < 1500 && samples() < n; i++)
+        usleep(10000);
+    cr_assert_geq(samples(), n, "no answer to live sample %d", n);
+}
+
+/* A live sample (dk_job_sample_stacks) hands the sleeping ranks' stacks to
+ * the host, again on each ask, and stops nothing: the ranks sleep on, and
+ * the stop that ends them still asks for the stacks of its own. */
+Test(stacks, a_live_sample_tells_where_the_ranks_are_and_stops_nothing, .timeout = 90)
+{
+    static char payload[65536];
+    size_t len = cell_payload(SLEEPING_CELL, payload, sizeof payload);
+    static const char *extra[] = {"PYTHONPATH=" PY_SRC, "DISTKERNEL_GLUE_DIR=" PY_SRC,
+                                  "ASAN_OPTIONS=detect_leaks=0", NULL};
+    dk_job_spec_t spec = spec_for(2, extra);
+    spec.rank_exe = RANK_EXE;
+    spec.payload = payload;
+    spec.payload_len = len;
+    spec.stacks = true;
+    dk_job_t *job = start(&spec);
+    for (int i = 0; i < 6000 && !(output_has(0, 1, "sleeping") && output_has(1, 1, "sleeping"));
+         i++)
+        usleep(10000);
+    cr_assert(output_has(0, 1, "sleeping") && output_has(1, 1, "sleeping"),
+              "the ranks did not start");
+    for (int n = 1; n <= 2; n++) {
+        cr_assert(dk_job_sample_stacks(job));
+        wait_sample(n);
+        pthread_mutex_lock(&rec.lock);
+        for (int r = 0; r < 2; r++) {
+            cr_assert(rec.sample_asked[r], "rank %d was not asked", r);
+            cr_assert(strstr(rec.sampled[r].buf, "File \"<distributed-cell>\", line 2 in <module>"),
+                      "rank %d: %s", r, rec.sampled[r].buf);
+        }
+        pthread_mutex_unlock(&rec.lock);
+        cr_assert_eq(dk_job_end(job), DK_END_NONE, "a sample ended the job");
+        size_t n_len;
+        cr_assert_null(dk_job_rank_stacks(job, 0, &n_len), "a sample is not the end's stacks");
+    }
+    dk_job_cancel(job);
+    cr_assert(dk_job_wait(job, 30000), "the job did not end");
+    cr_assert_eq(dk_job_end(job), DK_END_CANCELLED);
+    for (int r = 0; r < 2; r++) {
+        size_t n_len;
+        const char *dump = dk_job_rank_stacks(job, r, &n_len);
+        cr_assert(dump && strstr(dump, "line 2 in <module>"), "rank %d: %s", r,
+                  dump ? dump : "(not asked)");
+    }
+    cr_assert_not(dk_job_sample_stacks(job), "an ended job takes no sample");
+    finish(&job);
 }
 
 Test(stacks, without_spec_stacks_no_rank_is_asked, .timeout = 60)
