@@ -307,9 +307,42 @@ def _arm_stacks():
     try:
         signum = _distkernel_stacks.arm(fd)
         faulthandler.register(signum, file=fd, all_threads=True, chain=True)
+        _start_sampler(fd, _distkernel_stacks.SAMPLE, _distkernel_stacks.END.encode())
         os.write(fd, b"%s%d\n" % (_distkernel_stacks.READY.encode(), os.getpid()))
     except (OSError, RuntimeError, ValueError):
         pass
+
+
+def _start_sampler(fd, signum, end):
+    """Answer the kernel's live samples (runtime/stacks/dk_stackreq.h,
+    DK_SAMPLE_SIGNAL) while the rank runs on. The signal is blocked here, in
+    the main thread, before any other thread of the rank starts (each inherits
+    the mask) and ignored should one not block it; this thread takes it with
+    sigwait. So no thread is interrupted: a blocking system call never sees
+    EINTR for a sample (torch's rendezvous would fail on it). The dump waits
+    for the GIL: a main thread holding it in a C loop does not answer a sample
+    (the end's request, on the other signal, still reaches it)."""
+    import faulthandler
+    import signal
+    import threading
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
+    signal.signal(signum, signal.SIG_IGN)
+    wanted = {signum}
+
+    def answer():
+        while True:
+            signal.sigwait(wanted)
+            # Samples that queued while this thread waited for the GIL: one answer.
+            while signal.sigtimedwait(wanted, 0) is not None:
+                pass
+            try:
+                faulthandler.dump_traceback(file=fd, all_threads=True)
+                os.write(fd, end)
+            except OSError:
+                return
+
+    threading.Thread(target=answer, name="distkernel-stacks-sampler", daemon=True).start()
 
 
 def _main():
@@ -784,16 +817,16 @@ def _become_rank(body, fds, template_pid, closing):
     os.dup2(fds[1], 2)
     os.closerange(3, os.sysconf("SC_OPEN_MAX") if os.sysconf("SC_OPEN_MAX") > 0 else 65536)
     # As a cold rank starts: Python's own dispositions, SIGINT blocked until
-    # the user's code runs (rank_main.c). The stacks signal stays ignored
-    # until main() arms it (_arm_stacks): its default would end the rank.
-    stacks_signal = _stacks_signal()
+    # the user's code runs (rank_main.c). The stacks signals stay ignored
+    # until main() arms them (_arm_stacks): their default would end the rank.
+    stacks_signals = _stacks_signals()
     for sig in signal.valid_signals():
         if sig in (signal.SIGKILL, signal.SIGSTOP):
             continue
         handler = signal.SIG_DFL
         if sig == signal.SIGINT:
             handler = signal.default_int_handler
-        elif sig in (signal.SIGPIPE, signal.SIGXFSZ) or sig == stacks_signal:
+        elif sig in (signal.SIGPIPE, signal.SIGXFSZ) or sig in stacks_signals:
             handler = signal.SIG_IGN
         try:
             signal.signal(sig, handler)
@@ -823,13 +856,14 @@ def _become_rank(body, fds, template_pid, closing):
     _exit_warm(rc, template_names)
 
 
-def _stacks_signal():
-    """The signal the kernel asks for stacks with, or None (not distkernel-rank)."""
+def _stacks_signals():
+    """The signals the kernel asks for stacks with: at an end, and for a live
+    sample; none when this is not distkernel-rank."""
     try:
         import _distkernel_stacks
     except ImportError:
-        return None
-    return _distkernel_stacks.SIGNAL
+        return ()
+    return (_distkernel_stacks.SIGNAL, _distkernel_stacks.SAMPLE)
 
 
 def _exit_warm(rc, template_names=()):

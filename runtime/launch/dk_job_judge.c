@@ -87,7 +87,8 @@ static void signal_ranks(dk_job_t *job, int sig)
  * were, not where a KeyboardInterrupt took them. A rank that has answered
  * is past its code; one started through a launcher, on another node, is
  * asked over its connection; a lost one is not asked. */
-static int begin_stacks(dk_job_t *job)
+/* Ask every rank that may answer (dk_stackreq_sample for a live SAMPLE). */
+static int begin_stacks(dk_job_t *job, bool sample)
 {
     pid_t *groups = calloc((size_t) job->world_size, sizeof *groups);
     if (!groups)
@@ -101,7 +102,8 @@ static int begin_stacks(dk_job_t *job)
         else        /* on another node: over its connection, if it has one */
             groups[r] = dk_backchan_ask_stacks(job->chan, r) ? DK_STACKREQ_BY_CHANNEL : 0;
     }
-    int asked = dk_stackreq_begin(job->stacks, groups, dk_now_s(), job->stacks_wait_s);
+    int asked = sample ? dk_stackreq_sample(job->stacks, groups, dk_now_s(), job->stacks_wait_s)
+                       : dk_stackreq_begin(job->stacks, groups, dk_now_s(), job->stacks_wait_s);
     free(groups);
     return asked;
 }
@@ -123,7 +125,7 @@ bool job_ask_stacks(dk_job_t *job)
     if (job->stacks_asked || (job->persistent && job->round_pending == 0))
         return false;
     job->stacks_asked = true;
-    return begin_stacks(job) > 0;
+    return begin_stacks(job, false) > 0;
 }
 
 /* A live sample's answers to the host (dk_job_sample_stacks), then
@@ -154,7 +156,7 @@ void job_sample_stacks(dk_job_t *job)
         (job->persistent && (job->round_pending == 0 || job->round_reason != DK_END_NONE)))
         return;
     job->sampling = true;
-    if (begin_stacks(job) == 0)
+    if (begin_stacks(job, true) == 0)
         job_sample_over(job);
 }
 

@@ -8,21 +8,16 @@
  * What the signal interrupts: faulthandler registers with chain=True without
  * SA_RESTART, so a blocking system call of the thread that takes the signal
  * returns EINTR, as it does for every signal CPython handles (its handlers
- * have no SA_RESTART either). Python retries its own calls (PEP 475) and
- * C++ waits on a condition variable or futex wake and wait again; C code
- * that takes EINTR for an error would see one, once per request: when the
- * rank is about to be ended, and every few seconds while the run has been
- * silent past its stall_after (a live sample, distributed/dk_dist_stall.h).
- * gloo's collectives retry; torch's rendezvous (init_process_group) does
- * not ("RuntimeError: Interrupted system call"; 3 of 5 cold runs sampled
- * every 50 ms from their start). A handler of our own with SA_RESTART,
- * calling CPython's dump itself, did no clearly better there (the calls
- * that fail are ones the kernel never resumes). Taking the signal on a
- * thread of its own, blocked everywhere else, would spare every other
- * thread, but faulthandler then reads the main thread's frames while it
- * runs: ranks sampled every 50 ms died of SIGSEGV, so the signal stays with
- * whichever thread the kernel picks (the main one, most often), stopped
- * while it is dumped.
+ * have no SA_RESTART either). Python retries its own calls (PEP 475), gloo's
+ * collectives retry, but torch's rendezvous (init_process_group) does not
+ * ("RuntimeError: Interrupted system call"). So this signal is sent only when
+ * the rank is about to be ended anyway. A live sample, while the ranks run on
+ * (distributed/dk_dist_stall.h), is DK_SAMPLE_SIGNAL instead: every thread
+ * of the rank blocks it and a thread of the rank's own takes it with sigwait
+ * and dumps with the GIL (python/distkernel/_rank.py), so nothing is
+ * interrupted. Taking the dump signal on such a thread without the GIL was
+ * tried: faulthandler then reads the main thread's frames while it runs, and
+ * ranks sampled every 50 ms died of SIGSEGV.
  */
 #include "dk_rankstacks.h"
 #include "dk_stackreq.h"
@@ -90,7 +85,9 @@ PyObject *dk_rankstacks_init(void)
 {
     PyObject *m = PyModule_Create(&module);
     if (m && (PyModule_AddIntConstant(m, "SIGNAL", DK_STACKS_SIGNAL) < 0 ||
-              PyModule_AddStringConstant(m, "READY", DK_STACKS_READY) < 0))
+              PyModule_AddIntConstant(m, "SAMPLE", DK_SAMPLE_SIGNAL) < 0 ||
+              PyModule_AddStringConstant(m, "READY", DK_STACKS_READY) < 0 ||
+              PyModule_AddStringConstant(m, "END", DK_STACKS_END) < 0))
         Py_CLEAR(m);
     return m;
 }

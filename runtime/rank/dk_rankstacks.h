@@ -18,6 +18,11 @@
  *       faulthandler.register(signum, file=fd, all_threads=True, chain=True).
  *   SIGNAL
  *       that signal (a forked warm rank ignores it until it is armed).
+ *   SAMPLE
+ *       the live sample's signal (dk_stackreq_sample), which the rank blocks
+ *       in every thread and takes with sigwait on a thread of its own.
+ *   END
+ *       the line written after each dump (DK_STACKS_END).
  *   READY
  *       the start of the line the rank writes once armed, before its pid.
  */

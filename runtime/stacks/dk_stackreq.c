@@ -200,7 +200,7 @@ void dk_stackreq_clear(dk_stackreq_t *self)
     }
 }
 
-int dk_stackreq_begin(dk_stackreq_t *self, const pid_t *groups, double now, double wait_s)
+static int ask(dk_stackreq_t *self, const pid_t *groups, double now, double wait_s, int sig)
 {
     dk_stackreq_clear(self);
     int asked = 0;
@@ -233,7 +233,7 @@ int dk_stackreq_begin(dk_stackreq_t *self, const pid_t *groups, double now, doub
         if (fstat(s->fd, &st) == 0 && st.st_size > s->read_at)
             s->read_at = st.st_size;
         /* The pid still one of the rank's group: not a stranger's that reused it. */
-        if (getpgid(s->pid) != groups[r] || kill(s->pid, DK_STACKS_SIGNAL) != 0) {
+        if (getpgid(s->pid) != groups[r] || kill(s->pid, sig) != 0) {
             close_slot(s);
             continue;
         }
@@ -243,6 +243,16 @@ int dk_stackreq_begin(dk_stackreq_t *self, const pid_t *groups, double now, doub
     self->running = asked > 0;
     self->until = now + (wait_s > 0 ? wait_s : DK_STACKREQ_WAIT_S);
     return asked;
+}
+
+int dk_stackreq_begin(dk_stackreq_t *self, const pid_t *groups, double now, double wait_s)
+{
+    return ask(self, groups, now, wait_s, DK_STACKS_SIGNAL);
+}
+
+int dk_stackreq_sample(dk_stackreq_t *self, const pid_t *groups, double now, double wait_s)
+{
+    return ask(self, groups, now, wait_s, DK_SAMPLE_SIGNAL);
 }
 
 bool dk_stackreq_poll(dk_stackreq_t *self, double now)

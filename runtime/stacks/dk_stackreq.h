@@ -13,6 +13,14 @@
  * the handler it chains to writes DK_STACKS_END after the dump, so the
  * caller knows a dump is whole without waiting out a silence.
  *
+ * A live sample (dk_stackreq_sample, while the ranks run on) must not
+ * disturb them, and a signal a thread takes makes that thread's blocking
+ * system call return EINTR, which some C code takes for an error (torch's
+ * rendezvous does: "Interrupted system call"). So a sample is another
+ * signal, DK_SAMPLE_SIGNAL, which every thread of the rank blocks; a thread
+ * of the rank's own takes it with sigwait and dumps every thread's stack
+ * with the GIL (python/distkernel/_rank.py), then the end line.
+ *
  * Why a real-time signal: SIGUSR1 and SIGUSR2 are the user's and their
  * tools' (Slurm's --signal, Lightning's requeue, faulthandler or py-spy set
  * up by hand); real-time signals carry no convention, are not merged with
@@ -51,6 +59,10 @@
 
 /* The signal a rank dumps its stacks on. */
 #define DK_STACKS_SIGNAL (SIGRTMAX - 7)
+/* The signal of a live sample (dk_stackreq_sample): blocked in every thread of
+ * the rank and taken by a thread of its own with sigwait, which dumps with the
+ * GIL; so no system call of the rank's is interrupted. */
+#define DK_SAMPLE_SIGNAL (SIGRTMAX - 6)
 /* The environment variable naming a rank's stacks file. */
 #define DK_STACKS_ENV "DISTKERNEL_STACKS"
 /* The line a rank writes once armed, followed by its pid and "\n". */
@@ -86,6 +98,12 @@ const char *dk_stackreq_path(const dk_stackreq_t *self, int rank);
  * dumps are forgotten. Returns how many ranks are waited for (0: the
  * request is over at once). */
 int dk_stackreq_begin(dk_stackreq_t *self, const pid_t *groups, double now, double wait_s);
+
+/* The same for a live sample, while the ranks run on: the ranks of this node
+ * get DK_SAMPLE_SIGNAL, which no system call of theirs sees (the dump waits
+ * for the GIL, so a rank holding it in a C loop does not answer; the end's
+ * request, dk_stackreq_begin, still reaches it). */
+int dk_stackreq_sample(dk_stackreq_t *self, const pid_t *groups, double now, double wait_s);
 
 /* Read what the asked ranks wrote. True when the request is over: every
  * asked rank has answered or is gone, or the wait has passed (or none is

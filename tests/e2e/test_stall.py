@@ -161,3 +161,41 @@ def test_a_bad_stall_after_is_an_error_naming_it_and_the_kernel_serves_on(kernel
         kernel.execute("%env DISTKERNEL_STALL_AFTER=")
     r = kernel.execute("6 * 7")
     assert r.status == "ok" and r.result == "42", r.describe()
+
+
+# Ranks 1 and 2 wait in torch's rendezvous for rank 0, the store's host,
+# which waits for GO: they try to connect to it again and again.
+RENDEZVOUS = """%%distributed num_processes=3 stall_after=1
+import os, time, torch, torch.distributed as dist
+if os.environ["RANK"] == "0":
+    while not os.path.exists({go!r}): time.sleep(0.05)
+dist.init_process_group("gloo")
+dist.all_reduce(torch.ones(1))
+print("joined", flush=True)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_samples_do_not_break_a_rendezvous_they_land_in(kernel, tmp_path):
+    # A sample is a signal; one that a rank's thread took would make torch's
+    # rendezvous fail with "Interrupted system call". The ranks block it and a
+    # thread of their own takes it (runtime/stacks/dk_stackreq.h). Sampled
+    # every 0.1 s here: some 30 samples land in the rendezvous of ranks 1
+    # and 2. torch 1.13 waits there holding the GIL, so a sample, which needs
+    # it, finds no Python stack for them; rank 0's is in the cell.
+    r = kernel.execute("%env DISTKERNEL_STALL_EVERY=0.1")
+    assert r.status == "ok", r.describe()
+    try:
+        go = tmp_path / "go"
+        msg_id = kernel.start_execute(RENDEZVOUS.format(go=str(go)))
+        shown = wait_status(kernel, msg_id, lambda _at, t: WHERE in t and "cell line 4" in t)
+        assert "cell line 4" in group_line(shown, 0), shown
+        since = time.monotonic()
+        wait_status(kernel, msg_id, lambda at, t: at >= since + 3 and WHERE in t)
+        go.touch()
+        r = kernel.finish(msg_id, timeout=RUN)
+        assert r.status == "ok", r.describe()
+        for rank in range(3):
+            assert f"[rank {rank}] joined" in r.stdout, r.describe()
+    finally:
+        kernel.execute("%env DISTKERNEL_STALL_EVERY=")

@@ -40,7 +40,19 @@ static void answer(int sig)
         _exit(3);
 }
 
-typedef enum { ANSWERS, SILENT, STARTING, EXITS, BIG, STALE } kind_t;
+typedef enum { ANSWERS, SILENT, STARTING, EXITS, BIG, STALE, SAMPLES } kind_t;
+
+#define SAMPLE_DUMP "Current thread 0x2 (most recent call first):\n  File \"c.py\", line 9 in <module>\n"
+
+/* A SAMPLES rank answers the end's signal by exiting (the sample must not
+ * use it) and the sample's with a dump of its own. */
+static void answer_sample(int sig)
+{
+    (void) sig;
+    if (write(child_fd, SAMPLE_DUMP, strlen(SAMPLE_DUMP)) < 0 ||
+        write(child_fd, DK_STACKS_END, strlen(DK_STACKS_END)) < 0)
+        _exit(3);
+}
 
 /* A rank of KIND in a process group of its own, with PATH its file; returns
  * once it is ready (or, STARTING, once it has started). */
@@ -57,10 +69,12 @@ static pid_t rank(const char *path, kind_t kind)
         child_repeat = kind == BIG ? 3000 : 1;
         if (kind == SILENT)
             signal(DK_STACKS_SIGNAL, SIG_IGN);
-        else if (kind == EXITS)
+        else if (kind == EXITS || kind == SAMPLES)
             signal(DK_STACKS_SIGNAL, _exit);
         else
             signal(DK_STACKS_SIGNAL, answer);
+        if (kind == SAMPLES)
+            signal(DK_SAMPLE_SIGNAL, answer_sample);
         if (kind != STARTING)
             dprintf(child_fd, DK_STACKS_READY "%d\n", (int) getpid());
         if (kind == STALE)
@@ -282,5 +296,26 @@ Test(stackreq, a_long_answer_over_the_channel_keeps_its_tail)
     const char *kept = dk_stackreq_dump(req, 0, &len);
     cr_assert_eq(len, DK_STACKREQ_KEEP);
     cr_assert_str_eq(kept + len - 3, "end");
+    dk_stackreq_destroy(&req);
+}
+
+Test(stackreq, a_live_sample_uses_its_own_signal_and_not_the_ends)
+{
+    char err[256];
+    dk_stackreq_t *req = dk_stackreq_new(2, err, sizeof err);
+    cr_assert_not_null(req, "%s", err);
+    pid_t groups[2];
+    for (int r = 0; r < 2; r++)
+        groups[r] = rank(dk_stackreq_path(req, r), SAMPLES);
+    double t0 = now();
+    cr_assert_eq(dk_stackreq_sample(req, groups, t0, 5.0), 2);
+    cr_assert_lt(settle(req, t0), 1.0);
+    for (int r = 0; r < 2; r++) {
+        size_t len;
+        cr_assert_str_eq(dk_stackreq_dump(req, r, &len), SAMPLE_DUMP, "rank %d", r);
+        int status;
+        cr_assert_eq(waitpid(groups[r], &status, WNOHANG), 0, "rank %d got the end's signal", r);
+        end(groups[r]);
+    }
     dk_stackreq_destroy(&req);
 }
