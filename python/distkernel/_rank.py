@@ -307,30 +307,39 @@ def _arm_stacks():
     try:
         signum = _distkernel_stacks.arm(fd)
         faulthandler.register(signum, file=fd, all_threads=True, chain=True)
-        _start_sampler(fd, _distkernel_stacks.SAMPLE, _distkernel_stacks.END.encode())
-        os.write(fd, b"%s%d\n" % (_distkernel_stacks.READY.encode(), os.getpid()))
+        sampler = _start_sampler(fd, _distkernel_stacks.SAMPLE, _distkernel_stacks.END.encode())
+        ready = b"%s%d" % (_distkernel_stacks.READY.encode(), os.getpid())
+        if sampler:
+            ready += b"%s%d" % (_distkernel_stacks.READY_SAMPLER.encode(), sampler)
+        os.write(fd, ready + b"\n")
     except (OSError, RuntimeError, ValueError):
         pass
 
 
 def _start_sampler(fd, signum, end):
     """Answer the kernel's live samples (runtime/stacks/dk_stackreq.h,
-    DK_SAMPLE_SIGNAL) while the rank runs on. The signal is blocked here, in
-    the main thread, before any other thread of the rank starts (each inherits
-    the mask) and ignored should one not block it; this thread takes it with
-    sigwait. So no thread is interrupted: a blocking system call never sees
-    EINTR for a sample (torch's rendezvous would fail on it). The dump waits
-    for the GIL: a main thread holding it in a C loop does not answer a sample
-    (the end's request, on the other signal, still reaches it)."""
+    DK_SAMPLE_SIGNAL) while the rank runs on, from a thread of their own: the
+    kernel sends the signal to this thread alone (tgkill), which blocks it and
+    takes it with sigwait. So no other thread is interrupted (a blocking
+    system call would see EINTR, and torch's rendezvous fails on it), and the
+    rank's signal mask and dispositions, which the programs it starts
+    inherit, stay as they were but for a handler of SIGNUM that does nothing
+    (a handler, unlike an ignored signal, is not inherited across exec). The
+    dump waits for the GIL: a main thread holding it in a C loop does not
+    answer a sample (the end's request, on the other signal, still reaches
+    it). Returns the thread's id, or 0 when it did not start."""
     import faulthandler
     import signal
     import threading
 
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
-    signal.signal(signum, signal.SIG_IGN)
     wanted = {signum}
+    started = threading.Event()
+    tid = [0]
 
     def answer():
+        signal.pthread_sigmask(signal.SIG_BLOCK, wanted)
+        tid[0] = threading.get_native_id()
+        started.set()
         while True:
             signal.sigwait(wanted)
             # Samples that queued while this thread waited for the GIL: one answer.
@@ -342,7 +351,10 @@ def _start_sampler(fd, signum, end):
             except OSError:
                 return
 
+    signal.signal(signum, lambda *_: None)
     threading.Thread(target=answer, name="distkernel-stacks-sampler", daemon=True).start()
+    started.wait(5)
+    return tid[0]
 
 
 def _main():

@@ -12,9 +12,9 @@
  * collectives retry, but torch's rendezvous (init_process_group) does not
  * ("RuntimeError: Interrupted system call"). So this signal is sent only when
  * the rank is about to be ended anyway. A live sample, while the ranks run on
- * (distributed/dk_dist_stall.h), is DK_SAMPLE_SIGNAL instead: every thread
- * of the rank blocks it and a thread of the rank's own takes it with sigwait
- * and dumps with the GIL (python/distkernel/_rank.py), so nothing is
+ * (distributed/dk_dist_stall.h), is DK_SAMPLE_SIGNAL instead, sent to a
+ * thread of the rank's own that blocks it and takes it with sigwait, then
+ * dumps with the GIL (python/distkernel/_rank.py), so nothing is
  * interrupted. Taking the dump signal on such a thread without the GIL was
  * tried: faulthandler then reads the main thread's frames while it runs, and
  * ranks sampled every 50 ms died of SIGSEGV.
@@ -87,6 +87,7 @@ PyObject *dk_rankstacks_init(void)
     if (m && (PyModule_AddIntConstant(m, "SIGNAL", DK_STACKS_SIGNAL) < 0 ||
               PyModule_AddIntConstant(m, "SAMPLE", DK_SAMPLE_SIGNAL) < 0 ||
               PyModule_AddStringConstant(m, "READY", DK_STACKS_READY) < 0 ||
+              PyModule_AddStringConstant(m, "READY_SAMPLER", DK_STACKS_READY_SAMPLER) < 0 ||
               PyModule_AddStringConstant(m, "END", DK_STACKS_END) < 0))
         Py_CLEAR(m);
     return m;

@@ -19,8 +19,10 @@
  *   SIGNAL
  *       that signal (a forked warm rank ignores it until it is armed).
  *   SAMPLE
- *       the live sample's signal (dk_stackreq_sample), which the rank blocks
- *       in every thread and takes with sigwait on a thread of its own.
+ *       the live sample's signal (dk_stackreq_sample), sent to a thread of
+ *       the rank's own, which blocks it and takes it with sigwait.
+ *   READY_SAMPLER
+ *       what follows the pid in the ready line, before that thread's id.
  *   END
  *       the line written after each dump (DK_STACKS_END).
  *   READY

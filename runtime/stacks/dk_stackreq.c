@@ -18,11 +18,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 typedef struct {
     char *path;
     pid_t pid;              /* from the ready line; 0 until it is read */
+    pid_t sampler;          /* the thread that takes samples (ready line); 0: none */
     off_t read_at;          /* the file's bytes consumed */
     int fd;                 /* open while asked in a running request */
     bool asked;             /* in the last request */
@@ -116,9 +118,14 @@ static void read_ready(slot_t *s)
         return;
     char *end;
     long pid = strtol(line + head, &end, 10);
-    if (end != nl || pid <= 0)
+    long sampler = 0;
+    size_t tail = strlen(DK_STACKS_READY_SAMPLER);
+    if (end != nl && strncmp(end, DK_STACKS_READY_SAMPLER, tail) == 0)
+        sampler = strtol(end + tail, &end, 10);
+    if (end != nl || pid <= 0 || sampler < 0)
         return;
     s->pid = (pid_t) pid;
+    s->sampler = (pid_t) sampler;
     s->read_at = nl + 1 - line;
 }
 
@@ -232,8 +239,12 @@ static int ask(dk_stackreq_t *self, const pid_t *groups, double now, double wait
         struct stat st;
         if (fstat(s->fd, &st) == 0 && st.st_size > s->read_at)
             s->read_at = st.st_size;
-        /* The pid still one of the rank's group: not a stranger's that reused it. */
-        if (getpgid(s->pid) != groups[r] || kill(s->pid, sig) != 0) {
+        /* The pid still one of the rank's group: not a stranger's that reused
+         * it. A sample goes to the rank's sampler thread alone (tgkill checks
+         * that the thread is the pid's); a rank without one is not sampled. */
+        bool sample = sig == DK_SAMPLE_SIGNAL;
+        if (getpgid(s->pid) != groups[r] || (sample && s->sampler <= 0) ||
+            (sample ? syscall(SYS_tgkill, s->pid, s->sampler, sig) : kill(s->pid, sig)) != 0) {
             close_slot(s);
             continue;
         }

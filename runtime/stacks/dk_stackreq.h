@@ -17,9 +17,12 @@
  * disturb them, and a signal a thread takes makes that thread's blocking
  * system call return EINTR, which some C code takes for an error (torch's
  * rendezvous does: "Interrupted system call"). So a sample is another
- * signal, DK_SAMPLE_SIGNAL, which every thread of the rank blocks; a thread
- * of the rank's own takes it with sigwait and dumps every thread's stack
- * with the GIL (python/distkernel/_rank.py), then the end line.
+ * signal, DK_SAMPLE_SIGNAL, sent with tgkill to a thread of the rank's own
+ * (named in its ready line), which blocks it and takes it with sigwait, then
+ * dumps every thread's stack with the GIL (python/distkernel/_rank.py) and
+ * the end line. No other thread blocks or takes it, so nothing of the
+ * rank's changes for the programs it starts (their signal mask and
+ * dispositions stay the defaults).
  *
  * Why a real-time signal: SIGUSR1 and SIGUSR2 are the user's and their
  * tools' (Slurm's --signal, Lightning's requeue, faulthandler or py-spy set
@@ -59,14 +62,17 @@
 
 /* The signal a rank dumps its stacks on. */
 #define DK_STACKS_SIGNAL (SIGRTMAX - 7)
-/* The signal of a live sample (dk_stackreq_sample): blocked in every thread of
- * the rank and taken by a thread of its own with sigwait, which dumps with the
- * GIL; so no system call of the rank's is interrupted. */
+/* The signal of a live sample (dk_stackreq_sample): sent to the rank's
+ * sampler thread alone, which blocks it and takes it with sigwait, then dumps
+ * with the GIL; so no system call of the rank's is interrupted. */
 #define DK_SAMPLE_SIGNAL (SIGRTMAX - 6)
 /* The environment variable naming a rank's stacks file. */
 #define DK_STACKS_ENV "DISTKERNEL_STACKS"
-/* The line a rank writes once armed, followed by its pid and "\n". */
+/* The line a rank writes once armed, followed by its pid, then
+ * DK_STACKS_READY_SAMPLER and its sampler thread's id when it has one, and
+ * "\n". */
 #define DK_STACKS_READY "distkernel stacks: ready, pid "
+#define DK_STACKS_READY_SAMPLER ", sampler "
 /* The line written after each dump. */
 #define DK_STACKS_END "distkernel stacks: end\n"
 /* How long a request waits for the ranks (s), when the caller gives 0. */
@@ -99,8 +105,9 @@ const char *dk_stackreq_path(const dk_stackreq_t *self, int rank);
  * request is over at once). */
 int dk_stackreq_begin(dk_stackreq_t *self, const pid_t *groups, double now, double wait_s);
 
-/* The same for a live sample, while the ranks run on: the ranks of this node
- * get DK_SAMPLE_SIGNAL, which no system call of theirs sees (the dump waits
+/* The same for a live sample, while the ranks run on: the sampler thread of
+ * each rank of this node gets DK_SAMPLE_SIGNAL, which no system call of the
+ * rank's sees (a rank without a sampler is not asked) (the dump waits
  * for the GIL, so a rank holding it in a C loop does not answer; the end's
  * request, dk_stackreq_begin, still reaches it). */
 int dk_stackreq_sample(dk_stackreq_t *self, const pid_t *groups, double now, double wait_s);

@@ -75,7 +75,10 @@ static pid_t rank(const char *path, kind_t kind)
             signal(DK_STACKS_SIGNAL, answer);
         if (kind == SAMPLES)
             signal(DK_SAMPLE_SIGNAL, answer_sample);
-        if (kind != STARTING)
+        if (kind == SAMPLES)    /* one thread: its id is the pid */
+            dprintf(child_fd, DK_STACKS_READY "%d" DK_STACKS_READY_SAMPLER "%d\n",
+                    (int) getpid(), (int) getpid());
+        else if (kind != STARTING)
             dprintf(child_fd, DK_STACKS_READY "%d\n", (int) getpid());
         if (kind == STALE)
             answer(0);          /* a dump asked for by hand, before the request */
@@ -317,5 +320,19 @@ Test(stackreq, a_live_sample_uses_its_own_signal_and_not_the_ends)
         cr_assert_eq(waitpid(groups[r], &status, WNOHANG), 0, "rank %d got the end's signal", r);
         end(groups[r]);
     }
+    dk_stackreq_destroy(&req);
+}
+
+Test(stackreq, a_rank_without_a_sampler_thread_is_not_sampled)
+{
+    char err[256];
+    dk_stackreq_t *req = dk_stackreq_new(1, err, sizeof err);
+    cr_assert_not_null(req, "%s", err);
+    pid_t groups[1] = {rank(dk_stackreq_path(req, 0), ANSWERS)};
+    cr_assert_eq(dk_stackreq_sample(req, groups, now(), 5.0), 0);
+    cr_assert_not(dk_stackreq_running(req));
+    int status;
+    cr_assert_eq(waitpid(groups[0], &status, WNOHANG), 0, "the rank is still there");
+    end(groups[0]);
     dk_stackreq_destroy(&req);
 }
