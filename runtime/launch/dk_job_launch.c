@@ -14,6 +14,7 @@
 
 #include "dk_fdlimit.h"
 #include "dk_logdir.h"
+#include "dk_rankenv.h"
 #include "dk_spawn.h"
 
 #include <errno.h>
@@ -34,7 +35,6 @@ extern char **environ;
 
 #define DEFAULT_GRACE_S 2.0
 #define WORLD_MAX 65536
-#define ENV_VARS 22
 
 /* ------------------------------------------------------------------------ */
 /* Start                                                                     */
@@ -181,81 +181,31 @@ static bool open_logs(dk_job_t *job, char *err, size_t errlen)
     return true;
 }
 
-/* Fork rank R with the torch.distributed (torchrun-compatible) environment. */
+/* Fork rank R with the torch.distributed (torchrun-compatible) environment
+ * (dk_rankenv.h). */
 static bool start_rank(dk_job_t *job, int r, const char *program, char *const argv[],
                        const char *const *base, const char *run_id, char *err, size_t errlen)
 {
     rank_t *rk = &job->ranks[r];
-    int n = job->world_size;
-    char vars[ENV_VARS][128];
-    const char *set[ENV_VARS + 5];
-    size_t k = 0;
-#define SETF(...) (snprintf(vars[k], sizeof vars[k], __VA_ARGS__), set[k] = vars[k], k++)
-    int per = job->ranks_per_node;
-    SETF("RANK=%d", r);
-    SETF("LOCAL_RANK=%d", r % per);
-    SETF("WORLD_SIZE=%d", n);
-    SETF("LOCAL_WORLD_SIZE=%d", per);
-    SETF("GROUP_RANK=%d", r / per);
-    SETF("NODE_RANK=%d", r / per);
-    SETF("ROLE_RANK=%d", r);
-    SETF("ROLE_NAME=default");
-    SETF("GROUP_WORLD_SIZE=%d", n / per);
-    SETF("ROLE_WORLD_SIZE=%d", n);
-    SETF("MASTER_ADDR=%s", job->master_addr ? job->master_addr : "127.0.0.1");
-    if (job->master_port > 0)
-        SETF("MASTER_PORT=%d", job->master_port);
-    else
-        SETF("DISTKERNEL_MASTER_PORT=rank0");   /* a PORT frame brings it */
-    SETF("TORCHELASTIC_RUN_ID=%s", run_id);
-    SETF("TORCHELASTIC_RESTART_COUNT=0");
-    SETF("TORCHELASTIC_MAX_RESTARTS=0");
-    SETF("DISTKERNEL_BC_KEY=%s", dk_backchan_key_hex(job->chan));
-    if (job->heartbeat_s > 0) {
-        SETF("DISTKERNEL_BC_HEARTBEAT=%g", job->heartbeat_s);
-        SETF("DISTKERNEL_BC_CONNECT_TIMEOUT=%g", job->connect_timeout_s);
-    }
-    if (!dk_spawn_env_get(base, "OMP_NUM_THREADS"))
-        SETF("OMP_NUM_THREADS=1");
-#undef SETF
-    /* Paths can be long: these two point at strings that outlive the call. */
-    char *bc = NULL, *log = NULL;
-    if (asprintf(&bc, "DISTKERNEL_BC=%s", dk_backchan_address(job->chan)) < 0)
-        bc = NULL;
-    if (asprintf(&log, "DISTKERNEL_LOG=%s", rk->log_path) < 0)
-        log = NULL;
-    char *warm = NULL;
-    if (job->warm_socket && asprintf(&warm, "DISTKERNEL_WARM_SOCKET=%s", job->warm_socket) < 0)
-        warm = NULL;
     /* A launcher starts its rank where it chooses (srun in a folder every
      * node has): the rank goes to ours itself where its node has it. A
      * folder that no longer exists here is none to go to. */
-    char *cwd = NULL, here[PATH_MAX];
-    if (rk->launched && getcwd(here, sizeof here) && asprintf(&cwd, "DISTKERNEL_CWD=%s", here) < 0)
-        cwd = NULL;
+    char here[PATH_MAX];
+    const char *cwd = rk->launched && getcwd(here, sizeof here) ? here : NULL;
     /* Where it answers for its stacks (dk_stackreq.h); a rank on another
      * node has no such file. */
-    char *stacks = NULL;
     bool want_stacks = job->stacks && !rk->launched;
-    if (want_stacks && asprintf(&stacks, DK_STACKS_ENV "=%s", dk_stackreq_path(job->stacks, r)) < 0)
-        stacks = NULL;
-    char **env = NULL;
-    if (bc && log && (warm || !job->warm_socket) && (stacks || !want_stacks)) {
-        if (stacks)
-            set[k++] = stacks;
-        set[k++] = bc;
-        set[k++] = log;
-        if (warm)
-            set[k++] = warm;
-        if (cwd)
-            set[k++] = cwd;
-        env = dk_spawn_env_build(base, set, k);
-    }
-    free(bc);
-    free(log);
-    free(warm);
-    free(cwd);
-    free(stacks);
+    dk_rankenv_t in = {
+        .rank = r, .world_size = job->world_size, .ranks_per_node = job->ranks_per_node,
+        .master_addr = job->master_addr, .master_port = job->master_port, .run_id = run_id,
+        .bc_address = dk_backchan_address(job->chan),
+        .bc_key_hex = dk_backchan_key_hex(job->chan),
+        .heartbeat_s = job->heartbeat_s, .connect_timeout_s = job->connect_timeout_s,
+        .log_path = rk->log_path,
+        .stacks_path = want_stacks ? dk_stackreq_path(job->stacks, r) : NULL,
+        .warm_socket = job->warm_socket, .cwd = cwd,
+    };
+    char **env = dk_rankenv_build(base, &in);
     if (!env) {
         dk_set_err(err, errlen, "out of memory building rank %d's environment", r);
         return false;
