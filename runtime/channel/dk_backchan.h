@@ -31,7 +31,20 @@ enum {
     DK_BC_STACKS = 10,  /* runtime -> rank, empty: send your threads' Python stacks;
                            rank -> runtime: faulthandler's dump of them (at most
                            DK_BC_STACKS_MAX bytes, the tail) */
+    /* A node agent's connection (distkernel-agent, runtime/agent/dk_agent.h).
+     * Its frames have the same header; the u32 is the node for HELLO and
+     * PING, and the rank spoken of for every other frame, so that a node's
+     * ranks' frames can share the agent's one connection. */
+    DK_BC_AGENT_HELLO = 11, /* agent -> runtime, empty: I am the agent of node (u32) */
+    DK_BC_EXIT = 12,    /* agent -> runtime: rank (u32) ended: i32 exit code (-1: by a
+                           signal) | u32 signal (0: none) */
+    DK_BC_STARTED = 13, /* agent -> runtime: rank (u32) was started: u32 pid */
+    DK_BC_SIGNAL = 14,  /* runtime -> agent: u32 signal, to rank (u32)'s process group,
+                           or to every rank of the node (DK_BC_ALL_RANKS) */
 };
+
+/* The u32 of a SIGNAL or STACKS frame to an agent: every rank of its node. */
+#define DK_BC_ALL_RANKS 0xFFFFFFFFu
 
 /* The most bytes of a rank's stacks one STACKS frame carries. */
 #define DK_BC_STACKS_MAX ((size_t) 128 << 10)
