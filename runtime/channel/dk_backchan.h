@@ -125,6 +125,14 @@ typedef struct {
     void (*on_closed)(void *data, int rank);
     /* RANK's STACKS frame: its dump, BYTES valid during the call. May be NULL. */
     void (*on_stacks)(void *data, int rank, const void *bytes, size_t len);
+    /* Node agents (opts.agents): RANK, on the node of the agent that said
+     * so, ended with EXIT_CODE (-1: by a signal) or TERM_SIGNAL (0: none).
+     * An agent's silence and its close come through on_lost and on_closed
+     * with the id world_size + NODE. An agent's OUTPUT and STACKS frames
+     * come through on_output and on_stacks with their rank. May be NULL. */
+    void (*on_agent_exit)(void *data, int rank, int exit_code, int term_signal);
+    /* The agent of NODE said AGENT_HELLO. May be NULL. */
+    void (*on_agent_hello)(void *data, int node);
 } dk_backchan_sink_t;
 
 /* How a channel listens. Zeroed (or NULL): today's local channel, a Unix
@@ -147,6 +155,11 @@ typedef struct {
      * any address may connect (and must still say a valid HELLO). */
     const char *const *allow_hosts;
     size_t nallow;
+    /* Node agents (runtime/agent/dk_agent.h): this many may connect, each
+     * saying AGENT_HELLO for its node (0 to AGENTS - 1), speaking for the
+     * RANKS_PER_NODE ranks of its node. 0: none. */
+    int agents;
+    int ranks_per_node;
 } dk_backchan_opts_t;
 
 typedef struct dk_backchan_t dk_backchan_t;
@@ -205,6 +218,12 @@ bool dk_backchan_interrupt(dk_backchan_t *self, int rank);
  * with one (on_stacks). Returns false when RANK has no connection, or it was
  * lost (nothing will be sent). */
 bool dk_backchan_ask_stacks(dk_backchan_t *self, int rank);
+
+/* Send the agent of NODE a SIGNAL (SIG for RANK's process group, or every
+ * rank's: DK_BC_ALL_RANKS) or a STACKS request (TYPE DK_BC_STACKS, SIG 0),
+ * queued behind what its connection is writing. False when that agent has
+ * no connection, or it was lost (nothing will be sent). */
+bool dk_backchan_agent_send(dk_backchan_t *self, int node, int type, uint32_t rank, int sig);
 
 /* The TCP port listened on, or 0 for a Unix socket. */
 int dk_backchan_port(const dk_backchan_t *self);

@@ -126,6 +126,7 @@ void job_free(dk_job_t *job)
         dk_launchout_destroy(&rk->filter[1]);
     }
     dk_spawn_sentinel_end(&job->sentinel_pid, &job->sentinel_fd);
+    job_agents_free(job);
     dk_stackreq_destroy(&job->stacks);
     free(job->master_addr);
     dk_backchan_destroy(&job->chan);
@@ -148,6 +149,11 @@ void job_free(dk_job_t *job)
 /* Start failed after some ranks were forked: end them, leave nothing behind. */
 static void kill_started(dk_job_t *job)
 {
+    if (job->agents_pid > 0 && !job->agents_reaped) {
+        killpg(job->agents_pid, SIGKILL);
+        waitpid(job->agents_pid, NULL, 0);
+        job->agents_reaped = true;
+    }
     for (int r = 0; r < job->world_size; r++) {
         rank_t *rk = &job->ranks[r];
         if (rk->pid > 0 && !rk->reaped) {
@@ -230,16 +236,19 @@ static bool start_rank(dk_job_t *job, int r, const char *program, char *const ar
 /* The sentinel for every rank's process group (each rank leads its own). */
 static bool start_sentinel(dk_job_t *job, char *err, size_t errlen)
 {
-    int *pgids = calloc((size_t) job->world_size, sizeof *pgids);
+    int *pgids = calloc((size_t) job->world_size + 1, sizeof *pgids);
     if (!pgids) {
         dk_set_err(err, errlen, "out of memory");
         return false;
     }
+    int n = 0;
     for (int r = 0; r < job->world_size; r++)
-        pgids[r] = job->ranks[r].pid;
+        if (job->ranks[r].pid > 0)      /* not a rank its node's agent started */
+            pgids[n++] = job->ranks[r].pid;
+    if (job->agents_pid > 0)
+        pgids[n++] = job->agents_pid;
     char why[256];
-    int rc = dk_spawn_sentinel(pgids, job->world_size, &job->sentinel_pid, &job->sentinel_fd,
-                               why, sizeof why);
+    int rc = dk_spawn_sentinel(pgids, n, &job->sentinel_pid, &job->sentinel_fd, why, sizeof why);
     free(pgids);
     if (rc != 0)
         dk_set_err(err, errlen, "cannot start the process that ends the ranks' children with "
@@ -269,6 +278,7 @@ static dk_job_t *job_alloc(const dk_job_spec_t *spec, const dk_sink_t *sink)
     if (!job)
         return NULL;
     job->wake[0] = job->wake[1] = job->log_dirfd = -1;
+    job->agents_pid = job->agents_pidfd = job->agents_pipe[0] = job->agents_pipe[1] = -1;
     job->sentinel_pid = job->sentinel_fd = -1;
     job->log_cap = spec->log_cap;
     pthread_condattr_t attr;
@@ -357,7 +367,9 @@ dk_job_t *dk_job_start(const dk_job_spec_t *spec, const dk_sink_t *sink, char *e
     dk_backchan_sink_t bcsink = job_backchan_sink(job);
     dk_backchan_opts_t opts = {spec->bc_tcp_addr, spec->bc_tcp_port, 0,
                                spec->master_port == DK_JOB_PORT_FROM_RANK0,
-                               spec->bc_allow_hosts, spec->bc_nallow};
+                               spec->bc_allow_hosts, spec->bc_nallow,
+                               spec->agent_command ? spec->world_size / job->ranks_per_node : 0,
+                               job->ranks_per_node};
     if (spec->bc_tcp_addr)
         opts.heartbeat_s = spec->heartbeat_s > 0 ? spec->heartbeat_s : DK_BC_HEARTBEAT_DEFAULT_S;
     job->chan = dk_backchan_new_opts(spec->world_size, spec->persistent, spec->payload,
@@ -380,10 +392,10 @@ dk_job_t *dk_job_start(const dk_job_spec_t *spec, const dk_sink_t *sink, char *e
         dk_set_err(err, errlen, "cannot create the runtime's wake pipe: %s", strerror(errno));
         goto fail;
     }
-    job->max_fds = 1 + dk_backchan_max_fds(job->chan) + 3 * (size_t) spec->world_size;
+    job->max_fds = 1 + dk_backchan_max_fds(job->chan) + 3 * (size_t) spec->world_size + 3;
     job->fds = calloc(job->max_fds, sizeof *job->fds);
-    job->slot_rank = calloc(3 * (size_t) spec->world_size, sizeof *job->slot_rank);
-    job->slot_kind = calloc(3 * (size_t) spec->world_size, sizeof *job->slot_kind);
+    job->slot_rank = calloc(3 * (size_t) spec->world_size + 3, sizeof *job->slot_rank);
+    job->slot_kind = calloc(3 * (size_t) spec->world_size + 3, sizeof *job->slot_kind);
     if (!job->fds || !job->slot_rank || !job->slot_kind) {
         dk_set_err(err, errlen, "out of memory");
         goto fail;
@@ -402,7 +414,9 @@ dk_job_t *dk_job_start(const dk_job_spec_t *spec, const dk_sink_t *sink, char *e
     char *const *argv = spec->rank_argv ? (char *const *) spec->rank_argv : default_argv;
     const char *const *base = spec->env ? spec->env : (const char *const *) environ;
     job->started_at = dk_now_s();
-    for (int r = 0; r < spec->world_size; r++) {
+    if (spec->agent_command && !job_start_agents(job, spec, base, run_id, err, errlen))
+        goto fail;
+    for (int r = 0; !spec->agent_command && r < spec->world_size; r++) {
         bool ok;
         if (spec->rank_commands && spec->rank_commands[r]) {
             /* Through a launcher (srun on another node): its own program. */
