@@ -306,9 +306,14 @@ void job_resolve_failure(dk_job_t *job)
         dk_backchan_drain(job->chan);
     bool peer_gone = false;
     for (int q = 0; q < job->world_size; q++) {
-        if (q != r && job_closing(&job->ranks[q]))
+        const rank_t *peer = &job->ranks[q];
+        if (q != r && job_closing(peer))
             return;         /* still pending: judged again each turn */
-        peer_gone = peer_gone || (q != r && (job->ranks[q].lost || job->ranks[q].failed));
+        /* A peer that raised the same echo (its own "connection closed") is
+         * no news of who went: on a node that lost its neighbour every rank
+         * in a collective raises it at once. */
+        bool echoed = peer->reported && peer->echo;
+        peer_gone = peer_gone || (q != r && (peer->lost || (peer->failed && !echoed)));
     }
     /* Rank R says a peer's connection went away, and no peer is known to
      * have gone yet: wait for the kernel to learn whose, within the

@@ -1753,6 +1753,28 @@ Test(tcp, a_peers_connection_error_waits_for_the_lost_node_it_echoes, .timeout =
     finish(&job);
 }
 
+/* Ranks 0 and 1 both raise gloo's "Connection closed by peer" because node2
+ * went quiet. The second echo is no news of the peer that went: both wait
+ * for the heartbeat deadline, and node2 is the root cause, not rank 0 or 1. */
+Test(tcp, two_echoes_of_a_lost_node_wait_for_it_together, .timeout = 60)
+{
+    const char *extra[] = {"FAKE_MODE_0=echo_error", "FAKE_MODE_1=echo_error",
+                           "FAKE_MODE_2=freeze", NULL};
+    const char *hosts[] = {"node1", "node1", "node2"};
+    dk_job_spec_t spec = tcp_spec(3, extra);
+    spec.heartbeat_s = 2.0;
+    spec.rank_hosts = hosts;
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 40000), "the job did not end");
+    cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    cr_assert_eq(dk_job_root_cause(job), 2);
+    cr_assert(dk_job_rank_lost(job, 2));
+    char summary[128];
+    dk_job_lost_summary(job, summary, sizeof summary);
+    cr_assert_str_eq(summary, "node2 lost (rank 2)");
+    finish(&job);
+}
+
 /* A node that goes down while all its ranks are still starting leaves no
  * connection to go silent: launched ranks not connected by the connect
  * deadline, their launchers still running, are lost with their node. */
