@@ -15,6 +15,7 @@ import cloudpickle
 from IPython.core.interactiveshell import InteractiveShell
 
 from distkernel._api import DistributedError
+from distkernel._results import results_text
 from distkernel._kernel import dumps  # noqa: F401  (used by the C side)
 
 # Names IPython keeps in the namespace for itself; never sent.
@@ -72,11 +73,9 @@ def finish_cell(results, result_name):
         shell.user_ns[result_name] = values
     if all(v is None for v in values):
         return None
-    lines = []
-    for rank, value in enumerate(values):
-        text = shell.display_formatter.format(value)[0].get("text/plain", repr(value))
-        lines.append(f"rank {rank}: {text}")
-    return {"text/plain": "\n".join(lines)}
+    texts = [shell.display_formatter.format(value)[0].get("text/plain", repr(value))
+             for value in values]
+    return {"text/plain": results_text(texts, result_name)}
 
 
 def active_mlflow_run():

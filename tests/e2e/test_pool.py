@@ -359,6 +359,13 @@ def test_the_status_of_ten_started_ranks_counts_them_and_says_whose_output_is_sh
         last = support.status_displays(r)[-1]["content"]["data"]["text/plain"].splitlines()
         assert last[1:3] == ["  10 ranks: 10 done",
                              "  output shown: ranks 0, 8\u20139 (all in the logs)"], last
+        # Past 8 ranks, ranks with the same value share its line; the list
+        # keeps every value in rank order.
+        r = kernel.execute("%%distributed result=mods\nimport os\nint(os.environ['RANK']) % 3",
+                           timeout=RUN)
+        assert r.result == ("ranks 0, 3, 6, 9 (4): 0\nranks 1, 4, 7 (3): 1\n"
+                            "ranks 2, 5, 8 (3): 2"), r.describe()
+        assert kernel.execute("mods").result == "[0, 1, 2, 0, 1, 2, 0, 1, 2, 0]"
     finally:
         kernel.execute("%distributed stop", timeout=RUN)
     assert support.wait_no_descendants(kernel.pid, timeout=END_WITHIN) == []
