@@ -25,7 +25,8 @@
 #define LABEL_RANKS 64      /* bytes of a group's rank runs shown */
 #define FLIGHT_RANKS 28     /* bytes of the runs of ranks behind shown */
 #define FLIGHT_TEXT 256     /* room for a group's last collective */
-#define FLIGHT_SHOWN 100    /* bytes of it shown (and "…"): a line stays under 512 */
+#define FLIGHT_SHOWN 100    /* bytes of it shown (and "…") */
+#define LINE_MAX_BYTES 511  /* a summary line's bytes, at most, its newline aside */
 
 typedef struct {
     int rank;
@@ -268,6 +269,18 @@ static void label(const group_t *g, char *buf, size_t len)
         snprintf(buf + at, len - at, "%s", runs);
 }
 
+/* TEXT (valid UTF-8) cut to at most MAX bytes (MAX >= 3) between
+ * characters, ending in "…" when cut. */
+static void cut_text(char *text, size_t max)
+{
+    if (strlen(text) <= max)
+        return;
+    size_t cut = max - 3;
+    while (cut > 0 && ((unsigned char) text[cut] & 0xC0) == 0x80)
+        cut--;
+    memcpy(text + cut, "\xe2\x80\xa6", 4);
+}
+
 /* Whether every rank of G with a flight line has the same FIELD. */
 #define SAME(first, f, field) (strcmp((first)->field, (f)->field) == 0)
 
@@ -358,12 +371,7 @@ static bool flight_text(const dk_stacks_t *self, const group_t *g, char *buf, si
     if (with < g->n && at < len)
         snprintf(buf + at, len - at, "; %zu rank%s not recorded", g->n - with,
                  g->n - with > 1 ? "s" : "");
-    if (strlen(buf) > FLIGHT_SHOWN) {
-        size_t cut = FLIGHT_SHOWN;
-        while (cut > 0 && ((unsigned char) buf[cut] & 0xC0) == 0x80)
-            cut--;
-        snprintf(buf + cut, len - cut, "\xe2\x80\xa6");
-    }
+    cut_text(buf, FLIGHT_SHOWN + 3);
     return true;
 }
 
@@ -408,12 +416,20 @@ char *dk_stacks_summary(dk_stacks_t *self, size_t max_lines, const char *full_na
         const group_t *g = order[i];
         label(g, buf, sizeof buf);
         ok = flight_text(self, g, flight, sizeof flight);
+        long at = ftell(out);
         fprintf(out, "  %s:%*s", buf, label_w + 1 - columns(buf), "");
         if (g->call)
             fprintf(out, "%s%*s(%s)", g->call, call_w + 2 - columns(g->call), "", g->where);
         else
             fprintf(out, "%s", g->where);
-        fprintf(out, "%s%s\n", flight[0] ? "  " : "", flight);
+        /* The stack's part is bounded where it is made (about 440 bytes at
+         * worst); the flight text gets what is left of the line, if any. */
+        long used = at >= 0 ? ftell(out) - at : LINE_MAX_BYTES;
+        if (flight[0] && used + 2 + 4 <= LINE_MAX_BYTES) {
+            cut_text(flight, (size_t) (LINE_MAX_BYTES - used - 2));
+            fprintf(out, "  %s", flight);
+        }
+        fputs("\n", out);
     }
     if (shown < n) {
         size_t ranks = 0;

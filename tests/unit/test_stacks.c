@@ -534,3 +534,30 @@ Test(stacks, four_thousand_ranks_with_laggards_stay_four_bounded_lines)
     free(out);
     cr_assert_lt((double) (clock() - start) / CLOCKS_PER_SEC, 2.0);
 }
+
+/* The longest stack part a line can have (a long call, three runs of long
+ * cell functions at nine-digit lines): the flight text gets what is left,
+ * and the line stays under 512 bytes. */
+Test(stacks, a_long_stack_leaves_the_flight_text_what_fits_in_the_line)
+{
+    char fn[200], call[300], dump[4096];
+    memset(fn, 'f', sizeof fn - 1);
+    fn[sizeof fn - 1] = '\0';
+    snprintf(call, sizeof call, TORCH "%s.py", fn);
+    for (int r = 0; r < 2; r++) {
+        int n = snprintf(dump, sizeof dump, "Thread 0x1 (most recent call first):\n"
+                         "  File \"%s\", line 1 in %s\n", call, fn);
+        for (int k = 0; k < 5; k++)
+            n += snprintf(dump + n, sizeof dump - n,
+                          "  File \"" CELLS "1.py\", line %d in %s%d\n", 123456789 - k, fn, k);
+        snprintf(dump + n, sizeof dump - n, DK_STACKS_FLIGHT
+                 "op=%s seq=%d state=completed bytes=999999999999 shape=[1]\n", fn, 100000 + r);
+        add(r * 1000, dump);
+    }
+    char *text = dk_stacks_summary(stacks, 0, NULL);
+    cr_assert(valid_utf8(text), "%s", text);
+    const char *nl = strchr(text, '\n');
+    cr_assert_lt((size_t) (nl - text), 512, "%s", text);
+    cr_assert_not_null(strstr(text, "  last "), "%s", text);
+    free(text);
+}
