@@ -38,7 +38,7 @@ sources() {
     fuzz_opts)  echo "magics/dk_magic.c magics/dk_dist_opts.c magics/dk_rank_list.c runtime/slurm/dk_slurm_parse.c" ;;
     fuzz_lines) echo "runtime/base/dk_lines.c runtime/base/dk_utf8.c" ;;
     fuzz_launchout) echo "runtime/launch/dk_launchout.c" ;;
-    fuzz_stacks) echo "runtime/stacks/dk_stacks.c runtime/stacks/dk_stacks_fold.c runtime/base/dk_lost.c runtime/base/dk_utf8.c" ;;
+    fuzz_stacks) echo "runtime/stacks/dk_stacks.c runtime/stacks/dk_stacks_fold.c runtime/stacks/dk_stacks_flight.c runtime/base/dk_lost.c runtime/base/dk_utf8.c" ;;
     *) echo "unknown fuzz target '$1'; the targets are: ${ALL_TARGETS[*]}" >&2; return 1 ;;
   esac
 }

@@ -383,12 +383,16 @@ class _Remote:
         thread's stack as faulthandler writes it, through a file of this
         node (a pipe could fill up before it is read), its tail if long.
         This thread needs the GIL for it: a main thread that holds the GIL
-        in a C loop keeps the answer back, and the kernel's wait ends."""
+        in a C loop keeps the answer back, and the kernel's wait ends. With
+        the GIL, the answer ends in the rank's last collective when torch's
+        flight recorder has one (_flight.py)."""
         import faulthandler
         import tempfile
         try:
             with tempfile.TemporaryFile() as f:
                 faulthandler.dump_traceback(file=f, all_threads=True)
+                from distkernel import _flight
+                os.write(f.fileno(), _flight.line().encode())  # after faulthandler's, by fd
                 size = f.seek(0, os.SEEK_END)
                 f.seek(max(0, size - STACKS_MAX))
                 dump = f.read()

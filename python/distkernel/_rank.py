@@ -15,6 +15,7 @@ import traceback
 import cloudpickle
 
 from distkernel import _backchannel as bc
+from distkernel import _flight
 
 CELL_FILE = "<distributed-cell>"
 
@@ -327,7 +328,10 @@ def _start_sampler(fd, signum, end):
     (a handler, unlike an ignored signal, is not inherited across exec). The
     dump waits for the GIL: a main thread holding it in a C loop does not
     answer a sample (the end's request, on the other signal, still reaches
-    it). Returns the thread's id, or 0 when it did not start."""
+    it). The kernel asks this thread first at an end as well, since only an
+    answer made with the GIL can end in the rank's last collective (the
+    flight line, _flight.py). Returns the thread's id, or 0 when it did not
+    start."""
     import faulthandler
     import signal
     import threading
@@ -347,7 +351,7 @@ def _start_sampler(fd, signum, end):
                 pass
             try:
                 faulthandler.dump_traceback(file=fd, all_threads=True)
-                os.write(fd, end)
+                os.write(fd, _flight.line().encode() + end)
             except OSError:
                 return
 

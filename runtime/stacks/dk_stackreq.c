@@ -6,6 +6,14 @@
  * where the file ended when it signalled, and what follows is the answer.
  * The files are opened only while a request runs, so a job of many ranks
  * holds no descriptor for them in between.
+ *
+ * An end asks a rank that has a sampler thread through it first, as a live
+ * sample does: that answer is made with the GIL, so it can carry the rank's
+ * last collective (torch's flight recorder, python/distkernel/_flight.py),
+ * which faulthandler's handler, without the GIL, cannot read. A rank whose
+ * sampler has written nothing by a quarter of the wait (its main thread
+ * holds the GIL in a C loop) gets the end's signal then, and answers
+ * without it; the wait as a whole is the same.
  */
 #include "dk_stackreq.h"
 
@@ -30,6 +38,8 @@ typedef struct {
     bool asked;             /* in the last request */
     bool pending;           /* asked, not yet answered or gone */
     bool by_channel;        /* asked over the back channel: answered by dk_stackreq_answer */
+    bool fallback;          /* an end asked its sampler: the signal follows if it is silent */
+    pid_t group;            /* the process group it was asked in */
     char *dump;             /* what it wrote for the last request, its tail */
     size_t len;
     size_t cap;             /* DUMP's size: grown as answers come, up to KEEP + 1 */
@@ -41,6 +51,7 @@ struct dk_stackreq_t {
     slot_t *slots;
     bool running;
     double until;
+    double fallback_at;     /* when an end signals the ranks whose sampler is silent */
 };
 
 dk_stackreq_t *dk_stackreq_new(int world, char *err, size_t errlen)
@@ -193,6 +204,7 @@ static void close_slot(slot_t *s)
     s->fd = -1;
     s->pending = false;
     s->by_channel = false;
+    s->fallback = false;
 }
 
 void dk_stackreq_clear(dk_stackreq_t *self)
@@ -207,7 +219,7 @@ void dk_stackreq_clear(dk_stackreq_t *self)
     }
 }
 
-static int ask(dk_stackreq_t *self, const pid_t *groups, double now, double wait_s, int sig)
+static int ask(dk_stackreq_t *self, const pid_t *groups, double now, double wait_s, int end_sig)
 {
     dk_stackreq_clear(self);
     int asked = 0;
@@ -241,10 +253,17 @@ static int ask(dk_stackreq_t *self, const pid_t *groups, double now, double wait
             s->read_at = st.st_size;
         /* The pid still one of the rank's group: not a stranger's that reused
          * it. A sample goes to the rank's sampler thread alone (tgkill checks
-         * that the thread is the pid's); a rank without one is not sampled. */
-        bool sample = sig == DK_SAMPLE_SIGNAL;
-        if (getpgid(s->pid) != groups[r] || (sample && s->sampler <= 0) ||
-            (sample ? syscall(SYS_tgkill, s->pid, s->sampler, sig) : kill(s->pid, sig)) != 0) {
+         * that the thread is the pid's); a rank without one is not sampled.
+         * An end asks the sampler first, the signal when there is none (or
+         * it is gone) and later when it is silent (fall_back). */
+        bool end = end_sig == DK_STACKS_SIGNAL;
+        s->group = groups[r];
+        s->fallback = end && s->sampler > 0 && getpgid(s->pid) == groups[r] &&
+                      syscall(SYS_tgkill, s->pid, s->sampler, DK_SAMPLE_SIGNAL) == 0;
+        if (!s->fallback &&
+            (getpgid(s->pid) != groups[r] || (!end && s->sampler <= 0) ||
+             (end ? kill(s->pid, end_sig)
+                  : syscall(SYS_tgkill, s->pid, s->sampler, end_sig)) != 0)) {
             close_slot(s);
             continue;
         }
@@ -252,8 +271,24 @@ static int ask(dk_stackreq_t *self, const pid_t *groups, double now, double wait
         asked++;
     }
     self->running = asked > 0;
-    self->until = now + (wait_s > 0 ? wait_s : DK_STACKREQ_WAIT_S);
+    wait_s = wait_s > 0 ? wait_s : DK_STACKREQ_WAIT_S;
+    self->until = now + wait_s;
+    self->fallback_at = now + wait_s / 4;
     return asked;
+}
+
+/* The end's signal to each rank whose sampler was asked and has written
+ * nothing yet (see the top). */
+static void fall_back(dk_stackreq_t *self)
+{
+    for (int r = 0; r < self->world; r++) {
+        slot_t *s = &self->slots[r];
+        if (!s->fallback || !s->pending)
+            continue;
+        s->fallback = false;
+        if (s->len == 0 && getpgid(s->pid) == s->group)
+            kill(s->pid, DK_STACKS_SIGNAL);
+    }
 }
 
 int dk_stackreq_begin(dk_stackreq_t *self, const pid_t *groups, double now, double wait_s)
@@ -279,6 +314,8 @@ bool dk_stackreq_poll(dk_stackreq_t *self, double now)
             read_answer(s);
         waiting = waiting || s->pending;
     }
+    if (waiting && now >= self->fallback_at)
+        fall_back(self);
     if (!waiting || now >= self->until)
         dk_stackreq_end(self);
     return !self->running;

@@ -13,6 +13,12 @@
  * the handler it chains to writes DK_STACKS_END after the dump, so the
  * caller knows a dump is whole without waiting out a silence.
  *
+ * An end (dk_stackreq_begin) asks a rank that has a sampler thread (below)
+ * through it first, since only an answer made with the GIL can end in the
+ * rank's last collective (torch's flight recorder, dk_stacks.h); a rank
+ * whose sampler has written nothing by a quarter of the wait gets
+ * DK_STACKS_SIGNAL then.
+ *
  * A live sample (dk_stackreq_sample, while the ranks run on) must not
  * disturb them, and a signal a thread takes makes that thread's blocking
  * system call return EINTR, which some C code takes for an error (torch's
@@ -98,7 +104,9 @@ const char *dk_stackreq_path(const dk_stackreq_t *self, int rank);
 #define DK_STACKREQ_BY_CHANNEL ((pid_t) -1)
 
 /* Ask every rank R with GROUPS[R] > 0 (its process group: the pid the job
- * started) for its stacks now (NOW, seconds of any monotonic clock), and
+ * started) for its stacks now (NOW, seconds of any monotonic clock; its
+ * sampler thread first, DK_STACKS_SIGNAL when it has none or it is silent
+ * past a quarter of the wait, see the top), and
  * wait for those with DK_STACKREQ_BY_CHANNEL as well (dk_stackreq_answer);
  * wait at most WAIT_S (<= 0: DK_STACKREQ_WAIT_S). The previous request's
  * dumps are forgotten. Returns how many ranks are waited for (0: the

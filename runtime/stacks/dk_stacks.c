@@ -23,6 +23,10 @@
 #include <string.h>
 
 #define LABEL_RANKS 64      /* bytes of a group's rank runs shown */
+#define FLIGHT_RANKS 28     /* bytes of the runs of ranks behind shown */
+#define FLIGHT_TEXT 256     /* room for a group's last collective */
+#define FLIGHT_SHOWN 100    /* bytes of it shown (and "…") */
+#define LINE_MAX_BYTES 511  /* a summary line's bytes, at most, its newline aside */
 
 typedef struct {
     int rank;
@@ -30,6 +34,7 @@ typedef struct {
     char *dump;                 /* valid UTF-8, NUL-terminated */
     size_t dropped;             /* bytes of the dump not kept (its head) */
     size_t group;
+    dk_flight_t *flight;        /* its last collective; NULL: no flight line */
 } rank_t;
 
 typedef struct {
@@ -78,6 +83,7 @@ void dk_stacks_destroy(dk_stacks_t **self_p)
     for (size_t i = 0; i < self->n_ranks; i++) {
         free(self->ranks[i].node);
         free(self->ranks[i].dump);
+        free(self->ranks[i].flight);
     }
     for (size_t i = 0; i < self->n_groups; i++) {
         free(self->groups[i].sig);
@@ -194,6 +200,9 @@ int dk_stacks_add(dk_stacks_t *self, int rank, const char *node, const char *dum
     rank_t r = {.rank = rank, .dropped = dropped};
     r.node = strdup(node ? node : "localhost");
     r.dump = dk_utf8_sanitize(dump ? dump + dropped : "", len - dropped, &text_len);
+    dk_flight_t flight;
+    if (r.dump && dk_flight_parse(r.dump, &flight) && (r.flight = malloc(sizeof flight)))
+        *r.flight = flight;
     dk_stack_t stack = {0};
     bool ok = r.node && r.dump && dk_stack_fold(r.dump, self->is_cell, self->data, &stack) == 0;
     if (ok) {
@@ -205,6 +214,7 @@ int dk_stacks_add(dk_stacks_t *self, int rank, const char *node, const char *dum
     if (!ok) {
         free(r.node);
         free(r.dump);
+        free(r.flight);
         return -1;
     }
     self->ranks[self->n_ranks++] = r;
@@ -259,6 +269,112 @@ static void label(const group_t *g, char *buf, size_t len)
         snprintf(buf + at, len - at, "%s", runs);
 }
 
+/* TEXT (valid UTF-8) cut to at most MAX bytes (MAX >= 3) between
+ * characters, ending in "…" when cut. */
+static void cut_text(char *text, size_t max)
+{
+    if (strlen(text) <= max)
+        return;
+    size_t cut = max - 3;
+    while (cut > 0 && ((unsigned char) text[cut] & 0xC0) == 0x80)
+        cut--;
+    memcpy(text + cut, "\xe2\x80\xa6", 4);
+}
+
+/* Whether every rank of G with a flight line has the same FIELD. */
+#define SAME(first, f, field) (strcmp((first)->field, (f)->field) == 0)
+
+/* The last collective of G's ranks ("last all_reduce #12, 4 MiB, started"),
+ * the range of sequence numbers when they differ and then the ranks at the
+ * lowest ("#11–12 …; at #11 (completed): rank 3"), and how many ranks had no
+ * flight line; "" when none had one. The ranks are sorted (ordered). False
+ * when memory ran out. */
+static bool flight_text(const dk_stacks_t *self, const group_t *g, char *buf, size_t len)
+{
+    buf[0] = '\0';
+    const dk_flight_t *first = NULL, *low = NULL;
+    size_t with = 0, at_low = 0;
+    long long max = -1;
+    bool ops = true, sizes = true, states = true, low_states = true;
+    for (size_t k = 0; k < g->n; k++) {
+        const dk_flight_t *f = self->ranks[self->at[g->ranks[k]] - 1].flight;
+        if (!f)
+            continue;
+        with++;
+        if (!first)
+            first = f;
+        ops = ops && SAME(first, f, op);
+        sizes = sizes && first->bytes == f->bytes && SAME(first, f, shape);
+        max = f->seq > max ? f->seq : max;
+        if (!low || f->seq < low->seq) {
+            low = f;
+            at_low = 0;
+            low_states = true;
+        }
+        if (f->seq == low->seq) {
+            at_low++;
+            low_states = low_states && SAME(low, f, state);
+        }
+    }
+    if (!with)
+        return true;
+    /* The state shown is that of the ranks at the highest number. */
+    const dk_flight_t *high = NULL;
+    for (size_t k = 0; k < g->n; k++) {
+        const dk_flight_t *f = self->ranks[self->at[g->ranks[k]] - 1].flight;
+        if (f && f->seq == max) {
+            high = high ? high : f;
+            states = states && SAME(high, f, state);
+        }
+    }
+    char size[48] = "";
+    if (!sizes)
+        snprintf(size, sizeof size, ", sizes differ");
+    else if (first->bytes >= 0) {
+        snprintf(size, sizeof size, ", ");
+        dk_flight_size(first->bytes, size + 2, sizeof size - 2);
+    } else if (first->shape[0])
+        snprintf(size, sizeof size, ", %s", first->shape);
+    size_t at = (size_t) snprintf(buf, len, "last %s #", ops ? first->op : "collective");
+    if (low->seq == max)
+        at += (size_t) snprintf(buf + at, at < len ? len - at : 0, "%lld", max);
+    else
+        at += (size_t) snprintf(buf + at, at < len ? len - at : 0, "%lld" DK_EN_DASH "%lld",
+                                low->seq, max);
+    at += (size_t) snprintf(buf + at, at < len ? len - at : 0, "%s%s%s%s", size,
+                            ops ? "" : " (ops differ)", states && high->state[0] ? ", " : "",
+                            states ? high->state : ", states differ");
+    if (low->seq != max && at < len) {
+        int *behind = malloc(at_low * sizeof *behind);
+        if (!behind)
+            return false;
+        size_t n = 0;
+        for (size_t k = 0; k < g->n; k++) {
+            const dk_flight_t *f = self->ranks[self->at[g->ranks[k]] - 1].flight;
+            if (f && f->seq == low->seq)
+                behind[n++] = g->ranks[k];
+        }
+        char runs[FLIGHT_RANKS];
+        size_t runs_at = 0;
+        runs[0] = '\0';
+        dk_ranks_format(behind, n, 3, runs, sizeof runs, &runs_at);
+        free(behind);
+        at += (size_t) snprintf(buf + at, len - at, "; at #%lld%s%s%s", low->seq,
+                                low_states && low->state[0] ? " (" : "",
+                                low_states ? low->state : "",
+                                low_states && low->state[0] ? ")" : "");
+        if (at < len && n > 1)
+            at += (size_t) snprintf(buf + at, len - at, ", %zu ranks: %s", n, runs);
+        else if (at < len)
+            at += (size_t) snprintf(buf + at, len - at, ": rank %s", runs);
+    }
+    if (with < g->n && at < len)
+        snprintf(buf + at, len - at, "; %zu rank%s not recorded", g->n - with,
+                 g->n - with > 1 ? "s" : "");
+    cut_text(buf, FLIGHT_SHOWN + 3);
+    return true;
+}
+
 static int columns(const char *text)
 {
     int n = 0;
@@ -294,14 +410,26 @@ char *dk_stacks_summary(dk_stacks_t *self, size_t max_lines, const char *full_na
         return NULL;
     }
     /* Columns are characters, not bytes: "–" and "…" pad as one. */
-    for (size_t i = 0; i < shown; i++) {
+    char flight[FLIGHT_TEXT];
+    bool ok = true;
+    for (size_t i = 0; i < shown && ok; i++) {
         const group_t *g = order[i];
         label(g, buf, sizeof buf);
+        ok = flight_text(self, g, flight, sizeof flight);
+        long at = ftell(out);
         fprintf(out, "  %s:%*s", buf, label_w + 1 - columns(buf), "");
         if (g->call)
-            fprintf(out, "%s%*s(%s)\n", g->call, call_w + 2 - columns(g->call), "", g->where);
+            fprintf(out, "%s%*s(%s)", g->call, call_w + 2 - columns(g->call), "", g->where);
         else
-            fprintf(out, "%s\n", g->where);
+            fprintf(out, "%s", g->where);
+        /* The stack's part is bounded where it is made (about 440 bytes at
+         * worst); the flight text gets what is left of the line, if any. */
+        long used = at >= 0 ? ftell(out) - at : LINE_MAX_BYTES;
+        if (flight[0] && used + 2 + 4 <= LINE_MAX_BYTES) {
+            cut_text(flight, (size_t) (LINE_MAX_BYTES - used - 2));
+            fprintf(out, "  %s", flight);
+        }
+        fputs("\n", out);
     }
     if (shown < n) {
         size_t ranks = 0;
@@ -312,7 +440,7 @@ char *dk_stacks_summary(dk_stacks_t *self, size_t max_lines, const char *full_na
                 named ? ": see " : "", named ? (full_name ? full_name : "stacks.txt") : "");
     }
     free(order);
-    bool failed = ferror(out) != 0;
+    bool failed = !ok || ferror(out) != 0;
     if (fclose(out) != 0 || failed || !text) {
         free(text);
         return NULL;
@@ -329,12 +457,16 @@ int dk_stacks_write(dk_stacks_t *self, FILE *out)
     if (!order)
         return -1;
     fprintf(out, "# %zu ranks in %zu groups, the smallest group first\n", self->n_ranks, n);
-    char buf[LABEL_RANKS + 64];
+    char buf[LABEL_RANKS + 64], flight[FLIGHT_TEXT];
     for (size_t i = 0; i < n; i++) {
         const group_t *g = order[i];
         label(g, buf, sizeof buf);
-        fprintf(out, "\n== %s: %s%s%s%s\n", buf, g->call ? g->call : "", g->call ? " (" : "",
-                g->where, g->call ? ")" : "");
+        if (!flight_text(self, g, flight, sizeof flight)) {
+            free(order);
+            return -1;
+        }
+        fprintf(out, "\n== %s: %s%s%s%s%s%s\n", buf, g->call ? g->call : "", g->call ? " (" : "",
+                g->where, g->call ? ")" : "", flight[0] ? "  " : "", flight);
         for (size_t k = 0; k < g->n; k++) {
             const rank_t *r = &self->ranks[self->at[g->ranks[k]] - 1];
             fprintf(out, "\n--- rank %d on %s ---\n", r->rank, r->node);

@@ -39,6 +39,17 @@
  *   smallest first, ties by lowest rank, since the odd one out is usually
  *   the cause; ranks as runs (dk_ranks_format).
  *
+ * - The last collective (GPU runs with torch's NCCL flight recorder on): a
+ *   rank's answer may end in one line of DK_STACKS_FLIGHT
+ *   ("distkernel flight: op=all_reduce seq=12 state=started bytes=4194304
+ *   pg=0", python/distkernel/_flight.py). It does not split groups; each
+ *   group line ends in its ranks' last collective ("last all_reduce #12,
+ *   4 MiB, started"), the range of sequence numbers when they differ
+ *   ("#11–12") and the ranks at the lowest one when only some are there
+ *   ("#11: rank 3"), so a rank one collective behind stands out. Ranks
+ *   without the line (no recorder, an old torch, a malformed line) are
+ *   counted, not guessed.
+ *
  * Bounded: a rank's dump is kept up to DK_STACKS_MAX_DUMP bytes (its tail,
  * where the main thread is); groups are found by hashing signatures, so
  * adding N ranks costs O(N) and the summary O(N log N). Not thread-safe: one
@@ -98,6 +109,30 @@ char *dk_stacks_summary(dk_stacks_t *self, size_t max_lines, const char *full_na
  * what dk_stacks_add kept: no more memory than the summary. Returns 0, or -1
  * when writing failed or memory ran out. */
 int dk_stacks_write(dk_stacks_t *self, FILE *out);
+
+/* The start of the line a rank's answer ends in when it knows its last
+ * collective (python/distkernel/_flight.py): space-separated KEY=VALUE
+ * fields, "op" and "seq" required, "state", "bytes", "shape", "pg" optional,
+ * others passed over. */
+#define DK_STACKS_FLIGHT "distkernel flight: "
+
+/* One rank's last collective, from its flight line. */
+typedef struct {
+    long long seq;      /* the group's collective sequence number, >= 0 */
+    long long bytes;    /* the input's size in bytes; -1: not known */
+    char op[32];        /* "all_reduce", no control characters or spaces */
+    char state[16];     /* "scheduled", "started", "completed"; "" not known */
+    char shape[40];     /* "[1024, 1024]" when BYTES is not known; "" none */
+    char pg[24];        /* the process group's id or name; "" not known */
+} dk_flight_t;
+
+/* The last line of DUMP (NUL-terminated) that starts with DK_STACKS_FLIGHT,
+ * read into OUT. True when there is one with an op and a sequence number;
+ * false for none or a malformed one (OUT then zeroed, its seq -1). */
+bool dk_flight_parse(const char *dump, dk_flight_t *out);
+
+/* "4 MiB", "512 B", "1.5 GiB" for BYTES (>= 0) into BUF. */
+void dk_flight_size(long long bytes, char *buf, size_t len);
 
 /* One rank's stack, as the summary shows it and groups it. */
 typedef struct {

@@ -77,7 +77,9 @@ def assert_asleep_and_waiting(r):
     assert "cell line 6" in group(lines, [1]), lines
     waiting = group(lines, [0, 2])
     assert "torch.distributed.all_reduce" in waiting and "cell line 7" in waiting, lines
-    stacks_file(r, 3)
+    # torch imported, but a gloo group: no last collective (_flight.py).
+    assert not any(" last " in line for line in lines), lines
+    assert "distkernel flight:" not in stacks_file(r, 3)
 
 
 @pytest.mark.timeout(240)
@@ -274,3 +276,52 @@ def test_64_ranks_in_4_places_stay_within_45_lines(kernel):
     for line, n in zip(lines, (5, 7, 9, 11)):
         assert line.rstrip().endswith(f"cell line {n}"), lines
     stacks_file(r, 64)
+
+
+# GPU runs with torch's NCCL flight recorder on: each group line ends in its
+# ranks' last collective. No NCCL here (Debian's torch 1.13 has no recorder
+# and no CUDA), so the cell fakes what python/distkernel/_flight.py reads:
+# the recorder on, the default group NCCL's, and the recorder's dump (a pickle
+# in torch 2.4's schema) with rank 2 one collective behind. The ranks really
+# hang in gloo: rank 1 asleep, ranks 0 and 2 in all_reduce.
+FLIGHT = """%%distributed num_processes=3 timeout=15
+import os, pickle, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+def entry(record_id, seq, state):
+    return {"record_id": record_id, "pg_id": 0, "process_group": ("0", "default_pg"),
+            "collective_seq_id": seq, "p2p_seq_id": 0, "is_p2p": False, "op_id": seq,
+            "profiling_name": "nccl:all_reduce", "time_created_ns": 1000 + seq,
+            "input_sizes": [[1024, 1024]], "input_dtypes": ["Float"],
+            "output_sizes": [[1024, 1024]], "output_dtypes": ["Float"], "state": state,
+            "retired": False, "timeout_ms": 600000}
+def dump_trace(includeCollectives=True, includeStackTraces=True, onlyActive=False):
+    last = entry(11, 11, "completed") if rank == 2 else entry(12, 12, "started")
+    return pickle.dumps({"version": "2.4", "pg_config": {}, "pg_status": {},
+                         "entries": [entry(10, 10, "completed"), last]})
+os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] = "2000"
+dist.get_backend = lambda group=None: "nccl"
+torch._C._distributed_c10d._dump_nccl_trace = dump_trace
+print("here", flush=True)
+if rank == 1:
+    time.sleep(600)
+dist.all_reduce(torch.ones(1))
+"""
+
+
+@pytest.mark.timeout(240)
+def test_the_flight_recorder_shows_the_rank_one_collective_behind(kernel):
+    r = kernel.execute(FLIGHT, timeout=RUN)
+    assert r.content["ename"] == "TimeoutError", text(r)
+    lines, _ = where(r)
+    assert len(lines) == 2, lines
+    asleep = group(lines, [1])
+    assert "cell line 21" in asleep and "last all_reduce #12, 4 MiB, started" in asleep, lines
+    waiting = group(lines, [0, 2])
+    assert "torch.distributed.all_reduce" in waiting and "cell line 22" in waiting, lines
+    assert "last all_reduce #11–12, 4 MiB, started; at #11 (completed): rank 2" in waiting, lines
+    full = stacks_file(r, 3)
+    line = "distkernel flight: op=all_reduce seq=%d state=%s bytes=4194304 pg=0\n"
+    assert full.count(line % (12, "started")) == 2 and full.count(line % (11, "completed")) == 1, \
+        full
+

@@ -12,6 +12,8 @@
 
 #include "dk_dist_stall.h"
 #include "dk_dist_status.h"
+#include "dk_lost.h"
+#include "dk_stacks.h"
 
 #define CELLS "/tmp/distkernel-cells-1-x/"
 
@@ -237,4 +239,28 @@ Test(dist_stall, the_status_gives_the_groups_only_the_lines_it_has_left)
     free(bufs);
     free(ranks);
     free(hosts);
+}
+
+/* GPU runs with torch's flight recorder: each group line ends in its ranks'
+ * last collective, and a rank one behind is named, in the same lines. */
+Test(dist_stall, the_status_shows_each_groups_last_collective)
+{
+    stall = dk_dist_stall_new(4, 60, 0, 0, CELLS);
+    cr_assert(dk_dist_stall_due(stall, 75000));
+    char reducing[512], behind[512];
+    snprintf(reducing, sizeof reducing, "%s" DK_STACKS_FLIGHT
+             "op=all_reduce seq=12 state=started bytes=4194304\n", REDUCING);
+    snprintf(behind, sizeof behind, "%s" DK_STACKS_FLIGHT
+             "op=all_reduce seq=11 state=completed bytes=4194304\n", REDUCING);
+    const char *dumps[4] = {reducing, SLEEPING, behind, reducing};
+    size_t lens[4];
+    for (int r = 0; r < 4; r++)
+        lens[r] = strlen(dumps[r]);
+    dk_dist_stall_sampled(stall, 4, dumps, lens);
+    text = dk_dist_stall_lines(stall, 75500, 3);
+    cr_assert_str_eq(text, "  silent 76 s; where the ranks are:\n"
+                           "    rank 1:            cell line 6\n"
+                           "    ranks 0, 2, 3 (3): torch.distributed.all_reduce  (cell line 8)  "
+                           "last all_reduce #11" DK_EN_DASH "12, 4 MiB, started; "
+                           "at #11 (completed): rank 2\n");
 }

@@ -40,7 +40,9 @@ static void answer(int sig)
         _exit(3);
 }
 
-typedef enum { ANSWERS, SILENT, STARTING, EXITS, BIG, STALE, SAMPLES } kind_t;
+/* SAMPLER_STUCK: a sampler thread that never answers (its main thread holds
+ * the GIL), the end's signal answered. */
+typedef enum { ANSWERS, SILENT, STARTING, EXITS, BIG, STALE, SAMPLES, SAMPLER_STUCK } kind_t;
 
 #define SAMPLE_DUMP "Current thread 0x2 (most recent call first):\n  File \"c.py\", line 9 in <module>\n"
 
@@ -75,7 +77,9 @@ static pid_t rank(const char *path, kind_t kind)
             signal(DK_STACKS_SIGNAL, answer);
         if (kind == SAMPLES)
             signal(DK_SAMPLE_SIGNAL, answer_sample);
-        if (kind == SAMPLES)    /* one thread: its id is the pid */
+        if (kind == SAMPLER_STUCK)
+            signal(DK_SAMPLE_SIGNAL, SIG_IGN);
+        if (kind == SAMPLES || kind == SAMPLER_STUCK)  /* one thread: its id is the pid */
             dprintf(child_fd, DK_STACKS_READY "%d" DK_STACKS_READY_SAMPLER "%d\n",
                     (int) getpid(), (int) getpid());
         else if (kind != STARTING)
@@ -334,5 +338,49 @@ Test(stackreq, a_rank_without_a_sampler_thread_is_not_sampled)
     int status;
     cr_assert_eq(waitpid(groups[0], &status, WNOHANG), 0, "the rank is still there");
     end(groups[0]);
+    dk_stackreq_destroy(&req);
+}
+
+Test(stackreq, an_end_asks_a_ranks_sampler_first)
+{
+    /* The sampler answers with the GIL, so its answer can hold the rank's
+     * last collective; the end's signal (which these ranks die of) is not
+     * sent when it answers. */
+    char err[256];
+    dk_stackreq_t *req = dk_stackreq_new(2, err, sizeof err);
+    cr_assert_not_null(req, "%s", err);
+    pid_t groups[2];
+    for (int r = 0; r < 2; r++)
+        groups[r] = rank(dk_stackreq_path(req, r), SAMPLES);
+    double t0 = now();
+    cr_assert_eq(dk_stackreq_begin(req, groups, t0, 5.0), 2);
+    cr_assert_lt(settle(req, t0), 1.0);
+    for (int r = 0; r < 2; r++) {
+        size_t len;
+        cr_assert_str_eq(dk_stackreq_dump(req, r, &len), SAMPLE_DUMP, "rank %d", r);
+        int status;
+        cr_assert_eq(waitpid(groups[r], &status, WNOHANG), 0, "rank %d got the end's signal", r);
+        end(groups[r]);
+    }
+    dk_stackreq_destroy(&req);
+}
+
+Test(stackreq, an_end_whose_sampler_is_silent_signals_the_rank_within_the_wait)
+{
+    char err[256];
+    dk_stackreq_t *req = dk_stackreq_new(2, err, sizeof err);
+    cr_assert_not_null(req, "%s", err);
+    pid_t groups[2] = {rank(dk_stackreq_path(req, 0), SAMPLER_STUCK),
+                       rank(dk_stackreq_path(req, 1), SAMPLES)};
+    double t0 = now();
+    cr_assert_eq(dk_stackreq_begin(req, groups, t0, 2.0), 2);
+    double took = settle(req, t0);
+    cr_assert_geq(took, 0.5, "the sampler had a quarter of the wait (%.3f s)", took);
+    cr_assert_lt(took, 2.0, "the signal's answer ended the wait (%.3f s)", took);
+    size_t len;
+    cr_assert_str_eq(dk_stackreq_dump(req, 0, &len), DUMP);
+    cr_assert_str_eq(dk_stackreq_dump(req, 1, &len), SAMPLE_DUMP);
+    for (int r = 0; r < 2; r++)
+        end(groups[r]);
     dk_stackreq_destroy(&req);
 }

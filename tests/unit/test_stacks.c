@@ -375,3 +375,189 @@ Test(stacks, the_full_dumps_are_written_grouped)
     cr_assert_not_null(strstr(r0, "distributed_c10d.py\", line 5 in all_reduce\n"));
     free(out);
 }
+
+/* ---- the last collective (torch's NCCL flight recorder) ------------------ */
+
+/* dump_at, then the flight line a rank's sampler adds (python/distkernel/_flight.py). */
+static void add_flight(int rank, int line, const char *flight)
+{
+    char *dump = dump_at(line, TORCH "distributed_c10d.py", "all_reduce");
+    char text[2048];
+    snprintf(text, sizeof text, "%s%s%s", dump, flight ? flight : "", flight ? "\n" : "");
+    free(dump);
+    add(rank, text);
+}
+
+#define FLIGHT(seq, state) \
+    DK_STACKS_FLIGHT "op=all_reduce seq=" #seq " state=" state " bytes=4194304 pg=0"
+
+Test(stacks, a_flight_line_is_read_whatever_its_field_order_and_extra_fields)
+{
+    dk_flight_t f;
+    cr_assert(dk_flight_parse("Thread 0x1 (most recent call first):\n" DK_STACKS_FLIGHT
+                              "pg=default_pg state=started future=1 seq=12 op=all_gather "
+                              "shape=[8,16] \n", &f));
+    cr_assert_eq(f.seq, 12);
+    cr_assert_str_eq(f.op, "all_gather");
+    cr_assert_str_eq(f.state, "started");
+    cr_assert_str_eq(f.shape, "[8,16]");
+    cr_assert_str_eq(f.pg, "default_pg");
+    cr_assert_eq(f.bytes, -1);
+}
+
+Test(stacks, the_last_flight_line_of_a_dump_counts)
+{
+    dk_flight_t f;
+    cr_assert(dk_flight_parse(FLIGHT(3, "completed") "\n" FLIGHT(4, "started"), &f));
+    cr_assert_eq(f.seq, 4);
+    cr_assert_eq(f.bytes, 4194304);
+}
+
+Test(stacks, a_malformed_flight_line_is_no_line)
+{
+    static const char *const bad[] = {
+        DK_STACKS_FLIGHT "seq=12 state=started",               /* no op */
+        DK_STACKS_FLIGHT "op=all_reduce",                      /* no seq */
+        DK_STACKS_FLIGHT "op=all_reduce seq=-1",
+        DK_STACKS_FLIGHT "op=all_reduce seq=12x",
+        DK_STACKS_FLIGHT "op=all_reduce seq=99999999999999999999",
+        DK_STACKS_FLIGHT "op= seq=1",
+        DK_STACKS_FLIGHT,
+        "distkernel flight:op=all_reduce seq=1",                 /* not the line's start */
+        "  " DK_STACKS_FLIGHT "op=all_reduce seq=1",
+        "",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        dk_flight_t f;
+        cr_assert_not(dk_flight_parse(bad[i], &f), "%s", bad[i]);
+        cr_assert_eq(f.seq, -1);
+    }
+    dk_flight_t f;
+    cr_assert_not(dk_flight_parse(NULL, &f));
+}
+
+Test(stacks, a_flight_lines_fields_are_bounded_and_printable)
+{
+    char line[4096];
+    int n = snprintf(line, sizeof line, DK_STACKS_FLIGHT "seq=1 op=");
+    memset(line + n, 'a', 1000);
+    snprintf(line + n + 1000, sizeof line - n - 1000, " state=st\x01rt\xc3\xa9\xe2\x80\x93zzzzzzzzzz");
+    dk_flight_t f;
+    cr_assert(dk_flight_parse(line, &f));
+    cr_assert_eq(strlen(f.op), sizeof f.op - 1);
+    cr_assert_str_eq(f.state, "st?rt?????zzzzz");
+}
+
+Test(stacks, sizes_are_written_in_binary_units)
+{
+    char buf[32];
+    dk_flight_size(512, buf, sizeof buf);
+    cr_assert_str_eq(buf, "512 B");
+    dk_flight_size(4194304, buf, sizeof buf);
+    cr_assert_str_eq(buf, "4 MiB");
+    dk_flight_size(1536LL << 20, buf, sizeof buf);
+    cr_assert_str_eq(buf, "1.5 GiB");
+    dk_flight_size(100LL << 10, buf, sizeof buf);
+    cr_assert_str_eq(buf, "100 KiB");
+}
+
+Test(stacks, a_group_that_agrees_shows_its_last_collective)
+{
+    for (int r = 0; r < 4; r++)
+        add_flight(r, r == 2 ? 6 : 8, r == 2 ? NULL : FLIGHT(12, "started"));
+    char *text = dk_stacks_summary(stacks, 0, NULL);
+    cr_assert_str_eq(text,
+        "  rank 2:            torch.distributed.all_reduce  (cell line 6)\n"
+        "  ranks 0, 1, 3 (3): torch.distributed.all_reduce  (cell line 8)  "
+        "last all_reduce #12, 4 MiB, started\n");
+    free(text);
+}
+
+Test(stacks, a_rank_one_collective_behind_stands_out_in_its_group)
+{
+    for (int r = 0; r < 4; r++)
+        add_flight(r, 8, r == 3 ? FLIGHT(11, "completed") : FLIGHT(12, "started"));
+    cr_assert_eq(dk_stacks_groups(stacks), 1, "the flight line does not split groups");
+    char *text = dk_stacks_summary(stacks, 0, NULL);
+    cr_assert_str_eq(text,
+        "  ranks 0" DK_EN_DASH "3 (4): torch.distributed.all_reduce  (cell line 8)  "
+        "last all_reduce #11" DK_EN_DASH "12, 4 MiB, started; at #11 (completed): rank 3\n");
+    free(text);
+}
+
+Test(stacks, ranks_without_a_flight_line_are_counted_not_guessed)
+{
+    add_flight(0, 8, FLIGHT(5, "started"));
+    add_flight(1, 8, NULL);
+    add_flight(2, 8, DK_STACKS_FLIGHT "op=all_reduce");            /* malformed */
+    char *text = dk_stacks_summary(stacks, 0, NULL);
+    cr_assert_not_null(strstr(text, "last all_reduce #5, 4 MiB, started; 2 ranks not recorded\n"),
+                       "%s", text);
+    free(text);
+}
+
+Test(stacks, ranks_that_disagree_on_op_size_and_state_say_so)
+{
+    add_flight(0, 8, DK_STACKS_FLIGHT "op=all_reduce seq=7 state=started bytes=16");
+    add_flight(1, 8, DK_STACKS_FLIGHT "op=broadcast seq=7 state=scheduled bytes=32");
+    char *text = dk_stacks_summary(stacks, 0, NULL);
+    cr_assert_not_null(strstr(text, "last collective #7, sizes differ (ops differ), states differ\n"),
+                       "%s", text);
+    free(text);
+}
+
+/* 4,096 ranks in 4 groups, every 101st rank one collective behind: 4 lines,
+ * each naming its laggards as bounded runs, valid UTF-8, under 512 bytes. */
+Test(stacks, four_thousand_ranks_with_laggards_stay_four_bounded_lines)
+{
+    clock_t start = clock();
+    for (int r = 0; r < 4096; r++)
+        add_flight(r, 7 + r % 4, r % 101 == 0 ? FLIGHT(1999, "completed") : FLIGHT(2000, "started"));
+    char *text = dk_stacks_summary(stacks, 0, NULL);
+    cr_assert_eq(count_lines(text), 4, "%s", text);
+    cr_assert(valid_utf8(text), "%s", text);
+    for (const char *line = text; *line;) {
+        const char *nl = strchr(line, '\n');
+        cr_assert_lt((size_t) (nl - line), 512);
+        cr_assert_not_null(strstr(line, "#1999" DK_EN_DASH "2000"), "%.*s", (int) (nl - line), line);
+        line = nl + 1;
+    }
+    cr_assert_not_null(strstr(text, "at #1999 (completed), 11 ranks: 0, 404, 808"), "%s", text);
+    free(text);
+    char *out = NULL;
+    size_t out_len = 0;
+    FILE *f = open_memstream(&out, &out_len);
+    cr_assert_eq(dk_stacks_write(stacks, f), 0);
+    fclose(f);
+    cr_assert_not_null(strstr(out, "--- rank 4095 on node1 ---\n"));
+    cr_assert_not_null(strstr(out, FLIGHT(1999, "completed") "\n"), "each rank's line in full");
+    free(out);
+    cr_assert_lt((double) (clock() - start) / CLOCKS_PER_SEC, 2.0);
+}
+
+/* The longest stack part a line can have (a long call, three runs of long
+ * cell functions at nine-digit lines): the flight text gets what is left,
+ * and the line stays under 512 bytes. */
+Test(stacks, a_long_stack_leaves_the_flight_text_what_fits_in_the_line)
+{
+    char fn[200], call[300], dump[4096];
+    memset(fn, 'f', sizeof fn - 1);
+    fn[sizeof fn - 1] = '\0';
+    snprintf(call, sizeof call, TORCH "%s.py", fn);
+    for (int r = 0; r < 2; r++) {
+        int n = snprintf(dump, sizeof dump, "Thread 0x1 (most recent call first):\n"
+                         "  File \"%s\", line 1 in %s\n", call, fn);
+        for (int k = 0; k < 5; k++)
+            n += snprintf(dump + n, sizeof dump - n,
+                          "  File \"" CELLS "1.py\", line %d in %s%d\n", 123456789 - k, fn, k);
+        snprintf(dump + n, sizeof dump - n, DK_STACKS_FLIGHT
+                 "op=%s seq=%d state=completed bytes=999999999999 shape=[1]\n", fn, 100000 + r);
+        add(r * 1000, dump);
+    }
+    char *text = dk_stacks_summary(stacks, 0, NULL);
+    cr_assert(valid_utf8(text), "%s", text);
+    const char *nl = strchr(text, '\n');
+    cr_assert_lt((size_t) (nl - text), 512, "%s", text);
+    cr_assert_not_null(strstr(text, "  last "), "%s", text);
+    free(text);
+}
