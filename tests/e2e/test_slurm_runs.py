@@ -29,8 +29,11 @@ def start(tmp_path, cluster, wrap=None, **env):
     """A kernel with the cluster's client environment (SLURM_CONF), less any
     Slurm setting of ours; its rank logs under tmp_path/logs. WRAP: argv words
     the kernel's command is run by (it gets the command as its last words)."""
+    # DISTKERNEL_SLURM_LAUNCH (agent|steps) is the run's launcher, kept so
+    # the suite can run with either.
     base = {k: v for k, v in cluster.env.items()
-            if not k.startswith(("SLURM_", "DISTKERNEL_SLURM_")) and
+            if (not k.startswith(("SLURM_", "DISTKERNEL_SLURM_")) or
+                k == "DISTKERNEL_SLURM_LAUNCH") and
             k not in ("DISTKERNEL_NODES", "DISTKERNEL_LAUNCHER")}
     logs = tmp_path / "logs"
     logs.mkdir(mode=0o700)
