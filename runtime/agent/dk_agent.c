@@ -48,6 +48,7 @@ typedef struct {
     int pipes[2];           /* stdout, stderr read ends; -1 at EOF */
     bool exited;            /* reaped and its EXIT sent (or the kernel is gone) */
     bool stacks_wanted;     /* a STACKS request waits for the running one to end */
+    bool sample_wanted;     /* ... a live sample's (DK_BC_STACKS_SAMPLE) */
     bool stacks_asked;      /* asked in the running request */
 } lrank_t;
 
@@ -241,7 +242,10 @@ static void signal_ranks(agent_t *a, uint32_t id, int sig)
     }
 }
 
-/* Ask the ranks marked stacks_wanted at once (dk_stackreq.h). */
+/* Ask the ranks marked stacks_wanted at once (dk_stackreq.h), or, when none
+ * is, those marked sample_wanted for a live sample: DK_SAMPLE_SIGNAL to each
+ * one's sampler thread (tgkill), which interrupts no system call of the
+ * rank's, where the ending dump's DK_STACKS_SIGNAL goes to the process. */
 static void stacks_begin(agent_t *a)
 {
     if (!a->stacks || dk_stackreq_running(a->stacks))
@@ -249,18 +253,26 @@ static void stacks_begin(agent_t *a)
     pid_t *groups = calloc(a->n > 0 ? (size_t) a->n : 1, sizeof *groups);
     if (!groups)
         return;
+    bool ending = false;
+    for (int i = 0; i < a->n; i++)
+        ending |= a->ranks[i].stacks_wanted && !a->ranks[i].exited && a->ranks[i].pid > 0;
     int asked = 0;
     for (int i = 0; i < a->n; i++) {
         lrank_t *rk = &a->ranks[i];
-        rk->stacks_asked = rk->stacks_wanted && !rk->exited && rk->pid > 0;
-        rk->stacks_wanted = false;
+        bool *wanted = ending ? &rk->stacks_wanted : &rk->sample_wanted;
+        rk->stacks_asked = *wanted && !rk->exited && rk->pid > 0;
+        *wanted = false;
+        if (ending && rk->stacks_asked)
+            rk->sample_wanted = false;  /* the ending dump answers the sample too */
         if (rk->stacks_asked) {
             groups[i] = rk->pid;
             asked++;
         }
     }
-    if (asked)
+    if (asked && ending)
         dk_stackreq_begin(a->stacks, groups, dk_now_s(), a->spec->stacks_wait_s);
+    else if (asked)
+        dk_stackreq_sample(a->stacks, groups, dk_now_s(), a->spec->stacks_wait_s);
     free(groups);
 }
 
@@ -274,8 +286,8 @@ static void stacks_send(agent_t *a)
         rk->stacks_asked = false;
         size_t len = 0;
         const char *dump = dk_stackreq_dump(a->stacks, i, &len);
-        if (!dump)
-            continue;
+        if (!dump)      /* not signalled (no ready line, no sampler): "" */
+            dump = "", len = 0;
         if (len > DK_BC_STACKS_MAX) {
             dump += len - DK_BC_STACKS_MAX;
             len = DK_BC_STACKS_MAX;
@@ -284,18 +296,20 @@ static void stacks_send(agent_t *a)
     }
     bool more = false;
     for (int i = 0; i < a->n; i++)
-        more |= a->ranks[i].stacks_wanted;
+        more |= a->ranks[i].stacks_wanted || a->ranks[i].sample_wanted;
     if (more)
         stacks_begin(a);
 }
 
-static void want_stacks(agent_t *a, uint32_t id)
+static void want_stacks(agent_t *a, uint32_t id, bool sample)
 {
     for (int i = 0; i < a->n; i++) {
         lrank_t *rk = &a->ranks[i];
         if ((id == DK_BC_ALL_RANKS || id == (uint32_t) rk->rank) && !rk->exited) {
             if (!a->stacks)
                 send_frame(a, DK_BC_STACKS, (uint32_t) rk->rank, NULL, 0);
+            else if (sample)
+                rk->sample_wanted = true;
             else
                 rk->stacks_wanted = true;
         }
@@ -315,8 +329,8 @@ static void on_frame(agent_t *a, const dk_agentframe_t *f)
             signal_ranks(a, f->id, (int) sig);
         return;
     }
-    if (f->type == DK_BC_STACKS) {
-        want_stacks(a, f->id);
+    if (f->type == DK_BC_STACKS && (f->len == 0 || f->len == 4)) {
+        want_stacks(a, f->id, f->len == 4 && get_be32(f->payload) == DK_BC_STACKS_SAMPLE);
         return;
     }
     say(a, "the kernel sent a message of type %d, which this agent does not know; ignored",

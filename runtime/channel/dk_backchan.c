@@ -378,7 +378,7 @@ bool dk_backchan_agent_send(dk_backchan_t *self, int node, int type, uint32_t ra
             continue;
         unsigned char p[4] = {(unsigned char) (sig >> 24), (unsigned char) (sig >> 16),
                               (unsigned char) (sig >> 8), (unsigned char) sig};
-        bool with_sig = type == DK_BC_SIGNAL;
+        bool with_sig = type == DK_BC_SIGNAL || (type == DK_BC_STACKS && sig != 0);
         if (!chan_agent_queue(self, c, type, rank, with_sig ? p : NULL, with_sig ? 4 : 0)) {
             chan_refuse(self, c, "out of memory, or OpenSSL could not sign, a message to it");
             return false;

@@ -45,6 +45,11 @@ enum {
 
 /* The u32 of a SIGNAL or STACKS frame to an agent: every rank of its node. */
 #define DK_BC_ALL_RANKS 0xFFFFFFFFu
+/* The payload (u32) of a STACKS frame to an agent for a live sample: the
+ * agent sends DK_SAMPLE_SIGNAL to each rank's sampler thread (tgkill), not
+ * DK_STACKS_SIGNAL to the rank, which would interrupt its system calls
+ * (dk_stackreq.h). Without a payload (or 0): the ending dump. */
+#define DK_BC_STACKS_SAMPLE 1u
 
 /* The most bytes of a rank's stacks one STACKS frame carries. */
 #define DK_BC_STACKS_MAX ((size_t) 128 << 10)
@@ -220,7 +225,8 @@ bool dk_backchan_interrupt(dk_backchan_t *self, int rank);
 bool dk_backchan_ask_stacks(dk_backchan_t *self, int rank);
 
 /* Send the agent of NODE a SIGNAL (SIG for RANK's process group, or every
- * rank's: DK_BC_ALL_RANKS) or a STACKS request (TYPE DK_BC_STACKS, SIG 0),
+ * rank's: DK_BC_ALL_RANKS) or a STACKS request (TYPE DK_BC_STACKS; SIG 0:
+ * the ending dump, DK_BC_STACKS_SAMPLE: a live sample),
  * queued behind what its connection is writing. False when that agent has
  * no connection, or it was lost (nothing will be sent). */
 bool dk_backchan_agent_send(dk_backchan_t *self, int node, int type, uint32_t rank, int sig);

@@ -103,9 +103,9 @@ static int begin_stacks(dk_job_t *job, bool sample)
         const rank_t *rk = &job->ranks[r];
         if (rk->reaped || rk->reported || rk->lost)
             groups[r] = 0;
-        else if (rk->by_agent)     /* its agent signals it there: it answers holding the GIL */
+        else if (rk->by_agent)     /* its agent signals it there (a sample: its sampler thread) */
             groups[r] = dk_backchan_agent_send(job->chan, r / job->ranks_per_node, DK_BC_STACKS,
-                                               (uint32_t) r, 0)
+                                               (uint32_t) r, sample ? (int) DK_BC_STACKS_SAMPLE : 0)
                             ? DK_STACKREQ_BY_CHANNEL : 0;
         else if (!rk->launched)
             groups[r] = rk->pid;

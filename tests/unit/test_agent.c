@@ -433,6 +433,79 @@ Test(agent, answers_stacks_by_signalling_its_ranks_here, .timeout = 40)
     agent_free(k);
 }
 
+/* A rank as distkernel-rank arms its sampler thread (python/distkernel/_rank.py):
+ * the thread blocks DK_SAMPLE_SIGNAL and takes it with sigwait. Local rank 1
+ * has no sampler (its ready line names none). Neither arms DK_STACKS_SIGNAL:
+ * its default action ends the rank, so a sample sent as the ending dump's
+ * signal would show as an exit. */
+#define SAMPLER_RANK                                                                    \
+    "exec " PYTHON3 " -c '\n"                                                            \
+    "import faulthandler, os, signal, threading, time\n"                                 \
+    "f = open(os.environ[\"DISTKERNEL_STACKS\"], \"a\", buffering=1)\n"                  \
+    "sig = signal.SIGRTMAX - 6\n"                                                        \
+    "tid = []\n"                                                                         \
+    "up = threading.Event()\n"                                                           \
+    "def answer():\n"                                                                    \
+    "    signal.pthread_sigmask(signal.SIG_BLOCK, {sig})\n"                              \
+    "    tid.append(threading.get_native_id())\n"                                        \
+    "    up.set()\n"                                                                     \
+    "    while True:\n"                                                                  \
+    "        signal.sigwait({sig})\n"                                                    \
+    "        faulthandler.dump_traceback(file=f, all_threads=True)\n"                    \
+    "        f.write(\"distkernel stacks: end\\n\")\n"                                   \
+    "signal.signal(sig, lambda *a: None)\n"                                              \
+    "if os.environ[\"LOCAL_RANK\"] == \"0\":\n"                                          \
+    "    threading.Thread(target=answer, daemon=True).start()\n"                         \
+    "    up.wait(5)\n"                                                                   \
+    "    f.write(\"distkernel stacks: ready, pid %d, sampler %d\\n\" % (os.getpid(), tid[0]))\n" \
+    "else:\n"                                                                            \
+    "    f.write(\"distkernel stacks: ready, pid %d\\n\" % os.getpid())\n"               \
+    "def sampled_in_a_cell():\n"                                                         \
+    "    print(\"up\", flush=True)\n"                                                    \
+    "    time.sleep(60)\n"                                                               \
+    "sampled_in_a_cell()\n'"
+
+Test(agent, samples_a_rank_through_its_sampler_thread_only, .timeout = 40)
+{
+    agent_opts_t o = {.node = 3, .world = 8, .per = 2, .stacks = true, .stacks_wait_s = 1.0,
+                      .script = SAMPLER_RANK};
+    kern_t *k = agent_start(&o);
+    cr_assert(next_frame(k, 10));   /* its AGENT_HELLO */
+    seen_t s = {0};
+    while (strlen(s.out[0]) + strlen(s.out[1]) < 6) {
+        cr_assert(next_frame(k, 20));
+        take(k, &s, 6);
+    }
+    for (int round = 0; round < 2; round++) {
+        unsigned char sample[4] = {0, 0, 0, DK_BC_STACKS_SAMPLE};
+        send_to_agent(k, DK_BC_STACKS, DK_BC_ALL_RANKS, sample, sizeof sample);
+        char dump[2][8192] = {"", ""};
+        bool got[2] = {false, false};
+        while (!got[0] || !got[1]) {
+            cr_assert(next_frame(k, 10));
+            cr_assert_eq(k->type, DK_BC_STACKS, "type %d (a rank signalled as for the end "
+                         "exits)", k->type);
+            cr_assert(k->id == 6 || k->id == 7);
+            size_t len = k->plen < sizeof dump[0] - 1 ? k->plen : sizeof dump[0] - 1;
+            memcpy(dump[k->id - 6], k->payload, len);
+            dump[k->id - 6][len] = '\0';
+            got[k->id - 6] = true;
+        }
+        cr_expect(strstr(dump[0], "sampled_in_a_cell"), "rank 6's sample: %s", dump[0]);
+        cr_expect_str_eq(dump[1], "", "rank 7 has no sampler: not signalled, no answer");
+    }
+    cr_expect_eq(s.exits, 0, "a sample ended a rank");
+    send_signal(k, DK_BC_ALL_RANKS, SIGKILL);
+    while (s.exits < 2) {
+        cr_assert(next_frame(k, 10));
+        take(k, &s, 6);
+    }
+    close(k->fd);
+    k->fd = -1;
+    cr_expect_eq(agent_wait(k, 10), 0);
+    agent_free(k);
+}
+
 Test(agent, a_rank_that_cannot_start_ends_the_agent_at_once, .timeout = 30)
 {
     agent_opts_t o = {.node = 0, .world = 2, .per = 2, .program = "/nonexistent/rank"};
