@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -607,19 +608,22 @@ int dk_agent_run(const dk_agent_spec_t *spec)
 
 /* ---- connecting ----------------------------------------------------------------- */
 
-static int connect_once(const char *address, char *err, size_t errlen)
+/* One try: the connection, or -1 with why in WHY (the system's word, "no
+ * answer" past PER_TRY_S), or -2 when ADDRESS can never be reached (WHY says
+ * why, whole). */
+static int connect_once(const char *address, double per_try_s, char *why, size_t whylen)
 {
     if (strncmp(address, "tcp:", 4) != 0) {
         struct sockaddr_un sun = {.sun_family = AF_UNIX};
         if (strlen(address) >= sizeof sun.sun_path) {
-            dk_set_err(err, errlen, "the socket path %s is too long", address);
+            dk_set_err(why, whylen, "the socket path %s is too long", address);
             return -2;
         }
         memcpy(sun.sun_path, address, strlen(address) + 1);
         int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (fd >= 0 && connect(fd, (struct sockaddr *) &sun, sizeof sun) == 0)
             return fd;
-        dk_set_err(err, errlen, "cannot connect to %s: %s", address, strerror(errno));
+        dk_set_err(why, whylen, "%s", strerror(errno));
         if (fd >= 0)
             close(fd);
         return -1;
@@ -629,7 +633,7 @@ static int connect_once(const char *address, char *err, size_t errlen)
     if (*h == '[') {
         const char *end = strchr(h, ']');
         if (!end || end[1] != ':' || (size_t) (end - h - 1) >= sizeof host) {
-            dk_set_err(err, errlen, "%s is not tcp:[ADDR]:PORT", address);
+            dk_set_err(why, whylen, "%s is not tcp:[ADDR]:PORT", address);
             return -2;
         }
         snprintf(host, sizeof host, "%.*s", (int) (end - h - 1), h + 1);
@@ -637,7 +641,7 @@ static int connect_once(const char *address, char *err, size_t errlen)
     } else {
         const char *colon = strrchr(h, ':');
         if (!colon || (size_t) (colon - h) >= sizeof host) {
-            dk_set_err(err, errlen, "%s is not tcp:ADDR:PORT", address);
+            dk_set_err(why, whylen, "%s is not tcp:ADDR:PORT", address);
             return -2;
         }
         snprintf(host, sizeof host, "%.*s", (int) (colon - h), h);
@@ -648,17 +652,27 @@ static int connect_once(const char *address, char *err, size_t errlen)
     struct addrinfo *ai = NULL;
     int g = getaddrinfo(host, port, &hints, &ai);
     if (g != 0) {
-        dk_set_err(err, errlen, "%s is not a numeric address and port: %s", address,
+        dk_set_err(why, whylen, "%s is not a numeric address and port: %s", address,
                    gai_strerror(g));
         return -2;
     }
     int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    /* A node whose packets are dropped would otherwise wait out the
+     * system's SYN retries (minutes), past the connect deadline. */
+    struct timeval tv = {(time_t) per_try_s,
+                         (suseconds_t) ((per_try_s - (double) (time_t) per_try_s) * 1e6)};
+    if (fd >= 0)
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     int rc = fd >= 0 ? connect(fd, ai->ai_addr, ai->ai_addrlen) : -1;
     int saved = errno;
     freeaddrinfo(ai);
-    if (rc == 0)
+    if (rc == 0) {
+        struct timeval none = {0, 0};
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof none);
         return fd;
-    dk_set_err(err, errlen, "cannot connect to %s: %s", address, strerror(saved));
+    }
+    dk_set_err(why, whylen, "%s", saved == EINPROGRESS || saved == ETIMEDOUT || saved == EAGAIN
+                                      ? "no answer" : strerror(saved));
     if (fd >= 0)
         close(fd);
     return -1;
@@ -672,17 +686,31 @@ int dk_agent_connect(const char *address, double deadline_s, unsigned char nonce
         return -1;
     }
     double until = dk_now_s() + deadline_s, wait = 0.05;
-    int fd;
+    int fd, tries = 0;
+    char why[512] = "";
     for (;;) {
-        fd = connect_once(address, err, errlen);
+        tries++;
+        double left = until - dk_now_s();
+        fd = connect_once(address, left < 0.5 ? 0.5 : left > 10 ? 10 : left, why, sizeof why);
         if (fd >= 0 || fd == -2 || dk_now_s() + wait > until)
             break;
         struct timespec ts = {(time_t) wait, (long) ((wait - (double) (time_t) wait) * 1e9)};
         nanosleep(&ts, NULL);
         wait = wait * 2 > 1.0 ? 1.0 : wait * 2;
     }
-    if (fd < 0)
+    if (fd == -2) {
+        dk_set_err(err, errlen, "%s", why);
         return -1;
+    }
+    if (fd < 0) {
+        /* As a rank says it (python/distkernel/_backchannel.py). */
+        bool tcp = strncmp(address, "tcp:", 4) == 0;
+        dk_set_err(err, errlen, "could not connect to the kernel's back channel at %s within %g s "
+                   "(%d tries; the last: %s)%s", tcp ? address + 4 : address, deadline_s, tries,
+                   why, tcp ? "; this node must reach that address and port over TCP (a "
+                   "firewall or a route may be in the way, or the kernel is gone)" : "");
+        return -1;
+    }
     size_t have = 0;
     while (have < 32) {
         struct pollfd p = {.fd = fd, .events = POLLIN};

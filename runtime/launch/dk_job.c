@@ -127,6 +127,8 @@ static int poll_timeout_ms(const dk_job_t *job)
     if (job->nagents > 0 && !job->agents_reaped && job->agents_pidfd < 0 &&
         (ms < 0 || ms > NO_PIDFD_TICK_MS))
         ms = NO_PIDFD_TICK_MS;
+    if (job_agents_words_pending(job) && (ms < 0 || ms > NO_PIDFD_TICK_MS))
+        ms = NO_PIDFD_TICK_MS;      /* the launcher's last lines, or their deadline */
     if (job->nagents > 0 && job->stop_reason == DK_END_NONE) {
         double wait = (job->started_at + job->connect_timeout_s + job->heartbeat_s -
                        dk_now_s()) * 1000.0 + 1;

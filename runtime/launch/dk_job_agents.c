@@ -29,6 +29,8 @@
 #include <unistd.h>
 
 #define AGENT_VARS 12
+/* The most of an agent's last words kept (bytes). */
+#define AGENT_WORDS_MAX 1024
 
 bool job_start_agents(dk_job_t *job, const dk_job_spec_t *spec, const char *const *base,
                       const char *run_id, char *err, size_t errlen)
@@ -41,9 +43,10 @@ bool job_start_agents(dk_job_t *job, const dk_job_spec_t *spec, const char *cons
     job->nagents = job->world_size / job->ranks_per_node;
     job->agent_hello = calloc((size_t) job->nagents, sizeof *job->agent_hello);
     job->agent_gone = calloc((size_t) job->nagents, sizeof *job->agent_gone);
+    job->agent_words = calloc((size_t) job->nagents, sizeof *job->agent_words);
     job->agents_filter[0] = dk_launchout_new();
     job->agents_filter[1] = dk_launchout_new();
-    if (!job->agent_hello || !job->agent_gone || !job->agents_filter[0] ||
+    if (!job->agent_hello || !job->agent_gone || !job->agent_words || !job->agents_filter[0] ||
         !job->agents_filter[1]) {
         dk_set_err(err, errlen, "out of memory");
         return false;
@@ -123,6 +126,59 @@ void job_agents_free(dk_job_t *job)
     free(job->agents_line);
     free(job->agent_hello);
     free(job->agent_gone);
+    for (int node = 0; job->agent_words && node < job->nagents; node++)
+        free(job->agent_words[node]);
+    free(job->agent_words);
+}
+
+/* An agent's own line (agent_main.c: "distkernel-agent: node K: WHY")
+ * before it said AGENT_HELLO: it gives up without connecting (it cannot
+ * reach the kernel, or its rank program is missing) and exits 2. Its words
+ * are kept, for its node's ranks (job_agents_judge). */
+static void agent_said(dk_job_t *job, const char *line, size_t len)
+{
+    static const char lead[] = "distkernel-agent: node ";
+    const size_t lead_len = sizeof lead - 1;
+    if (len <= lead_len || memcmp(line, lead, lead_len) != 0)
+        return;
+    size_t i = lead_len;
+    long node = 0;
+    size_t digits = 0;
+    while (i < len && line[i] >= '0' && line[i] <= '9' && digits < 9)
+        node = node * 10 + (line[i++] - '0'), digits++;
+    if (!digits || i + 2 > len || line[i] != ':' || line[i + 1] != ' ' ||
+        node >= job->nagents || job->agent_hello[node] || job->agent_gone[node] ||
+        job->agent_words[node])
+        return;
+    size_t keep = dk_utf8_complete_prefix(line, len > AGENT_WORDS_MAX ? AGENT_WORDS_MAX : len);
+    size_t out_len = 0;
+    job->agent_words[node] = dk_utf8_sanitize(line, keep, &out_len);
+}
+
+/* The tasks' own bytes of the launcher's pipe WHICH, which arrive in
+ * pieces: whole lines to agent_said. A line longer than the buffer is
+ * no agent's. */
+static void agent_bytes(dk_job_t *job, int which, const char *bytes, size_t len, bool end)
+{
+    agent_text_t *t = &job->agents_text[which];
+    for (size_t i = 0; i < len; i++) {
+        if (bytes[i] == '\n') {
+            if (!t->overflow)
+                agent_said(job, t->buf, t->len);
+            t->len = 0;
+            t->overflow = false;
+        } else if (t->len < sizeof t->buf) {
+            t->buf[t->len++] = bytes[i];
+        } else {
+            t->overflow = true;
+        }
+    }
+    if (end) {
+        if (!t->overflow)
+            agent_said(job, t->buf, t->len);
+        t->len = 0;
+        t->overflow = false;
+    }
 }
 
 /* The launcher's bytes: all to agents.log; its telling lines kept. */
@@ -131,6 +187,8 @@ static void agents_out(void *data, dk_launchout_kind_t kind, const char *bytes, 
     dk_job_t *job = data;
     if (job->agents_log && dk_logfile_write(job->agents_log, bytes, len) != 0)
         dk_logfile_close(&job->agents_log);
+    if (kind == DK_LAUNCHOUT_RANK)
+        agent_bytes(job, job->agents_feeding, bytes, len, false);
     if (kind == DK_LAUNCHOUT_RANK || !dk_launchout_tells(bytes, len))
         return;
     while (len > 0 && (bytes[len - 1] == '\n' || bytes[len - 1] == '\r'))
@@ -154,8 +212,10 @@ void job_agents_drain(dk_job_t *job, int which)
             continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
             return;
+        job->agents_feeding = which;
         if (n <= 0) {
             dk_launchout_finish(job->agents_filter[which], agents_out, job);
+            agent_bytes(job, which, NULL, 0, true);
             job_close_fd(&job->agents_pipe[which]);
             return;
         }
@@ -163,7 +223,8 @@ void job_agents_drain(dk_job_t *job, int which)
     }
 }
 
-/* The launcher has exited: the agents that never connected never will. */
+/* The launcher has exited: the agents that never connected never will
+ * (job_agents_judge says so once its pipes are drained). */
 void job_agents_reap(dk_job_t *job)
 {
     if (job->agents_reaped || job->agents_pid <= 0)
@@ -176,13 +237,35 @@ void job_agents_reap(dk_job_t *job)
     if (got == 0)
         return;
     job->agents_reaped = true;
+    job->agents_exited_at = dk_now_s();
     job_close_fd(&job->agents_pidfd);
     job_agents_drain(job, 0);
     job_agents_drain(job, 1);
     dk_backchan_drain(job->chan);
+}
+
+/* After the launcher's exit, what its tasks said may still be on its way
+ * through srun's pipes (srun writes its own lines first): the agents that
+ * never connected are judged once both pipes are at their end, or this long
+ * after the exit (an srun helper that keeps them open). */
+#define AGENTS_LAST_WORDS_S 2.0
+
+bool job_agents_words_pending(const dk_job_t *job)
+{
+    return job->nagents > 0 && job->agents_reaped && !job->agents_exit_judged;
+}
+
+static void agents_never_came(dk_job_t *job)
+{
+    if (!job_agents_words_pending(job))
+        return;
+    if ((job->agents_pipe[0] >= 0 || job->agents_pipe[1] >= 0) &&
+        dk_now_s() < job->agents_exited_at + AGENTS_LAST_WORDS_S)
+        return;
+    job->agents_exit_judged = true;
     for (int node = 0; node < job->nagents; node++) {
-        if (job->agent_hello[node] || job->agent_gone[node])
-            continue;
+        if (job->agent_hello[node] || job->agent_gone[node] || job->agent_words[node])
+            continue;       /* one that said why is judged below (job_agents_judge) */
         char why[LAUNCHER_LINE_KEEP + 128];
         snprintf(why, sizeof why, "its node agent never connected, and the agents' launcher "
                  "exited%s%s%s", job->agents_line ? " (\"" : "",
@@ -196,7 +279,25 @@ void job_agents_reap(dk_job_t *job)
  * follows ends the rest). */
 void job_agents_judge(dk_job_t *job)
 {
-    if (job->nagents == 0 || job->stop_reason != DK_END_NONE)
+    if (job->nagents == 0)
+        return;
+    agents_never_came(job);
+    /* An agent that gave up without connecting said why: its node's ranks
+     * end as a rank that could not start does (exit code 2, the agent's),
+     * its words on the node's first rank's stderr, once. */
+    for (int node = 0; node < job->nagents; node++) {
+        if (!job->agent_words[node] || job->agent_gone[node] || job->agent_hello[node])
+            continue;
+        job->agent_gone[node] = true;
+        int first = node * job->ranks_per_node;
+        const char *words = job->agent_words[node];
+        job_deliver(job, first, 2, words, strlen(words));
+        job_deliver(job, first, 2, "\n", 1);
+        for (int r = first; r < first + job->ranks_per_node; r++)
+            if (!job->ranks[r].reaped && !job->ranks[r].exit_told)
+                job_reaped(job, r, 2 << 8, true);
+    }
+    if (job->stop_reason != DK_END_NONE)
         return;
     if (dk_now_s() < job->started_at + job->connect_timeout_s + job->heartbeat_s)
         return;

@@ -85,6 +85,11 @@ static void deliver(dk_job_t *job, int r, int fd, const char *buf, size_t n)
         job->sink.on_output(job->sink.data, r, fd, buf, n);
 }
 
+void job_deliver(dk_job_t *job, int r, int fd, const char *buf, size_t n)
+{
+    deliver(job, r, fd, buf, n);
+}
+
 /* Keep LINE, a launcher line that says more than the exit status, as rank
  * R's reason (dk_job_rank_launcher_line): its first LAUNCHER_LINE_KEEP bytes,
  * as valid UTF-8, without its newline. */

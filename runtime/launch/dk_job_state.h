@@ -74,6 +74,13 @@ typedef struct {
     int term_signal;
 } rank_t;
 
+/* A line of a node agent's own, being read from its launcher's pipe. */
+typedef struct {
+    char buf[1024];
+    size_t len;
+    bool overflow;
+} agent_text_t;
+
 struct dk_job_t {
     dk_sink_t sink;
     int world_size;
@@ -156,11 +163,17 @@ struct dk_job_t {
     int agents_pidfd;
     int agents_pipe[2];
     bool agents_reaped;
+    double agents_exited_at;    /* ... when it was reaped */
+    bool agents_exit_judged;    /* ... and the agents that never came judged */
     dk_launchout_t *agents_filter[2];
     dk_logfile_t *agents_log;   /* agents.log: the launcher's lines */
     char *agents_line;          /* its last telling line, or NULL */
     bool *agent_hello;          /* per node: its agent said AGENT_HELLO */
     bool *agent_gone;           /* per node: its agent was lost (or never came) */
+    agent_text_t agents_text[2];    /* per launcher pipe: the tasks' line being read */
+    int agents_feeding;         /* the pipe whose bytes are being filtered */
+    char **agent_words;         /* per node: what its agent said before it gave up
+                                   without connecting, or NULL (agents_out) */
 };
 
 /* dk_job.c */
@@ -209,6 +222,9 @@ void job_agents_end(dk_job_t *job);
 void job_agent_gone(dk_job_t *job, int node, const char *why);
 void job_agent_exit(dk_job_t *job, int r, int exit_code, int term_signal);
 void job_agents_reap_told(dk_job_t *job);
+bool job_agents_words_pending(const dk_job_t *job);
+/* dk_job_chan.c */
+void job_deliver(dk_job_t *job, int r, int fd, const char *buf, size_t n);
 
 /* dk_job_round.c */
 void job_round_answered(dk_job_t *job);

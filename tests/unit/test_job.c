@@ -2892,7 +2892,17 @@ static char agents_dir[128];
 /* A job of WORLD ranks, PER on each "node", whose agents a shell starts, as
  * srun would (one task per node, each told its node); each agent's pid goes
  * to agents_dir/agent-K. */
+/* Agents started with VARS (assignments for the shell) before each. */
+static dk_job_spec_t agent_spec_with(int world, int per, const char *const *extra,
+                                     const char *vars);
+
 static dk_job_spec_t agent_spec(int world, int per, const char *const *extra)
+{
+    return agent_spec_with(world, per, extra, "");
+}
+
+static dk_job_spec_t agent_spec_with(int world, int per, const char *const *extra,
+                                     const char *vars)
 {
     static char script[1024];
     static const char *cmd[4];
@@ -2901,9 +2911,10 @@ static dk_job_spec_t agent_spec(int world, int per, const char *const *extra)
     snprintf(agents_dir, sizeof agents_dir, "/tmp/dk-agents-XXXXXX");
     cr_assert_not_null(mkdtemp(agents_dir));
     snprintf(script, sizeof script,
-             "k=0; while [ $k -lt %d ]; do DISTKERNEL_AGENT_NODE=$k %s %s & echo $! > %s/agent-$k; "
-             "k=$((k + 1)); done; echo 'srun: a line of the launcher' >&2; wait",
-             world / per, AGENT_EXE, FAKE_RANK, agents_dir);
+             "k=0; while [ $k -lt %d ]; do DISTKERNEL_AGENT_NODE=$k %s %s %s & "
+             "echo $! > %s/agent-$k; k=$((k + 1)); done; "
+             "echo 'srun: a line of the launcher' >&2; wait",
+             world / per, vars, AGENT_EXE, FAKE_RANK, agents_dir);
     cmd[0] = "/bin/sh";
     cmd[1] = "-c";
     cmd[2] = script;
@@ -3021,6 +3032,35 @@ Test(agents, a_cancel_reaches_the_ranks_through_their_agents, .timeout = 60)
         cr_expect(rec.msg_error[r] && strstr(rec.msg[r].buf, "KeyboardInterrupt"),
                   "rank %d got SIGINT from its agent", r);
     }
+    finish(&job);
+    agents_done();
+}
+
+Test(agents, an_agent_that_cannot_connect_says_why_as_a_rank_does, .timeout = 60)
+{
+    /* Port 1 refuses: each agent tries for its connect deadline, says why
+     * and exits 2; its node's ranks, never started, end with that, its words
+     * on the node's first rank's stderr. Not a lost node. */
+    dk_job_spec_t spec = agent_spec_with(4, 2, NULL, "DISTKERNEL_BC=tcp:127.0.0.1:1 "
+                                                     "DISTKERNEL_BC_CONNECT_TIMEOUT=1");
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 40000), "the job did not end");
+    cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    /* The first agent to give up is the root cause; the other node's ranks
+     * may be stopped before its agent gives up too. */
+    int root = dk_job_root_cause(job);
+    cr_assert(root == 0 || root == 2, "root cause %d", root);
+    for (int r = root; r < root + 2; r++) {
+        cr_expect_eq(dk_job_rank_state(job, r), DK_RANK_FAILED, "rank %d", r);
+        cr_expect_eq(dk_job_rank_exit_code(job, r), 2, "rank %d", r);
+    }
+    const char *why = "could not connect to the kernel's back channel at 127.0.0.1:1 within 1 s";
+    cr_expect(output_has(root, 2, why), "%s",
+              rec.out[root][2].buf ? rec.out[root][2].buf : "(nothing on its stderr)");
+    cr_expect(!output_has(1, 2, why) && !output_has(3, 2, why), "told once per node");
+    char summary[128];
+    dk_job_lost_summary(job, summary, sizeof summary);
+    cr_expect_str_eq(summary, "");
     finish(&job);
     agents_done();
 }
