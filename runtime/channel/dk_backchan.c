@@ -284,6 +284,16 @@ void dk_backchan_close_all(dk_backchan_t *self)
     self->listen_fd = -1;
 }
 
+void dk_backchan_close_ranks(dk_backchan_t *self)
+{
+    for (size_t i = 0; i < self->nconns; i++)
+        if (self->conns[i].fd >= 0 && !chan_is_agent(self, &self->conns[i]))
+            chan_conn_close(&self->conns[i]);
+    if (self->listen_fd >= 0)
+        close(self->listen_fd);
+    self->listen_fd = -1;
+}
+
 void dk_backchan_destroy(dk_backchan_t **self_p)
 {
     if (!self_p || !*self_p)

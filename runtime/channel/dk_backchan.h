@@ -265,4 +265,8 @@ void dk_backchan_drain(dk_backchan_t *self);
  * ranks; a Unix socket is unlinked then). */
 void dk_backchan_close_all(dk_backchan_t *self);
 
+/* The same for the ranks' connections only (EOF is an idle started rank's
+ * cue to exit): the node agents' stay open, to tell those exits. */
+void dk_backchan_close_ranks(dk_backchan_t *self);
+
 #endif

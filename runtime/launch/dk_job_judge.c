@@ -205,9 +205,9 @@ void job_begin_stop(dk_job_t *job, dk_job_end_t reason)
 static void stop_now(dk_job_t *job)
 {
     /* An idle rank of a persistent job ignores SIGINT and waits on the channel:
-     * EOF is its cue to exit. */
+     * EOF is its cue to exit. Node agents keep theirs, to tell those exits. */
     if (job->persistent) {
-        dk_backchan_close_all(job->chan);
+        dk_backchan_close_ranks(job->chan);
         for (int r = 0; r < job->world_size; r++)
             job->ranks[r].signalled = !job->ranks[r].reaped;   /* their exit is our doing */
     }
