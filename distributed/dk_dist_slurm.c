@@ -102,18 +102,18 @@ struct dk_dist_slurm_t {
     dk_slurm_step_t *steps;     /* per rank: its srun */
     const char *const **cmds;   /* per rank: steps[r].argv */
     char **env;                 /* the ranks' base environment: the run's node lists added */
-    /* DISTKERNEL_SLURM_LAUNCH=agent: one srun of one node agent per node */
+    /* node agents (the default): one srun of one node agent per node */
     char agent_job[64], agent_nodes[64], agent_tasks[64], *agent_list, *agent_exe;
     const char *agent_argv[20];
 };
 
 /* Whether the ranks are started by node agents, one srun step of one task
- * per node (docs/slurm.md), rather than one step per rank (the default
- * until the Slurm suites pass with agents). */
+ * per node (docs/slurm.md): the default; DISTKERNEL_SLURM_LAUNCH=steps runs
+ * one step per rank instead. */
 static bool launch_by_agents(void)
 {
     const char *v = getenv("DISTKERNEL_SLURM_LAUNCH");
-    return v && strcmp(v, "agent") == 0;
+    return !v || strcmp(v, "steps") != 0;
 }
 
 /* srun ... distkernel-agent RANK_EXE for the run's NODES first nodes. */

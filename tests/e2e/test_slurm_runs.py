@@ -24,9 +24,9 @@ from mlflow_server import MlflowTestServer  # noqa: E402
 
 ALL_GONE_WITHIN = 30
 # How this session runs the ranks (DISTKERNEL_SLURM_LAUNCH, kept in the
-# kernel's environment by start): one srun step of node agents, or one step
-# per rank.
-AGENTS = os.environ.get("DISTKERNEL_SLURM_LAUNCH", "steps") == "agent"
+# kernel's environment by start): one srun step of node agents (the
+# default), or one step per rank (steps).
+AGENTS = os.environ.get("DISTKERNEL_SLURM_LAUNCH", "agent") != "steps"
 
 
 def start(tmp_path, cluster, wrap=None, **env):
