@@ -102,7 +102,66 @@ struct dk_dist_slurm_t {
     dk_slurm_step_t *steps;     /* per rank: its srun */
     const char *const **cmds;   /* per rank: steps[r].argv */
     char **env;                 /* the ranks' base environment: the run's node lists added */
+    /* node agents (the default): one srun of one node agent per node */
+    char agent_job[64], agent_nodes[64], agent_tasks[64], *agent_list, *agent_exe;
+    const char *agent_argv[20];
 };
+
+/* Whether the ranks are started by node agents, one srun step of one task
+ * per node (docs/slurm.md): the default; DISTKERNEL_SLURM_LAUNCH=steps runs
+ * one step per rank instead. */
+static bool launch_by_agents(void)
+{
+    const char *v = getenv("DISTKERNEL_SLURM_LAUNCH");
+    return !v || strcmp(v, "steps") != 0;
+}
+
+/* srun ... distkernel-agent RANK_EXE for the run's NODES first nodes. */
+static int agents_command(dk_dist_slurm_t *self, const char *rank_exe, int nodes)
+{
+    const char *slash = strrchr(rank_exe, '/');
+    free(self->agent_exe);
+    self->agent_exe = NULL;
+    if (slash && asprintf(&self->agent_exe, "%.*s/distkernel-agent", (int) (slash - rank_exe),
+                          rank_exe) < 0)
+        self->agent_exe = NULL;
+    if (!slash && !(self->agent_exe = strdup("distkernel-agent")))
+        return -1;
+    const char **names = calloc((size_t) nodes + 1, sizeof *names);
+    for (int i = 0; names && i < nodes; i++)
+        names[i] = dk_slurm_node_name(self->alloc, (size_t) i);
+    char *list = names ? dk_hostlist_compress(names, (size_t) nodes) : NULL;
+    free(names);
+    free(self->agent_list);
+    self->agent_list = NULL;
+    if (!self->agent_exe || !list || asprintf(&self->agent_list, "--nodelist=%s", list) < 0) {
+        free(list);
+        return -1;
+    }
+    free(list);
+    snprintf(self->agent_job, sizeof self->agent_job, "--jobid=%s", dk_slurm_job_id(self->alloc));
+    snprintf(self->agent_nodes, sizeof self->agent_nodes, "--nodes=%d", nodes);
+    snprintf(self->agent_tasks, sizeof self->agent_tasks, "--ntasks=%d", nodes);
+    size_t n = 0;
+    const char **a = self->agent_argv;
+    a[n++] = "srun";
+    a[n++] = self->agent_job;
+    a[n++] = self->agent_nodes;
+    a[n++] = self->agent_tasks;
+    a[n++] = "--ntasks-per-node=1";
+    a[n++] = "--overlap";
+    if (!self->gpu)
+        a[n++] = "--gres=none";
+    a[n++] = self->agent_list;
+    a[n++] = "--kill-on-bad-exit=0";
+    a[n++] = "--export=ALL";
+    a[n++] = "--quiet";
+    a[n++] = "--chdir=/";
+    a[n++] = self->agent_exe;
+    a[n++] = rank_exe;
+    a[n] = NULL;
+    return 0;
+}
 
 /* ---- waiting on Slurm with the GIL released ---------------------------------- */
 
@@ -500,6 +559,14 @@ int dk_dist_slurm_spec(dk_dist_slurm_t *self, const char *rank_exe, dk_job_spec_
                           ? run_node_count : dk_slurm_node_count(self->alloc);
     spec->rank_hosts = self->hosts;
     spec->rank_commands = self->cmds;
+    if (launch_by_agents()) {
+        if (agents_command(self, rank_exe, run_nodes) < 0) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        spec->agent_command = self->agent_argv;
+        spec->rank_commands = NULL;
+    }
     spec->ranks_per_node = self->per_node;
     spec->master_addr = dk_slurm_node_addr(self->alloc, 0);
     spec->master_port = DK_JOB_PORT_FROM_RANK0;
@@ -578,6 +645,8 @@ void dk_dist_slurm_destroy(dk_dist_slurm_t **self_p)
     free(self->allow);
     free(self->steps);
     free(self->cmds);
+    free(self->agent_list);
+    free(self->agent_exe);
     free(self);
     *self_p = NULL;
 }

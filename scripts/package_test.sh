@@ -72,7 +72,8 @@ dpkg-query -W -f='${Package}\n' | sort | comm -13 "$work/packages.before" - |
   { grep -vx distkernel || true; } > "$work/pulled"
 [ "$installed_rc" = 0 ] || { cat "$work/install.log" >&2; fail "apt-get install $deb"; }
 dpkg -L distkernel > "$work/files.listed"
-for f in /usr/bin/distkernel /usr/bin/distkernel-rank /usr/bin/distkernel-check \
+for f in /usr/bin/distkernel /usr/bin/distkernel-rank /usr/bin/distkernel-agent \
+    /usr/bin/distkernel-check \
     /usr/share/jupyter/kernels/distkernel/kernel.json \
     /usr/share/distkernel/python/distkernel/__init__.py; do
   grep -qx "$f" "$work/files.listed" || fail "dpkg -L distkernel does not list $f"

@@ -195,8 +195,10 @@ dk_backchan_t *dk_backchan_new_opts(int world_size, bool persistent, const void 
     self->listen_fd = -1;
     self->world_size = world_size;
     self->sink = *sink;
-    self->nconns = (size_t) world_size + DK_BC_SLACK;
-    self->claimed = calloc((size_t) world_size, sizeof *self->claimed);
+    self->agents = opts && opts->agents > 0 ? opts->agents : 0;
+    self->ranks_per_node = opts && opts->ranks_per_node > 0 ? opts->ranks_per_node : 1;
+    self->nconns = (size_t) world_size + (size_t) self->agents + DK_BC_SLACK;
+    self->claimed = calloc((size_t) world_size + (size_t) self->agents, sizeof *self->claimed);
     self->conns = calloc(self->nconns, sizeof *self->conns);
     self->polled = calloc(self->nconns, sizeof *self->polled);
     self->mac = EVP_MAC_fetch(NULL, "HMAC", NULL);
@@ -267,6 +269,8 @@ void chan_conn_close(conn_t *c)
     if (c->fd >= 0)
         close(c->fd);
     free(c->frame);
+    free(c->queue);
+    free(c->owned_body);
     memset(c, 0, sizeof *c);
     c->fd = -1;
     c->rank = -1;
@@ -275,6 +279,16 @@ void dk_backchan_close_all(dk_backchan_t *self)
 {
     for (size_t i = 0; i < self->nconns; i++)
         chan_conn_close(&self->conns[i]);
+    if (self->listen_fd >= 0)
+        close(self->listen_fd);
+    self->listen_fd = -1;
+}
+
+void dk_backchan_close_ranks(dk_backchan_t *self)
+{
+    for (size_t i = 0; i < self->nconns; i++)
+        if (self->conns[i].fd >= 0 && !chan_is_agent(self, &self->conns[i]))
+            chan_conn_close(&self->conns[i]);
     if (self->listen_fd >= 0)
         close(self->listen_fd);
     self->listen_fd = -1;
@@ -329,7 +343,7 @@ bool dk_backchan_rank_open(const dk_backchan_t *self, int rank)
 
 bool dk_backchan_rank_connected_once(const dk_backchan_t *self, int rank)
 {
-    return rank >= 0 && rank < self->world_size && self->claimed[rank];
+    return rank >= 0 && rank < self->world_size + self->agents && self->claimed[rank];
 }
 
 static void heartbeat(dk_backchan_t *self);
@@ -360,6 +374,27 @@ bool dk_backchan_ask_stacks(dk_backchan_t *self, int rank)
         if (self->heartbeat_s > 0)
             heartbeat(self);
         return true;
+    }
+    return false;
+}
+
+bool dk_backchan_agent_send(dk_backchan_t *self, int node, int type, uint32_t rank, int sig)
+{
+    if (node < 0 || node >= self->agents)
+        return false;
+    for (size_t i = 0; i < self->nconns; i++) {
+        conn_t *c = &self->conns[i];
+        if (c->fd < 0 || c->rank != self->world_size + node || c->lost)
+            continue;
+        unsigned char p[4] = {(unsigned char) (sig >> 24), (unsigned char) (sig >> 16),
+                              (unsigned char) (sig >> 8), (unsigned char) sig};
+        bool with_sig = type == DK_BC_SIGNAL || (type == DK_BC_STACKS && sig != 0);
+        if (!chan_agent_queue(self, c, type, rank, with_sig ? p : NULL, with_sig ? 4 : 0)) {
+            chan_refuse(self, c, "out of memory, or OpenSSL could not sign, a message to it");
+            return false;
+        }
+        chan_agent_flush(self, c);
+        return c->fd >= 0;
     }
     return false;
 }
@@ -417,6 +452,8 @@ static void heartbeat(dk_backchan_t *self)
             else
                 chan_conn_write(self, c);
         }
+        if (c->fd >= 0 && c->queue_len > 0 && !chan_conn_has_output(c))
+            chan_agent_flush(self, c);
         if (c->fd >= 0 && now >= c->pinged_at + DK_BC_PING_S && !chan_conn_has_output(c)) {
             c->pinged_at = now;
             if (!chan_queue_empty(self, c, DK_BC_PING))
@@ -494,7 +531,7 @@ int dk_backchan_send_task(dk_backchan_t *self, uint32_t round, const void *paylo
     self->round = round;
     for (size_t i = 0; i < self->nconns; i++) {
         conn_t *c = &self->conns[i];
-        if (c->fd < 0 || c->rank < 0)
+        if (c->fd < 0 || c->rank < 0 || chan_is_agent(self, c))
             continue;
         if (c->delivering) {
             /* Cannot happen with an honest rank (it answered the last task,

@@ -31,7 +31,25 @@ enum {
     DK_BC_STACKS = 10,  /* runtime -> rank, empty: send your threads' Python stacks;
                            rank -> runtime: faulthandler's dump of them (at most
                            DK_BC_STACKS_MAX bytes, the tail) */
+    /* A node agent's connection (distkernel-agent, runtime/agent/dk_agent.h).
+     * Its frames have the same header; the u32 is the node for HELLO and
+     * PING, and the rank spoken of for every other frame, so that a node's
+     * ranks' frames can share the agent's one connection. */
+    DK_BC_AGENT_HELLO = 11, /* agent -> runtime, empty: I am the agent of node (u32) */
+    DK_BC_EXIT = 12,    /* agent -> runtime: rank (u32) ended: i32 exit code (-1: by a
+                           signal) | u32 signal (0: none) */
+    DK_BC_STARTED = 13, /* agent -> runtime: rank (u32) was started: u32 pid */
+    DK_BC_SIGNAL = 14,  /* runtime -> agent: u32 signal, to rank (u32)'s process group,
+                           or to every rank of the node (DK_BC_ALL_RANKS) */
 };
+
+/* The u32 of a SIGNAL or STACKS frame to an agent: every rank of its node. */
+#define DK_BC_ALL_RANKS 0xFFFFFFFFu
+/* The payload (u32) of a STACKS frame to an agent for a live sample: the
+ * agent sends DK_SAMPLE_SIGNAL to each rank's sampler thread (tgkill), not
+ * DK_STACKS_SIGNAL to the rank, which would interrupt its system calls
+ * (dk_stackreq.h). Without a payload (or 0): the ending dump. */
+#define DK_BC_STACKS_SAMPLE 1u
 
 /* The most bytes of a rank's stacks one STACKS frame carries. */
 #define DK_BC_STACKS_MAX ((size_t) 128 << 10)
@@ -112,6 +130,14 @@ typedef struct {
     void (*on_closed)(void *data, int rank);
     /* RANK's STACKS frame: its dump, BYTES valid during the call. May be NULL. */
     void (*on_stacks)(void *data, int rank, const void *bytes, size_t len);
+    /* Node agents (opts.agents): RANK, on the node of the agent that said
+     * so, ended with EXIT_CODE (-1: by a signal) or TERM_SIGNAL (0: none).
+     * An agent's silence and its close come through on_lost and on_closed
+     * with the id world_size + NODE. An agent's OUTPUT and STACKS frames
+     * come through on_output and on_stacks with their rank. May be NULL. */
+    void (*on_agent_exit)(void *data, int rank, int exit_code, int term_signal);
+    /* The agent of NODE said AGENT_HELLO. May be NULL. */
+    void (*on_agent_hello)(void *data, int node);
 } dk_backchan_sink_t;
 
 /* How a channel listens. Zeroed (or NULL): today's local channel, a Unix
@@ -134,6 +160,11 @@ typedef struct {
      * any address may connect (and must still say a valid HELLO). */
     const char *const *allow_hosts;
     size_t nallow;
+    /* Node agents (runtime/agent/dk_agent.h): this many may connect, each
+     * saying AGENT_HELLO for its node (0 to AGENTS - 1), speaking for the
+     * RANKS_PER_NODE ranks of its node. 0: none. */
+    int agents;
+    int ranks_per_node;
 } dk_backchan_opts_t;
 
 typedef struct dk_backchan_t dk_backchan_t;
@@ -193,6 +224,13 @@ bool dk_backchan_interrupt(dk_backchan_t *self, int rank);
  * lost (nothing will be sent). */
 bool dk_backchan_ask_stacks(dk_backchan_t *self, int rank);
 
+/* Send the agent of NODE a SIGNAL (SIG for RANK's process group, or every
+ * rank's: DK_BC_ALL_RANKS) or a STACKS request (TYPE DK_BC_STACKS; SIG 0:
+ * the ending dump, DK_BC_STACKS_SAMPLE: a live sample),
+ * queued behind what its connection is writing. False when that agent has
+ * no connection, or it was lost (nothing will be sent). */
+bool dk_backchan_agent_send(dk_backchan_t *self, int node, int type, uint32_t rank, int sig);
+
 /* The TCP port listened on, or 0 for a Unix socket. */
 int dk_backchan_port(const dk_backchan_t *self);
 const char *dk_backchan_key_hex(const dk_backchan_t *self);
@@ -226,5 +264,9 @@ void dk_backchan_drain(dk_backchan_t *self);
  * (nothing is left to wait for, so nothing listens for the life of started
  * ranks; a Unix socket is unlinked then). */
 void dk_backchan_close_all(dk_backchan_t *self);
+
+/* The same for the ranks' connections only (EOF is an idle started rank's
+ * cue to exit): the node agents' stay open, to tell those exits. */
+void dk_backchan_close_ranks(dk_backchan_t *self);
 
 #endif

@@ -116,6 +116,12 @@ void chan_conn_write(dk_backchan_t *self, conn_t *c)
         c->body_off += sent - from_head;
     }
     c->head_off = c->head_len = 0;
+    if (c->owned_body) {
+        free(c->owned_body);
+        c->owned_body = NULL;
+        c->body = NULL;
+        c->body_len = c->body_off = 0;
+    }
     if (c->delivering) {
         c->delivering = false;
         if (self->sink.on_delivered)
@@ -258,6 +264,85 @@ bool chan_queue_empty(dk_backchan_t *self, conn_t *c, unsigned char type)
 }
 
 /* ------------------------------------------------------------------------ */
+/* Node agents                                                               */
+
+bool chan_is_agent(const dk_backchan_t *self, const conn_t *c)
+{
+    return c->rank >= self->world_size;
+}
+
+/* Append one sealed frame to C's queue (written by chan_agent_flush). */
+bool chan_agent_queue(dk_backchan_t *self, conn_t *c, int type, uint32_t id,
+                      const unsigned char *payload, size_t len)
+{
+    size_t n = 4 + DK_BC_MAC_LEN + BODY_HEAD + len;
+    unsigned char *q = realloc(c->queue, c->queue_len + n);
+    if (!q)
+        return false;
+    c->queue = q;
+    unsigned char *f = q + c->queue_len;
+    unsigned char *body = f + 4 + DK_BC_MAC_LEN;
+    body[0] = (unsigned char) type;
+    put_be32(body + 1, id);
+    if (len)
+        memcpy(body + BODY_HEAD, payload, len);
+    if (!frame_mac(self, c->nonce, DK_BC_DIR_TO_RANK, c->seq_out, body, BODY_HEAD + len, NULL, 0,
+                   f + 4))
+        return false;
+    c->seq_out++;
+    put_be32(f, (uint32_t) (DK_BC_MAC_LEN + BODY_HEAD + len));
+    c->queue_len += n;
+    return true;
+}
+
+/* Start writing C's queue when nothing else is being written. */
+void chan_agent_flush(dk_backchan_t *self, conn_t *c)
+{
+    if (c->fd < 0 || c->queue_len == 0 || chan_conn_has_output(c))
+        return;
+    c->owned_body = c->queue;
+    c->body = c->queue;
+    c->body_len = c->queue_len;
+    c->body_off = 0;
+    c->queue = NULL;
+    c->queue_len = 0;
+    chan_conn_write(self, c);
+}
+
+/* A frame on an agent's connection, verified: ID names a rank of its node. */
+static void agent_frame(dk_backchan_t *self, conn_t *c, int type, uint32_t id,
+                        const unsigned char *p, size_t len)
+{
+    int node = c->rank - self->world_size;
+    uint32_t first = (uint32_t) node * (uint32_t) self->ranks_per_node;
+    if (type == DK_BC_PING)
+        return;     /* its arrival was the point (heard_at) */
+    if (id < first || id >= first + (uint32_t) self->ranks_per_node ||
+        id >= (uint32_t) self->world_size) {
+        chan_refuse(self, c, "its agent spoke of a rank that is not on its node");
+        return;
+    }
+    int rank = (int) id;
+    if (type == DK_BC_STARTED)
+        return;     /* the pid is the agent's business; its exit comes as EXIT */
+    if (type == DK_BC_EXIT && len == 8) {
+        if (self->sink.on_agent_exit)
+            self->sink.on_agent_exit(self->sink.data, rank, (int) get_be32(p),
+                                     (int) get_be32(p + 4));
+    } else if (type == DK_BC_OUTPUT && len >= 2 && (p[0] == 1 || p[0] == 2) &&
+               len - 2 <= DK_BC_OUTPUT_MAX) {
+        if (self->sink.on_output)
+            self->sink.on_output(self->sink.data, rank, p[0], p + 2, len - 2,
+                                 (p[1] & DK_BC_OUTPUT_CAUGHT_UP) != 0);
+    } else if (type == DK_BC_STACKS && len <= DK_BC_STACKS_MAX) {
+        if (self->sink.on_stacks)
+            self->sink.on_stacks(self->sink.data, rank, p, len);
+    } else {
+        chan_refuse(self, c, "its agent sent a message of an unexpected type or size");
+    }
+}
+
+/* ------------------------------------------------------------------------ */
 /* Reading                                                                   */
 
 void chan_refuse(dk_backchan_t *self, conn_t *c, const char *why)
@@ -302,6 +387,27 @@ static void conn_frame(dk_backchan_t *self, conn_t *c)
     uint32_t rank = get_be32(body + 1);
     char why[160];
 
+    if (c->rank < 0 && type == DK_BC_AGENT_HELLO) {
+        uint32_t id = (uint32_t) self->world_size + rank;
+        if (rank >= (uint32_t) self->agents) {
+            snprintf(why, sizeof why, "its AGENT_HELLO named node %u, but this job has %d "
+                     "agent%s", rank, self->agents, self->agents == 1 ? "" : "s");
+            chan_refuse(self, c, why);
+        } else if (self->claimed[id]) {
+            snprintf(why, sizeof why, "its AGENT_HELLO named node %u, whose agent is already "
+                     "connected", rank);
+            chan_refuse(self, c, why);
+        } else {
+            self->claimed[id] = true;
+            self->nclaimed++;
+            c->rank = (int) id;
+            if (self->nclaimed == self->world_size + self->agents)
+                stop_listening(self);
+            if (self->sink.on_agent_hello)
+                self->sink.on_agent_hello(self->sink.data, (int) rank);
+        }
+        return;
+    }
     if (c->rank < 0) {
         if (type != DK_BC_HELLO) {
             chan_refuse(self, c, "its first message was not a HELLO");
@@ -319,7 +425,7 @@ static void conn_frame(dk_backchan_t *self, conn_t *c)
             c->rank = (int) rank;
             /* Before the rank is reported ready: whoever hears that every
              * rank is in finds nothing listening. */
-            if (self->nclaimed == self->world_size)
+            if (self->nclaimed == self->world_size + self->agents)
                 stop_listening(self);
             /* With the port from rank 0, every rank waits for it: rank 0's
              * own PORT frame follows its HELLO. */
@@ -330,7 +436,9 @@ static void conn_frame(dk_backchan_t *self, conn_t *c)
         }
         return;
     }
-    if (rank != (uint32_t) c->rank) {
+    if (chan_is_agent(self, c)) {
+        agent_frame(self, c, type, rank, body + BODY_HEAD, body_len - BODY_HEAD);
+    } else if (rank != (uint32_t) c->rank) {
         chan_refuse(self, c, "a message named another rank");
     } else if (type == DK_BC_PORT) {
         if (!self->port_from_rank0 || c->rank != 0 || self->master_port != 0)

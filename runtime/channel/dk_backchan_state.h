@@ -49,6 +49,11 @@ typedef struct {
     size_t frame_len, frame_have;
     /* output: a small head (the nonce or a PING still being written, then a
      * frame's header), then a borrowed body */
+    /* agents: frames queued (agent_queue) while another is written, and
+     * the queue being written, owned here (body points into it) */
+    unsigned char *queue;
+    size_t queue_len;
+    unsigned char *owned_body;
     unsigned char head[DK_BC_NONCE_LEN + 4 + FRAME_MIN + 4 + FRAME_MIN + 4 + 4 + FRAME_MIN + 4];
     size_t head_len, head_off;
     const unsigned char *body;
@@ -73,7 +78,10 @@ struct dk_backchan_t {
     uint32_t round;         /* the round a RESULT or ERROR must name */
     bool port_from_rank0;   /* opts.port_from_rank0 */
     int master_port;        /* ... and the port rank 0 sent; 0 until then */
-    bool *claimed;          /* per rank: a connection has said HELLO for it */
+    int agents;             /* node agents that may connect (opts.agents) */
+    int ranks_per_node;     /* ... each speaking for this many ranks */
+    bool *claimed;          /* per rank, then per agent (world_size + node): a
+                               connection has said HELLO for it */
     int nclaimed;           /* ... how many ranks have */
     dk_accept_t *allow;     /* TCP: the run's nodes' addresses; NULL: any */
     unsigned long dropped;  /* connections closed at accept: not from a node */
@@ -90,6 +98,10 @@ void chan_conn_close(conn_t *c);
 
 /* dk_backchan_frame.c */
 bool chan_conn_has_output(const conn_t *c);
+bool chan_is_agent(const dk_backchan_t *self, const conn_t *c);
+void chan_agent_flush(dk_backchan_t *self, conn_t *c);
+bool chan_agent_queue(dk_backchan_t *self, conn_t *c, int type, uint32_t id,
+                      const unsigned char *payload, size_t len);
 void chan_conn_write(dk_backchan_t *self, conn_t *c);
 bool chan_queue_payload(dk_backchan_t *self, conn_t *c);
 bool chan_queue_empty(dk_backchan_t *self, conn_t *c, unsigned char type);

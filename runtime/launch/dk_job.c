@@ -124,8 +124,21 @@ static int poll_timeout_ms(const dk_job_t *job)
         double wait = (next - dk_now_s()) * 1000.0 + 1;   /* +1: never wake just before */
         ms = wait <= 0 ? 0 : wait > 60000 ? 60000 : (int) wait;
     }
+    if (job->nagents > 0 && !job->agents_reaped && job->agents_pidfd < 0 &&
+        (ms < 0 || ms > NO_PIDFD_TICK_MS))
+        ms = NO_PIDFD_TICK_MS;
+    if (job_agents_words_pending(job) && (ms < 0 || ms > NO_PIDFD_TICK_MS))
+        ms = NO_PIDFD_TICK_MS;      /* the launcher's last lines, or their deadline */
+    if (job->nagents > 0 && job->stop_reason == DK_END_NONE) {
+        double wait = (job->started_at + job->connect_timeout_s + job->heartbeat_s -
+                       dk_now_s()) * 1000.0 + 1;
+        int d = wait <= 0 ? 0 : wait > 60000 ? 60000 : (int) wait;
+        if (ms < 0 || d < ms)
+            ms = d;
+    }
     for (int r = 0; r < job->world_size; r++) {
-        if (!job->ranks[r].reaped && job->ranks[r].pidfd < 0 && (ms < 0 || ms > NO_PIDFD_TICK_MS))
+        if (!job->ranks[r].reaped && !job->ranks[r].by_agent && job->ranks[r].pidfd < 0 &&
+            (ms < 0 || ms > NO_PIDFD_TICK_MS))
             ms = NO_PIDFD_TICK_MS;
         if (job_closing(&job->ranks[r])) {
             double wait = (job->ranks[r].closed_until - dk_now_s()) * 1000.0 + 1;
@@ -190,6 +203,16 @@ static void loop_once(dk_job_t *job)
             fds[n++] = (struct pollfd) {.fd = want[kind], .events = POLLIN};
         }
     }
+    /* The node agents' launcher: slot rank -1. */
+    int agents_want[3] = {job->agents_pipe[0], job->agents_pipe[1],
+                          job->agents_reaped ? -1 : job->agents_pidfd};
+    for (int kind = 0; job->nagents > 0 && kind < 3; kind++) {
+        if (agents_want[kind] < 0)
+            continue;
+        job->slot_rank[n - own_first] = -1;
+        job->slot_kind[n - own_first] = kind;
+        fds[n++] = (struct pollfd) {.fd = agents_want[kind], .events = POLLIN};
+    }
 
     int rc = poll(fds, (nfds_t) n, poll_timeout_ms(job));
     if (rc < 0 && errno != EINTR)
@@ -203,6 +226,13 @@ static void loop_once(dk_job_t *job)
             int r = job->slot_rank[i - own_first], kind = job->slot_kind[i - own_first];
             if (!fds[i].revents)
                 continue;
+            if (r < 0) {
+                if (kind < 2)
+                    job_agents_drain(job, kind);
+                else
+                    job_agents_reap(job);
+                continue;
+            }
             if (kind < 2 && job->ranks[r].pipe_fd[kind] == fds[i].fd)
                 job_drain_pipe(job, r, kind, PIPE_BUDGET);
             else if (kind == 2 && !job->ranks[r].reaped)
@@ -210,9 +240,13 @@ static void loop_once(dk_job_t *job)
         }
     }
     for (int r = 0; r < job->world_size; r++) {
-        if (!job->ranks[r].reaped && job->ranks[r].pidfd < 0)
+        if (!job->ranks[r].reaped && !job->ranks[r].by_agent && job->ranks[r].pidfd < 0)
             job_reap(job, r);
     }
+    job_agents_reap_told(job);
+    if (job->nagents > 0 && !job->agents_reaped && job->agents_pidfd < 0)
+        job_agents_reap(job);
+    job_agents_judge(job);
     job_judge_deferred(job);
     job_judge_closed(job);
     job_judge_unconnected(job);
@@ -239,6 +273,7 @@ void *job_thread(void *arg)
         job_close_fd(&job->ranks[r].pipe_fd[1]);
     }
     job_close_logs(job);
+    job_agents_end(job);
     dk_backchan_close_all(job->chan);
     if (job->stacks)
         dk_stackreq_end(job->stacks);     /* every rank is gone: final before the end is told */

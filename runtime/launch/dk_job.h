@@ -265,6 +265,21 @@ typedef struct {
      * asked over its connection (a STACKS frame, see the top). */
     bool stacks;
     double stacks_wait_s;
+    /* Ranks started by node agents (distkernel-agent, runtime/agent/dk_agent.h),
+     * one per node: the one launcher AGENT_COMMAND (an argv; [0] looked up
+     * on PATH; srun with one task per node) starts world_size /
+     * ranks_per_node agents, each of which learns its node from its task
+     * (SLURM_NODEID) and starts that node's ranks, with the environment the
+     * runtime gives the launcher: the back channel's variables (the key only
+     * there) and DISTKERNEL_AGENT_* (agent_main.c). Needs bc_tcp_addr and
+     * ranks_per_node; rank_commands is then unused. Such a rank has no
+     * process here: its output before its own connection, its exit and its
+     * stacks come from its agent's frames, and the stop ladder's signals go
+     * to its agent (SIGNAL frames). An agent lost (its connection closed or
+     * silent past heartbeat_s, or not connected connect_timeout_s after the
+     * start) is its node lost, with every rank of it that had not ended.
+     * The launcher's own lines go to agents.log in the log folder. */
+    const char *const *agent_command;
 } dk_job_spec_t;
 
 #define DK_JOB_PORT_FROM_RANK0 (-1)

@@ -85,6 +85,11 @@ static void deliver(dk_job_t *job, int r, int fd, const char *buf, size_t n)
         job->sink.on_output(job->sink.data, r, fd, buf, n);
 }
 
+void job_deliver(dk_job_t *job, int r, int fd, const char *buf, size_t n)
+{
+    deliver(job, r, fd, buf, n);
+}
+
 /* Keep LINE, a launcher line that says more than the exit status, as rank
  * R's reason (dk_job_rank_launcher_line): its first LAUNCHER_LINE_KEEP bytes,
  * as valid UTF-8, without its newline. */
@@ -203,10 +208,29 @@ static void bc_output(void *data, int r, int fd, const void *bytes, size_t len, 
         job->sink.on_caught_up(job->sink.data, r, fd);
 }
 
-/* Rank R's connection went silent: it is lost. */
+static void bc_agent_exit(void *data, int r, int exit_code, int term_signal)
+{
+    job_agent_exit(data, r, exit_code, term_signal);
+}
+
+static void bc_agent_hello(void *data, int node)
+{
+    dk_job_t *job = data;
+    if (node >= 0 && node < job->nagents)
+        job->agent_hello[node] = true;
+}
+
+/* Rank R's connection went silent: it is lost. (R past the ranks: the node
+ * agent of node R - world_size, and with it its node.) */
 static void bc_lost(void *data, int r, double silent_s)
 {
     dk_job_t *job = data;
+    if (r >= job->world_size) {
+        char why[120];
+        snprintf(why, sizeof why, "nothing heard from its node agent for %.1f s", silent_s);
+        job_agent_gone(job, r - job->world_size, why);
+        return;
+    }
     rank_t *rk = &job->ranks[r];
     if (rk->reaped && !rk->deferred)
         return;
@@ -227,6 +251,12 @@ static void bc_lost(void *data, int r, double silent_s)
 static void bc_closed(void *data, int r)
 {
     dk_job_t *job = data;
+    if (r >= job->world_size) {
+        /* Told after its ranks' exits, when it ends as it should: then no
+         * rank of its node is left to lose. */
+        job_agent_gone(job, r - job->world_size, "its node agent's connection closed");
+        return;
+    }
     rank_t *rk = &job->ranks[r];
     if (job->heartbeat_s <= 0 || rk->reaped || rk->signalled || rk->lost || rk->reported)
         return;
@@ -278,6 +308,7 @@ static void bc_warning(void *data, const char *text)
 dk_backchan_sink_t job_backchan_sink(dk_job_t *job)
 {
     dk_backchan_sink_t bcsink = {job,       bc_delivered, bc_message, bc_warning,
-                                 bc_hello,  bc_output,    bc_lost,    bc_closed, bc_stacks};
+                                 bc_hello,  bc_output,    bc_lost,    bc_closed, bc_stacks,
+                                 bc_agent_exit, bc_agent_hello};
     return bcsink;
 }

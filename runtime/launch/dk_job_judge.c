@@ -75,6 +75,12 @@ static void signal_ranks(dk_job_t *job, int sig)
         /* srun takes a SIGINT as "print the tasks' state", and passes nothing
          * on: the rank is asked over its connection. SIGTERM to srun ends
          * the step (the tasks get SIGTERM, then SIGKILL), as the ladder means. */
+        if (rk->by_agent) {
+            /* Its agent signals its group on its node. */
+            dk_backchan_agent_send(job->chan, r / job->ranks_per_node, DK_BC_SIGNAL,
+                                   (uint32_t) r, sig);
+            continue;
+        }
         if (sig == SIGINT && rk->launched && dk_backchan_interrupt(job->chan, r))
             continue;
         killpg(rk->pid, sig);
@@ -97,6 +103,10 @@ static int begin_stacks(dk_job_t *job, bool sample)
         const rank_t *rk = &job->ranks[r];
         if (rk->reaped || rk->reported || rk->lost)
             groups[r] = 0;
+        else if (rk->by_agent)     /* its agent signals it there (a sample: its sampler thread) */
+            groups[r] = dk_backchan_agent_send(job->chan, r / job->ranks_per_node, DK_BC_STACKS,
+                                               (uint32_t) r, sample ? (int) DK_BC_STACKS_SAMPLE : 0)
+                            ? DK_STACKREQ_BY_CHANNEL : 0;
         else if (!rk->launched)
             groups[r] = rk->pid;
         else        /* on another node: over its connection, if it has one */
@@ -195,9 +205,9 @@ void job_begin_stop(dk_job_t *job, dk_job_end_t reason)
 static void stop_now(dk_job_t *job)
 {
     /* An idle rank of a persistent job ignores SIGINT and waits on the channel:
-     * EOF is its cue to exit. */
+     * EOF is its cue to exit. Node agents keep theirs, to tell those exits. */
     if (job->persistent) {
-        dk_backchan_close_all(job->chan);
+        dk_backchan_close_ranks(job->chan);
         for (int r = 0; r < job->world_size; r++)
             job->ranks[r].signalled = !job->ranks[r].reaped;   /* their exit is our doing */
     }
@@ -507,8 +517,14 @@ void job_reap(dk_job_t *job, int r)
     while (got < 0 && errno == EINTR);
     if (got == 0)
         return;
-    bool known = got == rk->pid;
+    job_reaped(job, r, status, got == rk->pid);
+}
 
+/* Rank R ended with STATUS (KNOWN: as waitpid tells it; or as its agent
+ * told it): its last words, then its verdict, or its deferral. */
+void job_reaped(dk_job_t *job, int r, int status, bool known)
+{
+    rank_t *rk = &job->ranks[r];
     job_drain_pipe(job, r, 0, REAP_DRAIN_BUDGET);
     job_drain_pipe(job, r, 1, REAP_DRAIN_BUDGET);
     dk_backchan_drain(job->chan);
@@ -533,6 +549,26 @@ void job_reap(dk_job_t *job, int r)
         return;
     }
     judge(job, r, status, known);
+}
+
+/* Rank R, started by an agent that is gone, will never be told to have
+ * exited: it is lost with its node (job_agent_gone), and ended here. */
+void job_judge_gone(dk_job_t *job, int r)
+{
+    rank_t *rk = &job->ranks[r];
+    if (rk->reaped && !rk->deferred)
+        return;
+    rk->reaped = true;
+    rk->deferred = false;
+    if (job->stacks)
+        dk_stackreq_gone(job->stacks, r);
+    job->unreaped--;
+    job->last_reap_at = dk_now_s();
+    pthread_mutex_lock(&job->lock);
+    rk->exit_code = -1;
+    rk->term_signal = 0;
+    pthread_mutex_unlock(&job->lock);
+    job_set_state(job, r, DK_RANK_FAILED);
 }
 
 /* Rank R's deferred verdict is due (see job_reap). */

@@ -14,6 +14,7 @@
 
 #include "dk_fdlimit.h"
 #include "dk_logdir.h"
+#include "dk_rankenv.h"
 #include "dk_spawn.h"
 
 #include <errno.h>
@@ -34,7 +35,6 @@ extern char **environ;
 
 #define DEFAULT_GRACE_S 2.0
 #define WORLD_MAX 65536
-#define ENV_VARS 22
 
 /* ------------------------------------------------------------------------ */
 /* Start                                                                     */
@@ -126,6 +126,7 @@ void job_free(dk_job_t *job)
         dk_launchout_destroy(&rk->filter[1]);
     }
     dk_spawn_sentinel_end(&job->sentinel_pid, &job->sentinel_fd);
+    job_agents_free(job);
     dk_stackreq_destroy(&job->stacks);
     free(job->master_addr);
     dk_backchan_destroy(&job->chan);
@@ -148,6 +149,11 @@ void job_free(dk_job_t *job)
 /* Start failed after some ranks were forked: end them, leave nothing behind. */
 static void kill_started(dk_job_t *job)
 {
+    if (job->agents_pid > 0 && !job->agents_reaped) {
+        killpg(job->agents_pid, SIGKILL);
+        waitpid(job->agents_pid, NULL, 0);
+        job->agents_reaped = true;
+    }
     for (int r = 0; r < job->world_size; r++) {
         rank_t *rk = &job->ranks[r];
         if (rk->pid > 0 && !rk->reaped) {
@@ -181,81 +187,31 @@ static bool open_logs(dk_job_t *job, char *err, size_t errlen)
     return true;
 }
 
-/* Fork rank R with the torch.distributed (torchrun-compatible) environment. */
+/* Fork rank R with the torch.distributed (torchrun-compatible) environment
+ * (dk_rankenv.h). */
 static bool start_rank(dk_job_t *job, int r, const char *program, char *const argv[],
                        const char *const *base, const char *run_id, char *err, size_t errlen)
 {
     rank_t *rk = &job->ranks[r];
-    int n = job->world_size;
-    char vars[ENV_VARS][128];
-    const char *set[ENV_VARS + 5];
-    size_t k = 0;
-#define SETF(...) (snprintf(vars[k], sizeof vars[k], __VA_ARGS__), set[k] = vars[k], k++)
-    int per = job->ranks_per_node;
-    SETF("RANK=%d", r);
-    SETF("LOCAL_RANK=%d", r % per);
-    SETF("WORLD_SIZE=%d", n);
-    SETF("LOCAL_WORLD_SIZE=%d", per);
-    SETF("GROUP_RANK=%d", r / per);
-    SETF("NODE_RANK=%d", r / per);
-    SETF("ROLE_RANK=%d", r);
-    SETF("ROLE_NAME=default");
-    SETF("GROUP_WORLD_SIZE=%d", n / per);
-    SETF("ROLE_WORLD_SIZE=%d", n);
-    SETF("MASTER_ADDR=%s", job->master_addr ? job->master_addr : "127.0.0.1");
-    if (job->master_port > 0)
-        SETF("MASTER_PORT=%d", job->master_port);
-    else
-        SETF("DISTKERNEL_MASTER_PORT=rank0");   /* a PORT frame brings it */
-    SETF("TORCHELASTIC_RUN_ID=%s", run_id);
-    SETF("TORCHELASTIC_RESTART_COUNT=0");
-    SETF("TORCHELASTIC_MAX_RESTARTS=0");
-    SETF("DISTKERNEL_BC_KEY=%s", dk_backchan_key_hex(job->chan));
-    if (job->heartbeat_s > 0) {
-        SETF("DISTKERNEL_BC_HEARTBEAT=%g", job->heartbeat_s);
-        SETF("DISTKERNEL_BC_CONNECT_TIMEOUT=%g", job->connect_timeout_s);
-    }
-    if (!dk_spawn_env_get(base, "OMP_NUM_THREADS"))
-        SETF("OMP_NUM_THREADS=1");
-#undef SETF
-    /* Paths can be long: these two point at strings that outlive the call. */
-    char *bc = NULL, *log = NULL;
-    if (asprintf(&bc, "DISTKERNEL_BC=%s", dk_backchan_address(job->chan)) < 0)
-        bc = NULL;
-    if (asprintf(&log, "DISTKERNEL_LOG=%s", rk->log_path) < 0)
-        log = NULL;
-    char *warm = NULL;
-    if (job->warm_socket && asprintf(&warm, "DISTKERNEL_WARM_SOCKET=%s", job->warm_socket) < 0)
-        warm = NULL;
     /* A launcher starts its rank where it chooses (srun in a folder every
      * node has): the rank goes to ours itself where its node has it. A
      * folder that no longer exists here is none to go to. */
-    char *cwd = NULL, here[PATH_MAX];
-    if (rk->launched && getcwd(here, sizeof here) && asprintf(&cwd, "DISTKERNEL_CWD=%s", here) < 0)
-        cwd = NULL;
+    char here[PATH_MAX];
+    const char *cwd = rk->launched && getcwd(here, sizeof here) ? here : NULL;
     /* Where it answers for its stacks (dk_stackreq.h); a rank on another
      * node has no such file. */
-    char *stacks = NULL;
     bool want_stacks = job->stacks && !rk->launched;
-    if (want_stacks && asprintf(&stacks, DK_STACKS_ENV "=%s", dk_stackreq_path(job->stacks, r)) < 0)
-        stacks = NULL;
-    char **env = NULL;
-    if (bc && log && (warm || !job->warm_socket) && (stacks || !want_stacks)) {
-        if (stacks)
-            set[k++] = stacks;
-        set[k++] = bc;
-        set[k++] = log;
-        if (warm)
-            set[k++] = warm;
-        if (cwd)
-            set[k++] = cwd;
-        env = dk_spawn_env_build(base, set, k);
-    }
-    free(bc);
-    free(log);
-    free(warm);
-    free(cwd);
-    free(stacks);
+    dk_rankenv_t in = {
+        .rank = r, .world_size = job->world_size, .ranks_per_node = job->ranks_per_node,
+        .master_addr = job->master_addr, .master_port = job->master_port, .run_id = run_id,
+        .bc_address = dk_backchan_address(job->chan),
+        .bc_key_hex = dk_backchan_key_hex(job->chan),
+        .heartbeat_s = job->heartbeat_s, .connect_timeout_s = job->connect_timeout_s,
+        .log_path = rk->log_path,
+        .stacks_path = want_stacks ? dk_stackreq_path(job->stacks, r) : NULL,
+        .warm_socket = job->warm_socket, .cwd = cwd,
+    };
+    char **env = dk_rankenv_build(base, &in);
     if (!env) {
         dk_set_err(err, errlen, "out of memory building rank %d's environment", r);
         return false;
@@ -280,16 +236,19 @@ static bool start_rank(dk_job_t *job, int r, const char *program, char *const ar
 /* The sentinel for every rank's process group (each rank leads its own). */
 static bool start_sentinel(dk_job_t *job, char *err, size_t errlen)
 {
-    int *pgids = calloc((size_t) job->world_size, sizeof *pgids);
+    int *pgids = calloc((size_t) job->world_size + 1, sizeof *pgids);
     if (!pgids) {
         dk_set_err(err, errlen, "out of memory");
         return false;
     }
+    int n = 0;
     for (int r = 0; r < job->world_size; r++)
-        pgids[r] = job->ranks[r].pid;
+        if (job->ranks[r].pid > 0)      /* not a rank its node's agent started */
+            pgids[n++] = job->ranks[r].pid;
+    if (job->agents_pid > 0)
+        pgids[n++] = job->agents_pid;
     char why[256];
-    int rc = dk_spawn_sentinel(pgids, job->world_size, &job->sentinel_pid, &job->sentinel_fd,
-                               why, sizeof why);
+    int rc = dk_spawn_sentinel(pgids, n, &job->sentinel_pid, &job->sentinel_fd, why, sizeof why);
     free(pgids);
     if (rc != 0)
         dk_set_err(err, errlen, "cannot start the process that ends the ranks' children with "
@@ -319,6 +278,7 @@ static dk_job_t *job_alloc(const dk_job_spec_t *spec, const dk_sink_t *sink)
     if (!job)
         return NULL;
     job->wake[0] = job->wake[1] = job->log_dirfd = -1;
+    job->agents_pid = job->agents_pidfd = job->agents_pipe[0] = job->agents_pipe[1] = -1;
     job->sentinel_pid = job->sentinel_fd = -1;
     job->log_cap = spec->log_cap;
     pthread_condattr_t attr;
@@ -407,7 +367,9 @@ dk_job_t *dk_job_start(const dk_job_spec_t *spec, const dk_sink_t *sink, char *e
     dk_backchan_sink_t bcsink = job_backchan_sink(job);
     dk_backchan_opts_t opts = {spec->bc_tcp_addr, spec->bc_tcp_port, 0,
                                spec->master_port == DK_JOB_PORT_FROM_RANK0,
-                               spec->bc_allow_hosts, spec->bc_nallow};
+                               spec->bc_allow_hosts, spec->bc_nallow,
+                               spec->agent_command ? spec->world_size / job->ranks_per_node : 0,
+                               job->ranks_per_node};
     if (spec->bc_tcp_addr)
         opts.heartbeat_s = spec->heartbeat_s > 0 ? spec->heartbeat_s : DK_BC_HEARTBEAT_DEFAULT_S;
     job->chan = dk_backchan_new_opts(spec->world_size, spec->persistent, spec->payload,
@@ -430,10 +392,10 @@ dk_job_t *dk_job_start(const dk_job_spec_t *spec, const dk_sink_t *sink, char *e
         dk_set_err(err, errlen, "cannot create the runtime's wake pipe: %s", strerror(errno));
         goto fail;
     }
-    job->max_fds = 1 + dk_backchan_max_fds(job->chan) + 3 * (size_t) spec->world_size;
+    job->max_fds = 1 + dk_backchan_max_fds(job->chan) + 3 * (size_t) spec->world_size + 3;
     job->fds = calloc(job->max_fds, sizeof *job->fds);
-    job->slot_rank = calloc(3 * (size_t) spec->world_size, sizeof *job->slot_rank);
-    job->slot_kind = calloc(3 * (size_t) spec->world_size, sizeof *job->slot_kind);
+    job->slot_rank = calloc(3 * (size_t) spec->world_size + 3, sizeof *job->slot_rank);
+    job->slot_kind = calloc(3 * (size_t) spec->world_size + 3, sizeof *job->slot_kind);
     if (!job->fds || !job->slot_rank || !job->slot_kind) {
         dk_set_err(err, errlen, "out of memory");
         goto fail;
@@ -452,7 +414,9 @@ dk_job_t *dk_job_start(const dk_job_spec_t *spec, const dk_sink_t *sink, char *e
     char *const *argv = spec->rank_argv ? (char *const *) spec->rank_argv : default_argv;
     const char *const *base = spec->env ? spec->env : (const char *const *) environ;
     job->started_at = dk_now_s();
-    for (int r = 0; r < spec->world_size; r++) {
+    if (spec->agent_command && !job_start_agents(job, spec, base, run_id, err, errlen))
+        goto fail;
+    for (int r = 0; !spec->agent_command && r < spec->world_size; r++) {
         bool ok;
         if (spec->rank_commands && spec->rank_commands[r]) {
             /* Through a launcher (srun on another node): its own program. */

@@ -56,6 +56,9 @@ typedef struct {
     bool interrupted;       /* persistent: sent SIGINT this round */
     char *host;             /* its node, for what is said when it is lost */
     bool launched;          /* through a launcher (srun): SIGINT goes over the channel */
+    bool by_agent;          /* started by its node's agent: no process here (pid -1) */
+    bool exit_told;         /* ... whose agent has told its exit */
+    int exit_status;        /* ... as a wait status */
     dk_launchout_t *filter[2];  /* launched: the launcher's lines out of its pipes */
     char *launcher_line;    /* launched: its last telling launcher line, or NULL; guarded */
     bool lost;              /* silent past the heartbeat deadline; guarded */
@@ -70,6 +73,13 @@ typedef struct {
     int exit_code;
     int term_signal;
 } rank_t;
+
+/* A line of a node agent's own, being read from its launcher's pipe. */
+typedef struct {
+    char buf[1024];
+    size_t len;
+    bool overflow;
+} agent_text_t;
 
 struct dk_job_t {
     dk_sink_t sink;
@@ -146,6 +156,24 @@ struct dk_job_t {
     bool sampling;              /* the running request is a live sample (job_sample_stacks) */
     bool stop_deferred;
     bool interrupt_deferred;
+
+    /* Node agents (spec.agent_command); runtime thread only unless said */
+    int nagents;                /* 0: none */
+    pid_t agents_pid;           /* the one launcher (srun) of every agent */
+    int agents_pidfd;
+    int agents_pipe[2];
+    bool agents_reaped;
+    double agents_exited_at;    /* ... when it was reaped */
+    bool agents_exit_judged;    /* ... and the agents that never came judged */
+    dk_launchout_t *agents_filter[2];
+    dk_logfile_t *agents_log;   /* agents.log: the launcher's lines */
+    char *agents_line;          /* its last telling line, or NULL */
+    bool *agent_hello;          /* per node: its agent said AGENT_HELLO */
+    bool *agent_gone;           /* per node: its agent was lost (or never came) */
+    agent_text_t agents_text[2];    /* per launcher pipe: the tasks' line being read */
+    int agents_feeding;         /* the pipe whose bytes are being filtered */
+    char **agent_words;         /* per node: what its agent said before it gave up
+                                   without connecting, or NULL (agents_out) */
 };
 
 /* dk_job.c */
@@ -179,7 +207,24 @@ void job_lose(dk_job_t *job, int r, const char *why);
 void job_judge_closed(dk_job_t *job);
 void job_judge_unconnected(dk_job_t *job);
 void job_reap(dk_job_t *job, int r);
+void job_reaped(dk_job_t *job, int r, int status, bool known);
+void job_judge_gone(dk_job_t *job, int r);
 void job_judge_deferred(dk_job_t *job);
+
+/* dk_job_agents.c */
+bool job_start_agents(dk_job_t *job, const dk_job_spec_t *spec, const char *const *base,
+                      const char *run_id, char *err, size_t errlen);
+void job_agents_free(dk_job_t *job);
+void job_agents_drain(dk_job_t *job, int which);
+void job_agents_reap(dk_job_t *job);
+void job_agents_judge(dk_job_t *job);
+void job_agents_end(dk_job_t *job);
+void job_agent_gone(dk_job_t *job, int node, const char *why);
+void job_agent_exit(dk_job_t *job, int r, int exit_code, int term_signal);
+void job_agents_reap_told(dk_job_t *job);
+bool job_agents_words_pending(const dk_job_t *job);
+/* dk_job_chan.c */
+void job_deliver(dk_job_t *job, int r, int fd, const char *buf, size_t n);
 
 /* dk_job_round.c */
 void job_round_answered(dk_job_t *job);

@@ -23,14 +23,21 @@ sys.path.insert(0, str(support.REPO_ROOT / "tests"))
 from mlflow_server import MlflowTestServer  # noqa: E402
 
 ALL_GONE_WITHIN = 30
+# How this session runs the ranks (DISTKERNEL_SLURM_LAUNCH, kept in the
+# kernel's environment by start): one srun step of node agents (the
+# default), or one step per rank (steps).
+AGENTS = os.environ.get("DISTKERNEL_SLURM_LAUNCH", "agent") != "steps"
 
 
 def start(tmp_path, cluster, wrap=None, **env):
     """A kernel with the cluster's client environment (SLURM_CONF), less any
     Slurm setting of ours; its rank logs under tmp_path/logs. WRAP: argv words
     the kernel's command is run by (it gets the command as its last words)."""
+    # DISTKERNEL_SLURM_LAUNCH (agent|steps) is the run's launcher, kept so
+    # the suite can run with either.
     base = {k: v for k, v in cluster.env.items()
-            if not k.startswith(("SLURM_", "DISTKERNEL_SLURM_")) and
+            if (not k.startswith(("SLURM_", "DISTKERNEL_SLURM_")) or
+                k == "DISTKERNEL_SLURM_LAUNCH") and
             k not in ("DISTKERNEL_NODES", "DISTKERNEL_LAUNCHER")}
     logs = tmp_path / "logs"
     logs.mkdir(mode=0o700)
@@ -62,6 +69,14 @@ def rank_processes(cluster):
             if "distkernel-rank" in cmd:
                 found.append(f"{node}: {pid} {cmd}")
     return found
+
+
+def sruns_of(k):
+    """The sruns the kernel K started (on this, the login host); not the
+    helper process each srun forks, which is an srun too."""
+    procs = support.descendants(k.pid, template=True)
+    sruns = {p.pid for p in procs if p.name() == "srun"}
+    return [p for p in procs if p.pid in sruns and p.ppid() not in sruns]
 
 
 def wait_clean(cluster, timeout=ALL_GONE_WITHIN):
@@ -327,6 +342,50 @@ def test_an_interrupt_says_where_the_ranks_on_every_node_were(kernel, slurm_clus
     still_serves(kernel)
 
 
+# Ranks 1 to 3 wait in torch's rendezvous for rank 0, the store's host,
+# which waits for GO (cell line 4) on node1.
+RENDEZVOUS = """%%distributed num_processes=4 nodes=2 stall_after=1
+import os, time, torch, torch.distributed as dist
+if os.environ["RANK"] == "0":
+    while not os.path.exists({go!r}): time.sleep(0.05)
+dist.init_process_group("gloo")
+dist.all_reduce(torch.ones(1))
+print("joined", flush=True)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_live_samples_reach_ranks_through_their_node_agent_and_spare_the_rendezvous(
+        slurm_cluster, tmp_path):
+    # Node agents, whatever this session's mode: the agent samples a rank with
+    # DK_SAMPLE_SIGNAL to the rank's sampler thread alone (tgkill). The
+    # ending dump's signal, which goes to the process, would make a blocking
+    # system call in torch's rendezvous fail ("Interrupted system call"), as
+    # tests/e2e/test_stall.py checks on one node. Sampled every 0.1 s: some
+    # 30 samples land in the rendezvous of ranks 1 to 3 on both nodes.
+    from test_stall import WHERE, group_line, wait_status
+    k = start(tmp_path, slurm_cluster, DISTKERNEL_SLURM_LAUNCH="agent",
+              DISTKERNEL_STALL_EVERY="0.1")
+    try:
+        go = tmp_path / "go"
+        msg_id = k.start_execute(RENDEZVOUS.format(go=str(go)))
+        shown = wait_status(k, msg_id, lambda _at, t: WHERE in t and "cell line 4" in t,
+                            timeout=240)
+        assert "cell line 4" in group_line(shown, 0), shown
+        assert len(sruns_of(k)) == 1, "not run by node agents"
+        since = time.monotonic()
+        wait_status(k, msg_id, lambda at, t: at >= since + 3 and WHERE in t)
+        go.touch()
+        r = k.finish(msg_id, timeout=120)
+        assert r.status == "ok", r.describe()
+        for rank in range(4):
+            assert f"[rank {rank}] joined" in r.stdout, r.describe()
+        still_serves(k)
+    finally:
+        k.stop()
+    assert wait_clean(slurm_cluster) == []
+
+
 @pytest.mark.timeout(300)
 def test_interrupt_while_queued_cancels_the_request(kernel, slurm_cluster):
     code = "%%distributed num_processes=2 nodes=2 partition=stuck\n1\n"
@@ -423,6 +482,10 @@ def test_shutdown_mid_run_releases_the_nodes(slurm_cluster, tmp_path):
                      m["parent_header"].get("msg_id") == msg_id and
                      "[rank 3] READY" in m["content"]["text"], timeout=180)
         assert our_jobs(slurm_cluster)
+        # The mode is the one asked for: one srun for the node agents of the
+        # whole run, or one per rank.
+        sruns = sruns_of(k)
+        assert len(sruns) == (1 if AGENTS else 4), [" ".join(p.cmdline()) for p in sruns]
     finally:
         k.stop()
     assert wait_clean(slurm_cluster) == []
@@ -629,9 +692,12 @@ def test_ranks_that_can_never_connect_end_within_the_connect_deadline_and_are_re
         took = time.monotonic() - t0
         assert r.status == "error", r.describe()
         # The root cause is a rank that gave up and exited, not a lost node.
+        # With node agents it is the agent that cannot connect: it says so
+        # as a rank does (on its node's first rank's stderr) and exits 2,
+        # which its node's ranks, never started, end with.
         assert r.content["ename"] == "RankExited", r.describe()
-        assert "exited with code 1 during start-up, before it received the cell" \
-            in r.content["evalue"], r.describe()
+        assert (f"exited with code {2 if AGENTS else 1} during start-up, before it received "
+                "the cell") in r.content["evalue"], r.describe()
         gave_up = re.findall(r"could not connect to the kernel's back channel at "
                              r"127\.0\.0\.1:\d+ within 10 s \((\d+) tries; the last: "
                              r"Connection refused\)", r.stderr)

@@ -2883,3 +2883,208 @@ Test(stacks, without_spec_stacks_no_rank_is_asked, .timeout = 60)
     cr_assert_null(dk_job_rank_stacks(job, 1, &len));
     finish(&job);
 }
+
+/* ------------------------------------------------------------------------ */
+/* Ranks started by node agents (spec.agent_command, runtime/agent/)         */
+
+static char agents_dir[128];
+
+/* A job of WORLD ranks, PER on each "node", whose agents a shell starts, as
+ * srun would (one task per node, each told its node); each agent's pid goes
+ * to agents_dir/agent-K. */
+/* Agents started with VARS (assignments for the shell) before each. */
+static dk_job_spec_t agent_spec_with(int world, int per, const char *const *extra,
+                                     const char *vars);
+
+static dk_job_spec_t agent_spec(int world, int per, const char *const *extra)
+{
+    return agent_spec_with(world, per, extra, "");
+}
+
+static dk_job_spec_t agent_spec_with(int world, int per, const char *const *extra,
+                                     const char *vars)
+{
+    static char script[1024];
+    static const char *cmd[4];
+    static const char *hosts[8];
+    static char names[8][16];
+    snprintf(agents_dir, sizeof agents_dir, "/tmp/dk-agents-XXXXXX");
+    cr_assert_not_null(mkdtemp(agents_dir));
+    snprintf(script, sizeof script,
+             "k=0; while [ $k -lt %d ]; do DISTKERNEL_AGENT_NODE=$k %s %s %s & "
+             "echo $! > %s/agent-$k; k=$((k + 1)); done; "
+             "echo 'srun: a line of the launcher' >&2; wait",
+             world / per, vars, AGENT_EXE, FAKE_RANK, agents_dir);
+    cmd[0] = "/bin/sh";
+    cmd[1] = "-c";
+    cmd[2] = script;
+    cmd[3] = NULL;
+    dk_job_spec_t spec = tcp_spec(world, extra);
+    spec.ranks_per_node = per;
+    spec.agent_command = cmd;
+    for (int r = 0; r < world && r < 8; r++) {
+        snprintf(names[r], sizeof names[r], "node%d", r / per + 1);
+        hosts[r] = names[r];
+    }
+    spec.rank_hosts = hosts;
+    return spec;
+}
+
+static void agents_done(void)
+{
+    char path[192];
+    for (int k = 0; k < 8; k++) {
+        snprintf(path, sizeof path, "%s/agent-%d", agents_dir, k);
+        unlink(path);
+    }
+    rmdir(agents_dir);
+}
+
+static pid_t agent_pid(int node)
+{
+    char path[192];
+    snprintf(path, sizeof path, "%s/agent-%d", agents_dir, node);
+    int pid = 0;
+    for (int i = 0; i < 500 && pid <= 0; i++) {
+        FILE *f = fopen(path, "r");
+        if (f) {
+            if (fscanf(f, "%d", &pid) != 1)
+                pid = 0;
+            fclose(f);
+        }
+        if (pid <= 0)
+            usleep(10000);
+    }
+    cr_assert_gt(pid, 0, "no pid for node %d's agent", node);
+    return (pid_t) pid;
+}
+
+Test(agents, every_rank_runs_under_its_nodes_agent_and_answers, .timeout = 60)
+{
+    const char *extra[] = {"FAKE_PRINT_ENV=1", NULL};
+    dk_job_spec_t spec = agent_spec(4, 2, extra);
+    spec.payload = "job";
+    spec.payload_len = 3;
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 40000), "the job did not end");
+    cr_assert_eq(dk_job_end(job), DK_END_OK);
+    for (int r = 0; r < 4; r++) {
+        cr_expect_eq(dk_job_rank_state(job, r), DK_RANK_DONE, "rank %d", r);
+        cr_expect_eq(dk_job_rank_exit_code(job, r), 0, "rank %d", r);
+        cr_expect_eq(dk_job_rank_pid(job, r), -1, "rank %d has no process here", r);
+        char want[64];
+        snprintf(want, sizeof want, "rank=%d len=3", r);
+        cr_expect(rec.msg[r].buf && strstr(rec.msg[r].buf, want), "rank %d: %s", r,
+                  rec.msg[r].buf ? rec.msg[r].buf : "(none)");
+        cr_expect_str_eq(env_of(r, "DISTKERNEL_BC"), dk_job_bc_address(job));
+        char node[8];
+        snprintf(node, sizeof node, "%d", r / 2);
+        cr_expect_str_eq(env_of(r, "GROUP_RANK"), node);
+    }
+    /* The launcher's own line is in agents.log, not in any rank's output. */
+    char path[512], text[4096] = "";
+    snprintf(path, sizeof path, "%s/agents.log", dk_job_log_dir(job));
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f);
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    text[n] = '\0';
+    fclose(f);
+    cr_expect(strstr(text, "srun: a line of the launcher"), "agents.log: %s", text);
+    cr_expect(!output_has(0, 2, "srun: a line"));
+    finish(&job);
+    agents_done();
+}
+
+Test(agents, a_rank_that_fails_is_the_root_cause_and_the_others_are_stopped, .timeout = 60)
+{
+    const char *extra[] = {"FAKE_MODE=interruptible", "FAKE_MODE_3=exit3", NULL};
+    dk_job_spec_t spec = agent_spec(4, 2, extra);
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 40000), "the job did not end");
+    cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    cr_expect_eq(dk_job_root_cause(job), 3);
+    cr_expect_eq(dk_job_rank_state(job, 3), DK_RANK_FAILED);
+    cr_expect_eq(dk_job_rank_exit_code(job, 3), 3);
+    for (int r = 0; r < 3; r++)
+        cr_expect_eq(dk_job_rank_state(job, r), DK_RANK_STOPPED, "rank %d", r);
+    char summary[128];
+    dk_job_lost_summary(job, summary, sizeof summary);
+    cr_expect_str_eq(summary, "");
+    finish(&job);
+    agents_done();
+}
+
+Test(agents, a_cancel_reaches_the_ranks_through_their_agents, .timeout = 60)
+{
+    const char *extra[] = {"FAKE_MODE=interruptible", NULL};
+    dk_job_spec_t spec = agent_spec(4, 2, extra);
+    dk_job_t *job = start(&spec);
+    for (int i = 0; i < 2000 && !(output_has(0, 1, "sleeping") && output_has(1, 1, "sleeping") &&
+                                  output_has(2, 1, "sleeping") && output_has(3, 1, "sleeping"));
+         i++)
+        usleep(10000);
+    cr_assert(output_has(2, 1, "sleeping") && output_has(3, 1, "sleeping"));
+    dk_job_cancel(job);
+    cr_assert(dk_job_wait(job, 40000), "the job did not end");
+    cr_assert_eq(dk_job_end(job), DK_END_CANCELLED);
+    for (int r = 0; r < 4; r++) {
+        cr_expect_eq(dk_job_rank_state(job, r), DK_RANK_STOPPED, "rank %d", r);
+        cr_expect(rec.msg_error[r] && strstr(rec.msg[r].buf, "KeyboardInterrupt"),
+                  "rank %d got SIGINT from its agent", r);
+    }
+    finish(&job);
+    agents_done();
+}
+
+Test(agents, an_agent_that_cannot_connect_says_why_as_a_rank_does, .timeout = 60)
+{
+    /* Port 1 refuses: each agent tries for its connect deadline, says why
+     * and exits 2; its node's ranks, never started, end with that, its words
+     * on the node's first rank's stderr. Not a lost node. */
+    dk_job_spec_t spec = agent_spec_with(4, 2, NULL, "DISTKERNEL_BC=tcp:127.0.0.1:1 "
+                                                     "DISTKERNEL_BC_CONNECT_TIMEOUT=1");
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 40000), "the job did not end");
+    cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    /* The first agent to give up is the root cause; the other node's ranks
+     * may be stopped before its agent gives up too. */
+    int root = dk_job_root_cause(job);
+    cr_assert(root == 0 || root == 2, "root cause %d", root);
+    for (int r = root; r < root + 2; r++) {
+        cr_expect_eq(dk_job_rank_state(job, r), DK_RANK_FAILED, "rank %d", r);
+        cr_expect_eq(dk_job_rank_exit_code(job, r), 2, "rank %d", r);
+    }
+    const char *why = "could not connect to the kernel's back channel at 127.0.0.1:1 within 1 s";
+    cr_expect(output_has(root, 2, why), "%s",
+              rec.out[root][2].buf ? rec.out[root][2].buf : "(nothing on its stderr)");
+    cr_expect(!output_has(1, 2, why) && !output_has(3, 2, why), "told once per node");
+    char summary[128];
+    dk_job_lost_summary(job, summary, sizeof summary);
+    cr_expect_str_eq(summary, "");
+    finish(&job);
+    agents_done();
+}
+
+Test(agents, a_killed_agent_is_its_node_lost, .timeout = 60)
+{
+    const char *extra[] = {"FAKE_MODE=sleep", NULL};
+    dk_job_spec_t spec = agent_spec(4, 2, extra);
+    spec.heartbeat_s = 2.0;
+    dk_job_t *job = start(&spec);
+    for (int i = 0; i < 2000 && !(output_has(2, 1, "sleeping") && output_has(3, 1, "sleeping"));
+         i++)
+        usleep(10000);
+    cr_assert(output_has(3, 1, "sleeping"));
+    cr_assert_eq(kill(agent_pid(1), SIGKILL), 0);
+    cr_assert(dk_job_wait(job, 40000), "the job did not end");
+    cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    int root = dk_job_root_cause(job);
+    cr_expect(root == 2 || root == 3, "root cause %d", root);
+    char summary[128];
+    dk_job_lost_summary(job, summary, sizeof summary);
+    cr_expect_str_eq(summary, "node2 lost (ranks 2" DK_EN_DASH "3)");
+    cr_expect_eq(dk_job_rank_state(job, 0), DK_RANK_STOPPED);
+    cr_expect_eq(dk_job_rank_state(job, 1), DK_RANK_STOPPED);
+    finish(&job);
+    agents_done();
+}

@@ -1,0 +1,157 @@
+/*
+ * distkernel-agent: the node agent (dk_agent.h), one per node of a run over
+ * Slurm, started by the kernel as the tasks of one srun step.
+ *
+ * Usage: distkernel-agent [RANK_PROGRAM [ARG...]]
+ * (default: distkernel-rank beside this program). Everything else comes from
+ * the environment the kernel gives it, the key only there:
+ *   DISTKERNEL_BC, DISTKERNEL_BC_KEY      the back channel and its key
+ *   DISTKERNEL_BC_HEARTBEAT               the silence deadline (s)
+ *   DISTKERNEL_BC_CONNECT_TIMEOUT         how long to try to connect (s)
+ *   DISTKERNEL_AGENT_NODE                 this node in the run, from 0
+ *                                         (unset: SLURM_NODEID, the step's)
+ *   DISTKERNEL_AGENT_WORLD                the run's ranks
+ *   DISTKERNEL_AGENT_PER_NODE             ranks on each node
+ *   DISTKERNEL_AGENT_RUN_ID               TORCHELASTIC_RUN_ID
+ *   DISTKERNEL_AGENT_LOG_DIR              the run's log folder (the ranks'
+ *                                         DISTKERNEL_LOG is in it)
+ *   DISTKERNEL_AGENT_MASTER_ADDR          MASTER_ADDR
+ *   DISTKERNEL_AGENT_MASTER_PORT          MASTER_PORT; 0 or unset: rank 0
+ *                                         picks one (DISTKERNEL_MASTER_PORT=rank0)
+ *   DISTKERNEL_AGENT_GRACE                the stop ladder's grace (s)
+ *   DISTKERNEL_AGENT_STACKS               1: answer STACKS (faulthandler)
+ *   DISTKERNEL_CWD                        the kernel's folder, for the ranks
+ * The DISTKERNEL_AGENT_* variables are the agent's own: its ranks do not
+ * see them. Exit status: 0 every rank ended and was told; 1 the kernel went
+ * away first and the ranks were ended; 2 nothing could start.
+ */
+#include "dk_agent.h"
+#include "dk_agentwire.h"
+
+#include "dk_backchan.h"
+#include "dk_spawn.h"
+
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+extern char **environ;
+
+static double env_double(const char *name, double fallback)
+{
+    const char *v = getenv(name);
+    char *end;
+    double d = v && *v ? strtod(v, &end) : 0;
+    return v && *v && !*end && d > 0 ? d : fallback;
+}
+
+static int env_int(const char *name, int fallback)
+{
+    const char *v = getenv(name);
+    char *end;
+    long x = v && *v ? strtol(v, &end, 10) : -1;
+    return v && *v && !*end && x >= 0 && x <= INT_MAX ? (int) x : fallback;
+}
+
+/* distkernel-rank in this program's own folder. */
+static char *rank_beside_me(void)
+{
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0)
+        return NULL;
+    self[n] = '\0';
+    char *slash = strrchr(self, '/');
+    if (!slash)
+        return NULL;
+    *slash = '\0';
+    char *path = NULL;
+    if (asprintf(&path, "%s/distkernel-rank", self) < 0)
+        return NULL;
+    return path;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+        printf("usage: distkernel-agent [RANK_PROGRAM [ARG...]]\n"
+               "The node agent of a distkernel run over Slurm: started by the kernel, one per\n"
+               "node, it starts that node's ranks and speaks for them. See dk_agent.h.\n");
+        return 0;
+    }
+    /* Whatever signal state srun passed on, the ranks get default signals
+     * (dk_spawn); the agent itself must not die of a write to a closed pipe. */
+    signal(SIGPIPE, SIG_IGN);
+    int node = env_int("DISTKERNEL_AGENT_NODE", env_int("SLURM_NODEID", -1));
+    int world = env_int("DISTKERNEL_AGENT_WORLD", -1);
+    int per = env_int("DISTKERNEL_AGENT_PER_NODE", -1);
+    const char *address = getenv("DISTKERNEL_BC");
+    const char *key_hex = getenv("DISTKERNEL_BC_KEY");
+    const char *run_id = getenv("DISTKERNEL_AGENT_RUN_ID");
+    unsigned char key[DK_AGENTWIRE_KEY_LEN];
+    if (node < 0 || world < 1 || per < 1 || !address || !run_id ||
+        dk_agentwire_key_from_hex(key_hex, key) < 0) {
+        fprintf(stderr, "distkernel-agent: started without the environment the kernel gives "
+                "it (DISTKERNEL_AGENT_NODE or SLURM_NODEID, DISTKERNEL_AGENT_WORLD, "
+                "DISTKERNEL_AGENT_PER_NODE, DISTKERNEL_AGENT_RUN_ID, DISTKERNEL_BC, "
+                "DISTKERNEL_BC_KEY)\n");
+        return 2;
+    }
+    char *program = NULL;
+    char err[1024];
+    if (argc > 1)
+        program = dk_spawn_find_program(argv[1], err, sizeof err);
+    else if (!(program = rank_beside_me()))
+        snprintf(err, sizeof err, "cannot find distkernel-rank beside this program");
+    if (!program) {
+        fprintf(stderr, "distkernel-agent: node %d: %s\n", node, err);
+        return 2;
+    }
+    double heartbeat = env_double("DISTKERNEL_BC_HEARTBEAT", DK_BC_HEARTBEAT_DEFAULT_S);
+    double connect_s = env_double("DISTKERNEL_BC_CONNECT_TIMEOUT", 120.0);
+    unsigned char nonce[DK_AGENTWIRE_NONCE_LEN];
+    int fd = dk_agent_connect(address, connect_s, nonce, err, sizeof err);
+    if (fd < 0) {
+        fprintf(stderr, "distkernel-agent: node %d: %s\n", node, err);
+        free(program);
+        return 2;
+    }
+    /* The ranks' base: the agent's environment less its own variables. */
+    size_t n = 0;
+    while (environ[n])
+        n++;
+    const char **base = calloc(n + 1, sizeof *base);
+    size_t k = 0;
+    for (size_t i = 0; base && i < n; i++)
+        if (strncmp(environ[i], "DISTKERNEL_AGENT_", 17) != 0)
+            base[k++] = environ[i];
+    int port = env_int("DISTKERNEL_AGENT_MASTER_PORT", 0);
+    dk_agent_spec_t spec = {
+        .node = node, .world_size = world, .ranks_per_node = per,
+        .rank_exe = program, .rank_argv = argc > 1 ? argv + 1 : NULL,
+        .base_env = base,
+        .proto = {
+            .master_addr = getenv("DISTKERNEL_AGENT_MASTER_ADDR"),
+            .master_port = port > 0 && port <= 65535 ? port : 0,
+            .run_id = run_id, .bc_address = address, .bc_key_hex = key_hex,
+            .heartbeat_s = heartbeat, .connect_timeout_s = connect_s,
+            .cwd = getenv("DISTKERNEL_CWD"),
+        },
+        .log_dir = getenv("DISTKERNEL_AGENT_LOG_DIR"),
+        .stacks = env_int("DISTKERNEL_AGENT_STACKS", 0) == 1,
+        .fd = fd, .key = key, .nonce = nonce,
+        .heartbeat_s = heartbeat,
+        .grace_s = env_double("DISTKERNEL_AGENT_GRACE", 2.0),
+        .say_fd = STDERR_FILENO,
+    };
+    int rc = base ? dk_agent_run(&spec) : 2;
+    if (!base)
+        fprintf(stderr, "distkernel-agent: node %d: out of memory\n", node);
+    close(fd);
+    free(base);
+    free(program);
+    return rc;
+}

@@ -1,0 +1,733 @@
+/*
+ * dk_agent: a node agent's poll loop. See the header.
+ *
+ * Everything the agent sends goes out whole and in order on one blocking
+ * socket: a kernel that takes no byte for the heartbeat deadline is gone, as
+ * a silent one is. What it reads is non-blocking, into a buffer that holds
+ * at least one whole frame. The ranks' pipes are read a pipe-read at a time
+ * (at most DK_BC_OUTPUT_MAX), so one rank's flood is interleaved with the
+ * others' output, the exits and the PINGs.
+ */
+#include "dk_agent.h"
+#include "dk_agentwire.h"
+
+#include "dk_backchan.h"
+#include "dk_clock.h"
+#include "dk_err.h"
+#include "dk_spawn.h"
+#include "dk_stackreq.h"
+#include "dk_stop.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define DEFAULT_GRACE_S 2.0
+/* The most a frame from the kernel may carry (SIGNAL: 4 bytes today). */
+#define IN_PAYLOAD_MAX ((size_t) 64 << 10)
+/* What one exited rank's pipes are drained of before its EXIT goes: its last
+ * words; a child that keeps writing is read on afterwards. */
+#define EXIT_DRAIN_MAX ((size_t) 4 << 20)
+
+typedef struct {
+    int rank;               /* its rank in the run */
+    pid_t pid;              /* -1: not started */
+    int pidfd;
+    int pipes[2];           /* stdout, stderr read ends; -1 at EOF */
+    bool exited;            /* reaped and its EXIT sent (or the kernel is gone) */
+    bool stacks_wanted;     /* a STACKS request waits for the running one to end */
+    bool sample_wanted;     /* ... a live sample's (DK_BC_STACKS_SAMPLE) */
+    bool stacks_asked;      /* asked in the running request */
+} lrank_t;
+
+typedef struct {
+    const dk_agent_spec_t *spec;
+    dk_agentwire_t wire;
+    int fd;
+    lrank_t *ranks;
+    int n, live;
+    unsigned char *in;
+    size_t in_len, in_cap;
+    double heartbeat_s;
+    double heard_at, pinged_at;
+    bool gone;              /* the kernel closed, went silent, or took nothing */
+    bool shut;              /* every rank told: our side is shut, awaiting the close */
+    double shut_at;
+    dk_stop_t stop;
+    dk_stackreq_t *stacks;
+    int sentinel_pid, sentinel_fd;
+} agent_t;
+
+static void say(agent_t *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void say(agent_t *a, const char *fmt, ...)
+{
+    if (a->spec->say_fd < 0)
+        return;
+    char line[1024];
+    int k = snprintf(line, sizeof line, "distkernel-agent: node %d: ", a->spec->node);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line + k, sizeof line - (size_t) k, fmt, ap);
+    va_end(ap);
+    size_t len = strlen(line);
+    if (len + 1 < sizeof line)
+        line[len++] = '\n';
+    if (write(a->spec->say_fd, line, len) < 0)
+        return;
+}
+
+static void close_fd(int *fd)
+{
+    if (*fd >= 0)
+        close(*fd);
+    *fd = -1;
+}
+
+/* ---- the kernel ------------------------------------------------------------ */
+
+static void kernel_gone(agent_t *a, const char *why)
+{
+    if (a->gone)
+        return;
+    a->gone = true;
+    if (a->live > 0)
+        say(a, "%s; ending this node's %d rank%s", why, a->live, a->live == 1 ? "" : "s");
+    else if (!a->shut)
+        say(a, "%s", why);
+    double now = dk_now_s();
+    int sig = dk_stop_begin(&a->stop, now);
+    for (int i = 0; sig && i < a->n; i++)
+        if (!a->ranks[i].exited && a->ranks[i].pid > 0)
+            killpg(a->ranks[i].pid, sig);
+}
+
+/* Write all of BUF, waiting for the socket at most the heartbeat deadline. */
+static bool write_all(agent_t *a, const unsigned char *buf, size_t len)
+{
+    size_t at = 0;
+    while (at < len) {
+        ssize_t w = send(a->fd, buf + at, len - at, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w > 0) {
+            at += (size_t) w;
+            continue;
+        }
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            struct pollfd p = {.fd = a->fd, .events = POLLOUT};
+            int r;
+            do
+                r = poll(&p, 1, (int) (a->heartbeat_s * 1000));
+            while (r < 0 && errno == EINTR);
+            if (r == 0) {
+                kernel_gone(a, "the kernel took nothing past the heartbeat deadline");
+                return false;
+            }
+            if (r > 0)
+                continue;
+        }
+        kernel_gone(a, "the kernel's connection broke");
+        return false;
+    }
+    return true;
+}
+
+static void send_frame(agent_t *a, int type, uint32_t id, const void *payload, size_t len)
+{
+    if (a->gone || a->shut)
+        return;
+    unsigned char small[DK_AGENTWIRE_HEAD + 16];
+    unsigned char *buf = len <= 16 ? small : malloc(DK_AGENTWIRE_HEAD + len);
+    if (!buf) {
+        kernel_gone(a, "out of memory for a message to the kernel");
+        return;
+    }
+    size_t n = dk_agentwire_seal(&a->wire, type, id, payload, len, buf);
+    if (n == 0)
+        kernel_gone(a, "OpenSSL could not sign a message");
+    else if (write_all(a, buf, n))
+        a->pinged_at = dk_now_s();
+    if (buf != small)
+        free(buf);
+}
+
+static void put_be32(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char) (v >> 24);
+    p[1] = (unsigned char) (v >> 16);
+    p[2] = (unsigned char) (v >> 8);
+    p[3] = (unsigned char) v;
+}
+
+static uint32_t get_be32(const unsigned char *p)
+{
+    return (uint32_t) p[0] << 24 | (uint32_t) p[1] << 16 | (uint32_t) p[2] << 8 | p[3];
+}
+
+/* ---- the ranks ---------------------------------------------------------------- */
+
+/* Pass on one read of rank I's pipe W (0 stdout, 1 stderr). False at EOF or
+ * when it is empty. */
+static bool pump(agent_t *a, int i, int w)
+{
+    lrank_t *rk = &a->ranks[i];
+    static unsigned char buf[2 + DK_BC_OUTPUT_MAX];
+    if (rk->pipes[w] < 0)
+        return false;
+    ssize_t n;
+    do
+        n = read(rk->pipes[w], buf + 2, DK_BC_OUTPUT_MAX);
+    while (n < 0 && errno == EINTR);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+        close_fd(&rk->pipes[w]);
+        return false;
+    }
+    if (n < 0)
+        return false;
+    buf[0] = (unsigned char) (w + 1);
+    buf[1] = (size_t) n < DK_BC_OUTPUT_MAX ? DK_BC_OUTPUT_CAUGHT_UP : 0;
+    send_frame(a, DK_BC_OUTPUT, (uint32_t) rk->rank, buf, 2 + (size_t) n);
+    return true;
+}
+
+/* Rank I's process has ended: its last words, then its EXIT. */
+static void reap(agent_t *a, int i)
+{
+    lrank_t *rk = &a->ranks[i];
+    int status = 0;
+    pid_t got;
+    do
+        got = waitpid(rk->pid, &status, WNOHANG);
+    while (got < 0 && errno == EINTR);
+    if (got == 0)
+        return;         /* not yet (a pidfd's wake before the zombie is collectable) */
+    size_t drained = 0;
+    for (int w = 0; w < 2; w++)
+        while (drained < EXIT_DRAIN_MAX && pump(a, i, w))
+            drained += DK_BC_OUTPUT_MAX;
+    unsigned char body[8];
+    int code = got < 0 ? -1 : WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    int sig = got > 0 && WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    put_be32(body, (uint32_t) code);
+    put_be32(body + 4, (uint32_t) sig);
+    send_frame(a, DK_BC_EXIT, (uint32_t) rk->rank, body, sizeof body);
+    rk->exited = true;
+    close_fd(&rk->pidfd);
+    if (a->stacks)
+        dk_stackreq_gone(a->stacks, i);
+    a->live--;
+    if (a->live == 0)
+        dk_stop_gone(&a->stop);
+}
+
+static void signal_ranks(agent_t *a, uint32_t id, int sig)
+{
+    for (int i = 0; i < a->n; i++) {
+        lrank_t *rk = &a->ranks[i];
+        if ((id == DK_BC_ALL_RANKS || id == (uint32_t) rk->rank) && !rk->exited && rk->pid > 0)
+            killpg(rk->pid, sig);
+    }
+}
+
+/* Ask the ranks marked stacks_wanted at once (dk_stackreq.h), or, when none
+ * is, those marked sample_wanted for a live sample: DK_SAMPLE_SIGNAL to each
+ * one's sampler thread (tgkill), which interrupts no system call of the
+ * rank's, where the ending dump's DK_STACKS_SIGNAL goes to the process. */
+static void stacks_begin(agent_t *a)
+{
+    if (!a->stacks || dk_stackreq_running(a->stacks))
+        return;
+    pid_t *groups = calloc(a->n > 0 ? (size_t) a->n : 1, sizeof *groups);
+    if (!groups)
+        return;
+    bool ending = false;
+    for (int i = 0; i < a->n; i++)
+        ending |= a->ranks[i].stacks_wanted && !a->ranks[i].exited && a->ranks[i].pid > 0;
+    int asked = 0;
+    for (int i = 0; i < a->n; i++) {
+        lrank_t *rk = &a->ranks[i];
+        bool *wanted = ending ? &rk->stacks_wanted : &rk->sample_wanted;
+        rk->stacks_asked = *wanted && !rk->exited && rk->pid > 0;
+        *wanted = false;
+        if (ending && rk->stacks_asked)
+            rk->sample_wanted = false;  /* the ending dump answers the sample too */
+        if (rk->stacks_asked) {
+            groups[i] = rk->pid;
+            asked++;
+        }
+    }
+    if (asked && ending)
+        dk_stackreq_begin(a->stacks, groups, dk_now_s(), a->spec->stacks_wait_s);
+    else if (asked)
+        dk_stackreq_sample(a->stacks, groups, dk_now_s(), a->spec->stacks_wait_s);
+    free(groups);
+}
+
+/* The running request is over: every asked rank's dump, "" when it gave none. */
+static void stacks_send(agent_t *a)
+{
+    for (int i = 0; i < a->n; i++) {
+        lrank_t *rk = &a->ranks[i];
+        if (!rk->stacks_asked)
+            continue;
+        rk->stacks_asked = false;
+        size_t len = 0;
+        const char *dump = dk_stackreq_dump(a->stacks, i, &len);
+        if (!dump)      /* not signalled (no ready line, no sampler): "" */
+            dump = "", len = 0;
+        if (len > DK_BC_STACKS_MAX) {
+            dump += len - DK_BC_STACKS_MAX;
+            len = DK_BC_STACKS_MAX;
+        }
+        send_frame(a, DK_BC_STACKS, (uint32_t) rk->rank, dump, len);
+    }
+    bool more = false;
+    for (int i = 0; i < a->n; i++)
+        more |= a->ranks[i].stacks_wanted || a->ranks[i].sample_wanted;
+    if (more)
+        stacks_begin(a);
+}
+
+static void want_stacks(agent_t *a, uint32_t id, bool sample)
+{
+    for (int i = 0; i < a->n; i++) {
+        lrank_t *rk = &a->ranks[i];
+        if ((id == DK_BC_ALL_RANKS || id == (uint32_t) rk->rank) && !rk->exited) {
+            if (!a->stacks)
+                send_frame(a, DK_BC_STACKS, (uint32_t) rk->rank, NULL, 0);
+            else if (sample)
+                rk->sample_wanted = true;
+            else
+                rk->stacks_wanted = true;
+        }
+    }
+    stacks_begin(a);
+}
+
+/* ---- frames from the kernel ----------------------------------------------------- */
+
+static void on_frame(agent_t *a, const dk_agentframe_t *f)
+{
+    if (f->type == DK_BC_PING)
+        return;     /* its arrival was the point (heard_at) */
+    if (f->type == DK_BC_SIGNAL && f->len == 4) {
+        uint32_t sig = get_be32(f->payload);
+        if (sig >= 1 && sig < (uint32_t) NSIG)
+            signal_ranks(a, f->id, (int) sig);
+        return;
+    }
+    if (f->type == DK_BC_STACKS && (f->len == 0 || f->len == 4)) {
+        want_stacks(a, f->id, f->len == 4 && get_be32(f->payload) == DK_BC_STACKS_SAMPLE);
+        return;
+    }
+    say(a, "the kernel sent a message of type %d, which this agent does not know; ignored",
+        f->type);
+}
+
+static void read_kernel(agent_t *a)
+{
+    for (;;) {
+        if (a->in_cap - a->in_len < 4096) {
+            size_t cap = a->in_cap ? a->in_cap * 2 : 65536;
+            unsigned char *in = realloc(a->in, cap);
+            if (!in) {
+                kernel_gone(a, "out of memory for the kernel's messages");
+                return;
+            }
+            a->in = in;
+            a->in_cap = cap;
+        }
+        ssize_t n = recv(a->fd, a->in + a->in_len, a->in_cap - a->in_len, MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            break;
+        if (n <= 0) {
+            if (a->shut)
+                a->gone = true;     /* the close we were waiting for */
+            else
+                kernel_gone(a, "the kernel closed the back channel");
+            return;
+        }
+        a->in_len += (size_t) n;
+        a->heard_at = dk_now_s();
+    }
+    size_t at = 0;
+    while (!a->gone) {
+        dk_agentframe_t f;
+        const char *why;
+        long took = dk_agentwire_open(&a->wire, a->in + at, a->in_len - at, &f, NULL, &why);
+        if (took < 0) {
+            kernel_gone(a, why);
+            break;
+        }
+        if (took == 0)
+            break;
+        on_frame(a, &f);
+        at += (size_t) took;
+    }
+    memmove(a->in, a->in + at, a->in_len - at);
+    a->in_len -= at;
+}
+
+/* ---- the start ------------------------------------------------------------------ */
+
+static bool start_ranks(agent_t *a)
+{
+    const dk_agent_spec_t *s = a->spec;
+    char *default_argv[2] = {(char *) s->rank_exe, NULL};
+    char *const *argv = s->rank_argv ? s->rank_argv : default_argv;
+    for (int i = 0; i < a->n; i++) {
+        lrank_t *rk = &a->ranks[i];
+        dk_rankenv_t in = s->proto;
+        in.rank = rk->rank;
+        in.world_size = s->world_size;
+        in.ranks_per_node = s->ranks_per_node;
+        char *log = NULL;
+        if (asprintf(&log, "%s/rank-%d.log", s->log_dir ? s->log_dir : "/nonexistent",
+                     rk->rank) < 0)
+            log = NULL;
+        in.log_path = log;
+        in.stacks_path = a->stacks ? dk_stackreq_path(a->stacks, i) : NULL;
+        char **env = log ? dk_rankenv_build(s->base_env, &in) : NULL;
+        free(log);
+        if (!env) {
+            say(a, "out of memory building rank %d's environment", rk->rank);
+            return false;
+        }
+        dk_spawned_t sp;
+        char why[512];
+        int rc = dk_spawn(s->rank_exe, argv, env, &sp, why, sizeof why);
+        dk_spawn_env_free(env);
+        if (rc != 0) {
+            say(a, "cannot start rank %d: %s", rk->rank, why);
+            return false;
+        }
+        rk->pid = sp.pid;
+        rk->pidfd = sp.pidfd;
+        rk->pipes[0] = sp.out_fd;
+        rk->pipes[1] = sp.err_fd;
+        a->live++;
+        unsigned char pid[4];
+        put_be32(pid, (uint32_t) sp.pid);
+        send_frame(a, DK_BC_STARTED, (uint32_t) rk->rank, pid, sizeof pid);
+    }
+    int *groups = calloc(a->n > 0 ? (size_t) a->n : 1, sizeof *groups);
+    char why[256];
+    for (int i = 0; groups && i < a->n; i++)
+        groups[i] = a->ranks[i].pid;
+    if (!groups || dk_spawn_sentinel(groups, a->n, &a->sentinel_pid, &a->sentinel_fd, why,
+                                     sizeof why) != 0)
+        say(a, "the ranks' children will not end with this agent if it is killed: %s",
+            groups ? why : "out of memory");
+    free(groups);
+    return true;
+}
+
+/* ---- the loop ------------------------------------------------------------------- */
+
+static double earliest(double a, double b)
+{
+    return a < 0 ? b : b < 0 ? a : a < b ? a : b;
+}
+
+static void loop(agent_t *a)
+{
+    size_t max = 1 + 3 * (size_t) a->n;
+    struct pollfd *fds = calloc(max, sizeof *fds);
+    int *who = calloc(max, sizeof *who);
+    if (!fds || !who) {
+        say(a, "out of memory");
+        kernel_gone(a, "out of memory");
+    }
+    for (;;) {
+        double now = dk_now_s();
+        if (a->live == 0) {
+            if (a->gone)
+                break;
+            if (!a->shut) {
+                /* Everything is told: our side is done, the kernel closes. */
+                shutdown(a->fd, SHUT_WR);
+                a->shut = true;
+                a->shut_at = now;
+            } else if (now - a->shut_at > a->heartbeat_s) {
+                break;
+            }
+        }
+        if (!fds || !who) {
+            /* Nothing to poll with: wait for the ranks the ladder ends. */
+            for (int i = 0; i < a->n; i++)
+                if (!a->ranks[i].exited && a->ranks[i].pid > 0) {
+                    killpg(a->ranks[i].pid, SIGKILL);
+                    waitpid(a->ranks[i].pid, NULL, 0);
+                    a->ranks[i].exited = true;
+                }
+            break;
+        }
+        if (!a->gone && !a->shut && now - a->pinged_at >= DK_BC_PING_S)
+            send_frame(a, DK_BC_PING, (uint32_t) a->spec->node, NULL, 0);
+        if (!a->gone && now - a->heard_at > a->heartbeat_s)
+            kernel_gone(a, "the kernel has been silent past the heartbeat deadline");
+        for (int sig; (sig = dk_stop_due(&a->stop, now)) != 0;)
+            for (int i = 0; i < a->n; i++)
+                if (!a->ranks[i].exited && a->ranks[i].pid > 0)
+                    killpg(a->ranks[i].pid, sig);
+        if (a->stacks && dk_stackreq_running(a->stacks) && dk_stackreq_poll(a->stacks, now))
+            stacks_send(a);
+
+        size_t nf = 0;
+        if (!a->gone) {
+            fds[nf] = (struct pollfd){.fd = a->fd, .events = POLLIN};
+            who[nf++] = -1;
+        }
+        for (int i = 0; i < a->n; i++) {
+            lrank_t *rk = &a->ranks[i];
+            for (int w = 0; w < 2; w++)
+                if (rk->pipes[w] >= 0) {
+                    fds[nf] = (struct pollfd){.fd = rk->pipes[w], .events = POLLIN};
+                    who[nf++] = 3 * i + w;
+                }
+            if (!rk->exited && rk->pidfd >= 0) {
+                fds[nf] = (struct pollfd){.fd = rk->pidfd, .events = POLLIN};
+                who[nf++] = 3 * i + 2;
+            }
+        }
+        double next = a->gone ? -1 : earliest(a->pinged_at + DK_BC_PING_S,
+                                              a->heard_at + a->heartbeat_s);
+        next = earliest(next, dk_stop_next_at(&a->stop));
+        if (a->stacks)
+            next = earliest(next, dk_stackreq_next_at(a->stacks, now));
+        if (a->shut)
+            next = earliest(next, a->shut_at + a->heartbeat_s);
+        /* A rank without a pidfd (an old kernel) is looked at every 100 ms. */
+        next = earliest(next, now + 0.1);
+        int timeout = next < 0 ? -1 : next <= now ? 0 : (int) ((next - now) * 1000) + 1;
+        int r = poll(fds, nf, timeout);
+        if (r < 0 && errno != EINTR)
+            break;
+        for (size_t k = 0; r > 0 && k < nf; k++) {
+            if (!fds[k].revents)
+                continue;
+            if (who[k] < 0) {
+                read_kernel(a);
+                continue;
+            }
+            int i = who[k] / 3, w = who[k] % 3;
+            if (w < 2)
+                pump(a, i, w);
+            else if (!a->ranks[i].exited)
+                reap(a, i);
+        }
+        for (int i = 0; i < a->n; i++)
+            if (!a->ranks[i].exited && a->ranks[i].pidfd < 0 && a->ranks[i].pid > 0)
+                reap(a, i);
+    }
+    free(fds);
+    free(who);
+}
+
+int dk_agent_run(const dk_agent_spec_t *spec)
+{
+    agent_t a;
+    memset(&a, 0, sizeof a);
+    a.spec = spec;
+    a.fd = spec->fd;
+    a.sentinel_pid = a.sentinel_fd = -1;
+    a.heartbeat_s = spec->heartbeat_s > 0 ? spec->heartbeat_s : DK_BC_HEARTBEAT_DEFAULT_S;
+    a.stop = dk_stop_ladder(spec->grace_s > 0 ? spec->grace_s : DEFAULT_GRACE_S);
+    a.heard_at = a.pinged_at = dk_now_s();
+    int per = spec->ranks_per_node;
+    if (per < 1 || spec->world_size < per || spec->world_size % per != 0 || spec->node < 0 ||
+        (long) spec->node * per >= spec->world_size) {
+        say(&a, "node %d of %d ranks at %d a node is not in the run", spec->node,
+            spec->world_size, per);
+        return 2;
+    }
+    if (dk_agentwire_init(&a.wire, spec->key, spec->nonce, DK_BC_DIR_TO_RUNTIME,
+                          IN_PAYLOAD_MAX) < 0) {
+        say(&a, "OpenSSL has no HMAC");
+        return 2;
+    }
+    a.n = per;
+    a.ranks = calloc((size_t) per, sizeof *a.ranks);
+    if (!a.ranks) {
+        say(&a, "out of memory");
+        dk_agentwire_clear(&a.wire);
+        return 2;
+    }
+    for (int i = 0; i < per; i++) {
+        lrank_t *rk = &a.ranks[i];
+        rk->rank = spec->node * per + i;
+        rk->pid = -1;
+        rk->pidfd = rk->pipes[0] = rk->pipes[1] = -1;
+    }
+    if (spec->stacks) {
+        char why[512];
+        if (!(a.stacks = dk_stackreq_new(per, why, sizeof why)))
+            say(&a, "the ranks' stacks cannot be asked for: %s", why);
+    }
+    send_frame(&a, DK_BC_AGENT_HELLO, (uint32_t) spec->node, NULL, 0);
+    int rc = 2;
+    if (!a.gone && start_ranks(&a)) {
+        loop(&a);
+        rc = a.shut ? 0 : 1;
+    } else {
+        /* Nothing more starts: end what did. */
+        for (int i = 0; i < a.n; i++)
+            if (a.ranks[i].pid > 0) {
+                killpg(a.ranks[i].pid, SIGKILL);
+                waitpid(a.ranks[i].pid, NULL, 0);
+            }
+    }
+    for (int i = 0; i < a.n; i++) {
+        close_fd(&a.ranks[i].pidfd);
+        close_fd(&a.ranks[i].pipes[0]);
+        close_fd(&a.ranks[i].pipes[1]);
+    }
+    dk_spawn_sentinel_end(&a.sentinel_pid, &a.sentinel_fd);
+    dk_stackreq_destroy(&a.stacks);
+    dk_agentwire_clear(&a.wire);
+    free(a.ranks);
+    free(a.in);
+    return rc;
+}
+
+/* ---- connecting ----------------------------------------------------------------- */
+
+/* One try: the connection, or -1 with why in WHY (the system's word, "no
+ * answer" past PER_TRY_S), or -2 when ADDRESS can never be reached (WHY says
+ * why, whole). */
+static int connect_once(const char *address, double per_try_s, char *why, size_t whylen)
+{
+    if (strncmp(address, "tcp:", 4) != 0) {
+        struct sockaddr_un sun = {.sun_family = AF_UNIX};
+        if (strlen(address) >= sizeof sun.sun_path) {
+            dk_set_err(why, whylen, "the socket path %s is too long", address);
+            return -2;
+        }
+        memcpy(sun.sun_path, address, strlen(address) + 1);
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd >= 0 && connect(fd, (struct sockaddr *) &sun, sizeof sun) == 0)
+            return fd;
+        dk_set_err(why, whylen, "%s", strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    char host[128];
+    const char *h = address + 4, *port;
+    if (*h == '[') {
+        const char *end = strchr(h, ']');
+        if (!end || end[1] != ':' || (size_t) (end - h - 1) >= sizeof host) {
+            dk_set_err(why, whylen, "%s is not tcp:[ADDR]:PORT", address);
+            return -2;
+        }
+        snprintf(host, sizeof host, "%.*s", (int) (end - h - 1), h + 1);
+        port = end + 2;
+    } else {
+        const char *colon = strrchr(h, ':');
+        if (!colon || (size_t) (colon - h) >= sizeof host) {
+            dk_set_err(why, whylen, "%s is not tcp:ADDR:PORT", address);
+            return -2;
+        }
+        snprintf(host, sizeof host, "%.*s", (int) (colon - h), h);
+        port = colon + 1;
+    }
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICHOST |
+                                                                     AI_NUMERICSERV};
+    struct addrinfo *ai = NULL;
+    int g = getaddrinfo(host, port, &hints, &ai);
+    if (g != 0) {
+        dk_set_err(why, whylen, "%s is not a numeric address and port: %s", address,
+                   gai_strerror(g));
+        return -2;
+    }
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    /* A node whose packets are dropped would otherwise wait out the
+     * system's SYN retries (minutes), past the connect deadline. */
+    struct timeval tv = {(time_t) per_try_s,
+                         (suseconds_t) ((per_try_s - (double) (time_t) per_try_s) * 1e6)};
+    if (fd >= 0)
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    int rc = fd >= 0 ? connect(fd, ai->ai_addr, ai->ai_addrlen) : -1;
+    int saved = errno;
+    freeaddrinfo(ai);
+    if (rc == 0) {
+        struct timeval none = {0, 0};
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof none);
+        return fd;
+    }
+    dk_set_err(why, whylen, "%s", saved == EINPROGRESS || saved == ETIMEDOUT || saved == EAGAIN
+                                      ? "no answer" : strerror(saved));
+    if (fd >= 0)
+        close(fd);
+    return -1;
+}
+
+int dk_agent_connect(const char *address, double deadline_s, unsigned char nonce[32],
+                     char *err, size_t errlen)
+{
+    if (!address || !*address) {
+        dk_set_err(err, errlen, "no back-channel address (DISTKERNEL_BC) was given");
+        return -1;
+    }
+    double until = dk_now_s() + deadline_s, wait = 0.05;
+    int fd, tries = 0;
+    char why[512] = "";
+    for (;;) {
+        tries++;
+        double left = until - dk_now_s();
+        fd = connect_once(address, left < 0.5 ? 0.5 : left > 10 ? 10 : left, why, sizeof why);
+        if (fd >= 0 || fd == -2 || dk_now_s() + wait > until)
+            break;
+        struct timespec ts = {(time_t) wait, (long) ((wait - (double) (time_t) wait) * 1e9)};
+        nanosleep(&ts, NULL);
+        wait = wait * 2 > 1.0 ? 1.0 : wait * 2;
+    }
+    if (fd == -2) {
+        dk_set_err(err, errlen, "%s", why);
+        return -1;
+    }
+    if (fd < 0) {
+        /* As a rank says it (python/distkernel/_backchannel.py). */
+        bool tcp = strncmp(address, "tcp:", 4) == 0;
+        dk_set_err(err, errlen, "could not connect to the kernel's back channel at %s within %g s "
+                   "(%d tries; the last: %s)%s", tcp ? address + 4 : address, deadline_s, tries,
+                   why, tcp ? "; this node must reach that address and port over TCP (a "
+                   "firewall or a route may be in the way, or the kernel is gone)" : "");
+        return -1;
+    }
+    size_t have = 0;
+    while (have < 32) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        double left = until - dk_now_s();
+        int r = poll(&p, 1, left > 0 ? (int) (left * 1000) + 1 : 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        ssize_t n = r > 0 ? recv(fd, nonce + have, 32 - have, 0) : -1;
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            dk_set_err(err, errlen, "%s accepted the connection but sent no nonce%s", address,
+                       r == 0 ? " in time" : "");
+            close(fd);
+            return -1;
+        }
+        have += (size_t) n;
+    }
+    return fd;
+}

@@ -1,0 +1,578 @@
+/*
+ * The node agent (runtime/agent/dk_agent.h) against a fake runtime over a
+ * socketpair: its frames (dk_agentwire), and its rank bookkeeping: which
+ * ranks it starts, what they wrote labelled by rank, their exits and
+ * signals, the kernel's SIGNAL and STACKS, and the end of its ranks when the
+ * kernel goes silent or closes. Ranks are small shell and Python programs.
+ */
+#include <criterion/criterion.h>
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dk_agent.h"
+#include "dk_agentwire.h"
+#include "dk_backchan.h"
+
+static const unsigned char KEY[32] = "0123456789abcdef0123456789abcde";
+static const unsigned char NONCE[32] = "nonce-nonce-nonce-nonce-nonce-n";
+#define KEY_HEX "3031323334353637383961626364656630313233343536373839616263646500"
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
+}
+
+/* ---- the frames ------------------------------------------------------------------ */
+
+Test(agentwire, a_frame_opens_on_the_other_side_only)
+{
+    dk_agentwire_t agent, kernel;
+    cr_assert_eq(dk_agentwire_init(&agent, KEY, NONCE, DK_BC_DIR_TO_RUNTIME, 1024), 0);
+    cr_assert_eq(dk_agentwire_init(&kernel, KEY, NONCE, DK_BC_DIR_TO_RANK, 1024), 0);
+    unsigned char buf[256], echo[256];
+    size_t n = dk_agentwire_seal(&agent, DK_BC_EXIT, 77, "\0\0\0\5\0\0\0\0", 8, buf);
+    cr_assert_eq(n, DK_AGENTWIRE_HEAD + 8);
+    memcpy(echo, buf, n);
+    dk_agentframe_t f;
+    size_t need = 0;
+    const char *why;
+    /* Not whole yet: nothing taken, and how much it needs. */
+    cr_expect_eq(dk_agentwire_open(&kernel, buf, 3, &f, &need, &why), 0);
+    cr_expect_eq(dk_agentwire_open(&kernel, buf, n - 1, &f, &need, &why), 0);
+    cr_expect_eq(need, n);
+    cr_assert_eq(dk_agentwire_open(&kernel, buf, n, &f, NULL, &why), (long) n);
+    cr_expect_eq(f.type, DK_BC_EXIT);
+    cr_expect_eq(f.id, 77);
+    cr_expect_eq(f.len, 8);
+    cr_expect_eq(f.payload[3], 5);
+    /* Replayed: the count has moved on. */
+    cr_expect_eq(dk_agentwire_open(&kernel, echo, n, &f, NULL, &why), -1);
+    cr_expect(strstr(why, "did not verify"));
+    /* Reflected back to the side that wrote it: the direction differs. */
+    dk_agentwire_t agent2;
+    cr_assert_eq(dk_agentwire_init(&agent2, KEY, NONCE, DK_BC_DIR_TO_RUNTIME, 1024), 0);
+    cr_expect_eq(dk_agentwire_open(&agent2, echo, n, &f, NULL, &why), -1);
+    /* Tampered with. */
+    dk_agentwire_t kernel2;
+    cr_assert_eq(dk_agentwire_init(&kernel2, KEY, NONCE, DK_BC_DIR_TO_RANK, 1024), 0);
+    echo[n - 1] ^= 1;
+    cr_expect_eq(dk_agentwire_open(&kernel2, echo, n, &f, NULL, &why), -1);
+    /* Too large for the side that opens it: refused before it is whole. */
+    n = dk_agentwire_seal(&kernel, DK_BC_PING, 1, NULL, 0, buf);
+    cr_assert_eq(n, DK_AGENTWIRE_HEAD);
+    cr_expect_eq(dk_agentwire_open(&agent, buf, n, &f, NULL, &why), (long) n);
+    unsigned char big[4] = {0, 0x10, 0, 0};
+    cr_expect_eq(dk_agentwire_open(&agent, big, 4, &f, NULL, &why), -1);
+    cr_expect(strstr(why, "limits"));
+    unsigned char tiny[4] = {0, 0, 0, 5};
+    cr_expect_eq(dk_agentwire_open(&agent, tiny, 4, &f, NULL, &why), -1);
+    dk_agentwire_clear(&agent);
+    dk_agentwire_clear(&agent2);
+    dk_agentwire_clear(&kernel);
+    dk_agentwire_clear(&kernel2);
+}
+
+Test(agentwire, the_key_comes_from_64_hex_digits)
+{
+    unsigned char key[32];
+    cr_assert_eq(dk_agentwire_key_from_hex(KEY_HEX, key), 0);
+    cr_expect_eq(memcmp(key, KEY, 32), 0);
+    cr_expect_eq(dk_agentwire_key_from_hex("abc", key), -1);
+    cr_expect_eq(dk_agentwire_key_from_hex(NULL, key), -1);
+    char bad[65];
+    memset(bad, 'g', 64);
+    bad[64] = '\0';
+    cr_expect_eq(dk_agentwire_key_from_hex(bad, key), -1);
+}
+
+/* ---- a fake runtime ---------------------------------------------------------------- */
+
+typedef struct {
+    int fd;
+    pid_t agent;
+    dk_agentwire_t wire;
+    unsigned char in[1 << 20];
+    size_t len;
+    /* the last frame read */
+    int type;
+    uint32_t id;
+    unsigned char payload[256 << 10];
+    size_t plen;
+} kern_t;
+
+typedef struct {
+    int node, world, per;
+    const char *script;     /* sh -c SCRIPT, or NULL for the program below */
+    const char *program;
+    double heartbeat_s, grace_s, stacks_wait_s;
+    bool stacks;
+} agent_opts_t;
+
+static kern_t *agent_start(const agent_opts_t *o)
+{
+    kern_t *k = calloc(1, sizeof *k);
+    cr_assert_not_null(k);
+    int sv[2];
+    cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    k->agent = fork();
+    cr_assert_neq(k->agent, -1);
+    if (k->agent == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);   /* a test that fails leaves nothing */
+        close(sv[0]);
+        char *argv[] = {"/bin/sh", "-c", (char *) o->script, NULL};
+        const char *base[] = {"PATH=/usr/bin:/bin", "SLURM_STEP_ID=4", NULL};
+        dk_agent_spec_t spec = {
+            .node = o->node, .world_size = o->world, .ranks_per_node = o->per,
+            .rank_exe = o->program ? o->program : "/bin/sh",
+            .rank_argv = o->program ? NULL : argv, .base_env = base,
+            .proto = {.master_addr = "node1", .run_id = "run7", .bc_address = "tcp:1.2.3.4:5",
+                      .bc_key_hex = KEY_HEX, .heartbeat_s = 10, .connect_timeout_s = 120},
+            .log_dir = "/logs/run", .stacks = o->stacks, .stacks_wait_s = o->stacks_wait_s,
+            .fd = sv[1], .key = KEY, .nonce = NONCE,
+            .heartbeat_s = o->heartbeat_s > 0 ? o->heartbeat_s : 30,
+            .grace_s = o->grace_s > 0 ? o->grace_s : 0.5, .say_fd = 2,
+        };
+        _exit(dk_agent_run(&spec));
+    }
+    close(sv[1]);
+    k->fd = sv[0];
+    cr_assert_eq(dk_agentwire_init(&k->wire, KEY, NONCE, DK_BC_DIR_TO_RANK, 1 << 19), 0);
+    return k;
+}
+
+/* The next frame that is not a PING, within TIMEOUT_S; false at EOF. */
+static bool next_frame(kern_t *k, double timeout_s)
+{
+    double until = now() + timeout_s;
+    for (;;) {
+        dk_agentframe_t f;
+        const char *why;
+        long took = dk_agentwire_open(&k->wire, k->in, k->len, &f, NULL, &why);
+        cr_assert_geq(took, 0, "the agent's frame did not open: %s", why);
+        if (took > 0) {
+            k->type = f.type;
+            k->id = f.id;
+            cr_assert_leq(f.len, sizeof k->payload);
+            memcpy(k->payload, f.payload, f.len);
+            k->plen = f.len;
+            k->payload[f.len < sizeof k->payload ? f.len : 0] = '\0';
+            memmove(k->in, k->in + took, k->len - (size_t) took);
+            k->len -= (size_t) took;
+            if (k->type == DK_BC_PING)
+                continue;
+            return true;
+        }
+        double left = until - now();
+        cr_assert_gt(left, 0, "no frame from the agent within %g s", timeout_s);
+        struct pollfd p = {.fd = k->fd, .events = POLLIN};
+        if (poll(&p, 1, (int) (left * 1000) + 1) <= 0)
+            continue;
+        ssize_t n = recv(k->fd, k->in + k->len, sizeof k->in - k->len, 0);
+        cr_assert_geq(n, 0);
+        if (n == 0)
+            return false;
+        k->len += (size_t) n;
+    }
+}
+
+static void send_to_agent(kern_t *k, int type, uint32_t id, const void *payload, size_t len)
+{
+    unsigned char buf[DK_AGENTWIRE_HEAD + 64];
+    size_t n = dk_agentwire_seal(&k->wire, type, id, payload, len, buf);
+    cr_assert_eq(send(k->fd, buf, n, MSG_NOSIGNAL), (ssize_t) n);
+}
+
+static void send_signal(kern_t *k, uint32_t id, int sig)
+{
+    unsigned char p[4] = {0, 0, 0, (unsigned char) sig};
+    send_to_agent(k, DK_BC_SIGNAL, id, p, 4);
+}
+
+static uint32_t be32(const unsigned char *p)
+{
+    return (uint32_t) p[0] << 24 | (uint32_t) p[1] << 16 | (uint32_t) p[2] << 8 | p[3];
+}
+
+/* The agent's exit status within TIMEOUT_S. */
+static int agent_wait(kern_t *k, double timeout_s)
+{
+    double until = now() + timeout_s;
+    int status;
+    pid_t got;
+    while ((got = waitpid(k->agent, &status, WNOHANG)) == 0) {
+        cr_assert_lt(now(), until, "the agent did not end within %g s", timeout_s);
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    cr_assert_eq(got, k->agent);
+    cr_assert(WIFEXITED(status), "the agent died by signal %d", WTERMSIG(status));
+    return WEXITSTATUS(status);
+}
+
+static void agent_free(kern_t *k)
+{
+    if (k->fd >= 0)
+        close(k->fd);
+    dk_agentwire_clear(&k->wire);
+    free(k);
+}
+
+/* Per rank of a node of 2 (ranks BASE, BASE + 1): what arrived. */
+typedef struct {
+    char out[2][4096], err[2][4096];
+    int exit_code[2], exit_signal[2];
+    bool exited[2];
+    bool exited_before_output[2];
+    pid_t pid[2];
+    int exits;
+} seen_t;
+
+static void take(kern_t *k, seen_t *s, uint32_t base)
+{
+    cr_assert(k->id == base || k->id == base + 1, "a frame for rank %u", k->id);
+    int i = (int) (k->id - base);
+    if (k->type == DK_BC_STARTED) {
+        cr_assert_eq(k->plen, 4);
+        s->pid[i] = (pid_t) be32(k->payload);
+    } else if (k->type == DK_BC_OUTPUT) {
+        cr_assert_geq(k->plen, 2);
+        s->exited_before_output[i] |= s->exited[i];
+        char *to = k->payload[0] == 1 ? s->out[i] : s->err[i];
+        cr_assert(k->payload[0] == 1 || k->payload[0] == 2);
+        strncat(to, (char *) k->payload + 2, 4000 - strlen(to));
+    } else if (k->type == DK_BC_EXIT) {
+        cr_assert_eq(k->plen, 8);
+        s->exit_code[i] = (int) be32(k->payload);
+        s->exit_signal[i] = (int) be32(k->payload + 4);
+        s->exited[i] = true;
+        s->exits++;
+    } else {
+        cr_assert_fail("an unexpected frame of type %d", k->type);
+    }
+}
+
+Test(agent, starts_its_nodes_ranks_and_tells_their_output_and_exits, .timeout = 30)
+{
+    agent_opts_t o = {
+        .node = 1, .world = 4, .per = 2,
+        .script = "echo out $RANK $LOCAL_RANK $GROUP_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE "
+                  "$MASTER_ADDR $TORCHELASTIC_RUN_ID $DISTKERNEL_LOG $SLURM_STEP_ID; "
+                  "echo err $RANK >&2; sh -c 'echo child of $RANK'; exit $((RANK + 3))",
+    };
+    kern_t *k = agent_start(&o);
+    cr_assert(next_frame(k, 10));
+    cr_expect_eq(k->type, DK_BC_AGENT_HELLO);
+    cr_expect_eq(k->id, 1);
+    cr_expect_eq(k->plen, 0);
+    seen_t s = {0};
+    while (s.exits < 2) {
+        cr_assert(next_frame(k, 10));
+        take(k, &s, 2);
+    }
+    cr_expect_str_eq(s.out[0], "out 2 0 1 4 2 node1 run7 /logs/run/rank-2.log 4\nchild of 2\n");
+    cr_expect_str_eq(s.out[1], "out 3 1 1 4 2 node1 run7 /logs/run/rank-3.log 4\nchild of 3\n");
+    cr_expect_str_eq(s.err[0], "err 2\n");
+    cr_expect_str_eq(s.err[1], "err 3\n");
+    cr_expect_eq(s.exit_code[0], 5);
+    cr_expect_eq(s.exit_code[1], 6);
+    cr_expect_eq(s.exit_signal[0], 0);
+    cr_expect(s.pid[0] > 0 && s.pid[1] > 0 && s.pid[0] != s.pid[1]);
+    cr_expect(!s.exited_before_output[0] && !s.exited_before_output[1],
+              "a rank's output comes before its exit");
+    /* Everything told: the agent shuts its side and waits for our close. */
+    cr_expect(!next_frame(k, 10));
+    close(k->fd);
+    k->fd = -1;
+    cr_expect_eq(agent_wait(k, 10), 0);
+    agent_free(k);
+}
+
+Test(agent, signals_a_rank_or_every_rank_when_the_kernel_asks, .timeout = 30)
+{
+    agent_opts_t o = {.node = 0, .world = 2, .per = 2, .script = "echo up; exec sleep 60"};
+    kern_t *k = agent_start(&o);
+    cr_assert(next_frame(k, 10));
+    cr_assert_eq(k->type, DK_BC_AGENT_HELLO);
+    seen_t s = {0};
+    while (strlen(s.out[0]) + strlen(s.out[1]) < 6) {
+        cr_assert(next_frame(k, 10));
+        take(k, &s, 0);
+    }
+    send_signal(k, 1, SIGTERM);
+    while (!s.exited[1]) {
+        cr_assert(next_frame(k, 10));
+        take(k, &s, 0);
+    }
+    cr_expect_eq(s.exit_signal[1], SIGTERM);
+    cr_expect_eq(s.exit_code[1], -1);
+    cr_expect(!s.exited[0], "only rank 1 was signalled");
+    send_signal(k, DK_BC_ALL_RANKS, SIGKILL);
+    while (!s.exited[0]) {
+        cr_assert(next_frame(k, 10));
+        take(k, &s, 0);
+    }
+    cr_expect_eq(s.exit_signal[0], SIGKILL);
+    close(k->fd);
+    k->fd = -1;
+    cr_expect_eq(agent_wait(k, 10), 0);
+    agent_free(k);
+}
+
+/* Wait until PID is gone (reaped by the agent), at most TIMEOUT_S. */
+static void expect_gone(pid_t pid, double timeout_s)
+{
+    double until = now() + timeout_s;
+    while (kill(pid, 0) == 0) {
+        cr_assert_lt(now(), until, "rank process %d still runs", (int) pid);
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static void ends_its_ranks_when_the_kernel_goes(bool close_it)
+{
+    /* The ranks ignore SIGINT: the ladder must go on to SIGTERM. */
+    agent_opts_t o = {.node = 0, .world = 2, .per = 2, .heartbeat_s = 2, .grace_s = 0.3,
+                      .script = "trap '' INT; echo up; while :; do sleep 0.05; done"};
+    kern_t *k = agent_start(&o);
+    cr_assert(next_frame(k, 10));
+    seen_t s = {0};
+    while (strlen(s.out[0]) + strlen(s.out[1]) < 6) {
+        cr_assert(next_frame(k, 10));
+        take(k, &s, 0);
+    }
+    double t0 = now();
+    if (close_it) {
+        close(k->fd);
+        k->fd = -1;
+    }
+    /* Silent: we send no PING and read nothing more. */
+    cr_expect_eq(agent_wait(k, 10), 1);
+    double took = now() - t0;
+    expect_gone(s.pid[0], 2);
+    expect_gone(s.pid[1], 2);
+    if (close_it)
+        cr_expect_lt(took, 1.8, "a close is acted on at once, not after the deadline");
+    else
+        cr_expect_geq(took, 1.9, "a kernel is silent only past the deadline");
+    agent_free(k);
+}
+
+Test(agent, ends_its_ranks_when_the_kernel_is_silent, .timeout = 30)
+{
+    ends_its_ranks_when_the_kernel_goes(false);
+}
+
+Test(agent, ends_its_ranks_when_the_kernel_closes, .timeout = 30)
+{
+    ends_its_ranks_when_the_kernel_goes(true);
+}
+
+/* A rank as distkernel-rank arms itself for stacks (dk_stackreq.h), sleeping
+ * in a C call; local rank 1 never arms. */
+#define STACKS_RANK                                                                     \
+    "if [ $LOCAL_RANK = 1 ]; then echo up; exec sleep 60; fi\n"                          \
+    "exec " PYTHON3 " -c '\n"                                                            \
+    "import faulthandler, os, signal, sys, time\n"                                       \
+    "f = open(os.environ[\"DISTKERNEL_STACKS\"], \"a\", buffering=1)\n"                  \
+    "sig = signal.SIGRTMAX - 7\n"                                                        \
+    "signal.signal(sig, lambda *a: f.write(\"distkernel stacks: end\\n\"))\n"            \
+    "faulthandler.register(sig, file=f, all_threads=True, chain=True)\n"                 \
+    "f.write(\"distkernel stacks: ready, pid %d\\n\" % os.getpid())\n"                   \
+    "def waiting_in_a_cell():\n"                                                         \
+    "    print(\"up\", flush=True)\n"                                                    \
+    "    time.sleep(60)\n"                                                               \
+    "waiting_in_a_cell()\n'"
+
+Test(agent, answers_stacks_by_signalling_its_ranks_here, .timeout = 40)
+{
+    agent_opts_t o = {.node = 3, .world = 8, .per = 2, .stacks = true, .stacks_wait_s = 1.0,
+                      .script = STACKS_RANK};
+    kern_t *k = agent_start(&o);
+    cr_assert(next_frame(k, 10));
+    seen_t s = {0};
+    while (strlen(s.out[0]) + strlen(s.out[1]) < 6) {
+        cr_assert(next_frame(k, 20));
+        take(k, &s, 6);
+    }
+    send_to_agent(k, DK_BC_STACKS, DK_BC_ALL_RANKS, NULL, 0);
+    char dump[2][8192] = {"", ""};
+    bool got[2] = {false, false};
+    while (!got[0] || !got[1]) {
+        cr_assert(next_frame(k, 10));
+        cr_assert_eq(k->type, DK_BC_STACKS, "type %d", k->type);
+        cr_assert(k->id == 6 || k->id == 7);
+        size_t len = k->plen < sizeof dump[0] - 1 ? k->plen : sizeof dump[0] - 1;
+        memcpy(dump[k->id - 6], k->payload, len);
+        dump[k->id - 6][len] = '\0';
+        got[k->id - 6] = true;
+    }
+    cr_expect(strstr(dump[0], "waiting_in_a_cell"), "rank 6's stacks: %s", dump[0]);
+    cr_expect_str_eq(dump[1], "", "rank 7 never armed: asked, no answer");
+    send_signal(k, DK_BC_ALL_RANKS, SIGKILL);
+    while (s.exits < 2) {
+        cr_assert(next_frame(k, 10));
+        take(k, &s, 6);
+    }
+    close(k->fd);
+    k->fd = -1;
+    cr_expect_eq(agent_wait(k, 10), 0);
+    agent_free(k);
+}
+
+/* A rank as distkernel-rank arms its sampler thread (python/distkernel/_rank.py):
+ * the thread blocks DK_SAMPLE_SIGNAL and takes it with sigwait. Local rank 1
+ * has no sampler (its ready line names none). Neither arms DK_STACKS_SIGNAL:
+ * its default action ends the rank, so a sample sent as the ending dump's
+ * signal would show as an exit. */
+#define SAMPLER_RANK                                                                    \
+    "exec " PYTHON3 " -c '\n"                                                            \
+    "import faulthandler, os, signal, threading, time\n"                                 \
+    "f = open(os.environ[\"DISTKERNEL_STACKS\"], \"a\", buffering=1)\n"                  \
+    "sig = signal.SIGRTMAX - 6\n"                                                        \
+    "tid = []\n"                                                                         \
+    "up = threading.Event()\n"                                                           \
+    "def answer():\n"                                                                    \
+    "    signal.pthread_sigmask(signal.SIG_BLOCK, {sig})\n"                              \
+    "    tid.append(threading.get_native_id())\n"                                        \
+    "    up.set()\n"                                                                     \
+    "    while True:\n"                                                                  \
+    "        signal.sigwait({sig})\n"                                                    \
+    "        faulthandler.dump_traceback(file=f, all_threads=True)\n"                    \
+    "        f.write(\"distkernel stacks: end\\n\")\n"                                   \
+    "signal.signal(sig, lambda *a: None)\n"                                              \
+    "if os.environ[\"LOCAL_RANK\"] == \"0\":\n"                                          \
+    "    threading.Thread(target=answer, daemon=True).start()\n"                         \
+    "    up.wait(5)\n"                                                                   \
+    "    f.write(\"distkernel stacks: ready, pid %d, sampler %d\\n\" % (os.getpid(), tid[0]))\n" \
+    "else:\n"                                                                            \
+    "    f.write(\"distkernel stacks: ready, pid %d\\n\" % os.getpid())\n"               \
+    "def sampled_in_a_cell():\n"                                                         \
+    "    print(\"up\", flush=True)\n"                                                    \
+    "    time.sleep(60)\n"                                                               \
+    "sampled_in_a_cell()\n'"
+
+Test(agent, samples_a_rank_through_its_sampler_thread_only, .timeout = 40)
+{
+    agent_opts_t o = {.node = 3, .world = 8, .per = 2, .stacks = true, .stacks_wait_s = 1.0,
+                      .script = SAMPLER_RANK};
+    kern_t *k = agent_start(&o);
+    cr_assert(next_frame(k, 10));   /* its AGENT_HELLO */
+    seen_t s = {0};
+    while (strlen(s.out[0]) + strlen(s.out[1]) < 6) {
+        cr_assert(next_frame(k, 20));
+        take(k, &s, 6);
+    }
+    for (int round = 0; round < 2; round++) {
+        unsigned char sample[4] = {0, 0, 0, DK_BC_STACKS_SAMPLE};
+        send_to_agent(k, DK_BC_STACKS, DK_BC_ALL_RANKS, sample, sizeof sample);
+        char dump[2][8192] = {"", ""};
+        bool got[2] = {false, false};
+        while (!got[0] || !got[1]) {
+            cr_assert(next_frame(k, 10));
+            cr_assert_eq(k->type, DK_BC_STACKS, "type %d (a rank signalled as for the end "
+                         "exits)", k->type);
+            cr_assert(k->id == 6 || k->id == 7);
+            size_t len = k->plen < sizeof dump[0] - 1 ? k->plen : sizeof dump[0] - 1;
+            memcpy(dump[k->id - 6], k->payload, len);
+            dump[k->id - 6][len] = '\0';
+            got[k->id - 6] = true;
+        }
+        cr_expect(strstr(dump[0], "sampled_in_a_cell"), "rank 6's sample: %s", dump[0]);
+        cr_expect_str_eq(dump[1], "", "rank 7 has no sampler: not signalled, no answer");
+    }
+    cr_expect_eq(s.exits, 0, "a sample ended a rank");
+    send_signal(k, DK_BC_ALL_RANKS, SIGKILL);
+    while (s.exits < 2) {
+        cr_assert(next_frame(k, 10));
+        take(k, &s, 6);
+    }
+    close(k->fd);
+    k->fd = -1;
+    cr_expect_eq(agent_wait(k, 10), 0);
+    agent_free(k);
+}
+
+Test(agent, a_rank_that_cannot_start_ends_the_agent_at_once, .timeout = 30)
+{
+    agent_opts_t o = {.node = 0, .world = 2, .per = 2, .program = "/nonexistent/rank"};
+    kern_t *k = agent_start(&o);
+    cr_assert(next_frame(k, 10));
+    cr_expect_eq(k->type, DK_BC_AGENT_HELLO);
+    cr_expect_eq(agent_wait(k, 10), 2);
+    agent_free(k);
+    agent_opts_t bad = {.node = 2, .world = 4, .per = 2, .script = "exit 0"};
+    k = agent_start(&bad);
+    cr_expect_eq(agent_wait(k, 10), 2, "node 2 of 2 nodes is not in the run");
+    agent_free(k);
+}
+
+/* ---- the program --------------------------------------------------------------------- */
+
+Test(agent, the_program_connects_with_its_environment_and_says_hello, .timeout = 30)
+{
+    char dir[] = "/tmp/dk-agent-test-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char path[64];
+    snprintf(path, sizeof path, "%s/bc", dir);
+    int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sun = {.sun_family = AF_UNIX};
+    snprintf(sun.sun_path, sizeof sun.sun_path, "%s", path);
+    cr_assert_eq(bind(lfd, (struct sockaddr *) &sun, sizeof sun), 0);
+    cr_assert_eq(listen(lfd, 4), 0);
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        char bc[160];
+        snprintf(bc, sizeof bc, "DISTKERNEL_BC=%s", path);
+        char *env[] = {bc, "DISTKERNEL_BC_KEY=" KEY_HEX, "SLURM_NODEID=1",
+                       "DISTKERNEL_AGENT_WORLD=2", "DISTKERNEL_AGENT_PER_NODE=1",
+                       "DISTKERNEL_AGENT_RUN_ID=r", "DISTKERNEL_AGENT_LOG_DIR=/l",
+                       "PATH=/usr/bin:/bin", NULL};
+        char *argv[] = {AGENT_EXE, "/bin/sh", "-c",
+                        "echo $RANK $SLURM_NODEID ${DISTKERNEL_AGENT_WORLD:-none}", NULL};
+        execve(AGENT_EXE, argv, env);
+        _exit(127);
+    }
+    int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(send(fd, NONCE, 32, 0), 32);
+    kern_t *k = calloc(1, sizeof *k);
+    k->fd = fd;
+    k->agent = pid;
+    cr_assert_eq(dk_agentwire_init(&k->wire, KEY, NONCE, DK_BC_DIR_TO_RANK, 1 << 19), 0);
+    cr_assert(next_frame(k, 10));
+    cr_expect_eq(k->type, DK_BC_AGENT_HELLO);
+    cr_expect_eq(k->id, 1, "the node is the step's SLURM_NODEID");
+    char out[256] = "";
+    bool exited = false;
+    while (!exited) {
+        cr_assert(next_frame(k, 10));
+        cr_assert_eq(k->id, 1, "node 1 of one rank a node runs rank 1");
+        if (k->type == DK_BC_OUTPUT)
+            strncat(out, (char *) k->payload + 2, sizeof out - strlen(out) - 1);
+        exited = k->type == DK_BC_EXIT;
+    }
+    cr_expect_str_eq(out, "1 1 none\n", "its own variables are not the rank's");
+    close(k->fd);
+    k->fd = -1;
+    cr_expect_eq(agent_wait(k, 10), 0);
+    agent_free(k);
+    close(lfd);
+    unlink(path);
+    rmdir(dir);
+}
