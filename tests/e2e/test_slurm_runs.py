@@ -10,6 +10,7 @@ job of ours is in squeue and no rank process lives on any node.
 """
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -309,16 +310,29 @@ def test_interrupt_while_running_ends_the_ranks_on_every_node(kernel, slurm_clus
     still_serves(kernel)
 
 
+SPIN_C = "void spin(void) { for (volatile unsigned long i = 0;; i++) ; }\n"
+
+
 @pytest.mark.timeout(300)
-def test_an_interrupt_says_where_the_ranks_on_every_node_were(kernel, slurm_cluster):
-    # The kernel cannot signal ranks on other nodes: each is asked for its
-    # stacks over its back channel before it is ended (runtime/stacks/dk_stackreq.h).
+@pytest.mark.skipif(not shutil.which("cc"), reason="needs a C compiler for the spinning loop")
+def test_an_interrupt_says_where_the_ranks_on_every_node_were(kernel, slurm_cluster, tmp_path):
+    # The kernel cannot signal ranks on other nodes. With node agents, each
+    # agent signals its ranks (runtime/stacks/dk_stackreq.h), so rank 3,
+    # which holds the GIL in a C loop on node2 (ctypes.PyDLL keeps it through
+    # the call), answers too. With one step per rank, a rank answers over its
+    # back channel from a Python thread, which needs the GIL: rank 3 cannot.
+    (tmp_path / "spin.c").write_text(SPIN_C)
+    lib = tmp_path / "spin.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-O0", "-o", str(lib), str(tmp_path / "spin.c")],
+                   check=True)
     code = ("%%distributed num_processes=4 nodes=2\n"
-            "import time, torch, torch.distributed as dist\n"
+            "import ctypes, time, torch, torch.distributed as dist\n"
             "dist.init_process_group('gloo')\n"
             "print('here', flush=True)\n"
             "if dist.get_rank() == 2:\n"
             "    time.sleep(300)\n"
+            "if dist.get_rank() == 3:\n"
+            f"    ctypes.PyDLL({str(lib)!r}).spin()\n"
             "dist.all_reduce(torch.ones(1))\n")
     msg_id = kernel.start_execute(code)
 
@@ -332,9 +346,15 @@ def test_an_interrupt_says_where_the_ranks_on_every_node_were(kernel, slurm_clus
     r = kernel.finish(msg_id, timeout=60)
     assert r.content["ename"] == "KeyboardInterrupt", r.describe()
     tb = r.content["traceback"]
-    where = tb[tb.index("Where the ranks were:") + 1:]
-    assert where[0].strip().startswith("rank 2:") and "cell line 6" in where[0], tb
-    assert where[1].strip().startswith("ranks 0, 1, 3 (3): torch.distributed.all_reduce"), tb
+    at = tb.index("Where the ranks were:") + 1
+    where = [line.strip() for line in tb[at:tb.index("", at)]]
+    by_who = {line.split(":", 1)[0]: line for line in where if not line.startswith("Every")}
+    assert "cell line 6" in by_who["rank 2"], tb
+    assert by_who["ranks 0, 1 (2)"].startswith("ranks 0, 1 (2): torch.distributed.all_reduce"), tb
+    if AGENTS:
+        assert "cell line 8" in by_who["rank 3"], tb
+    else:
+        assert "no Python stack" in by_who["rank 3"], tb
     stacks = (support.log_dir(r) / "stacks.txt").read_text()
     for rank, node in ((0, "node1"), (1, "node1"), (2, "node2"), (3, "node2")):
         assert f"--- rank {rank} on {node} ---" in stacks, stacks
