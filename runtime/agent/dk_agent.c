@@ -12,6 +12,7 @@
 #include "dk_agentwire.h"
 
 #include "dk_backchan.h"
+#include "dk_be32.h"
 #include "dk_clock.h"
 #include "dk_err.h"
 #include "dk_spawn.h"
@@ -165,19 +166,6 @@ static void send_frame(agent_t *a, int type, uint32_t id, const void *payload, s
         free(buf);
 }
 
-static void put_be32(unsigned char *p, uint32_t v)
-{
-    p[0] = (unsigned char) (v >> 24);
-    p[1] = (unsigned char) (v >> 16);
-    p[2] = (unsigned char) (v >> 8);
-    p[3] = (unsigned char) v;
-}
-
-static uint32_t get_be32(const unsigned char *p)
-{
-    return (uint32_t) p[0] << 24 | (uint32_t) p[1] << 16 | (uint32_t) p[2] << 8 | p[3];
-}
-
 /* ---- the ranks ---------------------------------------------------------------- */
 
 /* Pass on one read of rank I's pipe W (0 stdout, 1 stderr). False at EOF or
@@ -222,8 +210,8 @@ static void reap(agent_t *a, int i)
     unsigned char body[8];
     int code = got < 0 ? -1 : WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     int sig = got > 0 && WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-    put_be32(body, (uint32_t) code);
-    put_be32(body + 4, (uint32_t) sig);
+    dk_put_be32(body, (uint32_t) code);
+    dk_put_be32(body + 4, (uint32_t) sig);
     send_frame(a, DK_BC_EXIT, (uint32_t) rk->rank, body, sizeof body);
     rk->exited = true;
     close_fd(&rk->pidfd);
@@ -325,13 +313,13 @@ static void on_frame(agent_t *a, const dk_agentframe_t *f)
     if (f->type == DK_BC_PING)
         return;     /* its arrival was the point (heard_at) */
     if (f->type == DK_BC_SIGNAL && f->len == 4) {
-        uint32_t sig = get_be32(f->payload);
+        uint32_t sig = dk_get_be32(f->payload);
         if (sig >= 1 && sig < (uint32_t) NSIG)
             signal_ranks(a, f->id, (int) sig);
         return;
     }
     if (f->type == DK_BC_STACKS && (f->len == 0 || f->len == 4)) {
-        want_stacks(a, f->id, f->len == 4 && get_be32(f->payload) == DK_BC_STACKS_SAMPLE);
+        want_stacks(a, f->id, f->len == 4 && dk_get_be32(f->payload) == DK_BC_STACKS_SAMPLE);
         return;
     }
     say(a, "the kernel sent a message of type %d, which this agent does not know; ignored",
@@ -423,7 +411,7 @@ static bool start_ranks(agent_t *a)
         rk->pipes[1] = sp.err_fd;
         a->live++;
         unsigned char pid[4];
-        put_be32(pid, (uint32_t) sp.pid);
+        dk_put_be32(pid, (uint32_t) sp.pid);
         send_frame(a, DK_BC_STARTED, (uint32_t) rk->rank, pid, sizeof pid);
     }
     int *groups = calloc(a->n > 0 ? (size_t) a->n : 1, sizeof *groups);

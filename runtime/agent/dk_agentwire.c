@@ -2,6 +2,7 @@
  * dk_agentwire: frames sealed and opened whole. See the header.
  */
 #include "dk_agentwire.h"
+#include "dk_be32.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -9,19 +10,6 @@
 #include <openssl/core_names.h>
 #include <openssl/crypto.h>
 #include <openssl/params.h>
-
-static void put_be32(unsigned char *p, uint32_t v)
-{
-    p[0] = (unsigned char) (v >> 24);
-    p[1] = (unsigned char) (v >> 16);
-    p[2] = (unsigned char) (v >> 8);
-    p[3] = (unsigned char) v;
-}
-
-static uint32_t get_be32(const unsigned char *p)
-{
-    return (uint32_t) p[0] << 24 | (uint32_t) p[1] << 16 | (uint32_t) p[2] << 8 | p[3];
-}
 
 int dk_agentwire_init(dk_agentwire_t *w, const unsigned char *key, const unsigned char *nonce,
                       unsigned char dir_out, size_t max_payload)
@@ -72,7 +60,7 @@ static bool mac_of(dk_agentwire_t *w, unsigned char dir, uint32_t seq, const uns
         OSSL_PARAM_construct_end(),
     };
     unsigned char seq_be[4];
-    put_be32(seq_be, seq);
+    dk_put_be32(seq_be, seq);
     size_t out_len = 0;
     EVP_MAC_CTX *ctx = EVP_MAC_CTX_new(w->mac);
     bool ok = ctx && EVP_MAC_init(ctx, w->key, sizeof w->key, params) &&
@@ -90,12 +78,12 @@ size_t dk_agentwire_seal(dk_agentwire_t *w, int type, uint32_t id, const void *p
 {
     unsigned char *body = out + 4 + DK_AGENTWIRE_MAC_LEN;
     body[0] = (unsigned char) type;
-    put_be32(body + 1, id);
+    dk_put_be32(body + 1, id);
     if (len)
         memmove(body + 5, payload, len);
     if (!mac_of(w, w->dir_out, w->seq_out, body, 5 + len, NULL, 0, out + 4))
         return 0;
-    put_be32(out, (uint32_t) (DK_AGENTWIRE_MAC_LEN + 5 + len));
+    dk_put_be32(out, (uint32_t) (DK_AGENTWIRE_MAC_LEN + 5 + len));
     w->seq_out++;
     return DK_AGENTWIRE_HEAD + len;
 }
@@ -110,7 +98,7 @@ long dk_agentwire_open(dk_agentwire_t *w, const unsigned char *buf, size_t len,
         *need = 4;
     if (len < 4)
         return 0;
-    uint32_t n = get_be32(buf);
+    uint32_t n = dk_get_be32(buf);
     if (n < DK_AGENTWIRE_MAC_LEN + 5 || n - DK_AGENTWIRE_MAC_LEN - 5 > w->max_payload) {
         if (why)
             *why = "a message's size is outside the protocol's limits";
@@ -131,7 +119,7 @@ long dk_agentwire_open(dk_agentwire_t *w, const unsigned char *buf, size_t len,
     }
     w->seq_in++;
     f->type = body[0];
-    f->id = get_be32(body + 1);
+    f->id = dk_get_be32(body + 1);
     f->payload = body + 5;
     f->len = body_len - 5;
     return (long) (4 + n);

@@ -15,6 +15,7 @@
  * so nothing useful is delayed.
  */
 #include "dk_backchan_state.h"
+#include "dk_be32.h"
 #include "dk_clock.h"
 
 #include <errno.h>
@@ -26,19 +27,6 @@
 
 #include <openssl/core_names.h>
 #include <openssl/params.h>
-
-static void put_be32(unsigned char *p, uint32_t v)
-{
-    p[0] = (unsigned char) (v >> 24);
-    p[1] = (unsigned char) (v >> 16);
-    p[2] = (unsigned char) (v >> 8);
-    p[3] = (unsigned char) v;
-}
-
-static uint32_t get_be32(const unsigned char *p)
-{
-    return (uint32_t) p[0] << 24 | (uint32_t) p[1] << 16 | (uint32_t) p[2] << 8 | p[3];
-}
 
 /* MAC = HMAC-SHA256(key, nonce | u8 direction | u32 seq | head | tail); head
  * and tail are the body in at most two pieces, so a PAYLOAD frame is never
@@ -56,7 +44,7 @@ static bool frame_mac(dk_backchan_t *self, const unsigned char *nonce, unsigned 
         OSSL_PARAM_construct_end(),
     };
     unsigned char seq_be[4];
-    put_be32(seq_be, seq);
+    dk_put_be32(seq_be, seq);
     size_t out_len = 0;
     EVP_MAC_CTX *ctx = EVP_MAC_CTX_new(self->mac);
     bool ok = ctx && EVP_MAC_init(ctx, self->key, sizeof self->key, params) &&
@@ -136,9 +124,9 @@ bool chan_queue_payload(dk_backchan_t *self, conn_t *c)
     unsigned char body_head[BODY_HEAD + 4];
     size_t head_n = BODY_HEAD;
     body_head[0] = self->persistent ? DK_BC_TASK : DK_BC_PAYLOAD;
-    put_be32(body_head + 1, (uint32_t) c->rank);
+    dk_put_be32(body_head + 1, (uint32_t) c->rank);
     if (self->persistent) {
-        put_be32(body_head + BODY_HEAD, self->round);
+        dk_put_be32(body_head + BODY_HEAD, self->round);
         head_n += 4;
     }
     unsigned char mac[DK_BC_MAC_LEN];
@@ -152,7 +140,7 @@ bool chan_queue_payload(dk_backchan_t *self, conn_t *c)
         c->head_off = 0;
     }
     unsigned char *h = c->head + c->head_len;
-    put_be32(h, (uint32_t) (DK_BC_MAC_LEN + head_n + self->payload_len));
+    dk_put_be32(h, (uint32_t) (DK_BC_MAC_LEN + head_n + self->payload_len));
     memcpy(h + 4, mac, sizeof mac);
     memcpy(h + 4 + DK_BC_MAC_LEN, body_head, head_n);
     c->head_len += 4 + DK_BC_MAC_LEN + head_n;
@@ -171,8 +159,8 @@ static bool queue_port(dk_backchan_t *self, conn_t *c)
 {
     unsigned char body[BODY_HEAD + 4];
     body[0] = DK_BC_PORT;
-    put_be32(body + 1, (uint32_t) c->rank);
-    put_be32(body + BODY_HEAD, (uint32_t) self->master_port);
+    dk_put_be32(body + 1, (uint32_t) c->rank);
+    dk_put_be32(body + BODY_HEAD, (uint32_t) self->master_port);
     unsigned char mac[DK_BC_MAC_LEN];
     if (!frame_mac(self, c->nonce, DK_BC_DIR_TO_RANK, c->seq_out, body, sizeof body, NULL, 0,
                    mac))
@@ -184,7 +172,7 @@ static bool queue_port(dk_backchan_t *self, conn_t *c)
         c->head_off = 0;
     }
     unsigned char *h = c->head + c->head_len;
-    put_be32(h, (uint32_t) (DK_BC_MAC_LEN + sizeof body));
+    dk_put_be32(h, (uint32_t) (DK_BC_MAC_LEN + sizeof body));
     memcpy(h + 4, mac, sizeof mac);
     memcpy(h + 4 + DK_BC_MAC_LEN, body, sizeof body);
     c->head_len += 4 + DK_BC_MAC_LEN + sizeof body;
@@ -220,7 +208,7 @@ static bool rank_ready(dk_backchan_t *self, conn_t *c)
 static void port_arrived(dk_backchan_t *self, conn_t *c0, const unsigned char *payload,
                          size_t len)
 {
-    uint32_t port = len == 4 ? get_be32(payload) : 0;
+    uint32_t port = len == 4 ? dk_get_be32(payload) : 0;
     if (port == 0 || port > 65535) {
         chan_refuse(self, c0, "its PORT message did not hold a TCP port (1-65535)");
         return;
@@ -247,13 +235,13 @@ bool chan_queue_empty(dk_backchan_t *self, conn_t *c, unsigned char type)
 {
     unsigned char body[BODY_HEAD];
     body[0] = type;
-    put_be32(body + 1, (uint32_t) c->rank);
+    dk_put_be32(body + 1, (uint32_t) c->rank);
     unsigned char mac[DK_BC_MAC_LEN];
     if (!frame_mac(self, c->nonce, DK_BC_DIR_TO_RANK, c->seq_out, body, sizeof body, NULL, 0,
                    mac))
         return false;
     c->seq_out++;
-    put_be32(c->head, (uint32_t) (DK_BC_MAC_LEN + sizeof body));
+    dk_put_be32(c->head, (uint32_t) (DK_BC_MAC_LEN + sizeof body));
     memcpy(c->head + 4, mac, sizeof mac);
     memcpy(c->head + 4 + DK_BC_MAC_LEN, body, sizeof body);
     c->head_off = 0;
@@ -283,14 +271,14 @@ bool chan_agent_queue(dk_backchan_t *self, conn_t *c, int type, uint32_t id,
     unsigned char *f = q + c->queue_len;
     unsigned char *body = f + 4 + DK_BC_MAC_LEN;
     body[0] = (unsigned char) type;
-    put_be32(body + 1, id);
+    dk_put_be32(body + 1, id);
     if (len)
         memcpy(body + BODY_HEAD, payload, len);
     if (!frame_mac(self, c->nonce, DK_BC_DIR_TO_RANK, c->seq_out, body, BODY_HEAD + len, NULL, 0,
                    f + 4))
         return false;
     c->seq_out++;
-    put_be32(f, (uint32_t) (DK_BC_MAC_LEN + BODY_HEAD + len));
+    dk_put_be32(f, (uint32_t) (DK_BC_MAC_LEN + BODY_HEAD + len));
     c->queue_len += n;
     return true;
 }
@@ -327,8 +315,8 @@ static void agent_frame(dk_backchan_t *self, conn_t *c, int type, uint32_t id,
         return;     /* the pid is the agent's business; its exit comes as EXIT */
     if (type == DK_BC_EXIT && len == 8) {
         if (self->sink.on_agent_exit)
-            self->sink.on_agent_exit(self->sink.data, rank, (int) get_be32(p),
-                                     (int) get_be32(p + 4));
+            self->sink.on_agent_exit(self->sink.data, rank, (int) dk_get_be32(p),
+                                     (int) dk_get_be32(p + 4));
     } else if (type == DK_BC_OUTPUT && len >= 2 && (p[0] == 1 || p[0] == 2) &&
                len - 2 <= DK_BC_OUTPUT_MAX) {
         if (self->sink.on_output)
@@ -384,7 +372,7 @@ static void conn_frame(dk_backchan_t *self, conn_t *c)
     }
     c->seq_in++;
     int type = body[0];
-    uint32_t rank = get_be32(body + 1);
+    uint32_t rank = dk_get_be32(body + 1);
     char why[160];
 
     if (c->rank < 0 && type == DK_BC_AGENT_HELLO) {
@@ -474,7 +462,7 @@ static void conn_frame(dk_backchan_t *self, conn_t *c)
          * over by the next round. */
         chan_refuse(self, c, "it answered before it had read its task");
     else if (self->persistent &&
-             (body_len < BODY_HEAD + 4 || get_be32(body + BODY_HEAD) != self->round))
+             (body_len < BODY_HEAD + 4 || dk_get_be32(body + BODY_HEAD) != self->round))
         chan_refuse(self, c, "its answer did not name the current round");
     else {
         c->done = true;
@@ -489,7 +477,7 @@ static void conn_frame(dk_backchan_t *self, conn_t *c)
  * send before allocating anything. */
 static bool conn_frame_start(dk_backchan_t *self, conn_t *c)
 {
-    uint32_t len = get_be32(c->len_buf);
+    uint32_t len = dk_get_be32(c->len_buf);
     char why[160];
     if (c->rank < 0 && len != FRAME_MIN) {
         snprintf(why, sizeof why, "its first message (%u bytes) is not a HELLO", len);
