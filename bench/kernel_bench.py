@@ -404,6 +404,61 @@ class Kernel:
             keep.extend(got)
         return t_end - t0, t_reply - t0, t_idle - t0
 
+    SLEEP = json.dumps(
+        {
+            "code": "import time\ntime.sleep(100)",
+            "silent": False,
+            "store_history": False,
+            "user_expressions": {},
+            "allow_stdin": False,
+            "stop_on_error": False,
+        }
+    ).encode()
+
+    def interrupt_rt(self, settle=0.3, timeout=30.0):
+        """A cell in time.sleep(100), then interrupt_request on control.
+
+        Returns (t_total, t_reply) in seconds from the interrupt to: the
+        execute_reply and status idle, the execute_reply alone. The interrupt
+        is sent SETTLE s after execute_input, as a user would press the button.
+        """
+        msg_id, frames = self.msg("execute_request", self.SLEEP)
+        self.shell.send_multipart(frames)
+        end = now() + timeout
+        started = False
+        while not started:
+            if now() > end:
+                raise RuntimeError("%s: the sleeping cell never started" % self.name)
+            for sock, _ in self.poller.poll(1000):
+                fr = sock.recv_multipart()
+                mtype, parent, _ = self.parse(fr)
+                started = started or (sock is self.iopub and parent == msg_id and mtype == "execute_input")
+        time.sleep(settle)
+        _, frames = self.msg("interrupt_request", b"{}")
+        t0 = now()
+        self.control.send_multipart(frames)
+        t_reply = t_idle = None
+        end = t0 + timeout
+        while t_reply is None or t_idle is None:
+            ev = self.poller.poll(1000)
+            if not ev and now() > end:
+                raise RuntimeError("%s: no reply within %.0fs of the interrupt" % (self.name, timeout))
+            for sock, _ in ev:
+                fr = sock.recv_multipart()
+                t = now()
+                mtype, parent, content = self.parse(fr)
+                if parent != msg_id:
+                    continue
+                if sock is self.shell and mtype == "execute_reply":
+                    if json.loads(content).get("ename") != "KeyboardInterrupt":
+                        raise RuntimeError("%s: the interrupted cell ended with %s" % (self.name, content[:200]))
+                    t_reply = t
+                elif mtype == "status" and json.loads(content).get("execution_state") == "idle":
+                    t_idle = t
+        while self.control.poll(0):
+            self.control.recv_multipart()  # the interrupt_reply
+        return max(t_reply, t_idle) - t0, t_reply - t0
+
     def memory(self):
         if psutil is None:
             return None
@@ -491,6 +546,8 @@ def main():
                     help="samples per kernel for the secondary diagnostics, 0 to skip (default %(default)s)")
     ap.add_argument("--block", type=int, default=50, help="samples per interleaved block (default %(default)s)")
     ap.add_argument("-k", "--starts", type=int, default=5, help="start-to-ready trials per kernel (default %(default)s)")
+    ap.add_argument("--interrupts", type=int, default=20,
+                    help="interrupt trials per kernel (a cell in time.sleep, then interrupt_request), 0 to skip (default %(default)s)")
     ap.add_argument("--idle", type=float, default=1.0, help="idle seconds before the memory reading (default %(default)s)")
     ap.add_argument("--kernels", default=None, help="comma list to restrict: distkernel,ipykernel,xeus-python")
     ap.add_argument("--json", default=None, help="write results as JSON to this path")
@@ -587,6 +644,13 @@ def main():
                     todo = min(args.block, n_diag - len(diag[d][n]))
                     for _ in range(todo):
                         diag[d][n].append(live[n].execute_rt(keep=keep[n], **kw)[0])
+        # interrupt latency: interleaved one trial at a time
+        ints = {n: [] for n in names}
+        for k in range(args.interrupts):
+            order = names[k % len(names):] + names[: k % len(names)]
+            for n in order:
+                ints[n].append(live[n].interrupt_rt())
+                live[n].drain()
         mem_after = {n: live[n].memory() for n in names}
         for n in names:
             for fr in keep[n]:
@@ -610,6 +674,9 @@ def main():
         r["round_trip_reply_s"] = summarize(rep[n])
         r["round_trip_idle_s"] = summarize(idl[n])
         r["diagnostics_round_trip_s"] = {d: summarize(diag[d][n]) for d in diag if diag[d][n]}
+        if ints[n]:
+            r["interrupt_s"] = summarize([t for t, _ in ints[n]])
+            r["interrupt_reply_s"] = summarize([t for _, t in ints[n]])
         r["idle_memory"] = mem[n]
         r["memory_after_samples"] = mem_after[n]
         r["shutdowns"] = shutdowns[n] + [final_shutdown[n]]
@@ -641,6 +708,14 @@ def main():
             print("%-12s %20s %20s %20s" % (n, cell(dd["kernel_info"]), cell(dd["pass_no_history"]),
                                             cell(results[n]["round_trip_s"])))
 
+    if args.interrupts:
+        print("\ninterrupt = interrupt_request on control -> the sleeping cell's execute_reply"
+              " (KeyboardInterrupt) + idle, %d trials (ms):" % args.interrupts)
+        print("%-12s %9s %9s %9s" % ("kernel", "median", "p90", "max"))
+        for n in names:
+            x = results[n]["interrupt_s"]
+            print("%-12s %9s %9s %9s" % (n, fmt_ms(x["median"]), fmt_ms(x["p90"]), fmt_ms(x["max"])))
+
     ratios = {}
     targets = {}
     if "distkernel" in names and "ipykernel" in names:
@@ -651,6 +726,9 @@ def main():
             "round_trip_p99": d["round_trip_s"]["p99"] / i["round_trip_s"]["p99"],
             "start_to_ready_median": d["start_to_ready_s"]["median"] / i["start_to_ready_s"]["median"],
         }
+        if "interrupt_s" in d and "interrupt_s" in i:
+            ratios["interrupt_median"] = d["interrupt_s"]["median"] / i["interrupt_s"]["median"]
+            targets["interrupt max < 1 s"] = d["interrupt_s"]["max"] < 1.0
         dm, im = d["idle_memory"] or {}, i["idle_memory"] or {}
         if dm.get("rss") and im.get("rss"):
             ratios["idle_rss"] = dm["rss"] / im["rss"]
@@ -691,7 +769,7 @@ def main():
                      "pyzmq": zmq.__version__, "libzmq": zmq.zmq_version()},
             "config": {"samples": args.samples, "warmup": args.warmup, "block": args.block,
                        "diag_samples": args.diag_samples,
-                       "starts": args.starts, "idle_s": args.idle, "prefix": args.prefix,
+                       "starts": args.starts, "interrupts": args.interrupts, "idle_s": args.idle, "prefix": args.prefix,
                        "PYTHONDONTWRITEBYTECODE": os.environ.get("PYTHONDONTWRITEBYTECODE"),
                        "ipython_dir": os.environ.get("IPYTHONDIR") or os.path.expanduser("~/.ipython")},
             "notes": notes,

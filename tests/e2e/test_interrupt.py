@@ -1,6 +1,11 @@
-"""Interrupt: a running cell stops within 1 s on interrupt_request (what
+"""Interrupt: a running cell stops on interrupt_request (what
 KernelManager.interrupt_kernel sends, interrupt_mode being "message") and on SIGINT,
-with a KeyboardInterrupt error, and the kernel runs the next cell."""
+with a KeyboardInterrupt error, and the kernel runs the next cell.
+
+How fast is a benchmark's question (bench/kernel_bench.py: tens of ms, against
+ipykernel in the same run). Here LIMIT only has to be far below the time the
+cell would take on its own: a fixed 1 s failed once in CI on a loaded machine,
+where formatting the KeyboardInterrupt's traceback can take that long."""
 import os
 import signal
 import time
@@ -9,7 +14,7 @@ import pytest
 
 from support import NoReply
 
-LIMIT = 1.0  # seconds from the interrupt to the execute_reply
+LIMIT = 20.0  # seconds from the interrupt to the execute_reply; the cells run 100 s or forever
 
 
 def assert_interrupt_stops_cell(kernel, msg_id, interrupt):
