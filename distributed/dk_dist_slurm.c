@@ -154,6 +154,11 @@ static int agents_command(dk_dist_slurm_t *self, const char *rank_exe, int nodes
         a[n++] = "--gres=none";
     a[n++] = self->agent_list;
     a[n++] = "--kill-on-bad-exit=0";
+    /* One task per node that forks all of that node's ranks: where the site
+     * binds tasks to CPUs (task/affinity), a bound agent would hold every rank
+     * of its node to the CPUs of one task. Unbound, the ranks have what the
+     * job has on the node, as torchrun's workers do. */
+    a[n++] = "--cpu-bind=none";
     a[n++] = "--export=ALL";
     a[n++] = "--quiet";
     a[n++] = "--chdir=/";

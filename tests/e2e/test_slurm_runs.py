@@ -57,8 +57,8 @@ def our_jobs(cluster):
     return [line for line in out.splitlines() if " distkernel-" in line]
 
 
-def rank_processes(cluster):
-    """Rank programs (and their srun steps' tasks) living on the nodes."""
+def _node_commands(cluster, names):
+    """Processes on the nodes whose command line holds one of NAMES."""
     found = []
     for node in cluster.node_names():
         for pid in cluster.pids(node):
@@ -67,9 +67,19 @@ def rank_processes(cluster):
                     cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if "distkernel-rank" in cmd:
+            if any(name in cmd for name in names):
                 found.append(f"{node}: {pid} {cmd}")
     return found
+
+
+def rank_processes(cluster):
+    """Rank programs (and their srun steps' tasks) living on the nodes."""
+    return _node_commands(cluster, ("distkernel-rank",))
+
+
+def node_processes(cluster):
+    """Every distkernel process on the nodes: ranks, node agents, templates."""
+    return _node_commands(cluster, ("distkernel-rank", "distkernel-agent", "distkernel-template"))
 
 
 def sruns_of(k):
@@ -81,10 +91,11 @@ def sruns_of(k):
 
 
 def wait_clean(cluster, timeout=ALL_GONE_WITHIN):
-    """Wait until no job of ours is queued and no rank lives on a node; what is left."""
+    """Wait until no job of ours is queued and no rank, agent or template lives
+    on a node; what is left."""
     deadline = time.monotonic() + timeout
     while True:
-        left = our_jobs(cluster) + rank_processes(cluster)
+        left = our_jobs(cluster) + node_processes(cluster)
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(0.2)
