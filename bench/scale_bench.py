@@ -685,7 +685,7 @@ def plot(out, path):
                    transform=ax[0].transAxes, fontsize=7, va="top")
     ax[0].set_title("trivial cell: wall time")
     ax[0].set_ylabel("s")
-    kids = "its salloc+srun" if launch != "steps" else "its srun steps"
+    kids = "its children (salloc, srun)" if launch != "steps" else "its srun steps"
     ax[1].plot(x, [p["kernel_cpu_s"]["median"] for p in curve], "o-", label="kernel")
     ax[1].plot(x, [p["children_cpu_s"]["median"] for p in curve], "o-", label=kids)
     if steps:
