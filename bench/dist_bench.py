@@ -550,28 +550,46 @@ sorted(rc.ids)
 PX_HEADER = re.compile(r"^\[(stdout|stderr):(\d+)\] ?")
 
 
+def proc_stat(pid):
+    """(ppid, CPU seconds user+sys, RSS bytes) of PID from /proc, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[1]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"),
+            int(fields[21]) * os.sysconf("SC_PAGE_SIZE"))
+
+
+def proc_table():
+    """{pid: proc_stat(pid)} of every process."""
+    table = {}
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            row = proc_stat(pid)
+            if row:   # else it exited between the listing and the read
+                table[int(pid)] = row
+    return table
+
+
+def descendants(table, root):
+    """The pids below ROOT in TABLE (proc_table()), ROOT not included."""
+    kids = {}
+    for pid, (ppid, _, _) in table.items():
+        kids.setdefault(ppid, []).append(pid)
+    out, todo = [], list(kids.get(root, []))
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(kids.get(pid, []))
+    return out
+
+
 def tree_cpu(root):
     """CPU seconds of ROOT and its live descendants (ipcluster, its controller
     and engines), from /proc."""
-    stats, tick = {}, os.sysconf("SC_CLK_TCK")
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        stats[int(pid)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
-    total, todo, seen = 0.0, [root], set()
-    while todo:
-        pid = todo.pop()
-        if pid in seen or pid not in stats:
-            continue
-        seen.add(pid)
-        total += stats[pid][1]
-        todo.extend(child for child, (ppid, _) in stats.items() if ppid == pid)
-    return total
+    table = proc_table()
+    return sum(table[p][1] for p in [root] + descendants(table, root) if p in table)
 
 
 def relay_ipp(kern, ranks, lines, cluster):

@@ -7,13 +7,17 @@ against a reference measured in the same run.
 
 1. curve: a trivial cell (`pass`) at 8, 16, ... ranks on nodes of 16 ranks each
    (8 on one node), up to --max-ranks or until memory runs short (each size's
-   peak use, doubled, must leave --min-free GiB free): wall time (execute_request
-   to idle), the kernel's CPU (its own, and its reaped children's: the srun
-   steps on the login side), the kernel's peak RSS (VmHWM) and the peak summed
-   RSS of its live children (sampled every 0.1 s).
+   peak use, doubled, must leave --min-free GiB free), launched as --launch says
+   (default: one node agent per node, one srun step of N tasks): wall time
+   (execute_request to idle), the kernel's CPU (its own, and its reaped
+   children's: salloc and srun on the login side), slurmctld's CPU, the kernel's
+   peak RSS (VmHWM) and the peak summed RSS and number of its live children
+   (sampled every --sample-every s); per rank where it says more.
 2. bare: at --bare-ranks (512) on 32 nodes, and at 16 on 1 node, `salloc -N.. -n..
-   srun python3 -c pass` from a shell, interleaved with the kernel's cells of
-   the same size.
+   srun python3 -c pass` from a shell, each right after the kernel's cell of the
+   same size.
+   steps: the curve's cell at --steps-ranks (64, 256) once each with one srun step
+   per rank (DISTKERNEL_SLURM_LAUNCH=steps), in a kernel of its own.
 3. torch: import torch + init_process_group("gloo") + one all_reduce, 32 ranks on
    8 nodes, as a cell and from a bare `salloc ... srun` (one torch import each).
 4. pass: `%distributed start` of --pass-ranks ranks, then `%%distributed pass`
@@ -69,33 +73,6 @@ def mem_available():
     return 0
 
 
-def proc_table():
-    """{pid: (ppid, rss bytes)} of every process."""
-    table, page = {}, os.sysconf("SC_PAGE_SIZE")
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        table[int(pid)] = (int(fields[1]), int(fields[21]) * page)
-    return table
-
-
-def descendants(table, root):
-    kids = {}
-    for pid, (ppid, _) in table.items():
-        kids.setdefault(ppid, []).append(pid)
-    out, todo = [], list(kids.get(root, []))
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(kids.get(pid, []))
-    return out
-
-
 def vm_hwm(pid):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -104,22 +81,50 @@ def vm_hwm(pid):
     return 0
 
 
-class Sampler(threading.Thread):
-    """Peak summed RSS of PID's live descendants, lowest MemAvailable, every 0.1 s."""
+def comm(pid):
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
 
-    def __init__(self, pid):
+
+def cpu_of(pid):
+    """CPU seconds (user+sys) of PID so far, or None."""
+    if not pid:
+        return None
+    row = db.proc_stat(pid)
+    return row[1] if row else None
+
+
+class Sampler(threading.Thread):
+    """Every EVERY s: the peak summed RSS of PID's live descendants (on the login
+    side: salloc, and srun with its helpers), the most of them alive at once, by
+    name, and the lowest MemAvailable. One walk of /proc costs ~25 us a process
+    (~40 ms with 1,024 ranks up), hence not every 0.1 s."""
+
+    def __init__(self, pid, every):
         super().__init__(daemon=True)
-        self.pid, self.stop_ev = pid, threading.Event()
+        self.pid, self.every, self.stop_ev = pid, every, threading.Event()
         self.children_rss = self.children_max = 0
+        self.children_names = {}
         self.min_avail = mem_available()
 
+    def sample(self):
+        table = db.proc_table()
+        kids = db.descendants(table, self.pid)
+        self.children_rss = max(self.children_rss, sum(table[p][2] for p in kids))
+        if len(kids) > self.children_max:
+            self.children_max = len(kids)
+            names = {}
+            for p in kids:
+                names[comm(p)] = names.get(comm(p), 0) + 1
+            self.children_names = names
+        self.min_avail = min(self.min_avail, mem_available())
+
     def run(self):
-        while not self.stop_ev.wait(0.1):
-            table = proc_table()
-            kids = descendants(table, self.pid)
-            self.children_rss = max(self.children_rss, sum(table[p][1] for p in kids))
-            self.children_max = max(self.children_max, len(kids))
-            self.min_avail = min(self.min_avail, mem_available())
+        while not self.stop_ev.wait(self.every):
+            self.sample()
 
     def __enter__(self):
         self.start()
@@ -134,16 +139,23 @@ def kernel_pid(kern):
     return kern.km.provisioner.process.pid
 
 
+SAMPLE_EVERY = 0.5    # --sample-every
+CTLD_PID = None       # slurmctld of the benchmark's cluster, for its CPU per cell
+
+
 def cell(kern, code, timeout=1800):
-    """Run CODE; seconds, kernel CPU (own, reaped children), memory, reply."""
+    """Run CODE; seconds, kernel CPU (own, reaped children), slurmctld's CPU,
+    memory, reply."""
     pid = kernel_pid(kern)
-    c0 = kern.cpu()
-    with Sampler(pid) as s:
+    c0, k0 = kern.cpu(), cpu_of(CTLD_PID)
+    with Sampler(pid, SAMPLE_EVERY) as s:
         took, raw, reply = kern.run(code, timeout=timeout)
-    c1 = kern.cpu()
+    c1, k1 = kern.cpu(), cpu_of(CTLD_PID)
     return {"s": took, "kernel_cpu_s": c1[0] - c0[0], "children_cpu_s": c1[1] - c0[1],
+            "ctld_cpu_s": k1 - k0 if k0 is not None and k1 is not None else None,
             "kernel_hwm": vm_hwm(pid), "children_rss_peak": s.children_rss,
-            "children_max": s.children_max, "min_avail": s.min_avail,
+            "children_max": s.children_max, "children_names": s.children_names,
+            "min_avail": s.min_avail, "load_after": db.loadavg(),
             "ok": reply["status"] == "ok",
             "error": "" if reply["status"] == "ok" else
             f"{reply.get('ename')}: {reply.get('evalue')}"[:800], "raw": raw}
@@ -200,6 +212,49 @@ def keep_evidence(a):
     print(f"  Slurm's and the kernel's logs kept in {dest}", flush=True)
 
 
+def cell_line(ranks, nodes, r):
+    per = 1e3 / ranks
+    kids = ", ".join(f"{n} {k}" for k, n in sorted(r["children_names"].items()))
+    ctld = (f", slurmctld {r['ctld_cpu_s']:5.2f} s" if r.get("ctld_cpu_s") is not None else "")
+    return (f"  {ranks:5} ranks {nodes:3} nodes: cell {r['s']:7.2f} s, CPU kernel "
+            f"{r['kernel_cpu_s']:6.2f} s ({r['kernel_cpu_s'] * per:.2f} ms/rank), its "
+            f"children {r['children_cpu_s']:6.2f} s ({r['children_cpu_s'] * per:.2f} ms/rank)"
+            f"{ctld}; RSS kernel {r['kernel_hwm'] / 2**20:6.1f} MiB, children "
+            f"{r['children_rss_peak'] / 2**20:7.1f} MiB (at most {r['children_max']} alive: "
+            f"{kids or 'none seen'}); free >= {r['min_avail'] / GiB:4.1f} GiB, load "
+            f"{r['load_after'][0]:.0f}")
+
+
+def per_rank(p, idle_hwm):
+    """Per rank figures of a curve point (medians over its trials)."""
+    n = p["ranks"]
+    res = {"kernel_cpu_ms": 1e3 * p["kernel_cpu_s"]["median"] / n,
+           "children_cpu_ms": 1e3 * p["children_cpu_s"]["median"] / n,
+           "kernel_rss_kib": (p["kernel_hwm"] - idle_hwm) / 1024 / n,
+           "children_rss_kib": p["children_rss_peak"] / 1024 / n}
+    if p.get("ctld_cpu_s"):
+        res["ctld_cpu_ms"] = 1e3 * p["ctld_cpu_s"]["median"] / n
+    return res
+
+
+def point_of(ranks, runs, idle_hwm):
+    point = {"ranks": ranks, "nodes": nodes_for(ranks), "runs": runs}
+    for k in ("s", "kernel_cpu_s", "children_cpu_s", "ctld_cpu_s"):
+        xs = [r[k] for r in runs if r.get(k) is not None]
+        if xs:
+            point[k] = summary(xs)
+    point["kernel_hwm"] = max(r["kernel_hwm"] for r in runs)
+    point["children_rss_peak"] = max(r["children_rss_peak"] for r in runs)
+    point["children_max"] = max(r["children_max"] for r in runs)
+    point["per_rank"] = per_rank(point, idle_hwm)
+    return point
+
+
+def pass_cell(ranks):
+    return (f"%%distributed num_processes={ranks} nodes={nodes_for(ranks)} "
+            "launcher=slurm tracking=False\npass")
+
+
 def bench_curve(a, kern, env, out):
     sizes = [s for s in (8, 16, 32, 64, 128, 256, 512, 1024)
              if a.min_ranks <= s <= a.max_ranks]
@@ -207,68 +262,54 @@ def bench_curve(a, kern, env, out):
     idle_hwm = vm_hwm(kernel_pid(kern))
     out["kernel_rss_idle"] = idle_hwm
     for ranks in sizes:
-        trials = a.trials if ranks <= 256 else a.big_trials
+        trials = a.trials if ranks < a.big_from else a.big_trials
+        avail = mem_available()
         if curve:
             # Peak use of the last size, doubled, must leave --min-free GiB.
             last = curve[-1]
             used = max(0, last["avail_before"] - min(r["min_avail"] for r in last["runs"]))
-            if mem_available() - 2 * used < a.min_free * GiB:
+            if avail - 2 * used < a.min_free * GiB:
                 out["curve_stopped"] = (f"{ranks} ranks not run: {last['ranks']} used "
-                                        f"{used / GiB:.1f} GiB at peak, {ranks} would need "
-                                        f"about {2 * used / GiB:.1f} of "
-                                        f"{mem_available() / GiB:.1f} GiB available, leaving "
+                                        f"{used / GiB:.1f} GiB at peak "
+                                        f"({used / last['ranks'] / 2**20:.1f} MiB a rank), "
+                                        f"{ranks} would need about {2 * used / GiB:.1f} of "
+                                        f"{avail / GiB:.1f} GiB available, leaving "
                                         f"under {a.min_free} GiB")
                 print("  " + out["curve_stopped"], flush=True)
                 break
-        point = {"ranks": ranks, "nodes": nodes_for(ranks), "avail_before": mem_available(),
-                 "runs": []}
+        runs = []
         with_bare = ranks in (a.bare_ranks, PER_NODE) and "bare" in a.only
         if with_bare:
             bare[ranks] = []
         failed = None
         for t in range(trials):
-            r = cell(kern, f"%%distributed num_processes={ranks} nodes={nodes_for(ranks)} "
-                           "launcher=slurm tracking=False\npass")
+            r = cell(kern, pass_cell(ranks))
             r.pop("raw")
             if not r["ok"]:
                 failed = f"{ranks} ranks: the cell failed after {r['s']:.1f} s: {r['error']}"
                 print("  " + failed, flush=True)
                 keep_evidence(a)
-                if with_bare:
-                    b = bare_pass(env, ranks)
-                    bare[ranks].append(b)
-                    print(f"  bare salloc+srun of {ranks}: {b['s']:.2f} s", flush=True)
-                break
-            point["runs"].append(r)
-            line = (f"  {ranks:5} ranks {point['nodes']:3} nodes: cell {r['s']:7.2f} s, kernel "
-                    f"CPU {r['kernel_cpu_s']:6.2f} s + srun {r['children_cpu_s']:6.2f} s, RSS "
-                    f"kernel {r['kernel_hwm'] / 2**20:6.1f} MiB, children "
-                    f"{r['children_rss_peak'] / 2**20:7.1f} MiB, free >= "
-                    f"{r['min_avail'] / GiB:4.1f} GiB")
+            else:
+                runs.append(r)
+                print(cell_line(ranks, nodes_for(ranks), r), flush=True)
             if with_bare:
+                # Right after the cell of the same size, under the same load.
                 b = bare_pass(env, ranks)
                 bare[ranks].append(b)
-                line += f"; bare salloc+srun {b['s']:7.2f} s (CPU {b['cpu_s']:.2f} s)"
-            print(line, flush=True)
+                print(f"  {ranks:5} ranks: bare salloc+srun {b['s']:7.2f} s "
+                      f"(CPU {b['cpu_s']:.2f} s)", flush=True)
+            if failed:
+                break
         if failed:
             out["curve_stopped"] = failed
-            if not point["runs"]:
-                break
-        for k in ("s", "kernel_cpu_s", "children_cpu_s"):
-            point[k] = summary([r[k] for r in point["runs"]])
-        point["kernel_hwm"] = max(r["kernel_hwm"] for r in point["runs"])
-        point["children_rss_peak"] = max(r["children_rss_peak"] for r in point["runs"])
+        if not runs:
+            break
+        point = point_of(ranks, runs, idle_hwm)
+        point["avail_before"] = avail
         curve.append(point)
         if failed:
             break
     out["curve"] = curve
-    for p in curve:
-        if p["ranks"] in (64, 256, 1024):
-            p["per_rank"] = {
-                "kernel_cpu_ms": 1e3 * p["kernel_cpu_s"]["median"] / p["ranks"],
-                "srun_cpu_ms": 1e3 * p["children_cpu_s"]["median"] / p["ranks"],
-                "kernel_rss_kib": (p["kernel_hwm"] - idle_hwm) / 1024 / p["ranks"],
-                "srun_rss_kib": p["children_rss_peak"] / 1024 / p["ranks"]}
     if bare:
         out["bare"] = {str(k): {"runs": v, "s": summary([r["s"] for r in v])}
                        for k, v in bare.items()}
@@ -281,7 +322,7 @@ def bench_curve(a, kern, env, out):
             if one in bare and one in by:
                 # On a real cluster each node starts its own ranks in parallel: the
                 # 1-node run is what a node's share costs; what the login side does
-                # per rank (the kernel, and one srun each) stays serial.
+                # per rank (the kernel, its salloc and srun) stays serial.
                 c1 = by[one]
                 login_extra = ((by[big]["kernel_cpu_s"]["median"] +
                                 by[big]["children_cpu_s"]["median"]) -
@@ -291,7 +332,9 @@ def bench_curve(a, kern, env, out):
                             "bare_1node_s": out["bare"][str(one)]["s"]["median"],
                             "login_cpu_extra_s": login_extra,
                             "cell_parallel_nodes_est_s": min(est, cell_s),
-                            "per_node_share": max(0.0, 1 - est / cell_s)})
+                            "per_node_share": max(0.0, 1 - est / cell_s),
+                            "ratio_parallel_est": min(est, cell_s) /
+                            out["bare"][str(one)]["s"]["median"]})
             out["vs_bare"] = res
             print(f"  {big} ranks: cell {cell_s:.2f} s, bare {bare_s:.2f} s: {res['ratio']:.2f}x "
                   f"(target <= 1.5x: {'met' if res['met'] else 'not met'})", flush=True)
@@ -302,6 +345,32 @@ def bench_curve(a, kern, env, out):
                       f"{res['cell_parallel_nodes_est_s']:.2f} s, i.e. "
                       f"{100 * res['per_node_share']:.0f}% of the {big}-rank time is per-node "
                       "start-up that a real cluster runs in parallel", flush=True)
+
+
+def bench_steps(a, kdir, kenv, out):
+    """The same `pass` cells with one srun step per rank (DISTKERNEL_SLURM_LAUNCH=steps),
+    in a kernel of their own, for comparison with the agents' curve."""
+    kern = db.Kernel("distkernel", [kdir], env=dict(kenv, DISTKERNEL_SLURM_LAUNCH="steps"))
+    try:
+        must(cell(kern, "%%distributed num_processes=2 nodes=1 launcher=slurm "
+                        "tracking=False\npass"), "steps warm-up cell")
+        idle_hwm = vm_hwm(kernel_pid(kern))
+        out["steps_kernel_rss_idle"] = idle_hwm
+        points = []
+        for ranks in a.steps_ranks:
+            r = cell(kern, pass_cell(ranks))
+            r.pop("raw")
+            if not r["ok"]:
+                print(f"  steps, {ranks} ranks: the cell failed after {r['s']:.1f} s: "
+                      f"{r['error']}", flush=True)
+                out["steps_stopped"] = f"{ranks} ranks: {r['error']}"
+                keep_evidence(a)
+                break
+            print(cell_line(ranks, nodes_for(ranks), r) + " [steps]", flush=True)
+            points.append(point_of(ranks, [r], idle_hwm))
+        out["steps"] = points
+    finally:
+        kern.close()
 
 
 # ---------------------------------------------------------------- 3: torch
@@ -597,9 +666,14 @@ def plot(out, path):
         print("no matplotlib: apt-get install python3-matplotlib for the plot", flush=True)
         return
     curve = out["curve"]
+    launch = out["config"].get("launch", "steps")
     x = [p["ranks"] for p in curve]
+    steps = out.get("steps", []) if launch != "steps" else []
+    sx = [p["ranks"] for p in steps]
     fig, ax = plt.subplots(1, 3, figsize=(12, 3.6), dpi=80)
-    ax[0].plot(x, [p["s"]["median"] for p in curve], "o-", label="cell (median)")
+    ax[0].plot(x, [p["s"]["median"] for p in curve], "o-", label=f"cell ({launch})")
+    if steps:
+        ax[0].plot(sx, [p["s"]["median"] for p in steps], "x", label="cell (steps)")
     bare = out.get("bare", {})
     bx = sorted(int(k) for k in bare)
     if bx:
@@ -611,20 +685,28 @@ def plot(out, path):
                    transform=ax[0].transAxes, fontsize=7, va="top")
     ax[0].set_title("trivial cell: wall time")
     ax[0].set_ylabel("s")
+    kids = "its children (salloc, srun)" if launch != "steps" else "its srun steps"
     ax[1].plot(x, [p["kernel_cpu_s"]["median"] for p in curve], "o-", label="kernel")
-    ax[1].plot(x, [p["children_cpu_s"]["median"] for p in curve], "o-", label="its srun steps")
+    ax[1].plot(x, [p["children_cpu_s"]["median"] for p in curve], "o-", label=kids)
+    if steps:
+        ax[1].plot(sx, [p["kernel_cpu_s"]["median"] for p in steps], "x", label="kernel (steps)")
+        ax[1].plot(sx, [p["children_cpu_s"]["median"] for p in steps], "+",
+                   label="its srun steps (steps)")
     ax[1].set_title("login-side CPU (user+sys)")
     ax[1].set_ylabel("s")
     ax[2].plot(x, [p["kernel_hwm"] / 2**20 for p in curve], "o-", label="kernel (VmHWM)")
     ax[2].plot(x, [p["children_rss_peak"] / 2**20 for p in curve], "o-",
-               label="its srun steps (peak sum)")
+               label=kids + " (peak sum)")
+    if steps:
+        ax[2].plot(sx, [p["children_rss_peak"] / 2**20 for p in steps], "+",
+                   label="its srun steps (steps)")
     ax[2].set_title("login-side RSS")
     ax[2].set_ylabel("MiB")
     for a in ax:
         a.set_xscale("log", base=2)
         a.set_yscale("log")
         a.set_xlabel(f"ranks ({PER_NODE} a node)")
-        a.legend(fontsize=8)
+        a.legend(fontsize=7)
         a.grid(alpha=0.3)
     fig.suptitle(f"distkernel on the simulated Slurm cluster, {out['started'][:10]} "
                  f"({os.cpu_count()} cores shared by every node)", fontsize=10)
@@ -639,12 +721,23 @@ def plot(out, path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prefix", default=os.path.join(ROOT, "build", "prefix"))
-    ap.add_argument("--only", default="curve,bare,torch,pass,relay")
+    ap.add_argument("--only", default="curve,bare,steps,torch,pass,relay")
+    ap.add_argument("--launch", choices=("agent", "steps"),
+                    default=os.environ.get("DISTKERNEL_SLURM_LAUNCH", "agent"),
+                    help="how the kernel of the curve and the other parts runs Slurm ranks "
+                         "(its DISTKERNEL_SLURM_LAUNCH; default: that variable, else agent: "
+                         "one node agent per node)")
+    ap.add_argument("--steps-ranks", default="64,256",
+                    help="steps part: sizes run once each with one srun step per rank, in a "
+                         "kernel of their own, after the curve")
     ap.add_argument("--max-ranks", type=int, default=1024)
     ap.add_argument("--min-ranks", type=int, default=8, help="curve: the smallest size run")
     ap.add_argument("--min-free", type=float, default=4.0, help="GiB to leave free")
-    ap.add_argument("--trials", type=int, default=2, help="curve trials up to 256 ranks")
-    ap.add_argument("--big-trials", type=int, default=1, help="curve trials at 512 and up")
+    ap.add_argument("--trials", type=int, default=2, help="curve trials below --big-from")
+    ap.add_argument("--big-trials", type=int, default=1, help="curve trials from --big-from")
+    ap.add_argument("--big-from", type=int, default=256)
+    ap.add_argument("--sample-every", type=float, default=0.5,
+                    help="seconds between samples of the login side's processes")
     ap.add_argument("--bare-ranks", type=int, default=512)
     ap.add_argument("--torch-ranks", type=int, default=32)
     ap.add_argument("--torch-nodes", type=int, default=8)
@@ -672,6 +765,9 @@ def main():
             plot(json.load(f), a.plot)
         return
     a.only = a.only.split(",")
+    a.steps_ranks = [int(x) for x in a.steps_ranks.split(",") if x]
+    global SAMPLE_EVERY, CTLD_PID
+    SAMPLE_EVERY = a.sample_every
     kdir = os.path.join(a.prefix, "share", "jupyter", "kernels")
     if not os.path.isfile(os.path.join(kdir, "distkernel", "kernel.json")):
         sys.exit(f"no distkernel kernelspec under {kdir}: build with scripts/build.sh first")
@@ -680,6 +776,7 @@ def main():
     if sim_cpus < PER_NODE:
         sys.exit(f"DISTKERNEL_SLURM_SIM_CPUS must be at least {PER_NODE}")
     need = [nodes_for(a.max_ranks) if "curve" in a.only else 1,
+            nodes_for(max(a.steps_ranks, default=1)) if "steps" in a.only else 1,
             a.torch_nodes if "torch" in a.only else 1,
             # ipyparallel's engines need nodes of their own beside the kernel's
             # allocation (both are held at once)
@@ -715,7 +812,14 @@ def main():
         kenv = {k: v for k, v in cluster.env.items()
                 if not k.startswith(("SLURM_", "DISTKERNEL_SLURM_"))
                 and k not in ("DISTKERNEL_NODES", "DISTKERNEL_LAUNCHER")}
-        kenv.update(DISTKERNEL_LOG_DIR=log_root, MLFLOW_TRACKING_URI="", SLURM_CONF=cluster.conf)
+        kenv.update(DISTKERNEL_LOG_DIR=log_root, MLFLOW_TRACKING_URI="", SLURM_CONF=cluster.conf,
+                    DISTKERNEL_SLURM_LAUNCH=a.launch)
+        try:
+            with open(os.path.join(a.sim_dir, "pids", "slurmctld")) as f:
+                pid = int(f.read().split()[0])
+            CTLD_PID = pid if comm(pid) == "slurmctld" else None
+        except (OSError, ValueError, IndexError):
+            CTLD_PID = None
         if a.connect_timeout:
             kenv["DISTKERNEL_SLURM_CONNECT_TIMEOUT"] = str(a.connect_timeout)
         if a.heartbeat:
@@ -729,8 +833,11 @@ def main():
             if "bare" not in a.only:
                 a.bare_ranks = -1
             bench_curve(a, kern, env, out)
-            if out.get("curve"):
-                plot(out, a.plot)
+        if "steps" in a.only and a.steps_ranks:
+            print("== steps: the same cell, one srun step per rank", flush=True)
+            bench_steps(a, kdir, kenv, out)
+        if out.get("curve"):
+            plot(out, a.plot)
         for name, title, fn in (
                 ("torch", "torch + gloo + all_reduce", lambda: bench_torch(a, kern, env, out)),
                 ("pass", "pass on started ranks",
