@@ -21,7 +21,7 @@ import pytest
 
 import support
 from test_distributed_failures import traceback_text
-from test_slurm_runs import node_processes, our_jobs, rank_processes, start, still_serves, wait_clean
+from test_slurm_runs import our_jobs, rank_processes, start, still_serves, wait_clean
 
 pytestmark = [
     pytest.mark.skipif(support.KERNEL_NAME != "distkernel", reason="%distributed is distkernel's"),
@@ -179,27 +179,17 @@ def test_started_ranks_at_64_keep_state_and_say_where_they_are_in_12_lines(
     still_serves(kernel)
 
 
-def wait_clean_after_a_lost_node(cluster, timeout=120):
-    """What is left once no distkernel process lives on a node and the job is
-    gone or COMPLETING. After a node's loss Slurm keeps the job COMPLETING for
-    about a minute: the surviving nodes' slurmstepd wait that long for the lost
-    node's part of the step's completion tree (slurmstepd's children timeout),
-    whatever the kernel does. That wait is Slurm's, not a process of ours."""
-    deadline = time.monotonic() + timeout
-    while True:
-        jobs = [j for j in our_jobs(cluster) if not j.endswith(" COMPLETING")]
-        left = jobs + node_processes(cluster)
-        if not left or time.monotonic() >= deadline:
-            return left
-        time.sleep(0.2)
-
-
 @pytest.fixture
 def kernel_losing_a_node(slurm_scale_cluster, tmp_path):
     k = start(tmp_path, slurm_scale_cluster)
     yield k
     k.stop()
-    assert wait_clean_after_a_lost_node(slurm_scale_cluster) == [], "left behind after the test"
+    # After a node's loss Slurm keeps the job COMPLETING for about a minute:
+    # the surviving nodes' slurmstepd wait that long for the lost node's part
+    # of the step's completion tree, whatever the kernel does. That wait is
+    # Slurm's; no process of ours may be left in it.
+    assert wait_clean(slurm_scale_cluster, timeout=120, completing_ok=True) == [], \
+        "left behind after the test"
 
 
 @pytest.mark.timeout(RUN + 180)
@@ -219,7 +209,7 @@ def test_a_node_lost_among_16_is_named_with_its_ranks(kernel_losing_a_node, slur
     finally:
         # Booted again, not waited for: this is the last test on the cluster
         # (it goes down with the session), and the job's surviving nodes stay
-        # COMPLETING for up to a minute (wait_clean_after_a_lost_node). The
+        # COMPLETING for up to a minute (kernel_losing_a_node). The
         # next `cluster.sh up` of the same cluster finds them idle, or starts
         # the cluster anew.
         slurm_scale_cluster.boot("node7")
