@@ -58,7 +58,8 @@ def our_jobs(cluster):
 
 
 def rank_processes(cluster):
-    """Rank programs (and their srun steps' tasks) living on the nodes."""
+    """Rank programs (and their srun steps' tasks, the node agents among them,
+    and the agents' warm-start templates) living on the nodes."""
     found = []
     for node in cluster.node_names():
         for pid in cluster.pids(node):
@@ -67,7 +68,7 @@ def rank_processes(cluster):
                     cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if "distkernel-rank" in cmd:
+            if "distkernel-rank" in cmd or "distkernel-template" in cmd:
                 found.append(f"{node}: {pid} {cmd}")
     return found
 
