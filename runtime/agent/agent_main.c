@@ -29,12 +29,12 @@
  *   DISTKERNEL_CWD                        the kernel's folder, for the ranks
  * The DISTKERNEL_AGENT_* variables are the agent's own: its ranks do not
  * see them. The template is started first, before the agent connects, so
- * that it imports while the kernel is reached; it runs in the template's own
- * environment (the ranks' base less the back channel's variables: the key is
- * not kept in a process that outlives no run but may live long), dies with
- * the agent (PR_SET_PDEATHSIG), and its socket's folder is removed by a last
- * word if the agent is killed. Exit status: 0 every rank ended and was told; 1 the kernel went
- * away first and the ranks were ended; 2 nothing could start.
+ * that it imports while the kernel is reached. Its environment is the ranks'
+ * base less the back channel's variables (it only imports and forks: the
+ * ranks get theirs from the distkernel-rank that asks); it dies with the
+ * agent (PR_SET_PDEATHSIG), and a last word removes its socket's folder if
+ * the agent is killed. Exit status: 0 every rank ended and was told; 1 the
+ * kernel went away first and the ranks were ended; 2 nothing could start.
  */
 #include "dk_agent.h"
 #include "dk_agentwire.h"
@@ -66,6 +66,16 @@ static int env_int(const char *name, int fallback)
     char *end;
     long x = v && *v ? strtol(v, &end, 10) : -1;
     return v && *v && !*end && x >= 0 && x <= INT_MAX ? (int) x : fallback;
+}
+
+/* DISTKERNEL_WARM_WAIT_S, as the kernel reads it (dk_dist_warm.c): seconds
+ * from 0 to a day; -1 (the default wait) otherwise. */
+static double warm_wait_s(void)
+{
+    const char *v = getenv("DISTKERNEL_WARM_WAIT_S");
+    char *end;
+    double s = v && *v ? strtod(v, &end) : -1;
+    return v && *v && !*end && s >= 0 && s <= 86400 ? s : -1;
 }
 
 /* distkernel-rank in this program's own folder. */
@@ -230,7 +240,7 @@ int main(int argc, char **argv)
         .grace_s = env_double("DISTKERNEL_AGENT_GRACE", 2.0),
         .say_fd = STDERR_FILENO,
         .template = warm.template,
-        .warm_wait_s = env_double("DISTKERNEL_WARM_WAIT_S", 0),
+        .warm_wait_s = warm_wait_s(),
         .warm_failed = warm.failed[0] ? warm.failed : NULL,
     };
     int rc = base ? dk_agent_run(&spec) : 2;

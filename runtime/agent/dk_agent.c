@@ -458,7 +458,7 @@ static const char *warm_socket(agent_t *a)
             say(a, "ranks start cold: %s", s->warm_failed);
         return NULL;
     }
-    double wait_s = s->warm_wait_s > 0 ? s->warm_wait_s : DEFAULT_WARM_WAIT_S;
+    double wait_s = s->warm_wait_s >= 0 ? s->warm_wait_s : DEFAULT_WARM_WAIT_S;
     double until = dk_now_s() + wait_s;
     int ready = 0;
     while (!a->gone) {

@@ -84,7 +84,7 @@ typedef struct {
      * could be (dk_template_start: it imports while the agent connects), or
      * NULL: the ranks start cold. The caller destroys it after the run. */
     dk_template_t *template;
-    double warm_wait_s;         /* the most to wait for it to be ready; <= 0: 180 s */
+    double warm_wait_s;         /* the most to wait for it to be ready; < 0: 180 s */
     /* Why no template could be started although the run asked for one (said
      * once, as a cold start's reason), or NULL. */
     const char *warm_failed;

@@ -156,7 +156,7 @@ static kern_t *agent_start(const agent_opts_t *o)
             .fd = sv[1], .key = KEY, .nonce = NONCE,
             .heartbeat_s = o->heartbeat_s > 0 ? o->heartbeat_s : 30,
             .grace_s = o->grace_s > 0 ? o->grace_s : 0.5, .say_fd = o->say_fd ? o->say_fd : 2,
-            .template = t, .warm_wait_s = o->warm_wait_s,
+            .template = t, .warm_wait_s = o->warm_wait_s > 0 ? o->warm_wait_s : -1,
         };
         int rc = dk_agent_run(&spec);
         dk_template_destroy(&t);
