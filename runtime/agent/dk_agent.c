@@ -459,6 +459,11 @@ static const char *warm_socket(agent_t *a)
         return NULL;
     }
     double wait_s = s->warm_wait_s >= 0 ? s->warm_wait_s : DEFAULT_WARM_WAIT_S;
+    /* The kernel takes ranks not connected by its connect deadline (counted
+     * from the job's start, before ours) for lost: half of it is left to
+     * start them cold and for them to connect. */
+    if (s->proto.connect_timeout_s > 0 && wait_s > s->proto.connect_timeout_s / 2)
+        wait_s = s->proto.connect_timeout_s / 2;
     double until = dk_now_s() + wait_s;
     int ready = 0;
     while (!a->gone) {

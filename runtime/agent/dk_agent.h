@@ -84,7 +84,9 @@ typedef struct {
      * could be (dk_template_start: it imports while the agent connects), or
      * NULL: the ranks start cold. The caller destroys it after the run. */
     dk_template_t *template;
-    double warm_wait_s;         /* the most to wait for it to be ready; < 0: 180 s */
+    /* The most to wait for it to be ready; < 0: 180 s. At most half of
+     * proto.connect_timeout_s, past which the kernel takes ranks for lost. */
+    double warm_wait_s;
     /* Why no template could be started although the run asked for one (said
      * once, as a cold start's reason), or NULL. */
     const char *warm_failed;
