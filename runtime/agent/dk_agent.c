@@ -424,8 +424,9 @@ static bool start_ranks(agent_t *a, const char *warm_socket)
         unsigned char pid[4];
         dk_put_be32(pid, (uint32_t) sp.pid);
         send_frame(a, DK_BC_STARTED, (uint32_t) rk->rank, pid, sizeof pid);
-        /* What the kernel sent while the template was awaited, in order of
-         * the ladder (SIGINT, SIGKILL, SIGTERM: the last ends it anyway). */
+        /* What the kernel sent while the template was awaited (the stop
+         * ladder's rungs, in signal order: a rank just started ends at the
+         * first it does not ignore). */
         for (int sig = 1; rk->pending_sigs && sig < 64; sig++)
             if (rk->pending_sigs & ((uint64_t) 1 << sig))
                 killpg(rk->pid, sig);
