@@ -519,7 +519,7 @@ static dk_job_t *start_job(dk_dist_run_t *run, char **env, const char *log_dir,
         dk_dist_pool_attach(run->pool, &sink);
         sink = dk_dist_pool_sink(run->pool);
     } else if (run->opts.launcher == DK_LAUNCHER_SLURM) {
-        /* Ranks on Slurm's nodes: warm start is for ranks on this node. */
+        /* Ranks on Slurm's nodes: warm through their node agents (below). */
         if (slurm_nodes(run, &spec) < 0 || !(wrapped = with_mlflow_secrets(payload, len)))
             return NULL;
         spec.payload = PyBytes_AS_STRING(wrapped);
@@ -537,8 +537,23 @@ static dk_job_t *start_job(dk_dist_run_t *run, char **env, const char *log_dir,
             dk_dist_warm_note(log_dir, why);
         spec.warm_socket = warm_socket;
     }
+    /* Ranks started by node agents (fresh or started ones): each agent forks
+     * its node's ranks from a template of its own, as the kernel would here. */
+    char agent_modules[1024];
+    char *agent_path = NULL;
+    if (spec.agent_command) {
+        char why[512];
+        if (dk_dist_warm_for_agents(&run->opts, agent_modules, sizeof agent_modules,
+                                    &agent_path, why, sizeof why)) {
+            spec.agent_warm_modules = agent_modules;
+            spec.agent_warm_path = agent_path;
+        } else {
+            dk_dist_warm_note(log_dir, why);
+        }
+    }
     char err[1024];
     dk_job_t *job = dk_job_start(&spec, &sink, err, sizeof err);
+    free(agent_path);
     free(warm_socket);
     Py_XDECREF(wrapped);
     if (job && run->pool) {

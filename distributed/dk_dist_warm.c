@@ -203,6 +203,21 @@ static const char *warm_socket(dk_template_t **slot, const dk_dist_opts_t *opts,
     return dk_template_socket(*slot);
 }
 
+bool dk_dist_warm_for_agents(const dk_dist_opts_t *opts, char *modules, size_t len,
+                             char **path, char *why, size_t whylen)
+{
+    *path = NULL;
+    const char *off = getenv("DISTKERNEL_WARM");
+    if (!opts->warm || (off && strcmp(off, "0") == 0)) {
+        snprintf(why, whylen, "warm start is off (%s)",
+                 opts->warm ? "DISTKERNEL_WARM=0" : "warm=False");
+        return false;
+    }
+    module_list(opts, modules, len);
+    *path = import_path();
+    return true;
+}
+
 void dk_dist_warm_end(dk_template_t **slot)
 {
     /* A run may hold the lock while it waits for the template (up to the

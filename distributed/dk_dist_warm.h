@@ -20,6 +20,7 @@
 #include "dk_dist_opts.h"
 #include "dk_template.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 
 /* The socket path (a new string, the caller frees it) of a template fit for
@@ -31,6 +32,16 @@
  * waiting. */
 char *dk_dist_warm_socket(dk_template_t **slot, const dk_dist_opts_t *opts,
                           const char *rank_exe, bool *interrupted, char *why, size_t whylen);
+
+/* A run whose ranks node agents start (launcher=slurm): each agent starts a
+ * template of its own on its node (runtime/agent/dk_agent.h), importing what
+ * this kernel's would, from its sys.path. True with the module list in
+ * MODULES and the kernel's sys.path (newline-separated, a new string, the
+ * caller frees it; NULL when it could not be read) in *PATH; false with the
+ * reason in WHY when the run is to be cold (warm=False, DISTKERNEL_WARM=0).
+ * Called with the GIL held. */
+bool dk_dist_warm_for_agents(const dk_dist_opts_t *opts, char *modules, size_t len,
+                             char **path, char *why, size_t whylen);
 
 /* At the kernel's exit, from any thread: end the template in *SLOT
  * (dk_template_end) under the lock the runs take. */

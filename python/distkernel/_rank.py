@@ -994,9 +994,16 @@ def template_main():
     import socket
     import struct
 
+    global _IN_KERNEL_FOLDER
     path = os.environ.pop("DISTKERNEL_TEMPLATE")
     names = [m.strip() for m in os.environ.pop("DISTKERNEL_WARM_MODULES", "").split(",")
              if m.strip()]
+    if os.environ.pop("DISTKERNEL_CWD", None) is not None:
+        # A node agent's template, on another node than the kernel's
+        # (runtime/agent/agent_main.c): it imports only from what its ranks
+        # may (_NodeFolders), and not from relative entries ('' would be /).
+        _NodeFolders.remote = True
+        _IN_KERNEL_FOLDER = False
     # Imported as the notebook would (the kernel's sys.path first); a rank
     # gets this process's own sys.path back, and then the kernel's as a cold
     # rank does (_use_kernel_sys_path).

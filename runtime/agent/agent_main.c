@@ -20,10 +20,21 @@
  *                                         picks one (DISTKERNEL_MASTER_PORT=rank0)
  *   DISTKERNEL_AGENT_GRACE                the stop ladder's grace (s)
  *   DISTKERNEL_AGENT_STACKS               1: answer STACKS (faulthandler)
+ *   DISTKERNEL_AGENT_WARM_MODULES         set: start a warm-start template on
+ *                                         this node importing these (comma-
+ *                                         separated; dk_template.h) and fork
+ *                                         the ranks from it (dk_agent.h)
+ *   DISTKERNEL_AGENT_WARM_PATH            its import path (newline-separated)
+ *   DISTKERNEL_WARM_WAIT_S                how long the ranks wait for it (s)
  *   DISTKERNEL_CWD                        the kernel's folder, for the ranks
  * The DISTKERNEL_AGENT_* variables are the agent's own: its ranks do not
- * see them. Exit status: 0 every rank ended and was told; 1 the kernel went
- * away first and the ranks were ended; 2 nothing could start.
+ * see them. The template is started first, before the agent connects, so
+ * that it imports while the kernel is reached. Its environment is the ranks'
+ * base less the back channel's variables (it only imports and forks: the
+ * ranks get theirs from the distkernel-rank that asks); it dies with the
+ * agent (PR_SET_PDEATHSIG), and a last word removes its socket's folder if
+ * the agent is killed. Exit status: 0 every rank ended and was told; 1 the
+ * kernel went away first and the ranks were ended; 2 nothing could start.
  */
 #include "dk_agent.h"
 #include "dk_agentwire.h"
@@ -32,6 +43,7 @@
 #include "dk_spawn.h"
 
 #include <limits.h>
+#include <stdbool.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,6 +68,16 @@ static int env_int(const char *name, int fallback)
     return v && *v && !*end && x >= 0 && x <= INT_MAX ? (int) x : fallback;
 }
 
+/* DISTKERNEL_WARM_WAIT_S, as the kernel reads it (dk_dist_warm.c): seconds
+ * from 0 to a day; -1 (the default wait) otherwise. */
+static double warm_wait_s(void)
+{
+    const char *v = getenv("DISTKERNEL_WARM_WAIT_S");
+    char *end;
+    double s = v && *v ? strtod(v, &end) : -1;
+    return v && *v && !*end && s >= 0 && s <= 86400 ? s : -1;
+}
+
 /* distkernel-rank in this program's own folder. */
 static char *rank_beside_me(void)
 {
@@ -72,6 +94,72 @@ static char *rank_beside_me(void)
     if (asprintf(&path, "%s/distkernel-rank", self) < 0)
         return NULL;
     return path;
+}
+
+/* This node's template, and the last word that removes its socket's folder
+ * if the agent is killed. */
+typedef struct {
+    dk_template_t *template;
+    char failed[1024];          /* why it could not be started, or "" */
+    int lw_pid, lw_fd;
+    char *dir;
+} warm_t;
+
+/* The variables the template does not get: the back channel's (the ranks
+ * get theirs from the requesting distkernel-rank, not from it). */
+static bool template_keeps(const char *entry)
+{
+    static const char *const drop[] = {"DISTKERNEL_BC=", "DISTKERNEL_BC_KEY=",
+                                       "DISTKERNEL_BC_HEARTBEAT=",
+                                       "DISTKERNEL_BC_CONNECT_TIMEOUT="};
+    for (size_t i = 0; i < sizeof drop / sizeof drop[0]; i++)
+        if (strncmp(entry, drop[i], strlen(drop[i])) == 0)
+            return false;
+    return true;
+}
+
+/* Start the template the kernel asked for (DISTKERNEL_AGENT_WARM_MODULES),
+ * from PROGRAM (distkernel-rank), with BASE less the back channel. */
+static void warm_start(warm_t *w, const char *program, const char *const *base)
+{
+    const char *modules = getenv("DISTKERNEL_AGENT_WARM_MODULES");
+    if (!modules)
+        return;
+    size_t n = 0;
+    while (base[n])
+        n++;
+    const char **env = calloc(n + 1, sizeof *env);
+    if (!env) {
+        snprintf(w->failed, sizeof w->failed, "out of memory");
+        return;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (template_keeps(base[i]))
+            env[k++] = base[i];
+    w->template = dk_template_start(program, env, modules, getenv("DISTKERNEL_AGENT_WARM_PATH"),
+                                    "", w->failed, sizeof w->failed);
+    free(env);
+    if (!w->template)
+        return;
+    /* Its folder, for the last word: the socket's parent, ours and fresh. */
+    const char *socket = dk_template_socket(w->template);
+    const char *slash = strrchr(socket, '/');
+    char why[256];
+    if (slash && (w->dir = strndup(socket, (size_t) (slash - socket)))) {
+        char *argv[] = {"rm", "-rf", "--", w->dir, NULL};
+        if (dk_spawn_last_word(argv, &w->lw_pid, &w->lw_fd, why, sizeof why) < 0)
+            w->lw_pid = w->lw_fd = -1;
+    }
+}
+
+/* The template ended, its folder removed, the last word not needed. */
+static void warm_end(warm_t *w)
+{
+    dk_template_destroy(&w->template);
+    dk_spawn_sentinel_end(&w->lw_pid, &w->lw_fd);
+    free(w->dir);
+    w->dir = NULL;
 }
 
 int main(int argc, char **argv)
@@ -110,15 +198,6 @@ int main(int argc, char **argv)
         fprintf(stderr, "distkernel-agent: node %d: %s\n", node, err);
         return 2;
     }
-    double heartbeat = env_double("DISTKERNEL_BC_HEARTBEAT", DK_BC_HEARTBEAT_DEFAULT_S);
-    double connect_s = env_double("DISTKERNEL_BC_CONNECT_TIMEOUT", 120.0);
-    unsigned char nonce[DK_AGENTWIRE_NONCE_LEN];
-    int fd = dk_agent_connect(address, connect_s, nonce, err, sizeof err);
-    if (fd < 0) {
-        fprintf(stderr, "distkernel-agent: node %d: %s\n", node, err);
-        free(program);
-        return 2;
-    }
     /* The ranks' base: the agent's environment less its own variables. */
     size_t n = 0;
     while (environ[n])
@@ -128,6 +207,20 @@ int main(int argc, char **argv)
     for (size_t i = 0; base && i < n; i++)
         if (strncmp(environ[i], "DISTKERNEL_AGENT_", 17) != 0)
             base[k++] = environ[i];
+    warm_t warm = {.lw_pid = -1, .lw_fd = -1};
+    if (base)
+        warm_start(&warm, program, base);
+    double heartbeat = env_double("DISTKERNEL_BC_HEARTBEAT", DK_BC_HEARTBEAT_DEFAULT_S);
+    double connect_s = env_double("DISTKERNEL_BC_CONNECT_TIMEOUT", 120.0);
+    unsigned char nonce[DK_AGENTWIRE_NONCE_LEN];
+    int fd = dk_agent_connect(address, connect_s, nonce, err, sizeof err);
+    if (fd < 0) {
+        fprintf(stderr, "distkernel-agent: node %d: %s\n", node, err);
+        warm_end(&warm);
+        free(base);
+        free(program);
+        return 2;
+    }
     int port = env_int("DISTKERNEL_AGENT_MASTER_PORT", 0);
     dk_agent_spec_t spec = {
         .node = node, .world_size = world, .ranks_per_node = per,
@@ -146,11 +239,15 @@ int main(int argc, char **argv)
         .heartbeat_s = heartbeat,
         .grace_s = env_double("DISTKERNEL_AGENT_GRACE", 2.0),
         .say_fd = STDERR_FILENO,
+        .template = warm.template,
+        .warm_wait_s = warm_wait_s(),
+        .warm_failed = warm.failed[0] ? warm.failed : NULL,
     };
     int rc = base ? dk_agent_run(&spec) : 2;
     if (!base)
         fprintf(stderr, "distkernel-agent: node %d: out of memory\n", node);
     close(fd);
+    warm_end(&warm);
     free(base);
     free(program);
     return rc;

@@ -42,6 +42,11 @@
 /* What one exited rank's pipes are drained of before its EXIT goes: its last
  * words; a child that keeps writing is read on afterwards. */
 #define EXIT_DRAIN_MAX ((size_t) 4 << 20)
+/* How long the ranks wait for this node's template to import, by default
+ * (the kernel's own template waits as long: dk_dist_warm.c). */
+#define DEFAULT_WARM_WAIT_S 180.0
+/* How often the wait for the template looks at the kernel's connection. */
+#define WARM_SLICE_MS 50
 
 typedef struct {
     int rank;               /* its rank in the run */
@@ -52,6 +57,7 @@ typedef struct {
     bool stacks_wanted;     /* a STACKS request waits for the running one to end */
     bool sample_wanted;     /* ... a live sample's (DK_BC_STACKS_SAMPLE) */
     bool stacks_asked;      /* asked in the running request */
+    uint64_t pending_sigs;  /* SIGNALs that came before it started (bit = signal) */
 } lrank_t;
 
 typedef struct {
@@ -226,8 +232,12 @@ static void signal_ranks(agent_t *a, uint32_t id, int sig)
 {
     for (int i = 0; i < a->n; i++) {
         lrank_t *rk = &a->ranks[i];
-        if ((id == DK_BC_ALL_RANKS || id == (uint32_t) rk->rank) && !rk->exited && rk->pid > 0)
+        if ((id != DK_BC_ALL_RANKS && id != (uint32_t) rk->rank) || rk->exited)
+            continue;
+        if (rk->pid > 0)
             killpg(rk->pid, sig);
+        else if (sig < 64)
+            rk->pending_sigs |= (uint64_t) 1 << sig;    /* sent once it starts */
     }
 }
 
@@ -295,7 +305,7 @@ static void want_stacks(agent_t *a, uint32_t id, bool sample)
     for (int i = 0; i < a->n; i++) {
         lrank_t *rk = &a->ranks[i];
         if ((id == DK_BC_ALL_RANKS || id == (uint32_t) rk->rank) && !rk->exited) {
-            if (!a->stacks)
+            if (!a->stacks || rk->pid <= 0)     /* none, or not started yet: "" */
                 send_frame(a, DK_BC_STACKS, (uint32_t) rk->rank, NULL, 0);
             else if (sample)
                 rk->sample_wanted = true;
@@ -374,7 +384,7 @@ static void read_kernel(agent_t *a)
 
 /* ---- the start ------------------------------------------------------------------ */
 
-static bool start_ranks(agent_t *a)
+static bool start_ranks(agent_t *a, const char *warm_socket)
 {
     const dk_agent_spec_t *s = a->spec;
     char *default_argv[2] = {(char *) s->rank_exe, NULL};
@@ -391,6 +401,7 @@ static bool start_ranks(agent_t *a)
             log = NULL;
         in.log_path = log;
         in.stacks_path = a->stacks ? dk_stackreq_path(a->stacks, i) : NULL;
+        in.warm_socket = warm_socket;
         char **env = log ? dk_rankenv_build(s->base_env, &in) : NULL;
         free(log);
         if (!env) {
@@ -413,6 +424,13 @@ static bool start_ranks(agent_t *a)
         unsigned char pid[4];
         dk_put_be32(pid, (uint32_t) sp.pid);
         send_frame(a, DK_BC_STARTED, (uint32_t) rk->rank, pid, sizeof pid);
+        /* What the kernel sent while the template was awaited (the stop
+         * ladder's rungs, in signal order: a rank just started ends at the
+         * first it does not ignore). */
+        for (int sig = 1; rk->pending_sigs && sig < 64; sig++)
+            if (rk->pending_sigs & ((uint64_t) 1 << sig))
+                killpg(rk->pid, sig);
+        rk->pending_sigs = 0;
     }
     int *groups = calloc(a->n > 0 ? (size_t) a->n : 1, sizeof *groups);
     char why[256];
@@ -424,6 +442,54 @@ static bool start_ranks(agent_t *a)
             groups ? why : "out of memory");
     free(groups);
     return true;
+}
+
+/* ---- warm start ----------------------------------------------------------------- */
+
+/* This node's template's socket once it is ready and can fork, waiting for
+ * it (at most spec.warm_wait_s) while the kernel is heard and PINGed; NULL
+ * when the ranks start cold (the template, if any, is then ended, and the
+ * reason said once), or when the kernel went away meanwhile. */
+static const char *warm_socket(agent_t *a)
+{
+    const dk_agent_spec_t *s = a->spec;
+    char why[1024] = "";
+    if (!s->template) {
+        if (s->warm_failed)
+            say(a, "ranks start cold: %s", s->warm_failed);
+        return NULL;
+    }
+    double wait_s = s->warm_wait_s >= 0 ? s->warm_wait_s : DEFAULT_WARM_WAIT_S;
+    /* The kernel takes ranks not connected by its connect deadline (counted
+     * from the job's start, before ours) for lost: half of it is left to
+     * start them cold and for them to connect. */
+    if (s->proto.connect_timeout_s > 0 && wait_s > s->proto.connect_timeout_s / 2)
+        wait_s = s->proto.connect_timeout_s / 2;
+    double until = dk_now_s() + wait_s;
+    int ready = 0;
+    while (!a->gone) {
+        ready = dk_template_ready(s->template, WARM_SLICE_MS, why, sizeof why);
+        double now = dk_now_s();
+        if (ready != 0 || now >= until)
+            break;
+        struct pollfd p = {.fd = a->fd, .events = POLLIN};
+        if (poll(&p, 1, 0) > 0)
+            read_kernel(a);
+        if (!a->gone && now - a->pinged_at >= DK_BC_PING_S)
+            send_frame(a, DK_BC_PING, (uint32_t) s->node, NULL, 0);
+        if (!a->gone && now - a->heard_at > a->heartbeat_s)
+            kernel_gone(a, "the kernel has been silent past the heartbeat deadline");
+    }
+    if (a->gone)
+        return NULL;
+    if (ready == 0)
+        snprintf(why, sizeof why, "this node's template was not ready after %.1f s (still "
+                 "importing)", wait_s);
+    if (ready > 0 && dk_template_check(s->template, why, sizeof why) == 0)
+        return dk_template_socket(s->template);
+    say(a, "ranks start cold: %s", why);
+    dk_template_end(s->template);    /* its memory back to the ranks; reaped by the caller */
+    return NULL;
 }
 
 /* ---- the loop ------------------------------------------------------------------- */
@@ -570,7 +636,8 @@ int dk_agent_run(const dk_agent_spec_t *spec)
     }
     send_frame(&a, DK_BC_AGENT_HELLO, (uint32_t) spec->node, NULL, 0);
     int rc = 2;
-    if (!a.gone && start_ranks(&a)) {
+    const char *warm = a.gone ? NULL : warm_socket(&a);
+    if (!a.gone && start_ranks(&a, warm)) {
         loop(&a);
         rc = a.shut ? 0 : 1;
     } else {

@@ -34,9 +34,21 @@
  * The ranks still open their own connection to the kernel (results, their
  * output once connected, their heartbeats). Every frame the agent sends but
  * AGENT_HELLO and PING names the rank it is about, so the ranks' frames can
- * later move onto this one connection. Not yet here: forking ranks warm from
- * a template that imported torch once on this node (the cold start is the
- * only one).
+ * later move onto this one connection.
+ *
+ * Warm start, as on one node: with a template (spec.template, which the
+ * caller started before connecting, so that torch imports meanwhile), the
+ * agent waits for it after AGENT_HELLO (PINGs going on, at most
+ * warm_wait_s), asks it whether it can fork (dk_template_check), and gives
+ * each rank DISTKERNEL_WARM_SOCKET: distkernel-rank, started as a cold rank
+ * would be (same environment, group, pipes), has the template fork the rank
+ * into its group and ends as the rank ended (rank_main.c). So the output,
+ * exits, signals, stop ladder and stacks are the same for warm ranks. A
+ * template that failed to import, is not ready in time or cannot fork is
+ * ended, and the node's ranks start cold: the agent says so once, in one
+ * line ("ranks start cold: WHY") that the kernel notes in the run's
+ * warm.log. A SIGNAL for ranks not started yet is kept and sent to them
+ * once they are; STACKS for them is answered "" at once.
  *
  * One thread, one poll loop; nothing here is thread-safe.
  */
@@ -44,6 +56,7 @@
 #define DK_AGENT_H
 
 #include "dk_rankenv.h"
+#include "dk_template.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -67,6 +80,16 @@ typedef struct {
     double heartbeat_s;         /* <= 0: DK_BC_HEARTBEAT_DEFAULT_S */
     double grace_s;             /* the ladder's; <= 0: 2 s */
     int say_fd;                 /* where the agent's own lines go (its stderr), or -1 */
+    /* This node's warm-start template, started by the caller as early as it
+     * could be (dk_template_start: it imports while the agent connects), or
+     * NULL: the ranks start cold. The caller destroys it after the run. */
+    dk_template_t *template;
+    /* The most to wait for it to be ready; < 0: 180 s. At most half of
+     * proto.connect_timeout_s, past which the kernel takes ranks for lost. */
+    double warm_wait_s;
+    /* Why no template could be started although the run asked for one (said
+     * once, as a cold start's reason), or NULL. */
+    const char *warm_failed;
 } dk_agent_spec_t;
 
 /* Run the agent to its end: 0 when every rank exited and the kernel closed

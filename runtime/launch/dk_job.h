@@ -280,6 +280,15 @@ typedef struct {
      * start) is its node lost, with every rank of it that had not ended.
      * The launcher's own lines go to agents.log in the log folder. */
     const char *const *agent_command;
+    /* With agent_command: each agent starts a warm-start template on its node
+     * importing these modules (comma-separated, dk_template.h) with
+     * AGENT_WARM_PATH (newline-separated, NULL: none) first on sys.path, and
+     * forks its ranks from it, as warm_socket does here. NULL: cold ranks.
+     * A node whose template fails starts cold; the first such node's reason
+     * goes to warm.log in the log folder (each agent's line is in
+     * agents.log). */
+    const char *agent_warm_modules;
+    const char *agent_warm_path;
 } dk_job_spec_t;
 
 #define DK_JOB_PORT_FROM_RANK0 (-1)

@@ -20,6 +20,7 @@
 #include "dk_utf8.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -57,7 +58,7 @@ bool job_start_agents(dk_job_t *job, const dk_job_spec_t *spec, const char *cons
                                            sizeof why)))
         job_warn(job, "the node agents' own lines will not be kept: %s", why);
     char vars[AGENT_VARS][160];
-    const char *set[AGENT_VARS + 3];
+    const char *set[AGENT_VARS + 5];
     size_t k = 0;
 #define SETF(...) (snprintf(vars[k], sizeof vars[k], __VA_ARGS__), set[k] = vars[k], k++)
     SETF("DISTKERNEL_AGENT_WORLD=%d", job->world_size);
@@ -71,24 +72,39 @@ bool job_start_agents(dk_job_t *job, const dk_job_spec_t *spec, const char *cons
     SETF("DISTKERNEL_BC_HEARTBEAT=%g", job->heartbeat_s);
     SETF("DISTKERNEL_BC_CONNECT_TIMEOUT=%g", job->connect_timeout_s);
 #undef SETF
-    char *bc = NULL, *logs = NULL, *cwd = NULL, here[PATH_MAX];
+    char *bc = NULL, *logs = NULL, *cwd = NULL, *mods = NULL, *wpath = NULL, here[PATH_MAX];
     if (asprintf(&bc, "DISTKERNEL_BC=%s", dk_backchan_address(job->chan)) < 0)
         bc = NULL;
     if (asprintf(&logs, "DISTKERNEL_AGENT_LOG_DIR=%s", job->log_dir) < 0)
         logs = NULL;
     if (getcwd(here, sizeof here) && asprintf(&cwd, "DISTKERNEL_CWD=%s", here) < 0)
         cwd = NULL;
+    bool warm_ok = true;
+    if (spec->agent_warm_modules) {
+        warm_ok = asprintf(&mods, "DISTKERNEL_AGENT_WARM_MODULES=%s",
+                           spec->agent_warm_modules) >= 0 &&
+                  asprintf(&wpath, "DISTKERNEL_AGENT_WARM_PATH=%s",
+                           spec->agent_warm_path ? spec->agent_warm_path : "") >= 0;
+        if (!warm_ok)
+            mods = wpath = NULL;
+    }
     char **env = NULL;
-    if (bc && logs) {
+    if (bc && logs && warm_ok) {
         set[k++] = bc;
         set[k++] = logs;
         if (cwd)
             set[k++] = cwd;
+        if (mods) {
+            set[k++] = mods;
+            set[k++] = wpath;
+        }
         env = dk_spawn_env_build(base, set, k);
     }
     free(bc);
     free(logs);
     free(cwd);
+    free(mods);
+    free(wpath);
     if (!env) {
         dk_set_err(err, errlen, "out of memory building the node agents' environment");
         return false;
@@ -131,6 +147,32 @@ void job_agents_free(dk_job_t *job)
     free(job->agent_words);
 }
 
+/* Node NODE's agent starts its ranks cold, for WHY (dk_agent.h): said once
+ * per run in warm.log in the log folder, for the first such node, as the
+ * kernel says why its own ranks start cold (dk_dist_warm_note); every node's
+ * line is in agents.log. */
+static void agent_cold(dk_job_t *job, int node, const char *why, size_t len)
+{
+    if (job->agents_cold++ > 0)
+        return;
+    size_t keep = dk_utf8_complete_prefix(why, len > AGENT_WORDS_MAX ? AGENT_WORDS_MAX : len);
+    size_t out_len = 0;
+    char *text = dk_utf8_sanitize(why, keep, &out_len);
+    const char *host = job->ranks[node * job->ranks_per_node].host;
+    if (getenv("DISTKERNEL_DEBUG"))
+        fprintf(stderr, "distkernel: the ranks on node %d%s%s%s start cold: %s\n", node,
+                host ? " (" : "", host ? host : "", host ? ")" : "", text ? text : "");
+    int fd = openat(job->log_dirfd, "warm.log", O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW |
+                    O_CLOEXEC, 0600);
+    if (fd >= 0) {
+        dprintf(fd, "the ranks on node %d%s%s%s started cold: %s (each node that did says "
+                "why in agents.log)\n", node, host ? " (" : "", host ? host : "",
+                host ? ")" : "", text ? text : "");
+        close(fd);
+    }
+    free(text);
+}
+
 /* An agent's own line (agent_main.c: "distkernel-agent: node K: WHY")
  * before it said AGENT_HELLO: it gives up without connecting (it cannot
  * reach the kernel, or its rank program is missing) and exits 2. Its words
@@ -146,9 +188,17 @@ static void agent_said(dk_job_t *job, const char *line, size_t len)
     size_t digits = 0;
     while (i < len && line[i] >= '0' && line[i] <= '9' && digits < 9)
         node = node * 10 + (line[i++] - '0'), digits++;
-    if (!digits || i + 2 > len || line[i] != ':' || line[i + 1] != ' ' ||
-        node >= job->nagents || job->agent_hello[node] || job->agent_gone[node] ||
-        job->agent_words[node])
+    if (!digits || i + 2 > len || line[i] != ':' || line[i + 1] != ' ' || node >= job->nagents)
+        return;
+    static const char cold[] = "ranks start cold: ";
+    const size_t cold_len = sizeof cold - 1;
+    if (len - (i + 2) > cold_len && memcmp(line + i + 2, cold, cold_len) == 0) {
+        /* Not a reason to give up on the node (it may come before its hello
+         * is seen here): its ranks run, cold. */
+        agent_cold(job, (int) node, line + i + 2 + cold_len, len - (i + 2 + cold_len));
+        return;
+    }
+    if (job->agent_hello[node] || job->agent_gone[node] || job->agent_words[node])
         return;
     size_t keep = dk_utf8_complete_prefix(line, len > AGENT_WORDS_MAX ? AGENT_WORDS_MAX : len);
     size_t out_len = 0;

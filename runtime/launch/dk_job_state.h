@@ -174,6 +174,7 @@ struct dk_job_t {
     int agents_feeding;         /* the pipe whose bytes are being filtered */
     char **agent_words;         /* per node: what its agent said before it gave up
                                    without connecting, or NULL (agents_out) */
+    int agents_cold;            /* nodes whose agent said its ranks start cold */
 };
 
 /* dk_job.c */

@@ -269,7 +269,11 @@ int main(int argc, char **argv)
     sigaddset(&sigint, SIGINT);
     sigprocmask(SIG_BLOCK, &sigint, NULL);
 
-    if (slurm_run_env() < 0)
+    /* A template (a node agent's, on a Slurm node) is no rank: the ranks it
+     * forks get the environment of the distkernel-rank that asks for them,
+     * rewritten there. */
+    bool template = getenv("DISTKERNEL_TEMPLATE") != NULL;
+    if (!template && slurm_run_env() < 0)
         return 1;
     /* On a Slurm node the kernel's environment may simply not exist: say so,
      * naming the node and the path, rather than let CPython fail to find its
@@ -289,7 +293,6 @@ int main(int argc, char **argv)
         if (rc >= 0)
             return rc;
     }
-    bool template = getenv("DISTKERNEL_TEMPLATE") != NULL;
     if (template)
         prctl(PR_SET_NAME, DK_TEMPLATE_COMM, 0, 0, 0);   /* argv[0] says it already */
 

@@ -57,8 +57,10 @@ def our_jobs(cluster):
     return [line for line in out.splitlines() if " distkernel-" in line]
 
 
-def _node_commands(cluster, names):
-    """Processes on the nodes whose command line holds one of NAMES."""
+def rank_processes(cluster):
+    """Rank programs (and their srun steps' tasks, the node agents among them:
+    an agent's command line names the rank program, and the agents' warm-start
+    templates) living on the nodes."""
     found = []
     for node in cluster.node_names():
         for pid in cluster.pids(node):
@@ -67,19 +69,9 @@ def _node_commands(cluster, names):
                     cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if any(name in cmd for name in names):
+            if "distkernel-rank" in cmd or "distkernel-template" in cmd:
                 found.append(f"{node}: {pid} {cmd}")
     return found
-
-
-def rank_processes(cluster):
-    """Rank programs (and their srun steps' tasks) living on the nodes."""
-    return _node_commands(cluster, ("distkernel-rank",))
-
-
-def node_processes(cluster):
-    """Every distkernel process on the nodes: ranks, node agents, templates."""
-    return _node_commands(cluster, ("distkernel-rank", "distkernel-agent", "distkernel-template"))
 
 
 def sruns_of(k):
@@ -92,14 +84,15 @@ def sruns_of(k):
 
 def wait_clean(cluster, timeout=ALL_GONE_WITHIN, completing_ok=False):
     """Wait until no job of ours is queued and no rank, agent or template lives
-    on a node; what is left. COMPLETING_OK: a job Slurm shows COMPLETING is not
-    left (after a node's loss it stays so for a minute: test_slurm_scale)."""
+    on a node (rank_processes); what is left. COMPLETING_OK: a job Slurm shows
+    COMPLETING is not left (after a node's loss it stays so for a minute:
+    test_slurm_scale)."""
     deadline = time.monotonic() + timeout
     while True:
         jobs = our_jobs(cluster)
         if completing_ok:
             jobs = [j for j in jobs if not j.endswith(" COMPLETING")]
-        left = jobs + node_processes(cluster)
+        left = jobs + rank_processes(cluster)
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(0.2)

@@ -8,12 +8,14 @@
 #include <criterion/criterion.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -119,6 +121,9 @@ typedef struct {
     const char *program;
     double heartbeat_s, grace_s, stacks_wait_s;
     bool stacks;
+    const char *template;   /* a warm-start template program (a path), or NULL */
+    double warm_wait_s;
+    int say_fd;             /* where the agent's lines go; 0: stderr */
 } agent_opts_t;
 
 static kern_t *agent_start(const agent_opts_t *o)
@@ -132,6 +137,13 @@ static kern_t *agent_start(const agent_opts_t *o)
     if (k->agent == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);   /* a test that fails leaves nothing */
         close(sv[0]);
+        dk_template_t *t = NULL;
+        if (o->template) {
+            char err[512];
+            const char *tenv[] = {"PATH=/usr/bin:/bin", NULL};
+            t = dk_template_start(o->template, tenv, "torch", NULL, "", err, sizeof err);
+            cr_assert_not_null(t, "%s", err);
+        }
         char *argv[] = {"/bin/sh", "-c", (char *) o->script, NULL};
         const char *base[] = {"PATH=/usr/bin:/bin", "SLURM_STEP_ID=4", NULL};
         dk_agent_spec_t spec = {
@@ -143,9 +155,12 @@ static kern_t *agent_start(const agent_opts_t *o)
             .log_dir = "/logs/run", .stacks = o->stacks, .stacks_wait_s = o->stacks_wait_s,
             .fd = sv[1], .key = KEY, .nonce = NONCE,
             .heartbeat_s = o->heartbeat_s > 0 ? o->heartbeat_s : 30,
-            .grace_s = o->grace_s > 0 ? o->grace_s : 0.5, .say_fd = 2,
+            .grace_s = o->grace_s > 0 ? o->grace_s : 0.5, .say_fd = o->say_fd ? o->say_fd : 2,
+            .template = t, .warm_wait_s = o->warm_wait_s > 0 ? o->warm_wait_s : -1,
         };
-        _exit(dk_agent_run(&spec));
+        int rc = dk_agent_run(&spec);
+        dk_template_destroy(&t);
+        _exit(rc);
     }
     close(sv[1]);
     k->fd = sv[0];
@@ -518,6 +533,188 @@ Test(agent, a_rank_that_cannot_start_ends_the_agent_at_once, .timeout = 30)
     k = agent_start(&bad);
     cr_expect_eq(agent_wait(k, 10), 2, "node 2 of 2 nodes is not in the run");
     agent_free(k);
+}
+
+/* ---- warm start ------------------------------------------------------------------- */
+
+/* A program file in a fresh folder (the template is started from a path). */
+static char *program_file(char dir[static 32], const char *body)
+{
+    snprintf(dir, 32, "/tmp/dk-agent-warm-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+    char *path = NULL;
+    cr_assert_geq(asprintf(&path, "%s/template", dir), 0);
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fputs(body, f);
+    fclose(f);
+    cr_assert_eq(chmod(path, 0700), 0);
+    return path;
+}
+
+static void program_free(char *dir, char *path)
+{
+    unlink(path);
+    rmdir(dir);
+    free(path);
+}
+
+/* Everything the agent said, once it has exited (its say_fd's read end). */
+static void said(int fd, char *out, size_t len)
+{
+    size_t n = 0;
+    ssize_t r;
+    while (n + 1 < len && (r = read(fd, out + n, len - 1 - n)) > 0)
+        n += (size_t) r;
+    out[n] = '\0';
+    close(fd);
+}
+
+static int count(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+/* A rank that says whether it was given a template, and stays on as local rank 1. */
+#define WARM_PROBE_RANK \
+    "echo \"$RANK ${DISTKERNEL_WARM_SOCKET:-cold}\"; [ $LOCAL_RANK = 0 ] && exit 0; exec sleep 30"
+
+Test(agent, a_template_that_fails_to_import_starts_the_ranks_cold_and_says_so_once,
+     .timeout = 30)
+{
+    char dir[32];
+    char *tmpl = program_file(dir, "#!/bin/sh\necho \"could not import warm module 'torch': "
+                                   "ModuleNotFoundError\" >&2\nexit 3\n");
+    int say[2];
+    cr_assert_eq(pipe2(say, O_CLOEXEC), 0);
+    agent_opts_t o = {.node = 0, .world = 2, .per = 2, .template = tmpl, .say_fd = say[1],
+                      .script = "echo \"$RANK ${DISTKERNEL_WARM_SOCKET:-cold}\""};
+    kern_t *k = agent_start(&o);
+    close(say[1]);
+    cr_assert(next_frame(k, 10));
+    cr_assert_eq(k->type, DK_BC_AGENT_HELLO);
+    seen_t s = {0};
+    while (s.exits < 2) {
+        cr_assert(next_frame(k, 20));
+        take(k, &s, 0);
+    }
+    cr_expect_str_eq(s.out[0], "0 cold\n");
+    cr_expect_str_eq(s.out[1], "1 cold\n");
+    cr_expect_eq(s.exit_code[0], 0);
+    close(k->fd);
+    k->fd = -1;
+    cr_expect_eq(agent_wait(k, 10), 0);
+    char lines[4096];
+    said(say[0], lines, sizeof lines);
+    cr_expect_eq(count(lines, "ranks start cold: "), 1, "once for the node: %s", lines);
+    cr_expect(strstr(lines, "distkernel-agent: node 0: ranks start cold: the warm-start template "
+                            "exited with code 3: could not import warm module 'torch'"), "%s",
+              lines);
+    agent_free(k);
+    program_free(dir, tmpl);
+}
+
+Test(agent, while_the_template_imports_the_kernel_is_heard_and_its_asks_are_kept, .timeout = 30)
+{
+    char dir[32];
+    char *tmpl = program_file(dir, "#!/bin/sh\nexec sleep 30\n");
+    int say[2];
+    cr_assert_eq(pipe2(say, O_CLOEXEC), 0);
+    /* A wait past the heartbeat deadline: the PINGs go on meanwhile. */
+    agent_opts_t o = {.node = 0, .world = 2, .per = 2, .template = tmpl, .say_fd = say[1],
+                      .warm_wait_s = 2.5, .heartbeat_s = 1.5, .stacks = true,
+                      .script = WARM_PROBE_RANK};
+    kern_t *k = agent_start(&o);
+    close(say[1]);
+    cr_assert(next_frame(k, 10));
+    cr_assert_eq(k->type, DK_BC_AGENT_HELLO);
+    /* Before any rank started: a stop for rank 1 and stacks for both. */
+    send_signal(k, 1, SIGTERM);
+    send_to_agent(k, DK_BC_STACKS, DK_BC_ALL_RANKS, NULL, 0);
+    bool stacks[2] = {false, false};
+    while (!stacks[0] || !stacks[1]) {
+        cr_assert(next_frame(k, 2));
+        cr_assert_eq(k->type, DK_BC_STACKS, "type %d before the ranks start", k->type);
+        cr_expect_eq(k->plen, 0, "a rank not started has no stacks");
+        stacks[k->id] = true;
+    }
+    /* Heard and PINGed through the wait: the agent is still ours. */
+    double t0 = now();
+    while (now() - t0 < 2.0) {
+        send_to_agent(k, DK_BC_PING, 0, NULL, 0);
+        struct timespec ts = {0, 200 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    seen_t s = {0};
+    while (s.exits < 2) {
+        cr_assert(next_frame(k, 10));
+        take(k, &s, 0);
+        send_to_agent(k, DK_BC_PING, 0, NULL, 0);
+    }
+    cr_expect_str_eq(s.out[0], "0 cold\n");
+    cr_expect_eq(s.exit_code[0], 0);
+    cr_expect_eq(s.exit_signal[1], SIGTERM, "the stop that came before rank 1 started");
+    close(k->fd);
+    k->fd = -1;
+    cr_expect_eq(agent_wait(k, 10), 0);
+    char lines[4096];
+    said(say[0], lines, sizeof lines);
+    cr_expect_eq(count(lines, "ranks start cold: "), 1, "%s", lines);
+    cr_expect(strstr(lines, "ranks start cold: this node's template was not ready after 2.5 s"),
+              "%s", lines);
+    cr_expect(!strstr(lines, "silent"), "%s", lines);
+    agent_free(k);
+    program_free(dir, tmpl);
+}
+
+/* A template that is ready and says it can fork ("P" -> "ok 0"). */
+#define FAKE_TEMPLATE                                                                   \
+    "#!" PYTHON3 "\n"                                                                    \
+    "import os, socket\n"                                                                \
+    "s = socket.socket(socket.AF_UNIX)\n"                                                \
+    "s.bind(os.environ['DISTKERNEL_TEMPLATE'])\n"                                        \
+    "s.listen(8)\n"                                                                      \
+    "print('\\nready', flush=True)\n"                                                   \
+    "while True:\n"                                                                      \
+    "    c, _ = s.accept()\n"                                                            \
+    "    if c.recv(8)[:1] == b'P':\n"                                                    \
+    "        c.sendall(b'ok 0\\n')\n"                                                    \
+    "    c.close()\n"
+
+Test(agent, a_template_that_can_fork_is_named_to_every_rank, .timeout = 30)
+{
+    char dir[32];
+    char *tmpl = program_file(dir, FAKE_TEMPLATE);
+    int say[2];
+    cr_assert_eq(pipe2(say, O_CLOEXEC), 0);
+    agent_opts_t o = {.node = 1, .world = 4, .per = 2, .template = tmpl, .say_fd = say[1],
+                      .script = "echo \"$RANK ${DISTKERNEL_WARM_SOCKET:-cold}\""};
+    kern_t *k = agent_start(&o);
+    close(say[1]);
+    cr_assert(next_frame(k, 10));
+    cr_assert_eq(k->type, DK_BC_AGENT_HELLO);
+    seen_t s = {0};
+    while (s.exits < 2) {
+        cr_assert(next_frame(k, 20));
+        take(k, &s, 2);
+    }
+    const char *sock = strchr(s.out[0], ' ');
+    cr_assert_not_null(sock, "%s", s.out[0]);
+    cr_expect(strstr(sock, "/distkernel-warm-") && strstr(sock, "/template\n"), "%s", s.out[0]);
+    char want[4200];
+    snprintf(want, sizeof want, "3%s", sock);
+    cr_expect_str_eq(s.out[1], want, "one template for the node's ranks");
+    close(k->fd);
+    k->fd = -1;
+    cr_expect_eq(agent_wait(k, 10), 0);
+    char lines[4096];
+    said(say[0], lines, sizeof lines);
+    cr_expect(!strstr(lines, "cold"), "%s", lines);
+    agent_free(k);
+    program_free(dir, tmpl);
 }
 
 /* ---- the program --------------------------------------------------------------------- */

@@ -2995,6 +2995,44 @@ Test(agents, every_rank_runs_under_its_nodes_agent_and_answers, .timeout = 60)
     agents_done();
 }
 
+Test(agents, nodes_whose_template_fails_run_cold_and_the_run_says_so_once, .timeout = 60)
+{
+    /* The agents are asked for a template each; started from the fake rank,
+     * which is none, it fails on both nodes: their ranks start cold, the run
+     * succeeds, and warm.log has one line for the run. */
+    dk_job_spec_t spec = agent_spec(4, 2, NULL);
+    spec.agent_warm_modules = "torch";
+    spec.agent_warm_path = "/nonexistent\n/also-not";
+    spec.payload = "job";
+    spec.payload_len = 3;
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 40000), "the job did not end");
+    cr_assert_eq(dk_job_end(job), DK_END_OK);
+    for (int r = 0; r < 4; r++)
+        cr_expect_eq(dk_job_rank_state(job, r), DK_RANK_DONE, "rank %d", r);
+    char path[512], text[4096] = "";
+    snprintf(path, sizeof path, "%s/warm.log", dk_job_log_dir(job));
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "no warm.log");
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    text[n] = '\0';
+    fclose(f);
+    cr_expect(strncmp(text, "the ranks on node ", 18) == 0 &&
+              strstr(text, "started cold: the warm-start template exited with code"), "%s", text);
+    cr_expect_eq(strchr(text, '\n'), text + n - 1, "one line for the run: %s", text);
+    /* Each agent said it in agents.log. */
+    snprintf(path, sizeof path, "%s/agents.log", dk_job_log_dir(job));
+    f = fopen(path, "r");
+    cr_assert_not_null(f);
+    n = fread(text, 1, sizeof text - 1, f);
+    text[n] = '\0';
+    fclose(f);
+    cr_expect(strstr(text, "node 0: ranks start cold") && strstr(text, "node 1: ranks start cold"),
+              "agents.log: %s", text);
+    finish(&job);
+    agents_done();
+}
+
 Test(agents, a_rank_that_fails_is_the_root_cause_and_the_others_are_stopped, .timeout = 60)
 {
     const char *extra[] = {"FAKE_MODE=interruptible", "FAKE_MODE_3=exit3", NULL};
