@@ -467,6 +467,7 @@ static const char *warm_socket(agent_t *a)
         wait_s = s->proto.connect_timeout_s / 2;
     double until = dk_now_s() + wait_s;
     int ready = 0;
+    bool stopped = false;
     while (!a->gone) {
         ready = dk_template_ready(s->template, WARM_SLICE_MS, why, sizeof why);
         double now = dk_now_s();
@@ -475,6 +476,15 @@ static const char *warm_socket(agent_t *a)
         struct pollfd p = {.fd = a->fd, .events = POLLIN};
         if (poll(&p, 1, 0) > 0)
             read_kernel(a);
+        /* A stop for every rank of the node (an interrupt, a timeout, another
+         * node's failure) ends the wait: the ranks start cold and get it at
+         * once, as cold ranks would have in their own imports, rather than
+         * after the template's import. */
+        stopped = a->n > 0;
+        for (int i = 0; stopped && i < a->n; i++)
+            stopped = a->ranks[i].pending_sigs != 0;
+        if (stopped)
+            break;
         if (!a->gone && now - a->pinged_at >= DK_BC_PING_S)
             send_frame(a, DK_BC_PING, (uint32_t) s->node, NULL, 0);
         if (!a->gone && now - a->heard_at > a->heartbeat_s)
@@ -482,7 +492,9 @@ static const char *warm_socket(agent_t *a)
     }
     if (a->gone)
         return NULL;
-    if (ready == 0)
+    if (stopped)
+        snprintf(why, sizeof why, "the run was stopped while this node's template imported");
+    else if (ready == 0)
         snprintf(why, sizeof why, "this node's template was not ready after %.1f s (still "
                  "importing)", wait_s);
     if (ready > 0 && dk_template_check(s->template, why, sizeof why) == 0)

@@ -670,6 +670,39 @@ Test(agent, while_the_template_imports_the_kernel_is_heard_and_its_asks_are_kept
     program_free(dir, tmpl);
 }
 
+Test(agent, a_stop_for_every_rank_ends_the_wait_for_the_template, .timeout = 30)
+{
+    char dir[32];
+    char *tmpl = program_file(dir, "#!/bin/sh\nexec sleep 30\n");
+    int say[2];
+    cr_assert_eq(pipe2(say, O_CLOEXEC), 0);
+    /* A wait longer than the test's own timeout: only the stop can end it. */
+    agent_opts_t o = {.node = 0, .world = 2, .per = 2, .template = tmpl, .say_fd = say[1],
+                      .warm_wait_s = 60, .script = "exec sleep 30"};
+    kern_t *k = agent_start(&o);
+    close(say[1]);
+    cr_assert(next_frame(k, 10));
+    cr_assert_eq(k->type, DK_BC_AGENT_HELLO);
+    send_signal(k, DK_BC_ALL_RANKS, SIGTERM);
+    seen_t s = {0};
+    while (s.exits < 2) {
+        cr_assert(next_frame(k, 20));
+        take(k, &s, 0);
+    }
+    cr_expect_eq(s.exit_signal[0], SIGTERM);
+    cr_expect_eq(s.exit_signal[1], SIGTERM);
+    close(k->fd);
+    k->fd = -1;
+    cr_expect_eq(agent_wait(k, 10), 0);
+    char lines[4096];
+    said(say[0], lines, sizeof lines);
+    cr_expect_eq(count(lines, "ranks start cold: "), 1, "%s", lines);
+    cr_expect(strstr(lines, "ranks start cold: the run was stopped while this node's template "
+                            "imported"), "%s", lines);
+    agent_free(k);
+    program_free(dir, tmpl);
+}
+
 /* A template that is ready and says it can fork ("P" -> "ok 0"). */
 #define FAKE_TEMPLATE                                                                   \
     "#!" PYTHON3 "\n"                                                                    \
