@@ -110,7 +110,10 @@ for s in held:
 print(json.dumps(stats), flush=True)
 """
 
-CELL = """%%distributed num_processes=4 nodes=2
+# warm=False: the cell reads the back channel's address from the environment
+# its rank program was started with (/proc/self/environ; the rank takes it out
+# of os.environ), which a warm rank, forked from its node's template, never had.
+CELL = """%%distributed num_processes=4 nodes=2 warm=False
 import os, socket, time, torch.distributed as dist
 dist.init_process_group("gloo")
 dist.barrier()          # every rank said its HELLO before its code ran

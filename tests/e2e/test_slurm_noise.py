@@ -116,7 +116,9 @@ def test_a_kernel_folder_missing_on_the_nodes_gives_no_chdir_line_and_a_home(slu
     # The kernel runs in a mount namespace of its own, where its folder is on
     # a tmpfs: the nodes do not have it. A sitecustomize (on PYTHONPATH, which
     # the nodes share) prints a traceback in rank 1 before its channel is up:
-    # that is the rank's own output, and reaches the cell.
+    # that is the rank's own output, and reaches the cell. warm=False: a warm
+    # rank is forked from its node's template and runs no sitecustomize of
+    # its own (the template ran it once, before any rank existed).
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
@@ -126,7 +128,7 @@ def test_a_kernel_folder_missing_on_the_nodes_gives_no_chdir_line_and_a_home(slu
     k = start(tmp_path, slurm_cluster, PYTHONPATH=str(site),
               wrap=["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh"])
     try:
-        r = k.execute("%%distributed num_processes=2 nodes=2\n"
+        r = k.execute("%%distributed num_processes=2 nodes=2 warm=False\n"
                       "import os, sys\n"
                       "(os.getcwd() == os.path.expanduser('~'), '' in sys.path)\n", timeout=240)
         assert r.status == "ok", r.describe()
