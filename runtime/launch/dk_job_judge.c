@@ -30,6 +30,7 @@
  */
 #include "dk_job_state.h"
 #include "dk_clock.h"
+#include "dk_lost.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -412,31 +413,90 @@ static void mark_lost(dk_job_t *job, int r)
         job->sink.on_lost(job->sink.data, r, rk->host);
 }
 
+/* Lost-node warnings a run writes in the cell, one per node; past this many
+ * one line says that more went (the run's error names every lost node). */
+#define LOST_NODES_TOLD_MAX 8
+
+/* Whether a rank of R's node other than R was lost already (its node's loss
+ * was told then). */
+static bool node_lost_before(const dk_job_t *job, int r)
+{
+    const char *host = job->ranks[r].host;
+    for (int q = 0; host && q < job->world_size; q++)
+        if (q != r && job->ranks[q].lost && job->ranks[q].host &&
+            strcmp(job->ranks[q].host, host) == 0)
+            return true;
+    return false;
+}
+
+/* Whether a node's loss may be warned of in the cell: up to
+ * LOST_NODES_TOLD_MAX nodes, then one line for all the others. */
+static bool may_tell_lost_node(dk_job_t *job)
+{
+    if (job->lost_nodes_told < LOST_NODES_TOLD_MAX) {
+        job->lost_nodes_told++;
+        return true;
+    }
+    if (job->lost_nodes_told++ == LOST_NODES_TOLD_MAX)
+        job_warn(job, "more nodes were lost; the run's error names every one");
+    return false;
+}
+
+/* "rank 5" or "ranks 5" DK_EN_DASH "7" for RANKS[0..N), N >= 1. */
+static void told_ranks(const int *ranks, size_t n, char *buf, size_t len)
+{
+    size_t at = (size_t) snprintf(buf, len, n == 1 ? "rank " : "ranks ");
+    if (at < len)
+        dk_ranks_format(ranks, n, 2, buf, len, &at);
+}
+
 /* Rank R is lost (WHY says how that was found), and that is a failure. The
  * ranks of its node with no connection left to tell of them are lost with
  * it: those that have not connected yet (still starting when the node went
  * quiet), whose launchers only wait on a node they cannot reach, and those
  * whose connection closed unanswered while their launcher still runs (the
- * node's processes were killed). */
+ * node's processes were killed). The cell is told once per node, with its
+ * ranks lost with it as runs, so a run of 1,024 ranks whose nodes go down
+ * says at most LOST_NODES_TOLD_MAX + 1 such things at all. */
 void job_lose(dk_job_t *job, int r, const char *why)
 {
     rank_t *rk = &job->ranks[r];
+    bool tell = !node_lost_before(job, r) && may_tell_lost_node(job);
     mark_lost(job, r);
-    job_warn(job, "rank %d on %s lost: %s", r, rk->host, why);
+    if (tell)
+        job_warn(job, "rank %d on %s lost: %s", r, rk->host, why);
     job_note_failure(job, r);
+    int *never = calloc((size_t) job->world_size, sizeof *never);
+    int *closed = calloc((size_t) job->world_size, sizeof *closed);
+    size_t nnever = 0, nclosed = 0;
     for (int q = 0; rk->host && q < job->world_size; q++) {
         rank_t *mate = &job->ranks[q];
         if (q == r || mate->lost || (mate->reaped && !mate->deferred) || !mate->host ||
             strcmp(mate->host, rk->host))
             continue;
-        bool never = !dk_backchan_rank_connected_once(job->chan, q);
-        if (!never && !job_closing(mate))
+        bool not_yet = !dk_backchan_rank_connected_once(job->chan, q);
+        if (!not_yet && !job_closing(mate))
             continue;
         mark_lost(job, q);
-        job_warn(job, "rank %d on %s lost with it: %s", q, mate->host,
-             never ? "it had not connected yet"
-                   : "its connection had closed and its launcher was still running");
+        if (not_yet && never)
+            never[nnever++] = q;
+        else if (!not_yet && closed)
+            closed[nclosed++] = q;
     }
+    char ranks[256];
+    if (tell && nnever) {
+        told_ranks(never, nnever, ranks, sizeof ranks);
+        job_warn(job, "%s on %s lost with it: %s not connected yet", ranks, rk->host,
+                 nnever == 1 ? "it had" : "they had");
+    }
+    if (tell && nclosed) {
+        told_ranks(closed, nclosed, ranks, sizeof ranks);
+        job_warn(job, "%s on %s lost with it: %s connection had closed and %s launcher was "
+                 "still running", ranks, rk->host, nclosed == 1 ? "its" : "their",
+                 nclosed == 1 ? "its" : "their");
+    }
+    free(never);
+    free(closed);
 }
 
 /* The ranks whose connection closed unanswered and whose process has not

@@ -175,6 +175,7 @@ struct dk_job_t {
     char **agent_words;         /* per node: what its agent said before it gave up
                                    without connecting, or NULL (agents_out) */
     int agents_cold;            /* nodes whose agent said its ranks start cold */
+    int lost_nodes_told;        /* nodes whose loss was warned of (job_lose) */
 };
 
 /* dk_job.c */

@@ -38,7 +38,7 @@
 #error "FAKE_RANK (the path of fake_rank) must be defined"
 #endif
 
-#define MAXR 8
+#define MAXR 12
 #define MAXSTATES 16
 /* Tests that time the kill escalation use FAST_GRACE; the others use a grace
  * long enough that a loaded machine (sanitizers, parallel tests) never turns a
@@ -212,6 +212,17 @@ static bool warned(const char *needle)
         found = strstr(rec.warnings[i], needle) != NULL;
     pthread_mutex_unlock(&rec.lock);
     return found;
+}
+
+/* How many warnings hold NEEDLE. */
+static int warned_times(const char *needle)
+{
+    pthread_mutex_lock(&rec.lock);
+    int n = 0;
+    for (int i = 0; i < rec.nwarnings; i++)
+        n += strstr(rec.warnings[i], needle) != NULL;
+    pthread_mutex_unlock(&rec.lock);
+    return n;
 }
 
 /* The value fake_rank printed for NAME ("ENV NAME=value"), in a static buffer. */
@@ -1698,12 +1709,41 @@ Test(tcp, silent_ranks_are_lost_and_told_by_node, .timeout = 60)
         cr_assert_eq(dk_job_rank_lost(job, r), r >= 2, "rank %d", r);
     cr_assert_str_eq(rec.lost_host[2], "node2");
     cr_assert_str_eq(rec.lost_host[3], "node2");
+    /* Each rank went silent on its own, and the node is told once. */
+    cr_assert_eq(warned_times("on node2 lost: "), 1);
     cr_assert_str_eq(rec.lost_host[0], "");
     char summary[128];
     dk_job_lost_summary(job, summary, sizeof summary);
     cr_assert_str_eq(summary, "node2 lost (ranks 2" DK_EN_DASH "3)");
     cr_assert(warned("rank 2 on node2 lost"));
     cr_assert_eq(dk_job_rank_state(job, 0), DK_RANK_STOPPED);
+    finish(&job);
+}
+
+/* Ten nodes go quiet at once: the cell is told of the first eight, one line
+ * each, and then once that more went; the summary still names all ten. */
+Test(tcp, past_eight_lost_nodes_one_line_says_more_went, .timeout = 60)
+{
+    const char *extra[] = {"FAKE_MODE=freeze", "FAKE_MODE_0=sleep", NULL};
+    const char *hosts[] = {"node0", "node1", "node2", "node3", "node4", "node5",
+                           "node6", "node7", "node8", "node9", "node10"};
+    dk_job_spec_t spec = tcp_spec(11, extra);
+    spec.heartbeat_s = 2.0;
+    spec.rank_hosts = hosts;
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 40000), "the job did not end");
+    cr_assert_eq(dk_job_end(job), DK_END_FAILED);
+    for (int r = 1; r < 11; r++)
+        cr_assert(dk_job_rank_lost(job, r), "rank %d", r);
+    cr_assert_eq(warned_times(" lost: "), 8);
+    cr_assert_eq(warned_times("more nodes were lost; the run's error names every one"), 1);
+    char summary[512];
+    dk_job_lost_summary(job, summary, sizeof summary);
+    for (int n = 1; n <= 10; n++) {
+        char clause[32];
+        snprintf(clause, sizeof clause, "node%d lost (rank %d)", n, n);
+        cr_assert(strstr(summary, clause), "%s not in: %s", clause, summary);
+    }
     finish(&job);
 }
 
