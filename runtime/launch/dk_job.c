@@ -57,6 +57,21 @@ void job_warn(dk_job_t *job, const char *fmt, ...)
     job->sink.on_warning(job->sink.data, text);
 }
 
+void job_warn_rank(dk_job_t *job, int *told, const char *more, const char *fmt, ...)
+{
+    int n = (*told)++;
+    if (n == DK_JOB_RANKS_TOLD)
+        job_warn(job, "%s", more);
+    if (n >= DK_JOB_RANKS_TOLD || !job->sink.on_warning)
+        return;
+    char text[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    job->sink.on_warning(job->sink.data, text);
+}
+
 void job_close_fd(int *fd)
 {
     if (*fd >= 0)

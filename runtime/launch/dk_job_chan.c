@@ -38,8 +38,10 @@ static void log_bytes(dk_job_t *job, int r, const char *buf, size_t n)
     if (!rk->log)
         return;
     if (dk_logfile_write(rk->log, buf, n) != 0) {
-        job_warn(job, "cannot write rank %d's log file %s (%s); its output is still shown "
-             "but no longer saved there", r, rk->log_path, strerror(errno));
+        job_warn_rank(job, &job->told_log_failed, "more ranks' log files could not be "
+                      "written; their output is still shown",
+                      "cannot write rank %d's log file %s (%s); its output is still shown "
+                      "but no longer saved there", r, rk->log_path, strerror(errno));
         dk_logfile_close(&rk->log);
         pthread_mutex_lock(&job->lock);
         rk->log_failed = true;
@@ -51,9 +53,12 @@ static void log_bytes(dk_job_t *job, int r, const char *buf, size_t n)
         rk->log_capped = true;
         pthread_mutex_unlock(&job->lock);
         unsigned long long cap = dk_logfile_cap(rk->log);
-        job_warn(job, "rank %d's output passed its log cap of %llu bytes (log_cap=, "
-             "DISTKERNEL_LOG_CAP): %s keeps its first %llu bytes and its last, with a line "
-             "saying how much was left out between them", r, cap, rk->log_path, cap / 2);
+        job_warn_rank(job, &job->told_log_capped, "more ranks' output passed the log cap; "
+                      "each of their logs says how much it left out",
+                      "rank %d's output passed its log cap of %llu bytes (log_cap=, "
+                      "DISTKERNEL_LOG_CAP): %s keeps its first %llu bytes and its last, with a "
+                      "line saying how much was left out between them", r, cap, rk->log_path,
+                      cap / 2);
     }
 }
 
@@ -64,8 +69,10 @@ void job_close_logs(dk_job_t *job)
     for (int r = 0; r < job->world_size; r++) {
         rank_t *rk = &job->ranks[r];
         if (rk->log && dk_logfile_close(&rk->log) != 0) {
-            job_warn(job, "cannot finish rank %d's log file %s (%s); it may be cut short", r,
-                 rk->log_path, strerror(errno));
+            job_warn_rank(job, &job->told_log_unfinished, "more ranks' log files could not "
+                          "be finished; they may be cut short",
+                          "cannot finish rank %d's log file %s (%s); it may be cut short", r,
+                          rk->log_path, strerror(errno));
             pthread_mutex_lock(&job->lock);
             rk->log_failed = true;
             pthread_mutex_unlock(&job->lock);

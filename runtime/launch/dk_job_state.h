@@ -176,10 +176,18 @@ struct dk_job_t {
                                    without connecting, or NULL (agents_out) */
     int agents_cold;            /* nodes whose agent said its ranks start cold */
     int lost_nodes_told;        /* nodes whose loss was warned of (job_lose) */
+    /* Ranks warned of, per kind of per-rank warning (job_warn_rank); log_lock */
+    int told_log_failed, told_log_capped, told_log_unfinished;
 };
 
 /* dk_job.c */
 void job_warn(dk_job_t *job, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A warning about one rank, of a kind whose count *TOLD keeps: the first
+ * DK_JOB_RANKS_TOLD ranks are each told, then MORE once (a run of 1,024 ranks
+ * whose disk is full says so in a few lines, not 1,024). */
+#define DK_JOB_RANKS_TOLD 4
+void job_warn_rank(dk_job_t *job, int *told, const char *more, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 void job_close_fd(int *fd);
 void *job_thread(void *arg);
 bool job_wait_for(dk_job_t *job, int timeout_ms, bool (*done)(const dk_job_t *));
