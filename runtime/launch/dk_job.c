@@ -45,16 +45,21 @@
 #define PIPE_BUDGET ((size_t) 1 << 20)      /* bytes per pipe per poll turn */
 #define NO_PIDFD_TICK_MS 50                 /* kernels before 5.3: poll waitpid */
 
-void job_warn(dk_job_t *job, const char *fmt, ...)
+static void warn_v(dk_job_t *job, const char *fmt, va_list ap)
 {
     if (!job->sink.on_warning)
         return;
     char text[1024];
+    vsnprintf(text, sizeof text, fmt, ap);
+    job->sink.on_warning(job->sink.data, text);
+}
+
+void job_warn(dk_job_t *job, const char *fmt, ...)
+{
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
+    warn_v(job, fmt, ap);
     va_end(ap);
-    job->sink.on_warning(job->sink.data, text);
 }
 
 void job_warn_rank(dk_job_t *job, int *told, const char *more, const char *fmt, ...)
@@ -62,14 +67,12 @@ void job_warn_rank(dk_job_t *job, int *told, const char *more, const char *fmt, 
     int n = (*told)++;
     if (n == DK_JOB_RANKS_TOLD)
         job_warn(job, "%s", more);
-    if (n >= DK_JOB_RANKS_TOLD || !job->sink.on_warning)
+    if (n >= DK_JOB_RANKS_TOLD)
         return;
-    char text[1024];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
+    warn_v(job, fmt, ap);
     va_end(ap);
-    job->sink.on_warning(job->sink.data, text);
 }
 
 void job_close_fd(int *fd)

@@ -57,21 +57,25 @@ def our_jobs(cluster):
     return [line for line in out.splitlines() if " distkernel-" in line]
 
 
+def node_commands(cluster, node):
+    """(pid, command line) of each process living on NODE."""
+    found = []
+    for pid in cluster.pids(node):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                found.append((pid, f.read().replace(b"\0", b" ").decode(errors="replace")))
+        except OSError:
+            continue
+    return found
+
+
 def rank_processes(cluster):
     """Rank programs (and their srun steps' tasks, the node agents among them:
     an agent's command line names the rank program, and the agents' warm-start
     templates) living on the nodes."""
-    found = []
-    for node in cluster.node_names():
-        for pid in cluster.pids(node):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if "distkernel-rank" in cmd or "distkernel-template" in cmd:
-                found.append(f"{node}: {pid} {cmd}")
-    return found
+    return [f"{node}: {pid} {cmd}" for node in cluster.node_names()
+            for pid, cmd in node_commands(cluster, node)
+            if "distkernel-rank" in cmd or "distkernel-template" in cmd]
 
 
 def sruns_of(k):

@@ -18,7 +18,7 @@ import time
 import pytest
 
 import support
-from test_slurm_runs import rank_processes, start, wait_clean
+from test_slurm_runs import node_commands, rank_processes, start, wait_clean
 
 pytestmark = [pytest.mark.skipif(support.KERNEL_NAME != "distkernel",
                                  reason="%distributed is distkernel's"),
@@ -109,16 +109,7 @@ def test_a_node_whose_template_cannot_import_runs_cold_beside_warm_ones(slurm_cl
 
 def on_node(cluster, node, word):
     """Pids of the processes on NODE whose command line holds WORD."""
-    found = []
-    for pid in cluster.pids(node):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if word in cmd:
-            found.append(pid)
-    return found
+    return [pid for pid, cmd in node_commands(cluster, node) if word in cmd]
 
 
 def wait_for(what, timeout=30):
