@@ -578,6 +578,30 @@ static int count(const char *hay, const char *needle)
     return n;
 }
 
+/* An agent of O started with its say_fd a pipe whose read end goes to *SAY,
+ * and its AGENT_HELLO read. */
+static kern_t *warm_agent_start(agent_opts_t *o, int *say)
+{
+    int p[2];
+    cr_assert_eq(pipe2(p, O_CLOEXEC), 0);
+    o->say_fd = p[1];
+    kern_t *k = agent_start(o);
+    close(p[1]);
+    cr_assert(next_frame(k, 10));
+    cr_assert_eq(k->type, DK_BC_AGENT_HELLO);
+    *say = p[0];
+    return k;
+}
+
+/* The kernel's side closed, the agent's clean exit, and what it said. */
+static void warm_agent_end(kern_t *k, int say, char *lines, size_t len)
+{
+    close(k->fd);
+    k->fd = -1;
+    cr_expect_eq(agent_wait(k, 10), 0);
+    said(say, lines, len);
+}
+
 /* A rank that says whether it was given a template, and stays on as local rank 1. */
 #define WARM_PROBE_RANK \
     "echo \"$RANK ${DISTKERNEL_WARM_SOCKET:-cold}\"; [ $LOCAL_RANK = 0 ] && exit 0; exec sleep 30"
@@ -588,14 +612,10 @@ Test(agent, a_template_that_fails_to_import_starts_the_ranks_cold_and_says_so_on
     char dir[32];
     char *tmpl = program_file(dir, "#!/bin/sh\necho \"could not import warm module 'torch': "
                                    "ModuleNotFoundError\" >&2\nexit 3\n");
-    int say[2];
-    cr_assert_eq(pipe2(say, O_CLOEXEC), 0);
-    agent_opts_t o = {.node = 0, .world = 2, .per = 2, .template = tmpl, .say_fd = say[1],
+    agent_opts_t o = {.node = 0, .world = 2, .per = 2, .template = tmpl,
                       .script = "echo \"$RANK ${DISTKERNEL_WARM_SOCKET:-cold}\""};
-    kern_t *k = agent_start(&o);
-    close(say[1]);
-    cr_assert(next_frame(k, 10));
-    cr_assert_eq(k->type, DK_BC_AGENT_HELLO);
+    int say;
+    kern_t *k = warm_agent_start(&o, &say);
     seen_t s = {0};
     while (s.exits < 2) {
         cr_assert(next_frame(k, 20));
@@ -604,11 +624,8 @@ Test(agent, a_template_that_fails_to_import_starts_the_ranks_cold_and_says_so_on
     cr_expect_str_eq(s.out[0], "0 cold\n");
     cr_expect_str_eq(s.out[1], "1 cold\n");
     cr_expect_eq(s.exit_code[0], 0);
-    close(k->fd);
-    k->fd = -1;
-    cr_expect_eq(agent_wait(k, 10), 0);
     char lines[4096];
-    said(say[0], lines, sizeof lines);
+    warm_agent_end(k, say, lines, sizeof lines);
     cr_expect_eq(count(lines, "ranks start cold: "), 1, "once for the node: %s", lines);
     cr_expect(strstr(lines, "distkernel-agent: node 0: ranks start cold: the warm-start template "
                             "exited with code 3: could not import warm module 'torch'"), "%s",
@@ -621,16 +638,12 @@ Test(agent, while_the_template_imports_the_kernel_is_heard_and_its_asks_are_kept
 {
     char dir[32];
     char *tmpl = program_file(dir, "#!/bin/sh\nexec sleep 30\n");
-    int say[2];
-    cr_assert_eq(pipe2(say, O_CLOEXEC), 0);
     /* A wait past the heartbeat deadline: the PINGs go on meanwhile. */
-    agent_opts_t o = {.node = 0, .world = 2, .per = 2, .template = tmpl, .say_fd = say[1],
+    agent_opts_t o = {.node = 0, .world = 2, .per = 2, .template = tmpl,
                       .warm_wait_s = 2.5, .heartbeat_s = 1.5, .stacks = true,
                       .script = WARM_PROBE_RANK};
-    kern_t *k = agent_start(&o);
-    close(say[1]);
-    cr_assert(next_frame(k, 10));
-    cr_assert_eq(k->type, DK_BC_AGENT_HELLO);
+    int say;
+    kern_t *k = warm_agent_start(&o, &say);
     /* Before any rank started: a stop for rank 1 and stacks for both. */
     send_signal(k, 1, SIGTERM);
     send_to_agent(k, DK_BC_STACKS, DK_BC_ALL_RANKS, NULL, 0);
@@ -657,11 +670,8 @@ Test(agent, while_the_template_imports_the_kernel_is_heard_and_its_asks_are_kept
     cr_expect_str_eq(s.out[0], "0 cold\n");
     cr_expect_eq(s.exit_code[0], 0);
     cr_expect_eq(s.exit_signal[1], SIGTERM, "the stop that came before rank 1 started");
-    close(k->fd);
-    k->fd = -1;
-    cr_expect_eq(agent_wait(k, 10), 0);
     char lines[4096];
-    said(say[0], lines, sizeof lines);
+    warm_agent_end(k, say, lines, sizeof lines);
     cr_expect_eq(count(lines, "ranks start cold: "), 1, "%s", lines);
     cr_expect(strstr(lines, "ranks start cold: this node's template was not ready after 2.5 s"),
               "%s", lines);
@@ -674,15 +684,11 @@ Test(agent, a_stop_for_every_rank_ends_the_wait_for_the_template, .timeout = 30)
 {
     char dir[32];
     char *tmpl = program_file(dir, "#!/bin/sh\nexec sleep 30\n");
-    int say[2];
-    cr_assert_eq(pipe2(say, O_CLOEXEC), 0);
     /* A wait longer than the test's own timeout: only the stop can end it. */
-    agent_opts_t o = {.node = 0, .world = 2, .per = 2, .template = tmpl, .say_fd = say[1],
+    agent_opts_t o = {.node = 0, .world = 2, .per = 2, .template = tmpl,
                       .warm_wait_s = 60, .script = "exec sleep 30"};
-    kern_t *k = agent_start(&o);
-    close(say[1]);
-    cr_assert(next_frame(k, 10));
-    cr_assert_eq(k->type, DK_BC_AGENT_HELLO);
+    int say;
+    kern_t *k = warm_agent_start(&o, &say);
     send_signal(k, DK_BC_ALL_RANKS, SIGTERM);
     seen_t s = {0};
     while (s.exits < 2) {
@@ -691,11 +697,8 @@ Test(agent, a_stop_for_every_rank_ends_the_wait_for_the_template, .timeout = 30)
     }
     cr_expect_eq(s.exit_signal[0], SIGTERM);
     cr_expect_eq(s.exit_signal[1], SIGTERM);
-    close(k->fd);
-    k->fd = -1;
-    cr_expect_eq(agent_wait(k, 10), 0);
     char lines[4096];
-    said(say[0], lines, sizeof lines);
+    warm_agent_end(k, say, lines, sizeof lines);
     cr_expect_eq(count(lines, "ranks start cold: "), 1, "%s", lines);
     cr_expect(strstr(lines, "ranks start cold: the run was stopped while this node's template "
                             "imported"), "%s", lines);
@@ -721,14 +724,10 @@ Test(agent, a_template_that_can_fork_is_named_to_every_rank, .timeout = 30)
 {
     char dir[32];
     char *tmpl = program_file(dir, FAKE_TEMPLATE);
-    int say[2];
-    cr_assert_eq(pipe2(say, O_CLOEXEC), 0);
-    agent_opts_t o = {.node = 1, .world = 4, .per = 2, .template = tmpl, .say_fd = say[1],
+    agent_opts_t o = {.node = 1, .world = 4, .per = 2, .template = tmpl,
                       .script = "echo \"$RANK ${DISTKERNEL_WARM_SOCKET:-cold}\""};
-    kern_t *k = agent_start(&o);
-    close(say[1]);
-    cr_assert(next_frame(k, 10));
-    cr_assert_eq(k->type, DK_BC_AGENT_HELLO);
+    int say;
+    kern_t *k = warm_agent_start(&o, &say);
     seen_t s = {0};
     while (s.exits < 2) {
         cr_assert(next_frame(k, 20));
@@ -740,11 +739,8 @@ Test(agent, a_template_that_can_fork_is_named_to_every_rank, .timeout = 30)
     char want[4200];
     snprintf(want, sizeof want, "3%s", sock);
     cr_expect_str_eq(s.out[1], want, "one template for the node's ranks");
-    close(k->fd);
-    k->fd = -1;
-    cr_expect_eq(agent_wait(k, 10), 0);
     char lines[4096];
-    said(say[0], lines, sizeof lines);
+    warm_agent_end(k, say, lines, sizeof lines);
     cr_expect(!strstr(lines, "cold"), "%s", lines);
     agent_free(k);
     program_free(dir, tmpl);
