@@ -99,6 +99,32 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: not slurm(item))  # stable: file order is kept
 
 
+# DISTKERNEL_E2E_COLD_NODES=1 (scripts/test.sh's sanitizer pass): the Slurm
+# tests start their nodes' ranks cold, except the files that test the nodes'
+# warm-start templates. Under the sanitizers each node's template imports torch
+# in an uninstrumented CPython for minutes of the pass; the agent's template
+# and fork paths stay covered there by the files kept warm.
+WARM_NODE_FILES = {"test_slurm_warm.py"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cold_nodes_when_asked(request):
+    name = request.path.name
+    if (os.environ.get("DISTKERNEL_E2E_COLD_NODES") != "1" or not name.startswith("test_slurm")
+            or name in WARM_NODE_FILES):
+        yield
+        return
+    before = os.environ.get("DISTKERNEL_WARM")
+    os.environ["DISTKERNEL_WARM"] = "0"   # every kernel this module starts inherits it
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("DISTKERNEL_WARM", None)
+        else:
+            os.environ["DISTKERNEL_WARM"] = before
+
+
 @pytest.fixture(scope="session", autouse=True)
 def kernelspec_installed():
     """Fail every test with one clear message when there is no kernel to test."""
