@@ -162,6 +162,19 @@ static void warm_end(warm_t *w)
     w->dir = NULL;
 }
 
+/* This node's name for the agent's own lines: Slurm's (SLURMD_NODENAME, as
+ * the user sees it in squeue and in the kernel's messages), else the host's. */
+static const char *node_name(char *buf, size_t len)
+{
+    const char *slurm = getenv("SLURMD_NODENAME");
+    if (slurm && *slurm && strlen(slurm) < len && !strpbrk(slurm, "():\n"))
+        return slurm;
+    if (gethostname(buf, len) != 0)
+        return NULL;
+    buf[len - 1] = '\0';
+    return strpbrk(buf, "():\n") ? NULL : buf;
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
@@ -174,6 +187,8 @@ int main(int argc, char **argv)
      * (dk_spawn); the agent itself must not die of a write to a closed pipe. */
     signal(SIGPIPE, SIG_IGN);
     int node = env_int("DISTKERNEL_AGENT_NODE", env_int("SLURM_NODEID", -1));
+    char host_buf[65];
+    const char *host = node_name(host_buf, sizeof host_buf);
     int world = env_int("DISTKERNEL_AGENT_WORLD", -1);
     int per = env_int("DISTKERNEL_AGENT_PER_NODE", -1);
     const char *address = getenv("DISTKERNEL_BC");
@@ -195,7 +210,8 @@ int main(int argc, char **argv)
     else if (!(program = rank_beside_me()))
         snprintf(err, sizeof err, "cannot find distkernel-rank beside this program");
     if (!program) {
-        fprintf(stderr, "distkernel-agent: node %d: %s\n", node, err);
+        fprintf(stderr, "distkernel-agent: node %d%s%s%s: %s\n", node, host ? " (" : "",
+                host ? host : "", host ? ")" : "", err);
         return 2;
     }
     /* The ranks' base: the agent's environment less its own variables. */
@@ -215,7 +231,8 @@ int main(int argc, char **argv)
     unsigned char nonce[DK_AGENTWIRE_NONCE_LEN];
     int fd = dk_agent_connect(address, connect_s, nonce, err, sizeof err);
     if (fd < 0) {
-        fprintf(stderr, "distkernel-agent: node %d: %s\n", node, err);
+        fprintf(stderr, "distkernel-agent: node %d%s%s%s: %s\n", node, host ? " (" : "",
+                host ? host : "", host ? ")" : "", err);
         warm_end(&warm);
         free(base);
         free(program);
@@ -223,7 +240,7 @@ int main(int argc, char **argv)
     }
     int port = env_int("DISTKERNEL_AGENT_MASTER_PORT", 0);
     dk_agent_spec_t spec = {
-        .node = node, .world_size = world, .ranks_per_node = per,
+        .node = node, .host = host, .world_size = world, .ranks_per_node = per,
         .rank_exe = program, .rank_argv = argc > 1 ? argv + 1 : NULL,
         .base_env = base,
         .proto = {
@@ -245,7 +262,8 @@ int main(int argc, char **argv)
     };
     int rc = base ? dk_agent_run(&spec) : 2;
     if (!base)
-        fprintf(stderr, "distkernel-agent: node %d: out of memory\n", node);
+        fprintf(stderr, "distkernel-agent: node %d%s%s%s: out of memory\n", node, host ? " (" : "",
+                host ? host : "", host ? ")" : "");
     close(fd);
     warm_end(&warm);
     free(base);

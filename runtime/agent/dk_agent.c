@@ -85,7 +85,12 @@ static void say(agent_t *a, const char *fmt, ...)
     if (a->spec->say_fd < 0)
         return;
     char line[1024];
-    int k = snprintf(line, sizeof line, "distkernel-agent: node %d: ", a->spec->node);
+    const char *host = a->spec->host;
+    int k = host && *host ? snprintf(line, sizeof line, "distkernel-agent: node %d (%s): ",
+                                     a->spec->node, host)
+                          : snprintf(line, sizeof line, "distkernel-agent: node %d: ", a->spec->node);
+    if (k < 0 || (size_t) k >= sizeof line / 2)   /* a name past half the line: no name */
+        k = snprintf(line, sizeof line, "distkernel-agent: node %d: ", a->spec->node);
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(line + k, sizeof line - (size_t) k, fmt, ap);

@@ -63,6 +63,7 @@
 
 typedef struct {
     int node;                   /* K: this agent's node in the run, from 0 */
+    const char *host;           /* this node's name, for the agent's own lines, or NULL */
     int world_size;
     int ranks_per_node;         /* >= 1, divides world_size */
     const char *rank_exe;       /* a path */

@@ -15,6 +15,7 @@
 #include "dk_job_state.h"
 #include "dk_clock.h"
 #include "dk_err.h"
+#include "dk_lost.h"
 
 #include "dk_spawn.h"
 #include "dk_utf8.h"
@@ -45,9 +46,11 @@ bool job_start_agents(dk_job_t *job, const dk_job_spec_t *spec, const char *cons
     job->agent_hello = calloc((size_t) job->nagents, sizeof *job->agent_hello);
     job->agent_gone = calloc((size_t) job->nagents, sizeof *job->agent_gone);
     job->agent_words = calloc((size_t) job->nagents, sizeof *job->agent_words);
+    job->agent_cold = calloc((size_t) job->nagents, sizeof *job->agent_cold);
     job->agents_filter[0] = dk_launchout_new();
     job->agents_filter[1] = dk_launchout_new();
-    if (!job->agent_hello || !job->agent_gone || !job->agent_words || !job->agents_filter[0] ||
+    if (!job->agent_hello || !job->agent_gone || !job->agent_words || !job->agent_cold ||
+        !job->agents_filter[0] ||
         !job->agents_filter[1]) {
         dk_set_err(err, errlen, "out of memory");
         return false;
@@ -142,38 +145,71 @@ void job_agents_free(dk_job_t *job)
     free(job->agents_line);
     free(job->agent_hello);
     free(job->agent_gone);
+    free(job->agent_cold);
+    free(job->agents_cold_why);
     for (int node = 0; job->agent_words && node < job->nagents; node++)
         free(job->agent_words[node]);
     free(job->agent_words);
 }
 
-/* Node NODE's agent starts its ranks cold, for WHY (dk_agent.h): said once
- * per run in warm.log in the log folder, for the first such node, as the
- * kernel says why its own ranks start cold (dk_dist_warm_note); every node's
- * line is in agents.log. */
+/* Node NODE's agent starts its ranks cold, for WHY (dk_agent.h): said in
+ * warm.log in the log folder as one line for the run, as the kernel says why
+ * its own ranks start cold (dk_dist_warm_note). The line names every such
+ * node, by index and, for the first AGENT_COLD_NAMED, by name, with the first
+ * one's reason, and is rewritten as more nodes say so; each node's own line
+ * is in agents.log. */
+#define AGENT_COLD_NAMED 8
 static void agent_cold(dk_job_t *job, int node, const char *why, size_t len)
 {
-    if (job->agents_cold++ > 0)
+    if (job->agent_cold[node])
         return;
-    size_t keep = dk_utf8_complete_prefix(why, len > AGENT_WORDS_MAX ? AGENT_WORDS_MAX : len);
-    size_t out_len = 0;
-    char *text = dk_utf8_sanitize(why, keep, &out_len);
-    const char *host = job->ranks[node * job->ranks_per_node].host;
+    job->agent_cold[node] = true;
+    job->agents_cold++;
+    if (!job->agents_cold_why) {
+        size_t keep = dk_utf8_complete_prefix(why, len > AGENT_WORDS_MAX ? AGENT_WORDS_MAX : len);
+        size_t out_len = 0;
+        job->agents_cold_why = dk_utf8_sanitize(why, keep, &out_len);
+    }
+    int *nodes = malloc((size_t) job->agents_cold * sizeof *nodes);
+    if (!nodes)
+        return;
+    int n = 0;
+    for (int k = 0; k < job->nagents && n < job->agents_cold; k++)
+        if (job->agent_cold[k])
+            nodes[n++] = k;
+    char which[512] = "", names[512] = "";
+    size_t at = 0;
+    dk_ranks_format(nodes, (size_t) n, 3, which, sizeof which, &at);
+    at = 0;
+    int named = 0;
+    for (int k = 0; k < n && named < AGENT_COLD_NAMED; k++) {
+        const char *host = job->ranks[nodes[k] * job->ranks_per_node].host;
+        if (!host)
+            continue;
+        int w = snprintf(names + at, sizeof names - at, "%s%s", named ? ", " : "", host);
+        if (w < 0 || (size_t) w >= sizeof names - at)
+            break;
+        at += (size_t) w;
+        named++;
+    }
+    if (named && named < n)
+        snprintf(names + at, sizeof names - at, ", and %d more", n - named);
+    const char *text = job->agents_cold_why ? job->agents_cold_why : "";
     if (getenv("DISTKERNEL_DEBUG"))
-        fprintf(stderr, "distkernel: the ranks on node %d%s%s%s start cold: %s\n", node,
-                host ? " (" : "", host ? host : "", host ? ")" : "", text ? text : "");
-    int fd = openat(job->log_dirfd, "warm.log", O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW |
+        fprintf(stderr, "distkernel: the ranks on node %d start cold: %s\n", node, text);
+    int fd = openat(job->log_dirfd, "warm.log", O_WRONLY | O_TRUNC | O_CREAT | O_NOFOLLOW |
                     O_CLOEXEC, 0600);
     if (fd >= 0) {
-        dprintf(fd, "the ranks on node %d%s%s%s started cold: %s (each node that did says "
-                "why in agents.log)\n", node, host ? " (" : "", host ? host : "",
-                host ? ")" : "", text ? text : "");
+        dprintf(fd, "the ranks on node%s %s%s%s%s started cold: %s (each node that did says "
+                "why in agents.log)\n", n > 1 ? "s" : "", which, named ? " (" : "", names,
+                named ? ")" : "", text);
         close(fd);
     }
-    free(text);
+    free(nodes);
 }
 
-/* An agent's own line (agent_main.c: "distkernel-agent: node K: WHY")
+/* An agent's own line (agent_main.c: "distkernel-agent: node K (HOST): WHY",
+ * or without " (HOST)" where it has no name)
  * before it said AGENT_HELLO: it gives up without connecting (it cannot
  * reach the kernel, or its rank program is missing) and exits 2. Its words
  * are kept, for its node's ranks (job_agents_judge). */
@@ -188,6 +224,12 @@ static void agent_said(dk_job_t *job, const char *line, size_t len)
     size_t digits = 0;
     while (i < len && line[i] >= '0' && line[i] <= '9' && digits < 9)
         node = node * 10 + (line[i++] - '0'), digits++;
+    if (i + 1 < len && line[i] == ' ' && line[i + 1] == '(') {   /* its node's name */
+        const char *close = memchr(line + i, ')', len - i);
+        if (!close)
+            return;
+        i = (size_t) (close - line) + 1;
+    }
     if (!digits || i + 2 > len || line[i] != ':' || line[i + 1] != ' ' || node >= job->nagents)
         return;
     static const char cold[] = "ranks start cold: ";

@@ -175,6 +175,8 @@ struct dk_job_t {
     char **agent_words;         /* per node: what its agent said before it gave up
                                    without connecting, or NULL (agents_out) */
     int agents_cold;            /* nodes whose agent said its ranks start cold */
+    bool *agent_cold;           /* per node: ... this one */
+    char *agents_cold_why;      /* what the first of them said */
     int lost_nodes_told;        /* nodes whose loss was warned of (job_lose) */
     /* Ranks warned of, per kind of per-rank warning (job_warn_rank); log_lock */
     int told_log_failed, told_log_capped, told_log_unfinished;

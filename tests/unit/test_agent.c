@@ -124,6 +124,7 @@ typedef struct {
     const char *template;   /* a warm-start template program (a path), or NULL */
     double warm_wait_s;
     int say_fd;             /* where the agent's lines go; 0: stderr */
+    const char *host;       /* the node's name for the agent's lines, or NULL */
 } agent_opts_t;
 
 static kern_t *agent_start(const agent_opts_t *o)
@@ -147,8 +148,8 @@ static kern_t *agent_start(const agent_opts_t *o)
         char *argv[] = {"/bin/sh", "-c", (char *) o->script, NULL};
         const char *base[] = {"PATH=/usr/bin:/bin", "SLURM_STEP_ID=4", NULL};
         dk_agent_spec_t spec = {
-            .node = o->node, .world_size = o->world, .ranks_per_node = o->per,
-            .rank_exe = o->program ? o->program : "/bin/sh",
+            .node = o->node, .host = o->host, .world_size = o->world,
+            .ranks_per_node = o->per, .rank_exe = o->program ? o->program : "/bin/sh",
             .rank_argv = o->program ? NULL : argv, .base_env = base,
             .proto = {.master_addr = "node1", .run_id = "run7", .bc_address = "tcp:1.2.3.4:5",
                       .bc_key_hex = KEY_HEX, .heartbeat_s = 10, .connect_timeout_s = 120},
@@ -612,7 +613,7 @@ Test(agent, a_template_that_fails_to_import_starts_the_ranks_cold_and_says_so_on
     char dir[32];
     char *tmpl = program_file(dir, "#!/bin/sh\necho \"could not import warm module 'torch': "
                                    "ModuleNotFoundError\" >&2\nexit 3\n");
-    agent_opts_t o = {.node = 0, .world = 2, .per = 2, .template = tmpl,
+    agent_opts_t o = {.node = 0, .world = 2, .per = 2, .template = tmpl, .host = "node7",
                       .script = "echo \"$RANK ${DISTKERNEL_WARM_SOCKET:-cold}\""};
     int say;
     kern_t *k = warm_agent_start(&o, &say);
@@ -627,8 +628,10 @@ Test(agent, a_template_that_fails_to_import_starts_the_ranks_cold_and_says_so_on
     char lines[4096];
     warm_agent_end(k, say, lines, sizeof lines);
     cr_expect_eq(count(lines, "ranks start cold: "), 1, "once for the node: %s", lines);
-    cr_expect(strstr(lines, "distkernel-agent: node 0: ranks start cold: the warm-start template "
-                            "exited with code 3: could not import warm module 'torch'"), "%s",
+    /* Named as the user knows the node: by its index in the run and its name. */
+    cr_expect(strstr(lines, "distkernel-agent: node 0 (node7): ranks start cold: the warm-start "
+                            "template exited with code 3: could not import warm module 'torch'"),
+              "%s",
               lines);
     agent_free(k);
     program_free(dir, tmpl);

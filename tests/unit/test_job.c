@@ -2968,7 +2968,8 @@ static dk_job_spec_t agent_spec_with(int world, int per, const char *const *extr
     snprintf(agents_dir, sizeof agents_dir, "/tmp/dk-agents-XXXXXX");
     cr_assert_not_null(mkdtemp(agents_dir));
     snprintf(script, sizeof script,
-             "k=0; while [ $k -lt %d ]; do DISTKERNEL_AGENT_NODE=$k %s %s %s & "
+             "k=0; while [ $k -lt %d ]; do DISTKERNEL_AGENT_NODE=$k "
+             "SLURMD_NODENAME=node$((k + 1)) %s %s %s & "
              "echo $! > %s/agent-$k; k=$((k + 1)); done; "
              "echo 'srun: a line of the launcher' >&2; wait",
              world / per, vars, AGENT_EXE, FAKE_RANK, agents_dir);
@@ -3074,7 +3075,8 @@ Test(agents, nodes_whose_template_fails_run_cold_and_the_run_says_so_once, .time
     size_t n = fread(text, 1, sizeof text - 1, f);
     text[n] = '\0';
     fclose(f);
-    cr_expect(strncmp(text, "the ranks on node ", 18) == 0 &&
+    /* Both nodes are named in the one line, with the first one's reason. */
+    cr_expect(strncmp(text, "the ranks on nodes 0, 1 (node1, node2) ", 39) == 0 &&
               strstr(text, "started cold: the warm-start template exited with code"), "%s", text);
     cr_expect_eq(strchr(text, '\n'), text + n - 1, "one line for the run: %s", text);
     /* Each agent said it in agents.log. */
@@ -3084,7 +3086,8 @@ Test(agents, nodes_whose_template_fails_run_cold_and_the_run_says_so_once, .time
     n = fread(text, 1, sizeof text - 1, f);
     text[n] = '\0';
     fclose(f);
-    cr_expect(strstr(text, "node 0: ranks start cold") && strstr(text, "node 1: ranks start cold"),
+    cr_expect(strstr(text, "node 0 (node1): ranks start cold") &&
+              strstr(text, "node 1 (node2): ranks start cold"),
               "agents.log: %s", text);
     finish(&job);
     agents_done();
