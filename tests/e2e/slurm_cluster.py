@@ -163,9 +163,12 @@ def session_cluster(env=None, nodes=2):
 # cannot run side by side (some crash its nodes, most want all its CPUs). So
 # they are split over two clusters of the same shape, A (the default one, which
 # scripts/test.sh brings up for the whole run) and B, and pytest-xdist runs the
-# two groups on two workers at once (conftest.py). The files of group B:
+# two groups on two workers at once (conftest.py). The files of group B, so
+# that each group takes about as long in both of scripts/test.sh's passes
+# (test_slurm_runs.py alone is most of group A):
 GROUP_B_FILES = {"test_slurm_pool.py", "test_slurm_gpus.py", "test_slurm_env.py",
-                 "test_slurm_folders.py", "test_environments.py"}
+                 "test_slurm_folders.py", "test_environments.py", "test_slurm_warm.py",
+                 "test_slurm_flood.py"}
 
 
 def group_of(path):
