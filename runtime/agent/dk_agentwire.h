@@ -9,7 +9,10 @@
  * only frames in the other direction, in order, so a frame sent back to the
  * side that wrote it, replayed or reordered does not verify.
  *
- * Pure but for memory and OpenSSL: no descriptor is touched.
+ * The codec is dk_frame (runtime/channel/, shared with the kernel and the
+ * ranks); a wire is one side of it with its own key and the agent's limit on
+ * what a frame may carry. Pure but for memory and OpenSSL: no descriptor is
+ * touched.
  */
 #ifndef DK_AGENTWIRE_H
 #define DK_AGENTWIRE_H
@@ -18,32 +21,24 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <openssl/evp.h>
+#include "dk_frame.h"
 
-#define DK_AGENTWIRE_KEY_LEN 32
-#define DK_AGENTWIRE_NONCE_LEN 32
-#define DK_AGENTWIRE_MAC_LEN 32
-#define DK_AGENTWIRE_HEAD (4 + DK_AGENTWIRE_MAC_LEN + 5)   /* length, MAC, type, id */
+#define DK_AGENTWIRE_KEY_LEN DK_FRAME_KEY_LEN
+#define DK_AGENTWIRE_NONCE_LEN DK_FRAME_NONCE_LEN
+#define DK_AGENTWIRE_MAC_LEN DK_FRAME_MAC_LEN
+#define DK_AGENTWIRE_HEAD DK_FRAME_HEAD     /* length, MAC, type, id */
 
 typedef struct {
-    unsigned char key[DK_AGENTWIRE_KEY_LEN];
-    unsigned char nonce[DK_AGENTWIRE_NONCE_LEN];
-    unsigned char dir_out, dir_in;  /* DK_BC_DIR_TO_RUNTIME / DK_BC_DIR_TO_RANK */
-    uint32_t seq_out, seq_in;
+    dk_frame_key_t *key;            /* owned */
+    dk_frame_side_t side;           /* nonce, directions, counts */
     size_t max_payload;             /* the most a frame opened may carry */
-    EVP_MAC *mac;
 } dk_agentwire_t;
 
-typedef struct {
-    int type;
-    uint32_t id;
-    const unsigned char *payload;   /* into the buffer given to dk_agentwire_open */
-    size_t len;
-} dk_agentframe_t;
+typedef dk_frame_msg_t dk_agentframe_t;     /* payload points into the buffer opened */
 
 /* A wire with KEY and NONCE, sealing in direction DIR_OUT and opening the
  * other ('R' and 'K', dk_backchan.h), opening at most MAX_PAYLOAD bytes of
- * payload a frame. -1 when OpenSSL has no HMAC. */
+ * payload a frame. -1 when OpenSSL has no HMAC (nothing to clear then). */
 int dk_agentwire_init(dk_agentwire_t *w, const unsigned char *key, const unsigned char *nonce,
                       unsigned char dir_out, size_t max_payload);
 void dk_agentwire_clear(dk_agentwire_t *w);

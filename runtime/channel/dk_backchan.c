@@ -201,14 +201,18 @@ dk_backchan_t *dk_backchan_new_opts(int world_size, bool persistent, const void 
     self->claimed = calloc((size_t) world_size + (size_t) self->agents, sizeof *self->claimed);
     self->conns = calloc(self->nconns, sizeof *self->conns);
     self->polled = calloc(self->nconns, sizeof *self->polled);
-    self->mac = EVP_MAC_fetch(NULL, "HMAC", NULL);
     if (payload_len > 0)
         self->payload = malloc(payload_len);
     if (!self->claimed || !self->conns || !self->polled || (payload_len > 0 && !self->payload)) {
         dk_set_err(err, errlen, "out of memory (payload of %zu bytes)", payload_len);
         goto fail;
     }
-    if (!self->mac || RAND_bytes(self->key, sizeof self->key) != 1) {
+    unsigned char key[DK_BC_KEY_LEN];
+    bool keyed = RAND_bytes(key, sizeof key) == 1 && (self->key = dk_frame_key_new(key));
+    if (keyed)
+        dk_frame_key_to_hex(key, self->key_hex);
+    OPENSSL_cleanse(key, sizeof key);
+    if (!keyed) {
         dk_set_err(err, errlen, "OpenSSL cannot provide HMAC-SHA256 or random bytes for the "
                    "back-channel key");
         goto fail;
@@ -218,8 +222,6 @@ dk_backchan_t *dk_backchan_new_opts(int world_size, bool persistent, const void 
     if (payload_len > 0)
         memcpy(self->payload, payload, payload_len);
     self->payload_len = payload_len;
-    for (size_t i = 0; i < sizeof self->key; i++)
-        snprintf(self->key_hex + 2 * i, 3, "%02x", self->key[i]);
     self->persistent = persistent;
     self->port_from_rank0 = opts && opts->port_from_rank0;
     if (opts && opts->heartbeat_s > 0)
@@ -307,9 +309,8 @@ void dk_backchan_destroy(dk_backchan_t **self_p)
         unlink(self->path);
     if (self->dir)
         rmdir(self->dir);
-    OPENSSL_cleanse(self->key, sizeof self->key);
+    dk_frame_key_destroy(&self->key);
     OPENSSL_cleanse(self->key_hex, sizeof self->key_hex);
-    EVP_MAC_free(self->mac);
     free(self->payload);
     free(self->claimed);
     dk_accept_destroy(&self->allow);

@@ -155,12 +155,14 @@ void chan_accept_all(dk_backchan_t *self)
             int one = 1;
             setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         }
-        if (RAND_bytes(slot->nonce, sizeof slot->nonce) != 1) {
+        unsigned char nonce[DK_BC_NONCE_LEN];
+        if (RAND_bytes(nonce, sizeof nonce) != 1) {
             chan_refuse(self, slot, "OpenSSL could not make a nonce");
             continue;
         }
-        memcpy(slot->head, slot->nonce, sizeof slot->nonce);
-        slot->head_len = sizeof slot->nonce;
+        dk_frame_side_init(&slot->side, self->key, nonce, DK_BC_DIR_TO_RANK);
+        memcpy(slot->head, nonce, sizeof nonce);
+        slot->head_len = sizeof nonce;
         chan_conn_write(self, slot);
     }
 }

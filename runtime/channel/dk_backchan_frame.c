@@ -25,37 +25,18 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <openssl/core_names.h>
-#include <openssl/params.h>
-
-/* MAC = HMAC-SHA256(key, nonce | u8 direction | u32 seq | head | tail); head
- * and tail are the body in at most two pieces, so a PAYLOAD frame is never
- * assembled in memory. DIR is DK_BC_DIR_TO_RANK for what we send and
- * DK_BC_DIR_TO_RUNTIME for what we verify: a frame of ours sent back to us
- * (a PING's body is the same both ways) does not verify. */
-static bool frame_mac(dk_backchan_t *self, const unsigned char *nonce, unsigned char dir,
-                      uint32_t seq, const unsigned char *head, size_t head_len,
-                      const unsigned char *tail, size_t tail_len,
-                      unsigned char out[DK_BC_MAC_LEN])
-{
-    char digest[] = "SHA256";
-    OSSL_PARAM params[] = {
-        OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
-        OSSL_PARAM_construct_end(),
-    };
-    unsigned char seq_be[4];
-    dk_put_be32(seq_be, seq);
-    size_t out_len = 0;
-    EVP_MAC_CTX *ctx = EVP_MAC_CTX_new(self->mac);
-    bool ok = ctx && EVP_MAC_init(ctx, self->key, sizeof self->key, params) &&
-              EVP_MAC_update(ctx, nonce, DK_BC_NONCE_LEN) && EVP_MAC_update(ctx, &dir, 1) &&
-              EVP_MAC_update(ctx, seq_be, 4) &&
-              EVP_MAC_update(ctx, head, head_len) &&
-              (tail_len == 0 || EVP_MAC_update(ctx, tail, tail_len)) &&
-              EVP_MAC_final(ctx, out, &out_len, DK_BC_MAC_LEN) && out_len == DK_BC_MAC_LEN;
-    EVP_MAC_CTX_free(ctx);
-    return ok;
-}
+/* Every frame is sealed and verified by dk_frame over the job's key, set up
+ * once (self->key), and the connection's side (c->side: its nonce and
+ * counts). A PAYLOAD or TASK frame's body is sealed in two pieces (the small
+ * head here, the payload where it lies), so it is never assembled in memory.
+ * We seal in direction DK_BC_DIR_TO_RANK and verify DK_BC_DIR_TO_RUNTIME: a
+ * frame of ours sent back to us (a PING's body is the same both ways) does
+ * not verify. */
+_Static_assert(DK_BC_KEY_LEN == DK_FRAME_KEY_LEN && DK_BC_NONCE_LEN == DK_FRAME_NONCE_LEN &&
+               DK_BC_MAC_LEN == DK_FRAME_MAC_LEN && BODY_HEAD == DK_FRAME_BODY_HEAD &&
+               DK_BC_DIR_TO_RANK == DK_FRAME_DIR_TO_RANK &&
+               DK_BC_DIR_TO_RUNTIME == DK_FRAME_DIR_TO_RUNTIME,
+               "dk_backchan.h and dk_frame.h describe the same wire");
 
 /* The peer ended connection C. A rank that had not answered is told to the
  * job: its end is judged by its exit, but over the network that exit may
@@ -129,21 +110,16 @@ bool chan_queue_payload(dk_backchan_t *self, conn_t *c)
         dk_put_be32(body_head + BODY_HEAD, self->round);
         head_n += 4;
     }
-    unsigned char mac[DK_BC_MAC_LEN];
-    if (!frame_mac(self, c->nonce, DK_BC_DIR_TO_RANK, c->seq_out, body_head, head_n,
-                   self->payload, self->payload_len, mac))
-        return false;
-    c->seq_out++;
     if (c->head_off > 0) {      /* never in practice: the nonce went before the HELLO came */
         memmove(c->head, c->head + c->head_off, c->head_len - c->head_off);
         c->head_len -= c->head_off;
         c->head_off = 0;
     }
-    unsigned char *h = c->head + c->head_len;
-    dk_put_be32(h, (uint32_t) (DK_BC_MAC_LEN + head_n + self->payload_len));
-    memcpy(h + 4, mac, sizeof mac);
-    memcpy(h + 4 + DK_BC_MAC_LEN, body_head, head_n);
-    c->head_len += 4 + DK_BC_MAC_LEN + head_n;
+    size_t n = dk_frame_seal_head(&c->side, body_head, head_n, self->payload, self->payload_len,
+                                  c->head + c->head_len);
+    if (n == 0)
+        return false;
+    c->head_len += n;
     c->body = self->payload;
     c->body_len = self->payload_len;
     c->body_off = 0;
@@ -161,22 +137,14 @@ static bool queue_port(dk_backchan_t *self, conn_t *c)
     body[0] = DK_BC_PORT;
     dk_put_be32(body + 1, (uint32_t) c->rank);
     dk_put_be32(body + BODY_HEAD, (uint32_t) self->master_port);
-    unsigned char mac[DK_BC_MAC_LEN];
-    if (!frame_mac(self, c->nonce, DK_BC_DIR_TO_RANK, c->seq_out, body, sizeof body, NULL, 0,
-                   mac))
-        return false;
-    c->seq_out++;
     if (c->head_off > 0) {
         memmove(c->head, c->head + c->head_off, c->head_len - c->head_off);
         c->head_len -= c->head_off;
         c->head_off = 0;
     }
-    unsigned char *h = c->head + c->head_len;
-    dk_put_be32(h, (uint32_t) (DK_BC_MAC_LEN + sizeof body));
-    memcpy(h + 4, mac, sizeof mac);
-    memcpy(h + 4 + DK_BC_MAC_LEN, body, sizeof body);
-    c->head_len += 4 + DK_BC_MAC_LEN + sizeof body;
-    return true;
+    size_t n = dk_frame_seal_head(&c->side, body, sizeof body, NULL, 0, c->head + c->head_len);
+    c->head_len += n;
+    return n > 0;
 }
 
 /* C's rank is ready for its work: the PORT frame first when the port comes
@@ -236,16 +204,11 @@ bool chan_queue_empty(dk_backchan_t *self, conn_t *c, unsigned char type)
     unsigned char body[BODY_HEAD];
     body[0] = type;
     dk_put_be32(body + 1, (uint32_t) c->rank);
-    unsigned char mac[DK_BC_MAC_LEN];
-    if (!frame_mac(self, c->nonce, DK_BC_DIR_TO_RANK, c->seq_out, body, sizeof body, NULL, 0,
-                   mac))
+    size_t n = dk_frame_seal_head(&c->side, body, sizeof body, NULL, 0, c->head);
+    if (n == 0)
         return false;
-    c->seq_out++;
-    dk_put_be32(c->head, (uint32_t) (DK_BC_MAC_LEN + sizeof body));
-    memcpy(c->head + 4, mac, sizeof mac);
-    memcpy(c->head + 4 + DK_BC_MAC_LEN, body, sizeof body);
     c->head_off = 0;
-    c->head_len = 4 + DK_BC_MAC_LEN + sizeof body;
+    c->head_len = n;
     c->body = NULL;
     c->body_len = c->body_off = 0;
     return true;
@@ -274,11 +237,8 @@ bool chan_agent_queue(dk_backchan_t *self, conn_t *c, int type, uint32_t id,
     dk_put_be32(body + 1, id);
     if (len)
         memcpy(body + BODY_HEAD, payload, len);
-    if (!frame_mac(self, c->nonce, DK_BC_DIR_TO_RANK, c->seq_out, body, BODY_HEAD + len, NULL, 0,
-                   f + 4))
+    if (dk_frame_seal_head(&c->side, body, BODY_HEAD + len, NULL, 0, f) == 0)
         return false;
-    c->seq_out++;
-    dk_put_be32(f, (uint32_t) (DK_BC_MAC_LEN + BODY_HEAD + len));
     c->queue_len += n;
     return true;
 }
@@ -363,14 +323,10 @@ static void conn_frame(dk_backchan_t *self, conn_t *c)
 {
     const unsigned char *body = c->frame + DK_BC_MAC_LEN;
     size_t body_len = c->frame_len - DK_BC_MAC_LEN;
-    unsigned char expected[DK_BC_MAC_LEN];
-    if (!frame_mac(self, c->nonce, DK_BC_DIR_TO_RUNTIME, c->seq_in, body, body_len, NULL, 0,
-                   expected) ||
-        CRYPTO_memcmp(expected, c->frame, DK_BC_MAC_LEN) != 0) {
+    if (!dk_frame_verify(&c->side, c->frame, c->frame_len)) {
         chan_refuse(self, c, "a message did not verify (it was not signed with this job's key)");
         return;
     }
-    c->seq_in++;
     int type = body[0];
     uint32_t rank = dk_get_be32(body + 1);
     char why[160];

@@ -15,12 +15,11 @@
 
 #include "dk_backchan.h"
 #include "dk_accept.h"
+#include "dk_frame.h"
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-#include <openssl/evp.h>
 
 #define EVICT_AFTER_S 0.5                  /* a pending connection's HELLO time when others wait */
 #define BODY_HEAD 5                        /* u8 type | u32 rank */
@@ -39,9 +38,8 @@ typedef struct {
     bool stacks_due;        /* a STACKS request to send likewise */
     bool port_due;          /* port_from_rank0: its HELLO came before the port; its
                                PORT (and PAYLOAD) go out once rank 0 sends it */
-    unsigned char nonce[DK_BC_NONCE_LEN];
-    uint32_t seq_in;
-    uint32_t seq_out;       /* frames we have sent after the nonce */
+    dk_frame_side_t side;   /* its nonce and both counts (frames sent after
+                               the nonce, frames verified), over the job's key */
     /* input: a 4-byte length, then a frame of that many bytes */
     unsigned char len_buf[4];
     size_t len_have;
@@ -69,9 +67,8 @@ struct dk_backchan_t {
     int port;               /* TCP only */
     double heartbeat_s;     /* > 0: PINGs and the silence deadline */
     int listen_fd;
-    unsigned char key[DK_BC_KEY_LEN];
+    dk_frame_key_t *key;    /* HMAC set up once for every connection's frames */
     char key_hex[DK_BC_KEY_LEN * 2 + 1];
-    EVP_MAC *mac;
     unsigned char *payload;
     size_t payload_len;
     bool persistent;        /* rounds of TASK frames; nothing sent at HELLO */

@@ -30,10 +30,17 @@
  * to stop by a close exits by itself well before; _backchannel.py allows the
  * same).
  *
+ * Frames are sealed by dk_frame (runtime/channel/, compiled in), with the
+ * key's HMAC set up once at attach: a PING or a line of output costs its own
+ * bytes' hashing, not the key's setup again.
+ *
  * After fork() the child has no pinger and must not wait on a mutex the
  * pinger held at the fork: an atfork handler detaches the child.
  */
 #include "dk_rankchan.h"
+#include "dk_backchan.h"
+#include "dk_be32.h"
+#include "dk_frame.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -49,27 +56,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <openssl/core_names.h>
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/params.h>
-
-enum { KEY_LEN = 32, NONCE_LEN = 32, MAC_LEN = 32, BODY_HEAD = 5, OUTPUT = 6, PING = 7 };
-/* dk_backchan.h: DK_BC_OUTPUT_MAX, DK_BC_OUTPUT_CAUGHT_UP. */
-#define OUTPUT_MAX ((size_t) 64 << 10)
-#define OUTPUT_CAUGHT_UP 0x01
-#define DIR_TO_RUNTIME 'R'      /* dk_backchan.h: DK_BC_DIR_TO_RUNTIME */
-
 static struct {
     pthread_mutex_t lock;       /* the socket's sending side and seq */
     int fd;                     /* -1: not attached */
     int silent_fd;
-    unsigned char key[KEY_LEN];
-    unsigned char nonce[NONCE_LEN];
+    dk_frame_key_t *key;        /* the job's key, set up at attach */
+    dk_frame_side_t side;       /* our nonce and count, sealing toward the kernel */
     uint32_t rank;
-    uint32_t seq;
     double deadline;
-    EVP_MAC *mac;
     bool running;               /* the thread exists */
     bool broken;                /* a send failed: the connection is gone */
     double broken_at;
@@ -84,14 +78,6 @@ static struct {
         .silent_fd = -1, .pipes = {-1, -1, -1}};
 
 static bool atfork_set;
-
-static void put_be32(unsigned char *p, uint32_t v)
-{
-    p[0] = (unsigned char) (v >> 24);
-    p[1] = (unsigned char) (v >> 16);
-    p[2] = (unsigned char) (v >> 8);
-    p[3] = (unsigned char) v;
-}
 
 static double now_s(void)
 {
@@ -114,32 +100,15 @@ static void atfork_child(void)
  * no byte for the deadline. */
 static int write_frame(int kind, const unsigned char *payload, size_t len)
 {
-    unsigned char head[4 + MAC_LEN + BODY_HEAD];
-    unsigned char *body = head + 4 + MAC_LEN;
-    put_be32(head, (uint32_t) (MAC_LEN + BODY_HEAD + len));
+    /* The frame's head (length, MAC, type, rank) here; the payload is sent
+     * from where it lies. */
+    unsigned char body[DK_FRAME_BODY_HEAD], head[DK_FRAME_HEAD];
     body[0] = (unsigned char) kind;
-    put_be32(body + 1, ch.rank);
-    /* MAC = HMAC-SHA256(key, nonce | u8 dir | u32 seq | body) (dk_job.h). */
-    char digest[] = "SHA256";
-    OSSL_PARAM params[] = {
-        OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
-        OSSL_PARAM_construct_end(),
-    };
-    unsigned char dir = DIR_TO_RUNTIME, seq_be[4];
-    put_be32(seq_be, ch.seq);
-    size_t out_len = 0;
-    EVP_MAC_CTX *ctx = EVP_MAC_CTX_new(ch.mac);
-    bool ok = ctx && EVP_MAC_init(ctx, ch.key, KEY_LEN, params) &&
-              EVP_MAC_update(ctx, ch.nonce, NONCE_LEN) && EVP_MAC_update(ctx, &dir, 1) &&
-              EVP_MAC_update(ctx, seq_be, 4) && EVP_MAC_update(ctx, body, BODY_HEAD) &&
-              (len == 0 || EVP_MAC_update(ctx, payload, len)) &&
-              EVP_MAC_final(ctx, head + 4, &out_len, MAC_LEN) && out_len == MAC_LEN;
-    EVP_MAC_CTX_free(ctx);
-    if (!ok) {
+    dk_put_be32(body + 1, ch.rank);
+    if (dk_frame_seal_head(&ch.side, body, sizeof body, payload, len, head) != sizeof head) {
         errno = EPROTO;
         return -1;
     }
-    ch.seq++;
     size_t at = 0, total = sizeof head + len;
     while (at < total) {
         struct iovec part[2];
@@ -214,10 +183,10 @@ static void send_noted(int kind, const unsigned char *payload, size_t len)
  * rank's writers never block on a full pipe. Takes OUT_LOCK. */
 static void pump(int fd, bool drain)
 {
-    static unsigned char buf[2 + OUTPUT_MAX];
+    static unsigned char buf[2 + DK_BC_OUTPUT_MAX];
     pthread_mutex_lock(&ch.out_lock);
     while (ch.pipes[fd] >= 0) {
-        ssize_t n = read(ch.pipes[fd], buf + 2, OUTPUT_MAX);
+        ssize_t n = read(ch.pipes[fd], buf + 2, DK_BC_OUTPUT_MAX);
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0)
@@ -228,8 +197,8 @@ static void pump(int fd, bool drain)
             break;
         }
         buf[0] = (unsigned char) fd;
-        buf[1] = (size_t) n < OUTPUT_MAX ? OUTPUT_CAUGHT_UP : 0;
-        send_noted(OUTPUT, buf, 2 + (size_t) n);
+        buf[1] = (size_t) n < DK_BC_OUTPUT_MAX ? DK_BC_OUTPUT_CAUGHT_UP : 0;
+        send_noted(DK_BC_OUTPUT, buf, 2 + (size_t) n);
         if (!drain)
             break;
     }
@@ -255,7 +224,7 @@ static void *pinger(void *arg)
         double left = next - now_s();
         if (left <= 0) {
             next = now_s() + ch.interval;
-            send_noted(PING, NULL, 0);
+            send_noted(DK_BC_PING, NULL, 0);
             continue;
         }
         pthread_mutex_lock(&ch.out_lock);       /* flush() may close one at EOF */
@@ -283,20 +252,22 @@ static PyObject *py_attach(PyObject *self, PyObject *args)
                           &silent_fd))
         return NULL;
     PyObject *ret = NULL;
-    if (key.len != KEY_LEN || nonce.len != NONCE_LEN) {
-        PyErr_Format(PyExc_ValueError, "key and nonce must be %d bytes each", KEY_LEN);
+    dk_frame_key_t *fkey = NULL;
+    if (key.len != DK_FRAME_KEY_LEN || nonce.len != DK_FRAME_NONCE_LEN) {
+        PyErr_Format(PyExc_ValueError, "key and nonce must be %d bytes each", DK_FRAME_KEY_LEN);
     } else if (ch.fd >= 0) {
         PyErr_SetString(PyExc_RuntimeError, "the back channel is attached already");
-    } else if (!ch.mac && !(ch.mac = EVP_MAC_fetch(NULL, "HMAC", NULL))) {
+    } else if (!(fkey = dk_frame_key_new(key.buf))) {
         PyErr_SetString(PyExc_RuntimeError, "OpenSSL has no HMAC");
     } else {
         if (!atfork_set && pthread_atfork(NULL, NULL, atfork_child) == 0)
             atfork_set = true;
         pthread_mutex_lock(&ch.lock);
-        memcpy(ch.key, key.buf, KEY_LEN);
-        memcpy(ch.nonce, nonce.buf, NONCE_LEN);
+        dk_frame_key_destroy(&ch.key);     /* an earlier attach's (before a fork, a stop) */
+        ch.key = fkey;
+        dk_frame_side_init(&ch.side, fkey, nonce.buf, DK_BC_DIR_TO_RUNTIME);
+        ch.side.seq_out = (uint32_t) seq;
         ch.rank = (uint32_t) rank;
-        ch.seq = (uint32_t) seq;
         ch.deadline = deadline > 0 ? deadline : 5.0;
         ch.silent_fd = silent_fd;
         ch.fd = fd;
