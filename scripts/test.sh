@@ -79,12 +79,16 @@ ASAN_SKIP=(
   test_slurm_steps.py
   test_slurm_env.py
 )
-# What the kept files run differently there: their Slurm nodes start ranks cold
-# (DISTKERNEL_E2E_COLD_NODES=1, tests/e2e/conftest.py), except in
-# test_slurm_warm.py, which tests the nodes' warm-start templates. A template
-# spends most of a minute importing torch in the uninstrumented CPython on each
-# node of each run. The launch, channel and node-loss paths those files test
-# are the same warm or cold; the agent's warm fork is test_slurm_warm.py's.
+# What the kept files run differently there: most start their ranks cold
+# (DISTKERNEL_E2E_COLD=1; tests/e2e/conftest.py lists the files that stay
+# warm). A kernel's first run otherwise builds a warm-start template that
+# imports torch in the uninstrumented CPython, 2-3 s of CPU for each of
+# hundreds of kernels, and on every Slurm node of every run, for cells most
+# of which never import torch. The launch, channel, stop and node-loss paths
+# those files test are the same warm or cold; the templates' own C paths (the
+# fork server, started ranks, the agents' templates) stay in test_warm.py,
+# test_pool.py, test_soak.py, test_slurm_warm.py and the files whose cells
+# use torch.
 
 REPORT=$PWD/test-report   # each stage's JUnit XML and meson log, kept for a look afterwards
 rm -rf "$REPORT"
@@ -275,7 +279,7 @@ if [[ ${SANITIZE:-1} != 0 ]]; then
   for f in "${ASAN_SKIP[@]}"; do skip+=(--ignore "tests/e2e/$f"); done
   rm -rf build-asan/figures
   ASAN_OPTIONS="detect_leaks=0:quarantine_size_mb=16:log_path=$reports/asan" DISTKERNEL_SANITIZED=1 \
-    DISTKERNEL_E2E_COLD_NODES=1 \
+    DISTKERNEL_E2E_COLD=1 \
     DISTKERNEL_SOAK_SCALE=${DISTKERNEL_SOAK_SCALE:-0.25} \
     stage asan-e2e "end-to-end, sanitizers" end_to_end asan-e2e build-asan "$PWD/build-asan/prefix" \
     tests/e2e "${skip[@]}" "$@"

@@ -99,19 +99,22 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: not slurm(item))  # stable: file order is kept
 
 
-# DISTKERNEL_E2E_COLD_NODES=1 (scripts/test.sh's sanitizer pass): the Slurm
-# tests start their nodes' ranks cold, except the files that test the nodes'
-# warm-start templates. Under the sanitizers each node's template imports torch
-# in an uninstrumented CPython for minutes of the pass; the agent's template
-# and fork paths stay covered there by the files kept warm.
-WARM_NODE_FILES = {"test_slurm_warm.py"}
+# DISTKERNEL_E2E_COLD=1 (scripts/test.sh's sanitizer pass): the kernels of
+# each file start their runs' ranks cold (DISTKERNEL_WARM=0), on this node and
+# on the Slurm nodes, except the files in WARM_FILES. Every first run of a
+# kernel otherwise builds a warm-start template that imports torch, in CPython,
+# which the sanitizers do not instrument: 2-3 s of CPU each, a quarter of the
+# machine over the end-to-end tests (process accounting), for cells most of
+# which never import torch. WARM_FILES keep the templates' C paths (the fork
+# server, its socket, started ranks, the agents' templates) and the cells that
+# do use torch under the sanitizers.
+WARM_FILES = {"test_warm.py", "test_slurm_warm.py", "test_soak.py", "test_pool.py",
+              "test_distributed.py", "test_stacks.py", "test_stall.py"}
 
 
 @pytest.fixture(scope="module", autouse=True)
-def cold_nodes_when_asked(request):
-    name = request.path.name
-    if (os.environ.get("DISTKERNEL_E2E_COLD_NODES") != "1" or not name.startswith("test_slurm")
-            or name in WARM_NODE_FILES):
+def cold_when_asked(request):
+    if os.environ.get("DISTKERNEL_E2E_COLD") != "1" or request.path.name in WARM_FILES:
         yield
         return
     before = os.environ.get("DISTKERNEL_WARM")
