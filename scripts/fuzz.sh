@@ -67,11 +67,24 @@ CFLAGS=(-std=c11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer
         -Wall -Wextra -Wno-unused-parameter
         -Iprotocol -Imagics -Iruntime/base -Iruntime/slurm -Iruntime/stacks
         -Iruntime/launch -Itests/fuzz)
-for t in "${TARGETS[@]}"; do
-  src=$(sources "$t")
-  echo "fuzz: building $t"
+# The targets are built JOBS at a time; a failed build stops the run.
+build_one() {
+  local t=$1 src
+  src=$(sources "$t") || return 1
   # shellcheck disable=SC2046,SC2086  # word splitting of the source and flag lists is wanted
   "$CC" "${CFLAGS[@]}" "tests/fuzz/$t.c" $src $(libraries "$t") -o "$BUILD/$t"
+}
+pids=()
+for t in "${TARGETS[@]}"; do
+  if [ ${#pids[@]} -ge "$JOBS" ]; then
+    wait "${pids[0]}" || { echo "fuzz: a target did not build" >&2; exit 1; }
+    pids=("${pids[@]:1}")
+  fi
+  echo "fuzz: building $t"
+  build_one "$t" & pids+=($!)
+done
+for p in "${pids[@]}"; do
+  wait "$p" || { echo "fuzz: a target did not build" >&2; exit 1; }
 done
 
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:symbolize=1"
