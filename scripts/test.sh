@@ -273,7 +273,12 @@ if [[ ${SANITIZE:-1} != 0 ]]; then
   reports=$REPORTS
   stage asan-build "build, sanitizers" build build-asan -Db_sanitize=address,undefined -Db_lundef=false
   export UBSAN_OPTIONS="print_stacktrace=1:log_path=$reports/ubsan"
-  ASAN_OPTIONS="detect_leaks=1:log_path=$reports/asan" \
+  # test_accept's 256 ranks connecting at once are 256 instrumented processes
+  # starting on 2 cores beside the other suites: a few were once kept from the
+  # CPU past the 5 s in which a connection must say HELLO (218 of 256 in).
+  # 128 still overflow the 64 waiting slots the test was written against; the
+  # default build's units take all 256.
+  DK_ACCEPT_RANKS=128 ASAN_OPTIONS="detect_leaks=1:log_path=$reports/asan" \
     LSAN_OPTIONS="suppressions=$PWD/tests/unit/lsan.supp:print_suppressions=0" \
     stage asan-units "C unit tests, sanitizers" units asan-units build-asan
   # The kernel and its ranks embed CPython, which is not instrumented and keeps
