@@ -133,7 +133,10 @@ def bring_up(nodes=2, env=None):
     out = cluster_sh("up", str(nodes), env=env)
     up_s = time.monotonic() - start
     values = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-    client_env = dict(env or os.environ, SLURM_CONF=values["SLURM_CONF"])
+    # Not DISTKERNEL_WARM: a module may set it while the cluster comes up
+    # (conftest.py's cold_when_asked), and the cluster outlives the module.
+    client_env = {k: v for k, v in (env or os.environ).items() if k != "DISTKERNEL_WARM"}
+    client_env["SLURM_CONF"] = values["SLURM_CONF"]
     cluster = SlurmCluster(nodes, values["SLURM_CONF"], client_env,
                            out.splitlines()[-1] == "started", up_s,
                            values.get("DISTKERNEL_SLURM_SIM_SRUN_WORKAROUND", "1") == "1")

@@ -43,6 +43,8 @@ def start(tmp_path, cluster, wrap=None, **env):
     logs = tmp_path / "logs"
     logs.mkdir(mode=0o700)
     base.update(DISTKERNEL_LOG_DIR=str(logs), MLFLOW_TRACKING_URI="", SLURM_CONF=cluster.conf)
+    if "DISTKERNEL_WARM" in os.environ:   # this module's, not the cluster's (bring_up)
+        base["DISTKERNEL_WARM"] = os.environ["DISTKERNEL_WARM"]
     base.update(env)
     if not wrap:
         return support.Kernel.start(env=base)
