@@ -116,7 +116,8 @@ def test_an_interrupt_while_sinfo_is_slow_ends_the_cell_and_sinfo_at_once(tmp_pa
     # nodes' GPUs) is the slow one.
     pid_file = tmp_path / "sinfo.pid"
     answered = tmp_path / "answered"
-    slow = f"echo $$ > {pid_file}; exec sleep 60"
+    # Written whole, then renamed: the test reads it as soon as it exists.
+    slow = f"echo $$ > {pid_file}.part; mv {pid_file}.part {pid_file}; exec sleep 60"
     body = (f'if [ ! -e {answered} ]; then touch {answered}; echo "sim* up"; exit 0; fi\n{slow}'
             if "num_accelerators" in cell else slow)
     bin_dir = fake_slurm(tmp_path, body)
