@@ -39,12 +39,22 @@ static int build_wait_ms(void)
     return (int)(s * 1000);
 }
 
-/* torch, DISTKERNEL_WARM_MODULES, then warm_modules=, comma-separated. */
+/* torch (unless DISTKERNEL_WARM_TORCH=0), DISTKERNEL_WARM_MODULES, then
+ * warm_modules=, comma-separated; "" when there are none. */
 static void module_list(const dk_dist_opts_t *opts, char *out, size_t len)
 {
     const char *env = getenv("DISTKERNEL_WARM_MODULES");
-    snprintf(out, len, "torch%s%s%s%s", env && *env ? "," : "", env && *env ? env : "",
-             opts->warm_modules[0] ? "," : "", opts->warm_modules);
+    const char *torch = getenv("DISTKERNEL_WARM_TORCH");
+    const char *parts[] = {torch && strcmp(torch, "0") == 0 ? "" : "torch", env ? env : "",
+                           opts->warm_modules};
+    size_t used = 0;
+    out[0] = '\0';
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        if (!parts[i][0] || used >= len)
+            continue;
+        int n = snprintf(out + used, len - used, "%s%s", used ? "," : "", parts[i]);
+        used = n < 0 ? len : used + (size_t) n;
+    }
 }
 
 /* The kernel's sys.path, newline-separated (a new string), or NULL. */
@@ -189,8 +199,8 @@ static const char *warm_socket(dk_template_t **slot, const dk_dist_opts_t *opts,
         }
     }
     if (ready == 0)
-        snprintf(why, whylen, "the template was not ready after %.1f s (still importing %s)",
-                 wait_ms / 1000.0, modules);
+        snprintf(why, whylen, "the template was not ready after %.1f s (still %s%s)",
+                 wait_ms / 1000.0, modules[0] ? "importing " : "starting", modules);
     if (ready <= 0 && !dk_template_was_ready(*slot)) {
         /* Never ready: end it, and let no later run wait for the same. */
         snprintf(failed_fp, sizeof failed_fp, "%s", fp);

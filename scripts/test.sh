@@ -79,16 +79,14 @@ ASAN_SKIP=(
   test_slurm_steps.py
   test_slurm_env.py
 )
-# What the kept files run differently there: most start their ranks cold
-# (DISTKERNEL_E2E_COLD=1; tests/e2e/conftest.py lists the files that stay
-# warm). A kernel's first run otherwise builds a warm-start template that
-# imports torch in the uninstrumented CPython, 2-3 s of CPU for each of
-# hundreds of kernels, and on every Slurm node of every run, for cells most
-# of which never import torch. The launch, channel, stop and node-loss paths
-# those files test are the same warm or cold; the templates' own C paths (the
-# fork server, started ranks, the agents' templates) stay in test_warm.py,
-# test_pool.py, test_soak.py, test_slurm_warm.py and the files whose cells
-# use torch.
+# How the templates are built: a kernel's first run (and every Slurm run, on
+# each node) builds a warm-start template that imports torch, 2-3 s of CPU in
+# the uninstrumented CPython each time, for cells most of which never import
+# torch. So only the files that test the templates or whose cells use torch
+# keep torch in them; the others' templates import none
+# (DISTKERNEL_WARM_TORCH=0), and in the sanitizer pass their ranks start cold
+# (DISTKERNEL_E2E_COLD=1). tests/e2e/conftest.py lists the files and says
+# why; the launch, channel, stop and node-loss paths are the same either way.
 
 REPORT=$PWD/test-report   # each stage's JUnit XML and meson log, kept for a look afterwards
 rm -rf "$REPORT"

@@ -99,33 +99,46 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: not slurm(item))  # stable: file order is kept
 
 
-# DISTKERNEL_E2E_COLD=1 (scripts/test.sh's sanitizer pass): the kernels of
-# each file start their runs' ranks cold (DISTKERNEL_WARM=0), on this node and
-# on the Slurm nodes, except the files in WARM_FILES. Every first run of a
-# kernel otherwise builds a warm-start template that imports torch, in CPython,
-# which the sanitizers do not instrument: 2-3 s of CPU each, a quarter of the
-# machine over the end-to-end tests (process accounting), for cells most of
-# which never import torch. WARM_FILES keep the templates' C paths (the fork
-# server, its socket, started ranks, the agents' templates) and the cells that
-# do use torch under the sanitizers.
-WARM_FILES = {"test_warm.py", "test_slurm_warm.py", "test_soak.py", "test_pool.py",
-              "test_distributed.py", "test_stacks.py", "test_stall.py"}
+# Every first run of a kernel builds a warm-start template that imports torch
+# (and on Slurm, every run does, on each of its nodes): 2-3 s of CPU each, half
+# of the CPU that the end-to-end tests used (process accounting), for cells
+# most of which never import torch. So the files run as users do, with torch
+# in their templates, only where that is what they test or their cells use
+# torch (TORCH_FILES). In the others' kernels:
+# - by default, the templates import no torch (DISTKERNEL_WARM_TORCH=0): every
+#   run still forks its ranks from a template, on this node and on the Slurm
+#   nodes, and a cell that uses torch imports it in its ranks, as a cold rank
+#   does;
+# - with DISTKERNEL_E2E_COLD=1 (scripts/test.sh's sanitizer pass), the ranks
+#   start cold (DISTKERNEL_WARM=0) in every file but TEMPLATE_FILES: the
+#   templates' C paths (the fork server, its socket, started ranks, the
+#   agents' templates) and the cells that use torch most.
+TEMPLATE_FILES = {"test_warm.py", "test_slurm_warm.py", "test_soak.py", "test_pool.py",
+                  "test_distributed.py", "test_stacks.py", "test_stall.py"}
+TORCH_FILES = TEMPLATE_FILES | {"test_distributed_failures.py", "test_faults.py",
+                                "test_platform.py", "test_ray_trust.py", "test_slurm_gpus.py"}
 
 
 @pytest.fixture(scope="module", autouse=True)
-def cold_when_asked(request):
-    if os.environ.get("DISTKERNEL_E2E_COLD") != "1" or request.path.name in WARM_FILES:
+def templates_for_the_file(request):
+    name = request.path.name
+    if os.environ.get("DISTKERNEL_E2E_COLD") == "1":
+        setting = None if name in TEMPLATE_FILES else ("DISTKERNEL_WARM", "0")
+    else:
+        setting = None if name in TORCH_FILES else ("DISTKERNEL_WARM_TORCH", "0")
+    if setting is None:
         yield
         return
-    before = os.environ.get("DISTKERNEL_WARM")
-    os.environ["DISTKERNEL_WARM"] = "0"   # every kernel this module starts inherits it
+    var, value = setting
+    before = os.environ.get(var)
+    os.environ[var] = value   # every kernel this module starts inherits it
     try:
         yield
     finally:
         if before is None:
-            os.environ.pop("DISTKERNEL_WARM", None)
+            os.environ.pop(var, None)
         else:
-            os.environ["DISTKERNEL_WARM"] = before
+            os.environ[var] = before
 
 
 @pytest.fixture(scope="session", autouse=True)

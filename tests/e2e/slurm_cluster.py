@@ -128,14 +128,19 @@ class SlurmCluster:
         return state
 
 
+# What conftest.py's templates_for_the_file sets for a module's kernels.
+TEMPLATE_VARS = ("DISTKERNEL_WARM", "DISTKERNEL_WARM_TORCH")
+
+
 def bring_up(nodes=2, env=None):
     start = time.monotonic()
     out = cluster_sh("up", str(nodes), env=env)
     up_s = time.monotonic() - start
     values = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-    # Not DISTKERNEL_WARM: a module may set it while the cluster comes up
-    # (conftest.py's cold_when_asked), and the cluster outlives the module.
-    client_env = {k: v for k, v in (env or os.environ).items() if k != "DISTKERNEL_WARM"}
+    # Not how the templates are built: a module may set that while the cluster
+    # comes up (conftest.py's templates_for_the_file), and the cluster outlives
+    # the module.
+    client_env = {k: v for k, v in (env or os.environ).items() if k not in TEMPLATE_VARS}
     client_env["SLURM_CONF"] = values["SLURM_CONF"]
     cluster = SlurmCluster(nodes, values["SLURM_CONF"], client_env,
                            out.splitlines()[-1] == "started", up_s,

@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+import slurm_cluster
 import support
 
 sys.path.insert(0, str(support.REPO_ROOT / "tests"))
@@ -43,8 +44,9 @@ def start(tmp_path, cluster, wrap=None, **env):
     logs = tmp_path / "logs"
     logs.mkdir(mode=0o700)
     base.update(DISTKERNEL_LOG_DIR=str(logs), MLFLOW_TRACKING_URI="", SLURM_CONF=cluster.conf)
-    if "DISTKERNEL_WARM" in os.environ:   # this module's, not the cluster's (bring_up)
-        base["DISTKERNEL_WARM"] = os.environ["DISTKERNEL_WARM"]
+    for name in slurm_cluster.TEMPLATE_VARS:   # this module's, not the cluster's (bring_up)
+        if name in os.environ:
+            base[name] = os.environ[name]
     base.update(env)
     if not wrap:
         return support.Kernel.start(env=base)

@@ -309,6 +309,24 @@ def test_warm_false_and_distkernel_warm_0_start_no_template(kernelspec_installed
         k.stop()
 
 
+def test_distkernel_warm_torch_0_forks_ranks_from_a_template_without_torch(kernelspec_installed):
+    k = support.Kernel.start(env=support.kernel_env(DISTKERNEL_WARM_TORCH="0"))
+    try:
+        ranks = probe(k)
+        template = template_of(k)
+        assert template, "no template runs"
+        # Forked from the template, which imported no torch; a cell that uses
+        # torch still can.
+        assert all(not i["torch_first"] and i["ppid"] == template for i in ranks.values()), ranks
+        assert "torch" not in psutil.Process(template).environ()["DISTKERNEL_WARM_MODULES"]
+        r = k.execute("%%distributed num_processes=2 tracking=False\n"
+                      "import torch\nint(torch.ones(2).sum())", timeout=RUN)
+        assert r.status == "ok" and r.result == "rank 0: 2\nrank 1: 2", r.describe()
+        assert template_of(k) == template
+    finally:
+        k.stop()
+
+
 def test_a_kernel_that_runs_no_distributed_cell_starts_no_template(fresh_kernel):
     k = fresh_kernel
     r = k.execute("1 + 1")
