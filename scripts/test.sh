@@ -132,6 +132,12 @@ units() {        # ID BUILD [meson test args]
   shift 2
   meson test -C "$build" --print-errorlogs "$@" || rc=$?
   cp "$build/meson-logs/testlog.json" "$REPORT/$id.meson.json" 2> /dev/null || true
+  if [[ $rc != 0 ]]; then
+    # meson's summary names a failed criterion test but not its assertion,
+    # which is in the TAP on stdout: show it, so a failure on CI says why.
+    echo "-- the failed units' assertions (from $build/meson-logs/testlog.txt) --"
+    grep -A 12 '^not ok' "$build/meson-logs/testlog.txt" | head -n 200 || true
+  fi
   return "$rc"
 }
 
