@@ -26,6 +26,7 @@
 #include "dk_err.h"
 #include "dk_debug.h"
 #include "dk_python.h"
+#include "dk_tidy.h"
 
 #include <Python.h>
 #include <errno.h>
@@ -234,6 +235,10 @@ static void exit_process(dk_kernel_t *k, bool clean)
     run_exit_hooks(k);
     if (clean)
         dk_python_shutdown();
+    /* The temporary folders still kept (all of them when Python did not shut
+     * down) are removed, and the watcher that would have removed them after a
+     * SIGKILL ends with them, leaving no child. */
+    dk_tidy_end();
     if (k->stream)
         dk_stream_flush(k->stream);
     /* Give ZeroMQ's I/O thread a moment to put the last reply and status on the

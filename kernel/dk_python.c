@@ -14,6 +14,7 @@
 #include "dk_err.h"
 #include "dk_pyinit.h"
 #include "dk_pyjson.h"
+#include "dk_tidy.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -217,6 +218,26 @@ static PyObject *py_log(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+static PyObject *py_tidy_keep(PyObject *self, PyObject *args)
+{
+    const char *path;
+    if (!PyArg_ParseTuple(args, "s", &path))
+        return NULL;
+    char err[256];
+    if (dk_tidy_keep(path, err, sizeof err) < 0)
+        return PyErr_Format(PyExc_OSError, "%s", err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_tidy_forget(PyObject *self, PyObject *args)
+{
+    const char *path;
+    if (!PyArg_ParseTuple(args, "s", &path))
+        return NULL;
+    dk_tidy_forget(path);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
     {"log", py_log, METH_VARARGS, "log(text): write a line to the kernel's log (its stderr)."},
     {"publish", (PyCFunction)(void (*)(void))py_publish, METH_VARARGS | METH_KEYWORDS,
@@ -230,6 +251,10 @@ static PyMethodDef module_methods[] = {
      "forked, whose output belongs to the running cell."},
     {"input_request", py_input_request, METH_VARARGS,
      "input_request(prompt, password=False): ask the frontend for a line."},
+    {"tidy_keep", py_tidy_keep, METH_VARARGS,
+     "tidy_keep(path): remove the folder PATH when the kernel ends, even by SIGKILL."},
+    {"tidy_forget", py_tidy_forget, METH_VARARGS,
+     "tidy_forget(path): the folder PATH was removed: do not remove it at the end."},
     {"parent", py_parent, METH_NOARGS, "parent(): the current parent header (JSON)."},
     {"session", py_session, METH_NOARGS, "session(): the kernel's session id."},
     {"native_magics", py_native_magics, METH_NOARGS,

@@ -61,6 +61,20 @@ def murmur2(text, seed=HASH_SEED):
     return h
 
 
+def _tidy(what, path):
+    """Have the kernel remove PATH when it ends, even by SIGKILL (what:
+    "keep"), or no longer ("forget"; runtime/logs/dk_tidy.h). Outside the
+    kernel (a rank, a test) there is nothing to ask."""
+    try:
+        import _distkernel
+    except ImportError:
+        return
+    try:
+        getattr(_distkernel, f"tidy_{what}")(path)
+    except OSError as exc:
+        _log(f"{path} stays if the kernel is killed: {exc}")
+
+
 def _log(text):
     try:
         import _distkernel
@@ -105,6 +119,7 @@ class CellFiles:
             os.close(fd)
             raise PermissionError(f"{path} is not a private directory of this user")
         self._dir, self._fd = path, fd
+        _tidy("keep", path)
 
     def name_for(self, code):
         return f"{murmur2(code)}{SUFFIX}"
@@ -174,6 +189,7 @@ class CellFiles:
         except OSError:
             pass
         shutil.rmtree(self._dir, ignore_errors=True)
+        _tidy("forget", self._dir)
         self._dir, self._fd = None, -1
         self._written.clear()
 

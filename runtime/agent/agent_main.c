@@ -32,8 +32,8 @@
  * that it imports while the kernel is reached. Its environment is the ranks'
  * base less the back channel's variables (it only imports and forks: the
  * ranks get theirs from the distkernel-rank that asks); it dies with the
- * agent (PR_SET_PDEATHSIG), and a last word removes its socket's folder if
- * the agent is killed. Exit status: 0 every rank ended and was told; 1 the
+ * agent (PR_SET_PDEATHSIG), and the agent's folder watcher (dk_tidy.h)
+ * removes its socket's folder if the agent is killed. Exit status: 0 every rank ended and was told; 1 the
  * kernel went away first and the ranks were ended; 2 nothing could start.
  */
 #include "dk_agent.h"
@@ -41,6 +41,7 @@
 
 #include "dk_backchan.h"
 #include "dk_spawn.h"
+#include "dk_tidy.h"
 
 #include <limits.h>
 #include <stdbool.h>
@@ -96,13 +97,11 @@ static char *rank_beside_me(void)
     return path;
 }
 
-/* This node's template, and the last word that removes its socket's folder
- * if the agent is killed. */
+/* This node's template. Its socket's folder goes with the agent, even a
+ * killed one (dk_logdir_socket_dir keeps it with dk_tidy). */
 typedef struct {
     dk_template_t *template;
     char failed[1024];          /* why it could not be started, or "" */
-    int lw_pid, lw_fd;
-    char *dir;
 } warm_t;
 
 /* The variables the template does not get: the back channel's (the ranks
@@ -140,26 +139,12 @@ static void warm_start(warm_t *w, const char *program, const char *const *base)
     w->template = dk_template_start(program, env, modules, getenv("DISTKERNEL_AGENT_WARM_PATH"),
                                     "", w->failed, sizeof w->failed);
     free(env);
-    if (!w->template)
-        return;
-    /* Its folder, for the last word: the socket's parent, ours and fresh. */
-    const char *socket = dk_template_socket(w->template);
-    const char *slash = strrchr(socket, '/');
-    char why[256];
-    if (slash && (w->dir = strndup(socket, (size_t) (slash - socket)))) {
-        char *argv[] = {"rm", "-rf", "--", w->dir, NULL};
-        if (dk_spawn_last_word(argv, &w->lw_pid, &w->lw_fd, why, sizeof why) < 0)
-            w->lw_pid = w->lw_fd = -1;
-    }
 }
 
-/* The template ended, its folder removed, the last word not needed. */
+/* The template ended, its folder removed. */
 static void warm_end(warm_t *w)
 {
     dk_template_destroy(&w->template);
-    dk_spawn_sentinel_end(&w->lw_pid, &w->lw_fd);
-    free(w->dir);
-    w->dir = NULL;
 }
 
 /* This node's name for the agent's own lines: Slurm's (SLURMD_NODENAME, as
@@ -223,7 +208,7 @@ int main(int argc, char **argv)
     for (size_t i = 0; base && i < n; i++)
         if (strncmp(environ[i], "DISTKERNEL_AGENT_", 17) != 0)
             base[k++] = environ[i];
-    warm_t warm = {.lw_pid = -1, .lw_fd = -1};
+    warm_t warm = {0};
     if (base)
         warm_start(&warm, program, base);
     double heartbeat = env_double("DISTKERNEL_BC_HEARTBEAT", DK_BC_HEARTBEAT_DEFAULT_S);
@@ -268,5 +253,8 @@ int main(int argc, char **argv)
     warm_end(&warm);
     free(base);
     free(program);
+    /* The stacks' and the template's folders are removed by now: the folder
+     * watcher has nothing left to do, and the agent leaves no child. */
+    dk_tidy_end();
     return rc;
 }

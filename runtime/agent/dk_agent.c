@@ -19,10 +19,8 @@
 #include "dk_stackreq.h"
 #include "dk_stop.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <netdb.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -32,7 +30,6 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/time.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -116,6 +113,13 @@ static void kernel_gone(agent_t *a, const char *why)
     if (a->gone)
         return;
     a->gone = true;
+    /* Nothing will ask for stacks or fork a rank any more: the node's
+     * folders go now. A kernel gone by SIGKILL has Slurm cancel the job too,
+     * and slurmstepd SIGKILLs the agents' step (measured on the test cluster:
+     * 0.7 s after the kernel's death, with no SIGTERM before), which would
+     * take the folder watcher with it while the ranks are still being ended. */
+    dk_stackreq_destroy(&a->stacks);
+    dk_template_unlink(a->spec->template);
     if (a->live > 0)
         say(a, "%s; ending this node's %d rank%s", why, a->live, a->live == 1 ? "" : "s");
     else if (!a->shut)
@@ -511,6 +515,36 @@ static const char *warm_socket(agent_t *a)
 
 /* ---- the loop ------------------------------------------------------------------- */
 
+/* SIGTERM: Slurm ending the step (scancel, a cancelled or timed-out job, the
+ * armed scancel of a SIGKILLed kernel), which signals every process of the
+ * step and SIGKILLs what is left KillWait later (30 s by default), and, with
+ * proctrack, whatever outlives the task at once. So the agent does not die of
+ * it: it ends its ranks with the stop ladder (they may have been signalled
+ * too), tells the kernel their exits while it listens, and returns without
+ * waiting for the kernel's close, so that agent_main removes the node's
+ * folders itself (dk_tidy_end) before Slurm's SIGKILL could take the
+ * folder watcher with the agent. */
+static volatile sig_atomic_t terminated;
+
+static void on_term(int sig)
+{
+    (void) sig;
+    terminated = 1;
+}
+
+static void terminate(agent_t *a, double now)
+{
+    if (dk_stop_begun(&a->stop))
+        return;
+    if (a->live > 0)
+        say(a, "ended by a SIGTERM (Slurm ended the step); ending this node's %d rank%s", a->live,
+            a->live == 1 ? "" : "s");
+    int sig = dk_stop_begin(&a->stop, now);
+    for (int i = 0; sig && i < a->n; i++)
+        if (!a->ranks[i].exited && a->ranks[i].pid > 0)
+            killpg(a->ranks[i].pid, sig);
+}
+
 static double earliest(double a, double b)
 {
     return a < 0 ? b : b < 0 ? a : a < b ? a : b;
@@ -527,6 +561,8 @@ static void loop(agent_t *a)
     }
     for (;;) {
         double now = dk_now_s();
+        if (terminated)
+            terminate(a, now);
         if (a->live == 0) {
             if (a->gone)
                 break;
@@ -535,7 +571,9 @@ static void loop(agent_t *a)
                 shutdown(a->fd, SHUT_WR);
                 a->shut = true;
                 a->shut_at = now;
-            } else if (now - a->shut_at > a->heartbeat_s) {
+                if (terminated)
+                    break;      /* not waiting for it: Slurm's SIGKILL comes */
+            } else if (terminated || now - a->shut_at > a->heartbeat_s) {
                 break;
             }
         }
@@ -621,6 +659,9 @@ int dk_agent_run(const dk_agent_spec_t *spec)
     a.heartbeat_s = spec->heartbeat_s > 0 ? spec->heartbeat_s : DK_BC_HEARTBEAT_DEFAULT_S;
     a.stop = dk_stop_ladder(spec->grace_s > 0 ? spec->grace_s : DEFAULT_GRACE_S);
     a.heard_at = a.pinged_at = dk_now_s();
+    struct sigaction term = {.sa_handler = on_term};    /* no SA_RESTART: poll wakes */
+    sigemptyset(&term.sa_mask);
+    sigaction(SIGTERM, &term, NULL);
     int per = spec->ranks_per_node;
     if (per < 1 || spec->world_size < per || spec->world_size % per != 0 || spec->node < 0 ||
         (long) spec->node * per >= spec->world_size) {
@@ -676,130 +717,4 @@ int dk_agent_run(const dk_agent_spec_t *spec)
     free(a.ranks);
     free(a.in);
     return rc;
-}
-
-/* ---- connecting ----------------------------------------------------------------- */
-
-/* One try: the connection, or -1 with why in WHY (the system's word, "no
- * answer" past PER_TRY_S), or -2 when ADDRESS can never be reached (WHY says
- * why, whole). */
-static int connect_once(const char *address, double per_try_s, char *why, size_t whylen)
-{
-    if (strncmp(address, "tcp:", 4) != 0) {
-        struct sockaddr_un sun = {.sun_family = AF_UNIX};
-        if (strlen(address) >= sizeof sun.sun_path) {
-            dk_set_err(why, whylen, "the socket path %s is too long", address);
-            return -2;
-        }
-        memcpy(sun.sun_path, address, strlen(address) + 1);
-        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd >= 0 && connect(fd, (struct sockaddr *) &sun, sizeof sun) == 0)
-            return fd;
-        dk_set_err(why, whylen, "%s", strerror(errno));
-        if (fd >= 0)
-            close(fd);
-        return -1;
-    }
-    char host[128];
-    const char *h = address + 4, *port;
-    if (*h == '[') {
-        const char *end = strchr(h, ']');
-        if (!end || end[1] != ':' || (size_t) (end - h - 1) >= sizeof host) {
-            dk_set_err(why, whylen, "%s is not tcp:[ADDR]:PORT", address);
-            return -2;
-        }
-        snprintf(host, sizeof host, "%.*s", (int) (end - h - 1), h + 1);
-        port = end + 2;
-    } else {
-        const char *colon = strrchr(h, ':');
-        if (!colon || (size_t) (colon - h) >= sizeof host) {
-            dk_set_err(why, whylen, "%s is not tcp:ADDR:PORT", address);
-            return -2;
-        }
-        snprintf(host, sizeof host, "%.*s", (int) (colon - h), h);
-        port = colon + 1;
-    }
-    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICHOST |
-                                                                     AI_NUMERICSERV};
-    struct addrinfo *ai = NULL;
-    int g = getaddrinfo(host, port, &hints, &ai);
-    if (g != 0) {
-        dk_set_err(why, whylen, "%s is not a numeric address and port: %s", address,
-                   gai_strerror(g));
-        return -2;
-    }
-    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    /* A node whose packets are dropped would otherwise wait out the
-     * system's SYN retries (minutes), past the connect deadline. */
-    struct timeval tv = {(time_t) per_try_s,
-                         (suseconds_t) ((per_try_s - (double) (time_t) per_try_s) * 1e6)};
-    if (fd >= 0)
-        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    int rc = fd >= 0 ? connect(fd, ai->ai_addr, ai->ai_addrlen) : -1;
-    int saved = errno;
-    freeaddrinfo(ai);
-    if (rc == 0) {
-        struct timeval none = {0, 0};
-        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof none);
-        return fd;
-    }
-    dk_set_err(why, whylen, "%s", saved == EINPROGRESS || saved == ETIMEDOUT || saved == EAGAIN
-                                      ? "no answer" : strerror(saved));
-    if (fd >= 0)
-        close(fd);
-    return -1;
-}
-
-int dk_agent_connect(const char *address, double deadline_s, unsigned char nonce[32],
-                     char *err, size_t errlen)
-{
-    if (!address || !*address) {
-        dk_set_err(err, errlen, "no back-channel address (DISTKERNEL_BC) was given");
-        return -1;
-    }
-    double until = dk_now_s() + deadline_s, wait = 0.05;
-    int fd, tries = 0;
-    char why[512] = "";
-    for (;;) {
-        tries++;
-        double left = until - dk_now_s();
-        fd = connect_once(address, left < 0.5 ? 0.5 : left > 10 ? 10 : left, why, sizeof why);
-        if (fd >= 0 || fd == -2 || dk_now_s() + wait > until)
-            break;
-        struct timespec ts = {(time_t) wait, (long) ((wait - (double) (time_t) wait) * 1e9)};
-        nanosleep(&ts, NULL);
-        wait = wait * 2 > 1.0 ? 1.0 : wait * 2;
-    }
-    if (fd == -2) {
-        dk_set_err(err, errlen, "%s", why);
-        return -1;
-    }
-    if (fd < 0) {
-        /* As a rank says it (python/distkernel/_backchannel.py). */
-        bool tcp = strncmp(address, "tcp:", 4) == 0;
-        dk_set_err(err, errlen, "could not connect to the kernel's back channel at %s within %g s "
-                   "(%d tries; the last: %s)%s", tcp ? address + 4 : address, deadline_s, tries,
-                   why, tcp ? "; this node must reach that address and port over TCP (a "
-                   "firewall or a route may be in the way, or the kernel is gone)" : "");
-        return -1;
-    }
-    size_t have = 0;
-    while (have < 32) {
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        double left = until - dk_now_s();
-        int r = poll(&p, 1, left > 0 ? (int) (left * 1000) + 1 : 0);
-        if (r < 0 && errno == EINTR)
-            continue;
-        ssize_t n = r > 0 ? recv(fd, nonce + have, 32 - have, 0) : -1;
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            dk_set_err(err, errlen, "%s accepted the connection but sent no nonce%s", address,
-                       r == 0 ? " in time" : "");
-            close(fd);
-            return -1;
-        }
-        have += (size_t) n;
-    }
-    return fd;
 }

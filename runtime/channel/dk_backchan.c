@@ -307,8 +307,7 @@ void dk_backchan_destroy(dk_backchan_t **self_p)
         close(self->listen_fd);
     if (self->path)
         unlink(self->path);
-    if (self->dir)
-        rmdir(self->dir);
+    dk_logdir_socket_dir_remove(self->dir);
     dk_frame_key_destroy(&self->key);
     OPENSSL_cleanse(self->key_hex, sizeof self->key_hex);
     free(self->payload);

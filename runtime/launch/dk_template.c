@@ -52,8 +52,7 @@ static void free_template(dk_template_t *t)
 {
     if (t->socket)
         unlink(t->socket);
-    if (t->dir)
-        rmdir(t->dir);
+    dk_logdir_socket_dir_remove(t->dir);
     free(t->socket);
     free(t->dir);
     free(t->fingerprint);
@@ -294,7 +293,15 @@ void dk_template_end(dk_template_t *t)
         kill(t->sp.pid, SIGKILL);
     }
     unlink(t->socket);
-    rmdir(t->dir);
+    dk_logdir_socket_dir_remove(t->dir);
+}
+
+void dk_template_unlink(dk_template_t *t)
+{
+    if (!t || !t->dir)
+        return;
+    unlink(t->socket);
+    dk_logdir_socket_dir_remove(t->dir);
 }
 
 void dk_template_kill(const dk_template_t *t)

@@ -67,6 +67,12 @@ long dk_template_rss_kb(const dk_template_t *t);
  * (dk_template_destroy still frees it) and refuses ranks from then on. */
 void dk_template_end(dk_template_t *t);
 
+/* No rank will be asked for any more: the template's socket and folder are
+ * removed now (the template lives on; a rank asking from now on finds no
+ * socket). A node agent whose kernel is gone does this first, so that a
+ * SIGKILL that Slurm sends the agent's step soon after leaves no folder. */
+void dk_template_unlink(dk_template_t *t);
+
 /* SIGKILL to the template process alone, through its pidfd (nothing without
  * one): safe from any thread, even while another reaps it, since a pidfd
  * never names a later process that reuses the pid. */

@@ -23,6 +23,7 @@
  */
 #include "dk_logdir.h"
 #include "dk_err.h"
+#include "dk_tidy.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -530,8 +531,12 @@ char *dk_logdir_socket_dir(const char *kind, const char *socket_name, const char
         if (!dir)
             break;
         snprintf(dir, dir_len + 1, "%s/distkernel-%s-XXXXXX", base, kind);
-        if (mkdtemp(dir))
+        if (mkdtemp(dir)) {
+            /* Not kept (no watcher, a fork failed): the folder still serves,
+             * and its user removes it as always; only a SIGKILL leaves it. */
+            dk_tidy_keep(dir, NULL, 0);
             return dir;
+        }
         dk_set_err(err, errlen, "cannot create %s in %s: %s", what, base, strerror(errno));
         free(dir);
         return NULL;
@@ -539,6 +544,14 @@ char *dk_logdir_socket_dir(const char *kind, const char *socket_name, const char
     dk_set_err(err, errlen, "cannot create %s: no usable temporary directory ($TMPDIR is "
                "unset, too long for a socket path, or /tmp is missing)", what);
     return NULL;
+}
+
+void dk_logdir_socket_dir_remove(const char *dir)
+{
+    if (!dir)
+        return;
+    rmdir(dir);
+    dk_tidy_forget(dir);
 }
 
 int dk_logdir_write_file(const char *path, int (*write)(FILE *f, void *data), void *data,

@@ -65,9 +65,15 @@ int dk_logdir_open(const char *path, int flags, const char *hint, char *err, siz
  * DK_LOGDIR_SHARED_OK), so that nobody else can rename the fresh directory
  * away and put their own in its place before the socket is bound. Returns the
  * path (malloc'd) or NULL with a reason in ERR that names WHAT ("the back
- * channel's directory"). */
+ * channel's directory"). The directory is removed when this process ends,
+ * however it ends (dk_tidy.h), unless dk_logdir_socket_dir_remove removed it
+ * first. */
 char *dk_logdir_socket_dir(const char *kind, const char *socket_name, const char *what,
                            char *err, size_t errlen);
+
+/* Remove DIR, a directory from dk_logdir_socket_dir emptied by its user (its
+ * socket unlinked), and tell the watcher it is gone. */
+void dk_logdir_socket_dir_remove(const char *dir);
 
 /* Directory NAME in DIRFD: created 0700 (with FRESH, one that already exists
  * is an error), opened O_NOFOLLOW and checked (the user's, not writable by

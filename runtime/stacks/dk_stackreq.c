@@ -102,8 +102,7 @@ void dk_stackreq_destroy(dk_stackreq_t **self_p)
         free(s->path);
         free(s->dump);
     }
-    if (self->dir)
-        rmdir(self->dir);
+    dk_logdir_socket_dir_remove(self->dir);
     free(self->dir);
     free(self->slots);
     free(self);

@@ -424,13 +424,39 @@ def descendants(pid, template=False):
     """Every living-or-zombie descendant of PID (psutil.Process objects). The
     kernel's warm-start template, a child that stays between runs by design
     (tests/e2e/test_warm.py), is left out unless TEMPLATE; the ranks it forked
-    are not."""
+    are not. So is the kernel's folder watcher, which lives as long as the
+    kernel (tidy_of)."""
     import psutil
     try:
         procs = psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
-    return procs if template else [p for p in procs if not is_template_of(p, pid)]
+    return [p for p in procs
+            if not is_tidy_of(p, pid) and (template or not is_template_of(p, pid))]
+
+
+TIDY = "distkernel-tidy"
+
+
+def is_tidy_of(proc, pid):
+    """Whether PROC is the folder watcher of the process PID: its child named
+    distkernel-tidy (runtime/logs/dk_tidy.h), which removes PID's temporary
+    folders when PID ends, however it ends."""
+    import psutil
+    try:
+        return proc.ppid() == pid and proc.name() == TIDY
+    except psutil.Error:
+        return False
+
+
+def tidy_of(pid):
+    """The pid of PID's folder watcher, or None when it has none."""
+    import psutil
+    try:
+        procs = psutil.Process(pid).children()
+    except psutil.NoSuchProcess:
+        return None
+    return next((p.pid for p in procs if is_tidy_of(p, pid)), None)
 
 
 def is_template_of(proc, pid):

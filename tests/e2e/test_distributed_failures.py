@@ -334,6 +334,44 @@ def _proc(pid):
     return psutil.Process(pid)
 
 
+def folders_in(tmp):
+    return sorted(p.name for p in tmp.iterdir() if p.name.startswith("distkernel-"))
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("end", ["sigkill", "shutdown"])
+def test_the_kernels_temporary_folders_go_with_it_however_it_ends(tmp_path, end):
+    # The kernel's TMPDIR is the test's own, so every folder in it is this
+    # kernel's: the cells' sources (a cell that raises writes them), and,
+    # while ranks run, the back channel's socket, the stacks sockets and the
+    # warm-start template's socket. A SIGKILLed kernel removes none of them
+    # itself: its folder watcher does. A shut down one removes them, and its
+    # watcher has ended before the kernel does.
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(mode=0o700)
+    k = support.Kernel.start(env=support.kernel_env(TMPDIR=tmp))
+    try:
+        assert k.execute("1/0").content["ename"] == "ZeroDivisionError"
+        msg_id = k.start_execute(SLEEPING_RANKS)
+        ranks = support.wait_announced(k, msg_id, timeout=RUN)
+        kinds = {name.split("-")[1] for name in folders_in(tmp)}
+        assert {"cells", "bc", "stacks"} <= kinds, folders_in(tmp)
+        tidy = support.tidy_of(k.pid)
+        assert tidy, "the kernel has no folder watcher"
+        if end == "sigkill":
+            os.kill(k.pid, signal.SIGKILL)
+            k.process.wait(timeout=10)
+        else:
+            k.stop()
+            assert not support.alive(tidy), "the watcher outlived a kernel that shut down"
+        assert support.wait_gone([tidy] + [pid for pid, _ in ranks.values()], timeout=10) == []
+    finally:
+        k.kc.stop_channels()
+        if k.km.has_kernel:
+            k.km.shutdown_kernel(now=True)
+    assert folders_in(tmp) == []
+
+
 def shutdown_during_run(k, restart):
     msg_id = k.start_execute(SLEEPING_RANKS)
     ranks = support.wait_announced(k, msg_id, timeout=RUN)

@@ -15,6 +15,7 @@ a node), which costs a quarter of the time.
 import os
 import re
 import signal
+import tempfile
 import time
 
 import pytest
@@ -141,18 +142,30 @@ def test_256_ranks_on_16_nodes_all_print_return_in_order_and_one_failure_reads_w
 
 @pytest.mark.timeout(RUN + 180)
 def test_a_kernel_killed_at_256_ranks_leaves_nothing_on_any_node(slurm_scale_cluster, tmp_path):
-    k = start(tmp_path, slurm_scale_cluster)
+    # TMPDIR, which the agents get through srun, is one of this test's (short:
+    # a socket's path must fit), so every folder there is the run's: the
+    # kernel's and each agent's (the stacks' sockets, a warm template's).
+    tmp = tempfile.mkdtemp(prefix="dk-scale-")
+    k = start(tmp_path, slurm_scale_cluster, TMPDIR=tmp)
     try:
         msg_id = k.start_execute(f"%%distributed num_processes={BIG} nodes={NODES}\n"
                                  "import time\nprint('READY', flush=True)\ntime.sleep(600)\n")
         wait_lines(k, msg_id, {f"[rank {n}] READY" for n in range(BIG)}, timeout=RUN)
         assert our_jobs(slurm_scale_cluster)
         assert len(rank_processes(slurm_scale_cluster)) >= BIG
+        assert len(os.listdir(tmp)) >= NODES, os.listdir(tmp)
         os.kill(k.pid, signal.SIGKILL)
         k.process.wait(timeout=30)
     finally:
         k.kc.stop_channels()
+    # The nodes' folder watchers are counted among the agents' processes (a
+    # fork of the agent has its command line).
     assert wait_clean(slurm_scale_cluster, timeout=120) == []
+    deadline = time.monotonic() + 10
+    while os.listdir(tmp) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert os.listdir(tmp) == [], "folders left in the run's TMPDIR"
+    os.rmdir(tmp)
 
 
 @pytest.mark.timeout(2 * RUN)

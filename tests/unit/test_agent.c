@@ -25,6 +25,7 @@
 #include "dk_agent.h"
 #include "dk_agentwire.h"
 #include "dk_backchan.h"
+#include "dk_tidy.h"
 
 static const unsigned char KEY[32] = "0123456789abcdef0123456789abcde";
 static const unsigned char NONCE[32] = "nonce-nonce-nonce-nonce-nonce-n";
@@ -161,6 +162,7 @@ static kern_t *agent_start(const agent_opts_t *o)
         };
         int rc = dk_agent_run(&spec);
         dk_template_destroy(&t);
+        dk_tidy_end();      /* as distkernel-agent ends: its folder watcher with it */
         _exit(rc);
     }
     close(sv[1]);
@@ -395,6 +397,70 @@ Test(agent, ends_its_ranks_when_the_kernel_is_silent, .timeout = 30)
 Test(agent, ends_its_ranks_when_the_kernel_closes, .timeout = 30)
 {
     ends_its_ranks_when_the_kernel_goes(true);
+}
+
+Test(agent, a_sigterm_ends_its_ranks_tells_their_exits_and_ends_the_agent, .timeout = 30)
+{
+    /* Slurm ending the step: the agent does not die of SIGTERM, its ranks
+     * (which ignore SIGINT here) are ended by the ladder, their exits are
+     * told while the kernel listens, and the agent ends without waiting for
+     * the kernel's close (its heartbeat deadline, 30 s here). */
+    agent_opts_t o = {.node = 0, .world = 2, .per = 2, .grace_s = 0.3,
+                      .script = "trap '' INT; echo up; while :; do sleep 0.05; done"};
+    kern_t *k = agent_start(&o);
+    cr_assert(next_frame(k, 10));
+    seen_t s = {0};
+    while (strlen(s.out[0]) + strlen(s.out[1]) < 6) {
+        cr_assert(next_frame(k, 10));
+        take(k, &s, 0);
+    }
+    double t0 = now();
+    cr_assert_eq(kill(k->agent, SIGTERM), 0);
+    while (s.exits < 2) {
+        cr_assert(next_frame(k, 10), "the agent closed before telling both exits");
+        take(k, &s, 0);
+    }
+    cr_expect_eq(s.exit_signal[0], SIGTERM, "the ladder's second rung");
+    cr_expect_eq(s.exit_signal[1], SIGTERM);
+    cr_expect(!next_frame(k, 10), "a frame after the exits: type %d", k->type);
+    cr_expect_eq(agent_wait(k, 10), 0, "every rank ended and was told");
+    cr_expect_lt(now() - t0, 5, "the agent waited for the kernel's close");
+    agent_free(k);
+}
+
+Test(agent, a_kernel_gone_has_the_stacks_folder_removed_before_the_ranks_end, .timeout = 30)
+{
+    /* Slurm SIGKILLs the step soon after a SIGKILLed kernel's job is
+     * cancelled: the node's folders must not wait for the ranks' ladder. */
+    agent_opts_t o = {.node = 0, .world = 2, .per = 2, .grace_s = 2, .stacks = true,
+                      .script = "trap '' INT; echo \"up $DISTKERNEL_STACKS\"; "
+                                "while :; do sleep 0.05; done"};
+    kern_t *k = agent_start(&o);
+    cr_assert(next_frame(k, 10));
+    seen_t s = {0};
+    while (!strchr(s.out[0], '\n')) {
+        cr_assert(next_frame(k, 10));
+        take(k, &s, 0);
+    }
+    char *path = strchr(s.out[0], '/');
+    cr_assert_not_null(path, "%s", s.out[0]);
+    *strchr(path, '\n') = '\0';
+    *strrchr(path, '/') = '\0';    /* the folder of the rank's socket */
+    cr_assert(strstr(path, "/distkernel-stacks-"), "%s", path);
+    struct stat st;
+    cr_assert_eq(stat(path, &st), 0, "%s", path);
+    close(k->fd);
+    k->fd = -1;
+    double t0 = now();
+    while (stat(path, &st) == 0) {
+        cr_assert_lt(now() - t0, 1.5, "%s still there while the ladder's SIGINT is ignored",
+                     path);
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    cr_expect_eq(kill(s.pid[0], 0), 0, "the folder went only when the ranks had ended");
+    cr_expect_eq(agent_wait(k, 10), 1);
+    agent_free(k);
 }
 
 /* A rank as distkernel-rank arms itself for stacks (dk_stackreq.h), sleeping

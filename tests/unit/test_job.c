@@ -33,6 +33,7 @@
 #include "dk_logdir.h"
 #include "dk_logfile.h"
 #include "dk_stackreq.h"
+#include "dk_tidy.h"
 
 #ifndef FAKE_RANK
 #error "FAKE_RANK (the path of fake_rank) must be defined"
@@ -317,8 +318,15 @@ static void finish(dk_job_t **job)
     log_dir[0] = '\0';
 }
 
+/* The descriptors open in this process. The folder watcher's socket
+ * (dk_tidy.h), opened by the first folder a job makes and held for the
+ * process's life, is opened first, so that it is counted before and after. */
 static int count_fds(void)
 {
+    char tmp[] = "/tmp/dk-test-job-XXXXXX";
+    cr_assert_not_null(mkdtemp(tmp));
+    cr_assert_eq(dk_tidy_keep(tmp, NULL, 0), 0);
+    dk_logdir_socket_dir_remove(tmp);
     DIR *d = opendir("/proc/self/fd");
     int n = 0;
     for (struct dirent *e; (e = readdir(d));)
@@ -2916,8 +2924,10 @@ Test(stacks, a_live_sample_tells_where_the_ranks_are_and_stops_nothing, .timeout
         }
         pthread_mutex_unlock(&rec.lock);
         cr_assert_eq(dk_job_end(job), DK_END_NONE, "a sample ended the job");
-        size_t n_len;
-        cr_assert_null(dk_job_rank_stacks(job, 0, &n_len), "a sample is not the end's stacks");
+        /* Not dk_job_rank_stacks here: it is valid once the job has ended,
+         * and the job's thread clears the sample's answers only after the
+         * sink has them (read here, that raced under load: CI-like runs saw
+         * the answers not cleared yet). */
     }
     dk_job_cancel(job);
     cr_assert(dk_job_wait(job, 30000), "the job did not end");
