@@ -11,6 +11,7 @@
 #include "dk_conn.h"
 #include "dk_distributed.h"
 #include "dk_fdlimit.h"
+#include "dk_tidy.h"
 #include "dk_install.h"
 #include "dk_kernel.h"
 #include "dk_pyinit.h"
@@ -131,6 +132,13 @@ int main(int argc, char **argv)
     /* Every frontend connection and every rank of a run is a descriptor; the
      * usual soft limit of 1024 is far below what the hard limit allows. */
     dk_fdlimit_raise();
+
+    /* The folder watcher (dk_tidy.h), forked now while the process is small:
+     * it holds, for the kernel's life, the pages the kernel has at the fork. */
+    char why[256];
+    if (dk_tidy_start(why, sizeof why) < 0)
+        fprintf(stderr, "distkernel: warning: %s; the kernel's temporary folders stay in "
+                "TMPDIR if it is killed\n", why);
 
     char err[1024];
     dk_conn_t conn;

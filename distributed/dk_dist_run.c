@@ -463,8 +463,9 @@ static PyObject *with_env(const void *payload, size_t len, PyObject *vars)
     return wrapped;
 }
 
-/* PAYLOAD with the kernel's MLflow variables that name secrets
- * (MLFLOW_TRACKING_TOKEN, MLFLOW_TRACKING_PASSWORD) in its "env", which each
+/* PAYLOAD with the kernel's MLflow variables that are secrets
+ * (MLFLOW_TRACKING_TOKEN, MLFLOW_TRACKING_PASSWORD, an MLFLOW_TRACKING_URI
+ * with a password in it: dk_slurm_secret) in its "env", which each
  * rank sets before the job runs: ranks on Slurm's nodes are not sent them
  * through srun (dk_slurm_step_env), so they travel in the job, over the
  * authenticated back channel, seen by no other process on the nodes. A new
@@ -474,7 +475,7 @@ static PyObject *with_mlflow_secrets(const void *payload, size_t len)
     PyObject *vars = PyDict_New();
     for (size_t i = 0; vars && environ[i]; i++) {
         const char *eq = strchr(environ[i], '=');
-        if (!eq || strncmp(environ[i], "MLFLOW_", 7) != 0 || !dk_slurm_secret_name(environ[i]))
+        if (!eq || strncmp(environ[i], "MLFLOW_", 7) != 0 || !dk_slurm_secret(environ[i]))
             continue;
         PyObject *k = PyUnicode_FromStringAndSize(environ[i], eq - environ[i]);
         PyObject *v = PyUnicode_FromString(eq + 1);

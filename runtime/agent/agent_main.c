@@ -208,6 +208,12 @@ int main(int argc, char **argv)
     for (size_t i = 0; base && i < n; i++)
         if (strncmp(environ[i], "DISTKERNEL_AGENT_", 17) != 0)
             base[k++] = environ[i];
+    /* The node's folders (the template's, the stacks') go with the agent
+     * however it ends; its watcher is forked before anything else is. */
+    char why[256];
+    if (dk_tidy_start(why, sizeof why) < 0)
+        fprintf(stderr, "distkernel-agent: node %d%s%s%s: %s; its folders stay in TMPDIR if "
+                "it is killed\n", node, host ? " (" : "", host ? host : "", host ? ")" : "", why);
     warm_t warm = {0};
     if (base)
         warm_start(&warm, program, base);

@@ -358,6 +358,18 @@ static void lost_locked(void)
     watcher = -1;
 }
 
+int dk_tidy_start(char *err, size_t errlen)
+{
+    pthread_mutex_lock(&lock);
+    int rc = -1;
+    if (ended)
+        dk_set_err(err, errlen, "the process is ending");
+    else
+        rc = start_locked(err, errlen);
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
 int dk_tidy_keep(const char *path, char *err, size_t errlen)
 {
     if (!path || path[0] != '/') {

@@ -44,6 +44,13 @@
 #define DK_TIDY_MAX 256
 #define DK_TIDY_PATH_MAX 512
 
+/* Start the watcher now, if it is not running: a fork holds, for its life,
+ * the pages the host has at the fork (the host's later writes copy them), so
+ * a long-lived host starts it while it is small, before its interpreter and
+ * threads (the kernel's main, the agent's). dk_tidy_keep starts it otherwise.
+ * Returns 0, or -1 with a reason in ERR. */
+int dk_tidy_start(char *err, size_t errlen);
+
 /* Remove the folder PATH (absolute) when this process ends, unless
  * dk_tidy_forget is called for it first. Returns 0, or -1 with a reason in
  * ERR (ERR may be NULL) when it will not be: the path is relative, too long

@@ -309,13 +309,19 @@ bool dk_slurm_srun_input(const char *word);
  * rank's /proc/PID/environ there. */
 bool dk_slurm_secret_name(const char *word);
 
+/* Whether WORD is a secret: its name is (dk_slurm_secret_name), or its value
+ * holds a URL with a password in it ("scheme://user:password@host...",
+ * MLFLOW_TRACKING_URI=https://ann:pw@mlflow.example, DATABASE_URL=...): the
+ * password would reach every node as a token would. */
+bool dk_slurm_secret(const char *word);
+
 /* Whether WORD's name is one of LIST (names separated by commas; NULL or ""
  * lists none). */
 bool dk_slurm_name_listed(const char *word, const char *list);
 
 /* A step's environment: BASE less srun's input variables
- * (dk_slurm_srun_input) and less the variables that name a secret
- * (dk_slurm_secret_name) unless EXPORT_SECRETS lists them, then SET (NSET
+ * (dk_slurm_srun_input) and less the secrets (dk_slurm_secret) unless
+ * EXPORT_SECRETS lists them, then SET (NSET
  * "NAME=value" words, never filtered: the run's own) over it, as
  * dk_spawn_env_build. Free with dk_spawn_env_free; NULL when out of memory. */
 char **dk_slurm_step_env(const char *const *base, const char *const *set, size_t nset,

@@ -107,6 +107,34 @@ bool dk_slurm_secret_name(const char *word)
     return len >= 4 && strcmp(name + len - 4, "_KEY") == 0;
 }
 
+/* Whether TEXT holds "://USER:PASSWORD@" in a URL's authority (before its
+ * first '/', '?' or '#'), the password not empty. */
+static bool url_with_password(const char *text)
+{
+    for (const char *at = strstr(text, "://"); at; at = strstr(at + 1, "://")) {
+        const char *auth = at + 3;
+        size_t n = strcspn(auth, "/?# \t,;");
+        const char *last_at = NULL;
+        for (size_t i = 0; i < n; i++)
+            if (auth[i] == '@')
+                last_at = auth + i;
+        if (!last_at)
+            continue;
+        const char *colon = memchr(auth, ':', (size_t) (last_at - auth));
+        if (colon && colon + 1 < last_at)
+            return true;
+    }
+    return false;
+}
+
+bool dk_slurm_secret(const char *word)
+{
+    if (dk_slurm_secret_name(word))
+        return true;
+    const char *eq = word ? strchr(word, '=') : NULL;
+    return eq && url_with_password(eq + 1);
+}
+
 bool dk_slurm_name_listed(const char *word, const char *list)
 {
     const char *eq = word ? strchr(word, '=') : NULL;
@@ -132,7 +160,7 @@ char **dk_slurm_step_env(const char *const *base, const char *const *set, size_t
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
         if (!dk_slurm_srun_input(base[i]) &&
-            (!dk_slurm_secret_name(base[i]) || dk_slurm_name_listed(base[i], export_secrets)))
+            (!dk_slurm_secret(base[i]) || dk_slurm_name_listed(base[i], export_secrets)))
             kept[k++] = base[i];
     char **env = dk_spawn_env_build(kept, set, nset);
     free(kept);

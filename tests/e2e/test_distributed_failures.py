@@ -343,7 +343,7 @@ def folders_in(tmp):
 def test_the_kernels_temporary_folders_go_with_it_however_it_ends(tmp_path, end):
     # The kernel's TMPDIR is the test's own, so every folder in it is this
     # kernel's: the cells' sources (a cell that raises writes them), and,
-    # while ranks run, the back channel's socket, the stacks sockets and the
+    # while ranks run, the back channel's socket, the stacks sockets or the
     # warm-start template's socket. A SIGKILLed kernel removes none of them
     # itself: its folder watcher does. A shut down one removes them, and its
     # watcher has ended before the kernel does.
@@ -354,8 +354,9 @@ def test_the_kernels_temporary_folders_go_with_it_however_it_ends(tmp_path, end)
         assert k.execute("1/0").content["ename"] == "ZeroDivisionError"
         msg_id = k.start_execute(SLEEPING_RANKS)
         ranks = support.wait_announced(k, msg_id, timeout=RUN)
+        # Which others there are depends on the run (warm or cold ranks).
         kinds = {name.split("-")[1] for name in folders_in(tmp)}
-        assert {"cells", "bc", "stacks"} <= kinds, folders_in(tmp)
+        assert {"cells", "bc"} <= kinds and len(kinds) >= 3, folders_in(tmp)
         tidy = support.tidy_of(k.pid)
         assert tidy, "the kernel has no folder watcher"
         if end == "sigkill":

@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+import support
+
 from test_slurm_runs import kernel, our_jobs, still_serves, start, wait_clean  # noqa: F401
 
 
@@ -144,7 +146,7 @@ def test_started_ranks_over_the_partitions_limit_fail_at_once_saying_what_to_cha
 # What a rank was started with (/proc/self/environ: what srun sent to its node)
 # and what it has when the cell runs, of these names.
 SECRETS = ("JUPYTERHUB_API_TOKEN", "AWS_SECRET_ACCESS_KEY", "MLFLOW_TRACKING_TOKEN",
-           "HF_TOKEN", "DK_PLAIN")
+           "MLFLOW_TRACKING_URI", "HF_TOKEN", "DK_PLAIN")
 SECRETS_CELL = ("%%distributed num_processes=2 nodes=2\n"
                 "import os\n"
                 "_start = {w.split(b'=', 1)[0].decode()\n"
@@ -157,8 +159,13 @@ SECRETS_CELL = ("%%distributed num_processes=2 nodes=2\n"
 @pytest.mark.timeout(300)
 def test_secrets_are_not_sent_to_slurm_ranks_unless_listed_and_mlflows_come_by_the_channel(
         slurm_cluster, tmp_path):
+    # A tracking URI with a password in it is a secret too; nothing listens
+    # there, so tracking is off for the run, and the URI still reaches the
+    # ranks as the notebook's MLflow calls would need it: by the channel.
+    uri = f"http://ann:uri-5ecret@127.0.0.1:{support.closed_port()}"
     k = start(tmp_path, slurm_cluster, JUPYTERHUB_API_TOKEN="hub-5ecret",
               AWS_SECRET_ACCESS_KEY="aws-5ecret", MLFLOW_TRACKING_TOKEN="ml-5ecret",
+              MLFLOW_TRACKING_URI=uri, DISTKERNEL_MLFLOW_TIMEOUT="1",
               HF_TOKEN="hf-listed", DK_PLAIN="plain", DISTKERNEL_SLURM_EXPORT_SECRETS="HF_TOKEN")
     try:
         r = k.execute(SECRETS_CELL, timeout=240)
@@ -174,6 +181,6 @@ def test_secrets_are_not_sent_to_slurm_ranks_unless_listed_and_mlflows_come_by_t
         # Sent by srun: the listed secret and the rest, not the others.
         assert sorted(start_names) == ["DK_PLAIN", "HF_TOKEN"], (rank, start_names)
         # MLflow's token reached the rank through the run's channel; the others never.
-        assert now == {"MLFLOW_TRACKING_TOKEN": "ml-5ecret", "HF_TOKEN": "hf-listed",
-                       "DK_PLAIN": "plain"}, (rank, now)
+        assert now == {"MLFLOW_TRACKING_TOKEN": "ml-5ecret", "MLFLOW_TRACKING_URI": uri,
+                       "HF_TOKEN": "hf-listed", "DK_PLAIN": "plain"}, (rank, now)
     assert wait_clean(slurm_cluster) == [], "left behind after the test"

@@ -1258,6 +1258,30 @@ Test(slurm_text, variables_that_name_secrets_are_known_by_their_names)
         cr_expect_not(dk_slurm_secret_name(plain[i]), "%s taken for a secret", plain[i]);
 }
 
+Test(slurm_text, a_url_with_a_password_is_a_secret_whatever_its_name)
+{
+    const char *secret[] = {"MLFLOW_TRACKING_URI=https://ann:pw@mlflow.example:5000/",
+                            "DATABASE_URL=postgres://u:p@db/x", "X=a,http://u:p@h",
+                            "HF_TOKEN=plain", "Y=https://u:p%40x@h?q=1"};
+    for (size_t i = 0; i < sizeof secret / sizeof secret[0]; i++)
+        cr_expect(dk_slurm_secret(secret[i]), "%s not taken for a secret", secret[i]);
+    const char *plain[] = {"MLFLOW_TRACKING_URI=http://mlflow.example:5000",
+                           "MLFLOW_TRACKING_URI=https://ann@mlflow.example/",
+                           "U=https://h/path:with@colon", "V=https://u:@h/", "W=user:pw@host",
+                           "PATH=/usr/bin", "NO_VALUE"};
+    for (size_t i = 0; i < sizeof plain / sizeof plain[0]; i++)
+        cr_expect_not(dk_slurm_secret(plain[i]), "%s taken for a secret", plain[i]);
+    const char *base[] = {"MLFLOW_TRACKING_URI=https://ann:pw@m/", "KEEP=1", NULL};
+    char **env = dk_slurm_step_env(base, NULL, 0, "");
+    cr_assert_not_null(env);
+    cr_expect_str_eq(env[0], "KEEP=1");
+    cr_expect_null(env[1], "a URL with a password reached the step: %s", env[1]);
+    dk_spawn_env_free(env);
+    env = dk_slurm_step_env(base, NULL, 0, "MLFLOW_TRACKING_URI");
+    cr_expect(env && env[1], "a listed variable was kept back");
+    dk_spawn_env_free(env);
+}
+
 Test(slurm_text, a_steps_environment_has_no_secret_unless_it_is_listed)
 {
     const char *base[] = {"PATH=/usr/bin", "JUPYTERHUB_API_TOKEN=hub",

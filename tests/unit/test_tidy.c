@@ -210,6 +210,23 @@ Test(tidy, a_host_that_ends_normally_has_its_watcher_done_before_it_exits)
     cr_expect(!exists(at("removed by its user")));
 }
 
+static int starts_early_then_keeps(void)
+{
+    char err[256] = "";
+    if (dk_tidy_start(err, sizeof err) != 0)
+        return 21;
+    pid_t early = dk_tidy_pid();
+    if (early <= 0 || keep(make_full("kept")) || dk_tidy_pid() != early)
+        return 22;
+    return dk_tidy_start(err, sizeof err) == 0 && dk_tidy_pid() == early ? 0 : 23;
+}
+
+Test(tidy, a_watcher_started_early_keeps_what_is_kept_later)
+{
+    wait_watcher(run_host(starts_early_then_keeps, "kill"));
+    cr_expect(!exists(at("kept")));
+}
+
 static int keeps_nothing(void)
 {
     return 0;
