@@ -12,7 +12,7 @@ import pytest
 
 import support
 
-from test_slurm_runs import kernel, our_jobs, still_serves, start, wait_clean  # noqa: F401
+from test_slurm_runs import kernel, still_serves, start, wait_clean  # noqa: F401
 
 
 @pytest.mark.timeout(120)
@@ -26,7 +26,7 @@ def test_slurm_args_naming_the_job_is_refused_before_slurm_is_asked(kernel, slur
     assert "--comment=" in evalue, evalue
     # nothing was asked of Slurm: no job of any name, queued or not
     assert slurm_cluster.run("squeue", "-h", "-o", "%i").stdout.split() == jobs_before
-    assert our_jobs(slurm_cluster) == []
+    assert wait_clean(slurm_cluster) == []
     still_serves(kernel)
 
 
@@ -84,7 +84,7 @@ def test_every_rank_sees_slurm_variables_of_the_run_not_of_its_step(kernel, slur
     real = real_step_vars(slurm_cluster)
     for rank in range(4):
         assert {n: ranks[rank][n] for n in SLURM_VARS} == {n: real[rank][n] for n in SLURM_VARS}
-    assert our_jobs(slurm_cluster) == []
+    assert wait_clean(slurm_cluster) == []
 
 
 # The test cluster's `short` partition has MaxTime=5 (minutes), and Slurm's
@@ -103,7 +103,7 @@ def test_without_a_timeout_the_time_limit_fits_the_partition(kernel, slurm_clust
     r = kernel.execute(TIME_LIMIT_CELL.format(timeout), timeout=240)
     assert r.status == "ok", r.describe()
     assert "[rank 0] LIMIT=5:00" in r.stdout, r.describe()
-    assert our_jobs(slurm_cluster) == []
+    assert wait_clean(slurm_cluster) == []
 
 
 @pytest.mark.timeout(120)
@@ -120,7 +120,7 @@ def test_a_timeout_over_the_partitions_limit_fails_at_once_saying_so(kernel, slu
     assert "give a shorter timeout=, or a partition= whose limit allows it" in evalue, evalue
     assert "longer timeout" not in evalue, evalue
     assert took < 60, took      # not the whole wait (timeout=600)
-    assert our_jobs(slurm_cluster) == []
+    assert wait_clean(slurm_cluster) == []
     still_serves(kernel)
 
 
@@ -139,7 +139,7 @@ def test_started_ranks_over_the_partitions_limit_fail_at_once_saying_what_to_cha
     assert "Started ranks ask for the partition's MaxTime: give a shorter one in " \
            "slurm_args='--time=H:MM:SS', or a partition= whose limit allows it" in evalue, evalue
     assert time.monotonic() - t0 < 60
-    assert our_jobs(slurm_cluster) == []
+    assert wait_clean(slurm_cluster) == []
     still_serves(kernel)
 
 

@@ -19,7 +19,7 @@ import support
 
 sys.path.insert(0, str(support.REPO_ROOT / "tests"))
 sys.path.insert(0, os.path.dirname(__file__))
-from test_slurm_runs import our_jobs, rank_processes, start, still_serves, wait_clean  # noqa: E402
+from test_slurm_runs import rank_processes, start, still_serves, wait_clean  # noqa: E402
 
 GPUS_PER_NODE = 2      # tests/slurm/cluster.sh's default, GRES gpu:h200:2
 
@@ -145,7 +145,7 @@ def test_another_gpu_model_the_nodes_lack_is_a_clear_error(kernel, slurm_cluster
     assert r.status == "error", r.describe()
     assert ("gpu_type=A100 asks for A100 GPUs, but the nodes of the default partition have "
             "h200 (GRES gpu:h200:2)") in r.content["evalue"], r.describe()
-    assert our_jobs(slurm_cluster) == [] and rank_processes(slurm_cluster) == []
+    assert wait_clean(slurm_cluster) == []
     still_serves(kernel)
 
 
@@ -166,7 +166,7 @@ def test_gpus_that_do_not_fit_the_nodes_are_a_clear_error_before_anything_starts
                        timeout=60)
     assert r.status == "error", r.describe()
     assert "Slurm has no partition 'nope'" in r.content["evalue"], r.describe()
-    assert our_jobs(slurm_cluster) == [] and rank_processes(slurm_cluster) == []
+    assert wait_clean(slurm_cluster) == []
     still_serves(kernel)
 
 
@@ -185,7 +185,7 @@ def test_gpus_per_node_over_what_distkernel_nodes_gives_name_the_variable(slurm_
         assert ("give nodes= in the cell (it wins over DISTKERNEL_NODES), or change "
                 "DISTKERNEL_NODES" in evalue and "nodes=2" in evalue), evalue
         assert "No rank was started" in evalue, evalue
-        assert our_jobs(slurm_cluster) == [] and rank_processes(slurm_cluster) == []
+        assert wait_clean(slurm_cluster) == []
         still_serves(k)
     finally:
         k.stop()
@@ -223,7 +223,7 @@ def test_inside_a_gpu_allocation_gpu_and_cpu_ranks_run_on_its_nodes(slurm_cluste
                           timeout=240)
             assert r.status == "ok", r.describe()
             assert [v for _, _, _, v, _, _ in parse_results(r.result)] == [""] * 4, r.result
-            assert our_jobs(slurm_cluster) == []
+            assert wait_clean(slurm_cluster) == []
         finally:
             k.stop()
         assert rank_processes(slurm_cluster) == []

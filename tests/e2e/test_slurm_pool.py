@@ -268,7 +268,7 @@ def test_a_start_queued_in_slurm_shows_its_state_and_an_interrupt_cancels_it(ker
     assert r.status == "error", r.describe()
     assert r.content["ename"] == "KeyboardInterrupt", r.describe()
     assert f"Slurm request {job} was cancelled while PENDING" in r.content["evalue"], r.describe()
-    assert our_jobs(slurm_cluster) == []
+    assert wait_clean(slurm_cluster) == []
     r = kernel.execute("%distributed status")
     assert "no ranks are started" in r.stdout, r.describe()
     still_serves(kernel)
