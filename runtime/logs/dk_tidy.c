@@ -12,6 +12,7 @@
 #include "dk_tidy.h"
 
 #include "dk_err.h"
+#include "dk_watch.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -195,29 +196,9 @@ static void remove_kept(const kept_t *k)
 static _Noreturn void watch(int sock, pid_t host, long max_fd)
 {
     setpgid(0, 0);
-    struct sigaction act;
-    memset(&act, 0, sizeof act);
-    sigemptyset(&act.sa_mask);
-    for (int sig = 1; sig < NSIG; sig++) {
-        bool quiet = sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGPIPE;
-        act.sa_handler = quiet ? SIG_IGN : SIG_DFL;
-        if (sig != SIGKILL && sig != SIGSTOP)
-            sigaction(sig, &act, NULL);     /* EINVAL for libc-reserved ones: fine */
-    }
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, NULL);
+    dk_watch_quiet_signals();
     prctl(PR_SET_NAME, (unsigned long) "distkernel-tidy", 0, 0, 0);
-    if (dup2(sock, 0) < 0)
-        _exit(127);
-    if (syscall(SYS_close_range, 1, ~0U, 0) != 0) {
-        for (long fd = 1; fd < max_fd; fd++)
-            close((int) fd);
-    }
-    int pidfd = -1;
-#ifdef SYS_pidfd_open
-    pidfd = (int) syscall(SYS_pidfd_open, host, 0);
-#endif
+    int pidfd = dk_watch_keep_only(sock, host, max_fd);
     bool go_on = true;                  /* the host has not said '!' */
     bool alive = getppid() == host;     /* else it ended before the pidfd was taken */
     struct pollfd fds[2] = {{.fd = 0, .events = POLLIN}, {.fd = pidfd, .events = POLLIN}};
@@ -254,15 +235,6 @@ static pid_t watcher = -1;
 static int wfd = -1;
 static bool ended;
 
-static long sweep_limit(void)
-{
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY ||
-        rl.rlim_cur > (1 << 20))
-        return 1 << 20;
-    return (long) rl.rlim_cur;
-}
-
 /* Collect a watcher that has ended, or has just been told to; waits at most
  * WAIT_MS. */
 static void reap(pid_t pid, int wait_ms)
@@ -293,7 +265,7 @@ static int start_locked(char *err, size_t errlen)
         dk_set_err(err, errlen, "cannot create the folder watcher's socket: %s", strerror(errno));
         return -1;
     }
-    long max_fd = sweep_limit();
+    long max_fd = dk_watch_fd_limit();
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);

@@ -32,6 +32,7 @@
 #include "dk_clock.h"
 #include "dk_err.h"
 #include "dk_stop.h"
+#include "dk_watch.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -226,11 +227,7 @@ static _Noreturn void child_run(const child_args_t *a)
 /* Highest descriptor number to sweep if close_range is missing (kernel < 5.9). */
 static long sweep_limit(void)
 {
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY ||
-        rl.rlim_cur > (1 << 20))
-        return 1 << 20;
-    return (long) rl.rlim_cur;
+    return dk_watch_fd_limit();
 }
 
 /* ---- the sentinel --------------------------------------------------------------
@@ -257,16 +254,7 @@ static long sweep_limit(void)
  * pipe; the pipe stays for kernels without pidfd_open (before Linux 5.3). */
 static void wait_for_host(int watch_fd, pid_t host, long max_fd)
 {
-    if (dup2(watch_fd, 0) < 0)
-        _exit(127);
-    if (syscall(SYS_close_range, 1, ~0U, 0) != 0) {
-        for (long fd = 1; fd < max_fd; fd++)
-            close((int) fd);
-    }
-    int pidfd = -1;
-#ifdef SYS_pidfd_open
-    pidfd = (int) syscall(SYS_pidfd_open, host, 0);
-#endif
+    int pidfd = dk_watch_keep_only(watch_fd, host, max_fd);
     /* The host may have ended before the pidfd was taken (the pid then names
      * no process, or another one, no longer our parent). */
     if (getppid() != host)
@@ -318,18 +306,7 @@ static _Noreturn void last_word_run(int watch_fd, pid_t host, const watch_t *w, 
     setpgid(0, 0);
     /* Every signal is still blocked (as at the fork): ignore these before the
      * mask opens, so one already pending is discarded, not acted on. */
-    struct sigaction act;
-    memset(&act, 0, sizeof act);
-    sigemptyset(&act.sa_mask);
-    for (int sig = 1; sig < NSIG; sig++) {
-        bool quiet = sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGPIPE;
-        act.sa_handler = quiet ? SIG_IGN : SIG_DFL;
-        if (sig != SIGKILL && sig != SIGSTOP)
-            sigaction(sig, &act, NULL);
-    }
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, NULL);
+    dk_watch_quiet_signals();
     wait_for_host(watch_fd, host, max_fd);
     int null = open("/dev/null", O_RDWR);
     if (null < 0 || dup2(null, 0) < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0)

@@ -360,18 +360,26 @@ static void expect_gone(pid_t pid, double timeout_s)
     }
 }
 
+/* Ranks that ignore SIGINT (the ladder must go on to SIGTERM), on a node of
+ * 2; the agent started and both ranks' "up" read into S. */
+#define DEAF_TO_SIGINT "trap '' INT; echo up; while :; do sleep 0.05; done"
+static kern_t *agent_with_ranks_up(agent_opts_t *o, seen_t *s)
+{
+    kern_t *k = agent_start(o);
+    cr_assert(next_frame(k, 10));
+    while (strlen(s->out[0]) + strlen(s->out[1]) < 6) {
+        cr_assert(next_frame(k, 10));
+        take(k, s, 0);
+    }
+    return k;
+}
+
 static void ends_its_ranks_when_the_kernel_goes(bool close_it)
 {
-    /* The ranks ignore SIGINT: the ladder must go on to SIGTERM. */
     agent_opts_t o = {.node = 0, .world = 2, .per = 2, .heartbeat_s = 2, .grace_s = 0.3,
-                      .script = "trap '' INT; echo up; while :; do sleep 0.05; done"};
-    kern_t *k = agent_start(&o);
-    cr_assert(next_frame(k, 10));
+                      .script = DEAF_TO_SIGINT};
     seen_t s = {0};
-    while (strlen(s.out[0]) + strlen(s.out[1]) < 6) {
-        cr_assert(next_frame(k, 10));
-        take(k, &s, 0);
-    }
+    kern_t *k = agent_with_ranks_up(&o, &s);
     double t0 = now();
     if (close_it) {
         close(k->fd);
@@ -406,14 +414,9 @@ Test(agent, a_sigterm_ends_its_ranks_tells_their_exits_and_ends_the_agent, .time
      * told while the kernel listens, and the agent ends without waiting for
      * the kernel's close (its heartbeat deadline, 30 s here). */
     agent_opts_t o = {.node = 0, .world = 2, .per = 2, .grace_s = 0.3,
-                      .script = "trap '' INT; echo up; while :; do sleep 0.05; done"};
-    kern_t *k = agent_start(&o);
-    cr_assert(next_frame(k, 10));
+                      .script = DEAF_TO_SIGINT};
     seen_t s = {0};
-    while (strlen(s.out[0]) + strlen(s.out[1]) < 6) {
-        cr_assert(next_frame(k, 10));
-        take(k, &s, 0);
-    }
+    kern_t *k = agent_with_ranks_up(&o, &s);
     double t0 = now();
     cr_assert_eq(kill(k->agent, SIGTERM), 0);
     while (s.exits < 2) {
