@@ -420,19 +420,19 @@ def log_dir(execution):
     return None
 
 
-def descendants(pid, template=False):
+def descendants(pid, template=False, tidy=False):
     """Every living-or-zombie descendant of PID (psutil.Process objects). The
     kernel's warm-start template, a child that stays between runs by design
     (tests/e2e/test_warm.py), is left out unless TEMPLATE; the ranks it forked
     are not. So is the kernel's folder watcher, which lives as long as the
-    kernel (tidy_of)."""
+    kernel (tidy_of), unless TIDY."""
     import psutil
     try:
         procs = psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
     return [p for p in procs
-            if not is_tidy_of(p, pid) and (template or not is_template_of(p, pid))]
+            if (tidy or not is_tidy_of(p, pid)) and (template or not is_template_of(p, pid))]
 
 
 TIDY = "distkernel-tidy"

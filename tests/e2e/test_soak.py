@@ -297,8 +297,10 @@ def ours(tmpdir, run_ids):
 def orphans(kernel_pid, tmpdir, run_ids):
     """Processes of this kernel's runs not under the kernel (every one of them
     once the kernel has ended), described. The warm-start template is under
-    the kernel: it stays between runs by design, and ends with the kernel."""
-    under = {p.pid for p in support.descendants(kernel_pid, template=True)} | {kernel_pid}
+    the kernel: it stays between runs by design, and ends with the kernel; so
+    is its folder watcher (it has the kernel's environment, TMPDIR included)."""
+    under = {p.pid for p in support.descendants(kernel_pid, template=True, tidy=True)}
+    under.add(kernel_pid)
     return describe([pid for pid in ours(tmpdir, run_ids) if pid not in under])
 
 
