@@ -449,6 +449,11 @@ cmd_node() {     # kill|start|exec|pids nodeI [CMD...]
         local n victims=()
         n=$(netns_of "$h")
         mapfile -t victims < <(in_netns "$n")
+        # A crash ends every process at the same instant. One kill(1) of
+        # many pids signals them in turn, and a node agent SIGKILLed a moment
+        # after its ranks could tell their deaths first (its rank killed,
+        # not its node lost). Stopped first, none of them acts any more.
+        ((${#victims[@]} == 0)) || kill -STOP "${victims[@]}" 2> /dev/null || true
         kill_all "${victims[@]}"
         rm -f "$DIR/pids/host-$node" "$DIR/pids/slurmd-$node"
         ;;
