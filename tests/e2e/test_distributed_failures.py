@@ -354,9 +354,10 @@ def test_the_kernels_temporary_folders_go_with_it_however_it_ends(tmp_path, end)
         assert k.execute("1/0").content["ename"] == "ZeroDivisionError"
         msg_id = k.start_execute(SLEEPING_RANKS)
         ranks = support.wait_announced(k, msg_id, timeout=RUN)
-        # Which others there are depends on the run (warm or cold ranks).
+        # Which others there are depends on the run (a warm template's, the
+        # stacks' sockets; the sanitizer pass starts its ranks cold).
         kinds = {name.split("-")[1] for name in folders_in(tmp)}
-        assert {"cells", "bc"} <= kinds and len(kinds) >= 3, folders_in(tmp)
+        assert {"cells", "bc"} <= kinds, folders_in(tmp)
         tidy = support.tidy_of(k.pid)
         assert tidy, "the kernel has no folder watcher"
         if end == "sigkill":
