@@ -47,6 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -662,24 +663,67 @@ const char *dk_spawn_env_get(const char *const *env, const char *name)
     return NULL;
 }
 
-int dk_spawn_free_port(char *err, size_t errlen)
+/* Bind a TCP socket to PORT (0: any) on every address, IPv4 and, where
+ * this host has IPv6, IPv6 as well, as a rank's TCPStore will; close them.
+ * The port bound, or -1 with errno set. */
+static int probe_port(int port)
 {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-        dk_set_err(err, errlen, "cannot pick a free port (socket): %s", strerror(errno));
+    int fd4 = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd4 < 0)
+        return -1;
+    struct sockaddr_in a4;
+    memset(&a4, 0, sizeof a4);
+    a4.sin_family = AF_INET;
+    a4.sin_addr.s_addr = htonl(INADDR_ANY);
+    a4.sin_port = htons((uint16_t) port);
+    socklen_t alen = sizeof a4;
+    if (bind(fd4, (struct sockaddr *) &a4, sizeof a4) != 0 ||
+        getsockname(fd4, (struct sockaddr *) &a4, &alen) != 0) {
+        int e = errno;
+        close(fd4);
+        errno = e;
         return -1;
     }
-    struct sockaddr_in addr;
-    memset(&addr, 0, sizeof addr);
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t alen = sizeof addr;
-    int port = -1;
-    if (bind(fd, (struct sockaddr *) &addr, sizeof addr) != 0 ||
-        getsockname(fd, (struct sockaddr *) &addr, &alen) != 0)
-        dk_set_err(err, errlen, "cannot pick a free port on 127.0.0.1: %s", strerror(errno));
-    else
-        port = ntohs(addr.sin_port);
-    close(fd);
+    port = ntohs(a4.sin_port);
+    int fd6 = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd6 >= 0) {
+        int one = 1;
+        struct sockaddr_in6 a6;
+        memset(&a6, 0, sizeof a6);
+        a6.sin6_family = AF_INET6;
+        a6.sin6_addr = in6addr_any;
+        a6.sin6_port = htons((uint16_t) port);
+        if (setsockopt(fd6, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one) == 0 &&
+            bind(fd6, (struct sockaddr *) &a6, sizeof a6) != 0 && errno != EADDRNOTAVAIL) {
+            int e = errno;
+            close(fd6);
+            close(fd4);
+            errno = e;
+            return -1;
+        }
+        close(fd6);
+    }
+    close(fd4);
+    return port;
+}
+
+int dk_spawn_free_port(char *err, size_t errlen)
+{
+    /* Outside the ephemeral range, where this host's outgoing connections
+     * (other runs' ranks among them) take their ports and one could take
+     * this port between now and rank 0's bind; the range rank 0 also looks
+     * in on other nodes (python/distkernel/_rank.py, _PORT_RANGE). */
+    for (int i = 0; i < DK_SPAWN_PORT_TRIES; i++) {
+        uint32_t r;
+        if (getrandom(&r, sizeof r, 0) != (ssize_t) sizeof r)
+            break;
+        int port = probe_port(DK_SPAWN_PORT_LOW + (int) (r % (DK_SPAWN_PORT_HIGH -
+                                                              DK_SPAWN_PORT_LOW)));
+        if (port > 0)
+            return port;
+    }
+    int port = probe_port(0);
+    if (port < 0)
+        dk_set_err(err, errlen, "cannot pick a free TCP port: %s", strerror(errno));
     return port;
 }

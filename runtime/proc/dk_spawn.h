@@ -98,8 +98,15 @@ void dk_spawn_env_free(char **env);
 /* The value of NAME in ENV, or NULL. */
 const char *dk_spawn_env_get(const char *const *env, const char *name);
 
-/* A TCP port on 127.0.0.1 that was free a moment ago (bound with port 0, read,
- * released), or -1 with a reason in ERR. */
+/* Where dk_spawn_free_port looks first: above the usual service ports and
+ * below Linux's ephemeral range (32768-60999). */
+#define DK_SPAWN_PORT_LOW 20000
+#define DK_SPAWN_PORT_HIGH 32768
+#define DK_SPAWN_PORT_TRIES 64
+
+/* A TCP port that was free a moment ago on every address of this host
+ * (bound, released): a random one in [DK_SPAWN_PORT_LOW, DK_SPAWN_PORT_HIGH),
+ * else one the system picks; -1 with a reason in ERR. */
 int dk_spawn_free_port(char *err, size_t errlen);
 
 #endif

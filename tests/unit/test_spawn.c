@@ -12,6 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -184,4 +187,27 @@ Test(last_word, acting_now_runs_it_and_leaves_no_zombie)
             usleep(20000);
     }
     cr_expect(gone, "the last word %d was left a zombie", was);
+}
+
+/* The kernel's MASTER_PORT: outside the ephemeral range, where another run's
+ * outgoing connections could take it before rank 0 binds it, and free on
+ * every address (rank 0's TCPStore binds them all). */
+Test(free_port, is_outside_the_ephemeral_range_and_free_on_every_address)
+{
+    for (int i = 0; i < 20; i++) {
+        char err[256] = "";
+        int port = dk_spawn_free_port(err, sizeof err);
+        cr_assert(port >= DK_SPAWN_PORT_LOW && port < DK_SPAWN_PORT_HIGH, "port %d: %s", port,
+                  err);
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        cr_assert(fd >= 0);
+        struct sockaddr_in a;
+        memset(&a, 0, sizeof a);
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_ANY);
+        a.sin_port = htons((uint16_t) port);
+        cr_assert(bind(fd, (struct sockaddr *) &a, sizeof a) == 0, "port %d: %s", port,
+                  strerror(errno));
+        close(fd);
+    }
 }
