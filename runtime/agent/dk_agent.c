@@ -1,15 +1,16 @@
 /*
  * dk_agent: a node agent's poll loop. See the header.
  *
- * Everything the agent sends goes out whole and in order on one blocking
- * socket: a kernel that takes no byte for the heartbeat deadline is gone, as
+ * Everything the agent sends is sealed into one buffer and written whole and
+ * in order at the end of its loop's turn (or once 256 KiB wait): a turn's
+ * output, exits, relayed frames and PING in one write, on one blocking
+ * socket. A kernel that takes no byte for the heartbeat deadline is gone, as
  * a silent one is. What it reads is non-blocking, into a buffer that holds
  * at least one whole frame. The ranks' pipes are read a pipe-read at a time
  * (at most DK_BC_OUTPUT_MAX), so one rank's flood is interleaved with the
  * others' output, the exits and the PINGs.
  */
-#include "dk_agent.h"
-#include "dk_agentwire.h"
+#include "dk_agent_state.h"
 
 #include "dk_backchan.h"
 #include "dk_be32.h"
@@ -34,8 +35,11 @@
 #include <unistd.h>
 
 #define DEFAULT_GRACE_S 2.0
-/* The most a frame from the kernel may carry (SIGNAL: 4 bytes today). */
-#define IN_PAYLOAD_MAX ((size_t) 64 << 10)
+/* The most a frame from the kernel may carry (a RELAY's bytes). */
+#define IN_PAYLOAD_MAX DK_BC_RELAY_MAX
+/* Frames wait in the agent's buffer until its loop turn ends (or this much
+ * is waiting): a turn's output, exits and relayed frames go in one write. */
+#define OUT_FLUSH_AT ((size_t) 256 << 10)
 /* What one exited rank's pipes are drained of before its EXIT goes: its last
  * words; a child that keeps writing is read on afterwards. */
 #define EXIT_DRAIN_MAX ((size_t) 4 << 20)
@@ -45,35 +49,6 @@
 /* How often the wait for the template looks at the kernel's connection. */
 #define WARM_SLICE_MS 50
 
-typedef struct {
-    int rank;               /* its rank in the run */
-    pid_t pid;              /* -1: not started */
-    int pidfd;
-    int pipes[2];           /* stdout, stderr read ends; -1 at EOF */
-    bool exited;            /* reaped and its EXIT sent (or the kernel is gone) */
-    bool stacks_wanted;     /* a STACKS request waits for the running one to end */
-    bool sample_wanted;     /* ... a live sample's (DK_BC_STACKS_SAMPLE) */
-    bool stacks_asked;      /* asked in the running request */
-    uint64_t pending_sigs;  /* SIGNALs that came before it started (bit = signal) */
-} lrank_t;
-
-typedef struct {
-    const dk_agent_spec_t *spec;
-    dk_agentwire_t wire;
-    int fd;
-    lrank_t *ranks;
-    int n, live;
-    unsigned char *in;
-    size_t in_len, in_cap;
-    double heartbeat_s;
-    double heard_at, pinged_at;
-    bool gone;              /* the kernel closed, went silent, or took nothing */
-    bool shut;              /* every rank told: our side is shut, awaiting the close */
-    double shut_at;
-    dk_stop_t stop;
-    dk_stackreq_t *stacks;
-    int sentinel_pid, sentinel_fd;
-} agent_t;
 
 static void say(agent_t *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -120,6 +95,9 @@ static void kernel_gone(agent_t *a, const char *why)
      * take the folder watcher with it while the ranks are still being ended. */
     dk_stackreq_destroy(&a->stacks);
     dk_template_unlink(a->spec->template);
+    if (a->relay)
+        dk_relay_end_all(a->relay);     /* the ranks read an end of file */
+    a->out_len = 0;
     if (a->live > 0)
         say(a, "%s; ending this node's %d rank%s", why, a->live, a->live == 1 ? "" : "s");
     else if (!a->shut)
@@ -162,30 +140,50 @@ static bool write_all(agent_t *a, const unsigned char *buf, size_t len)
     return true;
 }
 
-static void send_frame(agent_t *a, int type, uint32_t id, const void *payload, size_t len)
+/* Write the frames waiting in the buffer. */
+static void flush_out(agent_t *a)
+{
+    if (a->out_len == 0 || a->gone)
+        return;
+    size_t len = a->out_len;
+    a->out_len = 0;
+    if (write_all(a, a->out, len))
+        a->pinged_at = dk_now_s();
+}
+
+void agent_send_frame(agent_t *a, int type, uint32_t id, const void *payload, size_t len)
 {
     if (a->gone || a->shut)
         return;
-    unsigned char small[DK_AGENTWIRE_HEAD + 16];
-    unsigned char *buf = len <= 16 ? small : malloc(DK_AGENTWIRE_HEAD + len);
-    if (!buf) {
-        kernel_gone(a, "out of memory for a message to the kernel");
+    size_t need = a->out_len + DK_AGENTWIRE_HEAD + len;
+    if (need > a->out_cap) {
+        size_t cap = a->out_cap ? a->out_cap : 65536;
+        while (cap < need)
+            cap *= 2;
+        unsigned char *out = realloc(a->out, cap);
+        if (!out) {
+            kernel_gone(a, "out of memory for a message to the kernel");
+            return;
+        }
+        a->out = out;
+        a->out_cap = cap;
+    }
+    size_t n = dk_agentwire_seal(&a->wire, type, id, payload, len, a->out + a->out_len);
+    if (n == 0) {
+        kernel_gone(a, "OpenSSL could not sign a message");
         return;
     }
-    size_t n = dk_agentwire_seal(&a->wire, type, id, payload, len, buf);
-    if (n == 0)
-        kernel_gone(a, "OpenSSL could not sign a message");
-    else if (write_all(a, buf, n))
-        a->pinged_at = dk_now_s();
-    if (buf != small)
-        free(buf);
+    a->out_len += n;
+    if (a->out_len >= OUT_FLUSH_AT)
+        flush_out(a);
 }
 
 /* ---- the ranks ---------------------------------------------------------------- */
 
 /* Pass on one read of rank I's pipe W (0 stdout, 1 stderr). False at EOF or
- * when it is empty. */
-static bool pump(agent_t *a, int i, int w)
+ * when it is empty; *SHORT (if given) when the read took less than a
+ * frame's worth (the pipe was emptied). */
+static bool pump_read(agent_t *a, int i, int w, bool *short_read)
 {
     lrank_t *rk = &a->ranks[i];
     static unsigned char buf[2 + DK_BC_OUTPUT_MAX];
@@ -203,8 +201,36 @@ static bool pump(agent_t *a, int i, int w)
         return false;
     buf[0] = (unsigned char) (w + 1);
     buf[1] = (size_t) n < DK_BC_OUTPUT_MAX ? DK_BC_OUTPUT_CAUGHT_UP : 0;
-    send_frame(a, DK_BC_OUTPUT, (uint32_t) rk->rank, buf, 2 + (size_t) n);
+    if (short_read)
+        *short_read = (size_t) n < DK_BC_OUTPUT_MAX;
+    agent_send_frame(a, DK_BC_OUTPUT, (uint32_t) rk->rank, buf, 2 + (size_t) n);
     return true;
+}
+
+static bool pump(agent_t *a, int i, int w)
+{
+    return pump_read(a, i, w, NULL);
+}
+
+/* The relay is about to pass on what a rank sent on its connection (an
+ * answer): first what every rank had written to its pipes by now, so that
+ * the kernel gets a rank's output before its answer (dk_relay.h). A pipe is
+ * read until a read finds it emptied (or EXIT_DRAIN_MAX). */
+static void relay_before(void *data)
+{
+    agent_t *a = data;
+    for (int i = 0; i < a->n; i++)
+        for (int w = 0; w < 2; w++) {
+            bool short_read = false;
+            size_t drained = 0;
+            while (drained < EXIT_DRAIN_MAX && pump_read(a, i, w, &short_read) && !short_read)
+                drained += DK_BC_OUTPUT_MAX;
+        }
+}
+
+static void relay_send(void *data, int type, uint32_t stream, const void *bytes, size_t len)
+{
+    agent_send_frame(data, type, stream, bytes, len);
 }
 
 /* Rank I's process has ended: its last words, then its EXIT. */
@@ -218,6 +244,8 @@ static void reap(agent_t *a, int i)
     while (got < 0 && errno == EINTR);
     if (got == 0)
         return;         /* not yet (a pidfd's wake before the zombie is collectable) */
+    if (a->relay)
+        dk_relay_flush_in(a->relay);    /* its answer, and its close, before its exit */
     size_t drained = 0;
     for (int w = 0; w < 2; w++)
         while (drained < EXIT_DRAIN_MAX && pump(a, i, w))
@@ -227,7 +255,7 @@ static void reap(agent_t *a, int i)
     int sig = got > 0 && WIFSIGNALED(status) ? WTERMSIG(status) : 0;
     dk_put_be32(body, (uint32_t) code);
     dk_put_be32(body + 4, (uint32_t) sig);
-    send_frame(a, DK_BC_EXIT, (uint32_t) rk->rank, body, sizeof body);
+    agent_send_frame(a, DK_BC_EXIT, (uint32_t) rk->rank, body, sizeof body);
     rk->exited = true;
     close_fd(&rk->pidfd);
     if (a->stacks)
@@ -250,81 +278,6 @@ static void signal_ranks(agent_t *a, uint32_t id, int sig)
     }
 }
 
-/* Ask the ranks marked stacks_wanted at once (dk_stackreq.h), or, when none
- * is, those marked sample_wanted for a live sample: DK_SAMPLE_SIGNAL to each
- * one's sampler thread (tgkill), which interrupts no system call of the
- * rank's, where the ending dump's DK_STACKS_SIGNAL goes to the process. */
-static void stacks_begin(agent_t *a)
-{
-    if (!a->stacks || dk_stackreq_running(a->stacks))
-        return;
-    pid_t *groups = calloc(a->n > 0 ? (size_t) a->n : 1, sizeof *groups);
-    if (!groups)
-        return;
-    bool ending = false;
-    for (int i = 0; i < a->n; i++)
-        ending |= a->ranks[i].stacks_wanted && !a->ranks[i].exited && a->ranks[i].pid > 0;
-    int asked = 0;
-    for (int i = 0; i < a->n; i++) {
-        lrank_t *rk = &a->ranks[i];
-        bool *wanted = ending ? &rk->stacks_wanted : &rk->sample_wanted;
-        rk->stacks_asked = *wanted && !rk->exited && rk->pid > 0;
-        *wanted = false;
-        if (ending && rk->stacks_asked)
-            rk->sample_wanted = false;  /* the ending dump answers the sample too */
-        if (rk->stacks_asked) {
-            groups[i] = rk->pid;
-            asked++;
-        }
-    }
-    if (asked && ending)
-        dk_stackreq_begin(a->stacks, groups, dk_now_s(), a->spec->stacks_wait_s);
-    else if (asked)
-        dk_stackreq_sample(a->stacks, groups, dk_now_s(), a->spec->stacks_wait_s);
-    free(groups);
-}
-
-/* The running request is over: every asked rank's dump, "" when it gave none. */
-static void stacks_send(agent_t *a)
-{
-    for (int i = 0; i < a->n; i++) {
-        lrank_t *rk = &a->ranks[i];
-        if (!rk->stacks_asked)
-            continue;
-        rk->stacks_asked = false;
-        size_t len = 0;
-        const char *dump = dk_stackreq_dump(a->stacks, i, &len);
-        if (!dump)      /* not signalled (no ready line, no sampler): "" */
-            dump = "", len = 0;
-        if (len > DK_BC_STACKS_MAX) {
-            dump += len - DK_BC_STACKS_MAX;
-            len = DK_BC_STACKS_MAX;
-        }
-        send_frame(a, DK_BC_STACKS, (uint32_t) rk->rank, dump, len);
-    }
-    bool more = false;
-    for (int i = 0; i < a->n; i++)
-        more |= a->ranks[i].stacks_wanted || a->ranks[i].sample_wanted;
-    if (more)
-        stacks_begin(a);
-}
-
-static void want_stacks(agent_t *a, uint32_t id, bool sample)
-{
-    for (int i = 0; i < a->n; i++) {
-        lrank_t *rk = &a->ranks[i];
-        if ((id == DK_BC_ALL_RANKS || id == (uint32_t) rk->rank) && !rk->exited) {
-            if (!a->stacks || rk->pid <= 0)     /* none, or not started yet: "" */
-                send_frame(a, DK_BC_STACKS, (uint32_t) rk->rank, NULL, 0);
-            else if (sample)
-                rk->sample_wanted = true;
-            else
-                rk->stacks_wanted = true;
-        }
-    }
-    stacks_begin(a);
-}
-
 /* ---- frames from the kernel ----------------------------------------------------- */
 
 static void on_frame(agent_t *a, const dk_agentframe_t *f)
@@ -337,8 +290,12 @@ static void on_frame(agent_t *a, const dk_agentframe_t *f)
             signal_ranks(a, f->id, (int) sig);
         return;
     }
+    if ((f->type == DK_BC_RELAY || f->type == DK_BC_RELAY_END) && a->relay) {
+        dk_relay_from_kernel(a->relay, f->type, f->id, f->payload, f->len);
+        return;
+    }
     if (f->type == DK_BC_STACKS && (f->len == 0 || f->len == 4)) {
-        want_stacks(a, f->id, f->len == 4 && dk_get_be32(f->payload) == DK_BC_STACKS_SAMPLE);
+        agent_want_stacks(a, f->id, f->len == 4 && dk_get_be32(f->payload) == DK_BC_STACKS_SAMPLE);
         return;
     }
     say(a, "the kernel sent a message of type %d, which this agent does not know; ignored",
@@ -411,6 +368,8 @@ static bool start_ranks(agent_t *a, const char *warm_socket)
         in.log_path = log;
         in.stacks_path = a->stacks ? dk_stackreq_path(a->stacks, i) : NULL;
         in.warm_socket = warm_socket;
+        if (a->relay)
+            in.bc_address = dk_relay_address(a->relay);
         char **env = log ? dk_rankenv_build(s->base_env, &in) : NULL;
         free(log);
         if (!env) {
@@ -432,7 +391,7 @@ static bool start_ranks(agent_t *a, const char *warm_socket)
         a->live++;
         unsigned char pid[4];
         dk_put_be32(pid, (uint32_t) sp.pid);
-        send_frame(a, DK_BC_STARTED, (uint32_t) rk->rank, pid, sizeof pid);
+        agent_send_frame(a, DK_BC_STARTED, (uint32_t) rk->rank, pid, sizeof pid);
         /* What the kernel sent while the template was awaited (the stop
          * ladder's rungs, in signal order: a rank just started ends at the
          * first it does not ignore). */
@@ -495,7 +454,8 @@ static const char *warm_socket(agent_t *a)
         if (stopped)
             break;
         if (!a->gone && now - a->pinged_at >= DK_BC_PING_S)
-            send_frame(a, DK_BC_PING, (uint32_t) s->node, NULL, 0);
+            agent_send_frame(a, DK_BC_PING, (uint32_t) s->node, NULL, 0);
+        flush_out(a);
         if (!a->gone && now - a->heard_at > a->heartbeat_s)
             kernel_gone(a, "the kernel has been silent past the heartbeat deadline");
     }
@@ -552,7 +512,8 @@ static double earliest(double a, double b)
 
 static void loop(agent_t *a)
 {
-    size_t max = 1 + 3 * (size_t) a->n;
+    size_t relay_max = a->relay ? dk_relay_max_fds(a->relay) : 0;
+    size_t max = 1 + 3 * (size_t) a->n + relay_max;
     struct pollfd *fds = calloc(max, sizeof *fds);
     int *who = calloc(max, sizeof *who);
     if (!fds || !who) {
@@ -568,6 +529,7 @@ static void loop(agent_t *a)
                 break;
             if (!a->shut) {
                 /* Everything is told: our side is done, the kernel closes. */
+                flush_out(a);
                 shutdown(a->fd, SHUT_WR);
                 a->shut = true;
                 a->shut_at = now;
@@ -588,7 +550,7 @@ static void loop(agent_t *a)
             break;
         }
         if (!a->gone && !a->shut && now - a->pinged_at >= DK_BC_PING_S)
-            send_frame(a, DK_BC_PING, (uint32_t) a->spec->node, NULL, 0);
+            agent_send_frame(a, DK_BC_PING, (uint32_t) a->spec->node, NULL, 0);
         if (!a->gone && now - a->heard_at > a->heartbeat_s)
             kernel_gone(a, "the kernel has been silent past the heartbeat deadline");
         for (int sig; (sig = dk_stop_due(&a->stop, now)) != 0;)
@@ -596,7 +558,7 @@ static void loop(agent_t *a)
                 if (!a->ranks[i].exited && a->ranks[i].pid > 0)
                     killpg(a->ranks[i].pid, sig);
         if (a->stacks && dk_stackreq_running(a->stacks) && dk_stackreq_poll(a->stacks, now))
-            stacks_send(a);
+            agent_stacks_send(a);
 
         size_t nf = 0;
         if (!a->gone) {
@@ -615,6 +577,14 @@ static void loop(agent_t *a)
                 who[nf++] = 3 * i + 2;
             }
         }
+        size_t relay_at = nf, relay_n = 0;
+        if (a->relay && !a->gone) {
+            relay_n = dk_relay_poll_fill(a->relay, fds + nf);
+            for (size_t k = 0; k < relay_n; k++)
+                who[nf + k] = -2;
+            nf += relay_n;
+        }
+        flush_out(a);
         double next = a->gone ? -1 : earliest(a->pinged_at + DK_BC_PING_S,
                                               a->heard_at + a->heartbeat_s);
         next = earliest(next, dk_stop_next_at(&a->stop));
@@ -629,7 +599,7 @@ static void loop(agent_t *a)
         if (r < 0 && errno != EINTR)
             break;
         for (size_t k = 0; r > 0 && k < nf; k++) {
-            if (!fds[k].revents)
+            if (!fds[k].revents || who[k] == -2)
                 continue;
             if (who[k] < 0) {
                 read_kernel(a);
@@ -641,10 +611,13 @@ static void loop(agent_t *a)
             else if (!a->ranks[i].exited)
                 reap(a, i);
         }
+        if (r > 0 && relay_n && a->relay && !a->gone)
+            dk_relay_poll_handle(a->relay, fds + relay_at, relay_n);
         for (int i = 0; i < a->n; i++)
             if (!a->ranks[i].exited && a->ranks[i].pidfd < 0 && a->ranks[i].pid > 0)
                 reap(a, i);
     }
+    flush_out(a);
     free(fds);
     free(who);
 }
@@ -692,7 +665,13 @@ int dk_agent_run(const dk_agent_spec_t *spec)
         if (!(a.stacks = dk_stackreq_new(per, why, sizeof why)))
             say(&a, "the ranks' stacks cannot be asked for: %s", why);
     }
-    send_frame(&a, DK_BC_AGENT_HELLO, (uint32_t) spec->node, NULL, 0);
+    agent_send_frame(&a, DK_BC_AGENT_HELLO, (uint32_t) spec->node, NULL, 0);
+    flush_out(&a);
+    /* The ranks' connections come through this agent's (dk_relay.h). */
+    char why[512];
+    dk_relay_sink_t rsink = {&a, relay_send, relay_before};
+    if (!a.gone && !(a.relay = dk_relay_new(per + DK_BC_RELAY_SLACK, &rsink, why, sizeof why)))
+        say(&a, "the ranks connect to the kernel each on its own: %s", why);
     int rc = 2;
     const char *warm = a.gone ? NULL : warm_socket(&a);
     if (!a.gone && start_ranks(&a, warm)) {
@@ -712,9 +691,12 @@ int dk_agent_run(const dk_agent_spec_t *spec)
         close_fd(&a.ranks[i].pipes[1]);
     }
     dk_spawn_sentinel_end(&a.sentinel_pid, &a.sentinel_fd);
+    flush_out(&a);
+    dk_relay_destroy(&a.relay);
     dk_stackreq_destroy(&a.stacks);
     dk_agentwire_clear(&a.wire);
     free(a.ranks);
     free(a.in);
+    free(a.out);
     return rc;
 }

@@ -31,10 +31,11 @@
  * connection and waits (at most the heartbeat deadline) for the kernel to
  * close it, so nothing it sent is in flight when it exits 0.
  *
- * The ranks still open their own connection to the kernel (results, their
- * output once connected, their heartbeats). Every frame the agent sends but
- * AGENT_HELLO and PING names the rank it is about, so the ranks' frames can
- * later move onto this one connection.
+ * The ranks do not open connections to the kernel: each connects to the
+ * agent's relay (dk_relay.h, a Unix socket on this node), whose bytes the
+ * agent carries on its one connection (RELAY frames), so to the rank its
+ * channel is a local one and its output stays on the agent's pipes. What the
+ * agent sends in a turn of its loop is written at once, at the turn's end.
  *
  * Warm start, as on one node: with a template (spec.template, which the
  * caller started before connecting, so that torch imports meanwhile), the

@@ -266,10 +266,23 @@ dk_backchan_t *dk_backchan_new_persistent(int world_size, const dk_backchan_sink
     return dk_backchan_new_opts(world_size, true, NULL, 0, sink, NULL, err, errlen);
 }
 
-void chan_conn_close(conn_t *c)
+void chan_conn_close(dk_backchan_t *self, conn_t *c)
 {
-    if (c->fd >= 0)
+    if (c->fd == RELAYED_FD) {
+        /* Its agent ends the rank's connection to it: an idle started
+         * rank's cue to exit, as a closed socket of its own would be. */
+        conn_t *a = c->agent;
+        if (a && a->fd >= 0 && chan_agent_queue(self, a, DK_BC_RELAY_END, c->stream, NULL, 0))
+            a->relay_due = true;
+    } else if (c->fd >= 0) {
         close(c->fd);
+        if (chan_is_agent(self, c))
+            for (size_t i = 0; i < self->nconns; i++)
+                if (self->conns[i].agent == c) {
+                    self->conns[i].agent = NULL;    /* gone with it: nothing to tell */
+                    chan_conn_close(self, &self->conns[i]);
+                }
+    }
     free(c->frame);
     free(c->queue);
     free(c->owned_body);
@@ -277,10 +290,11 @@ void chan_conn_close(conn_t *c)
     c->fd = -1;
     c->rank = -1;
 }
+
 void dk_backchan_close_all(dk_backchan_t *self)
 {
     for (size_t i = 0; i < self->nconns; i++)
-        chan_conn_close(&self->conns[i]);
+        chan_conn_close(self, &self->conns[i]);
     if (self->listen_fd >= 0)
         close(self->listen_fd);
     self->listen_fd = -1;
@@ -290,7 +304,11 @@ void dk_backchan_close_ranks(dk_backchan_t *self)
 {
     for (size_t i = 0; i < self->nconns; i++)
         if (self->conns[i].fd >= 0 && !chan_is_agent(self, &self->conns[i]))
-            chan_conn_close(&self->conns[i]);
+            chan_conn_close(self, &self->conns[i]);
+    /* The agents tell their ranks (RELAY_END) at once. */
+    for (size_t i = 0; i < self->nconns; i++)
+        if (self->conns[i].fd >= 0 && self->conns[i].relay_due)
+            chan_relay_pump(self, &self->conns[i]);
     if (self->listen_fd >= 0)
         close(self->listen_fd);
     self->listen_fd = -1;
@@ -352,8 +370,8 @@ bool dk_backchan_interrupt(dk_backchan_t *self, int rank)
 {
     for (size_t i = 0; i < self->nconns; i++) {
         conn_t *c = &self->conns[i];
-        if (c->fd < 0 || c->rank != rank)
-            continue;
+        if (c->fd < 0 || c->rank != rank || c->agent)
+            continue;       /* relayed: a local rank, which its agent signals */
         c->interrupt_due = true;
         /* Now, when the connection is free; else after what it is writing
          * (the next turn's heartbeat). */
@@ -368,7 +386,7 @@ bool dk_backchan_ask_stacks(dk_backchan_t *self, int rank)
 {
     for (size_t i = 0; i < self->nconns; i++) {
         conn_t *c = &self->conns[i];
-        if (c->fd < 0 || c->rank != rank || c->lost)
+        if (c->fd < 0 || c->rank != rank || c->lost || c->agent)
             continue;
         c->stacks_due = true;
         if (self->heartbeat_s > 0)
@@ -426,7 +444,9 @@ static void heartbeat(dk_backchan_t *self)
     double now = dk_now_s();
     for (size_t i = 0; i < self->nconns; i++) {
         conn_t *c = &self->conns[i];
-        if (c->fd < 0 || c->rank < 0)
+        /* A relayed rank is a local one to its agent, whose heartbeats speak
+         * for its node. */
+        if (c->fd < 0 || c->rank < 0 || c->agent)
             continue;
         /* Bytes waiting unread are not silence: this loop was what was busy. */
         unsigned char peek;
@@ -480,10 +500,14 @@ size_t dk_backchan_poll_fill(dk_backchan_t *self, struct pollfd *fds)
     size_t k = 0;
     for (size_t i = 0; i < self->nconns; i++) {
         conn_t *c = &self->conns[i];
+        if (c->fd < 0 || c->agent)
+            continue;
+        if (c->relay_due && !chan_conn_has_output(c))
+            chan_relay_pump(self, c);
         if (c->fd < 0)
             continue;
         short events = POLLIN;
-        if (chan_conn_has_output(c))
+        if (chan_conn_has_output(c) || c->relay_due)
             events |= POLLOUT;
         fds[n++] = (struct pollfd) {.fd = c->fd, .events = events};
         self->polled[k++] = i;
@@ -501,6 +525,8 @@ void dk_backchan_poll_handle(dk_backchan_t *self, const struct pollfd *fds, size
             continue;
         if (re & POLLOUT)
             chan_conn_write(self, c);
+        if (c->fd >= 0 && c->relay_due && !chan_conn_has_output(c))
+            chan_relay_pump(self, c);
         if (c->fd >= 0 && (re & (POLLIN | POLLHUP | POLLERR)))
             chan_conn_read(self, c, READ_BUDGET, READ_SLICE_S);
     }
@@ -561,8 +587,8 @@ void dk_backchan_drain(dk_backchan_t *self)
      * frames is a flood, not a rank's last words). */
     for (size_t i = 0; i < self->nconns; i++) {
         conn_t *c = &self->conns[i];
-        if (c->fd < 0)
-            continue;
+        if (c->fd < 0 || c->agent)
+            continue;       /* a relayed rank's bytes come on its agent's */
         int queued = 0;
         if (ioctl(c->fd, FIONREAD, &queued) != 0 || queued < 0)
             queued = (int) READ_BUDGET;

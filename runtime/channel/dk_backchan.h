@@ -41,7 +41,22 @@ enum {
     DK_BC_STARTED = 13, /* agent -> runtime: rank (u32) was started: u32 pid */
     DK_BC_SIGNAL = 14,  /* runtime -> agent: u32 signal, to rank (u32)'s process group,
                            or to every rank of the node (DK_BC_ALL_RANKS) */
+    /* A rank's connection relayed by its node's agent: the rank connects to
+     * the agent's Unix socket (DISTKERNEL_BC), and the agent carries that
+     * connection's bytes both ways, untouched, on its own connection: the
+     * rank's frames keep their MACs over the nonce the runtime sent it, so
+     * the agent can neither forge nor alter them. The u32 is the agent's
+     * number for that connection (a stream; never reused by an agent). */
+    DK_BC_RELAY = 15,   /* either way: bytes of stream (u32), at most DK_BC_RELAY_MAX;
+                           from the agent, empty for a stream not yet told: a
+                           new connection, to be sent its nonce */
+    DK_BC_RELAY_END = 16, /* either way, empty: stream (u32) has ended (closed) */
 };
+
+/* The most bytes one RELAY frame carries. */
+#define DK_BC_RELAY_MAX ((size_t) 64 << 10)
+/* Streams an agent may have open beyond one per rank of its node. */
+#define DK_BC_RELAY_SLACK 4
 
 /* The u32 of a SIGNAL or STACKS frame to an agent: every rank of its node. */
 #define DK_BC_ALL_RANKS 0xFFFFFFFFu

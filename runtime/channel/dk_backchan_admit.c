@@ -78,7 +78,7 @@ double dk_backchan_deadline(const dk_backchan_t *self)
         next = oldest->since + EVICT_AFTER_S;
     for (size_t i = 0; self->heartbeat_s > 0 && i < self->nconns; i++) {
         const conn_t *c = &self->conns[i];
-        if (c->fd < 0 || c->rank < 0)
+        if (c->fd < 0 || c->rank < 0 || c->agent)
             continue;
         double ping = c->pinged_at + DK_BC_PING_S, silent = c->heard_at + self->heartbeat_s;
         if (!chan_conn_has_output(c) && (next < 0 || ping < next))
@@ -92,7 +92,7 @@ double dk_backchan_deadline(const dk_backchan_t *self)
 /* Whether a connection waiting to be accepted can have a slot now, making one
  * by closing the longest-waiting pending connection if it has had
  * EVICT_AFTER_S. If not, the connection waits in the listen backlog. */
-static conn_t *slot_for_new(dk_backchan_t *self)
+conn_t *chan_slot_for_new(dk_backchan_t *self)
 {
     conn_t *oldest;
     conn_t *slot = chan_free_slot(self, &oldest);
@@ -125,7 +125,7 @@ void chan_accept_all(dk_backchan_t *self)
 {
     chan_expire_pending(self);
     for (int k = 0; k < ACCEPT_BUDGET && self->listen_fd >= 0; k++) {
-        conn_t *slot = slot_for_new(self);
+        conn_t *slot = chan_slot_for_new(self);
         if (!slot)
             return;
         struct sockaddr_storage peer;
@@ -146,7 +146,7 @@ void chan_accept_all(dk_backchan_t *self)
             return;
         if (!admit(self, fd, &peer, plen))
             continue;
-        chan_conn_close(slot);
+        chan_conn_close(self, slot);
         slot->fd = fd;
         slot->rank = -1;
         slot->since = slot->heard_at = slot->pinged_at = dk_now_s();
@@ -155,14 +155,20 @@ void chan_accept_all(dk_backchan_t *self)
             int one = 1;
             setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         }
-        unsigned char nonce[DK_BC_NONCE_LEN];
-        if (RAND_bytes(nonce, sizeof nonce) != 1) {
-            chan_refuse(self, slot, "OpenSSL could not make a nonce");
-            continue;
-        }
-        dk_frame_side_init(&slot->side, self->key, nonce, DK_BC_DIR_TO_RANK);
-        memcpy(slot->head, nonce, sizeof nonce);
-        slot->head_len = sizeof nonce;
-        chan_conn_write(self, slot);
+        chan_conn_start(self, slot);
     }
+}
+
+/* C was just accepted (or opened by its agent): its nonce goes first. */
+void chan_conn_start(dk_backchan_t *self, conn_t *c)
+{
+    unsigned char nonce[DK_BC_NONCE_LEN];
+    if (RAND_bytes(nonce, sizeof nonce) != 1) {
+        chan_refuse(self, c, "OpenSSL could not make a nonce");
+        return;
+    }
+    dk_frame_side_init(&c->side, self->key, nonce, DK_BC_DIR_TO_RANK);
+    memcpy(c->head, nonce, sizeof nonce);
+    c->head_len = sizeof nonce;
+    chan_conn_write(self, c);
 }

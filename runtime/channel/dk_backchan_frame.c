@@ -46,7 +46,7 @@ static void peer_closed(dk_backchan_t *self, conn_t *c)
 {
     int rank = c->rank;
     bool unanswered = rank >= 0 && !c->done;
-    chan_conn_close(c);
+    chan_conn_close(self, c);
     if (unanswered && self->sink.on_closed)
         self->sink.on_closed(self->sink.data, rank);
 }
@@ -59,8 +59,41 @@ bool chan_conn_has_output(const conn_t *c)
     return c->head_off < c->head_len || c->body_off < c->body_len;
 }
 
+/* SENT bytes of C's output have gone (to its socket, or into its agent's
+ * queue): the head's first, then the body's. */
+void chan_conn_advance(conn_t *c, size_t sent)
+{
+    size_t from_head = c->head_len - c->head_off < sent ? c->head_len - c->head_off : sent;
+    c->head_off += from_head;
+    c->body_off += sent - from_head;
+}
+
+/* Everything C had to send has gone. */
+void chan_conn_written(dk_backchan_t *self, conn_t *c)
+{
+    c->head_off = c->head_len = 0;
+    if (c->owned_body) {
+        free(c->owned_body);
+        c->owned_body = NULL;
+        c->body = NULL;
+        c->body_len = c->body_off = 0;
+    }
+    if (c->delivering) {
+        c->delivering = false;
+        if (self->sink.on_delivered)
+            self->sink.on_delivered(self->sink.data, c->rank);
+    }
+}
+
 void chan_conn_write(dk_backchan_t *self, conn_t *c)
 {
+    if (c->fd == RELAYED_FD) {
+        /* Its agent's connection carries it, at the agent's next turn
+         * (chan_relay_pump). */
+        if (c->agent && chan_conn_has_output(c))
+            c->agent->relay_due = true;
+        return;
+    }
     while (chan_conn_has_output(c)) {
         struct iovec iov[2] = {
             {c->head + c->head_off, c->head_len - c->head_off},
@@ -79,23 +112,9 @@ void chan_conn_write(dk_backchan_t *self, conn_t *c)
             peer_closed(self, c);   /* the peer went away */
             return;
         }
-        size_t sent = (size_t) n;
-        size_t from_head = c->head_len - c->head_off < sent ? c->head_len - c->head_off : sent;
-        c->head_off += from_head;
-        c->body_off += sent - from_head;
+        chan_conn_advance(c, (size_t) n);
     }
-    c->head_off = c->head_len = 0;
-    if (c->owned_body) {
-        free(c->owned_body);
-        c->owned_body = NULL;
-        c->body = NULL;
-        c->body_len = c->body_off = 0;
-    }
-    if (c->delivering) {
-        c->delivering = false;
-        if (self->sink.on_delivered)
-            self->sink.on_delivered(self->sink.data, c->rank);
-    }
+    chan_conn_written(self, c);
 }
 
 /* Queue the PAYLOAD frame for C's rank, or in a persistent channel the TASK
@@ -265,6 +284,10 @@ static void agent_frame(dk_backchan_t *self, conn_t *c, int type, uint32_t id,
     uint32_t first = (uint32_t) node * (uint32_t) self->ranks_per_node;
     if (type == DK_BC_PING)
         return;     /* its arrival was the point (heard_at) */
+    if (type == DK_BC_RELAY || type == DK_BC_RELAY_END) {
+        chan_relay_frame(self, c, type, id, p, len);
+        return;
+    }
     if (id < first || id >= first + (uint32_t) self->ranks_per_node ||
         id >= (uint32_t) self->world_size) {
         chan_refuse(self, c, "its agent spoke of a rank that is not on its node");
@@ -299,7 +322,7 @@ void chan_refuse(dk_backchan_t *self, conn_t *c, const char *why)
         chan_warn(self, "back channel: refused a connection: %s", why);
     else
         chan_warn(self, "back channel: closed rank %d's connection: %s", c->rank, why);
-    chan_conn_close(c);
+    chan_conn_close(self, c);
 }
 
 /* Every rank has said HELLO: no one else has anything to say here. Close the
@@ -362,6 +385,11 @@ static void conn_frame(dk_backchan_t *self, conn_t *c)
         } else if (self->claimed[rank]) {
             snprintf(why, sizeof why, "its HELLO named rank %u, which is already connected",
                      rank);
+            chan_refuse(self, c, why);
+        } else if (c->agent && rank / (uint32_t) self->ranks_per_node !=
+                                   (uint32_t) (c->agent->rank - self->world_size)) {
+            snprintf(why, sizeof why, "its HELLO named rank %u, which is not on the node of "
+                     "the agent that relays it", rank);
             chan_refuse(self, c, why);
         } else {
             self->claimed[rank] = true;
@@ -496,6 +524,41 @@ void chan_conn_read(dk_backchan_t *self, conn_t *c, size_t budget, double slice_
             c->len_have = 0;
             if (dk_now_s() >= until)
                 return;
+        }
+    }
+}
+
+/* LEN bytes of relayed connection C's stream, as its agent carried them:
+ * read as chan_conn_read reads a socket's. */
+void chan_conn_feed(dk_backchan_t *self, conn_t *c, const unsigned char *p, size_t len)
+{
+    c->heard_at = dk_now_s();
+    while (c->fd >= 0 && len > 0) {
+        unsigned char *dst;
+        size_t want;
+        if (!c->frame) {
+            dst = c->len_buf + c->len_have;
+            want = sizeof c->len_buf - c->len_have;
+        } else {
+            dst = c->frame + c->frame_have;
+            want = c->frame_len - c->frame_have;
+        }
+        if (want > len)
+            want = len;
+        memcpy(dst, p, want);
+        p += want;
+        len -= want;
+        if (!c->frame) {
+            c->len_have += want;
+            if (c->len_have == sizeof c->len_buf && !conn_frame_start(self, c))
+                return;
+        } else if ((c->frame_have += want) == c->frame_len) {
+            conn_frame(self, c);
+            if (c->fd < 0)
+                return;
+            free(c->frame);
+            c->frame = NULL;
+            c->len_have = 0;
         }
     }
 }

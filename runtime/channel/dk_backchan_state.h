@@ -17,6 +17,7 @@
 #include "dk_accept.h"
 #include "dk_frame.h"
 
+#include <limits.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -24,9 +25,13 @@
 #define EVICT_AFTER_S 0.5                  /* a pending connection's HELLO time when others wait */
 #define BODY_HEAD 5                        /* u8 type | u32 rank */
 #define FRAME_MIN (DK_BC_MAC_LEN + BODY_HEAD)
+/* The fd of a connection relayed by an agent (conn_t.agent): in use, but no
+ * descriptor of ours. */
+#define RELAYED_FD INT_MAX
 
-typedef struct {
-    int fd;                 /* -1: free slot */
+typedef struct conn conn_t;
+struct conn {
+    int fd;                 /* -1: free slot; RELAYED_FD: relayed (agent) */
     int rank;               /* -1 until a valid HELLO */
     double since;           /* when it was accepted (CLOCK_MONOTONIC seconds) */
     bool done;              /* RESULT or ERROR received */
@@ -52,11 +57,17 @@ typedef struct {
     unsigned char *queue;
     size_t queue_len;
     unsigned char *owned_body;
+    /* A rank's connection to its node's agent, relayed on the agent's own
+     * (DK_BC_RELAY, stream number STREAM); NULL: a socket of its own. */
+    conn_t *agent;
+    uint32_t stream;
+    /* agents: one of their relayed connections has bytes to send */
+    bool relay_due;
     unsigned char head[DK_BC_NONCE_LEN + 4 + FRAME_MIN + 4 + FRAME_MIN + 4 + 4 + FRAME_MIN + 4];
     size_t head_len, head_off;
     const unsigned char *body;
     size_t body_len, body_off;
-} conn_t;
+};
 
 struct dk_backchan_t {
     int world_size;
@@ -91,7 +102,10 @@ struct dk_backchan_t {
 
 /* dk_backchan.c */
 void chan_warn(dk_backchan_t *self, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void chan_conn_close(conn_t *c);
+/* Close C. A relayed connection tells its agent (RELAY_END); an agent's
+ * close takes its relayed connections with it, without a word (the agent's
+ * loss is the story). */
+void chan_conn_close(dk_backchan_t *self, conn_t *c);
 
 /* dk_backchan_frame.c */
 bool chan_conn_has_output(const conn_t *c);
@@ -100,14 +114,24 @@ void chan_agent_flush(dk_backchan_t *self, conn_t *c);
 bool chan_agent_queue(dk_backchan_t *self, conn_t *c, int type, uint32_t id,
                       const unsigned char *payload, size_t len);
 void chan_conn_write(dk_backchan_t *self, conn_t *c);
+void chan_conn_advance(conn_t *c, size_t sent);
+void chan_conn_written(dk_backchan_t *self, conn_t *c);
 bool chan_queue_payload(dk_backchan_t *self, conn_t *c);
 bool chan_queue_empty(dk_backchan_t *self, conn_t *c, unsigned char type);
 void chan_refuse(dk_backchan_t *self, conn_t *c, const char *why);
 void chan_conn_read(dk_backchan_t *self, conn_t *c, size_t budget, double slice_s);
+void chan_conn_start(dk_backchan_t *self, conn_t *c);
+
+/* dk_backchan_relay.c: ranks' connections relayed by their node's agent */
+void chan_relay_frame(dk_backchan_t *self, conn_t *agent, int type, uint32_t stream,
+                      const unsigned char *p, size_t len);
+void chan_relay_pump(dk_backchan_t *self, conn_t *agent);
+void chan_conn_feed(dk_backchan_t *self, conn_t *c, const unsigned char *p, size_t len);
 
 /* dk_backchan_admit.c */
 void chan_expire_pending(dk_backchan_t *self);
 conn_t *chan_free_slot(dk_backchan_t *self, conn_t **oldest);
 void chan_accept_all(dk_backchan_t *self);
+conn_t *chan_slot_for_new(dk_backchan_t *self);
 
 #endif

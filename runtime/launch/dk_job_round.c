@@ -62,7 +62,10 @@ void job_signal_unanswered(dk_job_t *job)
         rank_t *rk = &job->ranks[r];
         if (rk->reaped || rk->reported)
             continue;
-        if (!rk->launched || !dk_backchan_interrupt(job->chan, r))
+        if (rk->by_agent)   /* its agent signals its group on its node */
+            dk_backchan_agent_send(job->chan, r / job->ranks_per_node, DK_BC_SIGNAL,
+                                   (uint32_t) r, SIGINT);
+        else if ((!rk->launched || !dk_backchan_interrupt(job->chan, r)) && rk->pid > 0)
             killpg(rk->pid, SIGINT);
         rk->interrupted = true;
     }

@@ -111,14 +111,19 @@ print(json.dumps(stats), flush=True)
 """
 
 # warm=False: the cell reads the back channel's address from the environment
-# its rank program was started with (/proc/self/environ; the rank takes it out
-# of os.environ), which a warm rank, forked from its node's template, never had.
+# its node agent was started with (/proc/PPID/environ: a cold rank is the
+# agent's child), which a warm rank, forked from its node's template, is not.
 CELL = """%%distributed num_processes=4 nodes=2 warm=False
 import os, socket, time, torch.distributed as dist
 dist.init_process_group("gloo")
 dist.barrier()          # every rank said its HELLO before its code ran
-env = dict(v.split("=", 1) for v in open("/proc/self/environ").read().split("\\0") if "=" in v)
-host, port = env["DISTKERNEL_BC"][4:].rsplit(":", 1)
+def environ(pid):
+    text = open(f"/proc/{pid}/environ").read()
+    return dict(v.split("=", 1) for v in text.split("\\0") if "=" in v)
+# The rank's channel is its node agent's relay (a Unix socket); the agent,
+# its parent, has the kernel's address.
+assert environ("self")["DISTKERNEL_BC"].endswith("/relay.sock")
+host, port = environ(os.getppid())["DISTKERNEL_BC"][4:].rsplit(":", 1)
 try:
     socket.create_connection((host, int(port)), timeout=5).close()
     state = "open"

@@ -90,6 +90,24 @@ def test_state_is_kept_across_cells_on_the_same_pids_on_both_nodes(kernel, slurm
     assert rank_values(r) == {0: ("v0", 10), 1: ("v1", 10), 2: ("v2", 10), 3: ("v3", 10)}, \
         r.describe()
     assert rank_values(kernel.execute(WHERE, timeout=RUN)) == first
+    # A rank's output (fd 1 and 2, through its agent) comes before its
+    # answer (through the agent's relay of its connection): every line of a
+    # cell is that cell's, even 300 KB written at C level in one write just
+    # before it ends, into a pipe made large enough to take them at once
+    # (F_SETPIPE_SZ), more than the agent reads from a pipe at a time.
+    r = kernel.execute("%%distributed\nimport fcntl, os\nfcntl.fcntl(1, 1031, 1 << 20)\n"
+                       "text = ''.join(f'line {i} of {os.environ[\"RANK\"]}\\n' "
+                       "for i in range(20000))\n"
+                       "assert os.write(1, text.encode()) == len(text)\n"
+                       "os.write(2, b'last words\\n')\n", timeout=RUN)
+    assert r.status == "ok", r.describe()
+    for rank in range(4):
+        lines = re.findall(rf"^\[rank {rank}\] line (\d+) of {rank}$", r.stdout, re.M)
+        assert [int(n) for n in lines] == list(range(20000)), (rank, len(lines))
+        assert f"[rank {rank}] last words" in r.stderr, r.describe()
+    r = kernel.execute("%%distributed\nprint('next')\n", timeout=RUN)
+    assert r.status == "ok" and " line " not in r.stdout and "last words" not in r.stderr, \
+        r.describe()
     # One allocation all along, held with no time limit of ours: the
     # partition's MaxTime (INFINITE on the test cluster).
     assert [line.split()[0] for line in our_jobs(slurm_cluster)] == [job]
