@@ -97,6 +97,21 @@ def cpu_of(pid):
     return row[1] if row else None
 
 
+def sockets_of(pid):
+    """How many sockets PID holds open (its back channel's connections among
+    them), 0 once it is gone."""
+    n = 0
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                n += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+            except OSError:
+                pass
+    except OSError:
+        pass
+    return n
+
+
 class Sampler(threading.Thread):
     """Every EVERY s: the peak summed RSS of PID's live descendants (on the login
     side: salloc, and srun with its helpers), the most of them alive at once, by
@@ -109,8 +124,10 @@ class Sampler(threading.Thread):
         self.children_rss = self.children_max = 0
         self.children_names = {}
         self.min_avail = mem_available()
+        self.kernel_sockets = 0
 
     def sample(self):
+        self.kernel_sockets = max(self.kernel_sockets, sockets_of(self.pid))
         table = db.proc_table()
         kids = db.descendants(table, self.pid)
         self.children_rss = max(self.children_rss, sum(table[p][2] for p in kids))
@@ -155,6 +172,7 @@ def cell(kern, code, timeout=1800):
             "ctld_cpu_s": k1 - k0 if k0 is not None and k1 is not None else None,
             "kernel_hwm": vm_hwm(pid), "children_rss_peak": s.children_rss,
             "children_max": s.children_max, "children_names": s.children_names,
+            "kernel_sockets": s.kernel_sockets,
             "min_avail": s.min_avail, "load_after": db.loadavg(),
             "ok": reply["status"] == "ok",
             "error": "" if reply["status"] == "ok" else
@@ -221,7 +239,8 @@ def cell_line(ranks, nodes, r):
             f"children {r['children_cpu_s']:6.2f} s ({r['children_cpu_s'] * per:.2f} ms/rank)"
             f"{ctld}; RSS kernel {r['kernel_hwm'] / 2**20:6.1f} MiB, children "
             f"{r['children_rss_peak'] / 2**20:7.1f} MiB (at most {r['children_max']} alive: "
-            f"{kids or 'none seen'}); free >= {r['min_avail'] / GiB:4.1f} GiB, load "
+            f"{kids or 'none seen'}); kernel sockets <= {r.get('kernel_sockets', 0)}; "
+            f"free >= {r['min_avail'] / GiB:4.1f} GiB, load "
             f"{r['load_after'][0]:.0f}")
 
 
@@ -246,13 +265,18 @@ def point_of(ranks, runs, idle_hwm):
     point["kernel_hwm"] = max(r["kernel_hwm"] for r in runs)
     point["children_rss_peak"] = max(r["children_rss_peak"] for r in runs)
     point["children_max"] = max(r["children_max"] for r in runs)
+    point["kernel_sockets"] = max(r.get("kernel_sockets", 0) for r in runs)
     point["per_rank"] = per_rank(point, idle_hwm)
     return point
 
 
+HOLD_S = 0           # --hold: the curve's cell sleeps this long (every rank connected at once)
+
+
 def pass_cell(ranks):
+    body = f"import time\ntime.sleep({HOLD_S:g})" if HOLD_S > 0 else "pass"
     return (f"%%distributed num_processes={ranks} nodes={nodes_for(ranks)} "
-            "launcher=slurm tracking=False\npass")
+            f"launcher=slurm tracking=False\n{body}")
 
 
 def bench_curve(a, kern, env, out):
@@ -757,6 +781,9 @@ def main():
     ap.add_argument("--connect-timeout", type=float, default=0,
                     help="DISTKERNEL_SLURM_CONNECT_TIMEOUT for the kernel (0: its default, "
                          "120 s)")
+    ap.add_argument("--hold", type=float, default=0,
+                    help="curve: the cell sleeps this many seconds instead of `pass`, so "
+                         "the kernel holds every rank's connection at once")
     ap.add_argument("--json")
     ap.add_argument("--replot", metavar="JSON", help="only draw --plot from a run's --json")
     a = ap.parse_args()
@@ -766,8 +793,9 @@ def main():
         return
     a.only = a.only.split(",")
     a.steps_ranks = [int(x) for x in a.steps_ranks.split(",") if x]
-    global SAMPLE_EVERY, CTLD_PID
+    global SAMPLE_EVERY, CTLD_PID, HOLD_S
     SAMPLE_EVERY = a.sample_every
+    HOLD_S = a.hold
     kdir = os.path.join(a.prefix, "share", "jupyter", "kernels")
     if not os.path.isfile(os.path.join(kdir, "distkernel", "kernel.json")):
         sys.exit(f"no distkernel kernelspec under {kdir}: build with scripts/build.sh first")

@@ -17,7 +17,8 @@
 
 #define PER_RANK 5          /* log, stdout, stderr, pidfd, back-channel connection */
 #define SPAWN_TRANSIENT 7   /* dk_spawn: three pipes and /dev/null, while one rank starts */
-#define PER_JOB 4           /* back-channel listener, wake pipe, the MASTER_PORT probe */
+#define PER_JOB 6           /* back-channel listener, wake pipe, the MASTER_PORT probe,
+                               the owner locks of the channel's and the stacks' folders */
 #define SPARE 32            /* frontends, Python, libraries, during the run */
 
 unsigned long dk_fdlimit_raise(void)

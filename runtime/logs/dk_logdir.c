@@ -28,8 +28,11 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
 #include <pwd.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -510,6 +513,113 @@ int dk_logdir_prune(int rootfd, const dk_logdir_policy_t *policy, pid_t self,
     return removed;
 }
 
+/* Socket folders' owners. Each folder dk_logdir_socket_dir makes holds
+ * OWNER_FILE, which its maker keeps open with an exclusive flock for the
+ * folder's life (the lock goes with the process, however it ends, and with
+ * every fork of it that still holds the descriptor). A folder whose lock
+ * nobody holds, older than SWEEP_AGE_S, was left by a process that died with
+ * its folder watcher (a node agent SIGKILLed with its Slurm step by
+ * proctrack): the next dk_logdir_socket_dir of that user in that base removes
+ * it. A folder without the file (made by an older distkernel, or one whose
+ * maker has not made it yet) is never removed, nor is a young one. */
+#define OWNER_FILE ".owner"
+#define OWNERS_MAX 64
+#define SWEEP_AGE_S 60
+
+static struct {
+    pthread_mutex_t lock;
+    char *dir[OWNERS_MAX];
+    int fd[OWNERS_MAX];
+    bool swept;
+} owners = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* Hold DIR's owner lock for its life. Without one (no slot, a failure) the
+ * folder still serves; it is only never swept. */
+static void own(const char *dir)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/" OWNER_FILE, dir);
+    int fd = open(path, O_RDONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return;
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        close(fd);
+        return;
+    }
+    pthread_mutex_lock(&owners.lock);
+    for (int i = 0; i < OWNERS_MAX; i++)
+        if (!owners.dir[i]) {
+            if ((owners.dir[i] = strdup(dir))) {
+                owners.fd[i] = fd;
+                fd = -1;
+            }
+            break;
+        }
+    pthread_mutex_unlock(&owners.lock);
+    if (fd >= 0)
+        close(fd);      /* no slot: the lock goes, the file stays (never swept) */
+}
+
+/* Remove the dead folder NAME in BASEFD: its entries (sockets and files, one
+ * level; a subfolder keeps it), then itself. */
+static void sweep_one(int basefd, const char *name)
+{
+    int dfd = openat(basefd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dfd < 0)
+        return;
+    DIR *d = fdopendir(dfd);
+    if (!d) {
+        close(dfd);
+        return;
+    }
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
+            unlinkat(dirfd(d), e->d_name, 0);
+    closedir(d);
+    unlinkat(basefd, name, AT_REMOVEDIR);
+}
+
+/* Remove BASE's socket folders of this user that nobody owns any more. */
+static void sweep(const char *base)
+{
+    int basefd = open(base, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (basefd < 0)
+        return;
+    int scan = dup(basefd);
+    DIR *d = scan >= 0 ? fdopendir(scan) : NULL;
+    if (!d) {
+        if (scan >= 0)
+            close(scan);
+        close(basefd);
+        return;
+    }
+    time_t now = time(NULL);
+    uid_t me = geteuid();
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, "distkernel-", strlen("distkernel-")) != 0)
+            continue;
+        struct stat st;
+        if (fstatat(basefd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode) ||
+            st.st_uid != me || now - st.st_mtime < SWEEP_AGE_S)
+            continue;
+        char owner[NAME_MAX + sizeof "/" OWNER_FILE];
+        snprintf(owner, sizeof owner, "%s/" OWNER_FILE, e->d_name);
+        int fd = openat(basefd, owner, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0)
+            continue;   /* no owner file: not ours to judge */
+        struct stat fst;
+        bool dead = fstat(fd, &fst) == 0 && S_ISREG(fst.st_mode) && fst.st_uid == me &&
+                    flock(fd, LOCK_EX | LOCK_NB) == 0;
+        if (dead)
+            sweep_one(basefd, e->d_name);
+        close(fd);
+    }
+    closedir(d);
+    close(basefd);
+}
+
 char *dk_logdir_socket_dir(const char *kind, const char *socket_name, const char *what,
                            char *err, size_t errlen)
 {
@@ -527,6 +637,12 @@ char *dk_logdir_socket_dir(const char *kind, const char *socket_name, const char
         if (fd < 0)
             return NULL;
         close(fd);
+        pthread_mutex_lock(&owners.lock);
+        bool first = !owners.swept;
+        owners.swept = true;
+        pthread_mutex_unlock(&owners.lock);
+        if (first)
+            sweep(base);    /* once a process: what its predecessors left */
         char *dir = malloc(dir_len + 1);
         if (!dir)
             break;
@@ -535,6 +651,7 @@ char *dk_logdir_socket_dir(const char *kind, const char *socket_name, const char
             /* Not kept (no watcher, a fork failed): the folder still serves,
              * and its user removes it as always; only a SIGKILL leaves it. */
             dk_tidy_keep(dir, NULL, 0);
+            own(dir);
             return dir;
         }
         dk_set_err(err, errlen, "cannot create %s in %s: %s", what, base, strerror(errno));
@@ -550,6 +667,18 @@ void dk_logdir_socket_dir_remove(const char *dir)
 {
     if (!dir)
         return;
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/" OWNER_FILE, dir);
+    unlink(path);
+    pthread_mutex_lock(&owners.lock);
+    for (int i = 0; i < OWNERS_MAX; i++)
+        if (owners.dir[i] && strcmp(owners.dir[i], dir) == 0) {
+            close(owners.fd[i]);
+            free(owners.dir[i]);
+            owners.dir[i] = NULL;
+            break;
+        }
+    pthread_mutex_unlock(&owners.lock);
     rmdir(dir);
     dk_tidy_forget(dir);
 }

@@ -67,7 +67,11 @@ int dk_logdir_open(const char *path, int flags, const char *hint, char *err, siz
  * path (malloc'd) or NULL with a reason in ERR that names WHAT ("the back
  * channel's directory"). The directory is removed when this process ends,
  * however it ends (dk_tidy.h), unless dk_logdir_socket_dir_remove removed it
- * first. */
+ * first. It holds ".owner", which this process keeps locked (flock) for the
+ * directory's life: the first call in a process removes the user's
+ * directories of this kind in the base that are older than a minute and
+ * whose owner is gone with its watcher (both SIGKILLed, as Slurm may end a
+ * node agent's step). */
 char *dk_logdir_socket_dir(const char *kind, const char *socket_name, const char *what,
                            char *err, size_t errlen);
 

@@ -248,8 +248,9 @@ Test(logdir, a_socket_directory_is_fresh_private_and_under_tmpdir)
     char *again = dk_logdir_socket_dir("test", "sock", "the test's directory", err, sizeof err);
     cr_assert_not_null(again, "%s", err);
     cr_assert_str_neq(again, dir);
-    rmdir(again);
-    rmdir(dir);
+    dk_logdir_socket_dir_remove(again);
+    dk_logdir_socket_dir_remove(dir);
+    cr_assert_neq(access(dir, F_OK), 0, "%s was not removed", dir);
     free(again);
     free(dir);
 }
@@ -264,7 +265,62 @@ Test(logdir, a_tmpdir_too_long_for_a_socket_path_falls_back_to_tmp)
     char *dir = dk_logdir_socket_dir("test", "sock", "the test's directory", err, sizeof err);
     cr_assert_not_null(dir, "%s", err);
     cr_assert(strncmp(dir, "/tmp/distkernel-test-", 21) == 0, "%s", dir);
-    rmdir(dir);
+    dk_logdir_socket_dir_remove(dir);
+    free(dir);
+}
+
+/* A folder like those dk_logdir_socket_dir makes, NAME in BASE/t: with an
+ * owner file (unlocked) or not, a socket's file, and its time AGE_S ago. */
+static void planted(const char *name, bool owner, int age_s)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/t/%s", base, name);
+    cr_assert_eq(mkdir(path, 0700), 0, "%s", path);
+    char file[600];
+    snprintf(file, sizeof file, "%s/relay.sock", path);
+    close(open(file, O_CREAT | O_WRONLY, 0600));
+    if (owner) {
+        snprintf(file, sizeof file, "%s/.owner", path);
+        close(open(file, O_CREAT | O_WRONLY, 0600));
+    }
+    struct timespec when[2] = {{time(NULL) - age_s, 0}, {time(NULL) - age_s, 0}};
+    cr_assert_eq(utimensat(AT_FDCWD, path, when, 0), 0);
+}
+
+/* A node agent SIGKILLed with its Slurm step takes its folder watcher with
+ * it: its folders stay, unlocked. The next start on that node removes them,
+ * and nothing whose owner lives, nothing young, nothing without an owner file
+ * (an older distkernel's). */
+Test(logdir, a_socket_folder_whose_owner_died_with_its_watcher_goes_at_the_next_start)
+{
+    cr_assert_eq(mkdir(at("t"), 0700), 0);
+    setenv("TMPDIR", at("t"), 1);
+    planted("distkernel-relay-dead01", true, 120);
+    planted("distkernel-relay-live01", true, 120);
+    planted("distkernel-relay-young1", true, 5);
+    planted("distkernel-relay-older1", false, 120);
+    planted("someone-elses-folder", true, 120);
+    /* The live one's owner holds its lock (another open of the file: flock
+     * locks conflict between opens, in one process too). */
+    int held = open(at("t/distkernel-relay-live01/.owner"), O_RDONLY);
+    cr_assert(held >= 0 && flock(held, LOCK_EX | LOCK_NB) == 0);
+    char *dir = dk_logdir_socket_dir("relay", "relay.sock", "the test's folder", err, sizeof err);
+    cr_assert_not_null(dir, "%s", err);
+    cr_assert_neq(access(at("t/distkernel-relay-dead01"), F_OK), 0, "the dead folder stayed");
+    cr_assert_eq(access(at("t/distkernel-relay-live01/relay.sock"), F_OK), 0);
+    cr_assert_eq(access(at("t/distkernel-relay-young1/relay.sock"), F_OK), 0);
+    cr_assert_eq(access(at("t/distkernel-relay-older1/relay.sock"), F_OK), 0);
+    cr_assert_eq(access(at("t/someone-elses-folder/relay.sock"), F_OK), 0);
+    /* The new folder's owner lock is held by this process for its life. */
+    char owner[600];
+    snprintf(owner, sizeof owner, "%s/.owner", dir);
+    int probe = open(owner, O_RDONLY);
+    cr_assert(probe >= 0, "%s: %s", owner, strerror(errno));
+    cr_assert_neq(flock(probe, LOCK_EX | LOCK_NB), 0, "nobody holds the new folder's lock");
+    close(probe);
+    dk_logdir_socket_dir_remove(dir);
+    cr_assert_neq(access(dir, F_OK), 0, "%s was not removed", dir);
+    close(held);
     free(dir);
 }
 
