@@ -874,3 +874,78 @@ Test(agent, the_program_connects_with_its_environment_and_says_hello, .timeout =
     unlink(path);
     rmdir(dir);
 }
+
+/* ---- the relay of the ranks' connections (dk_relay.h) ---------------------------- */
+
+/* A rank that connects to its DISTKERNEL_BC, reads what the kernel relays
+ * ("go"), writes 200 KB to fd 1 in one write (its pipe enlarged to take it
+ * at once) and then answers on its connection, and exits at its end of file.
+ * Its agent (its parent) is stopped meanwhile, so that it wakes to both the
+ * output and the answer waiting. */
+static const char RELAY_RANK[] =
+    "#!/usr/bin/python3\n"
+    "import fcntl, os, signal, socket\n"
+    "s = socket.socket(socket.AF_UNIX)\n"
+    "s.connect(os.environ['DISTKERNEL_BC'])\n"
+    "assert s.recv(2) == b'go'\n"
+    "fcntl.fcntl(1, 1031, 1 << 20)\n"
+    "os.kill(os.getppid(), signal.SIGSTOP)\n"
+    "assert os.write(1, b'x' * 200000) == 200000\n"
+    "s.sendall(b'answer from ' + os.environ['RANK'].encode())\n"
+    "os.kill(os.getppid(), signal.SIGCONT)\n"
+    "assert s.recv(1) == b''\n"
+    "print('bye', os.environ['DISTKERNEL_BC'].startswith('tcp:'), flush=True)\n";
+
+Test(agent, relays_its_ranks_connections_their_output_first, .timeout = 30)
+{
+    char dir[32];
+    char *program = program_file(dir, RELAY_RANK);
+    agent_opts_t o = {.node = 0, .world = 1, .per = 1, .program = program};
+    kern_t *k = agent_start(&o);
+    cr_assert(next_frame(k, 10));
+    cr_assert_eq(k->type, DK_BC_AGENT_HELLO);
+    uint32_t stream = UINT32_MAX;
+    size_t out = 0;
+    char answer[64] = "", bye[64] = "";
+    bool exited = false, ended = false;
+    while (!exited) {
+        cr_assert(next_frame(k, 10));
+        if (k->type == DK_BC_STARTED)
+            continue;
+        if (k->type == DK_BC_RELAY && k->plen == 0) {
+            /* A new connection: the rank's. The kernel's bytes go to it. */
+            cr_assert_eq(stream, UINT32_MAX, "a second stream");
+            stream = k->id;
+            send_to_agent(k, DK_BC_RELAY, stream, "go", 2);
+        } else if (k->type == DK_BC_RELAY) {
+            cr_assert_eq(k->id, stream);
+            cr_assert_eq(out, 200000, "the answer came before the rank's output (%zu bytes)",
+                         out);
+            strncat(answer, (char *) k->payload, sizeof answer - strlen(answer) - 1);
+            if (!ended) {
+                send_to_agent(k, DK_BC_RELAY_END, stream, NULL, 0);   /* its cue to exit */
+                ended = true;
+            }
+        } else if (k->type == DK_BC_OUTPUT) {
+            cr_assert_eq(k->id, 0);
+            if (k->payload[2] == 'x')
+                out += k->plen - 2;
+            else
+                strncat(bye, (char *) k->payload + 2, sizeof bye - strlen(bye) - 1);
+        } else if (k->type == DK_BC_RELAY_END) {
+            cr_assert_fail("the agent ended a stream the kernel had ended");
+        } else {
+            cr_assert_eq(k->type, DK_BC_EXIT, "type %d", k->type);
+            cr_assert_eq(be32(k->payload), 0, "the rank exited %d", (int) be32(k->payload));
+            exited = true;
+        }
+    }
+    cr_expect_str_eq(answer, "answer from 0");
+    cr_expect_str_eq(bye, "bye False\n", "the rank's channel is its agent's relay");
+    cr_expect(!next_frame(k, 10));
+    close(k->fd);
+    k->fd = -1;
+    cr_expect_eq(agent_wait(k, 10), 0);
+    agent_free(k);
+    program_free(dir, program);
+}
