@@ -89,12 +89,16 @@ static void kernel_gone(agent_t *a, const char *why)
         return;
     a->gone = true;
     /* Nothing will ask for stacks or fork a rank any more: the node's
-     * folders go now. A kernel gone by SIGKILL has Slurm cancel the job too,
-     * and slurmstepd SIGKILLs the agents' step (measured on the test cluster:
-     * 0.7 s after the kernel's death, with no SIGTERM before), which would
-     * take the folder watcher with it while the ranks are still being ended. */
-    dk_stackreq_destroy(&a->stacks);
+     * folders go now. A kernel gone by SIGKILL takes the agents' srun with
+     * it, and slurmstepd SIGKILLs the agents' step (measured on the test
+     * cluster: about 0.7 s after the kernel's death, with no SIGTERM
+     * before), which would take the folder watcher with it while the ranks
+     * are still being ended.
+     * Quickest first: a folder of one socket before one of a socket a rank. */
+    if (a->relay)
+        dk_relay_unlink(a->relay);
     dk_template_unlink(a->spec->template);
+    dk_stackreq_destroy(&a->stacks);    /* the most files: last */
     if (a->relay)
         dk_relay_end_all(a->relay);     /* the ranks read an end of file */
     a->out_len = 0;

@@ -271,19 +271,24 @@ void dk_relay_from_kernel(dk_relay_t *self, int type, uint32_t stream, const voi
     stream_write(self, s);
 }
 
-void dk_relay_end_all(dk_relay_t *self)
+void dk_relay_unlink(dk_relay_t *self)
 {
-    for (int i = 0; i < self->max; i++)
-        stream_close(&self->streams[i]);
-    if (self->listen_fd >= 0)
-        close(self->listen_fd);
-    self->listen_fd = -1;
-    /* Nothing connects any more: the folder goes now, not at the agent's
-     * end, which Slurm's SIGKILL may make sudden (dk_agent.c, kernel_gone). */
     if (self->path)
         unlink(self->path);
     if (self->dir)
         dk_logdir_socket_dir_remove(self->dir);
     free(self->dir);
     self->dir = NULL;
+}
+
+void dk_relay_end_all(dk_relay_t *self)
+{
+    /* Nothing connects any more: the folder goes now, not at the agent's
+     * end, which Slurm's SIGKILL may make sudden (dk_agent.c, kernel_gone). */
+    dk_relay_unlink(self);
+    for (int i = 0; i < self->max; i++)
+        stream_close(&self->streams[i]);
+    if (self->listen_fd >= 0)
+        close(self->listen_fd);
+    self->listen_fd = -1;
 }

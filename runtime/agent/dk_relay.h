@@ -63,8 +63,12 @@ void dk_relay_flush_in(dk_relay_t *self);
 void dk_relay_from_kernel(dk_relay_t *self, int type, uint32_t stream, const void *bytes,
                           size_t len);
 
-/* The kernel is gone: close every stream (the ranks read an end of file),
- * stop listening and remove the socket's folder. */
+/* Remove the socket and its folder now (nothing will connect any more); the
+ * streams and the listener stay open. */
+void dk_relay_unlink(dk_relay_t *self);
+
+/* The kernel is gone: remove the socket's folder, close every stream (the
+ * ranks read an end of file) and stop listening. */
 void dk_relay_end_all(dk_relay_t *self);
 
 #endif

@@ -48,6 +48,10 @@
 
 extern char **environ;
 
+/* How long a SIGKILLed kernel's job outlives it (last_word_by_id). */
+#define LAST_WORD_GRACE_S 3
+#define DK_STR_(x) #x
+#define DK_STR(x) DK_STR_(x)
 #define OUT_MAX (1 << 20)
 #define POLL_EVERY_S 1.0        /* squeue while a request waits */
 #define GRACE_S 0.5             /* between the rungs of a command's stop ladder */
@@ -109,7 +113,14 @@ static void last_word_by_id(dk_slurm_t *self)
 {
     if (self->last_word_by_id || !self->job_id[0])
         return;
-    char *scancel[] = {"scancel", self->job_id, NULL};
+    /* Not at once: the node agents see the killed kernel's connection close
+     * when this does, and end their ranks with the stop ladder and remove
+     * their node's folders first; a cancelled job has slurmstepd SIGKILL
+     * its steps within a second (measured on the test cluster), which would
+     * take the agents' folder watchers with them. LAST_WORD_GRACE_S later
+     * the job goes, whatever is left in it. */
+    char *scancel[] = {"/bin/sh", "-c", "sleep " DK_STR(LAST_WORD_GRACE_S) "; exec scancel \"$1\"",
+                       "distkernel-last-word", self->job_id, NULL};
     int pid = -1, fd = -1;
     if (dk_spawn_last_word(scancel, &pid, &fd, NULL, 0) < 0)
         return;

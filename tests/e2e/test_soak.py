@@ -336,12 +336,13 @@ def tmp_contents(tmpdir, kernel_pid, cell_files=None):
                 and re.fullmatch(r"\d+\.py", path.name)):
             cell_files.append(path)
             continue
-        # The running kernel's warm-start template: its private folder and socket
-        # (removed when the kernel ends, so not allowed after shutdown).
+        # The running kernel's warm-start template: its private folder, socket
+        # and owner file (dk_logdir.h), removed when the kernel ends, so not
+        # allowed after shutdown.
         template_dir = re.compile(r"distkernel-warm-\w{6}")
         if cell_files is not None and (
                 (path.parent == tmpdir and path.is_dir() and template_dir.fullmatch(path.name))
-                or (path.name == "template" and path.parent.parent == tmpdir
+                or (path.name in ("template", ".owner") and path.parent.parent == tmpdir
                     and template_dir.fullmatch(path.parent.name))):
             continue
         if path.is_dir() and not path.is_symlink():

@@ -935,8 +935,9 @@ Test(slurm_fake, once_the_id_is_known_a_killed_owner_cancels_by_id)
     kill(h, SIGKILL);
     waitpid(h, NULL, 0);
     cr_assert(got, "the owner said no id");
+    /* After the last word's grace (3 s: the node agents' head start). */
     bool by_id = false;
-    for (int i = 0; i < 100 && !by_id; i++) {
+    for (int i = 0; i < 200 && !by_id; i++) {
         by_id = strstr(calls(), "scancel 4242\n") != NULL;
         usleep(50000);
     }
