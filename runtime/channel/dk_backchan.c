@@ -9,10 +9,11 @@
  * the job; a second claim, an unknown rank, a bad MAC, an oversized frame or a
  * message out of protocol closes the connection with a warning.
  *
- * The channel is three files over one state (dk_backchan_state.h): this one
+ * The channel is four files over one state (dk_backchan_state.h): this one
  * makes the channel and runs its poll turn; dk_backchan_frame.c writes, reads
  * and verifies the frames of each connection; dk_backchan_admit.c decides
- * which accepted connection may take a slot.
+ * which accepted connection may take a slot; dk_backchan_relay.c serves the
+ * ranks whose connections their node's agent carries on its own.
  *
  *
  * Once every rank has said a valid HELLO, the listener is closed (and the

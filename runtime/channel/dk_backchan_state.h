@@ -8,7 +8,9 @@
  *   dk_backchan_frame.c  the frames on one connection: written, read, verified
  *                        and acted on;
  *   dk_backchan_admit.c  admission: who may take a slot, and when a waiting
- *                        connection gives its slot up.
+ *                        connection gives its slot up;
+ *   dk_backchan_relay.c  ranks' connections carried on their node agent's
+ *                        (a slot each, no descriptor of their own).
  */
 #ifndef DK_BACKCHAN_STATE_H
 #define DK_BACKCHAN_STATE_H
