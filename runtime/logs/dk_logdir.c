@@ -543,6 +543,7 @@ static void own(const char *dir)
     if (fd < 0)
         return;
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        unlink(path);   /* an owner file nobody holds would be swept */
         close(fd);
         return;
     }
@@ -556,8 +557,12 @@ static void own(const char *dir)
             break;
         }
     pthread_mutex_unlock(&owners.lock);
-    if (fd >= 0)
-        close(fd);      /* no slot: the lock goes, the file stays (never swept) */
+    if (fd >= 0) {
+        /* No slot: no owner file either (one nobody holds would be swept
+         * while the folder serves); the folder is never swept. */
+        unlink(path);
+        close(fd);
+    }
 }
 
 /* Remove the dead folder NAME in BASEFD: its entries (sockets and files, one

@@ -324,6 +324,36 @@ Test(logdir, a_socket_folder_whose_owner_died_with_its_watcher_goes_at_the_next_
     free(dir);
 }
 
+/* Past the 64 owner locks a process holds, a folder gets no owner file: one
+ * that nobody holds would be taken for a dead owner's and swept while it
+ * serves. */
+Test(logdir, a_folder_past_the_owner_locks_has_no_owner_file_so_is_never_swept)
+{
+    cr_assert_eq(mkdir(at("t"), 0700), 0);
+    setenv("TMPDIR", at("t"), 1);
+    char *dirs[70];
+    int owned = 0;
+    for (int i = 0; i < 70; i++) {
+        dirs[i] = dk_logdir_socket_dir("many", "sock", "the test's folder", err, sizeof err);
+        cr_assert_not_null(dirs[i], "%s", err);
+        char owner[600];
+        snprintf(owner, sizeof owner, "%s/.owner", dirs[i]);
+        int fd = open(owner, O_RDONLY);
+        if (fd >= 0) {
+            owned++;
+            cr_assert_neq(flock(fd, LOCK_EX | LOCK_NB), 0, "%s: an owner file nobody holds",
+                          dirs[i]);
+            close(fd);
+        }
+    }
+    cr_assert_eq(owned, 64);
+    for (int i = 0; i < 70; i++) {
+        dk_logdir_socket_dir_remove(dirs[i]);
+        cr_assert_neq(access(dirs[i], F_OK), 0, "%s was not removed", dirs[i]);
+        free(dirs[i]);
+    }
+}
+
 Test(logdir, a_tmpdir_others_can_write_is_refused_naming_what_and_why)
 {
     cr_assert_eq(mkdir(at("open"), 0777), 0);
