@@ -49,7 +49,6 @@
 /* How often the wait for the template looks at the kernel's connection. */
 #define WARM_SLICE_MS 50
 
-
 static void say(agent_t *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 static void say(agent_t *a, const char *fmt, ...)
