@@ -89,14 +89,16 @@ def pytest_collection_modifyitems(config, items):
     worker: they share the cluster, and some of them crash a node
     (slurm_cluster.py splits them over two clusters). The Slurm tests go first,
     since theirs are the longest groups and the others fill the remaining
-    workers around them."""
+    workers around them; then the soak, the longest single test (1-2 min),
+    so that it does not start last and run on alone."""
     def slurm(item):
         return bool(SLURM_FIXTURES & set(getattr(item, "fixturenames", ())))
 
     for item in items:
         group = slurm_group_of(item.path) if slurm(item) else item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: not slurm(item))  # stable: file order is kept
+    # stable: file order is kept within each
+    items.sort(key=lambda item: (not slurm(item), item.get_closest_marker("soak") is None))
 
 
 # Every first run of a kernel builds a warm-start template that imports torch

@@ -219,6 +219,30 @@ Test(outcome, timeout)
     cr_assert_str_eq(line(2), "  rank 0: ended by distkernel (timeout)");
 }
 
+/* A timeout cut to end before the Slurm allocation's time limit says so, and
+ * what to ask Slurm for (the 1-minute allocations of test_slurm_runs.py and
+ * test_slurm_pool.py run it end to end, in the default build only). */
+Test(outcome, a_timeout_cut_to_the_allocations_time_limit_says_why)
+{
+    o.end = DK_END_TIMEOUT;
+    o.timeout_s = 49.6;
+    o.timeout_cut = true;
+    build(false);
+    cr_assert_str_eq(field("ename"), "TimeoutError");
+    cr_assert_str_eq(field("evalue"), "the job ran past 50 s, all its Slurm allocation had left "
+                                      "of its time limit, and every rank was ended; ask Slurm "
+                                      "for more time (a partition with a longer MaxTime, or "
+                                      "slurm_args='--time=...' where the site allows it)");
+    cr_assert_str_eq(line(2), "  rank 0: ended by distkernel (timeout)");
+
+    o.kept = true;      /* started ranks: interrupted, and Slurm ends them at the limit */
+    json_decref(error);
+    build(false);
+    cr_assert_str_eq(field("evalue"), "the cell ran past 50 s, all the started ranks' Slurm "
+                                      "allocation had left of its time limit, and every rank "
+                                      "was interrupted; Slurm ends the ranks at that limit");
+}
+
 Test(outcome, a_finished_rank_is_finished)
 {
     ranks[0].state = DK_RANK_DONE;

@@ -861,6 +861,45 @@ Test(slurm_fake, a_job_configuring_for_ever_ends_with_the_wait)
     cr_expect(strstr(calls(), "scancel 55"), "%s", calls());
 }
 
+/* What is left of the job's time limit: squeue's %L, in seconds; -1 for
+ * a job without a limit. (A run's or a cell's timeout is cut to it; end to
+ * end, a 1-minute allocation takes that path in the default build's e2e.) */
+static void write_left(const char *text)
+{
+    char path[400];
+    snprintf(path, sizeof path, "%s/left", fakedir);
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    fprintf(f, "%s\n", text);
+    fclose(f);
+}
+
+Test(slurm_fake, the_time_left_of_the_job_is_read_in_seconds)
+{
+    fake_slurm(NULL, NULL, NULL);       /* fakedir, for the script's file */
+    char squeue[600];
+    snprintf(squeue, sizeof squeue,
+             "case \"$*\" in *%%L*) cat %s/left ;; *) echo '55|RUNNING|None|node1' ;; esac",
+             fakedir);
+    fake_slurm("echo 'node1|10.9.9.1'", "echo 'salloc: Granted job allocation 55' >&2", squeue);
+    dk_slurm_request_t req = {.nodes = 1, .tasks_per_node = 1, .wait_s = 60};
+    char err[1024] = "";
+    dk_slurm_t *job = dk_slurm_allocate(&req, NULL, err, sizeof err);
+    cr_assert_not_null(job, "%s", err);
+    long left = 0;
+    write_left("1:05");
+    cr_expect_eq(dk_slurm_time_left(job, &left, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(left, 65);
+    write_left("1-02:00:00");
+    cr_expect_eq(dk_slurm_time_left(job, &left, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(left, 26 * 3600);
+    write_left("UNLIMITED");
+    cr_expect_eq(dk_slurm_time_left(job, &left, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(left, -1);
+    cr_expect(strstr(calls(), "squeue -h -j 55 -o %L"), "%s", calls());
+    dk_slurm_destroy(&job);
+}
+
 Test(slurm_fake, a_long_banner_before_the_job_id_does_not_hide_it)
 {
     /* 3000 bytes of a site's banner, then the id, in one write */
