@@ -483,21 +483,47 @@ static bool conn_frame_start(dk_backchan_t *self, conn_t *c)
     return true;
 }
 
+/* Where C's next bytes go (its frame's length, then its frame) and how many
+ * it wants there. */
+static unsigned char *conn_want(conn_t *c, size_t *want)
+{
+    if (!c->frame) {
+        *want = sizeof c->len_buf - c->len_have;
+        return c->len_buf + c->len_have;
+    }
+    *want = c->frame_len - c->frame_have;
+    return c->frame + c->frame_have;
+}
+
+/* N bytes have landed where conn_want said: -1 when C was closed (refused,
+ * or by what its frame did), 1 when a whole frame was acted on, else 0. */
+static int conn_took(dk_backchan_t *self, conn_t *c, size_t n)
+{
+    if (!c->frame) {
+        c->len_have += n;
+        if (c->len_have == sizeof c->len_buf && !conn_frame_start(self, c))
+            return -1;
+        return 0;
+    }
+    if ((c->frame_have += n) < c->frame_len)
+        return 0;
+    conn_frame(self, c);
+    if (c->fd < 0)
+        return -1;
+    free(c->frame);
+    c->frame = NULL;
+    c->len_have = 0;
+    return 1;
+}
+
 /* Read until EAGAIN, EOF, BUDGET bytes, or the first whole frame after
  * SLICE_S seconds. */
 void chan_conn_read(dk_backchan_t *self, conn_t *c, size_t budget, double slice_s)
 {
     double until = dk_now_s() + slice_s;
     while (c->fd >= 0 && budget > 0) {
-        unsigned char *dst;
         size_t want;
-        if (!c->frame) {
-            dst = c->len_buf + c->len_have;
-            want = sizeof c->len_buf - c->len_have;
-        } else {
-            dst = c->frame + c->frame_have;
-            want = c->frame_len - c->frame_have;
-        }
+        unsigned char *dst = conn_want(c, &want);
         if (want > budget)
             want = budget;
         ssize_t n = recv(c->fd, dst, want, MSG_DONTWAIT);
@@ -511,20 +537,9 @@ void chan_conn_read(dk_backchan_t *self, conn_t *c, size_t budget, double slice_
         }
         budget -= (size_t) n;
         c->heard_at = dk_now_s();
-        if (!c->frame) {
-            c->len_have += (size_t) n;
-            if (c->len_have == sizeof c->len_buf && !conn_frame_start(self, c))
-                return;
-        } else if ((c->frame_have += (size_t) n) == c->frame_len) {
-            conn_frame(self, c);
-            if (c->fd < 0)
-                return;
-            free(c->frame);
-            c->frame = NULL;
-            c->len_have = 0;
-            if (dk_now_s() >= until)
-                return;
-        }
+        int took = conn_took(self, c, (size_t) n);
+        if (took < 0 || (took > 0 && dk_now_s() >= until))
+            return;
     }
 }
 
@@ -534,31 +549,14 @@ void chan_conn_feed(dk_backchan_t *self, conn_t *c, const unsigned char *p, size
 {
     c->heard_at = dk_now_s();
     while (c->fd >= 0 && len > 0) {
-        unsigned char *dst;
         size_t want;
-        if (!c->frame) {
-            dst = c->len_buf + c->len_have;
-            want = sizeof c->len_buf - c->len_have;
-        } else {
-            dst = c->frame + c->frame_have;
-            want = c->frame_len - c->frame_have;
-        }
+        unsigned char *dst = conn_want(c, &want);
         if (want > len)
             want = len;
         memcpy(dst, p, want);
         p += want;
         len -= want;
-        if (!c->frame) {
-            c->len_have += want;
-            if (c->len_have == sizeof c->len_buf && !conn_frame_start(self, c))
-                return;
-        } else if ((c->frame_have += want) == c->frame_len) {
-            conn_frame(self, c);
-            if (c->fd < 0)
-                return;
-            free(c->frame);
-            c->frame = NULL;
-            c->len_have = 0;
-        }
+        if (conn_took(self, c, want) < 0)
+            return;
     }
 }

@@ -142,9 +142,14 @@ def test_a_killed_agent_takes_its_template_and_its_socket_folder(slurm_cluster, 
 
         def template_gone():
             """node2's template ended and its folder removed"""
-            return (not on_node(slurm_cluster, "node2", "distkernel-template") and
-                    not os.path.exists(folder))
-        wait_for(template_gone)
+            left = on_node(slurm_cluster, "node2", "distkernel-template")
+            template_gone.__doc__ = (f"node2's template ended and its folder removed (left: "
+                                     f"template pids {left}, folder "
+                                     f"{'kept' if os.path.exists(folder) else 'removed'})")
+            return not left and not os.path.exists(folder)
+        # Under the sanitizers, on 2 loaded cores, it once took just over 30 s.
+        wait_for(template_gone, timeout=60 if os.environ.get("DISTKERNEL_SANITIZED") == "1"
+                 else 30)
         r = k.finish(msg_id, timeout=RUN)
         assert r.status == "error", r.describe()
         assert "node2" in r.content["evalue"] + r.stdout + r.stderr, r.describe()
