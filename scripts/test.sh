@@ -201,17 +201,24 @@ slurm_without_workaround() {   # BUILD PREFIX: the node-loss tests on a cluster 
     --junitxml="$REPORT/nowa.xml" -k "lost or cut_off"
 }
 
-side_by_side() {   # PREFIX: three small suites at once, each mostly waiting
+side_by_side() {   # PREFIX: the small suites at once, each mostly waiting
   # ipykernel's suites and the SIGINT-ignored subset drive one kernel each;
-  # the node-loss tests wait on a cluster of their own. Each one's output is
-  # shown whole when all are done, in this order.
-  local prefix=$1 out=$REPORT/side rc=0 pids=() p name
+  # the node-loss tests wait on a cluster of their own; the Debian package
+  # (unless PACKAGE=0) is built, installed, run and purged beside them: the
+  # suites find their kernel through JUPYTER_PATH and DISTKERNEL_PREFIX, ahead
+  # of the one it installs. Each one's output is shown whole when all are
+  # done, in this order.
+  local prefix=$1 out=$REPORT/side rc=0 pids=() p name names=(ipykernel sigint nowa)
   mkdir -p "$out"
   ipykernel_suite "$prefix" > "$out/ipykernel.log" 2>&1 & pids+=($!)
   sigint_ignored "$prefix" > "$out/sigint.log" 2>&1 & pids+=($!)
   slurm_without_workaround build-test "$prefix" > "$out/nowa.log" 2>&1 & pids+=($!)
+  if [[ ${PACKAGE:-1} != 0 ]]; then
+    scripts/package_test.sh > "$out/package.log" 2>&1 & pids+=($!)
+    names+=(package)
+  fi
   for p in "${pids[@]}"; do wait "$p" || rc=1; done
-  for name in ipykernel sigint nowa; do
+  for name in "${names[@]}"; do
     echo "-- $name --"
     cat "$out/$name.log"
   done
@@ -277,11 +284,9 @@ stage units "C unit tests" units units build-test
 DISTKERNEL_SOAK_SCALE=${DISTKERNEL_SOAK_SCALE:-0.5} \
   stage e2e "end-to-end" end_to_end e2e build-test "$PWD/build-test/prefix" tests/e2e "$@"
 if [ $# -eq 0 ]; then
-  stage kernel-suites "ipykernel's suites; SIGINT ignored; node loss, no srun workaround" \
-    side_by_side "$PWD/build-test/prefix"
-  if [[ ${PACKAGE:-1} != 0 ]]; then
-    stage package "Debian package" scripts/package_test.sh
-  fi
+  side="ipykernel's suites; SIGINT ignored; node loss, no srun workaround"
+  [[ ${PACKAGE:-1} == 0 ]] || side+="; Debian package"
+  stage kernel-suites "$side" side_by_side "$PWD/build-test/prefix"
 fi
 figures build-test
 
