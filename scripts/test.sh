@@ -295,7 +295,7 @@ if [[ ${SANITIZE:-1} != 0 ]]; then
   reports=$REPORTS
   # -O1, as AddressSanitizer's own documentation advises: its checks are the
   # same, and the build takes a third less time than at -O2 (1:52 against 2:50
-  # here; test_job.c alone compiles for 60 s at -O2).
+  # here; test_job.c, before it was split in three, compiled for 60 s at -O2).
   stage asan-build "build, sanitizers" build build-asan -Db_sanitize=address,undefined \
     -Db_lundef=false -Doptimization=1
   export UBSAN_OPTIONS="print_stacktrace=1:log_path=$reports/ubsan"
