@@ -80,17 +80,6 @@ def pytest_configure(config):
 
 SLURM_FIXTURES = {"slurm_cluster", "slurm_mem_cluster", "slurm_cluster_a", "slurm_cluster_b"}
 
-# The longest files outside the Slurm groups, longest first (their tests'
-# time in the default build's parallel part, 5 December 2026: 171 s for the
-# soak down to 49 s). pytest-xdist hands out work in collection order, so
-# these go out first and the short files fill in at the end, when a long one
-# starting last would run on with the other workers idle. A file missing
-# here only goes later.
-LONGEST_FILES = ["test_soak.py", "test_pool.py", "test_platform.py", "test_mlflow.py",
-                 "test_distributed.py", "test_faults.py", "test_stacks.py", "test_warm.py",
-                 "test_parity.py", "test_debugger.py", "test_distributed_failures.py",
-                 "test_nbconvert.py"]
-
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
@@ -99,21 +88,17 @@ def pytest_collection_modifyitems(config, items):
     in their order, and put the tests of each simulated Slurm cluster on one
     worker: they share the cluster, and some of them crash a node
     (slurm_cluster.py splits them over two clusters). The Slurm tests go first,
-    since theirs are the longest groups, then LONGEST_FILES, then the rest in
-    file order: the others fill the workers around the long ones."""
+    since theirs are the longest groups and the others fill the remaining
+    workers around them; then the soak, the longest single test (1-2 min),
+    so that it does not start last and run on alone."""
     def slurm(item):
         return bool(SLURM_FIXTURES & set(getattr(item, "fixturenames", ())))
-
-    def order(item):
-        if slurm(item):
-            return 0
-        name = item.path.name
-        return 1 + (LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES))
 
     for item in items:
         group = slurm_group_of(item.path) if slurm(item) else item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=order)   # stable: the order of tests within a file is kept
+    # stable: file order is kept within each
+    items.sort(key=lambda item: (not slurm(item), item.get_closest_marker("soak") is None))
 
 
 # Every first run of a kernel builds a warm-start template that imports torch
