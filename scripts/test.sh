@@ -7,7 +7,7 @@
 # nothing; then fuzzing. It ends with a table of each stage's time and the 15
 # slowest tests (scripts/test_report.py), also when a stage failed.
 #
-#   scripts/test.sh                  everything (what CI runs, about 26 min on 2 cores)
+#   scripts/test.sh                  everything (what CI runs, about 28 min on 2 cores)
 #   scripts/test.sh --quick          units and the core end-to-end tests, a few minutes:
 #                                    what a contributor runs before pushing
 #   scripts/test.sh -k distributed   extra arguments go to the end-to-end pytest runs
