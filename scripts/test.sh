@@ -61,6 +61,7 @@ ASAN_SKIP=(
   test_slurm_scale.py    # 256 ranks on 16 nodes, 3 min alone; the same C paths run at 2 nodes above
   test_tracking_trust.py # the port-owner and id checks and the escaping run in their C unit tests
   test_ray_trust.py      # the Ray head's signed address and token: Python (python/distkernel/_ray.py)
+  test_ray_stop.py       # `ray stop` once, wherever an interrupt lands: Python, no kernel
   test_results_display.py # how the ranks' values read at any size: Python (python/distkernel/_results.py)
   test_shared_machine.py # the log root's checks (dk_logdir) run in their C unit test, with leaks checked
   test_nbconvert.py      # nbconvert and jupyter execute driving the kernel: Python

@@ -163,14 +163,17 @@ def _run_ray(args, env=None):
                            f" on rank {os.environ.get('RANK')}; its output is above")
 
 
-def _ray_stop():
-    """`ray stop`, out of reach of the signals that end the rank's group."""
+def _ray_stop(ran):
+    """`ray stop`, out of reach of the signals that end the rank's group. RAN
+    (a list) gets True once it has started: an interrupt that lands before
+    the signals are held leaves it empty, one after they are let go does not."""
     held = {signal.SIGINT, signal.SIGTERM}
     old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:
         proc = subprocess.Popen([ray_command(), "stop"], start_new_session=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 errors="replace")
+        ran.append(True)
         try:
             out, _ = proc.communicate(timeout=_STOP_TIMEOUT)
         except subprocess.TimeoutExpired:
@@ -246,6 +249,7 @@ class RayCluster:
         self._stopped = False
         self._started = False   # this rank ran `ray start`: it must run `ray stop`
         self._joined = False    # ... and it worked: a worker then waits for the driver
+        self._ray_stopped = []  # not empty once its `ray stop` has started (_ray_stop)
         self._generation = len(_clusters)
         self._base, self._store = _store(self._generation)
         _clusters.append(self)
@@ -328,8 +332,24 @@ class RayCluster:
             elif self._joined:
                 _wait(self._store, "driver_done")
         finally:
-            if self._started:
-                _ray_stop()
+            self._stop_ray()
+
+    def _stop_ray(self):
+        """This rank's `ray stop`, once, wherever an interrupt lands. The
+        kernel's SIGINT can come just as a worker's wait ends (the driver's
+        failure ends the run while its workers see it done), and land in
+        _ray_stop before it holds the signals: `ray stop` is then run again,
+        and the interrupt raised after it."""
+        interrupted = None
+        while self._started and not self._ray_stopped:
+            try:
+                _ray_stop(self._ray_stopped)
+            except KeyboardInterrupt as e:
+                if self._ray_stopped:
+                    raise
+                interrupted = e
+        if interrupted is not None:
+            raise interrupted
 
     def __enter__(self):
         return self
