@@ -181,15 +181,59 @@ static int port_of(dk_job_t *job)
 }
 
 /* Whether a TCP connection to 127.0.0.1:PORT is refused (nothing listens). */
-static bool tcp_refused(int port)
+/* A connection to 127.0.0.1:port is refused. *err gets connect's errno. */
+static bool tcp_refused(int port, int *err)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t) port)};
     inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-    int rc = connect(fd, (struct sockaddr *) &sa, sizeof sa);
-    bool refused = rc != 0 && errno == ECONNREFUSED;
+    int rc;
+    do
+        rc = connect(fd, (struct sockaddr *) &sa, sizeof sa);
+    while (rc != 0 && errno == EINTR);
+    *err = rc == 0 ? 0 : errno;
     close(fd);
-    return refused;
+    return rc != 0 && *err == ECONNREFUSED;
+}
+
+/* A socket of this process listens on TCP port PORT: its inode is both in
+ * /proc/net/tcp, in state LISTEN (0A) on that port, and behind one of
+ * /proc/self/fd. Another process that binds the port once ours is closed (the
+ * unit tests run side by side, all on loopback) is not ours. */
+static bool this_process_listens_on(int port)
+{
+    FILE *f = fopen("/proc/net/tcp", "r");
+    cr_assert(f, "cannot read /proc/net/tcp: %s", strerror(errno));
+    char line[512];
+    unsigned long inodes[16];
+    int ninodes = 0;
+    (void) !fgets(line, sizeof line, f); /* the header */
+    while (fgets(line, sizeof line, f) && ninodes < 16) {
+        unsigned local_port, state;
+        unsigned long inode;
+        if (sscanf(line, " %*d: %*x:%x %*x:%*x %x %*x:%*x %*x:%*x %*x %*u %*d %lu", &local_port,
+                   &state, &inode) == 3 &&
+            (int) local_port == port && state == 0x0A)
+            inodes[ninodes++] = inode;
+    }
+    fclose(f);
+    bool ours = false;
+    DIR *d = opendir("/proc/self/fd");
+    cr_assert(d);
+    for (struct dirent *e; !ours && (e = readdir(d));) {
+        char path[300], target[64];
+        snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+        ssize_t len = readlink(path, target, sizeof target - 1);
+        if (len <= 0)
+            continue;
+        target[len] = '\0';
+        unsigned long inode;
+        if (sscanf(target, "socket:[%lu]", &inode) == 1)
+            for (int i = 0; i < ninodes; i++)
+                ours = ours || inodes[i] == inode;
+    }
+    closedir(d);
+    return ours;
 }
 
 static const char *const loopback[] = {"127.0.0.1"};
@@ -321,7 +365,13 @@ Test(accept, the_listener_closes_once_every_started_rank_is_in, .timeout = 60)
     cr_assert(dk_job_round_wait(job, 20000), "the ranks never all said HELLO");
     cr_assert_eq(dk_job_round_end(job), DK_END_OK);
     int port = port_of(job);
-    cr_assert(tcp_refused(port), "something still listens on port %d with every rank in", port);
+    int cerr;
+    bool refused = tcp_refused(port, &cerr);
+    cr_assert(!this_process_listens_on(port), "the job still listens on port %d with every rank "
+              "in", port);
+    /* Not refused: another test's listener took the freed port since. */
+    cr_assert(refused || cerr == 0, "connecting to port %d failed with %s, not refused", port,
+              strerror(cerr));
     char err[256] = "";
     cr_assert_eq(dk_job_submit(job, "result", 6, 0, err, sizeof err), 0, "%s", err);
     cr_assert(dk_job_round_wait(job, 20000));
