@@ -546,6 +546,10 @@ static dk_job_t *start_job(dk_dist_run_t *run, char **env, const char *log_dir,
         char why[512];
         if (dk_dist_warm_for_agents(&run->opts, agent_modules, sizeof agent_modules,
                                     &agent_path, why, sizeof why)) {
+            /* A fresh run's templates serve this run only: what its code
+             * cannot use, they need not import. */
+            if (!run->pool)
+                dk_dist_warm_for_run(payload, len, agent_modules, sizeof agent_modules, log_dir);
             spec.agent_warm_modules = agent_modules;
             spec.agent_warm_path = agent_path;
         } else {

@@ -228,6 +228,33 @@ bool dk_dist_warm_for_agents(const dk_dist_opts_t *opts, char *modules, size_t l
     return true;
 }
 
+void dk_dist_warm_for_run(const void *payload, size_t len, char *modules, size_t mlen,
+                          const char *log_dir)
+{
+    if (!payload || !modules[0])
+        return;
+    PyObject *mod = PyImport_ImportModule("distkernel._dist");
+    PyObject *res = mod ? PyObject_CallMethod(mod, "agent_warm_modules", "y#s",
+                                              (const char *) payload, (Py_ssize_t) len, modules)
+                        : NULL;
+    Py_XDECREF(mod);
+    const char *narrowed, *why;
+    if (res && PyArg_ParseTuple(res, "ss", &narrowed, &why) && strlen(narrowed) < mlen) {
+        if (why[0] && log_dir) {
+            char path[4200];
+            snprintf(path, sizeof path, "%s/warm.log", log_dir);
+            int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+            if (fd >= 0) {
+                dprintf(fd, "%s\n", why);
+                close(fd);
+            }
+        }
+        snprintf(modules, mlen, "%s", narrowed);
+    }
+    Py_XDECREF(res);
+    PyErr_Clear();
+}
+
 void dk_dist_warm_end(dk_template_t **slot)
 {
     /* A run may hold the lock while it waits for the template (up to the

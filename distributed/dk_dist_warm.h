@@ -43,6 +43,17 @@ char *dk_dist_warm_socket(dk_template_t **slot, const dk_dist_opts_t *opts,
 bool dk_dist_warm_for_agents(const dk_dist_opts_t *opts, char *modules, size_t len,
                              char **path, char *why, size_t whylen);
 
+/* A fresh run's share of dk_dist_warm_for_agents: MODULES (as it returned
+ * them) narrowed to what the run's PAYLOAD (LEN bytes, as prepare_cell or a
+ * .distributed() call made it) may use, through
+ * distkernel._dist.agent_warm_modules. A run whose code imports only the
+ * standard library and names no warm module gets "", the reason written to
+ * warm.log in LOG_DIR, so that its ranks do not wait for torch's import on
+ * every node. MODULES is left as it was when Python cannot tell. Called with
+ * the GIL held. */
+void dk_dist_warm_for_run(const void *payload, size_t len, char *modules, size_t mlen,
+                          const char *log_dir);
+
 /* At the kernel's exit, from any thread: end the template in *SLOT
  * (dk_template_end) under the lock the runs take. */
 void dk_dist_warm_end(dk_template_t **slot);

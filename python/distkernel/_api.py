@@ -78,13 +78,14 @@ def _function_payload(fn, args, kwargs, runner=None):
         job = {"kind": "function", "fn": runner[0], "args": (fn, args, kwargs, *runner[1]),
                "kwargs": {}}
     try:
-        sources = {}
-        blob = _cells.dumps_with_sources(job, sources)
+        sources, imports = {}, set()
+        blob = _cells.dumps_with_sources(job, sources, imports)
         # The rank puts the sources of the notebook's cells in linecache first.
         # sys.path comes first, outside the pickled job: unpickling the
         # function may import the notebook's own modules.
         return cloudpickle.dumps({"kind": "function", "job": blob, "sources": sources,
-                                  "sys_path": list(sys.path)}, protocol=5)
+                                  "sys_path": list(sys.path), "imports": sorted(imports)},
+                                 protocol=5)
     except Exception as exc:
         culprit = _find_unsendable(fn, args, kwargs)
         raise TypeError(

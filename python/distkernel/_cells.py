@@ -241,27 +241,58 @@ def cell_source(filename):
         return None
 
 
+def _imported_by(code):
+    """The top-level names of the modules CODE's own bytecode imports (not
+    its nested code objects': the pickler meets those on their own)."""
+    import dis
+
+    names = set()
+    for ins in dis.get_instructions(code):
+        if ins.opname == "IMPORT_NAME":
+            names.add(str(ins.argval).split(".")[0] or ".")
+    return names
+
+
 def _tracking_pickler():
     import cloudpickle
 
     class SourceTrackingPickler(cloudpickle.CloudPickler):
-        """Records the file of every code object it pickles by value."""
+        """Records the file of every code object it pickles by value and, when
+        asked (modules is a set), the top-level name of every module the
+        unpickling may import: a module itself, the module of a class or a
+        function pickled by reference, of an object's type, and what code
+        pickled by value imports."""
+
+        modules = None
 
         def reducer_override(self, obj):
-            if type(obj) is types.CodeType:
+            kind = type(obj)
+            if kind is types.CodeType:
                 self.code_files.add(obj.co_filename)
+                if self.modules is not None:
+                    self.modules |= _imported_by(obj)
+            elif self.modules is not None:
+                if kind is types.ModuleType:
+                    name = obj.__name__
+                elif isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):
+                    name = getattr(obj, "__module__", None) or ""
+                else:
+                    name = getattr(kind, "__module__", None) or ""
+                self.modules.add(name.split(".")[0])
             return super().reducer_override(obj)
 
     return SourceTrackingPickler
 
 
-def dumps_with_sources(obj, sources):
+def dumps_with_sources(obj, sources, modules=None):
     """cloudpickle OBJ; add to SOURCES {filename: text} the cells its code
-    comes from."""
+    comes from, and to MODULES (a set, when given) the top-level names of the
+    modules unpickling it may import."""
     code_files = set()
     with io.BytesIO() as buf:
         pickler = _tracking_pickler()(buf, protocol=5)
         pickler.code_files = code_files
+        pickler.modules = modules
         pickler.dump(obj)
         blob = buf.getvalue()
     for filename in code_files:

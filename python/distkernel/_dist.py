@@ -29,6 +29,60 @@ def _used_names(code):
             if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Load, ast.Del))}
 
 
+# Names through which code imports what no import statement shows.
+_DYNAMIC_IMPORTS = {"__import__", "import_module", "exec", "eval", "run_path", "run_module",
+                    "get_ipython"}
+
+
+def _cell_imports(code):
+    """The top-level names of the modules the cell's own code imports: "." for
+    a relative import, "<dynamic>" where it may import by other means."""
+    names = set()
+    for node in ast.walk(ast.parse(code, "<distributed-cell>")):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            names.add("." if node.level else (node.module or "").split(".")[0])
+        elif ((isinstance(node, ast.Name) and node.id in _DYNAMIC_IMPORTS)
+              or (isinstance(node, ast.Attribute) and node.attr in _DYNAMIC_IMPORTS)):
+            names.add("<dynamic>")
+    return names
+
+
+# What never imports a warm module (torch, or what the user named): the
+# standard library, and what the ranks have imported before the cell runs.
+_NEVER_WARM = set(getattr(sys, "stdlib_module_names", ())) | {"__main__", "builtins",
+                                                             "cloudpickle", "IPython"}
+
+
+def agent_warm_modules(payload, modules):
+    """The warm modules (MODULES, comma-separated) a fresh run's node
+    templates import, and why when that is none: a run whose code, with
+    everything it sends, imports only the standard library and names no warm
+    module does not wait for torch's import on every node (seconds a node);
+    its ranks fork from a template that imported nothing. A run the payload
+    cannot tell about (no "imports") gets them all. Returns (modules, why)."""
+    import pickle
+    import re
+
+    names = [m.strip() for m in modules.split(",") if m.strip()]
+    if not names:
+        return modules, ""
+    job = pickle.loads(payload)
+    imports = job.get("imports")
+    if imports is None:
+        return modules, ""
+    outside = sorted(set(imports) - _NEVER_WARM)
+    if outside:
+        return modules, ""
+    text = job.get("code", "")
+    for name in names:
+        if re.search(r"\b%s\b" % re.escape(name.split(".")[0]), text):
+            return modules, ""
+    return "", (f"the nodes' templates imported none of the warm modules ({', '.join(names)}): "
+                "the run's code imports only the standard library and names none of them")
+
+
 def prepare_cell(code):
     """The payload for a %%distributed cell: its code and the notebook's values
     of the names it reads, each pickled on its own so that one that cannot be
@@ -47,13 +101,14 @@ def prepare_cell(code):
     filename, line_offset = _cells.body_location(code)
     sources = {filename: "".join(linecache.getlines(filename))}
     names = {}
+    imports = _cell_imports(code)
     for name in sorted(wanted):
         if name not in ns or name in _IPYTHON_NAMES or (name in hidden and ns[name] is hidden[name]):
             continue
         if name.startswith("_i") and name[2:].isdigit() or name.startswith("_") and name[1:].isdigit():
             continue
         try:
-            names[name] = _cells.dumps_with_sources(ns[name], sources)
+            names[name] = _cells.dumps_with_sources(ns[name], sources, imports)
         except Exception as exc:
             raise TypeError(
                 f"the notebook variable {name!r} cannot be sent to the ranks "
@@ -61,7 +116,8 @@ def prepare_cell(code):
             ) from None
     return cloudpickle.dumps({"kind": "cell", "code": code, "names": names,
                               "filename": filename, "line_offset": line_offset,
-                              "sources": sources, "sys_path": list(sys.path)}, protocol=5)
+                              "sources": sources, "sys_path": list(sys.path),
+                              "imports": sorted(imports)}, protocol=5)
 
 
 def finish_cell(results, result_name):

@@ -43,6 +43,14 @@ json.dumps({{'env': dict(os.environ), 'torch_first': TORCH_FIRST, 'ppid': os.get
             'parent': parent(os.getppid()), 'pgid': os.getpgrp(), 'pid': os.getpid()}})
 """
 
+# Uses only the standard library: its nodes' templates import no warm module.
+LIGHT = """%%distributed num_processes=4 nodes=2 tracking=False warm_modules=warm_not_on_node2
+import json, os, sys
+with open(f'/proc/{os.getppid()}/comm') as f:
+    PARENT = f.read().strip()
+json.dumps({'modules': sorted(sys.modules), 'parent': PARENT, 'log': os.environ['DISTKERNEL_LOG']})
+"""
+
 
 def probe(k, opts=""):
     r = k.execute(PROBE.format(opts=opts), timeout=RUN)
@@ -102,6 +110,22 @@ def test_a_node_whose_template_cannot_import_runs_cold_beside_warm_ones(slurm_cl
         r, ranks = probe(k, "warm=False")
         for rank, info in ranks.items():
             assert not info["torch_first"] and info["parent"] == "distkernel-agen", (rank, info)
+        # A cell that imports only the standard library and names no warm
+        # module: every node's template imports none (node2's too, so all
+        # four ranks are warm), and warm.log says why.
+        r = k.execute(LIGHT, timeout=RUN)
+        assert r.status == "ok", r.describe()
+        light = {int(m.group(1)): json.loads(m.group(2)) for m in
+                 re.finditer(r"^rank (\d+): '(.*)'$", r.result, re.M)}
+        assert sorted(light) == [0, 1, 2, 3], r.describe()
+        for rank, info in light.items():
+            assert info["parent"] == "distkernel-tmpl", (rank, info)
+            assert not {"torch", "warm_not_on_node2"} & set(info["modules"]), (rank, info)
+        with open(os.path.join(os.path.dirname(light[0]["log"]), "warm.log")) as f:
+            lines = f.read().splitlines()
+        assert lines == ["the nodes' templates imported none of the warm modules (torch, "
+                         "warm_not_on_node2): the run's code imports only the standard library "
+                         "and names none of them"], lines
     finally:
         k.stop()
     assert wait_clean(slurm_cluster) == []

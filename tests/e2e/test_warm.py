@@ -564,3 +564,63 @@ def test_a_peer_crash_after_warm_rank_0_returned_leaves_rank_0_finished(kernel):
     assert_ran_warm(r)
     text = r.content["evalue"] + "\n".join(r.content.get("traceback", []))
     assert "rank 0: finished" in text, r.describe()
+
+
+# Which warm modules a fresh run's node templates import (launcher=slurm;
+# distkernel._dist.agent_warm_modules): all of them, unless the run's code,
+# with everything it sends, imports only the standard library and names none.
+# Judged in the kernel itself, on the payloads it would send; test_slurm_warm.py
+# runs a light cell on the nodes.
+CHOICE_SETUP = """
+import collections, os
+import numpy
+def uses_os():
+    return os.getpid()
+def imports_torch():
+    import torch
+    return torch.__name__
+class Plain:
+    pass
+plain, ordered, array = Plain(), collections.OrderedDict(), numpy.zeros(2)
+"""
+WARM = "torch,transformers"
+CHOICES = {
+    # light: nothing outside the standard library, no warm module named
+    "print(os.getpid())": "",
+    "uses_os()": "",
+    "plain, ordered": "",
+    "import json, re\nre.compile('x'), json.dumps(1)": "",
+    # a notebook function that imports torch, a numpy array, an import of
+    # anything else, a relative or dynamic import, a warm module named
+    "imports_torch()": WARM,
+    "array.sum()": WARM,
+    "import torch": WARM,
+    "import notebook_helpers": WARM,
+    "from . import sibling": WARM,
+    "__import__('sys')": WARM,
+    "import importlib\nimportlib.import_module('sys')": WARM,
+    "import sys\n'transformers' in sys.modules": WARM,
+}
+
+
+def test_a_fresh_runs_node_templates_import_only_what_its_code_may_use(kernel):
+    r = kernel.execute(CHOICE_SETUP)
+    assert r.status == "ok", r.describe()
+    r = kernel.execute(
+        "import json as _json\nfrom distkernel import _api as _a, _dist as _d\n"
+        f"_json.dumps({{c: _d.agent_warm_modules(_d.prepare_cell(c), {WARM!r})\n"
+        f"             for c in {list(CHOICES)!r}}})")
+    assert r.status == "ok", r.describe()
+    got = json.loads(ast.literal_eval(r.result))
+    assert {c: v[0] for c, v in got.items()} == CHOICES, got
+    # Said why when it is none; nothing to say otherwise.
+    assert all((v[1] != "") == (v[0] == "") for v in got.values()), got
+    assert "imports only the standard library" in got["uses_os()"][1], got
+    # A .distributed() function's payload is judged the same way.
+    r = kernel.execute(
+        f"[_d.agent_warm_modules(_a._function_payload(f, (), {{}}), {WARM!r})[0]\n"
+        " for f in (uses_os, imports_torch)]")
+    assert r.status == "ok" and ast.literal_eval(r.result) == ["", WARM], r.describe()
+    # No warm modules asked for: nothing to narrow.
+    r = kernel.execute("_d.agent_warm_modules(_d.prepare_cell('import torch'), '')")
+    assert r.status == "ok" and ast.literal_eval(r.result) == ("", ""), r.describe()
