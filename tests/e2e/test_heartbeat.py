@@ -1,6 +1,5 @@
 """The heartbeat echoes while a cell computes with the GIL held, so a frontend does not
 declare a busy kernel dead."""
-import time
 
 import pytest
 import zmq
@@ -27,13 +26,10 @@ def test_heartbeat_echoes_while_a_cell_holds_the_gil(kernel, heartbeat):
     n = int(3.0 / per_1e7 * 10**7)
     msg_id = kernel.start_execute(f"sum(range({n}))")
     kernel.wait_running(msg_id, settle=0.5)
-    t0 = time.monotonic()
     echo = ping(heartbeat, b"ping-busy", 1.0)
-    elapsed = time.monotonic() - t0
     still_running = not kernel.replied(msg_id)
     r = kernel.finish(msg_id, timeout=30)
     assert r.status == "ok"
     assert still_running, "the cell ended before the ping; the test proved nothing"
     assert echo == b"ping-busy", "no heartbeat echo within 1 s (cell busy for ~3 s)"
-    assert elapsed < 1.0
 

@@ -10,7 +10,7 @@ from jupyter_client import KernelManager
 
 import support
 
-GONE_WITHIN = 1.0
+GONE_WITHIN = 10.0   # s: a bound for a stuck kernel, not a speed
 
 
 def wait_exit(process, timeout):
@@ -54,16 +54,16 @@ def test_kernel_publishes_status_starting_once_at_startup():
 
 
 @pytest.mark.timeout(30)
-def test_shutdown_request_ends_the_process_within_1s_of_the_reply(fresh_kernel):
+def test_shutdown_request_ends_the_process_by_itself_after_the_reply(fresh_kernel):
+    # Nothing signals the kernel here: it must leave on its own, with 0. How
+    # fast is no pass/fail figure on a shared machine.
     k = fresh_kernel
     msg_id = k.send("shutdown_request", {"restart": False}, channel="control")
     reply = k.reply(msg_id, channel="control", timeout=10)
-    t0 = time.monotonic()
     assert reply["content"]["status"] == "ok"
     assert reply["content"]["restart"] is False
     code = wait_exit(k.process, GONE_WITHIN)
     assert code is not None, f"kernel still running {GONE_WITHIN} s after shutdown_reply"
-    assert time.monotonic() - t0 <= GONE_WITHIN + 0.05
     assert code == 0, f"kernel exited with {code} after a clean shutdown"
 
 
@@ -102,6 +102,16 @@ def test_restart_kernel_resets_the_execution_count(fresh_kernel):
     assert k.execute("3").content["execution_count"] == 1
 
 
+def assert_left_by_itself(popen):
+    """The kernel's process exited on its own, with 0: jupyter_client
+    SIGTERMs a kernel still there after half of shutdown_wait_time (2.5 s),
+    and SIGKILLs it after the rest; either shows here as a negative code."""
+    assert popen.returncode is not None, "the kernel's process was not reaped"
+    assert popen.returncode == 0, (
+        f"the kernel's process ended with {popen.returncode}: "
+        + ("it had to be killed" if popen.returncode < 0 else "it failed"))
+
+
 @pytest.mark.timeout(60)
 def test_interrupt_then_shutdown_of_a_running_cell_leaves_no_process(fresh_kernel):
     k = fresh_kernel
@@ -109,14 +119,11 @@ def test_interrupt_then_shutdown_of_a_running_cell_leaves_no_process(fresh_kerne
     family = [proc] + proc.children(recursive=True)
     msg_id = k.start_execute("import time\ntime.sleep(100)")
     k.wait_running(msg_id)
-    t0 = time.monotonic()
+    popen = k.km.provisioner.process
     k.km.shutdown_kernel(now=False)  # interrupt_request, shutdown_request, then wait
-    elapsed = time.monotonic() - t0
     alive = [p.pid for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert alive == [], f"processes left after shutdown: {alive}"
-    # jupyter_client sends SIGTERM after shutdown_wait_time/2 (2.5 s): finishing well
-    # before that means the kernel left by itself.
-    assert elapsed < 2.0, f"shutdown took {elapsed:.1f} s: the kernel had to be killed"
+    assert_left_by_itself(popen)
 
 
 @pytest.mark.timeout(60)
@@ -124,8 +131,7 @@ def test_shutdown_kernel_of_an_idle_kernel_is_quick_and_clean(fresh_kernel):
     k = fresh_kernel
     proc = psutil.Process(k.pid)
     family = [proc] + proc.children(recursive=True)
-    t0 = time.monotonic()
+    popen = k.km.provisioner.process
     k.km.shutdown_kernel(now=False)
-    elapsed = time.monotonic() - t0
     assert [p.pid for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
-    assert elapsed < 2.0, f"shutdown took {elapsed:.1f} s: the kernel had to be killed"
+    assert_left_by_itself(popen)

@@ -594,7 +594,9 @@ Test(slurm_fake, a_cancelled_question_ends_sinfo_at_once, .timeout = 60)
         double took = dk_now_s() - t0;
         cr_assert_eq(rc, -1, "question %d", which);
         cr_expect_gt(asked, 0);
-        cr_expect_lt(took, 3.0, "question %d took %.1f s", which, took);
+        /* Ended by the cancel, not at its 30 s deadline: half of it tells
+         * the two apart on a loaded machine. */
+        cr_expect_lt(took, 15.0, "question %d took %.1f s", which, took);
         cr_expect(strstr(err, "Slurm's sinfo was cancelled before it answered"), "%d: %s", which,
                   err);
         pid_t pid = sinfo_pid();
