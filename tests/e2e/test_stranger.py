@@ -317,7 +317,10 @@ def test_stuck_subscriber_does_not_hold_back_a_frontend():
         assert s.stdout.readline().strip() == "subscribed"
         time.sleep(0.5)   # its subscription has joined
         msg_id = k.start_execute(PRINT_CELL)
-        msgs = k.iopub_until_idle(msg_id, timeout=60)
+        # The kernel paces 100 MB of output to this frontend, the one that
+        # reads: about 10 s here, over 60 s once on a loaded CI machine. A
+        # kernel held back by the stranger would wait for its 600 s.
+        msgs = k.iopub_until_idle(msg_id, timeout=240)
         idle_at = time.time()
         text = "".join(m["content"]["text"] for m in msgs if m["msg_type"] == "stream"
                        and m["content"]["name"] == "stdout")
