@@ -23,10 +23,6 @@ _IPYTHON_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "_", "__", "___", 
                   "_iii", "_ih", "_oh", "_dh"}
 
 
-def _used_names(code):
-    tree = ast.parse(code, "<distributed-cell>")
-    return {node.id for node in ast.walk(tree)
-            if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Load, ast.Del))}
 
 
 # Names through which code imports what no import statement shows.
@@ -34,19 +30,25 @@ _DYNAMIC_IMPORTS = {"__import__", "import_module", "exec", "eval", "run_path", "
                     "get_ipython"}
 
 
-def _cell_imports(code):
-    """The top-level names of the modules the cell's own code imports: "." for
-    a relative import, "<dynamic>" where it may import by other means."""
-    names = set()
+def _read_cell(code):
+    """One walk of the cell's syntax tree: the names it reads (the notebook
+    values to send), and the top-level names of the modules its own code
+    imports ("." for a relative import, "<dynamic>" where it may import by
+    other means)."""
+    used, imports = set(), set()
     for node in ast.walk(ast.parse(code, "<distributed-cell>")):
-        if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
+        if isinstance(node, ast.Name):
+            if isinstance(node.ctx, (ast.Load, ast.Del)):
+                used.add(node.id)
+            if node.id in _DYNAMIC_IMPORTS:
+                imports.add("<dynamic>")
+        elif isinstance(node, ast.Import):
+            imports.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            names.add("." if node.level else (node.module or "").split(".")[0])
-        elif ((isinstance(node, ast.Name) and node.id in _DYNAMIC_IMPORTS)
-              or (isinstance(node, ast.Attribute) and node.attr in _DYNAMIC_IMPORTS)):
-            names.add("<dynamic>")
-    return names
+            imports.add("." if node.level else (node.module or "").split(".")[0])
+        elif isinstance(node, ast.Attribute) and node.attr in _DYNAMIC_IMPORTS:
+            imports.add("<dynamic>")
+    return used, imports
 
 
 # What never imports a warm module (torch, or what the user named): the
@@ -93,7 +95,7 @@ def prepare_cell(code):
     ns = shell.user_ns
     hidden = shell.user_ns_hidden
     try:
-        wanted = _used_names(code)
+        wanted, imports = _read_cell(code)
     except SyntaxError as exc:
         raise SyntaxError(f"the cell is not valid Python: {exc.msg} (line {exc.lineno})") from None
     from distkernel import _cells
@@ -101,7 +103,6 @@ def prepare_cell(code):
     filename, line_offset = _cells.body_location(code)
     sources = {filename: "".join(linecache.getlines(filename))}
     names = {}
-    imports = _cell_imports(code)
     for name in sorted(wanted):
         if name not in ns or name in _IPYTHON_NAMES or (name in hidden and ns[name] is hidden[name]):
             continue
