@@ -9,13 +9,23 @@ waits for all of them, sets RAY_ADDRESS and is the Ray driver; the other ranks
 wait until the driver is done. Then every rank runs `ray stop`.
 
 `ray stop` must run however the run ends: a failing driver, an interrupt, a
-timeout, another rank failing. The kernel ends ranks with SIGINT, then SIGTERM
-and SIGKILL 2 s apart (runtime/launch/dk_job.h), to the rank's whole process group.
-So every wait here is a loop of short waits (an interrupt lands between them
-and unwinds through `finally`), and `ray stop` runs in a session of its own,
-out of reach of the signals to the rank's group, with SIGINT and SIGTERM held
-back in the rank while it waits for it: a SIGKILL can still end the rank, but
-not the `ray stop` it started.
+timeout, another rank failing, the rank itself killed. The kernel ends ranks
+with SIGINT, then SIGTERM and SIGKILL 2 s apart (runtime/launch/dk_job.h), to
+the rank's whole process group. So every wait here is a loop of short waits
+(an interrupt lands between them and unwinds through `finally`), and `ray stop`
+runs in a session of its own, out of reach of the signals to the rank's group.
+While the rank waits for it, SIGINT and SIGTERM are deferred: Python runs a
+signal's handler in the main thread whichever thread the signal reached (the
+rank has its back channel's and its flusher's threads), so a signal mask in the
+main thread would not hold them back; a handler that only notes them does, and
+they take effect once `ray stop` is done.
+
+A rank that dies before it gets there (SIGKILL, or a SIGTERM while a starved
+rank had not yet woken from its SIGINT) still has its node stopped: before its
+`ray start`, each rank starts a watcher in a session of its own, holding the
+read end of a pipe whose write end only the rank holds. The rank writes
+"stopped" to it once its own `ray stop` has started; a watcher that reads the
+end of the pipe without it (the rank is gone) runs `ray stop` itself.
 
 "Ray installed" means the `ray` command on PATH: that is what the ranks run.
 The kernel checks it before any rank starts (ray_launch's .distributed()).
@@ -43,6 +53,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 _STORE_PREFIX = "distkernel/ray/"
@@ -163,17 +174,50 @@ def _run_ray(args, env=None):
                            f" on rank {os.environ.get('RANK')}; its output is above")
 
 
-def _ray_stop(ran):
+class _Deferred:
+    """SIGINT and SIGTERM noted, not acted on, while `ray stop` runs; `end()`
+    puts the old handlers back and acts on what came: a KeyboardInterrupt for
+    SIGINT (the rank unwinds as interrupted), the old disposition for SIGTERM
+    (by default, the rank ends). Outside the main thread, where Python sets no
+    handler, nothing is deferred."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.came = []
+        self.old = {}
+
+    def begin(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self.old[sig] = signal.signal(sig, self._note)
+
+    def _note(self, sig, _frame):
+        self.came.append(sig)
+
+    def end(self):
+        for sig, handler in self.old.items():
+            signal.signal(sig, handler)
+        if signal.SIGTERM in self.came:
+            signal.raise_signal(signal.SIGTERM)
+        if signal.SIGINT in self.came:
+            raise KeyboardInterrupt
+
+
+def _ray_stop(ran, watcher=None):
     """`ray stop`, out of reach of the signals that end the rank's group. RAN
     (a list) gets True once it has started: an interrupt that lands before
-    the signals are held leaves it empty, one after they are let go does not."""
-    held = {signal.SIGINT, signal.SIGTERM}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    the signals are deferred leaves it empty, one after they are acted on does
+    not. WATCHER (a _Watcher) is told once it has started."""
+    deferred = _Deferred()
     try:
+        deferred.begin()
         proc = subprocess.Popen([ray_command(), "stop"], start_new_session=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 errors="replace")
         ran.append(True)
+        if watcher is not None:
+            watcher.stopped()
         try:
             out, _ = proc.communicate(timeout=_STOP_TIMEOUT)
         except subprocess.TimeoutExpired:
@@ -181,7 +225,43 @@ def _ray_stop(ran):
         if out:
             print(out, end="" if out.endswith("\n") else "\n", flush=True)
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        deferred.end()
+
+
+class _Watcher:
+    """This rank's stand-in for its `ray stop` (see the top): a shell in a
+    session of its own that runs `ray stop` when the rank ends without saying
+    it has started its own. Its output goes nowhere: the rank that would show
+    it is gone."""
+
+    SCRIPT = 'read -r said; [ "$said" = stopped ] || exec "$0" stop'
+
+    def __init__(self):
+        read_end, self._write_end = os.pipe()
+        try:
+            self._proc = subprocess.Popen(
+                ["/bin/sh", "-c", self.SCRIPT, ray_command()], stdin=read_end,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        except BaseException:
+            os.close(self._write_end)
+            raise
+        finally:
+            os.close(read_end)
+
+    def stopped(self):
+        """The rank's own `ray stop` has started: the watcher leaves."""
+        if self._write_end < 0:
+            return
+        try:
+            os.write(self._write_end, b"stopped\n")
+        except OSError:
+            pass        # the watcher is gone: nothing to tell
+        os.close(self._write_end)
+        self._write_end = -1
+        try:
+            self._proc.wait(timeout=_STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def _ray_version():
@@ -250,6 +330,7 @@ class RayCluster:
         self._started = False   # this rank ran `ray start`: it must run `ray stop`
         self._joined = False    # ... and it worked: a worker then waits for the driver
         self._ray_stopped = []  # not empty once its `ray stop` has started (_ray_stop)
+        self._watcher = None    # runs `ray stop` if this rank dies before it does (_Watcher)
         self._generation = len(_clusters)
         self._base, self._store = _store(self._generation)
         _clusters.append(self)
@@ -304,6 +385,7 @@ class RayCluster:
             env.update(self._auth_env(mode))
             host = os.environ.get("MASTER_ADDR", "127.0.0.1")
             port = _free_port()
+            self._watcher = _Watcher()
             self._started = True
             _run_ray(["start", "--head", f"--port={port}", *args], env)
             self.address = f"{host}:{port}"
@@ -315,6 +397,7 @@ class RayCluster:
                 raise RuntimeError("rank 0 ended before starting the Ray head")
             self.address, mode = _verified_head(self._generation, self._store.get("head"))
             env.update(self._auth_env(mode))
+            self._watcher = _Watcher()
             self._started = True
             _run_ray(["start", f"--address={self.address}", *args], env)
             self._joined = True
@@ -343,7 +426,7 @@ class RayCluster:
         interrupted = None
         while self._started and not self._ray_stopped:
             try:
-                _ray_stop(self._ray_stopped)
+                _ray_stop(self._ray_stopped, self._watcher)
             except KeyboardInterrupt as e:
                 if self._ray_stopped:
                     raise

@@ -414,6 +414,29 @@ def test_ray_stop_runs_on_every_rank_after_the_timeout(ray_node):
 
 
 @pytest.mark.timeout(RUN)
+def test_ray_stop_runs_for_a_rank_killed_before_it_could(ray_node):
+    # Rank 1 dies by SIGKILL once it has joined: it never runs its own
+    # `ray stop`, so its watcher must. Rank 0, the driver, is ended by the
+    # kernel and stops its node itself.
+    k = ray_node.kernel
+    r = k.execute(
+        "%%distributed num_processes=2 tracking=False\n"
+        "import os, signal, time\n"
+        "from databricks.air import ray_init\n"
+        "with ray_init() as cluster:\n"
+        "    if not cluster.is_driver:\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    time.sleep(600)\n", timeout=RUN)
+    assert r.status == "error", r.describe()
+    assert "rank 1" in r.content["evalue"] and "SIGKILL" in r.content["evalue"], r.describe()
+    recs = ray_node.wait_records(lambda recs: len(starts_and_stops(recs)[2]) >= 2)
+    assert_one_cluster_in_order(recs)
+    stops = {x["rank"]: x for x in starts_and_stops(recs)[2]}
+    # Out of reach of the signals to the rank's group: a session of its own.
+    assert stops["1"]["sid"] == stops["1"]["pgid"], stops
+
+
+@pytest.mark.timeout(RUN)
 @pytest.mark.parametrize("which", ["head", "worker"])
 def test_a_failing_ray_start_fails_the_run_and_every_started_node_is_stopped(tmp_path, which):
     node = RayNode(tmp_path, FAKE_RAY_FAIL=which)
