@@ -7,8 +7,8 @@ against a reference measured in the same run.
 
 1. curve: a trivial cell (`pass`) at 8, 16, ... ranks on nodes of 16 ranks each
    (8 on one node), up to --max-ranks or until memory runs short (each size's
-   peak use, doubled, must leave --min-free GiB free), launched as --launch says
-   (default: one node agent per node, one srun step of N tasks): wall time
+   peak use, doubled, must leave --min-free GiB free), one node agent per node,
+   one srun step of N tasks: wall time
    (execute_request to idle), the kernel's CPU (its own, and its reaped
    children's: salloc and srun on the login side), slurmctld's CPU, the kernel's
    peak RSS (VmHWM) and the peak summed RSS and number of its live children
@@ -16,8 +16,6 @@ against a reference measured in the same run.
 2. bare: at --bare-ranks (512) on 32 nodes, and at 16 on 1 node, `salloc -N.. -n..
    srun python3 -c pass` from a shell, each right after the kernel's cell of the
    same size.
-   steps: the curve's cell at --steps-ranks (64, 256) once each with one srun step
-   per rank (DISTKERNEL_SLURM_LAUNCH=steps), in a kernel of its own.
 3. torch: import torch + init_process_group("gloo") + one all_reduce, 32 ranks on
    8 nodes, as a cell and from a bare `salloc ... srun` (one torch import each).
 4. pass: `%distributed start` of --pass-ranks ranks, then `%%distributed pass`
@@ -371,32 +369,6 @@ def bench_curve(a, kern, env, out):
                       "start-up that a real cluster runs in parallel", flush=True)
 
 
-def bench_steps(a, kdir, kenv, out):
-    """The same `pass` cells with one srun step per rank (DISTKERNEL_SLURM_LAUNCH=steps),
-    in a kernel of their own, for comparison with the agents' curve."""
-    kern = db.Kernel("distkernel", [kdir], env=dict(kenv, DISTKERNEL_SLURM_LAUNCH="steps"))
-    try:
-        must(cell(kern, "%%distributed num_processes=2 nodes=1 launcher=slurm "
-                        "tracking=False\npass"), "steps warm-up cell")
-        idle_hwm = vm_hwm(kernel_pid(kern))
-        out["steps_kernel_rss_idle"] = idle_hwm
-        points = []
-        for ranks in a.steps_ranks:
-            r = cell(kern, pass_cell(ranks))
-            r.pop("raw")
-            if not r["ok"]:
-                print(f"  steps, {ranks} ranks: the cell failed after {r['s']:.1f} s: "
-                      f"{r['error']}", flush=True)
-                out["steps_stopped"] = f"{ranks} ranks: {r['error']}"
-                keep_evidence(a)
-                break
-            print(cell_line(ranks, nodes_for(ranks), r) + " [steps]", flush=True)
-            points.append(point_of(ranks, [r], idle_hwm))
-        out["steps"] = points
-    finally:
-        kern.close()
-
-
 # ---------------------------------------------------------------- 3: torch
 
 TORCH_CODE = ('import torch, torch.distributed as dist\n'
@@ -690,7 +662,10 @@ def plot(out, path):
         print("no matplotlib: apt-get install python3-matplotlib for the plot", flush=True)
         return
     curve = out["curve"]
-    launch = out["config"].get("launch", "steps")
+    # Runs from before the one-step-per-rank launch was removed (5 December
+    # 2026) may hold its curve ("steps") or have run the main curve that way
+    # (config "launch"): they are drawn as they ran.
+    launch = out["config"].get("launch", "agent")
     x = [p["ranks"] for p in curve]
     steps = out.get("steps", []) if launch != "steps" else []
     sx = [p["ranks"] for p in steps]
@@ -745,15 +720,7 @@ def plot(out, path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prefix", default=os.path.join(ROOT, "build", "prefix"))
-    ap.add_argument("--only", default="curve,bare,steps,torch,pass,relay")
-    ap.add_argument("--launch", choices=("agent", "steps"),
-                    default=os.environ.get("DISTKERNEL_SLURM_LAUNCH", "agent"),
-                    help="how the kernel of the curve and the other parts runs Slurm ranks "
-                         "(its DISTKERNEL_SLURM_LAUNCH; default: that variable, else agent: "
-                         "one node agent per node)")
-    ap.add_argument("--steps-ranks", default="64,256",
-                    help="steps part: sizes run once each with one srun step per rank, in a "
-                         "kernel of their own, after the curve")
+    ap.add_argument("--only", default="curve,bare,torch,pass,relay")
     ap.add_argument("--max-ranks", type=int, default=1024)
     ap.add_argument("--min-ranks", type=int, default=8, help="curve: the smallest size run")
     ap.add_argument("--min-free", type=float, default=4.0, help="GiB to leave free")
@@ -792,7 +759,6 @@ def main():
             plot(json.load(f), a.plot)
         return
     a.only = a.only.split(",")
-    a.steps_ranks = [int(x) for x in a.steps_ranks.split(",") if x]
     global SAMPLE_EVERY, CTLD_PID, HOLD_S
     SAMPLE_EVERY = a.sample_every
     HOLD_S = a.hold
@@ -804,7 +770,6 @@ def main():
     if sim_cpus < PER_NODE:
         sys.exit(f"DISTKERNEL_SLURM_SIM_CPUS must be at least {PER_NODE}")
     need = [nodes_for(a.max_ranks) if "curve" in a.only else 1,
-            nodes_for(max(a.steps_ranks, default=1)) if "steps" in a.only else 1,
             a.torch_nodes if "torch" in a.only else 1,
             # ipyparallel's engines need nodes of their own beside the kernel's
             # allocation (both are held at once)
@@ -840,8 +805,7 @@ def main():
         kenv = {k: v for k, v in cluster.env.items()
                 if not k.startswith(("SLURM_", "DISTKERNEL_SLURM_"))
                 and k not in ("DISTKERNEL_NODES", "DISTKERNEL_LAUNCHER")}
-        kenv.update(DISTKERNEL_LOG_DIR=log_root, MLFLOW_TRACKING_URI="", SLURM_CONF=cluster.conf,
-                    DISTKERNEL_SLURM_LAUNCH=a.launch)
+        kenv.update(DISTKERNEL_LOG_DIR=log_root, MLFLOW_TRACKING_URI="", SLURM_CONF=cluster.conf)
         try:
             with open(os.path.join(a.sim_dir, "pids", "slurmctld")) as f:
                 pid = int(f.read().split()[0])
@@ -861,9 +825,6 @@ def main():
             if "bare" not in a.only:
                 a.bare_ranks = -1
             bench_curve(a, kern, env, out)
-        if "steps" in a.only and a.steps_ranks:
-            print("== steps: the same cell, one srun step per rank", flush=True)
-            bench_steps(a, kdir, kenv, out)
         if out.get("curve"):
             plot(out, a.plot)
         for name, title, fn in (

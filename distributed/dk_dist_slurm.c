@@ -10,17 +10,19 @@
  * which a slow controller may hold for their whole 15 s deadline, are waited
  * on the same way, so an interrupt ends them (and sinfo) at once.
  *
- * Each rank is its own step (`srun --nodes=1 --ntasks=1 --overlap
- * --nodelist=NODE`, dk_slurm_step_argv), not one srun for all: the runtime watches, signals and judges each rank's
- * launcher as it does a local rank, and a failure on one node is that rank's.
- * The price is that srun tells each rank of a one-task step (SLURM_PROCID=0,
- * SLURM_NTASKS=1): the ranks get the run's node lists in their environment
- * and rewrite those variables to the whole run's before any Python runs
- * (runtime/slurm/dk_slurm_rank.c, from distkernel-rank's main). The steps share
- * the job's resources (--overlap) and get none of srun's input variables from
- * the kernel's environment (a batch script's SLURM_MEM_PER_NODE ...), so that
- * no rank's step waits for another while rank 0 waits for all of them in the
- * rendezvous (runtime/slurm/dk_slurm_step.c says why each).
+ * The ranks of a run on N nodes are started by N node agents, one srun step
+ * of N tasks, one per node (dk_slurm_agents_argv; docs/slurm.md says why one
+ * step rather than N): each agent starts its node's ranks, warm from a
+ * template that imported torch once on that node, and speaks for them over
+ * one connection to the kernel's back channel (runtime/agent/dk_agent.h).
+ * srun tells each agent of its own task of that step (SLURM_PROCID is its
+ * node, SLURM_NTASKS the nodes): the ranks get the run's node lists in their
+ * environment and rewrite those variables to the whole run's before any
+ * Python runs (runtime/slurm/dk_slurm_rank.c, from distkernel-rank's main).
+ * The step shares the job's resources (--overlap) and gets none of srun's
+ * input variables from the kernel's environment (a batch script's
+ * SLURM_MEM_PER_NODE ...), so that it never waits for another step of the
+ * job (runtime/slurm/dk_slurm_step.c says why each).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -51,12 +53,12 @@
  * (import torch on a busy node), the stop ladder, and the kernel's release. */
 #define TIME_LIMIT_MARGIN_S 300.0
 
-/* How long a rank on another node may be silent before it is lost: longer
- * than on one machine's loopback (a busy network, a node swapping), still
- * "within seconds", and well under Slurm's own node failure detection
- * (SlurmdTimeout, 300 s by default). distkernel-rank sends its PINGs from a
- * native thread, so a rank whose main thread holds the GIL (torch's
- * rendezvous waiting for a late peer) is not silent. */
+/* How long a node agent may be silent before its node is lost: longer than
+ * on one machine's loopback (a busy network, a node swapping), still "within
+ * seconds", and well under Slurm's own node failure detection (SlurmdTimeout,
+ * 300 s by default). The agent sends its PINGs from its own loop, whatever its
+ * ranks do, so a node whose ranks hold the GIL (torch's rendezvous waiting for
+ * a late peer) is not silent. */
 #define HEARTBEAT_S 10.0
 /* A site (or a test) may set its own, in seconds (>= 2). */
 #define HEARTBEAT_ENV "DISTKERNEL_SLURM_HEARTBEAT"
@@ -76,10 +78,10 @@ static double heartbeat_s(void)
     return env_seconds(HEARTBEAT_ENV, 2.0, HEARTBEAT_S);
 }
 
-/* How long a rank may take to connect after its srun started before it is
- * taken for lost with its node (dk_job_spec_t.connect_timeout_s): Python
- * and distkernel start, no user code. A site with slow shared filesystems
- * may want more; in seconds (>= 10). */
+/* How long a node agent may take to connect after the agents' srun started
+ * before its node is taken for lost (dk_job_spec_t.connect_timeout_s): srun
+ * and distkernel-agent start, no Python. A site with slow shared filesystems
+ * or a slow controller may want more; in seconds (>= 10). */
 #define CONNECT_ENV "DISTKERNEL_SLURM_CONNECT_TIMEOUT"
 
 static double connect_timeout_s(void)
@@ -99,22 +101,10 @@ struct dk_dist_slurm_t {
     char export_secrets[512];   /* export_secrets=: secret-named variables sent anyway */
     const char **hosts;         /* per rank: its node's name (the allocation's) */
     const char **allow;         /* the run's nodes' addresses: who may connect */
-    dk_slurm_step_t *steps;     /* per rank: its srun */
-    const char *const **cmds;   /* per rank: steps[r].argv */
     char **env;                 /* the ranks' base environment: the run's node lists added */
-    /* node agents (the default): one srun of one node agent per node */
-    char agent_job[64], agent_nodes[64], agent_tasks[64], *agent_list, *agent_exe;
-    const char *agent_argv[20];
+    dk_slurm_agents_t agents;   /* the srun of the run's node agents */
+    char *agent_exe;            /* distkernel-agent, beside distkernel-rank */
 };
-
-/* Whether the ranks are started by node agents, one srun step of one task
- * per node (docs/slurm.md): the default; DISTKERNEL_SLURM_LAUNCH=steps runs
- * one step per rank instead. */
-static bool launch_by_agents(void)
-{
-    const char *v = getenv("DISTKERNEL_SLURM_LAUNCH");
-    return !v || strcmp(v, "steps") != 0;
-}
 
 /* srun ... distkernel-agent RANK_EXE for the run's NODES first nodes. */
 static int agents_command(dk_dist_slurm_t *self, const char *rank_exe, int nodes)
@@ -127,45 +117,19 @@ static int agents_command(dk_dist_slurm_t *self, const char *rank_exe, int nodes
         self->agent_exe = NULL;
     if (!slash && !(self->agent_exe = strdup("distkernel-agent")))
         return -1;
+    if (!self->agent_exe)
+        return -1;
     const char **names = calloc((size_t) nodes + 1, sizeof *names);
     for (int i = 0; names && i < nodes; i++)
         names[i] = dk_slurm_node_name(self->alloc, (size_t) i);
     char *list = names ? dk_hostlist_compress(names, (size_t) nodes) : NULL;
     free(names);
-    free(self->agent_list);
-    self->agent_list = NULL;
-    if (!self->agent_exe || !list || asprintf(&self->agent_list, "--nodelist=%s", list) < 0) {
-        free(list);
-        return -1;
-    }
+    dk_slurm_agents_free(&self->agents);
+    int rc = list ? dk_slurm_agents_argv(&self->agents, dk_slurm_job_id(self->alloc), list, nodes,
+                                         self->gpu, self->agent_exe, rank_exe)
+                  : -1;
     free(list);
-    snprintf(self->agent_job, sizeof self->agent_job, "--jobid=%s", dk_slurm_job_id(self->alloc));
-    snprintf(self->agent_nodes, sizeof self->agent_nodes, "--nodes=%d", nodes);
-    snprintf(self->agent_tasks, sizeof self->agent_tasks, "--ntasks=%d", nodes);
-    size_t n = 0;
-    const char **a = self->agent_argv;
-    a[n++] = "srun";
-    a[n++] = self->agent_job;
-    a[n++] = self->agent_nodes;
-    a[n++] = self->agent_tasks;
-    a[n++] = "--ntasks-per-node=1";
-    a[n++] = "--overlap";
-    if (!self->gpu)
-        a[n++] = "--gres=none";
-    a[n++] = self->agent_list;
-    a[n++] = "--kill-on-bad-exit=0";
-    /* One task per node that forks all of that node's ranks: where the site
-     * binds tasks to CPUs (task/affinity), a bound agent would hold every rank
-     * of its node to the CPUs of one task. Unbound, the ranks have what the
-     * job has on the node, as torchrun's workers do. */
-    a[n++] = "--cpu-bind=none";
-    a[n++] = "--export=ALL";
-    a[n++] = "--quiet";
-    a[n++] = "--chdir=/";
-    a[n++] = self->agent_exe;
-    a[n++] = rank_exe;
-    a[n] = NULL;
-    return 0;
+    return rc;
 }
 
 /* ---- waiting on Slurm with the GIL released ---------------------------------- */
@@ -422,8 +386,6 @@ static dk_dist_slurm_t *slurm_new(dk_slurm_t *alloc, int world, int per_node, bo
     self->world = world;
     self->per_node = per_node;
     self->hosts = calloc((size_t)world, sizeof *self->hosts);
-    self->steps = calloc((size_t)world, sizeof *self->steps);
-    self->cmds = calloc((size_t)world, sizeof *self->cmds);
     self->allow = calloc(dk_slurm_node_count(alloc) + 1, sizeof *self->allow);
     size_t nodes = dk_slurm_node_count(alloc);
     const char **names = calloc(nodes + 1, sizeof *names);
@@ -431,7 +393,7 @@ static dk_dist_slurm_t *slurm_new(dk_slurm_t *alloc, int world, int per_node, bo
         names[i] = dk_slurm_node_name(alloc, i);
     self->node_list = names ? dk_hostlist_compress(names, nodes) : NULL;
     free(names);
-    if (!self->hosts || !self->steps || !self->cmds || !self->allow || !self->node_list) {
+    if (!self->hosts || !self->allow || !self->node_list) {
         self->alloc = NULL;     /* the caller's still */
         dk_dist_slurm_destroy(&self);
         return NULL;
@@ -505,19 +467,10 @@ int dk_dist_slurm_spec(dk_dist_slurm_t *self, const char *rank_exe, dk_job_spec_
                      dk_slurm_node_count(self->alloc), self->node_list);
         return -1;
     }
-    for (int r = 0; r < self->world; r++) {
-        const char *node = dk_slurm_node_name(self->alloc, (size_t)(r / self->per_node));
-        self->hosts[r] = node;
-        if (dk_slurm_step_argv(&self->steps[r], dk_slurm_job_id(self->alloc), node, self->gpu,
-                               rank_exe) < 0) {
-            PyErr_Format(PyExc_RuntimeError, "Slurm job %s's node '%s' makes no srun command "
-                         "(an id or name too long?)", dk_slurm_job_id(self->alloc), node);
-            return -1;
-        }
-        self->cmds[r] = self->steps[r].argv;
-    }
+    for (int r = 0; r < self->world; r++)
+        self->hosts[r] = dk_slurm_node_name(self->alloc, (size_t)(r / self->per_node));
     /* The node lists each rank's SLURM_* variables are rewritten from
-     * (dk_slurm_rank.c): srun tells a one-task step only its own node. The
+     * (dk_slurm_rank.c): srun tells each agent's task only its own part. The
      * rest is the kernel's environment less srun's input variables and less
      * the variables that name secrets (but those export_secrets= lists):
      * srun --export=ALL would put them in every rank's environment on every
@@ -563,15 +516,13 @@ int dk_dist_slurm_spec(dk_dist_slurm_t *self, const char *rank_exe, dk_job_spec_
     spec->bc_nallow = run_node_count < dk_slurm_node_count(self->alloc)
                           ? run_node_count : dk_slurm_node_count(self->alloc);
     spec->rank_hosts = self->hosts;
-    spec->rank_commands = self->cmds;
-    if (launch_by_agents()) {
-        if (agents_command(self, rank_exe, run_nodes) < 0) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        spec->agent_command = self->agent_argv;
-        spec->rank_commands = NULL;
+    if (agents_command(self, rank_exe, run_nodes) < 0) {
+        PyErr_Format(PyExc_RuntimeError, "Slurm job %s's nodes make no srun command for the "
+                     "node agents (an id too long, or out of memory)",
+                     dk_slurm_job_id(self->alloc));
+        return -1;
     }
+    spec->agent_command = self->agents.argv;
     spec->ranks_per_node = self->per_node;
     spec->master_addr = dk_slurm_node_addr(self->alloc, 0);
     spec->master_port = DK_JOB_PORT_FROM_RANK0;
@@ -648,9 +599,7 @@ void dk_dist_slurm_destroy(dk_dist_slurm_t **self_p)
     free(self->hosts);
     free(self->node_list);
     free(self->allow);
-    free(self->steps);
-    free(self->cmds);
-    free(self->agent_list);
+    dk_slurm_agents_free(&self->agents);
     free(self->agent_exe);
     free(self);
     *self_p = NULL;

@@ -258,7 +258,7 @@ bool dk_slurm_salloc_job_id(const char *text, char *id, size_t idlen);
 #define DK_SLURM_JOB_NODES_ENV "DISTKERNEL_SLURM_JOB_NODES"
 
 /* The SLURM_* variables a rank of a run over Slurm must see so that Slurm-aware
- * code finds the run's world, not its own one-task step: "NAME=VALUE" words
+ * code finds the run's world, not its node agent's step (one task per node): "NAME=VALUE" words
  * (free with dk_slurm_names_free) for SLURM_PROCID (RANK), SLURM_LOCALID
  * (LOCAL_RANK), SLURM_NODEID (GROUP_RANK), SLURM_NTASKS, SLURM_NPROCS and
  * SLURM_STEP_NUM_TASKS (WORLD_SIZE), SLURM_NNODES and SLURM_STEP_NUM_NODES
@@ -273,28 +273,37 @@ bool dk_slurm_salloc_job_id(const char *text, char *id, size_t idlen);
 int dk_slurm_rank_env(const char *const *env, char ***words, size_t *count, char *err,
                       size_t errlen);
 
-/* ---- a rank's step (dk_slurm_step.c), pure ------------------------------- */
+/* ---- the agents' step (dk_slurm_step.c), pure --------------------------- */
 
-/* One rank's srun: ARGV (NULL-terminated) points into the struct and at the
- * caller's PROGRAM, which must outlive it. */
-#define DK_SLURM_STEP_WORDS 12
+/* The srun of a run's node agents: ARGV (NULL-terminated) points into the
+ * struct and at the caller's AGENT and RANK_EXE, which must outlive it. */
+#define DK_SLURM_AGENTS_WORDS 20
 typedef struct {
     char job[80];               /* --jobid=ID */
-    char node[300];             /* --nodelist=NODE */
-    const char *argv[DK_SLURM_STEP_WORDS];
-} dk_slurm_step_t;
+    char nodes[32];             /* --nodes=N */
+    char tasks[32];             /* --ntasks=N */
+    char *node_list;            /* --nodelist=NODES, on the heap */
+    const char *argv[DK_SLURM_AGENTS_WORDS];
+} dk_slurm_agents_t;
 
-/* Fills STEP with the srun command that runs PROGRAM as one task on NODE, a
- * step of job JOB_ID: `srun --jobid=ID --nodes=1 --ntasks=1 --overlap
- * [--gres=none] --nodelist=NODE --export=ALL --quiet --chdir=/ PROGRAM`.
- * --overlap: it never waits for another step of the job, whatever the site's
- * consumable resources or the steps already running; --gres=none unless GPU
- * (GPU ranks share their node's GPUs of the job); --chdir=/: a folder every
- * node has (the rank goes to the kernel's folder itself where its node has
- * it). The .c says why. Returns 0, or -1 for an empty or too long id or node,
- * or an empty PROGRAM. */
-int dk_slurm_step_argv(dk_slurm_step_t *step, const char *job_id, const char *node,
-                       bool gpu, const char *program);
+/* Fills A with the one step that runs AGENT (distkernel-agent) once on each
+ * of the NODES nodes of NODE_LIST (as Slurm writes them, "node[1-16]"), a
+ * step of job JOB_ID, each agent given RANK_EXE: `srun --jobid=ID --nodes=N
+ * --ntasks=N --ntasks-per-node=1 --overlap [--gres=none]
+ * --nodelist=NODE_LIST --kill-on-bad-exit=0 --cpu-bind=none --export=ALL
+ * --quiet --chdir=/ AGENT RANK_EXE`. --overlap: it never waits for another
+ * step of the job (a kernel inside a step that holds the CPUs, a site where
+ * memory is consumable); --gres=none unless GPU (GPU ranks share their
+ * node's GPUs of the job, each binding its LOCAL_RANK's); --kill-on-bad-exit=0:
+ * one agent's exit is its node's, judged by the kernel, not the end of the
+ * others; --cpu-bind=none: an agent bound to one task's CPUs would hold its
+ * node's ranks there; --chdir=/: a folder every node has (each rank goes to
+ * the kernel's folder itself where its node has it). Returns 0, or -1 for
+ * an empty or too long id, an empty list or program, NODES < 1, or no
+ * memory. Free with dk_slurm_agents_free. */
+int dk_slurm_agents_argv(dk_slurm_agents_t *a, const char *job_id, const char *node_list,
+                         int nodes, bool gpu, const char *agent, const char *rank_exe);
+void dk_slurm_agents_free(dk_slurm_agents_t *a);
 
 /* Whether WORD ("NAME=value", or a bare NAME) is one of srun's input variables
  * that shape a step (SRUN_CPUS_PER_TASK, SLURM_CPUS_PER_TASK,

@@ -2,18 +2,19 @@
  * dk_slurm_rank: the SLURM_* variables a rank of a run over Slurm sees. See
  * dk_slurm.h.
  *
- * Why they are rewritten. Each rank is its own one-task step (srun --nodes=1
- * --ntasks=1, dk_dist_slurm.c), so srun tells every rank SLURM_PROCID=0,
- * SLURM_NTASKS=1, SLURM_NNODES=1, and even SLURM_JOB_NODELIST=its node.
- * Slurm-aware libraries (PyTorch Lightning's SLURMEnvironment, submitit,
- * accelerate, DeepSpeed) read those, not torchrun's, and would see a world of
- * one in which every rank is rank 0. So the rank program rewrites them, before
+ * Why they are rewritten. A node's ranks are started by its node agent, one
+ * task of the agents' step (srun --ntasks-per-node=1, dk_dist_slurm.c), so
+ * srun tells every rank of a node its agent's task: SLURM_PROCID its node,
+ * SLURM_NTASKS the nodes, SLURM_LOCALID 0. Slurm-aware libraries (PyTorch
+ * Lightning's SLURMEnvironment, submitit, accelerate, DeepSpeed) read those,
+ * not torchrun's, and would see a world of one rank a node in which every
+ * rank of a node has the same number. So the rank program rewrites them, before
  * any Python runs, to what one `srun --nodes=N --ntasks-per-node=K` step of
  * the whole run would have said, from what the runtime set (RANK, LOCAL_RANK,
  * GROUP_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE) and the node lists the launcher
  * passed (DK_SLURM_RUN_NODES_ENV, DK_SLURM_JOB_NODES_ENV). The values were
  * taken from such a step on the test cluster. What one step cannot fake stays
- * srun's: SLURM_STEP_ID (each rank's own step), SLURM_CPUS_ON_NODE, the
+ * srun's: SLURM_STEP_ID (the agents' step), SLURM_CPUS_ON_NODE, the
  * launcher's ports.
  *
  * Pure: it reads an environment array and returns the words to set.

@@ -1,43 +1,23 @@
 /*
- * dk_slurm_step: the srun command and environment of one rank's step. See
- * dk_slurm.h.
+ * dk_slurm_step: the environment of a run's step, the one srun of its node
+ * agents (dk_dist_slurm.c builds the command). See dk_slurm.h.
  *
- * A run's ranks are one-task steps of one job, started side by side, and rank
- * 0 waits in the rendezvous for all the others: a step that Slurm holds back
- * until another ends is a run that hangs until timeout=. So a step must never
- * wait for a sibling, nor for any other step of the job:
- *
- *   - --overlap: the step shares the job's CPUs, memory and GRES with every
- *     other step, even one that did not ask to (Slurm >= 21.08). Without it,
- *     on a site where memory is a consumable resource, a step that inherits a
- *     --mem (below) holds its node's memory and the node's next rank waits
- *     ("step creation temporarily disabled", which --quiet hides); a kernel
- *     running inside a step of its allocation (`srun --pty jupyter lab`)
- *     holds the CPUs its ranks would ask for. It replaces --exact, which made
- *     siblings fit beside each other by giving each step one CPU: with binding
- *     enforced (task/affinity, cgroups) that pinned every rank, its DataLoader
- *     workers and torch's threads to a single CPU. A step now has the job's
- *     CPUs of its node, shared by the node's ranks, as ranks share one machine.
- *   - GPU ranks: no GPU option. A step that asks for none is given all the
- *     job's GPUs on its node, which --overlap shares among the node's steps:
- *     each rank sees them in Slurm's order (CUDA_VISIBLE_DEVICES), and
- *     LOCAL_RANK's is its own, as on one node and under torchrun
- *     (torch.cuda.set_device(LOCAL_RANK)). Not --gpus=1 per step: each rank
- *     would see one GPU, device 0, and a cell that binds cuda:LOCAL_RANK would
- *     fail on every rank but the first of a node. CPU ranks take no GPU
- *     (--gres=none), even in an allocation that has some.
- *   - srun's input variables are left out of the step's environment. srun
- *     reads SRUN_CPUS_PER_TASK, SLURM_MEM_PER_NODE, SLURM_NTASKS_PER_NODE,
- *     SLURM_DISTRIBUTION ... as defaults for its options, and a kernel started
- *     by a batch script or inside a step has them, describing that script's
- *     or step's shape, not a rank's: a step could ask for more memory than
- *     its node has (refused), more CPUs than it may have (waits), a label on
- *     every line (SLURM_LABELIO), its output sent to a file (SLURM_STDOUTMODE)
- *     or the ranks killed when the first one ends (SLURM_WAIT). The job's own
- *     variables (SLURM_JOB_ID, SLURM_JOB_NODELIST, SLURM_CONF, ...) stay: srun
- *     needs some, and the rank sees them as in any step of its job. What srun
- *     says about the step it starts (SLURM_STEP_ID, SLURM_CPUS_ON_NODE, ...) it
- *     sets itself, and the rank rewrites the run's shape (dk_slurm_rank.c).
+ * The agents' step starts beside whatever the job already runs, and a step
+ * that Slurm holds back until another ends is a cell that hangs until
+ * timeout=. So it must never wait for another step of the job: srun's
+ * --overlap (dk_dist_slurm.c), and none of srun's input variables in its
+ * environment. srun reads SRUN_CPUS_PER_TASK, SLURM_MEM_PER_NODE,
+ * SLURM_NTASKS_PER_NODE, SLURM_DISTRIBUTION ... as defaults for its options,
+ * and a kernel started by a batch script or inside a step has them,
+ * describing that script's or step's shape, not the run's: the step could
+ * ask for more memory than its node has (refused), more CPUs than it may have
+ * (waits), a label on every line (SLURM_LABELIO), its output sent to a file
+ * (SLURM_STDOUTMODE) or its tasks killed when the first one ends
+ * (SLURM_WAIT). The job's own variables (SLURM_JOB_ID, SLURM_JOB_NODELIST,
+ * SLURM_CONF, ...) stay: srun needs some, and the ranks see them as in any
+ * step of their job. What srun says about the step it starts (SLURM_STEP_ID,
+ * SLURM_CPUS_ON_NODE, ...) it sets itself, and each rank rewrites the run's
+ * shape (dk_slurm_rank.c).
  *
  * Pure but for memory: nothing here runs a command.
  */
@@ -167,34 +147,50 @@ char **dk_slurm_step_env(const char *const *base, const char *const *set, size_t
     return env;
 }
 
-int dk_slurm_step_argv(dk_slurm_step_t *step, const char *job_id, const char *node,
-                       bool gpu, const char *program)
+int dk_slurm_agents_argv(dk_slurm_agents_t *a, const char *job_id, const char *node_list,
+                         int nodes, bool gpu, const char *agent, const char *rank_exe)
 {
-    memset(step, 0, sizeof *step);
-    if (!job_id || !*job_id || !node || !*node || !program || !*program)
+    memset(a, 0, sizeof *a);
+    if (!job_id || !*job_id || !node_list || !*node_list || nodes < 1 || !agent || !*agent ||
+        !rank_exe || !*rank_exe)
         return -1;
-    int a = snprintf(step->job, sizeof step->job, "--jobid=%s", job_id);
-    int b = snprintf(step->node, sizeof step->node, "--nodelist=%s", node);
-    if (a < 0 || (size_t)a >= sizeof step->job || b < 0 || (size_t)b >= sizeof step->node)
+    int j = snprintf(a->job, sizeof a->job, "--jobid=%s", job_id);
+    if (j < 0 || (size_t)j >= sizeof a->job)
         return -1;
+    snprintf(a->nodes, sizeof a->nodes, "--nodes=%d", nodes);
+    snprintf(a->tasks, sizeof a->tasks, "--ntasks=%d", nodes);
+    if (asprintf(&a->node_list, "--nodelist=%s", node_list) < 0) {
+        a->node_list = NULL;
+        return -1;
+    }
     size_t n = 0;
-    step->argv[n++] = "srun";
-    step->argv[n++] = step->job;
-    step->argv[n++] = "--nodes=1";
-    step->argv[n++] = "--ntasks=1";
-    step->argv[n++] = "--overlap";
+    a->argv[n++] = "srun";
+    a->argv[n++] = a->job;
+    a->argv[n++] = a->nodes;
+    a->argv[n++] = a->tasks;
+    a->argv[n++] = "--ntasks-per-node=1";
+    a->argv[n++] = "--overlap";
     if (!gpu)
-        step->argv[n++] = "--gres=none";
-    step->argv[n++] = step->node;
-    step->argv[n++] = "--export=ALL";
-    step->argv[n++] = "--quiet";
+        a->argv[n++] = "--gres=none";
+    a->argv[n++] = a->node_list;
+    a->argv[n++] = "--kill-on-bad-exit=0";
+    a->argv[n++] = "--cpu-bind=none";
+    a->argv[n++] = "--export=ALL";
+    a->argv[n++] = "--quiet";
     /* srun's default folder is its own, the kernel's, which a node without a
      * shared filesystem lacks: slurmstepd would then say "couldn't chdir to
-     * ... going to /tmp instead" on the rank's stderr. / is on every node;
-     * the rank goes to the kernel's folder itself where its node has it
-     * (DISTKERNEL_CWD, distkernel._rank). */
-    step->argv[n++] = "--chdir=/";
-    step->argv[n++] = program;
-    step->argv[n] = NULL;
+     * ... going to /tmp instead". / is on every node; each rank goes to the
+     * kernel's folder itself where its node has it (DISTKERNEL_CWD,
+     * distkernel._rank). */
+    a->argv[n++] = "--chdir=/";
+    a->argv[n++] = agent;
+    a->argv[n++] = rank_exe;
+    a->argv[n] = NULL;
     return 0;
+}
+
+void dk_slurm_agents_free(dk_slurm_agents_t *a)
+{
+    free(a->node_list);
+    a->node_list = NULL;
 }

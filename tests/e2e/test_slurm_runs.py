@@ -25,21 +25,14 @@ sys.path.insert(0, str(support.REPO_ROOT / "tests"))
 from mlflow_server import MlflowTestServer  # noqa: E402
 
 ALL_GONE_WITHIN = 30
-# How this session runs the ranks (DISTKERNEL_SLURM_LAUNCH, kept in the
-# kernel's environment by start): one srun step of node agents (the
-# default), or one step per rank (steps).
-AGENTS = os.environ.get("DISTKERNEL_SLURM_LAUNCH", "agent") != "steps"
 
 
 def start(tmp_path, cluster, wrap=None, **env):
     """A kernel with the cluster's client environment (SLURM_CONF), less any
     Slurm setting of ours; its rank logs under tmp_path/logs. WRAP: argv words
     the kernel's command is run by (it gets the command as its last words)."""
-    # DISTKERNEL_SLURM_LAUNCH (agent|steps) is the run's launcher, kept so
-    # the suite can run with either.
     base = {k: v for k, v in cluster.env.items()
-            if (not k.startswith(("SLURM_", "DISTKERNEL_SLURM_")) or
-                k == "DISTKERNEL_SLURM_LAUNCH") and
+            if not k.startswith(("SLURM_", "DISTKERNEL_SLURM_")) and
             k not in ("DISTKERNEL_NODES", "DISTKERNEL_LAUNCHER")}
     logs = tmp_path / "logs"
     logs.mkdir(mode=0o700)
@@ -367,10 +360,7 @@ def test_an_interrupt_says_where_the_ranks_on_every_node_were(kernel, slurm_clus
     by_who = {line.split(":", 1)[0]: line for line in where if not line.startswith("Every")}
     assert "cell line 6" in by_who["rank 2"], tb
     assert by_who["ranks 0, 1 (2)"].startswith("ranks 0, 1 (2): torch.distributed.all_reduce"), tb
-    if AGENTS:
-        assert "cell line 8" in by_who["rank 3"], tb
-    else:
-        assert "no Python stack" in by_who["rank 3"], tb
+    assert "cell line 8" in by_who["rank 3"], tb
     stacks = (support.log_dir(r) / "stacks.txt").read_text()
     for rank, node in ((0, "node1"), (1, "node1"), (2, "node2"), (3, "node2")):
         assert f"--- rank {rank} on {node} ---" in stacks, stacks
@@ -393,15 +383,14 @@ print("joined", flush=True)
 @pytest.mark.timeout(300)
 def test_live_samples_reach_ranks_through_their_node_agent_and_spare_the_rendezvous(
         slurm_cluster, tmp_path):
-    # Node agents, whatever this session's mode: the agent samples a rank with
+    # The node agent samples a rank with
     # DK_SAMPLE_SIGNAL to the rank's sampler thread alone (tgkill). The
     # ending dump's signal, which goes to the process, would make a blocking
     # system call in torch's rendezvous fail ("Interrupted system call"), as
     # tests/e2e/test_stall.py checks on one node. Sampled every 0.1 s: some
     # 30 samples land in the rendezvous of ranks 1 to 3 on both nodes.
     from test_stall import WHERE, group_line, wait_status
-    k = start(tmp_path, slurm_cluster, DISTKERNEL_SLURM_LAUNCH="agent",
-              DISTKERNEL_STALL_EVERY="0.1")
+    k = start(tmp_path, slurm_cluster, DISTKERNEL_STALL_EVERY="0.1")
     try:
         go = tmp_path / "go"
         msg_id = k.start_execute(RENDEZVOUS.format(go=str(go)))
@@ -518,10 +507,9 @@ def test_shutdown_mid_run_releases_the_nodes(slurm_cluster, tmp_path):
                      m["parent_header"].get("msg_id") == msg_id and
                      "[rank 3] READY" in m["content"]["text"], timeout=180)
         assert our_jobs(slurm_cluster)
-        # The mode is the one asked for: one srun for the node agents of the
-        # whole run, or one per rank.
+        # One srun for the node agents of the whole run, not one per rank.
         sruns = sruns_of(k)
-        assert len(sruns) == (1 if AGENTS else 4), [" ".join(p.cmdline()) for p in sruns]
+        assert len(sruns) == 1, [" ".join(p.cmdline()) for p in sruns]
     finally:
         k.stop()
     assert wait_clean(slurm_cluster) == []
@@ -732,7 +720,7 @@ def test_ranks_that_can_never_connect_end_within_the_connect_deadline_and_are_re
         # as a rank does (on its node's first rank's stderr) and exits 2,
         # which its node's ranks, never started, end with.
         assert r.content["ename"] == "RankExited", r.describe()
-        assert (f"exited with code {2 if AGENTS else 1} during start-up, before it received "
+        assert ("exited with code 2 during start-up, before it received "
                 "the cell") in r.content["evalue"], r.describe()
         gave_up = re.findall(r"could not connect to the kernel's back channel at "
                              r"127\.0\.0\.1:\d+ within 10 s \((\d+) tries; the last: "

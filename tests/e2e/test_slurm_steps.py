@@ -1,15 +1,16 @@
 """
-A run's steps start side by side on any site: on a cluster where memory is a
-consumable resource (the second simulated cluster, `slurm_mem_cluster`:
-SelectTypeParameters=CR_CPU_Memory, no DefMemPerCPU), and for a kernel whose
-environment describes a batch job's or a step's shape (SLURM_MEM_PER_NODE,
-SRUN_CPUS_PER_TASK ..., which every srun reads as its defaults), or which runs
-inside a step that holds its allocation's CPUs (`srun --pty jupyter lab`).
+A run's step starts beside the job's other steps on any site: on a cluster
+where memory is a consumable resource (the second simulated cluster,
+`slurm_mem_cluster`: SelectTypeParameters=CR_CPU_Memory, no DefMemPerCPU),
+and for a kernel whose environment describes a batch job's or a step's shape
+(SLURM_MEM_PER_NODE, SRUN_CPUS_PER_TASK ..., which every srun reads as its
+defaults), or which runs inside a step that holds its allocation's CPUs
+(`srun --pty jupyter lab`).
 
-Each rank is a one-task step of its own, and rank 0 waits for all the others
-in the rendezvous: a step that Slurm holds back until another ends is a cell
-that hangs until timeout=. The cells here have a short timeout= so that such a
-wait fails the test rather than hang it.
+The ranks are started by the node agents' one step (docs/slurm.md), and rank
+0 waits in the rendezvous for all the others: a step that Slurm holds back
+until another ends is a cell that hangs until timeout=. The cells here have a
+short timeout= so that such a wait fails the test rather than hang it.
 
 Helpers are test_slurm_runs.py's: after each test no job of ours is in squeue
 and no rank process lives on any node.
@@ -37,8 +38,8 @@ def allocate(cluster, *args):
 def test_a_batch_job_that_asked_for_memory_runs_its_2_by_2_cell(slurm_mem_cluster, tmp_path):
     # A kernel started by `sbatch -N2 --ntasks-per-node=2 --mem=1500`: its
     # environment says SLURM_MEM_PER_NODE=1500, which srun takes as every
-    # step's --mem; a node's first rank's step would hold its 1500 MB and
-    # the second's would wait for it.
+    # step's --mem; with it the agents' step would ask for memory the job's
+    # other steps may hold, and wait for it.
     cluster = slurm_mem_cluster
     config = cluster.run("scontrol", "show", "config").stdout
     assert "SelectTypeParameters    = CR_CPU_MEMORY" in config, config

@@ -21,9 +21,7 @@ import support
 from test_slurm_runs import node_commands, rank_processes, start, wait_clean
 
 pytestmark = [pytest.mark.skipif(support.KERNEL_NAME != "distkernel",
-                                 reason="%distributed is distkernel's"),
-              pytest.mark.skipif(os.environ.get("DISTKERNEL_SLURM_LAUNCH", "agent") == "steps",
-                                 reason="warm start on Slurm's nodes is the node agents'")]
+                                 reason="%distributed is distkernel's")]
 
 RUN = 240
 

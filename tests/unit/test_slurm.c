@@ -345,31 +345,41 @@ static bool argv_has(const char *const *argv, const char *word)
     return false;
 }
 
-Test(slurm_text, a_ranks_step_overlaps_the_jobs_other_steps_and_cpu_ranks_take_no_gpu)
+Test(slurm_text, the_agents_step_is_one_task_a_node_that_overlaps_the_jobs_other_steps)
 {
-    dk_slurm_step_t cpu, gpu;
-    cr_assert_eq(dk_slurm_step_argv(&cpu, "4711", "node2", false, "/p/distkernel-rank"), 0);
-    const char *want[] = {"srun", "--jobid=4711", "--nodes=1", "--ntasks=1", "--overlap",
-                          "--gres=none", "--nodelist=node2", "--export=ALL", "--quiet",
-                          "--chdir=/", "/p/distkernel-rank", NULL};
+    dk_slurm_agents_t cpu, gpu;
+    cr_assert_eq(dk_slurm_agents_argv(&cpu, "4711", "node[2-17]", 16, false,
+                                      "/p/distkernel-agent", "/p/distkernel-rank"), 0);
+    const char *want[] = {"srun", "--jobid=4711", "--nodes=16", "--ntasks=16",
+                          "--ntasks-per-node=1", "--overlap", "--gres=none",
+                          "--nodelist=node[2-17]", "--kill-on-bad-exit=0", "--cpu-bind=none",
+                          "--export=ALL", "--quiet", "--chdir=/", "/p/distkernel-agent",
+                          "/p/distkernel-rank", NULL};
     cr_assert_eq(argv_count(cpu.argv), sizeof want / sizeof want[0] - 1);
     for (size_t i = 0; want[i]; i++)
         cr_expect_str_eq(cpu.argv[i], want[i]);
-    /* one CPU per step pinned every rank to it where binding is enforced;
-     * a step's share of the node is --overlap's, not --exact's */
+    /* one CPU per task would pin a node's every rank to the agent's one */
     cr_expect(!argv_has(cpu.argv, "--exact"));
-    /* GPU ranks: every GPU of the job on the node, shared by its steps */
-    cr_assert_eq(dk_slurm_step_argv(&gpu, "4711", "gpu7", true, "rank"), 0);
+    dk_slurm_agents_free(&cpu);
+    /* GPU ranks: every GPU of the job on the node, shared by its ranks */
+    cr_assert_eq(dk_slurm_agents_argv(&gpu, "4711", "gpu7", 1, true, "agent", "rank"), 0);
     cr_expect(argv_has(gpu.argv, "--overlap") && argv_has(gpu.argv, "--nodelist=gpu7"));
+    cr_expect(argv_has(gpu.argv, "--nodes=1") && argv_has(gpu.argv, "--ntasks=1"));
     cr_expect(!argv_has(gpu.argv, "--gres=none") && !argv_has(gpu.argv, "--exact"));
+    cr_expect_str_eq(gpu.argv[argv_count(gpu.argv) - 2], "agent");
     cr_expect_str_eq(gpu.argv[argv_count(gpu.argv) - 1], "rank");
+    dk_slurm_agents_free(&gpu);
     /* what makes no command is refused */
-    char longname[400];
-    memset(longname, 'n', sizeof longname - 1);
-    longname[sizeof longname - 1] = 0;
-    cr_expect_eq(dk_slurm_step_argv(&gpu, "4711", longname, true, "rank"), -1);
-    cr_expect_eq(dk_slurm_step_argv(&gpu, "", "node1", true, "rank"), -1);
-    cr_expect_eq(dk_slurm_step_argv(&gpu, "1", "node1", true, ""), -1);
+    char longid[100];
+    memset(longid, '7', sizeof longid - 1);
+    longid[sizeof longid - 1] = 0;
+    cr_expect_eq(dk_slurm_agents_argv(&gpu, longid, "node1", 1, true, "agent", "rank"), -1);
+    cr_expect_eq(dk_slurm_agents_argv(&gpu, "", "node1", 1, true, "agent", "rank"), -1);
+    cr_expect_eq(dk_slurm_agents_argv(&gpu, "1", "", 1, true, "agent", "rank"), -1);
+    cr_expect_eq(dk_slurm_agents_argv(&gpu, "1", "node1", 0, true, "agent", "rank"), -1);
+    cr_expect_eq(dk_slurm_agents_argv(&gpu, "1", "node1", 1, true, "", "rank"), -1);
+    cr_expect_eq(dk_slurm_agents_argv(&gpu, "1", "node1", 1, true, "agent", ""), -1);
+    dk_slurm_agents_free(&gpu);
 }
 
 Test(slurm_text, a_steps_environment_has_no_srun_input_variables_but_the_jobs)
