@@ -71,16 +71,18 @@ typedef struct {
 dk_dist_slurm_t *dk_dist_slurm_allocate(const dk_dist_opts_t *opts, const dk_dist_plan_t *plan,
                                         bool persistent, const dk_dist_slurm_hooks_t *hooks);
 
-/* Fill SPEC's fields for ranks on the allocation's nodes: bc_tcp_addr,
- * rank_hosts, rank_commands (srun of RANK_EXE, one step per rank; GPU
- * ranks' steps share their node's GPUs of the job, CPU ranks' take none),
- * ranks_per_node, master_addr, master_port, heartbeat_s (longer than on
- * one node: see HEARTBEAT_S in the .c), and env (SPEC's env, or the
- * process's, with the run's and the allocation's node lists from which each
- * rank rewrites its SLURM_* variables: dk_slurm_rank_env). It is called
- * after SPEC's env is set. What SPEC points to belongs to
- * SELF (dk_job_start copies it). Returns 0, or -1 with a Python RuntimeError
- * set. Warm start does not apply: the caller leaves spec.warm_socket NULL. */
+/* Fill SPEC's fields for ranks on the allocation's nodes: bc_tcp_addr and
+ * bc_allow_hosts (the run's nodes), rank_hosts, agent_command (one srun
+ * step of node agents, one per node, each starting RANK_EXE for its node's
+ * ranks: dk_slurm_agents_argv; GPU ranks share their node's GPUs of the
+ * job, CPU ranks take none), ranks_per_node, master_addr, master_port,
+ * heartbeat_s (longer than on one node: see HEARTBEAT_S in the .c),
+ * connect_timeout_s, and env (SPEC's env, or the process's, with the run's
+ * and the allocation's node lists from which each rank rewrites its SLURM_*
+ * variables: dk_slurm_rank_env). It is called after SPEC's env is set. What
+ * SPEC points to belongs to SELF (dk_job_start copies it). Returns 0, or -1
+ * with a Python RuntimeError set. spec.warm_socket is left NULL: the
+ * agents' templates are spec.agent_warm_modules' (dk_dist_warm_for_run). */
 int dk_dist_slurm_spec(dk_dist_slurm_t *self, const char *rank_exe, dk_job_spec_t *spec);
 
 /* The Slurm job's id, and its nodes as Slurm writes them ("node[1-16]"). */
