@@ -1,17 +1,19 @@
-"""A rank's `ray stop` runs once, wherever the kernel's interrupt lands
-(python/distkernel/_ray.py, RayCluster._stop_ray).
+"""A rank's `ray stop` runs once, wherever the kernel's signals land
+(python/distkernel/_ray.py: RayCluster._stop_ray, _ray_stop, _Deferred,
+_Watcher).
 
 When a Ray driver fails, the kernel ends the other ranks with SIGINT just as
-their wait for the driver ends, so the interrupt can land in _ray_stop before
-it holds SIGINT and SIGTERM. `ray stop` must still run (a rank that skips it
-leaves Ray's daemons on its node), once, and the interrupt must still reach
-the rank after it. The interrupt is injected at each point through
-signal.pthread_sigmask, which _ray_stop calls to hold the signals and to let
-them go; `ray` is a script that logs its calls.
+their wait for the driver ends, then SIGTERM and SIGKILL 2 s apart. An
+interrupt can land in _ray_stop before it defers SIGINT and SIGTERM:
+`ray stop` must still run (a rank that skips it leaves Ray's daemons on its
+node), once, and the interrupt must still reach the rank after it. Signals
+that come while `ray stop` runs wait for it. A rank killed before it could
+run its own has its watcher run it. `ray` is a script that logs its calls.
 """
 import os
 import signal
 import sys
+import threading
 
 import pytest
 
@@ -37,31 +39,34 @@ def calls(log):
 
 
 def started_cluster():
-    """A rank's cluster after its `ray start`, without a store or a run."""
+    """A rank's cluster after its `ray start`, without a store, a run or a
+    watcher."""
     cluster = object.__new__(_ray.RayCluster)
     cluster._started = True
     cluster._ray_stopped = []
+    cluster._watcher = None
     return cluster
 
 
 def interrupt_at(monkeypatch, how):
-    """KeyboardInterrupt from pthread_sigmask: before the signals are held
-    ("hold", as if SIGINT landed first), or after they are let go ("let go",
-    as if it was held back while `ray stop` ran)."""
-    real = signal.pthread_sigmask
+    """KeyboardInterrupt from signal.signal: before SIGINT and SIGTERM are
+    deferred ("hold", as if SIGINT landed first), or once they are acted on
+    again ("let go", as if it had waited for `ray stop`)."""
+    real = signal.signal
     fired = []
 
-    def sigmask(op, mask):
-        if how == "hold" and op == signal.SIG_BLOCK and not fired:
-            fired.append(op)
+    def set_handler(sig, handler):
+        deferring = getattr(handler, "__self__", None).__class__ is _ray._Deferred
+        if how == "hold" and deferring and not fired:
+            fired.append(sig)
             raise KeyboardInterrupt
-        old = real(op, mask)
-        if how == "let go" and op == signal.SIG_SETMASK and not fired:
-            fired.append(op)
+        old = real(sig, handler)
+        if how == "let go" and not deferring and sig == signal.SIGTERM and not fired:
+            fired.append(sig)
             raise KeyboardInterrupt
         return old
 
-    monkeypatch.setattr(_ray.signal, "pthread_sigmask", sigmask)
+    monkeypatch.setattr(_ray.signal, "signal", set_handler)
     return fired
 
 
@@ -74,7 +79,9 @@ def test_an_interrupt_anywhere_in_ray_stop_runs_it_once_and_still_reaches_the_ra
         cluster._stop_ray()
     assert fired, "the interrupt was not injected"
     assert calls(ray_log) == ["stop"]
-    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    # the rank's own handlers are back
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     cluster._stop_ray()     # once: a later stop (the end of the rank) runs nothing
     assert calls(ray_log) == ["stop"]
 
@@ -90,4 +97,67 @@ def test_a_rank_that_never_ran_ray_start_runs_no_ray_stop(ray_log):
     cluster = started_cluster()
     cluster._started = False
     cluster._stop_ray()
+    assert calls(ray_log) == []
+
+
+@pytest.fixture
+def ray_signalling(tmp_path, monkeypatch):
+    """`ray stop` that sends SIG to its parent, the rank, before it logs."""
+    log = tmp_path / "calls"
+
+    def make(sig):
+        ray = tmp_path / "ray"
+        # a moment between the signal and the log: a handler run at once
+        # would see no call logged yet
+        ray.write_text(f'#!/bin/sh\nkill -{sig} $PPID\nsleep 0.3\necho "$*" >> {log}\n')
+        ray.chmod(0o755)
+        monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+        return log
+    return make
+
+
+def test_an_interrupt_while_ray_stop_runs_waits_for_it_then_reaches_the_rank(ray_signalling):
+    log = ray_signalling("INT")
+    cluster = started_cluster()
+    with pytest.raises(KeyboardInterrupt):
+        cluster._stop_ray()
+    assert calls(log) == ["stop"]
+    cluster._stop_ray()
+    assert calls(log) == ["stop"]
+
+
+def test_a_sigterm_while_ray_stop_runs_waits_for_it(ray_signalling, monkeypatch):
+    # The rank's SIGTERM disposition (here a recorder, not the default that
+    # would end the test) takes effect once `ray stop` is done.
+    # A rank has threads besides its main one (its back channel's, its
+    # flusher's), which a signal to the process may reach: one here too.
+    log = ray_signalling("TERM")
+    seen = []
+    old = signal.signal(signal.SIGTERM, lambda *_: seen.append(calls(log)))
+    done = threading.Event()
+    other = threading.Thread(target=done.wait, args=(60,))
+    other.start()
+    try:
+        started_cluster()._stop_ray()
+    finally:
+        done.set()
+        other.join()
+        signal.signal(signal.SIGTERM, old)
+    assert seen == [["stop"]], "SIGTERM was not held until `ray stop` had run"
+
+
+def test_a_watcher_runs_ray_stop_for_a_rank_gone_before_its_own(ray_log):
+    watcher = _ray._Watcher()
+    assert calls(ray_log) == []
+    os.close(watcher._write_end)    # what the rank's death does to the pipe
+    watcher._proc.wait(timeout=30)
+    assert calls(ray_log) == ["stop"]
+    # in a session of its own: the signals to the rank's group miss it
+    assert watcher._proc.pid != os.getpgrp()
+
+
+def test_a_watcher_told_that_the_rank_stopped_runs_nothing(ray_log):
+    watcher = _ray._Watcher()
+    watcher.stopped()
+    assert watcher._proc.returncode == 0
     assert calls(ray_log) == []
