@@ -10,10 +10,6 @@
  * how ranks start (the environment, sitecustomize, a broken install), not in
  * the user's code.
  *
- * A rank started through srun that ended without an error of its own gets
- * the last line srun or slurmstepd wrote of it as the reason, where that
- * says more than the exit status: those lines reach the rank's log only.
- *
  * A rank on another node that went silent past the heartbeat deadline is
  * lost, and so, as a rule, are the other ranks of its node with it: the
  * headline names the nodes, one clause each with their ranks as runs
@@ -139,13 +135,6 @@ static void fate_words(const dk_dist_outcome_t *o, int r, int root, char *out, s
     } else {
         snprintf(out, outlen, "exited without returning a result%s", when);
     }
-    /* A rank that ended without an error of its own, through srun: what srun
-     * or slurmstepd said of it, where that says more than the exit status
-     * ("task 0: Killed", "Node failure on node2", a step CANCELLED). The line
-     * itself went to the rank's log, not to the cell. */
-    if (ri->state == DK_RANK_FAILED && !ri->lost && !(ri->is_error && ri->message) &&
-        ri->launcher_line[0])
-        snprintf(out + strlen(out), outlen - strlen(out), " (%s)", ri->launcher_line);
     if (root == r)
         snprintf(out + strlen(out), outlen - strlen(out), "   <- root cause (first failure)");
 }
@@ -224,7 +213,7 @@ static bool many_lost(const dk_dist_outcome_t *o, const char *intro, char *out, 
 /* Whether the run's error leads with its lost nodes: the first failure is a
  * lost rank, or a rank of a lost node, or a rank that died without a Python
  * error while ranks were lost (a node cut off mid-collective takes its peers'
- * launchers or connections down before the heartbeat deadline tells it). A
+ * connections down before the heartbeat deadline tells it). A
  * Python exception on a node that was not lost stays the root cause. */
 static bool lost_leads(const dk_dist_outcome_t *o)
 {

@@ -139,8 +139,8 @@ static void *releaser_main(void *arg)
         if (quit || dk_job_wait(p->job, RELEASER_SLICE_MS))
             break;
     }
-    /* The ranks were steps of the allocation: they are gone once the job
-     * has ended (dk_job ends and reaps every srun). On quit the job may
+    /* The ranks ran in the allocation: they are gone once the job has
+     * ended (dk_job ends the node agents' srun step). On quit the job may
      * still run: destroy releases after ending it. */
     char err[1024] = "";
     bool ended = dk_job_end(p->job) != DK_END_NONE;
@@ -265,9 +265,9 @@ static bool *lost_ranks(dk_dist_pool_t *self)
 /* The status is told as a run's is (dk_dist_status), from a record per rank
  * filled from the job (its state and lost flag are read under the job's
  * lock, so while it runs too), and whose output a cell shows from the
- * options the ranks were started with. The records are about 1 KiB each
- * (room for a launcher line the status does not read): 4 MiB at 4,096
- * ranks, for a command the user types. */
+ * options the ranks were started with. The records are about a hundred
+ * bytes each: well under 1 MiB at 4,096 ranks, for a command the user
+ * types. */
 char *dk_dist_pool_status_text(dk_dist_pool_t *self)
 {
     int world = self->plan.world;

@@ -33,12 +33,6 @@ typedef struct {
      * the outcome then says which nodes were lost, and their ranks. */
     const char *host;
     bool lost;
-    /* A rank started through srun: the last line srun or slurmstepd wrote
-     * that says more than its exit status (dk_job_rank_launcher_line), ""
-     * when none. Those lines go to the rank's log, not to the cell, so the
-     * outcome gives this one as the reason of a rank that ended without an
-     * error of its own. */
-    char launcher_line[DK_JOB_LAUNCHER_LINE_MAX];
 } dk_dist_rank_t;
 
 #endif

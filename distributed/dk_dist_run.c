@@ -404,8 +404,8 @@ static double cut_timeout(dk_dist_run_t *run, double left_s)
     return cut;
 }
 
-/* launcher=slurm: the run's nodes from Slurm, and SPEC's ranks as steps on
- * them. -1 with a Python exception set. */
+/* launcher=slurm: the run's nodes from Slurm, and SPEC's ranks started on
+ * them by node agents. -1 with a Python exception set. */
 static int slurm_nodes(dk_dist_run_t *run, dk_job_spec_t *spec)
 {
     char headline[128];
@@ -897,7 +897,6 @@ static void finish(dk_dist_run_t *run, dk_job_end_t end)
         ri->term_signal = dk_job_rank_signal(run->job, r);
         ri->log_complete = dk_job_rank_log_complete(run->job, r);
         ri->log_capped = dk_job_rank_log_capped(run->job, r);
-        dk_job_rank_launcher_line(run->job, r, ri->launcher_line, sizeof ri->launcher_line);
     }
     dk_dist_mlflow_end(&run->mlflow, run->kernel, end == DK_END_OK       ? "FINISHED"
                                                   : end == DK_END_FAILED ? "FAILED"

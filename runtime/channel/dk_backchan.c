@@ -28,12 +28,13 @@
  * bound to the one address the nodes route to, never a wildcard, so the
  * channel is reachable from the cluster's network and from nothing else this
  * host is on. Nothing else changes: a connection from anywhere earns nothing
- * before its HELLO verifies, and the same limits hold. Over the network a
- * peer can vanish without a FIN (a node powered off, a cut link), so there
- * each side sends a PING every DK_BC_PING_S, and a connection silent for
- * longer than the heartbeat deadline is reported (on_lost) once. A PING is
- * queued only when nothing else is being written: a connection busy with a
- * payload is talking anyway. Remote ranks' fd 1/2 arrive as OUTPUT frames.
+ * before its HELLO verifies, and the same limits hold. What connects there
+ * is each node's agent, carrying its ranks' connections (dk_backchan_relay.c).
+ * Over the network a peer can vanish without a FIN (a node powered off, a
+ * cut link), so the runtime and each agent send a PING every DK_BC_PING_S,
+ * and an agent's connection silent for longer than the heartbeat deadline is
+ * reported (on_lost) once. A PING is queued only when nothing else is being
+ * written: a connection busy with a payload is talking anyway.
  *
  * A persistent channel (started ranks) sends nothing at HELLO. Each round,
  * dk_backchan_send_task replaces the one payload copy (every connection has
@@ -365,38 +366,6 @@ bool dk_backchan_rank_connected_once(const dk_backchan_t *self, int rank)
     return rank >= 0 && rank < self->world_size + self->agents && self->claimed[rank];
 }
 
-static void heartbeat(dk_backchan_t *self);
-
-bool dk_backchan_interrupt(dk_backchan_t *self, int rank)
-{
-    for (size_t i = 0; i < self->nconns; i++) {
-        conn_t *c = &self->conns[i];
-        if (c->fd < 0 || c->rank != rank || c->agent)
-            continue;       /* relayed: a local rank, which its agent signals */
-        c->interrupt_due = true;
-        /* Now, when the connection is free; else after what it is writing
-         * (the next turn's heartbeat). */
-        if (self->heartbeat_s > 0)
-            heartbeat(self);
-        return true;
-    }
-    return false;
-}
-
-bool dk_backchan_ask_stacks(dk_backchan_t *self, int rank)
-{
-    for (size_t i = 0; i < self->nconns; i++) {
-        conn_t *c = &self->conns[i];
-        if (c->fd < 0 || c->rank != rank || c->lost || c->agent)
-            continue;
-        c->stacks_due = true;
-        if (self->heartbeat_s > 0)
-            heartbeat(self);
-        return true;
-    }
-    return false;
-}
-
 bool dk_backchan_agent_send(dk_backchan_t *self, int node, int type, uint32_t rank, int sig)
 {
     if (node < 0 || node >= self->agents)
@@ -436,8 +405,9 @@ size_t dk_backchan_max_fds(const dk_backchan_t *self)
 /* ------------------------------------------------------------------------ */
 /* Polling                                                                   */
 
-/* Heartbeats: a PING to each rank that is due one, and the report of a rank
- * silent past the deadline. */
+/* Heartbeats: a PING to each node agent that is due one, and the report of
+ * one silent past the deadline. A rank has none of its own: a relayed rank
+ * is a local one to its agent, whose heartbeats speak for its node. */
 static void heartbeat(dk_backchan_t *self)
 {
     if (self->heartbeat_s <= 0)
@@ -445,9 +415,7 @@ static void heartbeat(dk_backchan_t *self)
     double now = dk_now_s();
     for (size_t i = 0; i < self->nconns; i++) {
         conn_t *c = &self->conns[i];
-        /* A relayed rank is a local one to its agent, whose heartbeats speak
-         * for its node. */
-        if (c->fd < 0 || c->rank < 0 || c->agent)
+        if (c->fd < 0 || !chan_is_agent(self, c))
             continue;
         /* Bytes waiting unread are not silence: this loop was what was busy. */
         unsigned char peek;
@@ -458,20 +426,6 @@ static void heartbeat(dk_backchan_t *self)
             c->lost = true;
             if (self->sink.on_lost)
                 self->sink.on_lost(self->sink.data, c->rank, now - c->heard_at);
-        }
-        if (c->fd >= 0 && c->interrupt_due && !chan_conn_has_output(c)) {
-            c->interrupt_due = false;
-            if (!chan_queue_empty(self, c, DK_BC_INTERRUPT))
-                chan_refuse(self, c, "OpenSSL could not sign an interrupt");
-            else
-                chan_conn_write(self, c);
-        }
-        if (c->fd >= 0 && c->stacks_due && !chan_conn_has_output(c)) {
-            c->stacks_due = false;
-            if (!chan_queue_empty(self, c, DK_BC_STACKS))
-                chan_refuse(self, c, "OpenSSL could not sign a request for stacks");
-            else
-                chan_conn_write(self, c);
         }
         if (c->fd >= 0 && c->queue_len > 0 && !chan_conn_has_output(c))
             chan_agent_flush(self, c);
@@ -578,11 +532,11 @@ int dk_backchan_send_task(dk_backchan_t *self, uint32_t round, const void *paylo
 
 void dk_backchan_drain(dk_backchan_t *self)
 {
-    /* What has arrived so far, and no more: a remote rank that keeps sending
+    /* What has arrived so far, and no more: an agent whose rank keeps sending
      * (a flood of OUTPUT) would otherwise keep this loop reading for as long
      * as it likes, and nothing else (a verdict, an interrupt, the timeout, our
      * PINGs) would happen meanwhile. The bytes queued on the socket now are
-     * all that an exited rank can have sent; what comes later is read by the
+     * all that an exited rank, or its agent, can have sent; what comes later is read by the
      * poll loop under its budget. The queue is bounded by the socket's
      * receive buffer, and its reading by DRAIN_SLICE_S (a buffer full of tiny
      * frames is a flood, not a rank's last words). */

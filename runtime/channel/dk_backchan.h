@@ -24,13 +24,13 @@ enum {
     DK_BC_ERROR = 4,
     DK_BC_TASK = 5,
     DK_BC_OUTPUT = 6,   /* rank -> runtime: u8 fd | u8 flags | bytes */
-    DK_BC_PING = 7,     /* either way, empty: I am here */
-    DK_BC_INTERRUPT = 8,/* runtime -> rank, empty: raise SIGINT in your process group */
+    DK_BC_PING = 7,     /* runtime <-> node agent, empty: I am here */
     DK_BC_PORT = 9,     /* u32 port: rank 0 -> runtime, the MASTER_PORT it found free on
                            its node; runtime -> every rank, that port (opts.port_from_rank0) */
-    DK_BC_STACKS = 10,  /* runtime -> rank, empty: send your threads' Python stacks;
-                           rank -> runtime: faulthandler's dump of them (at most
-                           DK_BC_STACKS_MAX bytes, the tail) */
+    DK_BC_STACKS = 10,  /* runtime -> node agent: ask its ranks for their Python
+                           stacks; agent -> runtime: a rank's, faulthandler's dump
+                           of its threads (at most DK_BC_STACKS_MAX bytes, the
+                           tail) */
     /* A node agent's connection (distkernel-agent, runtime/agent/dk_agent.h).
      * Its frames have the same header; the u32 is the node for HELLO and
      * PING, and the rank spoken of for every other frame, so that a node's
@@ -79,8 +79,9 @@ enum {
  * rank's flood is interleaved with its heartbeats and reaches the sink in
  * pieces of the size a pipe read gives. */
 #define DK_BC_OUTPUT_MAX ((size_t) 64 << 10)
-/* Heartbeats: each side sends a PING every DK_BC_PING_S while connected; a
- * peer silent for longer than its deadline is lost (default below). */
+/* Heartbeats, between the runtime and each node agent: each side sends a PING
+ * every DK_BC_PING_S while connected; a peer silent for longer than its
+ * deadline is lost (default below). */
 #define DK_BC_PING_S 1.0
 #define DK_BC_HEARTBEAT_DEFAULT_S 5.0
 
@@ -134,9 +135,10 @@ typedef struct {
      * the rank had nothing more waiting. May be NULL. */
     void (*on_output)(void *data, int rank, int fd, const void *bytes, size_t len,
                       bool caught_up);
-    /* Heartbeats only: RANK's connection has been silent for SILENT_S, past
-     * the deadline. Told once per connection. May be NULL. */
-    void (*on_lost)(void *data, int rank, double silent_s);
+    /* Heartbeats only: the connection of node agent ID (world_size + its
+     * node) has been silent for SILENT_S, past the deadline. Told once per
+     * connection. May be NULL. */
+    void (*on_lost)(void *data, int id, double silent_s);
     /* RANK's connection was ended by its peer (end of file, a reset, or a
      * write the peer no longer takes) before the rank answered (RESULT or
      * ERROR; in a persistent job, while a task awaited its answer). Told
@@ -162,8 +164,9 @@ typedef struct {
      * wildcard: "0.0.0.0" and "::" are refused). NULL: a Unix socket. */
     const char *tcp_addr;
     int tcp_port;           /* with tcp_addr: 0 for an ephemeral port */
-    /* > 0: send every connected rank a PING each DK_BC_PING_S and report one
-     * silent for longer than this (on_lost). */
+    /* > 0: send every connected node agent a PING each DK_BC_PING_S and
+     * report one silent for longer than this (on_lost). A rank's own
+     * connection has none: one relayed by its agent is the agent's to watch. */
     double heartbeat_s;
     /* MASTER_PORT comes from rank 0 (dk_job.h, "MASTER_PORT from rank 0"):
      * rank 0's HELLO counts once its PORT frame follows; every rank is sent
@@ -224,20 +227,6 @@ const char *dk_backchan_address(const dk_backchan_t *self);
 bool dk_backchan_rank_open(const dk_backchan_t *self, int rank);
 /* Whether RANK has ever said a valid HELLO (its connection may be closed since). */
 bool dk_backchan_rank_connected_once(const dk_backchan_t *self, int rank);
-
-/* Ask RANK (connected over TCP: a rank on another node, whose launcher does
- * not pass a SIGINT on) to interrupt itself: an INTERRUPT frame goes as soon
- * as nothing else is being written on its connection, and the rank raises
- * SIGINT in its own process group, as a local rank's group gets it. Returns
- * false when RANK has no connection (nothing will be sent). */
-bool dk_backchan_interrupt(dk_backchan_t *self, int rank);
-
-/* Ask RANK (connected over TCP: a rank on another node, which the runtime
- * cannot signal) for its Python stacks: a STACKS frame goes as soon as
- * nothing else is being written on its connection, and the rank answers
- * with one (on_stacks). Returns false when RANK has no connection, or it was
- * lost (nothing will be sent). */
-bool dk_backchan_ask_stacks(dk_backchan_t *self, int rank);
 
 /* Send the agent of NODE a SIGNAL (SIG for RANK's process group, or every
  * rank's: DK_BC_ALL_RANKS) or a STACKS request (TYPE DK_BC_STACKS; SIG 0:

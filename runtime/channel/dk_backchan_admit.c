@@ -78,7 +78,7 @@ double dk_backchan_deadline(const dk_backchan_t *self)
         next = oldest->since + EVICT_AFTER_S;
     for (size_t i = 0; self->heartbeat_s > 0 && i < self->nconns; i++) {
         const conn_t *c = &self->conns[i];
-        if (c->fd < 0 || c->rank < 0 || c->agent)
+        if (c->fd < 0 || !chan_is_agent(self, c))
             continue;
         double ping = c->pinged_at + DK_BC_PING_S, silent = c->heard_at + self->heartbeat_s;
         if (!chan_conn_has_output(c) && (next < 0 || ping < next))

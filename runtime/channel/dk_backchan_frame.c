@@ -216,7 +216,7 @@ int dk_backchan_master_port(const dk_backchan_t *self)
     return self->master_port;
 }
 
-/* Queue an empty frame of TYPE (a PING, an INTERRUPT) on C (nothing else is
+/* Queue an empty frame of TYPE (a PING) on C (nothing else is
  * being written on it). */
 bool chan_queue_empty(dk_backchan_t *self, conn_t *c, unsigned char type)
 {
@@ -417,14 +417,6 @@ static void conn_frame(dk_backchan_t *self, conn_t *c)
             chan_refuse(self, c, "it sent a port nobody asked for");
         else
             port_arrived(self, c, body + BODY_HEAD, body_len - BODY_HEAD);
-    } else if (type == DK_BC_PING) {
-        /* Its arrival was the point (heard_at). */
-    } else if (type == DK_BC_STACKS) {
-        if (body_len - BODY_HEAD > DK_BC_STACKS_MAX)
-            chan_refuse(self, c, "it sent more than 128 KiB of stacks in one message");
-        else if (self->sink.on_stacks)
-            self->sink.on_stacks(self->sink.data, c->rank, body + BODY_HEAD,
-                                 body_len - BODY_HEAD);
     } else if (type == DK_BC_OUTPUT) {
         int fd = body_len >= BODY_HEAD + 2 ? body[BODY_HEAD] : 0;
         if ((fd != 1 && fd != 2 && fd != DK_BC_OUTPUT_LOG) ||

@@ -38,11 +38,9 @@ struct conn {
     double since;           /* when it was accepted (CLOCK_MONOTONIC seconds) */
     bool done;              /* RESULT or ERROR received */
     bool delivering;        /* PAYLOAD frame queued, not yet reported written */
-    double heard_at;        /* when bytes last arrived (heartbeats) */
-    double pinged_at;       /* when we last queued a PING */
-    bool lost;              /* reported silent past the deadline */
-    bool interrupt_due;     /* an INTERRUPT to send once the output is written */
-    bool stacks_due;        /* a STACKS request to send likewise */
+    double heard_at;        /* when bytes last arrived (an agent's heartbeats) */
+    double pinged_at;       /* when we last queued a PING (agents) */
+    bool lost;              /* an agent's: reported silent past the deadline */
     bool port_due;          /* port_from_rank0: its HELLO came before the port; its
                                PORT (and PAYLOAD) go out once rank 0 sends it */
     dk_frame_side_t side;   /* its nonce and both counts (frames sent after

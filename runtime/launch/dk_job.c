@@ -28,7 +28,6 @@
 #include "dk_job_state.h"
 #include "dk_clock.h"
 #include "dk_spawn.h"
-#include "dk_utf8.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -267,7 +266,6 @@ static void loop_once(dk_job_t *job)
     job_agents_judge(job);
     job_judge_deferred(job);
     job_judge_closed(job);
-    job_judge_unconnected(job);
     job_resolve_failure(job);
     if (job->stacks && dk_stackreq_poll(job->stacks, dk_now_s())) {
         if (job->sampling)
@@ -461,26 +459,6 @@ bool dk_job_rank_lost(dk_job_t *job, int rank)
     bool lost = job->ranks[rank].lost;
     pthread_mutex_unlock(&job->lock);
     return lost;
-}
-
-void dk_job_rank_launcher_line(dk_job_t *job, int rank, char *buf, size_t len)
-{
-    if (len == 0)
-        return;
-    buf[0] = '\0';
-    if (!rank_ok(job, rank))
-        return;
-    pthread_mutex_lock(&job->lock);
-    const char *line = job->ranks[rank].launcher_line;
-    if (line) {
-        /* Cut on a character, never inside one: the text goes into JSON. */
-        size_t n = strlen(line);
-        if (n >= len)
-            n = dk_utf8_complete_prefix(line, len - 1);
-        memcpy(buf, line, n);
-        buf[n] = '\0';
-    }
-    pthread_mutex_unlock(&job->lock);
 }
 
 void dk_job_lost_summary(dk_job_t *job, char *buf, size_t len)

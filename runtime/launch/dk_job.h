@@ -45,44 +45,30 @@
  * it. The rank sets MASTER_PORT from it. A PORT from any other rank, a
  * second one, or one outside 1-65535 ends that connection.
  *
- * Ranks on other nodes (spec.bc_tcp_addr). The runtime listens on TCP, bound
- * to that one address, and DISTKERNEL_BC is "tcp:ADDR:PORT" ("tcp:[ADDR]:PORT"
- * for IPv6); the key still travels only in the environment. Frames are as
- * above, and two more types are used:
- *     6 OUTPUT (rank -> runtime: u8 fd (1 or 2) | u8 flags | at most 64 KiB of
- *              what the rank wrote there; flag 1: nothing more was waiting)
- *     7 PING   (either way, empty payload)
- *     8 INTERRUPT (runtime -> rank, empty: raise SIGINT in your process group;
- *              sent in place of the ladder's SIGINT to a rank started through
- *              a launcher, since srun takes a SIGINT as "print the tasks'
- *              state" and passes nothing on; SIGTERM to srun ends the step)
- *     10 STACKS (runtime -> rank, empty: send your Python stacks, spec.stacks;
- *              rank -> runtime: faulthandler's dump of every thread, at most
- *              DK_BC_STACKS_MAX bytes, written by the rank's back-channel
- *              thread, which needs the GIL for it: a rank holding the GIL in
- *              a C loop does not answer)
- * A rank there captures its own fd 1 and 2 (C-level writes and its children's
- * included) and sends them as OUTPUT frames, which reach on_output, the logs
- * and on_caught_up exactly as pipe output does; it sends every OUTPUT frame
- * for what it wrote before its RESULT or ERROR, and after that shuts down its
- * side and waits for the runtime to close, so nothing it sent is still in
- * flight when its exit is judged. Both sides send a PING every second
- * (DK_BC_PING_S) while connected; distkernel-rank sends its PINGs from a
- * native thread (runtime/rank/dk_rankchan.c), so a rank whose main thread holds
- * the GIL in a long C call is still heard. A rank whose connection is silent for
- * longer than spec.heartbeat_s is lost: a failure (the first is the root
- * cause; on_lost, dk_job_lost_summary). A rank whose connection its side
- * closes (end of file, reset) before it answered is judged by its exit, but
- * that exit is awaited only for spec.heartbeat_s: a process still running
- * then (srun, which may never exit after its node is lost: Slurm bug 16401)
- * has lost its rank, as silence would have, with the ranks of its node that
- * have no connection left; a peer's failure meanwhile waits, since it is most
- * likely the echo of that loss (gloo's "Connection closed by peer"), and the
- * closed rank's fate becomes the root cause. A rank whose runtime is silent that
- * long ends itself and its process group (DISTKERNEL_BC_HEARTBEAT gives it
- * the deadline), and so does one whose connection the runtime closed while it
- * still had work (a SIGKILLed host's connections close rather than go
- * silent), so a host killed by SIGKILL leaves no rank on any node.
+ * Ranks on other nodes (spec.bc_tcp_addr, spec.agent_command). The runtime
+ * listens on TCP, bound to that one address, and DISTKERNEL_BC is
+ * "tcp:ADDR:PORT" ("tcp:[ADDR]:PORT" for IPv6); the key still travels only
+ * in the environment. What connects there is each node's agent
+ * (runtime/agent/dk_agent.h), which starts its node's ranks and carries
+ * their connections (to a Unix socket of its own, the rank's DISTKERNEL_BC),
+ * their output, exits and stacks on its one connection (dk_backchan.h, frame
+ * types 11 to 16). A rank's own frames are as above, and one more type is
+ * used:
+ *     6 OUTPUT (rank -> runtime: u8 fd | u8 flags | at most 64 KiB; fd 3,
+ *              DK_BC_OUTPUT_LOG: a line for the rank's log only)
+ * The runtime and each agent send a PING every second (DK_BC_PING_S) while
+ * connected. An agent whose connection is silent for longer than
+ * spec.heartbeat_s, or closes, is its node lost: every rank of it that had
+ * not ended is lost, a failure (the first is the root cause; on_lost,
+ * dk_job_lost_summary). A rank whose connection its side closes (end of
+ * file, reset) before it answered is judged by its exit, but that exit is
+ * awaited only for spec.heartbeat_s: a rank still running then is lost, as
+ * silence would have it, with the ranks of its node that have no connection
+ * left; a peer's failure meanwhile waits, since it is most likely the echo
+ * of that loss (gloo's "Connection closed by peer"), and the closed rank's
+ * fate becomes the root cause. An agent whose runtime is silent that long,
+ * or closes, ends its ranks, so a host killed by SIGKILL leaves no rank on
+ * any node.
  *
  * Persistent jobs (spec.persistent) keep their ranks between rounds. The runtime
  * sends nothing at HELLO; each round (dk_job_submit) it sends every rank
@@ -207,8 +193,9 @@ typedef struct {
      * template refuses starts cold and says why in warm.log in the log folder. */
     const char *warm_socket;
     /* Ranks on other nodes: listen on TCP bound to this numeric address only
-     * (bc_tcp_port, 0: ephemeral), with heartbeats (see the top). NULL: a Unix
-     * socket and no heartbeats, as for ranks on this node. */
+     * (bc_tcp_port, 0: ephemeral), with heartbeats for node agents (see the
+     * top; agent_command). NULL: a Unix socket and no heartbeats, as for
+     * ranks on this node. */
     const char *bc_tcp_addr;
     int bc_tcp_port;
     /* With bc_tcp_addr: the run's nodes (names or numeric addresses,
@@ -220,31 +207,17 @@ typedef struct {
     size_t bc_nallow;
     /* The silence deadline: >= 2 * DK_BC_PING_S; <= 0: DK_BC_HEARTBEAT_DEFAULT_S. */
     double heartbeat_s;
-    /* With bc_tcp_addr: a launched rank that has not connected this long after
-     * the job's start (and heartbeat_s more, for the rank's own word on why to
-     * arrive first), while its launcher still runs, is lost (a node that
-     * went down while its ranks were starting has no connection to go
-     * silent). <= 0: DK_JOB_CONNECT_DEFAULT_S. Ranks are given it too
-     * (DISTKERNEL_BC_CONNECT_TIMEOUT): a rank keeps trying to connect, with
+    /* With agent_command: an agent that has not connected this long after
+     * the job's start (and heartbeat_s more, for the agent's own word on why
+     * to arrive first), while its launcher still runs, is its node lost (a
+     * node that went down while its agent was starting has no connection to
+     * go silent). <= 0: DK_JOB_CONNECT_DEFAULT_S. Agents are given it too
+     * (DISTKERNEL_BC_CONNECT_TIMEOUT): an agent keeps trying to connect, with
      * backoff, for this long after its own start. */
     double connect_timeout_s;
     /* Each rank's node name, for what is said when ranks are lost (NULL:
      * every rank is "localhost"). world_size entries, copied. */
     const char *const *rank_hosts;
-    /* Ranks started through a launcher (srun in an allocation, on another
-     * node): rank R runs rank_commands[R] (an argv; [0] is looked up on PATH)
-     * in place of rank_exe and rank_argv, with the same environment (the
-     * launcher passes it on: srun --export=ALL). The runtime sees, signals and
-     * judges the launcher process; output and results come over the back
-     * channel (use bc_tcp_addr). The launcher's own pipes carry what the rank
-     * wrote before its channel was up, which reaches on_output as any output,
-     * and the launcher's own lines ("srun: ...", "slurmstepd: ...",
-     * "slurmstepd-NODE: ..."), which go to the rank's log only
-     * (dk_launchout.h; see dk_job_rank_launcher_line). Such a rank also gets
-     * DISTKERNEL_CWD, the host's working directory, for the rank to go to
-     * where its node has it (the launcher may start it elsewhere). NULL, or
-     * a NULL entry: that rank runs rank_exe here. */
-    const char *const *const *rank_commands;
     /* Ranks spread over nodes, RANKS_PER_NODE on each, in rank order (0:
      * all on one node). Then LOCAL_RANK = RANK % it, LOCAL_WORLD_SIZE = it,
      * GROUP_RANK (and NODE_RANK) = RANK / it, GROUP_WORLD_SIZE = the nodes.
@@ -261,8 +234,8 @@ typedef struct {
      * round's interrupt or error; not an idle timeout), once per job or
      * round, waiting at most STACKS_WAIT_S for all of them together (<= 0:
      * DK_STACKREQ_WAIT_S, 2 s): dk_job_rank_stacks, dk_stackreq.h. Each rank
-     * started here gets DISTKERNEL_STACKS; a launched one (another node) is
-     * asked over its connection (a STACKS frame, see the top). */
+     * started here gets DISTKERNEL_STACKS; one started by a node agent is
+     * asked through its agent (a STACKS frame, see agent_command). */
     bool stacks;
     double stacks_wait_s;
     /* Ranks started by node agents (distkernel-agent, runtime/agent/dk_agent.h),
@@ -272,7 +245,7 @@ typedef struct {
      * (SLURM_NODEID) and starts that node's ranks, with the environment the
      * runtime gives the launcher: the back channel's variables (the key only
      * there) and DISTKERNEL_AGENT_* (agent_main.c). Needs bc_tcp_addr and
-     * ranks_per_node; rank_commands is then unused. Such a rank has no
+     * ranks_per_node. Such a rank has no
      * process here: its output before its own connection, its exit and its
      * stacks come from its agent's frames, and the stop ladder's signals go
      * to its agent (SIGNAL frames). An agent lost (its connection closed or
@@ -333,14 +306,6 @@ int dk_job_rank_pid(dk_job_t *job, int rank);
  * threads may still be ending (waitid and the runtime thread see it only when
  * the last one has). Thread-safe. */
 bool dk_job_any_rank_exited(dk_job_t *job);
-
-/* The last line RANK's launcher wrote that says more than its exit status
- * ("srun: error: node2: task 0: Killed", "slurmstepd: error: *** STEP 12.3
- * ON node1 CANCELLED AT ... ***"; dk_launchout_tells), into BUF as UTF-8
- * without its newline, cut to fit LEN (DK_JOB_LAUNCHER_LINE_MAX holds it
- * whole); "" when it wrote none or was not launched. */
-#define DK_JOB_LAUNCHER_LINE_MAX 1024
-void dk_job_rank_launcher_line(dk_job_t *job, int rank, char *buf, size_t len);
 
 /* Whether RANK was lost (silent past the heartbeat deadline). */
 bool dk_job_rank_lost(dk_job_t *job, int rank);

@@ -3,7 +3,7 @@
  * (spec.agent_command, dk_job.h; the agent is runtime/agent/dk_agent.h).
  *
  * One launcher process (srun, one task per node) starts every agent; the
- * runtime watches it as it watches a rank's launcher: its pipes (its own
+ * runtime watches its pipes (its own
  * lines, and what an agent says about itself, to agents.log in the log
  * folder, the last telling line kept), its exit. The agents' connections
  * are the back channel's (ids world_size + node); what they tell of their
@@ -128,7 +128,7 @@ bool job_start_agents(dk_job_t *job, const dk_job_spec_t *spec, const char *cons
     job->agents_pipe[1] = sp.err_fd;
     for (int r = 0; r < job->world_size; r++) {
         rank_t *rk = &job->ranks[r];
-        rk->launched = rk->by_agent = true;
+        rk->by_agent = true;
         job->unreaped++;
     }
     return true;

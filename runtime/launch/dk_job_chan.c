@@ -6,13 +6,10 @@
  * frames, its stacks, its silence or its close. Its pipes are read here too.
  *
  * Output goes to the sink and to rank-N.log as it is read, stdout and stderr
- * into the same file in arrival order. A launched rank's pipes are its
- * launcher's (srun's): its own output comes over the back channel, and what
- * the pipes carry is read through a filter per pipe (dk_launchout) that
- * sends the launcher's own lines to the log only, since a local run shows
- * none of them, and keeps the last one that says more than the exit status
- * for the outcome; a local rank's bytes go on as read, unbuffered. A log that cannot be written (full
- * disk) is reported once and abandoned; the relay goes on. The log directory
+ * into the same file in arrival order: a rank's bytes from its pipes as
+ * read, unbuffered; those of a rank started by a node agent from its
+ * agent's OUTPUT frames. A log that cannot be written (full disk) is
+ * reported once and abandoned; the relay goes on. The log directory
  * is opened and checked with dk_logdir (nobody else can write it), held with
  * flock while the job runs so no pruning removes it, and every log is created
  * relative to its descriptor with O_EXCL | O_NOFOLLOW. A log that passes its
@@ -20,7 +17,6 @@
  */
 #include "dk_job_state.h"
 #include "dk_clock.h"
-#include "dk_utf8.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -97,54 +93,11 @@ void job_deliver(dk_job_t *job, int r, int fd, const char *buf, size_t n)
     deliver(job, r, fd, buf, n);
 }
 
-/* Keep LINE, a launcher line that says more than the exit status, as rank
- * R's reason (dk_job_rank_launcher_line): its first LAUNCHER_LINE_KEEP bytes,
- * as valid UTF-8, without its newline. */
-static void keep_launcher_line(dk_job_t *job, int r, const char *line, size_t len)
-{
-    while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
-        len--;
-    if (len > LAUNCHER_LINE_KEEP)
-        len = dk_utf8_complete_prefix(line, LAUNCHER_LINE_KEEP);
-    size_t out_len = 0;
-    char *text = dk_utf8_sanitize(line, len, &out_len);
-    if (!text)
-        return;
-    pthread_mutex_lock(&job->lock);
-    free(job->ranks[r].launcher_line);
-    job->ranks[r].launcher_line = text;
-    pthread_mutex_unlock(&job->lock);
-}
-
-typedef struct {
-    dk_job_t *job;
-    int rank, fd;
-} filtered_t;
-
-/* What a launched rank's pipe filter passes on: the rank's own bytes as any
- * output; the launcher's lines to the log only (see dk_launchout.h). */
-static void filtered(void *data, dk_launchout_kind_t kind, const char *bytes, size_t len)
-{
-    filtered_t *f = data;
-    if (kind == DK_LAUNCHOUT_RANK) {
-        deliver(f->job, f->rank, f->fd, bytes, len);
-        return;
-    }
-    pthread_mutex_lock(&f->job->log_lock);
-    log_bytes(f->job, f->rank, bytes, len);
-    pthread_mutex_unlock(&f->job->log_lock);
-    if (dk_launchout_tells(bytes, len))
-        keep_launcher_line(f->job, f->rank, bytes, len);
-}
-
-/* Read pipe WHICH of rank R until EAGAIN, EOF or BUDGET bytes. A launched
- * rank's pipes are its launcher's (srun's): they go through its filter,
- * which holds a launcher line to its end; a local rank's bytes go on as read. */
+/* Read pipe WHICH of rank R until EAGAIN, EOF or BUDGET bytes. */
 void job_drain_pipe(dk_job_t *job, int r, int which, size_t budget)
 {
     rank_t *rk = &job->ranks[r];
     char buf[65536];
-    filtered_t f = {job, r, which + 1};
     while (rk->pipe_fd[which] >= 0 && budget > 0) {
         ssize_t n = read(rk->pipe_fd[which], buf, sizeof buf);
         if (n < 0 && errno == EINTR)
@@ -155,15 +108,10 @@ void job_drain_pipe(dk_job_t *job, int r, int which, size_t budget)
             return;
         }
         if (n <= 0) {
-            if (rk->filter[which])
-                dk_launchout_finish(rk->filter[which], filtered, &f);
             job_close_fd(&rk->pipe_fd[which]);
             return;
         }
-        if (rk->filter[which])
-            dk_launchout_feed(rk->filter[which], buf, (size_t) n, filtered, &f);
-        else
-            deliver(job, r, which + 1, buf, (size_t) n);
+        deliver(job, r, which + 1, buf, (size_t) n);
         budget -= (size_t) n < budget ? (size_t) n : budget;
     }
 }
@@ -190,9 +138,7 @@ static void bc_hello(void *data, int r)
     job_round_answered(job);
 }
 
-/* A remote rank's output: the same path as a pipe's; its notes about itself
- * (DK_BC_OUTPUT_LOG) to its log only, as a launcher's own lines go. */
-/* A rank on another node answered for its stacks (dk_backchan_ask_stacks). */
+/* A rank started by a node agent answered for its stacks, through its agent. */
 static void bc_stacks(void *data, int r, const void *bytes, size_t len)
 {
     dk_job_t *job = data;
@@ -200,6 +146,9 @@ static void bc_stacks(void *data, int r, const void *bytes, size_t len)
         dk_stackreq_answer(job->stacks, r, bytes, len);
 }
 
+/* A rank's output from its agent's OUTPUT frames: the same path as a pipe's;
+ * its notes about itself (DK_BC_OUTPUT_LOG, on its own connection) to its
+ * log only. */
 static void bc_output(void *data, int r, int fd, const void *bytes, size_t len, bool caught_up)
 {
     dk_job_t *job = data;
@@ -227,34 +176,23 @@ static void bc_agent_hello(void *data, int node)
         job->agent_hello[node] = true;
 }
 
-/* Rank R's connection went silent: it is lost. (R past the ranks: the node
- * agent of node R - world_size, and with it its node.) */
-static void bc_lost(void *data, int r, double silent_s)
+/* The connection of node ID - world_size's agent went silent (only agents
+ * have heartbeats): its node is lost. */
+static void bc_lost(void *data, int id, double silent_s)
 {
     dk_job_t *job = data;
-    if (r >= job->world_size) {
-        char why[120];
-        snprintf(why, sizeof why, "nothing heard from its node agent for %.1f s", silent_s);
-        job_agent_gone(job, r - job->world_size, why);
-        return;
-    }
-    rank_t *rk = &job->ranks[r];
-    if (rk->reaped && !rk->deferred)
-        return;
-    char why[96];
-    snprintf(why, sizeof why, "nothing heard from it for %.1f s", silent_s);
-    job_lose(job, r, why);
+    char why[120];
+    snprintf(why, sizeof why, "nothing heard from its node agent for %.1f s", silent_s);
+    job_agent_gone(job, id - job->world_size, why);
 }
 
-/* Rank R's connection was ended by its side before it answered. Its process
- * usually exits at once (a crash, a rank that gave up), and that exit is
- * judged as any other. But the processes of a lost node can be killed rather
- * than fall silent (FIN or RST), and srun, the process we see, may then never
- * exit: Slurm 22.05.8 run from a host that is not a node of the cluster
- * (Slurm bug 16401). So its exit is awaited for the heartbeat deadline, as
- * silence would be, and a process still running then has lost its rank
- * (job_judge_closed). Meanwhile a peer's failure waits (job_resolve_failure): that is
- * most likely its echo, gloo's "Connection closed by peer". */
+/* Rank R's connection was ended by its side before it answered (over TCP:
+ * with heartbeats). Its process usually exits at once (a crash, a rank that
+ * gave up), and that exit, which its agent tells, is judged as any other.
+ * But it is awaited only for the heartbeat deadline, as silence would be: a
+ * rank still running then is lost (job_judge_closed). Meanwhile a peer's
+ * failure waits (job_resolve_failure): that is most likely its echo, gloo's
+ * "Connection closed by peer". */
 static void bc_closed(void *data, int r)
 {
     dk_job_t *job = data;
@@ -274,7 +212,7 @@ static void bc_closed(void *data, int r)
 /* What a rank raises when a peer's connection went away under it: gloo's
  * "Connection closed by peer [ADDR]:PORT", a reset, a write to a closed
  * socket. On other nodes that is most often the echo of a lost node, which
- * the kernel learns of a little later (a close, a silence, srun's word). */
+ * the kernel learns of a little later (its agent's close or silence). */
 static const char *const echo_marks[] = {"Connection closed by peer",
                                          "Connection reset by peer", "Broken pipe"};
 

@@ -12,8 +12,8 @@
  *     a KeyboardInterrupt ERROR; that is our doing, not a failure);
  *   - otherwise (non-zero exit, signal, no RESULT): FAILED.
  * Over TCP, a connection its rank's side closes before an answer starts a
- * wait for the exit, bounded by the heartbeat deadline (bc_closed): the
- * process we see may be an srun that never exits after its node is lost.
+ * wait for the exit, bounded by the heartbeat deadline (bc_closed): a rank
+ * still running then is lost.
  * The first failure is the root cause and starts the stop: SIGINT to the
  * process group of every rank not yet reaped, SIGTERM after the grace, SIGKILL
  * after another. A rank that has already sent its RESULT or ERROR is spared the
@@ -73,28 +73,19 @@ static void signal_ranks(dk_job_t *job, int sig)
         if (sig == SIGINT && rk->reported)
             continue;       /* past its code and on its way out: let it exit cleanly */
         rk->signalled = true;
-        /* srun takes a SIGINT as "print the tasks' state", and passes nothing
-         * on: the rank is asked over its connection. SIGTERM to srun ends
-         * the step (the tasks get SIGTERM, then SIGKILL), as the ladder means. */
-        if (rk->by_agent) {
-            /* Its agent signals its group on its node. */
+        if (rk->by_agent)   /* its agent signals its group on its node */
             dk_backchan_agent_send(job->chan, r / job->ranks_per_node, DK_BC_SIGNAL,
                                    (uint32_t) r, sig);
-            continue;
-        }
-        if (sig == SIGINT && rk->launched && dk_backchan_interrupt(job->chan, r))
-            continue;
-        killpg(rk->pid, sig);
+        else
+            killpg(rk->pid, sig);
     }
 }
 
-/* Ask every live rank of this node for its stacks (dk_stackreq.h), once
- * per job or round. True while the request runs: what the caller was about
- * to signal waits for it (job_stacks_over), so the ranks are seen where they
- * were, not where a KeyboardInterrupt took them. A rank that has answered
- * is past its code; one started through a launcher, on another node, is
- * asked over its connection; a lost one is not asked. */
-/* Ask every rank that may answer (dk_stackreq_sample for a live SAMPLE). */
+/* Ask every rank that may answer for its stacks (dk_stackreq.h;
+ * dk_stackreq_sample for a live SAMPLE): a rank of this node through its
+ * file, one started by a node agent through its agent. A rank that has
+ * answered is past its code; a lost one is not asked. Returns how many
+ * were asked. */
 static int begin_stacks(dk_job_t *job, bool sample)
 {
     pid_t *groups = calloc((size_t) job->world_size, sizeof *groups);
@@ -108,10 +99,8 @@ static int begin_stacks(dk_job_t *job, bool sample)
             groups[r] = dk_backchan_agent_send(job->chan, r / job->ranks_per_node, DK_BC_STACKS,
                                                (uint32_t) r, sample ? (int) DK_BC_STACKS_SAMPLE : 0)
                             ? DK_STACKREQ_BY_CHANNEL : 0;
-        else if (!rk->launched)
+        else
             groups[r] = rk->pid;
-        else        /* on another node: over its connection, if it has one */
-            groups[r] = dk_backchan_ask_stacks(job->chan, r) ? DK_STACKREQ_BY_CHANNEL : 0;
     }
     int asked = sample ? dk_stackreq_sample(job->stacks, groups, dk_now_s(), job->stacks_wait_s)
                        : dk_stackreq_begin(job->stacks, groups, dk_now_s(), job->stacks_wait_s);
@@ -119,6 +108,10 @@ static int begin_stacks(dk_job_t *job, bool sample)
     return asked;
 }
 
+/* Ask the live ranks for their stacks, once per job or round. True while
+ * the request runs: what the caller was about to signal waits for it
+ * (job_stacks_over), so the ranks are seen where they were, not where a
+ * KeyboardInterrupt took them. */
 bool job_ask_stacks(dk_job_t *job)
 {
     if (!job->stacks)
@@ -453,9 +446,8 @@ static void told_ranks(const int *ranks, size_t n, char *buf, size_t len)
 /* Rank R is lost (WHY says how that was found), and that is a failure. The
  * ranks of its node with no connection left to tell of them are lost with
  * it: those that have not connected yet (still starting when the node went
- * quiet), whose launchers only wait on a node they cannot reach, and those
- * whose connection closed unanswered while their launcher still runs (the
- * node's processes were killed). The cell is told once per node, with its
+ * quiet), and those whose connection closed unanswered and whose exit has
+ * not been told (the node's processes were killed). The cell is told once per node, with its
  * ranks lost with it as runs, so a run of 1,024 ranks whose nodes go down
  * says at most LOST_NODES_TOLD_MAX + 1 such things at all. */
 void job_lose(dk_job_t *job, int r, const char *why)
@@ -491,16 +483,16 @@ void job_lose(dk_job_t *job, int r, const char *why)
     }
     if (tell && nclosed) {
         told_ranks(closed, nclosed, ranks, sizeof ranks);
-        job_warn(job, "%s on %s lost with it: %s connection had closed and %s launcher was "
-                 "still running", ranks, rk->host, nclosed == 1 ? "its" : "their",
-                 nclosed == 1 ? "its" : "their");
+        job_warn(job, "%s on %s lost with it: %s connection had closed and %s not "
+                 "exited", ranks, rk->host, nclosed == 1 ? "its" : "their",
+                 nclosed == 1 ? "it had" : "they had");
     }
     free(never);
     free(closed);
 }
 
-/* The ranks whose connection closed unanswered and whose process has not
- * exited by the deadline (bc_closed): lost. */
+/* The ranks whose connection closed unanswered and that have not exited by
+ * the deadline (bc_closed): lost. */
 void job_judge_closed(dk_job_t *job)
 {
     double now = dk_now_s();
@@ -510,42 +502,14 @@ void job_judge_closed(dk_job_t *job)
             continue;
         rk->closed_until = 0;
         char why[160];
-        snprintf(why, sizeof why, "its connection closed without an answer, and its %s "
-                 "(pid %d) was still running %.1f s later", rk->launched ? "launcher" : "process",
-                 (int) rk->pid, job->heartbeat_s);
+        if (rk->by_agent)
+            snprintf(why, sizeof why, "its connection closed without an answer, and its agent "
+                     "had not told its exit %.1f s later", job->heartbeat_s);
+        else
+            snprintf(why, sizeof why, "its connection closed without an answer, and its "
+                     "process (pid %d) was still running %.1f s later", (int) rk->pid,
+                     job->heartbeat_s);
         job_lose(job, r, why);
-    }
-}
-
-/* Launched ranks that have not connected by the connect deadline while their
- * launcher still runs: lost. A node that goes down while its ranks start
- * (Python starting, the rank connecting) leaves no connection whose silence
- * would tell; srun may wait on it far longer than any cell should. Their
- * node-mates that never connected go with them (job_lose).
- *
- * The ranks keep trying for the same deadline from their own start, which is
- * later than the job's, then exit saying why ("could not connect to the
- * kernel's back channel ... within N s"): that exit is the better root cause,
- * so it is given one heartbeat deadline more to reach us before the node is
- * taken for lost. */
-void job_judge_unconnected(dk_job_t *job)
-{
-    if (job->heartbeat_s <= 0 || job->stop_reason != DK_END_NONE)
-        return;
-    double now = dk_now_s();
-    if (now < job->started_at + job->connect_timeout_s + job->heartbeat_s)
-        return;
-    for (int r = 0; r < job->world_size; r++) {
-        rank_t *rk = &job->ranks[r];
-        if (!rk->launched || rk->reaped || rk->lost || rk->signalled || rk->reported ||
-            dk_backchan_rank_connected_once(job->chan, r))
-            continue;
-        char why[200];
-        snprintf(why, sizeof why, "it had not connected %.0f s after its launch, and its "
-                 "launcher (pid %d) still runs: its node may be down or its start stuck",
-                 job->connect_timeout_s, (int) rk->pid);
-        job_lose(job, r, why);
-        return;     /* the stop that follows ends the others */
     }
 }
 
@@ -593,11 +557,10 @@ void job_reaped(dk_job_t *job, int r, int status, bool known)
     job_close_fd(&rk->pidfd);
     if (job->stacks)
         dk_stackreq_gone(job->stacks, r);
-    /* A launcher (srun) that exits on its own while its rank's connection is
-     * still open and unanswered may be telling of a lost node before the
-     * heartbeats can: its verdict waits until the connection closes, goes
-     * silent past the deadline (then the rank is lost), or the deadline
-     * passes. */
+    /* Over TCP, a rank that ends while its connection is still open and
+     * unanswered (a child of its holds it) may have its answer still on the
+     * way: its verdict waits until the connection closes, the rank is lost,
+     * or the heartbeat deadline passes. */
     if (job->heartbeat_s > 0 && !rk->reported && !rk->signalled && !rk->lost &&
         dk_backchan_rank_open(job->chan, r)) {
         rk->deferred = true;
@@ -645,33 +608,12 @@ void job_judge_deferred(dk_job_t *job)
 }
 
 /* Rank R has been collected with STATUS (KNOWN: by us): its verdict. */
-/* Whether rank R's launcher said, in its last telling line, that the rank's
- * node failed: srun's "srun: error: Node failure on node2", or a step
- * "CANCELLED ... DUE TO NODE FAILURE". WHY gets the line. */
-static bool launcher_says_node_failed(dk_job_t *job, int r, char *why, size_t len)
-{
-    pthread_mutex_lock(&job->lock);
-    const char *line = job->ranks[r].launcher_line;
-    bool failed = line && (strstr(line, "Node failure") || strstr(line, "NODE FAILURE"));
-    if (failed)
-        snprintf(why, len, "its launcher said \"%s\"", line);
-    pthread_mutex_unlock(&job->lock);
-    return failed;
-}
-
 static void judge(dk_job_t *job, int r, int status, bool known)
 {
     rank_t *rk = &job->ranks[r];
     job->unreaped--;
     job->last_reap_at = dk_now_s();
     bool clean = known && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    /* srun heard of the node's loss before the heartbeats did (Slurm says so
-     * once slurmctld marks the node down): the rank is lost with its node,
-     * not a rank that exited. */
-    char why[LAUNCHER_LINE_KEEP + 64];
-    if (rk->launched && !clean && !rk->lost && !rk->signalled && !rk->reported &&
-        launcher_says_node_failed(job, r, why, sizeof why))
-        job_lose(job, r, why);
     pthread_mutex_lock(&job->lock);
     rk->exit_code = known && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     rk->term_signal = known && WIFSIGNALED(status) ? WTERMSIG(status) : 0;

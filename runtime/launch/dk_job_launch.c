@@ -3,8 +3,9 @@
  *
  * dk_job_start does everything that can fail before any rank exists (the
  * spec's checks, the descriptors it needs, the log folder and files, the
- * back channel, the port, the environments), then forks each rank, or its
- * launcher (srun) for a rank on another node, from the calling thread, starts
+ * back channel, the port, the environments), then forks each rank, or the
+ * launcher (srun) of the node agents that start them (dk_job_agents.c),
+ * from the calling thread, starts
  * the sentinel that ends the ranks' groups with the host, and hands the job
  * to the runtime thread (dk_job.c). A failure part-way ends what was started.
  */
@@ -19,7 +20,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -121,9 +121,6 @@ void job_free(dk_job_t *job)
         dk_logfile_close(&rk->log);
         free(rk->log_path);
         free(rk->host);
-        free(rk->launcher_line);
-        dk_launchout_destroy(&rk->filter[0]);
-        dk_launchout_destroy(&rk->filter[1]);
     }
     dk_spawn_sentinel_end(&job->sentinel_pid, &job->sentinel_fd);
     job_agents_free(job);
@@ -193,14 +190,6 @@ static bool start_rank(dk_job_t *job, int r, const char *program, char *const ar
                        const char *const *base, const char *run_id, char *err, size_t errlen)
 {
     rank_t *rk = &job->ranks[r];
-    /* A launcher starts its rank where it chooses (srun in a folder every
-     * node has): the rank goes to ours itself where its node has it. A
-     * folder that no longer exists here is none to go to. */
-    char here[PATH_MAX];
-    const char *cwd = rk->launched && getcwd(here, sizeof here) ? here : NULL;
-    /* Where it answers for its stacks (dk_stackreq.h); a rank on another
-     * node has no such file. */
-    bool want_stacks = job->stacks && !rk->launched;
     dk_rankenv_t in = {
         .rank = r, .world_size = job->world_size, .ranks_per_node = job->ranks_per_node,
         .master_addr = job->master_addr, .master_port = job->master_port, .run_id = run_id,
@@ -208,8 +197,9 @@ static bool start_rank(dk_job_t *job, int r, const char *program, char *const ar
         .bc_key_hex = dk_backchan_key_hex(job->chan),
         .heartbeat_s = job->heartbeat_s, .connect_timeout_s = job->connect_timeout_s,
         .log_path = rk->log_path,
-        .stacks_path = want_stacks ? dk_stackreq_path(job->stacks, r) : NULL,
-        .warm_socket = job->warm_socket, .cwd = cwd,
+        /* Where it answers for its stacks (dk_stackreq.h). */
+        .stacks_path = job->stacks ? dk_stackreq_path(job->stacks, r) : NULL,
+        .warm_socket = job->warm_socket,
     };
     char **env = dk_rankenv_build(base, &in);
     if (!env) {
@@ -416,31 +406,9 @@ dk_job_t *dk_job_start(const dk_job_spec_t *spec, const dk_sink_t *sink, char *e
     job->started_at = dk_now_s();
     if (spec->agent_command && !job_start_agents(job, spec, base, run_id, err, errlen))
         goto fail;
-    for (int r = 0; !spec->agent_command && r < spec->world_size; r++) {
-        bool ok;
-        if (spec->rank_commands && spec->rank_commands[r]) {
-            /* Through a launcher (srun on another node): its own program. */
-            char *const *cmd = (char *const *) spec->rank_commands[r];
-            char *launcher = cmd[0] ? dk_spawn_find_program(cmd[0], err, errlen) : NULL;
-            if (!cmd[0])
-                dk_set_err(err, errlen, "rank %d's command is empty", r);
-            rank_t *rk = &job->ranks[r];
-            rk->launched = true;
-            rk->filter[0] = dk_launchout_new();
-            rk->filter[1] = dk_launchout_new();
-            if (launcher && (!rk->filter[0] || !rk->filter[1])) {
-                dk_set_err(err, errlen, "out of memory");
-                free(launcher);
-                launcher = NULL;
-            }
-            ok = launcher && start_rank(job, r, launcher, cmd, base, run_id, err, errlen);
-            free(launcher);
-        } else {
-            ok = start_rank(job, r, program, argv, base, run_id, err, errlen);
-        }
-        if (!ok)
+    for (int r = 0; !spec->agent_command && r < spec->world_size; r++)
+        if (!start_rank(job, r, program, argv, base, run_id, err, errlen))
             goto fail;
-    }
     /* What a rank starts (a subprocess, a DataLoader's workers) ends with the
      * host too, even when it is SIGKILLed: the ranks die of PR_SET_PDEATHSIG,
      * their children would not. */

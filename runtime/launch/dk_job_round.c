@@ -65,7 +65,7 @@ void job_signal_unanswered(dk_job_t *job)
         if (rk->by_agent)   /* its agent signals its group on its node */
             dk_backchan_agent_send(job->chan, r / job->ranks_per_node, DK_BC_SIGNAL,
                                    (uint32_t) r, SIGINT);
-        else if ((!rk->launched || !dk_backchan_interrupt(job->chan, r)) && rk->pid > 0)
+        else if (rk->pid > 0)
             killpg(rk->pid, SIGINT);
         rk->interrupted = true;
     }

@@ -34,8 +34,9 @@
 #include <sys/types.h>
 
 #define REAP_DRAIN_BUDGET ((size_t) 16 << 20)
-/* The raw bytes of a launcher line kept for the outcome: enough for srun's
- * and slurmstepd's messages; sanitized, at most 3 times as much. */
+/* The raw bytes of the agents' launcher's last telling line kept (agents_line):
+ * enough for srun's and slurmstepd's messages; sanitized, at most 3 times as
+ * much. */
 #define LAUNCHER_LINE_KEEP 320
 
 typedef struct {
@@ -55,12 +56,9 @@ typedef struct {
     bool echo;              /* its ERROR says a peer's connection went away */
     bool interrupted;       /* persistent: sent SIGINT this round */
     char *host;             /* its node, for what is said when it is lost */
-    bool launched;          /* through a launcher (srun): SIGINT goes over the channel */
     bool by_agent;          /* started by its node's agent: no process here (pid -1) */
     bool exit_told;         /* ... whose agent has told its exit */
     int exit_status;        /* ... as a wait status */
-    dk_launchout_t *filter[2];  /* launched: the launcher's lines out of its pipes */
-    char *launcher_line;    /* launched: its last telling launcher line, or NULL; guarded */
     bool lost;              /* silent past the heartbeat deadline; guarded */
     bool closed_unanswered; /* its connection was ended by its side before it answered */
     double closed_until;    /* > 0: its exit is awaited until then (bc_closed) */
@@ -140,7 +138,7 @@ struct dk_job_t {
     int *slot_kind;         /* which descriptor (0 stdout, 1 stderr, 2 pidfd) */
     size_t max_fds;
     double started_at;
-    double connect_timeout_s;   /* spec's (launched ranks over TCP); see job_judge_unconnected */
+    double connect_timeout_s;   /* spec's: for the agents (job_agents_judge) */
     dk_job_end_t stop_reason;
     dk_stop_t stop;         /* SIGINT, SIGTERM, SIGKILL: a grace apart (seconds) */
     int unreaped;
@@ -217,7 +215,6 @@ void job_resolve_failure(dk_job_t *job);
 void job_escalate(dk_job_t *job);
 void job_lose(dk_job_t *job, int r, const char *why);
 void job_judge_closed(dk_job_t *job);
-void job_judge_unconnected(dk_job_t *job);
 void job_reap(dk_job_t *job, int r);
 void job_reaped(dk_job_t *job, int r, int status, bool known);
 void job_judge_gone(dk_job_t *job, int r);

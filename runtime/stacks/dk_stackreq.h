@@ -43,10 +43,11 @@
  * ready line yet (still starting) is not signalled at all: a real-time
  * signal's default action ends a process.
  *
- * A rank on another node cannot be signalled from here: its caller asks it
- * over the back channel (DK_BC_STACKS, dk_backchan.h), where the rank's
- * back-channel thread dumps its stacks, and hands the answer in
- * (dk_stackreq_answer); the request waits for those ranks as for the others.
+ * A rank on another node cannot be signalled from here: its caller asks its
+ * node's agent over the back channel (DK_BC_STACKS, dk_backchan.h), which
+ * asks the rank as this file does and sends the answer back, and hands it
+ * in (dk_stackreq_answer); the request waits for those ranks as for the
+ * others.
  *
  * A request asks every rank it is given at once and waits for all of them
  * together, bounded by the wait given (about 2 s at any world size), reading

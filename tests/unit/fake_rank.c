@@ -13,17 +13,6 @@
  *   error_hang       ... ERROR "boom on rank R", then sleep 60 s instead of exiting
  *   exit3            ... exit 3 without a result
  *   exit3_at_start   exit 3 before connecting to the back channel (no HELLO)
- *   node_failure     play srun telling of a lost node: "srun: error: Node failure on
- *                    node2" on stderr, exit 1
- *   launcher_noise   play srun before the rank's channel is up: on stderr, in
- *                    pieces a few ms apart, "srun: error: node2: task 0: Ex" "ited
- *                    with exit code 1\n", "Traceback (most recent call last):\n",
- *                    "slurm", "stepd-node2: error: *** STEP 12.3 ON node2 CANCELLED AT
- *                    2026-12-02T01:00:00 ***\n", "srun: Job step aborted: Waiting up
- *                    to 32 seconds for job step to finish.\n", "s", "ize 3\n", and
- *                    last "srun: error: node2: task 0: Killed" with no newline; on
- *                    stdout "rank says hi\n" and "srun: warning: on stdout\n";
- *                    then exit 3
  *   segv             ... die by SIGSEGV
  *   no_result        ... exit 0 without a result
  *   sleep            ... print "sleeping", sleep FAKE_SLEEP_S (60) seconds, then as result
@@ -63,39 +52,30 @@
  *                    "a note about itself", then as result
  *   bad_output       (Unix socket) ... an OUTPUT frame for fd 4, wait to be closed,
  *                    print "refused as expected", exit 0 without a result
- *   hold             ... print "hold" (on the runtime's pipe, before a TCP rank's
- *                    output goes to frames), sleep FAKE_SLEEP_S (60) seconds, then as result
- *   orphan_silent    ... leave a child in a session of its own holding the connection
- *                    open and stopped (silent), print "ORPHAN pid", exit 1 (as srun
- *                    exits when its node is cut off, the rank's connection still open)
+ *   hold             ... print "hold", sleep FAKE_SLEEP_S (60) seconds, then as result
  *   close_hang       ... print "closing", close its connection without an answer
  *                    (create "r0" in FAKE_SYNC, if set), sleep FAKE_SLEEP_S (60) seconds,
- *                    exit 3: as srun does when its node's processes are killed (FIN or
- *                    RST): it hangs (Slurm bug 16401), or exits later on its own
- *   freeze           ... print "freezing", then stop itself (SIGSTOP): silent, as a
- *                    rank on a lost node is
- *   echo_error       ... half a second after its PAYLOAD, ERROR with gloo's "Connection
- *                    closed by peer [10.0.0.2]:15792" (the echo of a lost peer), exit 1
+ *                    exit 3: a rank that lives on after its connection closed, or
+ *                    exits later on its own
+ *   echo_error       ... half a second after its PAYLOAD (with FAKE_SYNC: once "go"
+ *                    exists there), ERROR with gloo's "Connection closed by peer
+ *                    [10.0.0.2]:15792" (the echo of a lost peer), exit 1
  *   freeze_at_start  print "freezing before connecting" and stop itself before any
  *                    connection: a rank whose node went quiet while it was starting
- *   reflect          (over TCP) ... wait for the runtime's next frame, a PING whose
- *                    seq is the one the runtime expects of us next, and send its
- *                    bytes back unchanged (a man in the middle reflecting it); then
- *                    as result. The runtime must refuse it: the MAC's direction differs.
- *   flood            (over TCP) ... print "flooding", then send OUTPUT frames of one
- *                    byte ('.') as fast as they are taken for FAKE_FLOOD_S (60)
- *                    seconds, then exit 0 without a result
+ *   reflect          ... read the runtime's frames until one whose seq is the one the
+ *                    runtime expects of us next (with DISTKERNEL_MASTER_PORT=rank0 on
+ *                    a rank other than 0: its PAYLOAD, after its PORT), print
+ *                    "reflected seq N" and send its bytes back unchanged (a man in
+ *                    the middle reflecting it), then wait to be closed and exit 1.
+ *                    The runtime must refuse it: the MAC's direction differs.
+ *   flood            ... print "flooding", then send OUTPUT frames of one byte ('.')
+ *                    as fast as they are taken for FAKE_FLOOD_S (60) seconds, then
+ *                    exit 0 without a result
  *   spawn_writer     ... run `sh -c` that writes "child-out" to fd 1 and "child-err"
  *                    to fd 2 and "on HOSTNAME" to fd 1 (a child's C-level writes), print "last words" to
  *                    both just before its RESULT, then as result
- * Over TCP (DISTKERNEL_BC=tcp:ADDR:PORT) it does what a remote rank does: after
- * its PAYLOAD a thread sends its fd 1 and 2 as OUTPUT frames (they are pipes
- * it reads; the runtime's pipes are no longer held), and, with
- * DISTKERNEL_BC_HEARTBEAT set, a PING every second, reading the runtime's
- * frames; a runtime silent past that deadline ends its process group. Before
- * RESULT its pipes are drained; after it, it shuts down its side and waits
- * for the runtime's close. FAKE_RANK_DEADLINE, if set, replaces the deadline
- * the runtime gave.
+ * DISTKERNEL_BC is a Unix socket's path (the runtime's, or a node agent's relay)
+ * or "tcp:ADDR:PORT" (the runtime listening on TCP): it connects there either way.
  * With DISTKERNEL_MASTER_PORT=rank0 (the runtime's "MASTER_PORT from rank 0"),
  * after its HELLO rank 0 sends PORT FAKE_SEND_PORT (31337; another rank too when
  * FAKE_SEND_PORT_R is set), then each rank reads the runtime's PORT frame and
@@ -132,8 +112,7 @@
 #include <openssl/evp.h>
 #include <openssl/params.h>
 
-enum { HELLO = 1, PAYLOAD = 2, RESULT = 3, ERROR = 4, TASK = 5, OUTPUT = 6, PING = 7,
-       INTERRUPT = 8, PORT = 9 };
+enum { HELLO = 1, PAYLOAD = 2, RESULT = 3, ERROR = 4, TASK = 5, OUTPUT = 6, PORT = 9 };
 
 static unsigned char key[32];
 static int rank, world_size;
@@ -185,8 +164,6 @@ static void mac(const unsigned char *nonce, unsigned char dir, uint32_t seq,
     EVP_MAC_free(m);
 }
 
-static void (*remote_silent_hook)(void);
-
 static void write_all(int fd, const void *buf, size_t n)
 {
     const char *p = buf;
@@ -194,8 +171,6 @@ static void write_all(int fd, const void *buf, size_t n)
         ssize_t w = write(fd, p, n);
         if (w < 0 && errno == EINTR)
             continue;
-        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && remote_silent_hook)
-            remote_silent_hook();   /* SO_SNDTIMEO: not a byte taken for the deadline */
         if (w <= 0)
             die("write: %s", strerror(errno));
         p += w;
@@ -284,12 +259,9 @@ static conn_t connect_bc(void)
     return c;
 }
 
-static pthread_mutex_t send_lock = PTHREAD_MUTEX_INITIALIZER;
-
 static void send_frame(conn_t *c, int type, uint32_t r, const void *payload, size_t len,
                        bool forge)
 {
-    pthread_mutex_lock(&send_lock);
     size_t body_len = 5 + len;
     unsigned char *frame = malloc(4 + 32 + body_len);
     be32(frame, (uint32_t) (32 + body_len));
@@ -302,7 +274,6 @@ static void send_frame(conn_t *c, int type, uint32_t r, const void *payload, siz
     if (forge)
         frame[4] ^= 0x01;
     write_all(c->fd, frame, 4 + 32 + body_len);
-    pthread_mutex_unlock(&send_lock);
     free(frame);
 }
 
@@ -319,7 +290,6 @@ static void flood(conn_t *c, double s)
         clock_gettime(CLOCK_MONOTONIC, &t);
         if ((double) (t.tv_sec - t0.tv_sec) + (double) (t.tv_nsec - t0.tv_nsec) / 1e9 >= s)
             return;
-        pthread_mutex_lock(&send_lock);
         for (int i = 0; i < BATCH; i++) {
             unsigned char *f = buf + i * FRAME, *body = f + 36;
             be32(f, FRAME - 4);
@@ -331,11 +301,9 @@ static void flood(conn_t *c, double s)
             mac(c->nonce, 'R', c->seq_out++, body, FRAME - 36, f + 4);
         }
         write_all(c->fd, buf, sizeof buf);
-        pthread_mutex_unlock(&send_lock);
     }
 }
 
-/* Receive one frame other than PING; returns its payload (malloc'd) and length. */
 /* NAME_R (this rank's) if set, else NAME. */
 static const char *var_for(const char *name)
 {
@@ -344,9 +312,9 @@ static const char *var_for(const char *name)
     return getenv(buf) ? buf : name;
 }
 
+/* Receive one frame; returns its payload (malloc'd) and length. */
 static unsigned char *recv_frame(conn_t *c, int *type, size_t *len)
 {
-again:;
     unsigned char h[4];
     if (!read_all(c->fd, h, 4))
         die("the runtime closed the back channel");
@@ -363,42 +331,40 @@ again:;
     *type = frame[32];
     if (rd32(frame + 33) != (uint32_t) rank)
         die("frame for another rank");
-    if (*type == PING || *type == INTERRUPT) {
-        if (*type == INTERRUPT)
-            kill(0, SIGINT);        /* as a signal to the group would */
-        free(frame);
-        goto again;
-    }
     *len = n - 37;
     memmove(frame, frame + 37, *len);
     return frame;
 }
 
-/* Mode reflect: read the runtime's next frame (a PING), verify it, and write
- * its bytes back as they came, once its seq is the one the runtime expects of
- * us (our seq_out); that seq is then used up on both sides. */
-static void reflect_ping(conn_t *c)
+/* Mode reflect: read the runtime's frames, verifying each, until one whose
+ * seq is the one the runtime expects of us next (our seq_out), and write its
+ * bytes back as they came; that seq is then used up on both sides. */
+static void reflect_frame(conn_t *c)
 {
     for (;;) {
-        unsigned char frame[4 + 37];
-        if (!read_all(c->fd, frame, 4))
+        unsigned char h[4];
+        if (!read_all(c->fd, h, 4))
             die("the runtime closed the back channel");
-        if (rd32(frame) != 37)
-            die("expected a PING, got a frame of %u bytes", rd32(frame));
-        if (!read_all(c->fd, frame + 4, 37))
-            die("EOF inside a PING");
+        uint32_t n = rd32(h);
+        if (n < 37)
+            die("short frame");
+        unsigned char *frame = malloc(4 + n);
+        if (!frame || !read_all(c->fd, frame + 4, n))
+            die("cannot read a frame of %u bytes", n);
+        memcpy(frame, h, 4);
         unsigned char expect[32];
         uint32_t seq = c->seq_in++;
-        mac(c->nonce, 'K', seq, frame + 4 + 32, 5, expect);
+        mac(c->nonce, 'K', seq, frame + 4 + 32, n - 32, expect);
         if (memcmp(expect, frame + 4, 32) != 0)
             die("the runtime's frame did not verify");
-        if (frame[4 + 32] != PING)
-            die("expected a PING, got type %d", frame[4 + 32]);
-        if (seq != c->seq_out)
+        if (seq != c->seq_out) {
+            free(frame);
             continue;       /* not aligned with ours yet */
-        write_all(c->fd, frame, sizeof frame);
-        c->seq_out++;
+        }
         dprintf(1, "reflected seq %u\n", seq);
+        write_all(c->fd, frame, 4 + n);
+        c->seq_out++;
+        free(frame);
         return;
     }
 }
@@ -540,180 +506,6 @@ static void sleep_s(double s)
     }
 }
 
-/* ------------------------------------------------------------------------ */
-/* What a rank on another node does (over TCP)                               */
-
-static struct {
-    conn_t *c;
-    int pipe[3];                /* read ends for fd 1 and 2; -1 at EOF */
-    double deadline;            /* DISTKERNEL_BC_HEARTBEAT; 0: no heartbeats */
-    pthread_mutex_t out_lock;
-    pthread_t thread;
-    volatile int stop;          /* set by main: no more reading or sending */
-} remote = {.pipe = {-1, -1, -1}, .out_lock = PTHREAD_MUTEX_INITIALIZER};
-
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
-}
-
-/* Send what fd FD's pipe holds: one read, or (DRAIN) until it is empty. */
-static void pump(int fd, bool drain)
-{
-    pthread_mutex_lock(&remote.out_lock);
-    unsigned char buf[2 + 65536];
-    while (remote.pipe[fd] >= 0) {
-        ssize_t n = read(remote.pipe[fd], buf + 2, sizeof buf - 2);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            break;      /* EAGAIN: empty */
-        if (n == 0) {
-            close(remote.pipe[fd]);
-            remote.pipe[fd] = -1;
-            break;
-        }
-        buf[0] = (unsigned char) fd;
-        buf[1] = (size_t) n < sizeof buf - 2 ? 1 : 0;
-        send_frame(remote.c, OUTPUT, (uint32_t) rank, buf, 2 + (size_t) n, false);
-        if (!drain)
-            break;
-    }
-    pthread_mutex_unlock(&remote.out_lock);
-}
-
-static void runtime_silent(void)
-{
-    dprintf(remote.pipe[0], "fake_rank %d: the runtime is silent; ending\n", rank);
-    killpg(getpgrp(), SIGKILL);
-}
-
-/* Read the runtime's frames (PINGs) as they come; false at EOF. */
-static bool read_runtime(unsigned char *in, size_t *have)
-{
-    ssize_t n = read(remote.c->fd, in + *have, 4096 - *have);
-    if (n <= 0)
-        return false;
-    *have += (size_t) n;
-    while (*have >= 4) {
-        uint32_t len = rd32(in);
-        if (len < 37 || len > 4096 - 4)
-            die("unexpected frame of %u bytes from the runtime", len);
-        if (*have < 4 + len)
-            break;
-        unsigned char expect[32];
-        mac(remote.c->nonce, 'K', remote.c->seq_in++, in + 4 + 32, len - 32, expect);
-        if (memcmp(expect, in + 4, 32) != 0)
-            die("the runtime's frame did not verify");
-        if (in[4 + 32] == INTERRUPT) {
-            printf("INTERRUPT\n");
-            fflush(stdout);
-            kill(0, SIGINT);        /* as a signal to the group would */
-        }
-        memmove(in, in + 4 + len, *have - 4 - len);
-        *have -= 4 + len;
-    }
-    return true;
-}
-
-static void *remote_thread(void *arg)
-{
-    (void) arg;
-    unsigned char in[4096];
-    size_t have = 0;
-    double heard = mono_s(), next_ping = heard + 1.0;
-    bool reading = true;
-    while (!remote.stop) {
-        struct pollfd p[3] = {{remote.pipe[1], POLLIN, 0}, {remote.pipe[2], POLLIN, 0},
-                              {reading ? remote.c->fd : -1, POLLIN, 0}};
-        double now = mono_s();
-        if (remote.deadline > 0 && now >= next_ping) {
-            next_ping = now + 1.0;
-            send_frame(remote.c, PING, (uint32_t) rank, NULL, 0, false);
-        }
-        int ms = (int) ((next_ping - mono_s()) * 1000) + 1;
-        int n = poll(p, 3, ms < 1 ? 1 : ms > 200 ? 200 : ms);
-        if (remote.stop)
-            break;
-        if (n > 0 && p[0].revents)
-            pump(1, false);
-        if (n > 0 && p[1].revents)
-            pump(2, false);
-        if (n > 0 && p[2].revents) {
-            reading = read_runtime(in, &have);
-            heard = mono_s();
-        }
-        /* Judged only after a look at the socket: time spent blocked in our
-         * own sends (a busy runtime) is not the runtime's silence. */
-        if (remote.deadline > 0 && reading && !(n > 0 && p[2].revents) &&
-            mono_s() - heard > remote.deadline)
-            runtime_silent();
-    }
-    return NULL;
-}
-
-/* After PAYLOAD, over TCP: fd 1 and 2 become pipes this process reads. */
-static void become_remote(conn_t *c)
-{
-    if (!over_tcp())
-        return;
-    remote.c = c;
-    const char *hb = getenv("FAKE_RANK_DEADLINE") ? getenv("FAKE_RANK_DEADLINE")
-                                                  : getenv("DISTKERNEL_BC_HEARTBEAT");
-    remote.deadline = hb ? atof(hb) : 0;
-    if (remote.deadline > 0) {
-        /* A runtime that takes nothing for the deadline is as silent as one
-         * that says nothing. */
-        struct timeval tv = {(time_t) remote.deadline,
-                             (long) ((remote.deadline - (double) (time_t) remote.deadline) * 1e6)};
-        setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-        remote_silent_hook = runtime_silent;
-    }
-    remote.pipe[0] = dup(2);        /* the launcher's stderr, for the last word */
-    for (int fd = 1; fd <= 2; fd++) {
-        int p[2];
-        if (pipe(p) != 0 || dup2(p[1], fd) < 0)
-            die("pipe: %s", strerror(errno));
-        close(p[1]);
-        fcntl(p[0], F_SETFL, O_NONBLOCK);
-        remote.pipe[fd] = p[0];
-    }
-    if (pthread_create(&remote.thread, NULL, remote_thread, NULL) != 0)
-        die("pthread_create failed");
-}
-
-/* Before an answer: every byte written to fd 1 and 2 so far is sent. */
-static void remote_flush(void)
-{
-    if (remote.c) {
-        pump(1, true);
-        pump(2, true);
-    }
-}
-
-/* After the answer: our side shut down, then the runtime's close awaited, so
- * nothing is in flight when we exit. */
-static void remote_close(conn_t *c)
-{
-    if (!remote.c) {
-        close(c->fd);
-        return;
-    }
-    remote_flush();
-    remote.stop = 1;
-    pthread_join(remote.thread, NULL);
-    shutdown(c->fd, SHUT_WR);
-    unsigned char buf[4096];
-    for (;;) {
-        struct pollfd p = {c->fd, POLLIN, 0};
-        if (poll(&p, 1, 10000) <= 0 || read(c->fd, buf, sizeof buf) <= 0)
-            break;
-    }
-    close(c->fd);
-}
-
 /* Send TYPE answering round ROUND: u32 round | TEXT. */
 static void answer(conn_t *c, int type, uint32_t round, const char *text)
 {
@@ -827,29 +619,6 @@ int main(void)
         print_facts();
     if (!strcmp(mode, "exit3_at_start"))
         return 3;
-    if (!strcmp(mode, "launcher_noise")) {
-        static const char *const pieces[][2] = {
-            {"2", "srun: error: node2: task 0: Ex"}, {"2", "ited with exit code 1\n"},
-            {"1", "rank says hi\n"}, {"2", "Traceback (most recent call last):\n"},
-            {"2", "slurm"},
-            {"2", "stepd-node2: error: *** STEP 12.3 ON node2 CANCELLED AT "
-                  "2026-12-02T01:00:00 ***\n"},
-            {"2", "srun: Job step aborted: Waiting up to 32 seconds for job step to finish.\n"},
-            {"1", "srun: warning: on stdout\n"}, {"2", "s"}, {"2", "ize 3\n"},
-            {"2", "srun: error: node2: task 0: Killed"}};
-        for (size_t i = 0; i < sizeof pieces / sizeof pieces[0]; i++) {
-            int fd = pieces[i][0][0] - '0';
-            if (write(fd, pieces[i][1], strlen(pieces[i][1])) < 0)
-                return 2;
-            usleep(20000);
-        }
-        return 3;
-    }
-    if (!strcmp(mode, "node_failure")) {
-        /* srun, once slurmctld has marked the rank's node down */
-        dprintf(2, "srun: error: Node failure on node2\n");
-        return 1;
-    }
     if (!strcmp(mode, "freeze_at_start")) {
         dprintf(1, "freezing before connecting\n");
         raise(SIGSTOP);
@@ -911,14 +680,16 @@ int main(void)
         dprintf(1, "port %u%s\n", rd32(port), getenv("MASTER_PORT") ? " (MASTER_PORT was set)" : "");
         free(port);
     }
+    if (!strcmp(mode, "reflect")) {
+        reflect_frame(&c);
+        expect_closed(&c);
+        return 1;
+    }
     unsigned char *payload = recv_frame(&c, &type, &len);
     if (type != PAYLOAD)
         die("expected PAYLOAD, got type %d", type);
     if (!strcmp(mode, "hold"))
         dprintf(1, "hold\n");
-    if (!strcmp(mode, "reflect"))
-        reflect_ping(&c);
-    become_remote(&c);
     unsigned char digest[32];
     unsigned int dlen = 0;
     EVP_Digest(payload, len, digest, &dlen, EVP_sha256(), NULL);
@@ -955,7 +726,6 @@ int main(void)
     } else if (!strcmp(mode, "error") || !strcmp(mode, "error_hang")) {
         char text[64];
         int n = snprintf(text, sizeof text, "boom on rank %d", rank);
-        remote_flush();
         send_frame(&c, ERROR, (uint32_t) rank, text, (size_t) n, false);
         if (!strcmp(mode, "error_hang"))
             sleep_s(60);
@@ -1031,35 +801,8 @@ int main(void)
         return 0;
     } else if (!strcmp(mode, "hold")) {
         sleep_s(getenv("FAKE_SLEEP_S") ? atof(getenv("FAKE_SLEEP_S")) : 60);
-    } else if (!strcmp(mode, "orphan_silent")) {
-        /* The child must have left our group before we exit: the runtime
-         * SIGKILLs what is left in a rank's group when it reaps the rank. */
-        int left[2];
-        if (pipe(left) != 0)
-            die("pipe: %s", strerror(errno));
-        pid_t pid = fork();
-        if (pid == 0) {
-            setsid();
-            close(left[0]);
-            close(left[1]);     /* EOF: it is in a session of its own */
-            raise(SIGSTOP);
-            _exit(0);
-        }
-        close(left[1]);
-        char b;
-        while (read(left[0], &b, 1) < 0 && errno == EINTR)
-            ;
-        close(left[0]);
-        dprintf(1, "ORPHAN %d\n", (int) pid);
-        remote_flush();
-        _exit(1);
     } else if (!strcmp(mode, "close_hang")) {
         dprintf(1, "closing\n");
-        remote_flush();
-        if (remote.c) {
-            remote.stop = 1;
-            pthread_join(remote.thread, NULL);
-        }
         close(c.fd);
         if (getenv("FAKE_SYNC"))
             sync_touch("r0");
@@ -1067,21 +810,19 @@ int main(void)
         return 3;
     } else if (!strcmp(mode, "flood")) {
         dprintf(1, "flooding\n");
-        remote_flush();
         flood(&c, getenv("FAKE_FLOOD_S") ? atof(getenv("FAKE_FLOOD_S")) : 60);
         return 0;
     } else if (!strcmp(mode, "echo_error")) {
         /* what gloo raises on a rank whose peer's node went away */
-        usleep(500000);
+        if (getenv("FAKE_SYNC"))
+            sync_wait("go");
+        else
+            usleep(500000);
         static const char text[] = "{\"ename\": \"RuntimeError\", \"evalue\": \"[../gloo/"
                                    "transport/tcp/pair.cc:598] Connection closed by peer "
                                    "[10.0.0.2]:15792\"}";
         send_frame(&c, ERROR, (uint32_t) rank, text, sizeof text - 1, false);
         return 1;
-    } else if (!strcmp(mode, "freeze")) {
-        dprintf(1, "freezing\n");
-        remote_flush();
-        raise(SIGSTOP);
     } else if (!strcmp(mode, "spawn_writer")) {
         if (system("echo child-out; echo child-err >&2; echo \"on $(uname -n)\"") != 0)
             die("system failed");
@@ -1099,8 +840,7 @@ int main(void)
 
     char result[160];
     int n = snprintf(result, sizeof result, "rank=%d len=%zu sha256=%s", rank, len, digest_hex);
-    remote_flush();
     send_frame(&c, RESULT, (uint32_t) rank, result, (size_t) n, false);
-    remote_close(&c);
+    close(c.fd);
     return 0;
 }

@@ -327,18 +327,76 @@ size_t cell_payload(const char *code, char *buf, size_t size)
 }
 
 
-/* The same run by distkernel-rank, as ranks are run, with this tree's Python
- * (not the installed one). Under the sanitizers it is instrumented too: what
- * its embedded CPython keeps at exit is not ours to report (as in
- * test_template.c). */
-dk_job_spec_t rank_exe_spec(int world_size, const void *payload, size_t len)
+/* ---- ranks started by node agents (spec.agent_command) ---- */
+
+static char agents_dir[128];
+
+dk_job_spec_t agent_spec_for(int world, int per, const char *const *extra, const char *vars,
+                             const char *program)
 {
-    static const char *extra[] = {"PYTHONPATH=" PY_SRC, "DISTKERNEL_GLUE_DIR=" PY_SRC,
-                                  "ASAN_OPTIONS=detect_leaks=0", NULL};
-    dk_job_spec_t spec = tcp_spec(world_size, extra);
-    spec.rank_exe = RANK_EXE;
-    spec.payload = payload;
-    spec.payload_len = len;
+    static char script[1024];
+    static const char *cmd[4];
+    static const char *hosts[AGENT_NODES_MAX];
+    static char names[AGENT_NODES_MAX][16];
+    cr_assert(world / per <= AGENT_NODES_MAX && world <= AGENT_NODES_MAX);
+    snprintf(agents_dir, sizeof agents_dir, "/tmp/dk-agents-XXXXXX");
+    cr_assert_not_null(mkdtemp(agents_dir));
+    snprintf(script, sizeof script,
+             "k=0; while [ $k -lt %d ]; do DISTKERNEL_AGENT_NODE=$k "
+             "SLURMD_NODENAME=node$((k + 1)) %s %s %s & "
+             "echo $! > %s/agent-$k; k=$((k + 1)); done; "
+             "echo 'srun: a line of the launcher' >&2; wait",
+             world / per, vars, AGENT_EXE, program, agents_dir);
+    cmd[0] = "/bin/sh";
+    cmd[1] = "-c";
+    cmd[2] = script;
+    cmd[3] = NULL;
+    dk_job_spec_t spec = tcp_spec(world, extra);
+    spec.ranks_per_node = per;
+    spec.agent_command = cmd;
+    for (int r = 0; r < world; r++) {
+        snprintf(names[r], sizeof names[r], "node%d", r / per + 1);
+        hosts[r] = names[r];
+    }
+    spec.rank_hosts = hosts;
     return spec;
 }
 
+dk_job_spec_t agent_spec_with(int world, int per, const char *const *extra, const char *vars)
+{
+    return agent_spec_for(world, per, extra, vars, FAKE_RANK);
+}
+
+dk_job_spec_t agent_spec(int world, int per, const char *const *extra)
+{
+    return agent_spec_with(world, per, extra, "");
+}
+
+void agents_done(void)
+{
+    char path[192];
+    for (int k = 0; k < AGENT_NODES_MAX; k++) {
+        snprintf(path, sizeof path, "%s/agent-%d", agents_dir, k);
+        unlink(path);
+    }
+    rmdir(agents_dir);
+}
+
+pid_t agent_pid(int node)
+{
+    char path[192];
+    snprintf(path, sizeof path, "%s/agent-%d", agents_dir, node);
+    int pid = 0;
+    for (int i = 0; i < 500 && pid <= 0; i++) {
+        FILE *f = fopen(path, "r");
+        if (f) {
+            if (fscanf(f, "%d", &pid) != 1)
+                pid = 0;
+            fclose(f);
+        }
+        if (pid <= 0)
+            usleep(10000);
+    }
+    cr_assert_gt(pid, 0, "no pid for node %d's agent", node);
+    return (pid_t) pid;
+}

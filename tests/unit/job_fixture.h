@@ -1,5 +1,6 @@
 /*
- * What the job tests (test_job.c, test_job_tcp.c, test_job_agents.c) share:
+ * What the job tests (test_job.c, test_job_tcp.c, test_job_agents.c,
+ * test_job_agents_tcp.c) share:
  * running a job of rank processes (runtime/launch/dk_job.h) with fake_rank as
  * the rank executable, which speaks the back channel and misbehaves on
  * request (FAKE_MODE, FAKE_MODE_<rank>; see fake_rank.c), and recording what
@@ -17,6 +18,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <sys/types.h>
 
 #include "dk_job.h"
 
@@ -94,12 +96,25 @@ int count_fds(void);
 void sha256_hex(const void *data, size_t len, char out[65]);
 char *read_file(const char *path, size_t *len);     /* whole; free it */
 
-/* Ranks on "other nodes": spec_for's, over TCP on 127.0.0.1. */
+/* spec_for's, with the back channel on TCP on 127.0.0.1. */
 dk_job_spec_t tcp_spec(int world_size, const char *const *extra);
 /* The cell's job CODE, pickled by the real cloudpickle, into BUF; its length. */
 size_t cell_payload(const char *code, char *buf, size_t size);
-/* WORLD_SIZE ranks of distkernel-rank over TCP with this tree's Python, given
- * PAYLOAD. */
-dk_job_spec_t rank_exe_spec(int world_size, const void *payload, size_t len);
+
+/* A job of WORLD ranks, PER on each "node" (named node1, node2, ...), over
+ * tcp_spec's channel, whose node agents (AGENT_EXE) a shell on this host
+ * starts as srun would: one per node, each told its node, with VARS
+ * (assignments for the shell, "" for none) before it and PROGRAM as the
+ * rank program; each agent's pid is kept for agent_pid. agent_spec_with's
+ * and agent_spec's program is FAKE_RANK. At most AGENT_NODES_MAX ranks. */
+#define AGENT_NODES_MAX 16
+dk_job_spec_t agent_spec_for(int world, int per, const char *const *extra, const char *vars,
+                             const char *program);
+dk_job_spec_t agent_spec_with(int world, int per, const char *const *extra, const char *vars);
+dk_job_spec_t agent_spec(int world, int per, const char *const *extra);
+/* Node NODE's agent's pid (waited for, at most 5 s). */
+pid_t agent_pid(int node);
+/* Remove what the last agent_spec* left (after finish). */
+void agents_done(void);
 
 #endif

@@ -3,8 +3,9 @@
  * with fake_rank as the rank executable (job_fixture.h): results, the torch
  * environment, failures and their root cause, the stop ladder, the back
  * channel's refusals, output and its logs, descriptors, persistent jobs;
- * and the Python rank side's frame limits. Ranks on other nodes are
- * test_job_tcp.c's; node agents and the ranks' stacks, test_job_agents.c's.
+ * and the Python rank side's frame limits. The back channel over TCP is
+ * test_job_tcp.c's; node agents and the ranks' stacks, test_job_agents.c's;
+ * runs over TCP whose ranks node agents start, test_job_agents_tcp.c's.
  */
 #include "job_fixture.h"
 

@@ -81,18 +81,20 @@ Test(stacks, local_ranks_answer_for_their_stacks_before_they_are_stopped, .timeo
     stacks_of_sleeping_ranks(spec, 2);
 }
 
-/* A rank on another node (started through a launcher) cannot be signalled
- * from here: it is asked over its connection, and its back-channel thread
- * answers. */
-Test(stacks, launched_ranks_answer_over_their_connection, .timeout = 90)
+/* A rank started by its node's agent is asked through its agent, which
+ * signals it there: its answer, made as a local rank's is, comes back on the
+ * agent's connection. */
+Test(stacks, ranks_under_agents_answer_through_their_agents, .timeout = 90)
 {
     static char payload[65536];
     size_t len = cell_payload(SLEEPING_CELL, payload, sizeof payload);
-    static const char *const cmd[] = {RANK_EXE, NULL};
-    static const char *const *cmds[2] = {cmd, cmd};
-    dk_job_spec_t spec = rank_exe_spec(2, payload, len);
-    spec.rank_commands = cmds;
+    static const char *extra[] = {"PYTHONPATH=" PY_SRC, "DISTKERNEL_GLUE_DIR=" PY_SRC,
+                                  "ASAN_OPTIONS=detect_leaks=0", NULL};
+    dk_job_spec_t spec = agent_spec_for(2, 1, extra, "", RANK_EXE);
+    spec.payload = payload;
+    spec.payload_len = len;
     stacks_of_sleeping_ranks(spec, 2);
+    agents_done();
 }
 
 static int samples(void)
@@ -181,79 +183,6 @@ Test(stacks, without_spec_stacks_no_rank_is_asked, .timeout = 60)
 
 /* ------------------------------------------------------------------------ */
 /* Ranks started by node agents (spec.agent_command, runtime/agent/)         */
-
-static char agents_dir[128];
-
-/* A job of WORLD ranks, PER on each "node", whose agents a shell starts, as
- * srun would (one task per node, each told its node); each agent's pid goes
- * to agents_dir/agent-K. */
-/* Agents started with VARS (assignments for the shell) before each. */
-static dk_job_spec_t agent_spec_with(int world, int per, const char *const *extra,
-                                     const char *vars);
-
-static dk_job_spec_t agent_spec(int world, int per, const char *const *extra)
-{
-    return agent_spec_with(world, per, extra, "");
-}
-
-static dk_job_spec_t agent_spec_with(int world, int per, const char *const *extra,
-                                     const char *vars)
-{
-    static char script[1024];
-    static const char *cmd[4];
-    static const char *hosts[8];
-    static char names[8][16];
-    snprintf(agents_dir, sizeof agents_dir, "/tmp/dk-agents-XXXXXX");
-    cr_assert_not_null(mkdtemp(agents_dir));
-    snprintf(script, sizeof script,
-             "k=0; while [ $k -lt %d ]; do DISTKERNEL_AGENT_NODE=$k "
-             "SLURMD_NODENAME=node$((k + 1)) %s %s %s & "
-             "echo $! > %s/agent-$k; k=$((k + 1)); done; "
-             "echo 'srun: a line of the launcher' >&2; wait",
-             world / per, vars, AGENT_EXE, FAKE_RANK, agents_dir);
-    cmd[0] = "/bin/sh";
-    cmd[1] = "-c";
-    cmd[2] = script;
-    cmd[3] = NULL;
-    dk_job_spec_t spec = tcp_spec(world, extra);
-    spec.ranks_per_node = per;
-    spec.agent_command = cmd;
-    for (int r = 0; r < world && r < 8; r++) {
-        snprintf(names[r], sizeof names[r], "node%d", r / per + 1);
-        hosts[r] = names[r];
-    }
-    spec.rank_hosts = hosts;
-    return spec;
-}
-
-static void agents_done(void)
-{
-    char path[192];
-    for (int k = 0; k < 8; k++) {
-        snprintf(path, sizeof path, "%s/agent-%d", agents_dir, k);
-        unlink(path);
-    }
-    rmdir(agents_dir);
-}
-
-static pid_t agent_pid(int node)
-{
-    char path[192];
-    snprintf(path, sizeof path, "%s/agent-%d", agents_dir, node);
-    int pid = 0;
-    for (int i = 0; i < 500 && pid <= 0; i++) {
-        FILE *f = fopen(path, "r");
-        if (f) {
-            if (fscanf(f, "%d", &pid) != 1)
-                pid = 0;
-            fclose(f);
-        }
-        if (pid <= 0)
-            usleep(10000);
-    }
-    cr_assert_gt(pid, 0, "no pid for node %d's agent", node);
-    return (pid_t) pid;
-}
 
 Test(agents, every_rank_runs_under_its_nodes_agent_and_answers, .timeout = 60)
 {
