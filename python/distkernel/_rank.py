@@ -127,10 +127,10 @@ def _buffer_output():
 
 
 def _enter_kernel_folder():
-    """A rank started through a launcher (srun) starts in a folder every node
-    has (`--chdir=/`), not in the kernel's, which need not exist on its node
-    (no shared filesystem is assumed; slurmstepd would say so on the rank's
-    stderr and start it in /tmp). It goes to the kernel's folder
+    """A rank started by its node's agent starts where srun started the agent,
+    in a folder every node has (`--chdir=/`), not in the kernel's, which need
+    not exist on its node (no shared filesystem is assumed; slurmstepd would
+    say so on the agent's stderr and start it in /tmp). It goes to the kernel's folder
     (DISTKERNEL_CWD) where its node has it, as a local rank runs there, and
     otherwise to the user's home; but only to a folder its node's other users
     cannot write (_NodeFolders): a path that is not shared (/tmp/proj) may
@@ -219,7 +219,7 @@ class _NodeFolders:
     writable by nobody else, through parents nobody else can rename). A
     refused one is left out, and said once in the rank's log (_Notes); one
     that is not there is left out silently, as the kernel's folder on a node
-    that does not share it always was. A plain python3 under a launcher (the
+    that does not share it always was. A plain python3 under an agent (the
     runtime's own tests) has no checker: it enters no folder and leaves the
     rest of sys.path as it is."""
 
@@ -370,13 +370,7 @@ def _main():
     key = bytes.fromhex(os.environ.pop("DISTKERNEL_BC_KEY"))
     _RUN_KEY = key
     rank = int(os.environ["RANK"])
-    try:
-        channel = bc.BackChannel(path, key, rank)
-    except bc.ConnectFailed as exc:
-        # Said in words on stderr (where srun or the pipe takes it to the
-        # kernel's log of this rank), not as a traceback.
-        print(f"distkernel-rank {rank}: {exc}", file=sys.stderr, flush=True)
-        return 1
+    channel = bc.BackChannel(path, key, rank)
     channel.send(bc.HELLO)
     _Notes.attach(channel)
     held = _master_port_from_rank0(channel, rank)

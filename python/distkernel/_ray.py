@@ -16,7 +16,7 @@ the rank's whole process group. So every wait here is a loop of short waits
 runs in a session of its own, out of reach of the signals to the rank's group.
 While the rank waits for it, SIGINT and SIGTERM are deferred: Python runs a
 signal's handler in the main thread whichever thread the signal reached (the
-rank has its back channel's and its flusher's threads), so a signal mask in the
+rank has its flusher's and its stacks sampler's threads), so a signal mask in the
 main thread would not hold them back; a handler that only notes them does, and
 they take effect once `ray stop` is done.
 

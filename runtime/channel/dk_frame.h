@@ -1,8 +1,7 @@
 /*
- * dk_frame: the back channel's frame codec, for every party that speaks it:
- * the kernel's channel (dk_backchan_frame.c), the node agent (dk_agentwire)
- * and each rank on another node (dk_rankchan.c, which compiles this file
- * alone: it needs nothing but dk_be32.h and OpenSSL).
+ * dk_frame: the back channel's frame codec, for the parties that speak it in
+ * C: the kernel's channel (dk_backchan_frame.c) and the node agent
+ * (dk_agentwire). It needs nothing but dk_be32.h and OpenSSL.
  *
  * The wire is dk_job.h's: after the 32-byte nonce the runtime sends on a
  * connection, every frame in both directions is

@@ -19,7 +19,6 @@
  * With DISTKERNEL_TEMPLATE it is that template (distkernel._rank.template_main).
  */
 #include "dk_pyinit.h"
-#include "dk_rankchan.h"
 #include "dk_rankpath.h"
 #include "dk_rankstacks.h"
 #include "dk_slurm.h"
@@ -296,12 +295,6 @@ int main(int argc, char **argv)
     if (template)
         prctl(PR_SET_NAME, DK_TEMPLATE_COMM, 0, 0, 0);   /* argv[0] says it already */
 
-    /* The back channel's sending side for ranks on other nodes: heartbeats
-     * from a native thread, not one that needs the GIL (dk_rankchan.h). */
-    if (PyImport_AppendInittab(DK_RANKCHAN_MODULE, dk_rankchan_init) < 0) {
-        fprintf(stderr, "distkernel-rank: cannot register " DK_RANKCHAN_MODULE "\n");
-        return 1;
-    }
     /* Which folders a rank on another node may use (dk_rankpath.h). */
     if (PyImport_AppendInittab(DK_RANKPATH_MODULE, dk_rankpath_init) < 0) {
         fprintf(stderr, "distkernel-rank: cannot register " DK_RANKPATH_MODULE "\n");

@@ -31,7 +31,6 @@ def recv_with_length(length):
     ours, theirs = socket.socketpair()
     ch = bc.BackChannel.__new__(bc.BackChannel)
     ch.sock, ch.key, ch.rank, ch.nonce, ch.send_seq, ch.recv_seq = ours, b"k" * 32, 0, b"n" * 32, 0, 0
-    ch._remote = None
     theirs.sendall(struct.pack(">I", length))
     theirs.close()
     try:
@@ -45,14 +44,13 @@ def recv_with_length(length):
 
 def reflected():
     """What BackChannel.recv raises when the kernel's side sends back the very
-    PING frame the rank sent, with the seq the rank expects next (a man in the
-    middle reflecting it): the direction in the MAC must refuse it."""
+    HELLO frame the rank sent, with the seq the rank expects next (a man in
+    the middle reflecting it): the direction in the MAC must refuse it."""
     ours, theirs = socket.socketpair()
     ch = bc.BackChannel.__new__(bc.BackChannel)
     ch.sock, ch.key, ch.rank, ch.nonce, ch.send_seq, ch.recv_seq = ours, b"k" * 32, 0, b"n" * 32, 0, 0
-    ch._remote = None
     ch._send_lock = threading.Lock()
-    ch._send(bc.PING)
+    ch.send(bc.HELLO)
     frame = theirs.recv(1 << 16)
     theirs.sendall(frame)
     theirs.close()
@@ -90,7 +88,7 @@ def main():
     # A frame of the rank's own, sent back to it, does not verify.
     e = reflected()
     check(type(e) is bc.BackChannelError and "authentication" in str(e),
-          f"a reflected PING was not refused: {e!r}")
+          f"a reflected HELLO was not refused: {e!r}")
     # _serve: a closed channel ends the rank cleanly; a bad frame is an error.
     task = struct.pack(">I", 1) + cloudpickle.dumps(
         {"kind": "function", "fn": int, "args": (), "kwargs": {}})
