@@ -1,5 +1,5 @@
 /*
- * dk_launchout: a launcher's own lines told apart from a rank's output. See
+ * dk_launchout: a launcher's own lines told apart from its tasks' output. See
  * the header.
  *
  * Three states, at a line's start and within it:

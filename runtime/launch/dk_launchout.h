@@ -1,19 +1,19 @@
 /*
- * dk_launchout: a launcher's own lines told apart from a rank's output.
+ * dk_launchout: a launcher's own lines told apart from its tasks' output.
  *
- * A rank started through a launcher (srun) has the launcher's stdout and
- * stderr as its pipes. The rank itself streams its output over the back
- * channel once it has its PAYLOAD; what the pipes carry is what the rank
- * wrote before that (a traceback at start-up), and the lines srun and
+ * The node agents' launcher (srun, dk_job_agents.c) writes on its pipes what
+ * its tasks, the agents, say about themselves, and the lines srun and
  * slurmstepd write themselves ("srun: error: node2: task 0: Killed",
  * "slurmstepd: error: *** STEP 12.3 ON node1 CANCELLED AT ... ***",
- * "slurmstepd-node1: error: couldn't chdir to ..."). A local run shows none
- * of the latter, so they belong in the rank's log, not with its output.
+ * "slurmstepd-node1: error: couldn't chdir to ..."). Both go to agents.log;
+ * an agent's own lines are read for what it says (why it gave up), and the
+ * last launcher line that says more than an exit status is kept, for what is
+ * said of agents that never connected.
  *
  * A filter per pipe splits the bytes: a line that starts with "srun: ",
  * "slurmstepd: " or "slurmstepd-NODE: " is a launcher line and is passed on
  * whole (held until its newline, the pipe's end, or LINE_MAX bytes); every
- * other byte is passed on as the rank's, at once, since only a line start
+ * other byte is passed on as the task's, at once, since only a line start
  * that could still become a launcher prefix ("s", "slurmst", "slurmstepd-no")
  * has to wait for the bytes that decide it. Memory is bounded and fixed.
  */
@@ -24,7 +24,7 @@
 #include <stddef.h>
 
 typedef enum {
-    DK_LAUNCHOUT_RANK = 0,      /* the rank's own bytes: to its output, as read */
+    DK_LAUNCHOUT_RANK = 0,      /* a task's own bytes (an agent's), as read */
     DK_LAUNCHOUT_LAUNCHER = 1   /* a launcher line, '\n' included when it had one */
 } dk_launchout_kind_t;
 
@@ -47,7 +47,7 @@ void dk_launchout_feed(dk_launchout_t *self, const char *bytes, size_t len, dk_l
                        void *data);
 
 /* End of the pipe: what is held goes out (an unfinished launcher line as
- * one, the start of a line that never became one as the rank's). */
+ * one, the start of a line that never became one as the task's). */
 void dk_launchout_finish(dk_launchout_t *self, dk_launchout_fn fn, void *data);
 
 /* Whether LINE (LEN bytes, a trailing newline allowed) is a launcher line
