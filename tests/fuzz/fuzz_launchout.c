@@ -1,6 +1,7 @@
 /*
  * fuzz_launchout: the filter that tells srun's and slurmstepd's own lines
- * from a launched rank's output (runtime/launch/dk_launchout.h).
+ * from what the node agents, srun's tasks, write on the same pipe
+ * (runtime/launch/dk_launchout.h).
  *
  * Input: a small header, then the bytes srun's pipe carries:
  *
