@@ -73,6 +73,7 @@ def interrupt_at(monkeypatch, how):
 @pytest.mark.parametrize("how", ["hold", "let go"])
 def test_an_interrupt_anywhere_in_ray_stop_runs_it_once_and_still_reaches_the_rank(
         ray_log, monkeypatch, how):
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     fired = interrupt_at(monkeypatch, how)
     cluster = started_cluster()
     with pytest.raises(KeyboardInterrupt):
@@ -80,8 +81,7 @@ def test_an_interrupt_anywhere_in_ray_stop_runs_it_once_and_still_reaches_the_ra
     assert fired, "the interrupt was not injected"
     assert calls(ray_log) == ["stop"]
     # the rank's own handlers are back
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
     cluster._stop_ray()     # once: a later stop (the end of the rank) runs nothing
     assert calls(ray_log) == ["stop"]
 
