@@ -434,8 +434,8 @@ static const char *warm_socket(agent_t *a)
     /* The kernel takes ranks not connected by its connect deadline (counted
      * from the job's start, before ours) for lost: half of it is left to
      * start them cold and for them to connect. */
-    if (s->proto.connect_timeout_s > 0 && wait_s > s->proto.connect_timeout_s / 2)
-        wait_s = s->proto.connect_timeout_s / 2;
+    if (s->connect_timeout_s > 0 && wait_s > s->connect_timeout_s / 2)
+        wait_s = s->connect_timeout_s / 2;
     double until = dk_now_s() + wait_s;
     int ready = 0;
     bool stopped = false;

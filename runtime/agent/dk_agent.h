@@ -80,6 +80,9 @@ typedef struct {
     const unsigned char *key;   /* 32 bytes */
     const unsigned char *nonce; /* 32 bytes */
     double heartbeat_s;         /* <= 0: DK_BC_HEARTBEAT_DEFAULT_S */
+    /* The kernel's connect deadline (DISTKERNEL_BC_CONNECT_TIMEOUT): ranks not
+     * connected by then are taken for lost; <= 0: none to keep to. */
+    double connect_timeout_s;
     double grace_s;             /* the ladder's; <= 0: 2 s */
     int say_fd;                 /* where the agent's own lines go (its stderr), or -1 */
     /* This node's warm-start template, started by the caller as early as it
@@ -87,7 +90,7 @@ typedef struct {
      * NULL: the ranks start cold. The caller destroys it after the run. */
     dk_template_t *template;
     /* The most to wait for it to be ready; < 0: 180 s. At most half of
-     * proto.connect_timeout_s, past which the kernel takes ranks for lost. */
+     * connect_timeout_s, past which the kernel takes ranks for lost. */
     double warm_wait_s;
     /* Why no template could be started although the run asked for one (said
      * once, as a cold start's reason), or NULL. */

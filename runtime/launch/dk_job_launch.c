@@ -195,7 +195,6 @@ static bool start_rank(dk_job_t *job, int r, const char *program, char *const ar
         .master_addr = job->master_addr, .master_port = job->master_port, .run_id = run_id,
         .bc_address = dk_backchan_address(job->chan),
         .bc_key_hex = dk_backchan_key_hex(job->chan),
-        .heartbeat_s = job->heartbeat_s, .connect_timeout_s = job->connect_timeout_s,
         .log_path = rk->log_path,
         /* Where it answers for its stacks (dk_stackreq.h). */
         .stacks_path = job->stacks ? dk_stackreq_path(job->stacks, r) : NULL,

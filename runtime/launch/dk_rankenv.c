@@ -42,10 +42,6 @@ char **dk_rankenv_build(const char *const *base, const dk_rankenv_t *in)
     SETF("TORCHELASTIC_RESTART_COUNT=0");
     SETF("TORCHELASTIC_MAX_RESTARTS=0");
     SETF("DISTKERNEL_BC_KEY=%s", in->bc_key_hex);
-    if (in->heartbeat_s > 0) {
-        SETF("DISTKERNEL_BC_HEARTBEAT=%g", in->heartbeat_s);
-        SETF("DISTKERNEL_BC_CONNECT_TIMEOUT=%g", in->connect_timeout_s);
-    }
     if (!dk_spawn_env_get(base, "OMP_NUM_THREADS"))
         SETF("OMP_NUM_THREADS=1");
 #undef SETF

@@ -2,8 +2,8 @@
  * dk_rankenv: the environment of one rank, in one place.
  *
  * Every way a rank is started builds its environment here: the kernel's own
- * launch of a job's ranks (dk_job_launch.c, on this node or through srun) and
- * a node agent starting its node's ranks (runtime/agent/, distkernel-agent).
+ * launch of a job's ranks on this node (dk_job_launch.c) and a node agent
+ * starting its node's ranks (runtime/agent/, distkernel-agent).
  * So a rank sees the same variables whoever forked it:
  *   - torchrun's: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
  *     NODE_RANK, ROLE_RANK, ROLE_NAME=default, GROUP_WORLD_SIZE,
@@ -11,8 +11,9 @@
  *     rank0 when rank 0 picks it), TORCHELASTIC_RUN_ID,
  *     TORCHELASTIC_RESTART_COUNT=0, TORCHELASTIC_MAX_RESTARTS=0, and
  *     OMP_NUM_THREADS=1 unless the base sets it;
- *   - the back channel's: DISTKERNEL_BC, DISTKERNEL_BC_KEY, and with
- *     heartbeats DISTKERNEL_BC_HEARTBEAT and DISTKERNEL_BC_CONNECT_TIMEOUT;
+ *   - the back channel's: DISTKERNEL_BC, DISTKERNEL_BC_KEY (a rank's channel
+ *     is a Unix socket, the kernel's or its agent's relay: no heartbeats and
+ *     no connect deadline of its own);
  *   - the rank's own: DISTKERNEL_LOG, DISTKERNEL_STACKS (dk_stackreq.h),
  *     DISTKERNEL_WARM_SOCKET, DISTKERNEL_CWD, each when given.
  * A rank of a run over Slurm rewrites its SLURM_* variables itself, before
@@ -36,8 +37,6 @@ typedef struct {
     const char *run_id;         /* TORCHELASTIC_RUN_ID */
     const char *bc_address;     /* DISTKERNEL_BC */
     const char *bc_key_hex;     /* DISTKERNEL_BC_KEY */
-    double heartbeat_s;         /* > 0: DISTKERNEL_BC_HEARTBEAT and ... */
-    double connect_timeout_s;   /* ... DISTKERNEL_BC_CONNECT_TIMEOUT */
     const char *log_path;       /* DISTKERNEL_LOG */
     const char *stacks_path;    /* DISTKERNEL_STACKS, or NULL */
     const char *warm_socket;    /* DISTKERNEL_WARM_SOCKET, or NULL */

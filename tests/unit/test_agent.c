@@ -153,10 +153,10 @@ static kern_t *agent_start(const agent_opts_t *o)
             .ranks_per_node = o->per, .rank_exe = o->program ? o->program : "/bin/sh",
             .rank_argv = o->program ? NULL : argv, .base_env = base,
             .proto = {.master_addr = "node1", .run_id = "run7", .bc_address = "tcp:1.2.3.4:5",
-                      .bc_key_hex = KEY_HEX, .heartbeat_s = 10, .connect_timeout_s = 120},
+                      .bc_key_hex = KEY_HEX},
             .log_dir = "/logs/run", .stacks = o->stacks, .stacks_wait_s = o->stacks_wait_s,
             .fd = sv[1], .key = KEY, .nonce = NONCE,
-            .heartbeat_s = o->heartbeat_s > 0 ? o->heartbeat_s : 30,
+            .heartbeat_s = o->heartbeat_s > 0 ? o->heartbeat_s : 30, .connect_timeout_s = 120,
             .grace_s = o->grace_s > 0 ? o->grace_s : 0.5, .say_fd = o->say_fd ? o->say_fd : 2,
             .template = t, .warm_wait_s = o->warm_wait_s > 0 ? o->warm_wait_s : -1,
         };

@@ -23,12 +23,13 @@ static size_t count(char **env, const char *name)
     return n;
 }
 
-static dk_rankenv_t remote(int rank)
+/* Rank RANK of 1,024 on 128 nodes, started by its node's agent. */
+static dk_rankenv_t under_an_agent(int rank)
 {
     return (dk_rankenv_t){
         .rank = rank, .world_size = 1024, .ranks_per_node = 8, .master_addr = "node1",
-        .master_port = 0, .run_id = "0123abcd", .bc_address = "tcp:10.0.0.1:4000",
-        .bc_key_hex = "ab", .heartbeat_s = 10, .connect_timeout_s = 120,
+        .master_port = 0, .run_id = "0123abcd", .bc_address = "/tmp/dk-agent-x/relay.sock",
+        .bc_key_hex = "ab",
         .log_path = "/logs/rank-77.log", .stacks_path = "/s/77", .cwd = "/home/u",
     };
 }
@@ -36,7 +37,7 @@ static dk_rankenv_t remote(int rank)
 Test(rankenv, torchrun_variables_of_a_rank_on_node_9)
 {
     const char *base[] = {"PATH=/bin", "RANK=99", "HOME=/h", NULL};
-    dk_rankenv_t in = remote(77);
+    dk_rankenv_t in = under_an_agent(77);
     char **env = dk_rankenv_build(base, &in);
     cr_assert_not_null(env);
     cr_expect_str_eq(get(env, "RANK"), "77");
@@ -57,10 +58,11 @@ Test(rankenv, torchrun_variables_of_a_rank_on_node_9)
     cr_expect_str_eq(get(env, "TORCHELASTIC_RESTART_COUNT"), "0");
     cr_expect_str_eq(get(env, "TORCHELASTIC_MAX_RESTARTS"), "0");
     cr_expect_str_eq(get(env, "OMP_NUM_THREADS"), "1");
-    cr_expect_str_eq(get(env, "DISTKERNEL_BC"), "tcp:10.0.0.1:4000");
+    cr_expect_str_eq(get(env, "DISTKERNEL_BC"), "/tmp/dk-agent-x/relay.sock");
     cr_expect_str_eq(get(env, "DISTKERNEL_BC_KEY"), "ab");
-    cr_expect_str_eq(get(env, "DISTKERNEL_BC_HEARTBEAT"), "10");
-    cr_expect_str_eq(get(env, "DISTKERNEL_BC_CONNECT_TIMEOUT"), "120");
+    /* its channel is a local one: no deadlines of its own */
+    cr_expect_null(get(env, "DISTKERNEL_BC_HEARTBEAT"));
+    cr_expect_null(get(env, "DISTKERNEL_BC_CONNECT_TIMEOUT"));
     cr_expect_str_eq(get(env, "DISTKERNEL_LOG"), "/logs/rank-77.log");
     cr_expect_str_eq(get(env, "DISTKERNEL_STACKS"), "/s/77");
     cr_expect_str_eq(get(env, "DISTKERNEL_CWD"), "/home/u");
@@ -97,7 +99,7 @@ Test(rankenv, a_local_rank_has_a_port_no_heartbeat_and_keeps_omp_threads)
 Test(rankenv, every_rank_of_a_node_agrees_on_its_node)
 {
     for (int r = 0; r < 1024; r++) {
-        dk_rankenv_t in = remote(r);
+        dk_rankenv_t in = under_an_agent(r);
         char **env = dk_rankenv_build(NULL, &in);
         cr_assert_not_null(env);
         cr_assert_eq(atoi(get(env, "GROUP_RANK")), r / 8);
@@ -108,13 +110,13 @@ Test(rankenv, every_rank_of_a_node_agrees_on_its_node)
 
 Test(rankenv, what_every_rank_needs_must_be_given)
 {
-    dk_rankenv_t in = remote(0);
+    dk_rankenv_t in = under_an_agent(0);
     in.bc_key_hex = NULL;
     cr_expect_null(dk_rankenv_build(NULL, &in));
-    in = remote(0);
+    in = under_an_agent(0);
     in.log_path = NULL;
     cr_expect_null(dk_rankenv_build(NULL, &in));
-    in = remote(0);
+    in = under_an_agent(0);
     in.ranks_per_node = 0;
     cr_expect_null(dk_rankenv_build(NULL, &in));
     cr_expect_null(dk_rankenv_build(NULL, NULL));
