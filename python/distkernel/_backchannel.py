@@ -8,14 +8,15 @@ does not verify; seq counts the sending side's frames.
 A persistent job sends TASK frames (u32 round | payload) instead of one
 PAYLOAD, and each answer's payload starts with that u32 round.
 
-DISTKERNEL_BC is a Unix socket's path: the kernel's, for a rank on its node,
-or its node agent's, which carries the connection to the kernel untouched
-(runtime/agent/dk_agent.h). The rank's output goes on its fd 1 and 2 either
+DISTKERNEL_BC is a Unix socket's absolute path: the kernel's, for a rank on its
+node, or its node agent's, which carries the connection to the kernel untouched
+(runtime/agent/dk_agent.h); its peer must be our own user's. The rank's output goes on its fd 1 and 2 either
 way, read by whoever started it.
 """
 
 import hashlib
 import hmac
+import os
 import socket
 import struct
 import threading
@@ -38,6 +39,19 @@ class BackChannelError(Exception):
     """The channel broke its protocol (a bad frame, a failed MAC)."""
 
 
+def _check_peer(sock, path):
+    """The socket's folder is a fresh 0700 one, but it is removed when its
+    owner is done (a node agent whose kernel went away), and another user of
+    the node may have made it again and bound a socket there: the rank would
+    hand them its output and, with HELLO, what its key signs. So the peer must
+    run as our own uid (SO_PEERCRED, as runtime/base/dk_peer.h checks in C)."""
+    cred = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _ = struct.unpack("3i", cred)
+    if uid != os.geteuid():
+        raise BackChannelError(f"the back channel's socket {path} belongs to another user "
+                               f"(uid {uid}, pid {pid}); nothing was sent to it")
+
+
 class ChannelClosed(BackChannelError):
     """The kernel closed the channel: how started ranks are told to stop."""
 
@@ -46,8 +60,20 @@ class BackChannel:
     def __init__(self, path, key, rank):
         self.key = key
         self.rank = rank
+        # The kernel and every agent give an absolute socket path; anything
+        # else (a TCP address, a relative name) would be looked up under
+        # wherever the rank happens to run.
+        if not path.startswith("/"):
+            raise BackChannelError(f"DISTKERNEL_BC={path!r} is not the absolute path of a Unix "
+                                   f"socket, as the kernel and its node agents give; this "
+                                   f"rank cannot reach the kernel")
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(path)
+        try:
+            self.sock.connect(path)
+            _check_peer(self.sock, path)
+        except BaseException:
+            self.sock.close()
+            raise
         self.nonce = self._recv_exact(32)
         self.send_seq = 0
         self.recv_seq = 0

@@ -305,6 +305,16 @@ def _arm_stacks():
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return      # not asked; the rank runs as before
+    # The file is made by whoever started the rank, in a 0700 folder; a
+    # folder made again by another user after that one was removed would
+    # hand them this rank's stacks.
+    import stat
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        os.close(fd)
+        _Notes.say(f"the stacks file {path} is not a file of this user's (owner uid "
+                   f"{st.st_uid}): this rank's stacks cannot be asked for")
+        return
     try:
         signum = _distkernel_stacks.arm(fd)
         faulthandler.register(signum, file=fd, all_threads=True, chain=True)
@@ -361,8 +371,21 @@ def _start_sampler(fd, signum, end):
     return tid[0]
 
 
+def _say_path_notes():
+    """What distkernel-rank left out of the Python variables it started with
+    on another node (runtime/rank/dk_rankpyenv.h), into the rank's log. A
+    PYTHONPATH entry said here is not said again when the kernel's sys.path,
+    which holds it too, is checked (_NodeFolders)."""
+    for line in os.environ.pop("DISTKERNEL_PATH_NOTES", "").splitlines():
+        path, tab, why = line.partition("\t")
+        if tab:
+            _NodeFolders.refused.add(path)
+            _Notes.say(why)
+
+
 def _main():
     global _IN_KERNEL_FOLDER, _RUN_KEY
+    _say_path_notes()
     _arm_stacks()
     _IN_KERNEL_FOLDER = _enter_kernel_folder()
     _buffer_output()
@@ -992,6 +1015,8 @@ def template_main():
     path = os.environ.pop("DISTKERNEL_TEMPLATE")
     names = [m.strip() for m in os.environ.pop("DISTKERNEL_WARM_MODULES", "").split(",")
              if m.strip()]
+    # Each rank says in its own log what its distkernel-rank left out.
+    os.environ.pop("DISTKERNEL_PATH_NOTES", None)
     if os.environ.pop("DISTKERNEL_CWD", None) is not None:
         # A node agent's template, on another node than the kernel's
         # (runtime/agent/agent_main.c): it imports only from what its ranks
@@ -1015,7 +1040,9 @@ def template_main():
             print(f"could not import warm module {name!r}: {type(exc).__name__}: {exc}",
                   file=sys.stderr, flush=True)
             return 3
-    sys.path[:] = own_path
+    # Its own path back, as checked as a rank's (distkernel-rank has left
+    # the refused PYTHONPATH entries out already).
+    sys.path[:] = [p for p in own_path if not _NodeFolders.remote or _NodeFolders.usable(p)]
     # What the template holds stays out of the collector's sight: a
     # collection in a rank would otherwise write to (and so copy) every page
     # of it.

@@ -79,6 +79,27 @@ static double warm_wait_s(void)
     return v && *v && !*end && s >= 0 && s <= 86400 ? s : -1;
 }
 
+/* The run's key, taken out of the environment: unsetenv alone would leave
+ * it in the block /proc/PID/environ shows for the agent's whole life (to
+ * root, and to a debugger of the user's), so its bytes there are
+ * overwritten, as distkernel-rank does with its copy. The ranks get it from
+ * the agent (dk_rankenv), the template never. NULL when it is not set. */
+static char *take_key(void)
+{
+    static const char name[] = "DISTKERNEL_BC_KEY=";
+    char *key = NULL;
+    for (char **e = environ; *e; e++) {
+        if (strncmp(*e, name, sizeof name - 1) != 0)
+            continue;
+        char *block = *e + sizeof name - 1;
+        if ((key = strdup(block)))
+            memset(block, 'x', strlen(block));
+        break;
+    }
+    unsetenv("DISTKERNEL_BC_KEY");
+    return key;
+}
+
 /* distkernel-rank in this program's own folder. */
 static char *rank_beside_me(void)
 {
@@ -160,7 +181,8 @@ static const char *node_name(char *buf, size_t len)
     return strpbrk(buf, "():\n") ? NULL : buf;
 }
 
-int main(int argc, char **argv)
+/* The agent, with the run's key in hex (NULL: none was given). */
+static int agent(int argc, char **argv, const char *key_hex)
 {
     if (argc > 1 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
         printf("usage: distkernel-agent [RANK_PROGRAM [ARG...]]\n"
@@ -177,7 +199,6 @@ int main(int argc, char **argv)
     int world = env_int("DISTKERNEL_AGENT_WORLD", -1);
     int per = env_int("DISTKERNEL_AGENT_PER_NODE", -1);
     const char *address = getenv("DISTKERNEL_BC");
-    const char *key_hex = getenv("DISTKERNEL_BC_KEY");
     const char *run_id = getenv("DISTKERNEL_AGENT_RUN_ID");
     unsigned char key[DK_AGENTWIRE_KEY_LEN];
     if (node < 0 || world < 1 || per < 1 || !address || !run_id ||
@@ -261,5 +282,13 @@ int main(int argc, char **argv)
     /* The stacks' and the template's folders are removed by now: the folder
      * watcher has nothing left to do, and the agent leaves no child. */
     dk_tidy_end();
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    char *key_hex = take_key();
+    int rc = agent(argc, argv, key_hex);
+    free(key_hex);
     return rc;
 }

@@ -673,11 +673,16 @@ int dk_agent_run(const dk_agent_spec_t *spec)
     /* The ranks' connections come through this agent's (dk_relay.h). */
     char why[512];
     dk_relay_sink_t rsink = {&a, relay_send, relay_before};
-    if (!a.gone && !(a.relay = dk_relay_new(per + DK_BC_RELAY_SLACK, &rsink, why, sizeof why)))
-        say(&a, "the ranks connect to the kernel each on its own: %s", why);
+    bool relayed = a.gone ||
+                   (a.relay = dk_relay_new(per + DK_BC_RELAY_SLACK, &rsink, why, sizeof why));
+    /* A rank reaches the kernel only through the relay (a Unix socket of
+     * this node): without one, no rank of the node could, and the node
+     * fails now, saying why, rather than its ranks one by one. */
+    if (!relayed)
+        say(&a, "no rank can start on this node: %s", why);
     int rc = 2;
-    const char *warm = a.gone ? NULL : warm_socket(&a);
-    if (!a.gone && start_ranks(&a, warm)) {
+    const char *warm = a.gone || !relayed ? NULL : warm_socket(&a);
+    if (!a.gone && relayed && start_ranks(&a, warm)) {
         loop(&a);
         rc = a.shut ? 0 : 1;
     } else {

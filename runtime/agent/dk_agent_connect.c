@@ -6,6 +6,7 @@
 
 #include "dk_clock.h"
 #include "dk_err.h"
+#include "dk_peer.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -35,8 +36,14 @@ static int connect_once(const char *address, double per_try_s, char *why, size_t
         }
         memcpy(sun.sun_path, address, strlen(address) + 1);
         int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd >= 0 && connect(fd, (struct sockaddr *) &sun, sizeof sun) == 0)
-            return fd;
+        if (fd >= 0 && connect(fd, (struct sockaddr *) &sun, sizeof sun) == 0) {
+            /* The kernel's folder may be gone and made again by another
+             * user: the agent speaks only to its own (dk_peer.h). */
+            if (dk_peer_check(fd, "the back channel's socket", why, whylen) == 0)
+                return fd;
+            close(fd);
+            return -2;
+        }
         dk_set_err(why, whylen, "%s", strerror(errno));
         if (fd >= 0)
             close(fd);

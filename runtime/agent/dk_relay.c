@@ -6,6 +6,7 @@
 #include "dk_backchan.h"
 #include "dk_err.h"
 #include "dk_logdir.h"
+#include "dk_peer.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -185,6 +186,13 @@ static void accept_all(dk_relay_t *self)
             continue;
         if (fd < 0)
             return;
+        /* Only our own user's processes (the folder is 0700; this holds
+         * even if it was not): another user's connection never becomes a
+         * stream (dk_peer.h). */
+        if (dk_peer_check(fd, "a connection to the relay", NULL, 0) < 0) {
+            close(fd);
+            continue;
+        }
         stream_t *s = NULL;
         for (int i = 0; !s && i < self->max; i++)
             if (self->streams[i].fd < 0)

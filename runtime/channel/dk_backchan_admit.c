@@ -24,6 +24,7 @@
  */
 #include "dk_backchan_state.h"
 #include "dk_clock.h"
+#include "dk_peer.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -109,6 +110,17 @@ conn_t *chan_slot_for_new(dk_backchan_t *self)
 static bool admit(dk_backchan_t *self, int fd, const struct sockaddr_storage *peer,
                   socklen_t plen)
 {
+    /* Over a Unix socket, only our own user's processes (dk_peer.h): its
+     * folder is 0700, and this holds even if it were not. */
+    if (!self->port) {
+        char why[160];
+        if (dk_peer_check(fd, "a connection to the back channel", why, sizeof why) == 0)
+            return true;
+        close(fd);
+        if (self->dropped++ == 0)
+            chan_warn(self, "back channel: dropped %s", why);
+        return false;
+    }
     if (!self->allow || dk_accept_allows(self->allow, (const struct sockaddr *) peer, plen))
         return true;
     close(fd);

@@ -354,6 +354,18 @@ static void conn_frame(dk_backchan_t *self, conn_t *c)
     uint32_t rank = dk_get_be32(body + 1);
     char why[160];
 
+    /* With node agents, every rank's connection is relayed by its agent, and
+     * only a connection of its own may be an agent's: a direct connection
+     * saying a rank's HELLO, or a relayed one saying AGENT_HELLO, is neither. */
+    if (c->rank < 0 && self->agents > 0 && type == DK_BC_HELLO && !c->agent) {
+        chan_refuse(self, c, "it said a rank's HELLO on a connection of its own, but this job's "
+                    "ranks reach it through their node agents");
+        return;
+    }
+    if (c->rank < 0 && type == DK_BC_AGENT_HELLO && c->agent) {
+        chan_refuse(self, c, "a relayed connection said AGENT_HELLO");
+        return;
+    }
     if (c->rank < 0 && type == DK_BC_AGENT_HELLO) {
         uint32_t id = (uint32_t) self->world_size + rank;
         if (rank >= (uint32_t) self->agents) {

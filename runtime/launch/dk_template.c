@@ -9,6 +9,8 @@
  * own pipes), so they cannot fill.
  */
 #include "dk_template.h"
+
+#include "dk_peer.h"
 #include "dk_err.h"
 #include "dk_logdir.h"
 #include "dk_spawn.h"
@@ -224,12 +226,19 @@ int dk_template_check(dk_template_t *t, char *why, size_t whylen)
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct timeval tv = {.tv_sec = 10};
     if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) < 0 ||
-        connect(fd, (struct sockaddr *)&addr, sizeof addr) < 0 ||
-        send(fd, "P\0\0\0\0\0\0\0", 8, MSG_NOSIGNAL) != 8) {
+        connect(fd, (struct sockaddr *)&addr, sizeof addr) < 0) {
         dk_set_err(why, whylen, "the warm-start template cannot be reached: %s",
                    strerror(errno));
         if (fd >= 0)
             close(fd);
+        return -1;
+    }
+    if (dk_peer_check(fd, "the warm-start template's socket", why, whylen) < 0 ||
+        send(fd, "P\0\0\0\0\0\0\0", 8, MSG_NOSIGNAL) != 8) {
+        if (errno != EACCES)
+            dk_set_err(why, whylen, "the warm-start template cannot be reached: %s",
+                       strerror(errno));
+        close(fd);
         return -1;
     }
     char line[1024];

@@ -628,19 +628,34 @@ static void sweep(const char *base)
 char *dk_logdir_socket_dir(const char *kind, const char *socket_name, const char *what,
                            char *err, size_t errlen)
 {
-    const char *bases[2] = {getenv("TMPDIR"), "/tmp"};
+    const char *tmpdir = getenv("TMPDIR");
+    const char *bases[2] = {tmpdir, "/tmp"};
+    char refused[1024] = "";    /* why $TMPDIR could not serve, for the error if /tmp cannot */
     for (int i = 0; i < 2; i++) {
         const char *base = bases[i];
-        if (!base || !*base)
+        if (!base || !*base || (i == 1 && tmpdir && strcmp(tmpdir, "/tmp") == 0))
             continue;
         /* "BASE/distkernel-KIND-XXXXXX/SOCKET_NAME" and its NUL */
         size_t dir_len = strlen(base) + strlen("/distkernel-") + strlen(kind) + strlen("-XXXXXX");
         if (dir_len + 1 + strlen(socket_name) + 1 > sizeof ((struct sockaddr_un *) 0)->sun_path)
             continue;
+        /* A $TMPDIR that is refused (another user made it, it is writable
+         * by others) or unusable gives way to /tmp, as a missing one does:
+         * the folder made below is fresh and private either way. */
+        char why[1024];
         int fd = dk_logdir_open(base, DK_LOGDIR_SHARED_OK,
-                                "set TMPDIR to a directory that is yours alone", err, errlen);
-        if (fd < 0)
+                                "set TMPDIR to a directory that is yours alone", why, sizeof why);
+        if (fd < 0) {
+            if (i == 0) {
+                snprintf(refused, sizeof refused, "%s", why);
+                continue;
+            }
+            if (refused[0])
+                dk_set_err(err, errlen, "cannot create %s: %s; and %s", what, refused, why);
+            else
+                dk_set_err(err, errlen, "%s", why);
             return NULL;
+        }
         close(fd);
         pthread_mutex_lock(&owners.lock);
         bool first = !owners.swept;
@@ -659,12 +674,21 @@ char *dk_logdir_socket_dir(const char *kind, const char *socket_name, const char
             own(dir);
             return dir;
         }
-        dk_set_err(err, errlen, "cannot create %s in %s: %s", what, base, strerror(errno));
+        snprintf(why, sizeof why, "cannot create %s in %s: %s", what, base, strerror(errno));
         free(dir);
+        if (i == 0) {
+            snprintf(refused, sizeof refused, "%s", why);
+            continue;
+        }
+        if (refused[0])
+            dk_set_err(err, errlen, "%s; and %s", refused, why);
+        else
+            dk_set_err(err, errlen, "%s", why);
         return NULL;
     }
-    dk_set_err(err, errlen, "cannot create %s: no usable temporary directory ($TMPDIR is "
-               "unset, too long for a socket path, or /tmp is missing)", what);
+    dk_set_err(err, errlen, "cannot create %s: no usable temporary directory (%s)", what,
+               refused[0] ? refused : "$TMPDIR is unset or too long for a socket path, and "
+               "/tmp is missing");
     return NULL;
 }
 

@@ -60,8 +60,9 @@ char *dk_logdir_default_root(char *err, size_t errlen);
 int dk_logdir_open(const char *path, int flags, const char *hint, char *err, size_t errlen);
 
 /* A fresh 0700 directory "BASE/distkernel-KIND-XXXXXX" for a Unix socket
- * named SOCKET_NAME: under $TMPDIR, or under /tmp when $TMPDIR is unset or
- * too long for a socket path. The base is checked first (dk_logdir_open with
+ * named SOCKET_NAME: under $TMPDIR, or under /tmp when $TMPDIR is unset, too
+ * long for a socket path, refused (another user's, writable by others) or
+ * unusable; ERR then says both reasons if /tmp fails too. The base is checked first (dk_logdir_open with
  * DK_LOGDIR_SHARED_OK), so that nobody else can rename the fresh directory
  * away and put their own in its place before the socket is bound. Returns the
  * path (malloc'd) or NULL with a reason in ERR that names WHAT ("the back

@@ -17,6 +17,12 @@ const char *dk_pyinit_python(void)
     return env && *env ? env : DK_PYTHON_EXE;
 }
 
+const char *dk_pyinit_glue_dir(void)
+{
+    const char *env = getenv("DISTKERNEL_GLUE_DIR");
+    return env && *env ? env : DK_GLUE_DIR;
+}
+
 int dk_pyinit_check_python(const char *host, char *err, size_t errlen)
 {
     const char *python = dk_pyinit_python();
@@ -65,14 +71,14 @@ int dk_pyinit_start(const char *argv0, char *err, size_t errlen)
                    st.err_msg ? st.err_msg : "Py_InitializeFromConfig failed");
         return -1;
     }
-    const char *dir = getenv("DISTKERNEL_GLUE_DIR");
+    const char *dir = dk_pyinit_glue_dir();
     PyObject *path = PySys_GetObject("path");
-    PyObject *d = PyUnicode_FromString(dir && *dir ? dir : DK_GLUE_DIR);
+    PyObject *d = PyUnicode_FromString(dir);
     int rc = path && d ? PyList_Insert(path, 0, d) : -1;
     Py_XDECREF(d);
     if (rc < 0) {
         PyErr_Clear();
-        dk_set_err(err, errlen, "cannot put %s on sys.path", dir && *dir ? dir : DK_GLUE_DIR);
+        dk_set_err(err, errlen, "cannot put %s on sys.path", dir);
         return -1;
     }
     return 0;

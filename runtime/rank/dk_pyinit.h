@@ -31,6 +31,10 @@
  * the environment's (not to be freed). */
 const char *dk_pyinit_python(void);
 
+/* distkernel's Python package folder: DISTKERNEL_GLUE_DIR when set and not
+ * empty, else the one the build installed. Not to be freed. */
+const char *dk_pyinit_glue_dir(void);
+
 /* Whether the environment's python (dk_pyinit_python) is there: 0, or -1
  * with a message in ERR that names it and, when HOST is given, the node it is
  * missing on. Called before dk_pyinit_start, whose own error for a missing

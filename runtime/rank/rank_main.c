@@ -18,8 +18,11 @@
  *
  * With DISTKERNEL_TEMPLATE it is that template (distkernel._rank.template_main).
  */
+#include "dk_logdir.h"
+#include "dk_peer.h"
 #include "dk_pyinit.h"
 #include "dk_rankpath.h"
+#include "dk_rankpyenv.h"
 #include "dk_rankstacks.h"
 #include "dk_slurm.h"
 #include "dk_template.h"
@@ -36,25 +39,39 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 extern char **environ;
 
-/* A line for the run's log folder: why this rank started cold. */
+/* A line for the run's log folder: why this rank started cold. The folder
+ * is opened as every log folder is (dk_logdir: the user's, writable by
+ * nobody else, through folders nobody else can rename), and warm.log in it
+ * never through a symlink and only as a file of the user's: on another node
+ * the kernel's log folder need not exist, and another user may have made
+ * it. Ranks append a line each, so it is not O_EXCL. */
 static void note_cold(const char *why)
 {
     const char *log = getenv("DISTKERNEL_LOG");
     const char *slash = log ? strrchr(log, '/') : NULL;
-    if (!slash)
+    if (!slash || slash == log)
         return;
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%.*s/warm.log", (int)(slash - log), log);
-    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    char dir[PATH_MAX];
+    if (snprintf(dir, sizeof dir, "%.*s", (int)(slash - log), log) >= (int)sizeof dir)
+        return;
+    int dfd = dk_logdir_open(dir, 0, NULL, NULL, 0);
+    if (dfd < 0)
+        return;
+    int fd = openat(dfd, "warm.log", O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK |
+                    O_CLOEXEC, 0600);
+    close(dfd);
     if (fd < 0)
         return;
-    dprintf(fd, "rank %s started cold: %s\n", getenv("RANK") ? getenv("RANK") : "?", why);
+    struct stat st;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid())
+        dprintf(fd, "rank %s started cold: %s\n", getenv("RANK") ? getenv("RANK") : "?", why);
     close(fd);
 }
 
@@ -137,6 +154,13 @@ static int warm_rank(const char *path)
                  strerror(errno));
         goto cold;
     }
+    /* Its folder may have been removed (the agent's kernel went away) and
+     * made again by someone else: the request holds the environment (the
+     * run's key, exported secrets) and our output (dk_peer.h). */
+    char what[PATH_MAX + 64];
+    snprintf(what, sizeof what, "the warm-start template's socket %s", path);
+    if (dk_peer_check(fd, what, why, sizeof why) < 0)
+        goto cold;
     char head[8] = {'F', 0, 0, 0, (char)(len >> 24), (char)(len >> 16), (char)(len >> 8),
                     (char)len};
     int fds[2] = {1, 2};
@@ -281,6 +305,14 @@ int main(int argc, char **argv)
     gethostname(host, sizeof host - 1);
     if (dk_pyinit_check_python(host, err, sizeof err) < 0) {
         fprintf(stderr, "distkernel-rank: %s\n", err);
+        return 1;
+    }
+    /* On another node (its agent gave it the kernel's folder), the Python
+     * variables are checked before CPython, or a template, reads them
+     * (dk_rankpyenv.h). */
+    if (getenv("DISTKERNEL_CWD") &&
+        dk_rankpyenv_check(dk_pyinit_python(), dk_pyinit_glue_dir(), err, sizeof err) < 0) {
+        fprintf(stderr, "distkernel-rank on %s: %s\n", host, err);
         return 1;
     }
     const char *warm = getenv("DISTKERNEL_WARM_SOCKET");

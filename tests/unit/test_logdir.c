@@ -7,8 +7,10 @@
  */
 #include <criterion/criterion.h>
 
+#include "dk_codepath.h"
 #include "dk_logdir.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -354,14 +356,43 @@ Test(logdir, a_folder_past_the_owner_locks_has_no_owner_file_so_is_never_swept)
     }
 }
 
-Test(logdir, a_tmpdir_others_can_write_is_refused_naming_what_and_why)
+/* A socket folder made under /tmp, with nothing left in TMPDIR. */
+static void expect_under_tmp_not(const char *tmpdir)
+{
+    char *dir = dk_logdir_socket_dir("test", "sock", "the test's directory", err, sizeof err);
+    cr_assert_not_null(dir, "%s", err);
+    cr_assert(strncmp(dir, "/tmp/distkernel-test-", 21) == 0, "%s", dir);
+    struct stat st;
+    cr_assert_eq(stat(dir, &st), 0);
+    cr_assert_eq(st.st_mode & 0777, 0700);
+    cr_assert_eq(st.st_uid, geteuid());
+    dk_logdir_socket_dir_remove(dir);
+    free(dir);
+    DIR *d = opendir(tmpdir);
+    cr_assert_not_null(d);
+    for (struct dirent *e; (e = readdir(d));)
+        cr_assert(e->d_name[0] == '.', "left in TMPDIR: %s", e->d_name);
+    closedir(d);
+}
+
+/* Issue 38, item 3: a TMPDIR another user made on a node failed every rank
+ * there; a refused TMPDIR now gives way to /tmp, as a missing one does. */
+Test(logdir, a_tmpdir_others_can_write_gives_way_to_a_fresh_folder_under_tmp)
 {
     cr_assert_eq(mkdir(at("open"), 0777), 0);
     cr_assert_eq(chmod(at("open"), 0777), 0);
     setenv("TMPDIR", at("open"), 1);
-    char *dir = dk_logdir_socket_dir("test", "sock", "the test's directory", err, sizeof err);
-    cr_assert_null(dir);
-    cr_assert(strstr(err, "writable by other users") && strstr(err, "TMPDIR"), "%s", err);
+    expect_under_tmp_not(at("open"));
+}
+
+Test(logdir, a_tmpdir_of_another_user_gives_way_to_a_fresh_folder_under_tmp)
+{
+    if (geteuid() != 0)
+        cr_skip_test("chown needs root");
+    cr_assert_eq(mkdir(at("theirs"), 0700), 0);
+    cr_assert_eq(chown(at("theirs"), OTHER_UID, OTHER_UID), 0);
+    setenv("TMPDIR", at("theirs"), 1);
+    expect_under_tmp_not(at("theirs"));
 }
 
 /* ---- places code is read from (DK_LOGDIR_CODE: a remote rank's folders) ---- */
@@ -449,4 +480,57 @@ Test(logdir, a_missing_place_for_code_is_enoent_not_a_refusal)
     cr_assert_lt(fd, 0);
     cr_assert_eq(errno, ENOENT, "%s", err);
     cr_assert(!exists(at("nowhere")), "a place for code was created");
+}
+
+/* ---- a search path's entries (dk_codepath: PYTHONPATH on another node) ---- */
+
+typedef struct {
+    char text[4096];
+    int n;
+} heard_t;
+
+static void hear(void *data, const char *entry, const char *why)
+{
+    heard_t *h = data;
+    size_t len = strlen(h->text);
+    snprintf(h->text + len, sizeof h->text - len, "%s => %s\n", entry, why);
+    h->n++;
+}
+
+Test(logdir, a_search_path_keeps_the_users_folders_in_order_and_says_what_it_left_out)
+{
+    cr_assert_eq(mkdir(at("a"), 0755), 0);
+    cr_assert_eq(mkdir(at("b"), 0700), 0);
+    cr_assert_eq(mkdir(at("open"), 0777), 0);
+    cr_assert_eq(chmod(at("open"), 0777), 0);
+    char list[4096], want[2048];
+    snprintf(list, sizeof list, "%s::%s:relative/lib:%s:%s:/usr/lib/python3/dist-packages",
+             at("a"), at("missing"), at("open"), at("b"));
+    snprintf(want, sizeof want, "%s:%s:/usr/lib/python3/dist-packages", at("a"), at("b"));
+    heard_t h = {.n = 0};
+    char *kept = dk_codepath_filter(list, hear, &h);
+    cr_assert_not_null(kept);
+    cr_assert_str_eq(kept, want);
+    free(kept);
+    /* the missing and the empty entries without a word; the relative one and
+     * the one others can write, each named with why */
+    cr_assert_eq(h.n, 2, "%s", h.text);
+    cr_assert(strstr(h.text, "relative/lib => relative/lib is a relative folder"), "%s", h.text);
+    cr_assert(strstr(h.text, "writable by other users") && strstr(h.text, at("open")), "%s",
+              h.text);
+}
+
+Test(logdir, a_search_path_leaves_out_a_folder_another_user_made)
+{
+    if (geteuid() != 0)
+        cr_skip_test("chown needs root");
+    cr_assert_eq(mkdir(at("planted"), 0755), 0);
+    cr_assert_eq(chown(at("planted"), OTHER_UID, OTHER_UID), 0);
+    heard_t h = {.n = 0};
+    char *kept = dk_codepath_filter(at("planted"), hear, &h);
+    cr_assert_not_null(kept);
+    cr_assert_str_eq(kept, "");
+    free(kept);
+    cr_assert_eq(h.n, 1, "%s", h.text);
+    cr_assert(strstr(h.text, "belongs to another user"), "%s", h.text);
 }
