@@ -21,6 +21,7 @@
  */
 #include "dk_dist_run.h"
 #include "dk_clock.h"
+#include "dk_codepath.h"
 #include "dk_dist_mlflow.h"
 #include "dk_dist_opts.h"
 #include "dk_dist_outcome.h"
@@ -796,6 +797,64 @@ dk_dist_run_t *dk_dist_run_start_on(const dk_dist_host_t *host, dk_dist_pool_t *
     return run_begin(run, host, payload, len);
 }
 
+/* The kernel's PYTHONPATH entries that fail the rule for code (dk_codepath.h):
+ * the first few names, their count, and the first one's reason. */
+typedef struct {
+    char names[512];
+    char first_why[512];
+    int n;
+} refused_t;
+
+static void note_refused(void *data, const char *entry, const char *why)
+{
+    refused_t *r = data;
+    if (entry[0] != '/')
+        return;     /* relative: on this node, the kernel's folder's, as always */
+    if (r->n == 0)
+        snprintf(r->first_why, sizeof r->first_why, "%s", why);
+    if (r->n < 3) {
+        size_t at = strlen(r->names);
+        snprintf(r->names + at, sizeof r->names - at, "%s%s", at ? ", " : "", entry);
+    }
+    r->n++;
+}
+
+/* Say in the cell, once for each new set, which of the kernel's PYTHONPATH
+ * entries another user of this machine could have put code in: ranks on
+ * other nodes leave them off (dk_rankpyenv.h); on this node the kernel
+ * imported from them already, and its ranks do too. SAID keeps what was
+ * said last. */
+static void say_pythonpath(dk_dist_run_t *run, char **said)
+{
+    const char *path = getenv("PYTHONPATH");
+    refused_t r = {.n = 0};
+    char *kept = said && path && *path ? dk_codepath_filter(path, note_refused, &r) : NULL;
+    free(kept);
+    if (!said)
+        return;
+    if (r.n == 0) {
+        free(*said);
+        *said = NULL;
+        return;
+    }
+    if (*said && strcmp(*said, r.names) == 0)
+        return;
+    char line[1600];
+    if (r.n == 1)
+        snprintf(line, sizeof line, "distkernel: PYTHONPATH names %s, which another user of this "
+                 "machine could put code in (%s). Ranks on other nodes leave it off; on this "
+                 "node it is used. Keep your modules in a folder only you can write.\n",
+                 r.names, r.first_why);
+    else
+        snprintf(line, sizeof line, "distkernel: PYTHONPATH names %d folders another user of "
+                 "this machine could put code in: %s%s (the first: %s). Ranks on other nodes "
+                 "leave them off; on this node they are used. Keep your modules in folders only "
+                 "you can write.\n", r.n, r.names, r.n > 3 ? ", ..." : "", r.first_why);
+    write_err(run, line);
+    free(*said);
+    *said = strdup(r.names);
+}
+
 static dk_dist_run_t *run_begin(dk_dist_run_t *run, const dk_dist_host_t *host,
                                 const void *payload, size_t len)
 {
@@ -809,6 +868,7 @@ static dk_dist_run_t *run_begin(dk_dist_run_t *run, const dk_dist_host_t *host,
     char err[1024];
     if (dk_dist_plan_output(&run->plan, &run->opts, &shown, err, sizeof err) < 0)
         return fail(run, PyExc_ValueError, err);
+    say_pythonpath(run, host->pythonpath_said);
     if (run->opts.check && run->plan.remote)
         /* The check runs on this host's GPUs, which are not the ranks'. */
         write_err(run, "distkernel: check=True tests this host's GPUs, not Slurm's nodes; "

@@ -41,6 +41,7 @@ typedef struct {
     dk_dist_logs_t *logs;       /* the run folders the kernel keeps */
     dk_tracking_t *tracking;    /* MLflow's server and experiment cache */
     dk_template_t **warm;       /* the warm-start template (dk_dist_warm), or a NULL slot */
+    char **pythonpath_said;     /* the refused PYTHONPATH entries last said, or a NULL slot */
 } dk_dist_host_t;
 
 /* Start a run of PAYLOAD (LEN bytes: the pickled cell or function, which the

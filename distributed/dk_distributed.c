@@ -53,6 +53,7 @@ struct dk_distributed_t {
     bool starting;              /* `%distributed start` is under way (pool not yet set) */
     char *pool_options;         /* what they were started with, as written (restart,
                                    messages), or NULL */
+    char *pythonpath_said;      /* PYTHONPATH's refused entries, as last said in a cell */
 };
 
 /* ---- started ranks -------------------------------------------------------------- */
@@ -526,7 +527,7 @@ dk_distributed_t *dk_distributed_new(dk_kernel_t *kernel)
         return NULL;
     d->tracking = dk_tracking_new();
     d->host = (dk_dist_host_t){.kernel = kernel, .logs = &d->logs, .tracking = d->tracking,
-                               .warm = &d->warm};
+                               .warm = &d->warm, .pythonpath_said = &d->pythonpath_said};
     d->magic = (dk_magic_t){.name = "distributed", .kind = DK_MAGIC_CELL, .doc = dk_dist_doc,
                             .run = distributed_magic, .data = d};
     dk_kernel_function_t fn = {.name = "run_job", .fn = (void (*)(void))run_job, .flags = METH_VARARGS,

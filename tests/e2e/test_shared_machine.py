@@ -375,3 +375,33 @@ def test_the_log_root_cap_prunes_oldest_runs_first_never_a_running_one(kernelspe
     finally:
         os.close(fd)
         k.stop()
+
+
+def test_a_pythonpath_folder_others_can_write_is_said_once_in_the_cell(kernelspec_installed,
+                                                                        tmp_path):
+    """The kernel's own node (issue 38, item 1): ranks on other nodes leave such
+    an entry off (tests/unit/test_peer.c, test_slurm_folders.py); here the kernel
+    imported from it already, so the cell says so once, naming it, and the
+    ranks use it as the kernel does."""
+    open_lib = tmp_path / "open-lib"
+    open_lib.mkdir()
+    open_lib.chmod(0o777)
+    own = tmp_path / "lib"
+    own.mkdir(mode=0o700)
+    env = support.kernel_env(DISTKERNEL_LOG_DIR=tmp_path / "logs",
+                             PYTHONPATH=f"{own}:{open_lib}")
+    k = support.Kernel.start(env=env)
+    cell = ("%%distributed num_processes=1 tracking=False\n"
+            f"import sys\nprint('on sys.path:', {str(open_lib)!r} in sys.path)\n")
+    try:
+        r = k.execute(cell, timeout=RUN)
+        assert r.status == "ok", r.describe()
+        said = [line for line in r.stderr.splitlines() if "PYTHONPATH names" in line]
+        assert len(said) == 1, r.describe()
+        assert f"names {open_lib}, which another user" in said[0], said
+        assert "writable by other users" in said[0] and f"{own}," not in said[0], said
+        assert "on sys.path: True" in r.stdout, r.describe()
+        r = k.execute(cell, timeout=RUN)
+        assert r.status == "ok" and "PYTHONPATH" not in r.stderr, r.describe()
+    finally:
+        k.stop()
