@@ -21,6 +21,10 @@
  *   ignore_signals   ... ignore SIGINT and SIGTERM, print "sleeping", sleep forever
  *   forge_mac        first a connection whose HELLO carries a wrong MAC; then as result
  *   bad_rank         first a connection whose HELLO names rank WORLD_SIZE; then as result
+ *   agent_hello      (under an agent) first a relayed connection that says a valid
+ *                    AGENT_HELLO for node 0; then as result
+ *   direct_hello     (under an agent, FAKE_KERNEL_BC the kernel's tcp: address) first a
+ *                    connection straight to the kernel with a valid HELLO; then as result
  *   duplicate_hello  after its own HELLO, a second connection with a valid HELLO for
  *                    the same rank; then as result on the first
  *   oversize         ... announce a 2 GiB frame, then exit 0
@@ -112,7 +116,8 @@
 #include <openssl/evp.h>
 #include <openssl/params.h>
 
-enum { HELLO = 1, PAYLOAD = 2, RESULT = 3, ERROR = 4, TASK = 5, OUTPUT = 6, PORT = 9 };
+enum { HELLO = 1, PAYLOAD = 2, RESULT = 3, ERROR = 4, TASK = 5, OUTPUT = 6, PORT = 9,
+       AGENT_HELLO = 11 };
 
 static unsigned char key[32];
 static int rank, world_size;
@@ -630,6 +635,24 @@ int main(void)
         conn_t bad = connect_bc();
         bool forge = !strcmp(mode, "forge_mac");
         send_frame(&bad, HELLO, forge ? (uint32_t) rank : (uint32_t) world_size, NULL, 0, forge);
+        expect_closed(&bad);
+        dprintf(1, "refused as expected\n");
+    }
+
+    if (!strcmp(mode, "agent_hello")) {
+        conn_t bad = connect_bc();
+        send_frame(&bad, AGENT_HELLO, 0, NULL, 0, false);
+        expect_closed(&bad);
+        dprintf(1, "refused as expected\n");
+    }
+    if (!strcmp(mode, "direct_hello")) {
+        const char *kernel = getenv("FAKE_KERNEL_BC");
+        if (!kernel || strncmp(kernel, "tcp:", 4) != 0)
+            die("FAKE_KERNEL_BC is not the kernel's tcp: address");
+        conn_t bad = {.fd = connect_tcp(kernel)};
+        if (!read_all(bad.fd, bad.nonce, 32))
+            die("no nonce");
+        send_frame(&bad, HELLO, (uint32_t) rank, NULL, 0, false);
         expect_closed(&bad);
         dprintf(1, "refused as expected\n");
     }

@@ -961,3 +961,68 @@ Test(agent, relays_its_ranks_connections_their_output_first, .timeout = 30)
     agent_free(k);
     program_free(dir, program);
 }
+
+/* A rank that opens its relay's folder and socket to everyone, has another
+ * user (nobody) connect and speak there, says what became of that
+ * connection, then connects itself and waits for the kernel's "go". */
+static const char STRANGER_AT_THE_RELAY[] =
+    "#!/usr/bin/python3\n"
+    "import os, socket\n"
+    "path = os.environ['DISTKERNEL_BC']\n"
+    "os.chmod(os.path.dirname(path), 0o711)\n"
+    "os.chmod(path, 0o777)\n"
+    "pid = os.fork()\n"
+    "if pid == 0:\n"
+    "    os.setresgid(65534, 65534, 65534)\n"
+    "    os.setresuid(65534, 65534, 65534)\n"
+    "    s = socket.socket(socket.AF_UNIX)\n"
+    "    s.settimeout(5)\n"
+    "    s.connect(path)\n"
+    "    try:\n"
+    "        s.sendall(b'x' * 37)\n"
+    "        got = s.recv(1)\n"
+    "    except ConnectionError:\n"
+    "        got = b''\n"
+    "    print('stranger', 'closed' if got == b'' else repr(got), flush=True)\n"
+    "    os._exit(0)\n"
+    "os.waitpid(pid, 0)\n"
+    "s = socket.socket(socket.AF_UNIX)\n"
+    "s.connect(path)\n"
+    "assert s.recv(2) == b'go'\n"
+    "print('rank heard go', flush=True)\n";
+
+/* Issue 38, item 2: the relay's accept checks the peer's uid too, so
+ * another user's connection never becomes a stream, even were the folder
+ * open to them. */
+Test(agent, the_relay_closes_another_users_connection_and_relays_the_ranks, .timeout = 30)
+{
+    if (geteuid() != 0)
+        cr_skip_test("acting as another user needs root");
+    char dir[32];
+    char *program = program_file(dir, STRANGER_AT_THE_RELAY);
+    agent_opts_t o = {.node = 0, .world = 1, .per = 1, .program = program};
+    kern_t *k = agent_start(&o);
+    cr_assert(next_frame(k, 10));
+    cr_assert_eq(k->type, DK_BC_AGENT_HELLO);
+    int streams = 0;
+    char out[256] = "";
+    bool exited = false;
+    while (!exited) {
+        cr_assert(next_frame(k, 15));
+        if (k->type == DK_BC_RELAY && k->plen == 0) {
+            streams++;
+            send_to_agent(k, DK_BC_RELAY, k->id, "go", 2);
+        } else if (k->type == DK_BC_OUTPUT) {
+            strncat(out, (char *) k->payload + 2, sizeof out - strlen(out) - 1);
+        } else if (k->type == DK_BC_EXIT) {
+            exited = true;
+        }
+    }
+    cr_expect_eq(streams, 1, "another user's connection became a stream; output: %s", out);
+    cr_expect(strstr(out, "stranger closed\n") && strstr(out, "rank heard go\n"), "%s", out);
+    close(k->fd);
+    k->fd = -1;
+    agent_wait(k, 10);
+    agent_free(k);
+    program_free(dir, program);
+}

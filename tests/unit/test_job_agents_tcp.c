@@ -158,6 +158,35 @@ Test(agents_tcp, a_forged_mac_through_an_agent_is_refused, .timeout = 60)
     agents_done();
 }
 
+/* With agents, a rank's HELLO comes only on a connection its agent relays,
+ * and AGENT_HELLO only on an agent's own (issue 38): each other way, even
+ * signed with the run's key, is refused, and the rank then runs as usual. */
+Test(agents_tcp, a_relayed_connection_saying_agent_hello_is_refused, .timeout = 60)
+{
+    const char *extra[] = {"FAKE_MODE_1=agent_hello", NULL};
+    dk_job_spec_t spec = agent_spec(2, 1, extra);
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 40000), "the job did not end");
+    cr_assert_eq(dk_job_end(job), DK_END_OK);
+    cr_assert(output_has(1, 1, "refused as expected"));
+    cr_assert(warned("a relayed connection said AGENT_HELLO"));
+    finish(&job);
+    agents_done();
+}
+
+Test(agents_tcp, a_ranks_hello_straight_to_the_kernel_is_refused, .timeout = 60)
+{
+    const char *extra[] = {"FAKE_MODE_1=direct_hello", NULL};
+    dk_job_spec_t spec = agent_spec_with(2, 1, extra, "FAKE_KERNEL_BC=$DISTKERNEL_BC");
+    dk_job_t *job = start(&spec);
+    cr_assert(dk_job_wait(job, 40000), "the job did not end");
+    cr_assert_eq(dk_job_end(job), DK_END_OK);
+    cr_assert(output_has(1, 1, "refused as expected"));
+    cr_assert(warned("said a rank's HELLO on a connection of its own"));
+    finish(&job);
+    agents_done();
+}
+
 /* Reflection (review of issue 13): without the direction in the MAC, a man
  * in the middle could send the runtime's own frame back to it with the seq
  * it expects next, and it would verify. Rank 1 has said HELLO (its seq 0)
