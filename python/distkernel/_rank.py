@@ -371,21 +371,24 @@ def _start_sampler(fd, signum, end):
     return tid[0]
 
 
-def _say_path_notes():
+def _take_path_notes(say):
     """What distkernel-rank left out of the Python variables it started with
-    on another node (runtime/rank/dk_rankpyenv.h), into the rank's log. A
-    PYTHONPATH entry said here is not said again when the kernel's sys.path,
-    which holds it too, is checked (_NodeFolders)."""
+    on another node (runtime/rank/dk_rankpyenv.h): each path is marked
+    refused, so that the kernel's sys.path, which holds a PYTHONPATH entry
+    too, does not name it again (_NodeFolders); with SAY, each reason goes
+    to the rank's log. A template takes them without a word: each rank it
+    forks says its own."""
     for line in os.environ.pop("DISTKERNEL_PATH_NOTES", "").splitlines():
         path, tab, why = line.partition("\t")
         if tab:
             _NodeFolders.refused.add(path)
-            _Notes.say(why)
+            if say:
+                _Notes.say(why)
 
 
 def _main():
     global _IN_KERNEL_FOLDER, _RUN_KEY
-    _say_path_notes()
+    _take_path_notes(say=True)
     _arm_stacks()
     _IN_KERNEL_FOLDER = _enter_kernel_folder()
     _buffer_output()
@@ -1015,8 +1018,9 @@ def template_main():
     path = os.environ.pop("DISTKERNEL_TEMPLATE")
     names = [m.strip() for m in os.environ.pop("DISTKERNEL_WARM_MODULES", "").split(",")
              if m.strip()]
-    # Each rank says in its own log what its distkernel-rank left out.
-    os.environ.pop("DISTKERNEL_PATH_NOTES", None)
+    # Each rank says in its own log what its distkernel-rank left out; the
+    # template only keeps from naming those paths again.
+    _take_path_notes(say=False)
     if os.environ.pop("DISTKERNEL_CWD", None) is not None:
         # A node agent's template, on another node than the kernel's
         # (runtime/agent/agent_main.c): it imports only from what its ranks
