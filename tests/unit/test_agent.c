@@ -26,6 +26,7 @@
 #include "dk_agentwire.h"
 #include "dk_backchan.h"
 #include "dk_tidy.h"
+#include "stranger.h"
 
 static const unsigned char KEY[32] = "0123456789abcdef0123456789abcde";
 static const unsigned char NONCE[32] = "nonce-nonce-nonce-nonce-nonce-n";
@@ -1025,4 +1026,63 @@ Test(agent, the_relay_closes_another_users_connection_and_relays_the_ranks, .tim
     agent_wait(k, 10);
     agent_free(k);
     program_free(dir, program);
+}
+
+/* ---- another user where the agent's folders were (issue 38, item 2) ------------- */
+
+/* As it was reproduced: the kernel goes away while a rank of the node is
+ * still starting (held here until the test lets it go on), and the agent
+ * removes its template's folder at once; another user makes the folder
+ * again and binds a socket at the template's path; then the rank asks it
+ * for a fork. The request would hold the rank's environment (the run's key,
+ * an exported HF_TOKEN) and its output descriptors: the rank must send that
+ * socket nothing. */
+Test(agent, a_slow_rank_sends_nothing_to_a_template_another_user_put_in_its_place,
+     .timeout = 40)
+{
+    if (geteuid() != 0)
+        cr_skip_test("acting as another user needs root");
+    char dir[32];
+    char *tmpl = program_file(dir, FAKE_TEMPLATE);
+    char go[64], script[1024];
+    snprintf(go, sizeof go, "%s/go", dir);
+    snprintf(script, sizeof script,
+             "echo \"sock $DISTKERNEL_WARM_SOCKET\"; trap '' INT TERM; "
+             "while [ ! -e %s ]; do sleep 0.02; done; unset SLURM_STEP_ID; "
+             "HF_TOKEN=hf_secret_of_the_victim ASAN_OPTIONS=detect_leaks=0 exec %s",
+             go, RANK_EXE);
+    /* Its stop ladder's SIGKILL comes 2 graces after the kernel's end. */
+    agent_opts_t o = {.node = 0, .world = 1, .per = 1, .template = tmpl, .grace_s = 3,
+                      .script = script};
+    int say;
+    kern_t *k = warm_agent_start(&o, &say);
+    char sock[256] = "";
+    while (!sock[0]) {
+        cr_assert(next_frame(k, 20));
+        if (k->type == DK_BC_OUTPUT && k->plen > 7 && !memcmp(k->payload + 2, "sock /", 6))
+            snprintf(sock, sizeof sock, "%.*s", (int) k->plen - 8, (char *) k->payload + 7);
+    }
+    /* The kernel goes; the template's folder with it. */
+    close(k->fd);
+    k->fd = -1;
+    char folder[256];
+    snprintf(folder, sizeof folder, "%s", sock);
+    *strrchr(folder, '/') = '\0';
+    struct stat st;
+    for (int i = 0; i < 500 && stat(folder, &st) == 0; i++)
+        usleep(10000);
+    cr_assert_neq(stat(folder, &st), 0, "the agent kept %s after its kernel went", folder);
+    stranger_t s = stranger_listens(sock, true, 20);
+    FILE *f = fopen(go, "w");
+    cr_assert_not_null(f);
+    fclose(f);
+    bool connected;
+    long sent = stranger_end(&s, &connected);
+    cr_assert(connected, "the rank never reached the socket (the test proves nothing)");
+    cr_assert_eq(sent, 0, "the rank sent another user's template %ld bytes", sent);
+    agent_wait(k, 20);
+    close(say);
+    agent_free(k);
+    unlink(go);
+    program_free(dir, tmpl);
 }

@@ -10,6 +10,7 @@
 #include <criterion/criterion.h>
 
 #include "dk_peer.h"
+#include "stranger.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -23,7 +24,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define OTHER_UID 65534   /* nobody */
 #define NO_LEAK_CHECK "ASAN_OPTIONS=detect_leaks=0"   /* the embedded CPython's, not ours */
 
 static char dir[64];
@@ -48,71 +48,6 @@ static void need_root(void)
 {
     if (geteuid() != 0)
         cr_skip_test("acting as another user needs root");
-}
-
-/* ---- a listener of another user's ----------------------------------------- */
-
-typedef struct {
-    pid_t pid;
-    int report;     /* the child writes how many bytes it was sent, then closes */
-} stranger_t;
-
-/* As `nobody`: bind PATH (its folder opened to everyone), accept one
- * connection, read it to its end (or for TIMEOUT_S), report the byte count. */
-static stranger_t stranger_listens(const char *path, int timeout_s)
-{
-    cr_assert_eq(chmod(dir, 0777), 0);
-    int ready[2], report[2];
-    cr_assert_eq(pipe(ready), 0);
-    cr_assert_eq(pipe(report), 0);
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0);
-    if (pid == 0) {
-        close(ready[0]);
-        close(report[0]);
-        if (setresgid(OTHER_UID, OTHER_UID, OTHER_UID) != 0 ||
-            setresuid(OTHER_UID, OTHER_UID, OTHER_UID) != 0)
-            _exit(2);
-        struct sockaddr_un addr = {.sun_family = AF_UNIX};
-        if (strlen(path) >= sizeof addr.sun_path)
-            _exit(5);
-        memcpy(addr.sun_path, path, strlen(path) + 1);
-        int l = socket(AF_UNIX, SOCK_STREAM, 0);
-        if (l < 0 || bind(l, (struct sockaddr *) &addr, sizeof addr) != 0 || listen(l, 4) != 0 ||
-            chmod(path, 0777) != 0)
-            _exit(3);
-        if (write(ready[1], "r", 1) != 1)
-            _exit(4);
-        alarm((unsigned) timeout_s);
-        int c = accept(l, NULL, NULL);
-        long total = 0;
-        char buf[4096];
-        ssize_t n;
-        while (c >= 0 && (n = read(c, buf, sizeof buf)) > 0)
-            total += n;
-        dprintf(report[1], "%ld %s\n", total, c >= 0 ? "connected" : "never");
-        _exit(0);
-    }
-    close(ready[1]);
-    close(report[1]);
-    char r;
-    cr_assert_eq(read(ready[0], &r, 1), 1, "the stranger could not listen");
-    close(ready[0]);
-    return (stranger_t) {.pid = pid, .report = report[0]};
-}
-
-/* What the stranger was sent: its byte count, and whether anyone connected. */
-static long stranger_end(stranger_t *s, bool *connected)
-{
-    char line[64] = "";
-    ssize_t n = read(s->report, line, sizeof line - 1);
-    close(s->report);
-    int status;
-    waitpid(s->pid, &status, 0);
-    cr_assert_gt(n, 0, "the stranger reported nothing");
-    line[n] = '\0';
-    *connected = strstr(line, "connected") != NULL;
-    return atol(line);
 }
 
 static int connect_to(const char *path)
@@ -141,7 +76,8 @@ Test(peer, a_socket_another_user_listens_on_is_refused_naming_it, .timeout = 20)
     need_root();
     char path[128];
     snprintf(path, sizeof path, "%s/template", dir);
-    stranger_t s = stranger_listens(path, 10);
+    cr_assert_eq(chmod(dir, 0777), 0);
+    stranger_t s = stranger_listens(path, false, 10);
     int fd = connect_to(path);
     char err[256] = "";
     cr_assert_eq(dk_peer_check(fd, "the template's socket", err, sizeof err), -1);
@@ -202,7 +138,8 @@ Test(peer, a_rank_sends_nothing_to_a_template_socket_of_another_user, .timeout =
     snprintf(warm_env, sizeof warm_env, "DISTKERNEL_WARM_SOCKET=%s", sock);
     snprintf(log_env, sizeof log_env, "DISTKERNEL_LOG=%s", log);
     snprintf(warm_log, sizeof warm_log, "%s/warm.log", logs);
-    stranger_t s = stranger_listens(sock, 30);
+    cr_assert_eq(chmod(dir, 0777), 0);
+    stranger_t s = stranger_listens(sock, false, 30);
     const char *env[] = {"PATH=/usr/bin:/bin", "DISTKERNEL_GLUE_DIR=" PY_SRC, NO_LEAK_CHECK,
                          warm_env, log_env, "RANK=0", "HF_TOKEN=hf_secret_of_the_victim",
                          "DISTKERNEL_BC=/nonexistent/bc.sock",
@@ -306,7 +243,8 @@ Test(peer, a_rank_sends_nothing_to_a_back_channel_socket_of_another_user, .timeo
     need_root();
     char path[128];
     snprintf(path, sizeof path, "%s/relay.sock", dir);
-    stranger_t s = stranger_listens(path, 20);
+    cr_assert_eq(chmod(dir, 0777), 0);
+    stranger_t s = stranger_listens(path, false, 20);
     int rc = run_python(EXPECT_REFUSAL("'belongs to another user (uid 65534' in str(exc)"), path);
     bool connected;
     long sent = stranger_end(&s, &connected);
