@@ -50,6 +50,16 @@ static void need_root(void)
         cr_skip_test("acting as another user needs root");
 }
 
+/* The stranger listening at DIR/NAME (DIR opened to everyone for it); the
+ * path in PATH. */
+static stranger_t stranger_in_dir(const char *name, int timeout_s, char *path, size_t len)
+{
+    need_root();
+    snprintf(path, len, "%s/%s", dir, name);
+    cr_assert_eq(chmod(dir, 0777), 0);
+    return stranger_listens(path, false, timeout_s);
+}
+
 static int connect_to(const char *path)
 {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
@@ -73,11 +83,8 @@ Test(peer, a_connection_of_our_own_passes)
 
 Test(peer, a_socket_another_user_listens_on_is_refused_naming_it, .timeout = 20)
 {
-    need_root();
     char path[128];
-    snprintf(path, sizeof path, "%s/template", dir);
-    cr_assert_eq(chmod(dir, 0777), 0);
-    stranger_t s = stranger_listens(path, false, 10);
+    stranger_t s = stranger_in_dir("template", 10, path, sizeof path);
     int fd = connect_to(path);
     char err[256] = "";
     cr_assert_eq(dk_peer_check(fd, "the template's socket", err, sizeof err), -1);
@@ -127,9 +134,8 @@ static char *slurp(const char *path)
  * cold saying why in warm.log. */
 Test(peer, a_rank_sends_nothing_to_a_template_socket_of_another_user, .timeout = 60)
 {
-    need_root();
     char sock[128], logs[128], log[160], warm_env[160], log_env[200], warm_log[200];
-    snprintf(sock, sizeof sock, "%s/template", dir);
+    stranger_t s = stranger_in_dir("template", 30, sock, sizeof sock);
     /* Not under DIR, which the stranger's socket opens to everyone: a log
      * folder under it would be refused, rightly. */
     snprintf(logs, sizeof logs, "/tmp/dk-test-peer-logs-XXXXXX");
@@ -138,8 +144,6 @@ Test(peer, a_rank_sends_nothing_to_a_template_socket_of_another_user, .timeout =
     snprintf(warm_env, sizeof warm_env, "DISTKERNEL_WARM_SOCKET=%s", sock);
     snprintf(log_env, sizeof log_env, "DISTKERNEL_LOG=%s", log);
     snprintf(warm_log, sizeof warm_log, "%s/warm.log", logs);
-    cr_assert_eq(chmod(dir, 0777), 0);
-    stranger_t s = stranger_listens(sock, false, 30);
     const char *env[] = {"PATH=/usr/bin:/bin", "DISTKERNEL_GLUE_DIR=" PY_SRC, NO_LEAK_CHECK,
                          warm_env, log_env, "RANK=0", "HF_TOKEN=hf_secret_of_the_victim",
                          "DISTKERNEL_BC=/nonexistent/bc.sock",
@@ -240,11 +244,8 @@ static int run_python(const char *code, const char *arg)
 
 Test(peer, a_rank_sends_nothing_to_a_back_channel_socket_of_another_user, .timeout = 30)
 {
-    need_root();
     char path[128];
-    snprintf(path, sizeof path, "%s/relay.sock", dir);
-    cr_assert_eq(chmod(dir, 0777), 0);
-    stranger_t s = stranger_listens(path, false, 20);
+    stranger_t s = stranger_in_dir("relay.sock", 20, path, sizeof path);
     int rc = run_python(EXPECT_REFUSAL("'belongs to another user (uid 65534' in str(exc)"), path);
     bool connected;
     long sent = stranger_end(&s, &connected);
