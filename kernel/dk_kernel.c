@@ -67,6 +67,8 @@ struct dk_kernel_t {
     json_t *kernel_info_debug;   /* the same with debugger true */
     atomic_bool debugger;        /* debugpy found: answer with kernel_info_debug */
     zactor_t *debug;             /* debug_request worker, from the first one on */
+    bool debug_running;          /* the worker has one (control thread only) */
+    zlist_t *debug_waiting;      /* dk_msg_t: debug_requests that came while it ran */
     dk_msg_t *request;           /* shell request being handled (main thread) */
     struct {                     /* what the features asked to run at exit */
         void (*fn)(void *data);
@@ -200,6 +202,9 @@ static dk_msg_t *recv_msg(dk_kernel_t *k, zsock_t *sock, const char *channel)
 
 /* ---- kernel_info ------------------------------------------------------------ */
 
+/* "debugger" says the debugger is there twice: the field of protocol 5.3, and
+ * supported_features (JEP 92), which ipykernel 7 sends and JupyterLab 4
+ * reads. "kernel subshells" (JEP 91) is not among them: distkernel has none. */
 static json_t *build_kernel_info(bool debugger)
 {
     const char *pyver = dk_python_version();
@@ -207,15 +212,17 @@ static json_t *build_kernel_info(bool debugger)
     snprintf(banner, sizeof banner,
              "distkernel %s: Python %s through IPython, with %%%%distributed for multi-GPU cells\n",
              DK_VERSION, pyver);
+    json_t *features = debugger ? json_pack("[s]", "debugger") : json_array();
     return json_pack("{s:s, s:s, s:s, s:s, s:{s:s, s:s, s:s, s:s, s:s, s:s, s:{s:s, s:i}},"
-                     " s:s, s:[{s:s, s:s}], s:b}",
+                     " s:s, s:[{s:s, s:s}], s:b, s:o}",
                      "status", "ok", "protocol_version", DK_PROTOCOL_VERSION,
                      "implementation", "distkernel", "implementation_version", DK_VERSION,
                      "language_info", "name", "python", "version", pyver, "mimetype",
                      "text/x-python", "file_extension", ".py", "pygments_lexer", "ipython3",
                      "nbconvert_exporter", "python", "codemirror_mode", "name", "ipython",
                      "version", 3, "banner", banner, "help_links", "text", "Python Reference",
-                     "url", "https://docs.python.org/3/", "debugger", debugger);
+                     "url", "https://docs.python.org/3/", "debugger", debugger,
+                     "supported_features", features);
 }
 
 static json_t *kernel_info(dk_kernel_t *k)
@@ -587,15 +594,17 @@ static void handle_control(dk_kernel_t *k, dk_msg_t *req)
     free(parent);
 }
 
-/* debug_request: status busy now; the worker answers, and debug_replied sends
- * the reply and idle. Takes REQ. */
-static void handle_debug_request(dk_kernel_t *k, dk_msg_t *req)
+/* debug_request: status busy, and the worker has it; debug_replied sends the
+ * reply and idle. Takes REQ. */
+static void start_debug_request(dk_kernel_t *k, dk_msg_t *req)
 {
     char *parent = json_dumps(req->header, JSON_COMPACT);
     dk_iopub_status(k->iopub, "busy", parent);
     if (!k->debug)
         k->debug = dk_debug_new();
-    if (!k->debug || dk_debug_submit(k->debug, req) != 0) {
+    if (k->debug && dk_debug_submit(k->debug, req) == 0) {
+        k->debug_running = true;
+    } else {
         send_reply_text(k, k->control, req, "debug_reply",
                         "{\"type\":\"response\",\"success\":false,"
                         "\"message\":\"the kernel could not start its debugger thread\"}");
@@ -603,6 +612,21 @@ static void handle_debug_request(dk_kernel_t *k, dk_msg_t *req)
         dk_msg_destroy(&req);
     }
     free(parent);
+}
+
+/* Debug requests run one at a time, as ipykernel 7 runs control requests: one
+ * that comes while another runs waits here, so each is busy, reply, idle in
+ * turn (a frontend pairs them; ipykernel's test_debug_requests_sequential). The
+ * worker took them in order already; only their busy came early. Takes REQ. */
+static void handle_debug_request(dk_kernel_t *k, dk_msg_t *req)
+{
+    if (k->debug_running) {
+        if (!k->debug_waiting)
+            k->debug_waiting = zlist_new();
+        if (k->debug_waiting && zlist_append(k->debug_waiting, req) == 0)
+            return;
+    }
+    start_debug_request(k, req);   /* or, out of memory, beside the one running */
 }
 
 static void debug_replied(dk_kernel_t *k)
@@ -615,6 +639,10 @@ static void debug_replied(dk_kernel_t *k)
     dk_iopub_status(k->iopub, "idle", parent);
     free(parent);
     dk_debug_job_destroy(&job);
+    k->debug_running = false;
+    dk_msg_t *next;
+    while (!k->debug_running && k->debug_waiting && (next = zlist_pop(k->debug_waiting)))
+        start_debug_request(k, next);
 }
 
 static void block_all_signals(void)

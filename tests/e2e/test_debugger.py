@@ -76,8 +76,12 @@ def wait_gone(pids, timeout=10):
 
 
 def test_kernel_info_says_the_kernel_has_a_debugger(kernel):
+    """Both ways: the field of protocol 5.3, and supported_features (JEP 92),
+    which ipykernel 7 sends and JupyterLab 4 reads."""
     msg_id = kernel.kc.kernel_info()
-    assert kernel.reply(msg_id)["content"]["debugger"] is True
+    content = kernel.reply(msg_id)["content"]
+    assert content["debugger"] is True
+    assert content["supported_features"] == ["debugger"]
 
 
 def test_a_started_kernel_has_not_imported_the_debugger(fresh_kernel):
@@ -224,6 +228,27 @@ def test_control_answers_while_a_debug_request_waits_for_the_gil(kernel):
     assert kernel.reply(debug["header"]["msg_id"], channel="control", timeout=60)["content"][
         "success"]
     assert kernel.finish(msg_id, timeout=60).status == "ok"
+
+
+def test_debug_requests_sent_together_are_busy_then_idle_each_in_turn(kernel):
+    """As ipykernel 7 answers control requests: one at a time, each its busy,
+    its reply and its idle before the next one's busy, so a frontend that pairs
+    them (JupyterLab's status) never sees two at once."""
+    ids = []
+    for seq in range(3):
+        msg = kernel.kc.session.msg("debug_request", {"type": "request", "seq": 100 + seq,
+                                                      "command": "debugInfo", "arguments": {}})
+        kernel.kc.control_channel.send(msg)
+        ids.append(msg["header"]["msg_id"])
+    for msg_id in ids:
+        assert kernel.reply(msg_id, channel="control")["content"]["success"]
+        kernel.wait_iopub(lambda m, i=msg_id: m["msg_type"] == "status"
+                          and m["parent_header"].get("msg_id") == i
+                          and m["content"]["execution_state"] == "idle")
+    states = sorted(((m["received_at"], ids.index(i), m["content"]["execution_state"])
+                     for i in ids for m in kernel.iopub_for(i) if m["msg_type"] == "status"))
+    assert [(n, state) for _, n, state in states] == \
+        [(n, state) for n in range(3) for state in ("busy", "idle")]
 
 
 def test_a_breakpoint_in_a_cell_with_leading_empty_lines_stops_on_its_line(fresh_kernel):
