@@ -12,6 +12,7 @@ used, so starting the kernel does not pay for importing ipykernel.
 
 import base64
 import builtins
+import contextvars
 import datetime
 import getpass as _getpass_module
 import io
@@ -99,12 +100,63 @@ def dumps(obj):
                           default=_default, ensure_ascii=False, separators=(",", ":"))
 
 
-def publish(msg_type, content, metadata=None, buffers=None):
+# ---- whose output ---------------------------------------------------------------
+
+class _Parents:
+    """Which request a thread's or an asyncio task's output belongs to: the
+    shell API of ipykernel 7 (get_parent, set_parent, set_thread_parent,
+    reset_thread_parent), which libraries use to send what a background thread
+    prints to the cell that started it.
+
+    The C side publishes under the request it is running. A thread or task
+    that set a parent of its own publishes under that one instead: it is a
+    ContextVar, so a new thread starts without one and an asyncio task
+    inherits its creator's. set_parent also sets it for every thread that has
+    none, until the next request, as in ipykernel (whose next execute_request
+    calls set_parent again). None is "the request running"; a parent is a
+    message, as get_parent returns it, or a bare header."""
+
+    def __init__(self):
+        self.var = contextvars.ContextVar("distkernel_parent")
+        self.shared = None
+
+    def current(self):
+        return self.var.get(self.shared)
+
+    def header_json(self):
+        """The header JSON that output goes under, or None for the request running."""
+        p = self.current()
+        if p is None:
+            return None
+        return dumps(p["header"] if "header" in p else p)
+
+    def new_request(self):
+        """A request starts: output goes under it again, in the main thread and
+        in every thread without a parent of its own."""
+        self.shared = None
+        self.var.set(None)
+
+    @staticmethod
+    def running():
+        """The request running, as a message (ipywidgets' Output reads its
+        header's msg_id); its header is empty between requests."""
+        header = json.loads(_distkernel.parent() or "{}")
+        return {"header": header, "msg_id": header.get("msg_id"),
+                "msg_type": header.get("msg_type"), "parent_header": {}, "metadata": {},
+                "content": {}}
+
+
+_parents = _Parents()
+
+
+def publish(msg_type, content, metadata=None, buffers=None, parent=None):
+    """Publish on IOPub under PARENT (header JSON), by default the parent of the
+    calling thread or task (_Parents), else the request running."""
     if os.getpid() != _KERNEL_PID:
         _publish_from_child(msg_type, content)
         return
-    _distkernel.publish(msg_type, dumps(content),
-                        dumps(metadata) if metadata else None, buffers)
+    _distkernel.publish(msg_type, dumps(content), dumps(metadata) if metadata else None,
+                        buffers, parent or _parents.header_json())
 
 
 def _publish_from_child(msg_type, content):
@@ -152,7 +204,13 @@ class OutStream(io.TextIOBase):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
         if os.getpid() != _KERNEL_PID:
             return self._write_in_child(text)
-        _distkernel.stream_write(self._fd, text)
+        parent = _parents.current()
+        if parent is None:
+            _distkernel.stream_write(self._fd, text)
+        elif text:
+            # Another request's: the running one's buffered text goes first.
+            _distkernel.flush()
+            publish("stream", {"name": "stderr" if self._fd == 2 else "stdout", "text": text})
         return len(text)
 
     def flush(self):
@@ -250,6 +308,8 @@ class KernelDisplayPublisher(DisplayPublisher):
 class KernelDisplayHook(DisplayHook):
     """Turns a cell's last value into an execute_result."""
 
+    _content = None   # while a value is being displayed
+
     def start_displayhook(self):
         self._content = {"execution_count": None, "data": {}, "metadata": {}}
 
@@ -276,7 +336,24 @@ class KernelShell(InteractiveShell):
     def __init__(self, **kw):
         super().__init__(**kw)
         self.last_error = None
+        self.error_in_displayhook = False
         self._comm_kernel = None
+
+    # ipykernel 7's shell API for the parent of output (see _Parents).
+
+    def get_parent(self):
+        parent = _parents.current()
+        return parent if parent is not None else _parents.running()
+
+    def set_parent(self, parent):
+        _parents.var.set(parent)
+        _parents.shared = parent
+
+    def set_thread_parent(self, parent):
+        return _parents.var.set(parent)
+
+    def reset_thread_parent(self, token):
+        _parents.var.reset(token)
 
     def init_hooks(self):
         super().init_hooks()
@@ -289,6 +366,9 @@ class KernelShell(InteractiveShell):
         content = {"traceback": stb, "ename": str(etype.__name__), "evalue": str(evalue)}
         publish("error", content)
         self.last_error = content
+        if self.displayhook._content is not None:
+            # The value's repr failed: the cell failed (ipykernel 7 too).
+            self.error_in_displayhook = True
 
     def ask_exit(self, keep_kernel=False):
         self.exit_now = True
@@ -306,6 +386,25 @@ class KernelShell(InteractiveShell):
             from distkernel import _comms
             self._comm_kernel = _comms.make_kernel(self)
         return self._comm_kernel
+
+
+def install_comm_package(shell):
+    """Where the `comm` package is installed (ipykernel >= 6.18 and the
+    ipywidgets of today use it), its create_comm and get_comm_manager become
+    the kernel's, as ipykernel's own start does; left as they are, a widget's
+    comm sends nothing and it never shows. The stand-in kernel (and ipykernel's
+    import) still waits for the first comm."""
+    import importlib.util
+    if importlib.util.find_spec("comm") is None:
+        return
+    import comm
+
+    def create_comm(*args, **kwargs):
+        from distkernel import _comms
+        return _comms.create_comm(shell, *args, **kwargs)
+
+    comm.create_comm = create_comm
+    comm.get_comm_manager = lambda *args, **kwargs: shell.kernel.comm_manager
 
 
 # ---- the object the C side calls ------------------------------------------------
@@ -330,6 +429,7 @@ class Kernel:
         from distkernel import _compat
         _compat.install()
         self.shell = KernelShell.instance()
+        install_comm_package(self.shell)
         self._tune_history()
         self.allow_stdin = False
         builtins.input = self.raw_input
@@ -455,9 +555,11 @@ class Kernel:
         silent = bool(c.get("silent", False))
         store_history = bool(c.get("store_history", not silent)) and not silent
         self.allow_stdin = bool(c.get("allow_stdin", False))
+        _parents.new_request()
         if not silent:
             publish("execute_input", {"code": code, "execution_count": shell.execution_count})
         shell.last_error = None
+        shell.error_in_displayhook = False
         self.arm_interrupt()
         try:
             result = shell.run_cell(code, store_history=store_history, silent=silent)
@@ -465,7 +567,7 @@ class Kernel:
             self.allow_stdin = False
             self.disarm_interrupt()
         count = shell.execution_count - 1 if store_history else shell.execution_count
-        if result.success:
+        if result.success and not (shell.error_in_displayhook and shell.last_error):
             reply = {"status": "ok", "execution_count": count,
                      "user_expressions": shell.user_expressions(c.get("user_expressions") or {})}
         else:
@@ -480,6 +582,7 @@ class Kernel:
 
     def native_begin(self, code, silent, store_history):
         shell = self.shell
+        _parents.new_request()
         self.arm_interrupt()
         count = shell.execution_count
         _cells.native_cell = code
