@@ -2,7 +2,8 @@
 # Run every test of distkernel on this machine: install what is needed, build,
 # the C unit tests (criterion, through meson), the end-to-end suite that drives
 # the installed kernel with jupyter_client, jupyter_kernel_test and nbconvert,
-# ipykernel's own suites, the Debian package; then the C paths again against an
+# ipykernel's own suites (Debian's 6.17, and 7 in the test venv of today's stack
+# from PyPI, scripts/venv.sh), the Debian package; then the C paths again against an
 # AddressSanitizer + UndefinedBehaviorSanitizer build, which must report
 # nothing; then fuzzing. It ends with a table of each stage's time and the 15
 # slowest tests (scripts/test_report.py), also when a stage failed.
@@ -29,6 +30,10 @@
 #   builds' end-to-end tests), not once per pytest session.
 # - The sanitizer pass runs the tests of the C paths, where sanitizers find
 #   bugs; ASAN_SKIP below lists, in one place, what it leaves out and why.
+# - The test venv (torch's CUDA build among its packages: 3.4 GB to download,
+#   about 4 minutes) is built once per machine, outside the clone, and reused:
+#   its stage takes under a second after the first run. --quick and a run given
+#   pytest arguments do not build it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,6 +41,7 @@ QUICK=0
 if [[ ${1:-} == --quick ]]; then QUICK=1; shift; fi
 JOBS=${E2E_JOBS:-4}
 PY=/usr/bin/python3   # Debian's, which has the Jupyter stack
+VENV=""               # the test venv of today's stack (scripts/venv.sh), once its stage ran
 
 # --quick: the end-to-end files that cover what most changes touch: the
 # protocol, executing, output, interrupts, the kernel's life, and
@@ -180,6 +186,29 @@ ipykernel_suite() {   # PREFIX: ipykernel's own test modules, pointed at distker
     --pyargs ipykernel.tests.test_message_spec ipykernel.tests.test_kernel ipykernel.tests.test_debugger
 }
 
+test_venv() {   # the venv of today's stack from PyPI: built once per machine, then reused
+  VENV=$(scripts/venv.sh)
+  echo "test venv: $VENV"
+}
+
+ipykernel7_suite() {   # PREFIX: ipykernel 7's own test modules, in the test venv, against distkernel
+  # From the sdist of the venv's ipykernel (its wheel ships no tests), with
+  # that sdist's pytest configuration (asyncio mode, warnings as errors), and
+  # distkernel installed for the venv as a user installs it. The plugin lists
+  # what it skips and why. The loop scope is set because the configuration
+  # leaves it unset, which today's pytest-asyncio warns about (an error there).
+  local specs=$REPORT/venv-kernels src
+  src=$(echo "$VENV"/src/ipykernel-*)
+  "$1/bin/distkernel" install --prefix "$specs" --name distkernel-today \
+    --python "$VENV/bin/python" || return
+  PYTHONPATH=tests/ipykernel JUPYTER_PATH="$specs/share/jupyter" \
+    DISTKERNEL_IPYKERNEL_SUITE_KERNEL=distkernel-today \
+    "$VENV/bin/python" -m pytest -q -p no:cacheprovider -p dk_ipykernel_plugin -rs \
+    --timeout 300 --color=no -o asyncio_default_fixture_loop_scope=function \
+    --junitxml="$REPORT/ipykernel7.xml" \
+    "$src/tests/test_message_spec.py" "$src/tests/test_kernel.py" "$src/tests/test_debugger.py"
+}
+
 sigint_ignored() {   # PREFIX: the interrupt tests again, from a shell that ignores SIGINT
   # As when a script starts the notebook server in the background: every
   # process it starts, the kernel included, inherits SIGINT ignored.
@@ -203,15 +232,17 @@ slurm_without_workaround() {   # BUILD PREFIX: the node-loss tests on a cluster 
 }
 
 side_by_side() {   # PREFIX: the small suites at once, each mostly waiting
-  # ipykernel's suites and the SIGINT-ignored subset drive one kernel each;
+  # ipykernel's suites (6.17's and, in the test venv, 7's) and the
+  # SIGINT-ignored subset drive one kernel each;
   # the node-loss tests wait on a cluster of their own; the Debian package
   # (unless PACKAGE=0) is built, installed, run and purged beside them: the
   # suites find their kernel through JUPYTER_PATH and DISTKERNEL_PREFIX, ahead
   # of the one it installs. Each one's output is shown whole when all are
   # done, in this order.
-  local prefix=$1 out=$REPORT/side rc=0 pids=() p name names=(ipykernel sigint nowa)
+  local prefix=$1 out=$REPORT/side rc=0 pids=() p name names=(ipykernel ipykernel7 sigint nowa)
   mkdir -p "$out"
   ipykernel_suite "$prefix" > "$out/ipykernel.log" 2>&1 & pids+=($!)
+  ipykernel7_suite "$prefix" > "$out/ipykernel7.log" 2>&1 & pids+=($!)
   sigint_ignored "$prefix" > "$out/sigint.log" 2>&1 & pids+=($!)
   slurm_without_workaround build-test "$prefix" > "$out/nowa.log" 2>&1 & pids+=($!)
   if [[ ${PACKAGE:-1} != 0 ]]; then
@@ -272,6 +303,9 @@ if [[ $QUICK == 1 ]]; then
   exit 0
 fi
 
+if [ $# -eq 0 ]; then
+  stage venv "test venv, today's stack from PyPI (scripts/venv.sh)" test_venv
+fi
 stage cluster "Slurm test cluster up" cluster_up
 # The flood runs its 8 ranks for 6 s here, not 10 (DISTKERNEL_FLOOD_SECONDS=10
 # for all of it): about 5 M lines, more than its memory bound holds and than
@@ -285,7 +319,7 @@ stage units "C unit tests" units units build-test
 DISTKERNEL_SOAK_SCALE=${DISTKERNEL_SOAK_SCALE:-0.5} \
   stage e2e "end-to-end" end_to_end e2e build-test "$PWD/build-test/prefix" tests/e2e "$@"
 if [ $# -eq 0 ]; then
-  side="ipykernel's suites; SIGINT ignored; node loss, no srun workaround"
+  side="ipykernel's suites, 6.17 and 7; SIGINT ignored; node loss, no srun workaround"
   [[ ${PACKAGE:-1} == 0 ]] || side+="; Debian package"
   stage kernel-suites "$side" side_by_side "$PWD/build-test/prefix"
 fi
