@@ -57,17 +57,24 @@ static char **ranks_env(dk_dist_mlflow_t *self)
     snprintf(self->env[1], sizeof self->env[1], "MLFLOW_RUN_ID=%s", self->tracked.run_id);
     snprintf(self->env[2], sizeof self->env[2], "MLFLOW_EXPERIMENT_ID=%s",
              self->tracked.experiment_id);
+    /* MLflow 3's client prints "View run ... at: URL" and "View experiment
+     * at: URL" when a rank's run ends: two lines a rank, 2,048 at 1,024
+     * ranks, for the link the cell already shows once. Off, unless the user
+     * chose otherwise. */
+    int ours = 3;
+    if (!getenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"))
+        snprintf(self->env[ours++], sizeof self->env[0], "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT=true");
     size_t n = 0;
     while (environ[n])
         n++;
-    char **env = calloc(n + 4, sizeof *env);
+    char **env = calloc(n + 5, sizeof *env);
     if (!env)
         return NULL;
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
         if (!is_mlflow_var(environ[i]))
             env[k++] = environ[i];
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < ours; i++)
         env[k++] = self->env[i];
     env[k] = NULL;
     return env;

@@ -16,7 +16,7 @@
 /* One run's tracking; zeroed is "not tracked". Owns nothing. */
 typedef struct {
     dk_tracked_run_t tracked;
-    char env[3][1400];           /* the run's MLFLOW_* variables, for the ranks */
+    char env[4][1400];           /* the run's MLFLOW_* variables, for the ranks */
 } dk_dist_mlflow_t;
 
 /* Create the MLflow run for REQ in TRACKING (its parent_run_id is filled here) and write

@@ -56,6 +56,7 @@ QUICK_FILES=(test_protocol.py test_execute.py test_io.py test_interrupt.py test_
 # embedded CPython is not instrumented, so under the sanitizers they only cost
 # time. Everything left out still runs against the default build above.
 ASAN_SKIP=(
+  test_today_mlflow.py   # a real MLflow server from the test venv: the C paths are test_mlflow.py's
   test_cell_sources.py   # cell file names, inspect.getsource, tracebacks: Python
   test_conformance.py    # jupyter_kernel_test's message checks: test_protocol.py and test_abuse.py keep the wire
   test_debugger.py       # debugpy's DAP relay: Python; dk_debug's framing runs in its C unit test
@@ -164,7 +165,7 @@ units() {        # ID BUILD [meson test args]
 pytest_e2e() {   # ID BUILD PREFIX [pytest args]: the end-to-end tests against PREFIX
   local id=$1 build=$2 prefix=$3
   shift 3
-  DISTKERNEL_PREFIX=$prefix DISTKERNEL_FAKE_CUDA=$build/tests/unit \
+  DISTKERNEL_TEST_VENV=$VENV DISTKERNEL_PREFIX=$prefix DISTKERNEL_FAKE_CUDA=$build/tests/unit \
     DISTKERNEL_FIGURES_DIR=$build/figures \
     $PY -m pytest -q -p no:cacheprovider --junitxml="$REPORT/$id.xml" "$@"
 }
