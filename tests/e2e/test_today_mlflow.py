@@ -122,3 +122,21 @@ def test_a_failing_rank_ends_the_run_failed(kernel):
     assert r.status == "error", r.describe()
     _, run = the_run(r)
     assert run["info"]["status"] == "FAILED", run["info"]
+
+
+def test_a_run_active_in_the_notebook_is_the_cells_runs_parent(kernel):
+    """The notebook's own mlflow (MLflow 3's default store is mlflow.db in the
+    notebook's folder, the store of the server the kernel starts) has a run
+    open: the cell's run is its child, and the parent is the same run on the
+    server."""
+    r = kernel.execute("import mlflow\n_parent = mlflow.start_run(run_name='notebook')\n"
+                       "print('parent', _parent.info.run_id)\n", timeout=RUN)
+    assert r.status == "ok", r.describe()
+    parent = re.search(r"parent ([0-9a-f]{32})", r.stdout).group(1)
+    r = kernel.execute(LOGGING_CELL, timeout=RUN)
+    assert r.status == "ok", r.describe()
+    server, run = the_run(r)
+    tags = {t["key"]: t["value"] for t in run["data"].get("tags", [])}
+    assert tags.get("mlflow.parentRunId") == parent, tags
+    assert get(server, "runs/get", run_id=parent)["run"]["info"]["run_name"] == "notebook"
+    kernel.execute("mlflow.end_run()")
