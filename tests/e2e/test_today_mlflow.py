@@ -44,10 +44,20 @@ for step in range(3):
     mlflow.log_metric(f"loss_rank{rank}", 1.0 / (1 + step + rank), step=step)
 rank
 """
+# Each rank's mlflow has the run active (log_metric started it) and ends it
+# FINISHED at its exit (atexit, as MLflow does): the kernel's own final
+# status, written after every rank exited, must be the one that stays.
 FAILING_CELL = """%%distributed num_processes=2
-import os
+import os, mlflow
+mlflow.log_metric("before_failing", 1.0)
 if os.environ["RANK"] == "1":
     raise ValueError("rank 1 fails on purpose")
+"""
+SLEEPING_CELL = """%%distributed num_processes=2{opts}
+import os, time, mlflow
+mlflow.log_metric("started", 1.0)
+print(f"READY pid={{os.getpid()}} run={{os.environ['TORCHELASTIC_RUN_ID']}}", flush=True)
+time.sleep(120)
 """
 
 
@@ -61,12 +71,15 @@ def today(tmp_path_factory):
     return KernelSpecManager(kernel_dirs=[str(prefix / "share" / "jupyter" / "kernels")])
 
 
-@pytest.fixture
-def kernel(today, tmp_path):
-    notebook = tmp_path / "notebook"      # the store, mlflow.db, goes beside the notebook
+@pytest.fixture(scope="module")
+def kernel(today, tmp_path_factory):
+    """One kernel for the module: the MLflow server it starts at its first run
+    (10-30 s) serves every test's runs, as it serves a notebook's."""
+    root = tmp_path_factory.mktemp("today-mlflow")
+    notebook = root / "notebook"          # the store, mlflow.db, goes beside the notebook
     notebook.mkdir(mode=0o700)
     km = KernelManager(kernel_name="distkernel-today", kernel_spec_manager=today)
-    k = support.Kernel.launch(km, env=support.kernel_env(DISTKERNEL_LOG_DIR=tmp_path / "logs"),
+    k = support.Kernel.launch(km, env=support.kernel_env(DISTKERNEL_LOG_DIR=root / "logs"),
                               cwd=str(notebook))
     yield k
     k.stop()
@@ -140,3 +153,20 @@ def test_a_run_active_in_the_notebook_is_the_cells_runs_parent(kernel):
     assert tags.get("mlflow.parentRunId") == parent, tags
     assert get(server, "runs/get", run_id=parent)["run"]["info"]["run_name"] == "notebook"
     kernel.execute("mlflow.end_run()")
+
+
+def test_an_interrupt_ends_the_run_killed(kernel):
+    msg_id = kernel.start_execute(SLEEPING_CELL.format(opts=""))
+    support.wait_announced(kernel, msg_id, timeout=RUN)
+    kernel.km.interrupt_kernel()
+    r = kernel.finish(msg_id, timeout=60)
+    assert r.status == "error" and r.content["ename"] == "KeyboardInterrupt", r.describe()
+    _, run = the_run(r)
+    assert run["info"]["status"] == "KILLED", run["info"]
+
+
+def test_a_timeout_ends_the_run_killed(kernel):
+    r = kernel.execute(SLEEPING_CELL.format(opts=" timeout=8"), timeout=RUN)
+    assert r.status == "error" and r.content["ename"] == "TimeoutError", r.describe()
+    _, run = the_run(r)
+    assert run["info"]["status"] == "KILLED", run["info"]
