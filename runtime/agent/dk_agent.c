@@ -371,8 +371,7 @@ static bool start_ranks(agent_t *a, const char *warm_socket)
         in.log_path = log;
         in.stacks_path = a->stacks ? dk_stackreq_path(a->stacks, i) : NULL;
         in.warm_socket = warm_socket;
-        if (a->relay)
-            in.bc_address = dk_relay_address(a->relay);
+        in.bc_address = dk_relay_address(a->relay);   /* ranks start only with a relay */
         char **env = log ? dk_rankenv_build(s->base_env, &in) : NULL;
         free(log);
         if (!env) {
