@@ -39,6 +39,7 @@
 #include "dk_hostlist.h"
 #include "dk_logdir.h"
 #include "dk_logfile.h"
+#include "dk_mlflow.h"
 #include "dk_slurm.h"
 
 #include <pthread.h>
@@ -488,6 +489,17 @@ static PyObject *with_mlflow_secrets(const void *payload, size_t len)
     return with_env(payload, len, vars);
 }
 
+/* The tracking server of RUN's MLflow run, when ranks on other nodes reach
+ * it only through the job's gate (dk_tunnel.h: it is on this host's
+ * loopback), as "127.0.0.1:PORT" in BUF; else NULL. */
+static const char *tunnel_upstream(dk_dist_run_t *run, char *buf, size_t len)
+{
+    return run->mlflow.tracked.active &&
+                   dk_mlflow_loopback_addr(run->mlflow.tracked.tracking_uri, buf, len)
+               ? buf
+               : NULL;
+}
+
 static dk_job_t *start_job(dk_dist_run_t *run, char **env, const char *log_dir,
                            unsigned long long log_cap, const void *payload, size_t len)
 {
@@ -557,6 +569,9 @@ static dk_job_t *start_job(dk_dist_run_t *run, char **env, const char *log_dir,
             dk_dist_warm_note(log_dir, why);
         }
     }
+    char upstream[64];
+    if (spec.agent_command)
+        spec.tunnel_upstream = tunnel_upstream(run, upstream, sizeof upstream);
     char err[1024];
     dk_job_t *job = dk_job_start(&spec, &sink, err, sizeof err);
     free(agent_path);
@@ -611,7 +626,10 @@ static dk_job_t *submit_round(dk_dist_run_t *run, char **env, const char *log_di
     }
     dk_sink_t sink = run_sink(run);
     dk_dist_pool_attach(run->pool, &sink);
-    if (dk_job_set_log_dir(job, log_dir, err, sizeof err) < 0 ||
+    char upstream[64];
+    if (dk_job_set_tunnel_upstream(job, tunnel_upstream(run, upstream, sizeof upstream), err,
+                                   sizeof err) < 0 ||
+        dk_job_set_log_dir(job, log_dir, err, sizeof err) < 0 ||
         dk_job_submit(job, bytes, (size_t)n,
                       cut_timeout(run, dk_dist_pool_slurm_left(run->pool)), err,
                       sizeof err) < 0) {

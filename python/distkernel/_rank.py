@@ -517,6 +517,7 @@ def _run_job(box, main_ns, keep_globals=False):
     _SentModules.add(job.get("modules", {}))
     _prime_linecache(job.get("sources", {}))
     _CellEnv.apply(job.get("env", {}))
+    _tracking_through_door()
     if job["kind"] == "cell":
         for name, blob in job["names"].items():
             main_ns[name] = cloudpickle.loads(blob)
@@ -552,6 +553,35 @@ def _pickle_value(value):
         return cloudpickle.dumps(value, protocol=5)
     except Exception as exc:
         return cloudpickle.dumps(_Unpicklable(repr(value), f"{type(exc).__name__}: {exc}"))
+
+
+_LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def _tracking_through_door():
+    """A tracking server on the kernel host's loopback (the one the kernel
+    started, or a user's on 127.0.0.1), reached from this node: there
+    127.0.0.1 is this node's own. The node's agent keeps a door to it on this
+    node's 127.0.0.1 for this user's processes only (dk_tunnel.h) and says
+    its port in DISTKERNEL_TRACKING_PORT; MLFLOW_TRACKING_URI is pointed at
+    that port, the rest of it (scheme, credentials, path) as it was."""
+    port = os.environ.get("DISTKERNEL_TRACKING_PORT", "")
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    if not port.isdigit() or not uri:
+        return
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(uri)
+        host = parts.hostname
+    except ValueError:
+        return
+    if parts.scheme not in ("http", "https") or host not in _LOOPBACK_HOSTS:
+        return
+    userinfo = parts.netloc.rpartition("@")[0]
+    netloc = f"{userinfo}@" if userinfo else ""
+    netloc += f"{'127.0.0.1' if host == '::1' else host}:{port}"
+    os.environ["MLFLOW_TRACKING_URI"] = urlunsplit(parts._replace(netloc=netloc))
 
 
 class _CellEnv:

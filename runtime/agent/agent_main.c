@@ -27,6 +27,13 @@
  *   DISTKERNEL_AGENT_WARM_PATH            its import path (newline-separated)
  *   DISTKERNEL_WARM_WAIT_S                how long the ranks wait for it (s)
  *   DISTKERNEL_CWD                        the kernel's folder, for the ranks
+ *   DISTKERNEL_AGENT_TUNNEL               set: the job's gate to a tracking
+ *                                         server on the kernel's host
+ *                                         (HOST:PORT); the agent opens a door
+ *                                         to it on this node's 127.0.0.1 for
+ *                                         its user's processes only and tells
+ *                                         the ranks its port in
+ *                                         DISTKERNEL_TRACKING_PORT (dk_tunnel.h)
  * The DISTKERNEL_AGENT_* variables are the agent's own: its ranks do not
  * see them. The template is started first, before the agent connects, so
  * that it imports while the kernel is reached. Its environment is the ranks'
@@ -42,6 +49,7 @@
 #include "dk_backchan.h"
 #include "dk_spawn.h"
 #include "dk_tidy.h"
+#include "dk_tunnel.h"
 
 #include <limits.h>
 #include <stdbool.h>
@@ -220,11 +228,12 @@ static int agent(int argc, char **argv, const char *key_hex)
                 host ? host : "", host ? ")" : "", err);
         return 2;
     }
-    /* The ranks' base: the agent's environment less its own variables. */
+    /* The ranks' base: the agent's environment less its own variables, and
+     * the tracking door's port (below). */
     size_t n = 0;
     while (environ[n])
         n++;
-    const char **base = calloc(n + 1, sizeof *base);
+    const char **base = calloc(n + 2, sizeof *base);
     size_t k = 0;
     for (size_t i = 0; base && i < n; i++)
         if (strncmp(environ[i], "DISTKERNEL_AGENT_", 17) != 0)
@@ -235,6 +244,23 @@ static int agent(int argc, char **argv, const char *key_hex)
     if (dk_tidy_start(why, sizeof why) < 0)
         fprintf(stderr, "distkernel-agent: node %d%s%s%s: %s; its folders stay in TMPDIR if "
                 "it is killed\n", node, host ? " (" : "", host ? host : "", host ? ")" : "", why);
+    /* A door on this node to the tracking server on the kernel's host, for
+     * this user's processes only: a rank reaches it as 127.0.0.1 (dk_tunnel.h). */
+    dk_tunnel_t *door = NULL;
+    char door_var[64];
+    const char *gate = getenv("DISTKERNEL_AGENT_TUNNEL");
+    if (gate && *gate && base) {
+        char terr[256];
+        if ((door = dk_tunnel_door_new(gate, key, terr, sizeof terr))) {
+            snprintf(door_var, sizeof door_var, "DISTKERNEL_TRACKING_PORT=%d",
+                     dk_tunnel_port(door));
+            base[k++] = door_var;
+        } else {
+            fprintf(stderr, "distkernel-agent: node %d%s%s%s: the ranks of this node will not "
+                    "reach the tracking server on the kernel's host: %s\n", node,
+                    host ? " (" : "", host ? host : "", host ? ")" : "", terr);
+        }
+    }
     warm_t warm = {0};
     if (base)
         warm_start(&warm, program, base);
@@ -246,6 +272,7 @@ static int agent(int argc, char **argv, const char *key_hex)
         fprintf(stderr, "distkernel-agent: node %d%s%s%s: %s\n", node, host ? " (" : "",
                 host ? host : "", host ? ")" : "", err);
         warm_end(&warm);
+        dk_tunnel_destroy(&door);
         free(base);
         free(program);
         return 2;
@@ -277,6 +304,7 @@ static int agent(int argc, char **argv, const char *key_hex)
                 host ? host : "", host ? ")" : "");
     close(fd);
     warm_end(&warm);
+    dk_tunnel_destroy(&door);
     free(base);
     free(program);
     /* The stacks' and the template's folders are removed by now: the folder

@@ -262,6 +262,14 @@ typedef struct {
      * agents.log). */
     const char *agent_warm_modules;
     const char *agent_warm_path;
+    /* With agent_command: the tracking server the ranks are to reach, when it
+     * is on this host's loopback ("127.0.0.1:PORT"; NULL: none, or one the
+     * nodes reach themselves). The job opens a gate on bc_tcp_addr and each
+     * agent a door on its node's 127.0.0.1 that leads to it (dk_tunnel.h),
+     * and tells its ranks the door's port (DISTKERNEL_TRACKING_PORT). The
+     * gate is open for the job's life, so that a persistent job's later
+     * rounds can be given one (dk_job_set_tunnel_upstream). */
+    const char *tunnel_upstream;
 } dk_job_spec_t;
 
 #define DK_JOB_PORT_FROM_RANK0 (-1)
@@ -350,6 +358,11 @@ int dk_job_master_port(dk_job_t *job);
  * next round's rank-N.log files; output read from now on goes there. Call
  * between rounds. Returns -1 with ERR, keeping the old logs, when it cannot. */
 int dk_job_set_log_dir(dk_job_t *job, const char *log_dir, char *err, size_t errlen);
+
+/* The tracking server the gate leads to from now on (as spec.tunnel_upstream;
+ * NULL: none). No-op for a job without agents. -1 with ERR when it is not a
+ * numeric HOST:PORT. */
+int dk_job_set_tunnel_upstream(dk_job_t *job, const char *upstream, char *err, size_t errlen);
 
 /* Start the next round: every rank gets PAYLOAD (copied) in a TASK frame.
  * TIMEOUT_S (<= 0: none) interrupts the round when it passes. Returns -1 with

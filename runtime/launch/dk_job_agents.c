@@ -15,14 +15,17 @@
 #include "dk_job_state.h"
 #include "dk_clock.h"
 #include "dk_err.h"
+#include "dk_frame.h"
 #include "dk_lost.h"
 
 #include "dk_spawn.h"
+#include "dk_tunnel.h"
 #include "dk_utf8.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <openssl/crypto.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,7 +33,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define AGENT_VARS 12
+#define AGENT_VARS 13
 /* The most of an agent's last words kept (bytes). */
 #define AGENT_WORDS_MAX 1024
 
@@ -60,6 +63,18 @@ bool job_start_agents(dk_job_t *job, const dk_job_spec_t *spec, const char *cons
     if (!(job->agents_log = dk_logfile_new(job->log_dirfd, "agents.log", job->log_cap, why,
                                            sizeof why)))
         job_warn(job, "the node agents' own lines will not be kept: %s", why);
+    /* The gate to the tracking server, for every job with agents: a
+     * persistent job may be given a server only later. */
+    unsigned char key[DK_FRAME_KEY_LEN];
+    if (dk_frame_key_from_hex(dk_backchan_key_hex(job->chan), key) == 0)
+        job->tunnel = dk_tunnel_gate_new(spec->bc_tcp_addr, key, spec->tunnel_upstream, why,
+                                         sizeof why);
+    else
+        snprintf(why, sizeof why, "the run's key is not one");
+    OPENSSL_cleanse(key, sizeof key);
+    if (!job->tunnel)
+        job_warn(job, "ranks on other nodes will not reach a tracking server on this host: %s",
+                 why);
     char vars[AGENT_VARS][160];
     const char *set[AGENT_VARS + 5];
     size_t k = 0;
@@ -74,6 +89,10 @@ bool job_start_agents(dk_job_t *job, const dk_job_spec_t *spec, const char *cons
     SETF("DISTKERNEL_BC_KEY=%s", dk_backchan_key_hex(job->chan));
     SETF("DISTKERNEL_BC_HEARTBEAT=%g", job->heartbeat_s);
     SETF("DISTKERNEL_BC_CONNECT_TIMEOUT=%g", job->connect_timeout_s);
+    if (job->tunnel)
+        SETF(strchr(spec->bc_tcp_addr, ':') ? "DISTKERNEL_AGENT_TUNNEL=[%s]:%d"
+                                            : "DISTKERNEL_AGENT_TUNNEL=%s:%d",
+             spec->bc_tcp_addr, dk_tunnel_port(job->tunnel));
 #undef SETF
     char *bc = NULL, *logs = NULL, *cwd = NULL, *mods = NULL, *wpath = NULL, here[PATH_MAX];
     if (asprintf(&bc, "DISTKERNEL_BC=%s", dk_backchan_address(job->chan)) < 0)
@@ -134,8 +153,14 @@ bool job_start_agents(dk_job_t *job, const dk_job_spec_t *spec, const char *cons
     return true;
 }
 
+int dk_job_set_tunnel_upstream(dk_job_t *job, const char *upstream, char *err, size_t errlen)
+{
+    return job->tunnel ? dk_tunnel_set_upstream(job->tunnel, upstream, err, errlen) : 0;
+}
+
 void job_agents_free(dk_job_t *job)
 {
+    dk_tunnel_destroy(&job->tunnel);
     job_close_fd(&job->agents_pidfd);
     job_close_fd(&job->agents_pipe[0]);
     job_close_fd(&job->agents_pipe[1]);

@@ -25,6 +25,7 @@
 #include "dk_logfile.h"
 #include "dk_stackreq.h"
 #include "dk_stop.h"
+#include "dk_tunnel.h"
 
 #include <poll.h>
 #include <pthread.h>
@@ -165,6 +166,7 @@ struct dk_job_t {
     bool agents_exit_judged;    /* ... and the agents that never came judged */
     dk_launchout_t *agents_filter[2];
     dk_logfile_t *agents_log;   /* agents.log: the launcher's lines */
+    dk_tunnel_t *tunnel;        /* the tracking server's gate for the agents (dk_tunnel.h) */
     char *agents_line;          /* its last telling line, or NULL */
     bool *agent_hello;          /* per node: its agent said AGENT_HELLO */
     bool *agent_gone;           /* per node: its agent was lost (or never came) */

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 void mlflow_copy_str(char *out, size_t outlen, const char *s)
 {
@@ -60,6 +61,53 @@ void dk_mlflow_strip_uri(const char *uri, char *out, size_t outlen)
     char *shown = mlflow_strip_uri(uri ? uri : "");
     snprintf(out, outlen, "%s", shown ? shown : "(a URI: out of memory to show it)");
     free(shown);
+}
+
+bool dk_mlflow_loopback_addr(const char *uri, char *out, size_t outlen)
+{
+    bool https = uri && strncmp(uri, "https://", 8) == 0;
+    if (!uri || !(https || strncmp(uri, "http://", 7) == 0))
+        return false;
+    const char *authority;
+    const char *at = mlflow_userinfo_at(uri, &authority);
+    const char *host = at ? at + 1 : authority;
+    size_t len = strcspn(host, "/?#");
+    const char *port = NULL;
+    size_t hostlen = len;
+    if (host[0] == '[') {
+        const char *close = memchr(host, ']', len);
+        if (!close)
+            return false;
+        hostlen = (size_t) (close - host) + 1;
+        if (hostlen < len && host[hostlen] == ':')
+            port = host + hostlen + 1;
+        else if (hostlen != len)
+            return false;
+    } else {
+        const char *colon = memchr(host, ':', len);
+        if (colon) {
+            hostlen = (size_t) (colon - host);
+            port = colon + 1;
+        }
+    }
+    long p = https ? 443 : 80;
+    if (port) {
+        size_t plen = (size_t) (host + len - port);
+        if (plen == 0 || plen > 5 || strspn(port, "0123456789") < plen)
+            return false;
+        p = strtol(port, NULL, 10);
+        if (p < 1 || p > 65535)
+            return false;
+    }
+#define IS(name) (hostlen == sizeof name - 1 && strncasecmp(host, name, hostlen) == 0)
+    const char *numeric = IS("127.0.0.1") || IS("localhost") ? "127.0.0.1"
+                          : IS("[::1]")                      ? "[::1]"
+                                                             : NULL;
+#undef IS
+    if (!numeric)
+        return false;
+    snprintf(out, outlen, "%s:%ld", numeric, p);
+    return true;
 }
 
 /* The JSON string for a param or tag value, as MLflow's Python client would

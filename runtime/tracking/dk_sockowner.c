@@ -17,6 +17,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <pwd.h>
+#include <sys/socket.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,6 +103,61 @@ size_t dk_sockowner_listeners(const char *text, bool v6, int port, dk_listener_t
         line = next;
     }
     return found;
+}
+
+/* The port at hex text P (after "ADDR:"), or -1 when it is not " "-ended. */
+static long hex_port(const char *p)
+{
+    char *end;
+    unsigned long port = strtoul(p, &end, 16);
+    return end != p && *end == ' ' && port <= 65535 ? (long) port : -1;
+}
+
+/* Whether the 8 (v4) or 32 (v6) hex digits at P are 127.0.0.1 (in v6, as
+ * ::ffff:127.0.0.1). */
+static bool is_loopback_v4(const char *p, bool v6)
+{
+    uint32_t w[4];
+    for (int i = 0; i < (v6 ? 4 : 1); i++)
+        if (!hex_word(p + 8 * i, &w[i]))
+            return false;
+    if (!v6)
+        return w[0] == htonl(INADDR_LOOPBACK);
+    return w[0] == 0 && w[1] == 0 && w[2] == htonl(0xffff) && w[3] == htonl(INADDR_LOOPBACK);
+}
+
+bool dk_sockowner_conn_uid(const char *text, bool v6, int peer_port, int our_port,
+                           unsigned *uid)
+{
+    size_t addr_len = v6 ? 32 : 8;
+    const char *line = text ? strchr(text, '\n') : NULL;    /* the header */
+    while (line && *++line) {
+        const char *next = strchr(line, '\n');
+        /* "  sl: LOCAL:PORT REMOTE:PORT st tx:rx tr:when retr uid ..." */
+        const char *p = strchr(line, ':');
+        if (p && (!next || p < next)) {
+            p++;
+            while (*p == ' ')
+                p++;
+            const char *local = p, *remote = p + addr_len + 1;
+            while (*remote && *remote != ' ')
+                remote++;
+            while (*remote == ' ')
+                remote++;
+            unsigned long owner;
+            if (strlen(local) > addr_len + 1 && local[addr_len] == ':' &&
+                strlen(remote) > addr_len + 1 && remote[addr_len] == ':' &&
+                is_loopback_v4(local, v6) && is_loopback_v4(remote, v6) &&
+                hex_port(local + addr_len + 1) == peer_port &&
+                hex_port(remote + addr_len + 1) == our_port &&
+                sscanf(strchr(remote, ' '), " %*x %*x:%*x %*x:%*x %*x %lu", &owner) == 1) {
+                *uid = (unsigned) owner;
+                return true;
+            }
+        }
+        line = next;
+    }
+    return false;
 }
 
 /* The whole of /proc file PATH (malloc'd, NUL-terminated), or NULL. */
@@ -255,4 +311,37 @@ dk_sockowner_t dk_sockowner_check(pid_t root, int port, char *err, size_t errlen
         return DK_SOCKOWNER_FOREIGN;
     }
     return DK_SOCKOWNER_OURS;
+}
+
+int dk_sockowner_peer_uid(int fd, unsigned *uid, char *err, size_t errlen)
+{
+    struct sockaddr_in ours, peer;
+    socklen_t ol = sizeof ours, pl = sizeof peer;
+    if (getsockname(fd, (struct sockaddr *) &ours, &ol) < 0 ||
+        getpeername(fd, (struct sockaddr *) &peer, &pl) < 0) {
+        dk_set_err(err, errlen, "cannot see the connection's ends: %s", strerror(errno));
+        return -1;
+    }
+    if (ours.sin_family != AF_INET || peer.sin_family != AF_INET ||
+        ours.sin_addr.s_addr != htonl(INADDR_LOOPBACK) ||
+        peer.sin_addr.s_addr != htonl(INADDR_LOOPBACK)) {
+        dk_set_err(err, errlen, "not a connection over 127.0.0.1");
+        return -1;
+    }
+    int peer_port = ntohs(peer.sin_port), our_port = ntohs(ours.sin_port);
+    static const char *const files[] = {"/proc/net/tcp", "/proc/net/tcp6"};
+    for (int v6 = 0; v6 < 2; v6++) {
+        char *text = slurp(files[v6]);
+        if (!text && !(v6 && errno == ENOENT)) {
+            dk_set_err(err, errlen, "cannot read %s to see who connected from 127.0.0.1:%d: %s",
+                       files[v6], peer_port, strerror(errno));
+            return -1;
+        }
+        bool found = text && dk_sockowner_conn_uid(text, v6, peer_port, our_port, uid);
+        free(text);
+        if (found)
+            return 0;
+    }
+    dk_set_err(err, errlen, "no socket of this host is connected from 127.0.0.1:%d", peer_port);
+    return -1;
 }

@@ -54,4 +54,23 @@ typedef enum {
  * fails closed. */
 dk_sockowner_t dk_sockowner_check(pid_t root, int port, char *err, size_t errlen);
 
+/* Who is at the other end of a loopback connection.
+ *
+ * A listener on 127.0.0.1 is reachable by every user of the host. For a
+ * connection it accepted from 127.0.0.1:PEER_PORT to 127.0.0.1:OUR_PORT, the
+ * client's own socket is on this host too, in the same tables: a line whose
+ * local address is 127.0.0.1:PEER_PORT and whose remote one is
+ * 127.0.0.1:OUR_PORT (in tcp6, as ::ffff:127.0.0.1, for a dual-stack client),
+ * and its uid column is the client's owner. */
+
+/* Read TEXT (/proc/net/tcp, or tcp6 when V6) for that line; true with its
+ * owner in *UID when there is one. */
+bool dk_sockowner_conn_uid(const char *text, bool v6, int peer_port, int our_port,
+                           unsigned *uid);
+
+/* The uid of the process at the other end of FD, a TCP connection accepted
+ * on 127.0.0.1. 0 with *UID, or -1 with ERR (not a loopback connection, /proc
+ * unreadable, no such line: the client is gone); callers refuse on -1. */
+int dk_sockowner_peer_uid(int fd, unsigned *uid, char *err, size_t errlen);
+
 #endif

@@ -1032,3 +1032,34 @@ Test(server, an_experiment_id_that_is_not_mlflows_is_refused)
     cr_assert(strstr(err, "not MLflow's") != NULL, "%s", err);
     dk_mlflow_destroy(&c);
 }
+
+/* ---- which servers ranks on other nodes reach through the tunnel ---- */
+
+static const char *loopback(const char *uri)
+{
+    static char out[64];
+    return dk_mlflow_loopback_addr(uri, out, sizeof out) ? out : NULL;
+}
+
+Test(loopback_addr, the_kernels_own_server_and_a_users_on_loopback)
+{
+    cr_assert_str_eq(loopback("http://127.0.0.1:5000"), "127.0.0.1:5000");
+    cr_assert_str_eq(loopback("http://localhost:5000/prefix/"), "127.0.0.1:5000");
+    cr_assert_str_eq(loopback("http://LOCALHOST"), "127.0.0.1:80");
+    cr_assert_str_eq(loopback("https://user:p%40ss@127.0.0.1/mlflow"), "127.0.0.1:443");
+    cr_assert_str_eq(loopback("http://[::1]:8080"), "[::1]:8080");
+    cr_assert_str_eq(loopback("http://a@b@localhost:1?x#y"), "127.0.0.1:1");
+}
+
+Test(loopback_addr, servers_the_nodes_reach_themselves_or_none)
+{
+    const char *others[] = {"http://10.0.0.5:5000", "http://mlflow.example.com",
+                            "http://127.0.0.1.example.com:5000", "http://127.0.0.2:5000",
+                            "databricks", "file:///tmp/mlruns", "sqlite:///mlflow.db",
+                            "http://127.0.0.1:", "http://127.0.0.1:99999",
+                            "http://127.0.0.1:50x0", "http://[::1", "http://[::1]x:5", "",
+                            "http://localhost.:5000"};
+    for (size_t i = 0; i < sizeof others / sizeof *others; i++)
+        cr_assert_null(loopback(others[i]), "%s", others[i]);
+    cr_assert_null(loopback(NULL));
+}
