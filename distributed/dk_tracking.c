@@ -104,8 +104,13 @@ static const char *start_server(dk_tracking_t *self, char *note, size_t notelen)
     }
     close(db);
     snprintf(store, sizeof store, "sqlite:///%s/mlflow.db", cwd);
+    /* One worker: the server has one user, this kernel. MLflow's default of
+     * 4 each import the server and open the store at their first request;
+     * on 2 busy cores that doubled the time to answer (75 s against 35 s,
+     * past SERVER_START_TIMEOUT_S) and the first run's lookups outlasted
+     * their timeout, so the cell's first run went unrecorded. */
     const char *args[] = {"server", "--backend-store-uri", store, "--host", "127.0.0.1",
-                          "--port", "{port}", NULL};
+                          "--port", "{port}", "--workers", "1", NULL};
     dk_server_spec_t spec = {.program = "mlflow", .args = args, .name = "`mlflow server`",
                              .log_name = "mlflow-server.log", .health_path = "/health",
                              .start_timeout_s = SERVER_START_TIMEOUT_S};

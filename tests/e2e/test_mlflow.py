@@ -807,6 +807,7 @@ ap.add_argument("command")
 ap.add_argument("--backend-store-uri", required=True)
 ap.add_argument("--host", required=True)
 ap.add_argument("--port", type=int, required=True)
+ap.add_argument("--workers", required=True)
 a = ap.parse_args()
 child = subprocess.Popen(["/usr/bin/python3", {server!r}, "--port", str(a.port)],
                          stdout=subprocess.DEVNULL)
@@ -852,6 +853,7 @@ def test_embedded_server_is_started_used_and_stopped(kernelspec_installed, tmp_p
         assert opts["--backend-store-uri"] == \
             f"sqlite:///{os.path.realpath(notebook_dir)}/mlflow.db", argv
         assert opts["--host"] == "127.0.0.1", argv
+        assert opts["--workers"] == "1", argv   # one user: one worker, half the start time
         url = f"http://127.0.0.1:{opts['--port']}"
         embedded = MlflowTestServer()
         embedded.url = url   # a client of the server the kernel started

@@ -204,6 +204,7 @@ ap.add_argument("command")
 ap.add_argument("--backend-store-uri", required=True)
 ap.add_argument("--host", required=True)
 ap.add_argument("--port", type=int, required=True)
+ap.add_argument("--workers")
 a = ap.parse_args()
 print("mlflow stand-in listening on", a.port, flush=True)
 sys.exit(subprocess.call(["/usr/bin/python3", {server!r}, "--port", str(a.port)],
