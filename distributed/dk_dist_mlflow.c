@@ -92,11 +92,33 @@ char **dk_dist_mlflow_begin(dk_dist_mlflow_t *self, dk_tracking_t *tracking, dk_
     return self->tracked.active ? ranks_env(self) : NULL;
 }
 
-void dk_dist_mlflow_end(dk_dist_mlflow_t *self, dk_kernel_t *kernel, const char *status)
+void dk_dist_mlflow_end(dk_dist_mlflow_t *self, dk_kernel_t *kernel, const char *status,
+                        const dk_dist_artifacts_t *files)
 {
     char note[1200];
     dk_tracking_end(&self->tracked, status, note, sizeof note);
-    note_line(kernel, note);
+    if (note[0] || !files || !self->tracked.active) {
+        /* A server that did not take the status takes no logs either: one
+         * line says both, and where the logs are. */
+        if (note[0] && files && files->log_dir) {
+            size_t used = strlen(note);
+            snprintf(note + used, sizeof note - used, "; nor the ranks' logs, which are in %s",
+                     files->log_dir);
+        }
+        note_line(kernel, note);
+        return;
+    }
+    size_t n = 0;
+    dk_tracked_file_t *list = dk_dist_artifacts_collect(files, &n);
+    char why[1024];
+    size_t stored = dk_tracking_attach(&self->tracked, list, n, why, sizeof why);
+    if (stored < n) {
+        snprintf(note, sizeof note, "MLflow: %zu of the %zu files of the ranks' logs were not "
+                 "stored with the run (%s); every log is in %s", n - stored, n, why,
+                 files->log_dir);
+        note_line(kernel, note);
+    }
+    dk_dist_artifacts_free(list, n);
 }
 
 void dk_dist_mlflow_slurm(dk_dist_mlflow_t *self, dk_kernel_t *kernel, const char *job_id,

@@ -11,6 +11,7 @@
 #define DK_DIST_MLFLOW_H
 
 #include "dk_kernel.h"
+#include "dk_dist_artifacts.h"
 #include "dk_tracking.h"
 
 /* One run's tracking; zeroed is "not tracked". Owns nothing. */
@@ -27,8 +28,11 @@ char **dk_dist_mlflow_begin(dk_dist_mlflow_t *self, dk_tracking_t *tracking, dk_
                             dk_tracking_request_t req);
 
 /* End the MLflow run with STATUS ("FINISHED", "FAILED", "KILLED"), if there is
- * one; tracking's note goes to KERNEL's stderr. */
-void dk_dist_mlflow_end(dk_dist_mlflow_t *self, dk_kernel_t *kernel, const char *status);
+ * one, and store what FILES picks of the log folder with it (NULL: nothing;
+ * dk_dist_artifacts.h). What could not be recorded is said in one line on
+ * KERNEL's stderr, with where the logs are. */
+void dk_dist_mlflow_end(dk_dist_mlflow_t *self, dk_kernel_t *kernel, const char *status,
+                        const dk_dist_artifacts_t *files);
 
 /* Record the Slurm job and the nodes a run got (dk_tracking_log_slurm);
  * tracking's note goes to KERNEL's stderr. */

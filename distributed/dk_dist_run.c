@@ -22,6 +22,7 @@
 #include "dk_dist_run.h"
 #include "dk_clock.h"
 #include "dk_codepath.h"
+#include "dk_dist_artifacts.h"
 #include "dk_dist_mlflow.h"
 #include "dk_dist_opts.h"
 #include "dk_dist_outcome.h"
@@ -652,7 +653,7 @@ static bool launch(dk_dist_run_t *run, const void *payload, size_t len)
     if (PyErr_CheckSignals() < 0) {
         /* Interrupted while the run was being recorded: start nothing. */
         free(env);
-        dk_dist_mlflow_end(&run->mlflow, run->kernel, "KILLED");
+        dk_dist_mlflow_end(&run->mlflow, run->kernel, "KILLED", NULL);
         return false;
     }
     char err[1024], log_dir[4096];
@@ -676,7 +677,8 @@ static bool launch(dk_dist_run_t *run, const void *payload, size_t len)
     free(env);
     if (!run->job)
         dk_dist_mlflow_end(&run->mlflow, run->kernel,
-                           PyErr_ExceptionMatches(PyExc_KeyboardInterrupt) ? "KILLED" : "FAILED");
+                           PyErr_ExceptionMatches(PyExc_KeyboardInterrupt) ? "KILLED" : "FAILED",
+                           NULL);
     return run->job != NULL;
 }
 
@@ -963,6 +965,8 @@ static void honour_signals(dk_dist_run_t *run)
     }
 }
 
+static void make_stacks(dk_dist_run_t *run);
+
 /* Every rank has exited: the last output, the records' final facts, MLflow's
  * status, and a word on output the frontend did not get. */
 static void finish(dk_dist_run_t *run, dk_job_end_t end)
@@ -976,9 +980,26 @@ static void finish(dk_dist_run_t *run, dk_job_end_t end)
         ri->log_complete = dk_job_rank_log_complete(run->job, r);
         ri->log_capped = dk_job_rank_log_capped(run->job, r);
     }
-    dk_dist_mlflow_end(&run->mlflow, run->kernel, end == DK_END_OK       ? "FINISHED"
-                                                  : end == DK_END_FAILED ? "FAILED"
-                                                                         : "KILLED");
+    /* A run that did not finish has its stacks.txt made now, to go with the
+     * ranks' logs to the MLflow run. */
+    if (end != DK_END_OK && run->mlflow.tracked.active)
+        make_stacks(run);
+    bool gone = run->pool && dk_job_end(run->job) != DK_END_NONE;
+    dk_dist_artifacts_t files = {
+        .log_dir = dk_job_log_dir(run->job), .world = run->plan.world, .ranks = run->ranks,
+        .hosts = run->hosts, .stacks = end != DK_END_OK && run->stacks_file[0],
+        .root = end != DK_END_FAILED      ? -1
+                : run->pool && !gone      ? dk_job_round_root_cause(run->job)
+                                          : dk_job_root_cause(run->job)};
+    pthread_mutex_lock(&run->lock);
+    for (int r = 0; r < run->plan.world; r++)
+        run->ranks[r].lost = dk_job_rank_lost(run->job, r);
+    pthread_mutex_unlock(&run->lock);
+    dk_dist_mlflow_end(&run->mlflow, run->kernel,
+                       end == DK_END_OK       ? "FINISHED"
+                       : end == DK_END_FAILED ? "FAILED"
+                                              : "KILLED",
+                       &files);
     dk_stream_t *stream = dk_kernel_stream(run->kernel);
     dk_stream_flush(stream);
     unsigned long long lines, bytes;

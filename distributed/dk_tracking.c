@@ -359,6 +359,25 @@ void dk_tracking_log_slurm(dk_tracked_run_t *run, const char *job_id, const char
     dk_mlflow_destroy(&c);
 }
 
+size_t dk_tracking_attach(dk_tracked_run_t *run, const dk_tracked_file_t *files, size_t n,
+                          char *why, size_t whylen)
+{
+    why[0] = '\0';
+    if (!run->active || n == 0)
+        return 0;
+    char artifact_uri[2048];
+    dk_mlflow_t *c = client_for(run->tracking_uri, why, whylen);
+    size_t stored = 0;
+    if (c && dk_mlflow_artifact_uri(c, run->run_id, artifact_uri, sizeof artifact_uri, why,
+                                    whylen) == 0)
+        while (stored < n && dk_mlflow_put_artifact(c, artifact_uri, files[stored].path,
+                                                    files[stored].data, files[stored].len, why,
+                                                    whylen) == 0)
+            stored++;
+    dk_mlflow_destroy(&c);
+    return stored;
+}
+
 void dk_tracking_end(dk_tracked_run_t *run, const char *status, char *note, size_t notelen)
 {
     note[0] = '\0';

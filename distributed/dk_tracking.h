@@ -65,6 +65,21 @@ void dk_tracking_begin(dk_tracking_t *self, const dk_tracking_request_t *req, dk
  * (no-op if it is not active). A warning for the user may go into NOTE. */
 void dk_tracking_end(dk_tracked_run_t *run, const char *status, char *note, size_t notelen);
 
+/* A file to store with a run (an MLflow artifact): PATH in the run's
+ * artifacts ("logs/rank-0.log"), LEN bytes at DATA. */
+typedef struct {
+    char path[64];
+    const void *data;
+    size_t len;
+} dk_tracked_file_t;
+
+/* Store FILES (N of them) with RUN, in order, stopping at the first that
+ * fails (a server that is down fails them all: it is asked once). Returns
+ * how many were stored; on a failure, why goes into WHY. No-op (0) if RUN is
+ * not active. */
+size_t dk_tracking_attach(dk_tracked_run_t *run, const dk_tracked_file_t *files, size_t n,
+                          char *why, size_t whylen);
+
 /* Record where a run on a Slurm cluster ran: parameters slurm_job_id (JOB_ID)
  * and nodes (NODES, the nodes the run's ranks are on, as Slurm writes a node
  * list: "node[1-16]"), once Slurm has given them (after the run

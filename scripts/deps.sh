@@ -12,7 +12,7 @@ if [ "$(id -u)" != 0 ]; then SUDO=(sudo); fi
 PKGS=(
   # build
   meson ninja-build pkg-config gcc clang
-  libzmq3-dev libczmq-dev libssl-dev libjansson-dev libcurl4-openssl-dev
+  libzmq3-dev libczmq-dev libssl-dev libjansson-dev libcurl4-openssl-dev zlib1g-dev
   python3-dev
   # the Python the kernel embeds
   python3-ipython python3-cloudpickle python3-ipykernel python3-ipywidgets

@@ -17,6 +17,10 @@ that distkernel and a rank's `mlflow.log_metric` / `log_param` / `set_tag` use:
   POST /api/2.0/mlflow/runs/log-metric             {run_id, key, value, timestamp, step}
   POST /api/2.0/mlflow/runs/log-parameter          {run_id, key, value}
   POST /api/2.0/mlflow/runs/set-tag                {run_id, key, value}
+  PUT  /api/2.0/mlflow-artifacts/artifacts/PATH    the bytes of an artifact (the
+                                                   server's artifact proxy), kept in
+                                                   memory: GET /_test/artifacts lists
+                                                   {PATH: size}
 
 (each also under /ajax-api/2.0/mlflow/, as MLflow serves them). As MLflow does:
 a wrong method is a 405 and an unknown path a 404, both plain text (Flask's);
@@ -272,6 +276,15 @@ class Handler(BaseHTTPRequestHandler):
             if method != "GET":
                 return self.method_not_allowed(["GET"])
             return self.send(200, "OK", "text/plain; charset=utf-8")
+        if path.startswith(ARTIFACTS):
+            if method != "PUT":
+                return self.method_not_allowed(["PUT"])
+            if not self.authorised():
+                return self.send(401, {"error_code": "UNAUTHENTICATED",
+                                       "message": "You are not authenticated."})
+            with self.server.store.lock:
+                self.server.artifacts[path[len(ARTIFACTS):]] = len(raw)
+            return self.send(200, {})
         endpoint = None
         for prefix in PREFIXES:
             if path.startswith(prefix):
@@ -315,6 +328,8 @@ class Handler(BaseHTTPRequestHandler):
         with srv.store.lock:
             if path == "/_test/requests" and method == "GET":
                 self.send(200, srv.recorded)
+            elif path == "/_test/artifacts" and method == "GET":
+                self.send(200, srv.artifacts)
             elif path == "/_test/state" and method == "GET":
                 store = srv.store
                 self.send(200, {
@@ -580,6 +595,8 @@ def set_tag(srv, args):
     return {}
 
 
+ARTIFACTS = "/api/2.0/mlflow-artifacts/artifacts/"
+
 ROUTES = {
     "experiments/get-by-name": ("GET", get_by_name),
     "experiments/get": ("GET", get_experiment),
@@ -604,6 +621,7 @@ class Server(ThreadingHTTPServer):
         self.store = Store()
         self.config = config
         self.recorded = []
+        self.artifacts = {}     # artifact path -> bytes received
 
 
 def main(argv=None):

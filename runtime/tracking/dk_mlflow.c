@@ -30,6 +30,8 @@
 
 #include <ctype.h>
 #include <curl/curl.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -37,7 +39,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #define API "/api/2.0/mlflow/"
 #define MAX_ANSWER (4u << 20)       /* bytes; MLflow's answers here are a few KB */
@@ -318,6 +322,10 @@ static void http_failure(dk_mlflow_t *self, long status, char *code, size_t code
  * NULL) sending BODY (POST). On a 2xx answer, returns 0 and *REPLY (new
  * reference, NULL for an empty answer). Otherwise -1, with CODE set to
  * MLflow's error_code ("" if none) and ERR saying what DOING met. */
+static int perform(dk_mlflow_t *self, const char *method, const char *url, const void *payload,
+                   size_t payload_len, long timeout_ms, json_t **reply, char *code,
+                   size_t codelen, const char *doing, char *err, size_t errlen);
+
 static int request(dk_mlflow_t *self, const char *method, const char *path, const char *query,
                    json_t *body, json_t **reply, char *code, size_t codelen, const char *doing,
                    char *err, size_t errlen)
@@ -336,11 +344,30 @@ static int request(dk_mlflow_t *self, const char *method, const char *path, cons
     }
     snprintf(url, urllen, "%s" API "%s%s%s", self->base, path, query ? "?" : "",
              query ? query : "");
+    const char *sent = strcmp(method, "POST") == 0 ? (payload ? payload : "{}") : NULL;
+    int rc = perform(self, method, url, sent, sent ? strlen(sent) : 0, self->timeout_ms, reply,
+                     code, codelen, doing, err, errlen);
+    free(payload);
+    free(url);
+    return rc;
+}
+
+/* METHOD ("GET", "POST" or "PUT", the last two with PAYLOAD_LEN bytes of
+ * PAYLOAD) on URL, each attempt within TIMEOUT_MS; as request. */
+static int perform(dk_mlflow_t *self, const char *method, const char *url, const void *payload,
+                   size_t payload_len, long timeout_ms, json_t **reply, char *code,
+                   size_t codelen, const char *doing, char *err, size_t errlen)
+{
+    *reply = NULL;
+    mlflow_copy_str(code, codelen, "");
     CURL *c = self->curl;
     curl_easy_setopt(c, CURLOPT_URL, url);
-    if (strcmp(method, "POST") == 0) {
-        curl_easy_setopt(c, CURLOPT_POSTFIELDS, payload ? payload : "{}");
-        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long) strlen(payload ? payload : "{}"));
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout_ms);
+    if (strcmp(method, "GET") != 0) {
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, payload);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t) payload_len);
+        if (strcmp(method, "PUT") == 0)
+            curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, "PUT");
     } else {
         curl_easy_setopt(c, CURLOPT_HTTPGET, 1L);
     }
@@ -361,10 +388,10 @@ static int request(dk_mlflow_t *self, const char *method, const char *path, cons
             break;
         backoff(attempts - 1);
     }
-    /* libcurl does not copy POSTFIELDS: unhook the body before freeing it. */
+    /* libcurl does not copy POSTFIELDS: unhook the body before its owner frees it. */
     curl_easy_setopt(c, CURLOPT_POSTFIELDS, NULL);
-    free(payload);
-    free(url);
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, NULL);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, self->timeout_ms);
 
     if (rc != CURLE_OK) {
         if (self->answer_too_big)
@@ -590,5 +617,143 @@ int dk_mlflow_update_run(dk_mlflow_t *self, const char *run_id, const char *stat
                      err, errlen);
     json_decref(body);
     json_decref(reply);
+    return rc;
+}
+
+int dk_mlflow_artifact_uri(dk_mlflow_t *self, const char *run_id, char *out, size_t outlen,
+                           char *err, size_t errlen)
+{
+    char doing[200], code[64], query[80];
+    snprintf(doing, sizeof doing, "looking up run %s", run_id ? run_id : "");
+    if (!self || !run_id || !dk_mlflow_is_run_id(run_id)) {
+        dk_set_err(err, errlen, "MLflow: %s failed: not a run id", doing);
+        return -1;
+    }
+    snprintf(query, sizeof query, "run_id=%s", run_id);
+    json_t *reply;
+    if (request(self, "GET", "runs/get", query, NULL, &reply, code, sizeof code, doing, err,
+                errlen) != 0)
+        return -1;
+    json_t *uri = json_object_get(json_object_get(json_object_get(reply, "run"), "info"),
+                                  "artifact_uri");
+    int rc = json_is_string(uri) && json_string_length(uri) < outlen ? 0 : -1;
+    if (rc == 0)
+        mlflow_copy_str(out, outlen, json_string_value(uri));
+    else
+        fail(self, err, errlen, doing, 1, "the answer has no artifact_uri");
+    json_decref(reply);
+    return rc;
+}
+
+/* Whether S is a path MLflow's artifact store takes as is: letters, digits
+ * and "/._-", no "..", no empty segment at its start. */
+static bool plain_path(const char *s)
+{
+    return *s && *s != '/' && !strstr(s, "..") &&
+           strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._-") ==
+               strlen(s);
+}
+
+/* Write LEN bytes of DATA to FOLDER/PATH on this host, making PATH's folders. */
+static int put_local(const char *folder, const char *path, const void *data, size_t len,
+                     char *err, size_t errlen)
+{
+    size_t n = strlen(folder) + strlen(path) + 2;
+    char *full = malloc(n);
+    if (!full) {
+        dk_set_err(err, errlen, "out of memory");
+        return -1;
+    }
+    snprintf(full, n, "%s/%s", folder, path);
+    for (char *p = full + strlen(folder) + 1; (p = strchr(p, '/')); p++) {
+        *p = '\0';
+        if (mkdir(full, 0755) != 0 && errno != EEXIST) {
+            dk_set_err(err, errlen, "cannot make %s: %s", full, strerror(errno));
+            free(full);
+            return -1;
+        }
+        *p = '/';
+    }
+    int fd = open(full, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    const char *p = data;
+    size_t left = len;
+    while (fd >= 0 && left > 0) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            break;
+        p += w;
+        left -= (size_t) w;
+    }
+    int rc = fd >= 0 && left == 0 && close(fd) == 0 ? 0 : -1;
+    if (rc != 0) {
+        dk_set_err(err, errlen, "cannot write %s: %s", full, strerror(errno));
+        if (fd >= 0 && left > 0)
+            close(fd);
+    }
+    free(full);
+    return rc;
+}
+
+int dk_mlflow_put_artifact(dk_mlflow_t *self, const char *artifact_uri, const char *path,
+                           const void *data, size_t len, char *err, size_t errlen)
+{
+    char doing[300], code[64];
+    snprintf(doing, sizeof doing, "storing %s with the run", path ? path : "");
+    if (!self || !artifact_uri || !path || !plain_path(path)) {
+        dk_set_err(err, errlen, "MLflow: %s failed: not an artifact path", doing);
+        return -1;
+    }
+    const char *proxied = NULL;
+    if (strncmp(artifact_uri, "mlflow-artifacts:///", 20) == 0)
+        proxied = artifact_uri + 20;
+    else if (strncmp(artifact_uri, "mlflow-artifacts:/", 18) == 0 && artifact_uri[18] != '/')
+        proxied = artifact_uri + 18;
+    if (!proxied) {
+        const char *local = strncmp(artifact_uri, "file://", 7) == 0 ? artifact_uri + 7
+                            : artifact_uri[0] == '/'                  ? artifact_uri
+                                                                      : NULL;
+        if (local && local[0] == '/') {
+            char why[600];
+            if (put_local(local, path, data, len, why, sizeof why) == 0)
+                return 0;
+            fail(self, err, errlen, doing, 1, "%s", why);
+            return -1;
+        }
+        fail(self, err, errlen, doing, 1, "the run's artifacts go to %.200s, a store distkernel "
+                                          "does not write to (it writes through the server's "
+                                          "mlflow-artifacts proxy, or to a local folder)",
+             artifact_uri);
+        return -1;
+    }
+    size_t plen = strlen(proxied);
+    while (plen > 0 && proxied[plen - 1] == '/')
+        plen--;
+    char *where = strndup(proxied, plen);
+    if (!where || !plain_path(where)) {
+        fail(self, err, errlen, doing, 1, "the run's artifact location from the server is not "
+                                          "a plain path, refused");
+        free(where);
+        return -1;
+    }
+    static const char ARTIFACTS[] = "/api/2.0/mlflow-artifacts/artifacts/";
+    size_t urllen = strlen(self->base) + sizeof ARTIFACTS + plen + strlen(path) + 2;
+    char *url = malloc(urllen);
+    if (!url) {
+        free(where);
+        fail(self, err, errlen, doing, 1, "out of memory");
+        return -1;
+    }
+    snprintf(url, urllen, "%s%s%s/%s", self->base, ARTIFACTS, where, path);
+    free(where);
+    /* A log of some MB goes to a server on the other side of a network: each
+     * attempt gets its timeout plus a second per MB. */
+    long timeout_ms = self->timeout_ms + (long) (len >> 20) * 1000;
+    json_t *reply;
+    int rc = perform(self, "PUT", url, len ? data : "", len, timeout_ms, &reply, code,
+                     sizeof code, doing, err, errlen);
+    json_decref(reply);
+    free(url);
     return rc;
 }

@@ -82,6 +82,21 @@ int dk_mlflow_log_params(dk_mlflow_t *self, const char *run_id, json_t *params, 
 int dk_mlflow_update_run(dk_mlflow_t *self, const char *run_id, const char *status,
                          long long end_ms, char *err, size_t errlen);
 
+/* The artifact_uri of run RUN_ID (runs/get) into OUT. 0, or -1 with ERR. */
+int dk_mlflow_artifact_uri(dk_mlflow_t *self, const char *run_id, char *out, size_t outlen,
+                           char *err, size_t errlen);
+
+/* Store LEN bytes of DATA as the artifact PATH ("logs/rank-0.log": letters,
+ * digits and "/._-") of a run whose artifact_uri is ARTIFACT_URI:
+ *   mlflow-artifacts:/P  through the server's artifact proxy, as MLflow's
+ *                        client does: PUT /api/2.0/mlflow-artifacts/artifacts/P/PATH
+ *   file:///F or /F      written to F/PATH on this host (the server's store
+ *                        is a local folder)
+ * Any other store (s3://, gs://, dbfs:/...) needs that store's client: -1,
+ * with ERR saying so. Each attempt's timeout grows by a second per MB. */
+int dk_mlflow_put_artifact(dk_mlflow_t *self, const char *artifact_uri, const char *path,
+                           const void *data, size_t len, char *err, size_t errlen);
+
 /* The run's page: "<uri>/#/experiments/<experiment_id>/runs/<run_id>", with any
  * user:password@ removed from the URI. */
 void dk_mlflow_run_url(const char *tracking_uri, const char *experiment_id, const char *run_id,

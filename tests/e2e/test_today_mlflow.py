@@ -40,6 +40,7 @@ LINK = re.compile(r"(http://127\.0\.0\.1:\d+)/#/experiments/(\d+)/runs/([0-9a-f]
 LOGGING_CELL = """%%distributed num_processes=2
 import os, mlflow
 rank = int(os.environ["RANK"])
+print(f"LOG LINE of rank {rank}", flush=True)
 for step in range(3):
     mlflow.log_metric(f"loss_rank{rank}", 1.0 / (1 + step + rank), step=step)
 rank
@@ -99,6 +100,19 @@ def get(server, endpoint, **query):
         return json.loads(resp.read())
 
 
+def artifact(server, run_id, path):
+    """The bytes of the run's artifact PATH, as MLflow's UI fetches them."""
+    with NO_PROXY.open(f"{server}/get-artifact?path={path}&run_uuid={run_id}",
+                       timeout=60) as resp:
+        return resp.read()
+
+
+def artifacts(server, run_id, path=""):
+    """The run's artifacts under PATH: {path: size}."""
+    listed = get(server, "artifacts/list", run_id=run_id, path=path).get("files", [])
+    return {f["path"]: f.get("file_size") for f in listed}
+
+
 def the_run(r):
     """(server, run) of the MLflow run the cell links to, as MLflow has it."""
     found = LINK.findall(all_text(r))
@@ -119,6 +133,14 @@ def test_ranks_log_into_the_run_the_kernel_made_on_the_server_it_started(kernel)
         assert sorted(m["step"] for m in history) == [0, 1, 2], history
     params = {p["key"]: p["value"] for p in run["data"].get("params", [])}
     assert params.get("world_size") == "2" and params.get("num_processes") == "2", params
+    # every rank's log went with the run, each a file of its own at this size;
+    # no stacks.txt for a run that finished
+    run_id = run["info"]["run_id"]
+    assert set(artifacts(server, run_id, "logs")) == {"logs/rank-0.log", "logs/rank-1.log"}
+    assert "stacks.txt" not in artifacts(server, run_id)
+    for rank in (0, 1):
+        assert f"LOG LINE of rank {rank}" in artifact(server, run_id,
+                                                      f"logs/rank-{rank}.log").decode()
     # The link is said once by the kernel; MLflow 3's own "View run ... at"
     # lines (two a rank at every run's end) are not in the cell.
     text = all_text(r)
@@ -161,8 +183,11 @@ def test_an_interrupt_ends_the_run_killed(kernel):
     kernel.km.interrupt_kernel()
     r = kernel.finish(msg_id, timeout=60)
     assert r.status == "error" and r.content["ename"] == "KeyboardInterrupt", r.describe()
-    _, run = the_run(r)
+    server, run = the_run(r)
     assert run["info"]["status"] == "KILLED", run["info"]
+    # where the ranks were goes with the run that did not finish
+    stacks = artifact(server, run["info"]["run_id"], "stacks.txt").decode()
+    assert "time.sleep" in stacks or "cell line 5" in stacks, stacks[:2000]
 
 
 def test_a_timeout_ends_the_run_killed(kernel):
@@ -170,3 +195,81 @@ def test_a_timeout_ends_the_run_killed(kernel):
     assert r.status == "error" and r.content["ename"] == "TimeoutError", r.describe()
     _, run = the_run(r)
     assert run["info"]["status"] == "KILLED", run["info"]
+
+
+# 12 ranks, rank 7 failing: above 8 ranks the logs go as one archive and a
+# listing, with rank 0's and the root cause's logs as files of their own.
+MANY_CELL = """%%distributed num_processes=12
+import os
+rank = int(os.environ["RANK"])
+print(f"LOG LINE of rank {rank}", flush=True)
+if rank == 7:
+    raise RuntimeError("rank 7 fails on purpose")
+"""
+
+
+def test_above_eight_ranks_the_logs_go_as_one_archive_and_a_listing(kernel, tmp_path):
+    import tarfile
+
+    r = kernel.execute(MANY_CELL, timeout=RUN)
+    assert r.status == "error", r.describe()
+    server, run = the_run(r)
+    run_id = run["info"]["run_id"]
+    assert set(artifacts(server, run_id, "logs")) == {
+        "logs/rank-0.log", "logs/rank-7.log", "logs/index.txt", "logs/ranks.tar.gz"}
+    assert "LOG LINE of rank 7" in artifact(server, run_id, "logs/rank-7.log").decode()
+    index = artifact(server, run_id, "logs/index.txt").decode().splitlines()
+    lines = [line for line in index if line.startswith("rank ")]
+    assert len(lines) == 12, index
+    assert "failed (root cause)" in lines[7] and "whole" in lines[7], lines[7]
+    archive = tmp_path / "ranks.tar.gz"
+    archive.write_bytes(artifact(server, run_id, "logs/ranks.tar.gz"))
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+        assert {f"rank-{i}.log" for i in range(12)} <= set(names), names
+        # ranks 0-6 finished before rank 7 failed; 8-11 were ended, maybe before a word
+        assert b"LOG LINE of rank 6" in tar.extractfile("rank-6.log").read()
+
+
+# Last in the module: it stops the server the module's kernel started.
+DYING_CELL = """%%distributed num_processes=2
+import os, time
+print(f"STARTED rank {os.environ['RANK']}", flush=True)
+print(f"READY pid={os.getpid()} run={os.environ['TORCHELASTIC_RUN_ID']}", flush=True)
+while not os.path.exists({go!r}):
+    time.sleep(0.05)
+print(f"GOES ON rank {os.environ['RANK']}", flush=True)
+"""
+
+
+def test_a_server_that_dies_mid_run_costs_one_warning_and_no_log(kernel, tmp_path):
+    import psutil
+
+    go = tmp_path / "go"
+    msg_id = kernel.start_execute(DYING_CELL.replace("{go!r}", repr(str(go))))
+    support.wait_announced(kernel, msg_id, timeout=RUN)
+    # the server's whole tree: `mlflow server` and the workers that serve its port
+    def is_server(p):
+        words = " ".join(p.cmdline())
+        return "mlflow" in words and "server" in words
+
+    tops = [p for p in support.descendants(kernel.pid) if is_server(p)]
+    assert tops, "the kernel's own MLflow server is not among its processes"
+    servers = {p.pid: p for t in tops for p in [t, *t.children(recursive=True)]}.values()
+    for p in servers:
+        p.kill()
+    psutil.wait_procs(list(servers), timeout=30)
+    go.touch()
+    r = kernel.finish(msg_id, timeout=RUN)
+    assert r.status == "ok", r.describe()
+    warnings = [line for line in r.stderr.splitlines() if line.startswith("MLflow")]
+    assert len(warnings) == 1, r.stderr
+    assert "(FINISHED) was not recorded" in warnings[0], warnings[0]
+    logs = re.search(r"which are in (\S+)", warnings[0]).group(1)
+    # nothing in the log folder is lost
+    for rank in (0, 1):
+        text = open(os.path.join(logs, f"rank-{rank}.log")).read()
+        assert f"STARTED rank {rank}" in text and f"GOES ON rank {rank}" in text, text
+    # and the kernel goes on serving
+    r = kernel.execute("21 * 2", timeout=60)
+    assert r.status == "ok" and "42" in str(r.of_type("execute_result")), r.describe()
