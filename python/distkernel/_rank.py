@@ -518,6 +518,7 @@ def _run_job(box, main_ns, keep_globals=False):
     _prime_linecache(job.get("sources", {}))
     _CellEnv.apply(job.get("env", {}))
     _tracking_through_door()
+    _let_go_of_earlier_runs()
     if job["kind"] == "cell":
         for name, blob in job["names"].items():
             main_ns[name] = cloudpickle.loads(blob)
@@ -582,6 +583,26 @@ def _tracking_through_door():
     netloc = f"{userinfo}@" if userinfo else ""
     netloc += f"{'127.0.0.1' if host == '::1' else host}:{port}"
     os.environ["MLFLOW_TRACKING_URI"] = urlunsplit(parts._replace(netloc=netloc))
+
+
+def _let_go_of_earlier_runs():
+    """On started ranks, each cell has an MLflow run of its own
+    (MLFLOW_RUN_ID), which the kernel made and ends. A cell's
+    `mlflow.log_metric` makes that run MLflow's active run in the process,
+    and MLflow keeps it active: the next cell's metrics would go to the
+    earlier cell's run. Runs left active by earlier cells are let go here,
+    without a word to the server: the kernel has written their final status,
+    which `mlflow.end_run()` would overwrite with FINISHED."""
+    fluent = sys.modules.get("mlflow.tracking.fluent")
+    stack_var = getattr(fluent, "_active_run_stack", None)
+    if stack_var is None:
+        return
+    try:
+        stack = stack_var.get()
+        want = os.environ.get("MLFLOW_RUN_ID")
+        stack[:] = [run for run in stack if run.info.run_id == want]
+    except Exception:   # another MLflow's insides: leave them as they are
+        pass
 
 
 class _CellEnv:

@@ -96,3 +96,27 @@ def test_ranks_on_the_nodes_log_into_the_run_on_the_kernels_own_server(kernel):
     # another user of the node gets nothing through the door; the user does
     if os.geteuid() == 0:
         assert "('REFUSED" in values and "'ANSWERED')" in values, values
+
+
+@pytest.mark.timeout(420)
+def test_started_ranks_on_the_nodes_log_each_cell_into_its_own_run(kernel):
+    """Started ranks outlive runs: their gate is open from their start, before
+    any run, and each cell's run gives it the server (dk_job_set_tunnel_upstream)."""
+    r = kernel.execute("%distributed start nodes=2 num_processes=4", timeout=RUN + 60)
+    assert r.status == "ok", r.describe()
+    try:
+        runs = []
+        for cell in (1, 2):
+            r = kernel.execute("%%distributed\nimport os, mlflow\n"
+                               f"mlflow.log_metric('cell{cell}', int(os.environ['RANK']))\n"
+                               "os.environ['MLFLOW_TRACKING_URI']", timeout=RUN)
+            assert r.status == "ok", r.describe()
+            server, run = the_run(r)
+            assert run["info"]["status"] == "FINISHED", run["info"]
+            history = get(server, "metrics/get-history", run_id=run["info"]["run_id"],
+                          metric_key=f"cell{cell}")["metrics"]
+            assert sorted(m["value"] for m in history) == [0.0, 1.0, 2.0, 3.0], history
+            runs.append(run["info"]["run_id"])
+        assert runs[0] != runs[1]
+    finally:
+        kernel.execute("%distributed stop", timeout=RUN)
