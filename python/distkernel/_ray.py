@@ -61,6 +61,8 @@ _POLL = 0.2          # seconds between looks at the store: an interrupt lands in
 _JOIN_TIMEOUT = 600  # seconds the ranks wait for the head, and the head for the ranks
 _STOP_TIMEOUT = 60   # seconds a rank waits for its `ray stop`
 _TOKEN_AUTH_SINCE = (2, 52)     # Ray's token authentication (RAY_AUTH_MODE=token)
+_START_TRIES = 3     # `ray start` tries where Ray's own start-up deadline passed (_run_ray)
+_STARTUP_TIMED_OUT = "timed out during startup"     # what Ray says then
 
 _clusters = []       # the RayCluster of this rank, kept alive (rank 0 serves the store)
 
@@ -163,17 +165,32 @@ def _wait(store, key, count=1, timeout=None):
         time.sleep(_POLL)
 
 
-def _run_ray(args, env=None):
-    """`ray ARGS`; its output (Ray's banner, a screen a rank) is shown only
-    when it fails: at 1,024 ranks the cell would be nothing else."""
-    cmd = [ray_command(), *args]
-    done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, errors="replace")
-    if done.returncode != 0:
+def _run_ray(args, env=None, tries=1):
+    """`ray ARGS` (ARGS: a list, or a function that makes one for each try);
+    the list it ran. Its output (Ray's banner, a screen a rank) is shown only
+    when it fails: at 1,024 ranks the cell would be nothing else.
+
+    TRIES > 1 (`ray start`): tried again when Ray says the node "timed out
+    during startup". Ray gives a new node's agents 15 s to write their ports
+    and the node 30 s to register, fixed; its agents are Python, and on a
+    busy node, or with Ray on a shared file system that is cold, importing
+    them takes longer. The failed try's raylet has ended itself."""
+    for attempt in range(1, tries + 1):
+        argv = args() if callable(args) else args
+        done = subprocess.run([ray_command(), *argv], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, errors="replace")
+        if done.returncode == 0:
+            return argv
+        if attempt < tries and _STARTUP_TIMED_OUT in (done.stdout or ""):
+            print(f"distkernel: rank {os.environ.get('RANK')}'s Ray node did not come up "
+                  f"within Ray's start-up time (a busy node?); trying again ({attempt + 1} of "
+                  f"{tries})", file=sys.stderr, flush=True)
+            continue
         if done.stdout:
             print(done.stdout, end="" if done.stdout.endswith("\n") else "\n", flush=True)
-        raise RuntimeError(f"`ray {' '.join(args)}` failed with exit code {done.returncode}"
-                           f" on rank {os.environ.get('RANK')}; its output is above")
+        tried = f" (try {attempt} of {tries})" if tries > 1 else ""
+        raise RuntimeError(f"`ray {' '.join(argv)}` failed with exit code {done.returncode}"
+                           f" on rank {os.environ.get('RANK')}{tried}; its output is above")
 
 
 class _Deferred:
@@ -449,11 +466,12 @@ class RayCluster:
                       file=sys.stderr, flush=True)
             env.update(self._auth_env(mode))
             host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-            port = _free_port()
             self._watcher = _Watcher()
             self._started = True
-            _run_ray(["start", "--head", f"--port={port}", "--include-dashboard=false",
-                      *args], env)
+            # a port of its own each try: a failed try's GCS may hold the last one
+            argv = _run_ray(lambda: ["start", "--head", f"--port={_free_port()}",
+                                     "--include-dashboard=false", *args], env, _START_TRIES)
+            port = next(a.split("=", 1)[1] for a in argv if a.startswith("--port="))
             self.address = f"{host}:{port}"
             self._store.set("head", _signed_head(self._generation, self.address, mode))
             self._store.add(_started_key(), 1)
@@ -471,7 +489,7 @@ class RayCluster:
             env.update(self._auth_env(mode))
             self._watcher = _Watcher()
             self._started = True
-            _run_ray(["start", f"--address={self.address}", *args], env)
+            _run_ray(["start", f"--address={self.address}", *args], env, _START_TRIES)
             self._joined = True
             self._store.add(_started_key(), 1)
             self._store.add("joined", 1)
