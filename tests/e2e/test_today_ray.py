@@ -181,8 +181,10 @@ def recorded(kernel, tmp_path):
 
 
 def assert_stopped_everywhere(rec, r, world=4):
-    assert rec.ranks_that_ran("start") == [str(i) for i in range(world)], (rec.calls(),
-                                                                            r.describe())
+    # a rank whose Ray node missed Ray's start-up deadline starts it again
+    # (_ray._run_ray); each runs `ray stop` once
+    assert sorted(set(rec.ranks_that_ran("start"))) == [str(i) for i in range(world)], (
+        rec.calls(), r.describe())
     assert rec.ranks_that_ran("stop") == [str(i) for i in range(world)], (rec.calls(),
                                                                            r.describe())
     left = wait_no_ray()
