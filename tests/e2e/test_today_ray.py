@@ -207,10 +207,10 @@ def test_ray_launch_on_four_cpu_ranks_makes_one_cluster_that_refuses_strangers(k
     # every rank's Ray node, each with its share of this node's CPUs
     share = max(1, len(os.sched_getaffinity(0)) // 4)
     assert got["nodes"] == 4 and got["cpus"] == 4 * share, got
-    assert got["mode"] == "token", got
     rc, out = got["stranger"]
     assert rc != 0 and "STRANGER JOINED" not in out, out
     assert "AuthenticationError" in out and "InvalidAuthToken" in out, out
+    assert got["mode"] == "token", got
     # One line from distkernel, none of Ray's start banners (one a rank).
     assert "Ray cluster of 4 nodes at 127.0.0.1:" in r.stdout, r.stdout
     assert "Ray runtime started" not in r.stdout and "Next steps" not in r.stdout, r.stdout
