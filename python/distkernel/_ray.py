@@ -27,6 +27,13 @@ read end of a pipe whose write end only the rank holds. The rank writes
 "stopped" to it once its own `ray stop` has started; a watcher that reads the
 end of the pipe without it (the rank is gone) runs `ray stop` itself.
 
+Every rank runs a Ray node, so the ranks of a machine share it: each `ray
+start` gets its rank's share of the CPUs and memory (_node_share; Ray's
+defaults are each the whole machine's), no dashboard and no usage report.
+The ranks of a machine start theirs a few at a time (_started_before), and a
+`ray start` that missed Ray's own fixed start-up deadline is tried again
+(_run_ray). Ray's output is shown only when a command fails.
+
 "Ray installed" means the `ray` command on PATH: that is what the ranks run.
 The kernel checks it before any rank starts (ray_launch's .distributed()).
 
