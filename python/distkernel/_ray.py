@@ -27,6 +27,13 @@ read end of a pipe whose write end only the rank holds. The rank writes
 "stopped" to it once its own `ray stop` has started; a watcher that reads the
 end of the pipe without it (the rank is gone) runs `ray stop` itself.
 
+Every rank runs a Ray node, so the ranks of a machine share it: each `ray
+start` gets its rank's share of the CPUs and memory (_node_share; Ray's
+defaults are each the whole machine's), no dashboard and no usage report.
+The ranks of a machine start theirs a few at a time (_started_before), and a
+`ray start` that missed Ray's own fixed start-up deadline is tried again
+(_run_ray). Ray's output is shown only when a command fails.
+
 "Ray installed" means the `ray` command on PATH: that is what the ranks run.
 The kernel checks it before any rank starts (ray_launch's .distributed()).
 
@@ -61,6 +68,8 @@ _POLL = 0.2          # seconds between looks at the store: an interrupt lands in
 _JOIN_TIMEOUT = 600  # seconds the ranks wait for the head, and the head for the ranks
 _STOP_TIMEOUT = 60   # seconds a rank waits for its `ray stop`
 _TOKEN_AUTH_SINCE = (2, 52)     # Ray's token authentication (RAY_AUTH_MODE=token)
+_START_TRIES = 3     # `ray start` tries where Ray's own start-up deadline passed (_run_ray)
+_STARTUP_TIMED_OUT = "timed out during startup"     # what Ray says then
 
 _clusters = []       # the RayCluster of this rank, kept alive (rank 0 serves the store)
 
@@ -163,15 +172,32 @@ def _wait(store, key, count=1, timeout=None):
         time.sleep(_POLL)
 
 
-def _run_ray(args, env=None):
-    cmd = [ray_command(), *args]
-    done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, errors="replace")
-    if done.stdout:
-        print(done.stdout, end="" if done.stdout.endswith("\n") else "\n", flush=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"`ray {' '.join(args)}` failed with exit code {done.returncode}"
-                           f" on rank {os.environ.get('RANK')}; its output is above")
+def _run_ray(args, env=None, tries=1):
+    """`ray ARGS` (ARGS: a list, or a function that makes one for each try);
+    the list it ran. Its output (Ray's banner, a screen a rank) is shown only
+    when it fails: at 1,024 ranks the cell would be nothing else.
+
+    TRIES > 1 (`ray start`): tried again when Ray says the node "timed out
+    during startup". Ray gives a new node's agents 15 s to write their ports
+    and the node 30 s to register, fixed; its agents are Python, and on a
+    busy node, or with Ray on a shared file system that is cold, importing
+    them takes longer. The failed try's raylet has ended itself."""
+    for attempt in range(1, tries + 1):
+        argv = args() if callable(args) else args
+        done = subprocess.run([ray_command(), *argv], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, errors="replace")
+        if done.returncode == 0:
+            return argv
+        if attempt < tries and _STARTUP_TIMED_OUT in (done.stdout or ""):
+            print(f"distkernel: rank {os.environ.get('RANK')}'s Ray node did not come up "
+                  f"within Ray's start-up time (a busy node?); trying again ({attempt + 1} of "
+                  f"{tries})", file=sys.stderr, flush=True)
+            continue
+        if done.stdout:
+            print(done.stdout, end="" if done.stdout.endswith("\n") else "\n", flush=True)
+        tried = f" (try {attempt} of {tries})" if tries > 1 else ""
+        raise RuntimeError(f"`ray {' '.join(argv)}` failed with exit code {done.returncode}"
+                           f" on rank {os.environ.get('RANK')}{tried}; its output is above")
 
 
 class _Deferred:
@@ -220,6 +246,8 @@ def _ray_stop(ran, watcher=None):
             watcher.stopped()
         try:
             out, _ = proc.communicate(timeout=_STOP_TIMEOUT)
+            if proc.returncode == 0:
+                out = ""        # shown only when it failed, as `ray start`'s
         except subprocess.TimeoutExpired:
             out = f"`ray stop` still running after {_STOP_TIMEOUT} s; left to finish on its own\n"
         if out:
@@ -313,6 +341,63 @@ def _verified_head(generation, value):
     return address, mode
 
 
+def _node_memory():
+    """Bytes of memory this node gives the run: the machine's, or less where
+    the rank's cgroup (a Slurm job's, a container's) has a limit."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        with open("/proc/self/cgroup") as f:
+            path = next(line.split(":", 2)[2].strip() for line in f if line.startswith("0::"))
+        with open(f"/sys/fs/cgroup{path}/memory.max") as f:
+            limit = f.read().strip()
+        if limit.isdigit():
+            total = min(total, int(limit))
+    except (OSError, StopIteration, IndexError):
+        pass
+    return total
+
+
+def _node_share():
+    """This rank's share of its node for its Ray node: every rank runs one
+    (a raylet, its object store and agents), so LOCAL_WORLD_SIZE of them
+    share the machine. Ray's defaults are each the whole machine's: all its
+    CPUs, and an object store of 30% of its memory, in /dev/shm; eight
+    ranks would promise 8x the CPUs and 240% of the memory. So each gets
+    1/LOCAL_WORLD_SIZE of the CPUs this process may run on (at least 1),
+    of 30% of the node's memory for its object store (at least Ray's
+    minimum, 75 MiB) and of the rest for its tasks' `memory`."""
+    local_world = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    memory = _node_memory() // local_world
+    store = max(75 * 1024 * 1024, memory * 3 // 10)
+    return {"cpus": max(1, cpus // local_world), "object_store": store,
+            "memory": max(1, memory - store)}
+
+
+def _started_key():
+    """The counter this rank adds to once its `ray start` worked: its node's
+    (GROUP_RANK) and its LOCAL_RANK."""
+    return f"started/{os.environ.get('GROUP_RANK', '0')}/{os.environ.get('LOCAL_RANK', '0')}"
+
+
+def _started_before():
+    """The counter to wait for before this rank's `ray start`, or None. The
+    ranks of one node start their Ray nodes a few at a time (a CPU for
+    each 8, at least one): each `ray start` is some 5 s of CPU (the raylet,
+    Ray's agents in Python, a first worker), and Ray gives a node 30 s to
+    register before it calls its start failed, which four at once on two
+    busy CPUs missed. Nodes start side by side; on a node of 96 CPUs and 8
+    ranks, all at once."""
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    at_once = max(1, (os.cpu_count() or 1) // 8)
+    if local < at_once:
+        return None
+    return f"started/{os.environ.get('GROUP_RANK', '0')}/{local - at_once}"
+
+
 class RayCluster:
     """This rank's part of the run's Ray cluster (what ray_init() returns).
 
@@ -341,9 +426,12 @@ class RayCluster:
             raise
 
     def _start_args(self, num_cpus, num_gpus):
-        args = []
-        if num_cpus is not None:
-            args.append(f"--num-cpus={num_cpus}")
+        """What every `ray start` of the run is given: this rank's share of its
+        node (see _node_share), no dashboard, no usage report."""
+        share = _node_share()
+        args = [f"--num-cpus={share['cpus'] if num_cpus is None else num_cpus}",
+                f"--object-store-memory={share['object_store']}",
+                f"--memory={share['memory']}", "--disable-usage-stats"]
         if num_gpus is not None:
             args.append(f"--num-gpus={num_gpus}")
         return args
@@ -351,6 +439,7 @@ class RayCluster:
     def _ray_env(self, num_gpus):
         """A GPU rank's Ray node owns the rank's GPU alone (the one of LOCAL_RANK)."""
         env = dict(os.environ)
+        env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         if num_gpus:
             local = int(os.environ.get("LOCAL_RANK", "0"))
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -384,23 +473,32 @@ class RayCluster:
                       file=sys.stderr, flush=True)
             env.update(self._auth_env(mode))
             host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-            port = _free_port()
             self._watcher = _Watcher()
             self._started = True
-            _run_ray(["start", "--head", f"--port={port}", *args], env)
+            # a port of its own each try: a failed try's GCS may hold the last one
+            argv = _run_ray(lambda: ["start", "--head", f"--port={_free_port()}",
+                                     "--include-dashboard=false", *args], env, _START_TRIES)
+            port = next(a.split("=", 1)[1] for a in argv if a.startswith("--port="))
             self.address = f"{host}:{port}"
             self._store.set("head", _signed_head(self._generation, self.address, mode))
+            self._store.add(_started_key(), 1)
             self._store.add("head_ready", 1)
             _wait(self._store, "joined", self.world - 1, _JOIN_TIMEOUT)
+            print(f"distkernel: Ray cluster of {self.world} node{'s' if self.world > 1 else ''}"
+                  f" at {self.address}", flush=True)
         else:
             if not _wait(self._store, "head_ready", 1, _JOIN_TIMEOUT):
                 raise RuntimeError("rank 0 ended before starting the Ray head")
+            before = _started_before()
+            if before is not None and not _wait(self._store, before, 1, _JOIN_TIMEOUT):
+                raise RuntimeError("the run ended before this rank's turn to join Ray")
             self.address, mode = _verified_head(self._generation, self._store.get("head"))
             env.update(self._auth_env(mode))
             self._watcher = _Watcher()
             self._started = True
-            _run_ray(["start", f"--address={self.address}", *args], env)
+            _run_ray(["start", f"--address={self.address}", *args], env, _START_TRIES)
             self._joined = True
+            self._store.add(_started_key(), 1)
             self._store.add("joined", 1)
         os.environ.update(self._auth_env(mode))
         os.environ["RAY_ADDRESS"] = self.address
@@ -410,6 +508,7 @@ class RayCluster:
             return
         self._stopped = True
         try:
+            _disconnect()
             if self.is_driver:
                 self._store.add("driver_done", 1)
             elif self._joined:
@@ -446,6 +545,20 @@ class RayCluster:
         return f"RayCluster(rank={self.rank}, {role}, address={self.address!r})"
 
 
+def _disconnect():
+    """`ray.shutdown()` where this process is connected (the driver's
+    `ray.init()`), before the cluster is stopped under it: a driver still
+    connected gets the stopped daemons' complaints in its output ("The
+    autoscaler failed ... Terminated with signal 15")."""
+    ray = sys.modules.get("ray")
+    try:
+        if ray is not None and ray.is_initialized():
+            ray.shutdown()
+    except Exception as exc:   # noqa: BLE001 -- the stop goes on; say why it was noisy
+        print(f"distkernel: ray.shutdown() before `ray stop` failed: {exc}", file=sys.stderr,
+              flush=True)
+
+
 def _stop_at_exit():
     for cluster in _clusters:
         try:
@@ -474,9 +587,7 @@ def ray_init(num_cpus=None, num_gpus=None):
 def run_as_driver(fn, args, kwargs, gpu):
     """What each rank of a @ray_launch run does: its part of the cluster, and
     on rank 0 FN as the driver. Returns FN's value on rank 0, None elsewhere."""
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    cpus = max(1, (os.cpu_count() or 1) // max(1, local_world))
-    cluster = ray_init(num_cpus=cpus, num_gpus=1 if gpu else 0)
+    cluster = ray_init(num_gpus=1 if gpu else 0)
     try:
         if cluster.is_driver:
             return fn(*args, **kwargs)

@@ -90,9 +90,13 @@ def pytest_collection_modifyitems(config, items):
     (slurm_cluster.py splits them over two clusters). The Slurm tests go first,
     since theirs are the longest groups and the others fill the remaining
     workers around them; then the soak, the longest single test (1-2 min),
-    so that it does not start last and run on alone."""
+    so that it does not start last and run on alone. A file with
+    SLURM_GROUP = True joins the Slurm group of its name without a cluster
+    (test_today_ray.py: `ray stop` stops every Ray process on the host, the
+    simulated nodes' included, so it must not run beside test_slurm_ray.py)."""
     def slurm(item):
-        return bool(SLURM_FIXTURES & set(getattr(item, "fixturenames", ())))
+        return (bool(SLURM_FIXTURES & set(getattr(item, "fixturenames", ())))
+                or getattr(getattr(item, "module", None), "SLURM_GROUP", False))
 
     for item in items:
         group = slurm_group_of(item.path) if slurm(item) else item.nodeid.split("::")[0]

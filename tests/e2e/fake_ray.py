@@ -55,6 +55,7 @@ def forge(host, port, head):
     store = dist.PrefixStore(STORE_PREFIX, dist.TCPStore(host, int(port), is_master=False,
                                                          timeout=timedelta(seconds=20)))
     store.set("head", head)
+    store.add("started/0/0", 1)     # the head's turn done: ranks after it on its node go on
     store.add("head_ready", 1)
     return 0
 

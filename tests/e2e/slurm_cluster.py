@@ -176,7 +176,11 @@ def session_cluster(env=None, nodes=2):
 # (test_slurm_runs.py alone is most of group A):
 GROUP_B_FILES = {"test_slurm_pool.py", "test_slurm_gpus.py", "test_slurm_env.py",
                  "test_slurm_folders.py", "test_environments.py", "test_slurm_warm.py",
-                 "test_slurm_flood.py"}
+                 "test_slurm_flood.py",
+                 # Real Ray: `ray stop` stops every Ray process on the host, the
+                 # simulated nodes' too, so the one-node file (SLURM_GROUP) runs
+                 # here, in turn with the Slurm one
+                 "test_slurm_ray.py", "test_today_ray.py"}
 
 
 def group_of(path):

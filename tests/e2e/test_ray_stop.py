@@ -161,3 +161,41 @@ def test_a_watcher_told_that_the_rank_stopped_runs_nothing(ray_log):
     watcher.stopped()
     assert watcher._proc.returncode == 0
     assert calls(ray_log) == []
+
+
+@pytest.fixture
+def ray_failing_first(tmp_path, monkeypatch):
+    """`ray` that fails its first call saying SAID, then works; logs each call."""
+    log = tmp_path / "calls"
+
+    def make(said):
+        ray = tmp_path / "ray"
+        ray.write_text(f'#!/bin/sh\necho "$*" >> {log}\n'
+                       f'[ "$(wc -l < {log})" -gt 1 ] && exit 0\n'
+                       f'echo "{said}"\nexit 1\n')
+        ray.chmod(0o755)
+        monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+        return log
+    return make
+
+
+def test_a_ray_start_that_missed_rays_start_up_deadline_is_tried_again(ray_failing_first,
+                                                                       capsys):
+    # What Ray 2.60 says when a node's agents did not come up within its fixed
+    # 15 s (4 raylets starting at once on 2 busy CPUs did).
+    log = ray_failing_first("Exception: The current node timed out during startup. This "
+                            "could happen because some of the raylet failed to startup")
+    ports = iter(["6001", "6002"])
+    argv = _ray._run_ray(lambda: ["start", "--head", f"--port={next(ports)}"], tries=3)
+    assert calls(log) == ["start --head --port=6001", "start --head --port=6002"]
+    assert argv == ["start", "--head", "--port=6002"]
+    assert "trying again (2 of 3)" in capsys.readouterr().err
+
+
+def test_a_ray_start_that_failed_otherwise_fails_at_once_with_its_output(ray_failing_first,
+                                                                         capsys):
+    log = ray_failing_first("ConnectionError: could not reach the GCS")
+    with pytest.raises(RuntimeError, match=r"failed with exit code 1 .*\(try 1 of 3\)"):
+        _ray._run_ray(["start", "--address=10.0.0.1:6379"], tries=3)
+    assert calls(log) == ["start --address=10.0.0.1:6379"]
+    assert "could not reach the GCS" in capsys.readouterr().out
