@@ -57,6 +57,7 @@ QUICK_FILES=(test_protocol.py test_execute.py test_io.py test_interrupt.py test_
 # time. Everything left out still runs against the default build above.
 ASAN_SKIP=(
   test_today_mlflow.py   # a real MLflow server from the test venv: the C paths are test_mlflow.py's
+  test_today_torch.py    # DDP, FSDP2, torch.compile and the notebooks on the venv's torch: the C paths are test_distributed.py's
   test_cell_sources.py   # cell file names, inspect.getsource, tracebacks: Python
   test_conformance.py    # jupyter_kernel_test's message checks: test_protocol.py and test_abuse.py keep the wire
   test_debugger.py       # debugpy's DAP relay: Python; dk_debug's framing runs in its C unit test
