@@ -14,7 +14,9 @@ test_distributed.py's.
 """
 import math
 import os
+import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -78,7 +80,11 @@ def kernel(kernels, tracking, tmp_path_factory):
 def run_notebook(kernels, tracking, name, tmp_path):
     """notebooks/NAME executed headless by the venv's nbconvert on the venv's
     kernel, as a user runs it: the executed notebook."""
-    src = support.REPO_ROOT / "notebooks" / name
+    # nbconvert runs the kernel in the notebook's folder: a copy's, so that
+    # nothing the run writes lands in the repository
+    src = tmp_path / "in" / name
+    src.parent.mkdir()
+    shutil.copy(support.REPO_ROOT / "notebooks" / name, src)
     env = support.kernel_env(JUPYTER_PATH=kernels, DISTKERNEL_LOG_DIR=tmp_path / "logs",
                              MLFLOW_TRACKING_URI=tracking)
     res = subprocess.run([f"{VENV}/bin/python", "-m", "jupyter", "nbconvert", "--to", "notebook",
@@ -141,6 +147,24 @@ def test_the_fsdp_notebook_shards_the_parameters_and_trains_as_one_process(kerne
     assert sorted(diffs) == [0, 1] and all(float(d) < 1e-4 for d in diffs.values()), cell
     assert "2 ranks trained as one process" in check, check
     assert "the ranks held [609, 544] of 1153 parameters" in decorator, decorator
+
+
+def test_the_deepspeed_notebook_runs_zero_stage_2_on_cpu_ranks(kernels, tracking, tmp_path):
+    """DeepSpeed from the registry (its wheel built by scripts/venv.sh) with
+    its CPU accelerator over gloo: no oneCCL nor GPU needed."""
+    found = list(pathlib.Path(VENV).glob("lib/python3*/site-packages/deepspeed-*.dist-info"))
+    assert found, (f"{VENV} has no deepspeed: it was built from an older tests/venv/lock.txt; "
+                   "scripts/venv.sh builds the lock's venv and prints its path")
+    nb = run_notebook(kernels, tracking, "deepspeed.ipynb", tmp_path)
+    reference, cell, check = [text_of(c) for c in code_cells(nb)]
+    assert re.search(r"one process: loss [\d.]+ after 20 steps, 1153 parameters", reference)
+    # ZeRO stage 2: each rank keeps AdamW's state for its half (1153 padded to 1156)
+    held = re.findall(r"\[rank (\d)\] ZeRO stage 2: this rank holds AdamW's state of (\d+) of "
+                      r"1153 parameters; loss on my share [\d.]+", cell)
+    assert sorted(held) == [("0", "578"), ("1", "578")], cell
+    diffs = rank_values(cell)
+    assert sorted(diffs) == [0, 1] and all(float(d) < 1e-4 for d in diffs.values()), cell
+    assert "2 ranks trained as one process" in check, check
 
 
 COMPILE_CELL = """%%distributed num_processes=2
