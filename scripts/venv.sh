@@ -26,7 +26,12 @@
 # without --system-site-packages, so what the tests meet is the registry's
 # stack and not Debian's; it holds IPython and cloudpickle, all the kernel
 # needs of an environment. Every package is the one lock.txt names, from
-# wheels only. Beside it, src/ipykernel-VERSION holds the tests/ folder and
+# wheels only: the registry's own, and for the packages it has only as source
+# (SDIST_ONLY: DeepSpeed), a wheel built here once per machine with the venv's
+# own torch and setuptools, kept with the others in the wheels folder (about
+# 20 s; DS_BUILD_OPS=0, so no op is compiled then: DeepSpeed compiles the few
+# it uses on their first use, e.g. its shared-memory collectives on CPU ranks,
+# into ~/.cache/torch_extensions). Beside it, src/ipykernel-VERSION holds the tests/ folder and
 # pyproject.toml of ipykernel's source distribution (its wheel ships no tests),
 # which scripts/test.sh runs against distkernel.
 #
@@ -42,7 +47,7 @@ cd "$(dirname "$0")/.."
 PY=/usr/bin/python3     # the Python the kernel embeds (meson's -Dpython default)
 REQ=tests/venv/requirements.txt
 LOCK=tests/venv/lock.txt
-RECIPE=1                # bump when what a build does changes, so venvs are built again
+RECIPE=2                # bump when what a build does changes, so venvs are built again
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/distkernel
 STAMP=.distkernel-complete
 # The wheels are kept in a folder of their own rather than in pip's cache:
@@ -50,6 +55,9 @@ STAMP=.distkernel-complete
 # pip's HTTP cache then keeps nothing.
 WHEELS=$CACHE/wheels
 PIP_ARGS=(--no-cache-dir --disable-pip-version-check --progress-bar off -q)
+# Packages the registry has as a source distribution only (no wheel for any
+# platform): resolved from their source's metadata, built into a wheel here.
+SDIST_ONLY=(deepspeed)
 
 say() { echo "venv: $*" >&2; }
 
@@ -69,8 +77,11 @@ if [[ ${1:-} == --lock ]]; then
   $PY -m venv "$scratch"
   "$scratch/bin/python" -m pip install "${PIP_ARGS[@]}" "pip==$(pinned pip "$REQ")"
   # The registry's metadata is enough (PEP 658): no wheel is downloaded.
+  # (An SDIST_ONLY package's metadata is its setup.py's: pip runs it in a
+  # build environment without torch, which DeepSpeed's allows.)
   "$scratch/bin/python" -m pip install "${PIP_ARGS[@]}" --dry-run --ignore-installed \
-    --only-binary :all: --report "$scratch/report.json" -r "$REQ"
+    --only-binary :all: --no-binary "$(IFS=,; echo "${SDIST_ONLY[*]}")" \
+    --report "$scratch/report.json" -r "$REQ"
   "$scratch/bin/python" - "$scratch/report.json" "$REQ" "$LOCK" <<'EOF'
 import json, sys
 report, req, lock = sys.argv[1:]
@@ -130,13 +141,30 @@ say "building $VENV: $n packages from $LOCK, their wheels in $WHEELS"
 say "(on a fresh machine: 3.4 GB to download, torch's CUDA build most of it; 3-4 min)"
 $PY -m venv "$VENV"
 # Download into the folder of wheels (what it has already is not fetched
-# again), then install from it alone.
+# again), then install from it alone. The SDIST_ONLY packages come after.
+wheels_only=$VENV/.lock-wheels.txt
+grep -v -i -E "^($(IFS='|'; echo "${SDIST_ONLY[*]}"))==" "$LOCK" > "$wheels_only"
 "$VENV/bin/python" -m pip download "${PIP_ARGS[@]}" --only-binary :all: -d "$WHEELS" \
-  -r "$LOCK"
+  -r "$wheels_only"
 "$VENV/bin/python" -m pip install "${PIP_ARGS[@]}" --no-index --find-links "$WHEELS" \
   "pip==$(pinned pip "$LOCK")"
 "$VENV/bin/python" -m pip install "${PIP_ARGS[@]}" --no-index --find-links "$WHEELS" \
-  --only-binary :all: -r "$LOCK"
+  --only-binary :all: -r "$wheels_only"
+rm -f "$wheels_only"
+# Each SDIST_ONLY package: its wheel, built once per machine from the
+# registry's source with this venv's torch and setuptools (the lock has
+# them), then installed from the wheels folder like the rest.
+for name in "${SDIST_ONLY[@]}"; do
+  version=$(pinned "$name" "$LOCK")
+  [[ -n $version ]] || continue
+  if ! compgen -G "$WHEELS/${name}-${version}-*.whl" > /dev/null; then
+    say "building the wheel of $name $version (the registry has its source only)"
+    DS_BUILD_OPS=0 "$VENV/bin/python" -m pip wheel "${PIP_ARGS[@]}" --no-deps \
+      --no-build-isolation --no-binary "$name" -w "$WHEELS" "$name==$version" >&2
+  fi
+  "$VENV/bin/python" -m pip install "${PIP_ARGS[@]}" --no-index --find-links "$WHEELS" \
+    --only-binary :all: "$name==$version"
+done
 "$VENV/bin/python" -m pip check >&2
 
 # ipykernel's own tests, from its source distribution. pip reads the sdist's
