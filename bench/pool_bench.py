@@ -44,10 +44,12 @@ def timed(kern, code):
     return elapsed
 
 
-def start_ipp(n, python):
-    ipcluster = shutil.which("ipcluster")
-    if not ipcluster:
-        return None, None, "ipcluster not on PATH (apt-get install python3-ipyparallel)"
+def start_ipp(n, python, ipcluster=None):
+    """(ipykernel of PYTHON with %px on N engines, its cluster, "ran") or (None, None, why)."""
+    ipcluster = ipcluster or shutil.which("ipcluster")
+    if not ipcluster or not os.access(ipcluster, os.X_OK):
+        return None, None, f"no ipcluster ({ipcluster or 'not on PATH'}; " \
+                           "apt-get install python3-ipyparallel)"
     cluster = db.Cluster(n, ipcluster)
     kdir = db.ipykernel_dir(python)
     try:
