@@ -326,7 +326,7 @@ def main():
     ap.add_argument("--venv", default=os.environ.get("DISTKERNEL_TEST_VENV", DEFAULT_VENV))
     ap.add_argument("--only", default="launcher,ipp,fsdp")
     ap.add_argument("--launcher-ranks", type=int, default=4)
-    ap.add_argument("--launcher-trials", type=int, default=10)
+    ap.add_argument("--launcher-trials", type=int, default=20)
     ap.add_argument("-n", "--ranks", type=int, default=8, help="started ranks and engines")
     ap.add_argument("--samples", type=int, default=50, help="`pass` cells each")
     ap.add_argument("--lines", type=int, default=100000, help="relay lines a rank")
@@ -334,7 +334,7 @@ def main():
     ap.add_argument("--debian-ipp", action="store_true",
                     help="also Debian's ipyparallel (/usr/bin/ipcluster, /usr/bin/python3)")
     ap.add_argument("--fsdp-ranks", type=int, default=2)
-    ap.add_argument("--fsdp-trials", type=int, default=5)
+    ap.add_argument("--fsdp-trials", type=int, default=9)
     ap.add_argument("--fsdp-steps", type=int, default=60)
     ap.add_argument("--fsdp-warmup", type=int, default=5)
     ap.add_argument("--fsdp-width", type=int, default=512)

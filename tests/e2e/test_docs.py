@@ -1,8 +1,9 @@
 """
 The docs hold together: every relative link in README.md, docs/ and the other
 READMEs a reader reaches from them points to a file that exists, and a
-`#anchor` to a heading of its target, as GitHub makes anchors; and the README
-stays a first screen, not a manual. Reads files only: no kernel.
+`#anchor` to a heading of its target, as GitHub makes anchors; the README
+stays a first screen, not a manual; and the benchmarks that bench/README.md
+tells how to run at least compile. Reads files only: no kernel.
 """
 import re
 
@@ -114,6 +115,15 @@ def tree(tmp_path):
     (tmp_path / "docs" / "page.md").write_text(
         "# A page\n\n## `%%distributed` options: what, and why?\n\n## Again\n\n## Again\n")
     return tmp_path
+
+
+def test_the_benchmarks_compile():
+    """bench/*.py are run by hand, never by the tests (timing is theirs): a
+    syntax error in one is found here, not at the next measurement."""
+    scripts = sorted((ROOT / "bench").glob("*.py"))
+    assert scripts
+    for path in scripts:
+        compile(path.read_text(), str(path), "exec")
 
 
 @pytest.mark.parametrize("target, ok", [
