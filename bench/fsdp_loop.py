@@ -60,5 +60,6 @@ elapsed = time.perf_counter() - t0
 if rank == 0:
     print("FSDP_RESULT " + json.dumps({"steps_per_s": STEPS / elapsed, "steps": STEPS,
                                        "seconds": elapsed, "world": world,
+                                       "threads": torch.get_num_threads(),
                                        "loss": float(loss.detach())}), flush=True)
 dist.destroy_process_group()

@@ -83,14 +83,39 @@ def fn_check(msgs, ranks):
     return first, ok
 
 
-def launcher_once(kern, code, ranks):
-    elapsed, raw, reply = kern.run(code, timeout=600)
+def end_hung_cell(kern):
+    """End a hung cell, then wait for it behind a `pass` cell: distkernel's by an
+    interrupt (its ranks are its to end); ipykernel's by SIGKILL to the processes
+    below it (the launch's ranks; the launcher then raises). Returns those pids."""
+    if kern.name == KERNEL:
+        kern.km.interrupt_kernel()
+        kern.run("pass", timeout=300)
+        return []
+    table = db.proc_table()
+    pids = db.descendants(table, kern.km.provisioner.process.pid)
+    for pid in pids:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    kern.run("pass", timeout=300)
+    return pids
+
+
+def launcher_once(kern, code, ranks, timeout):
+    try:
+        elapsed, raw, reply = kern.run(code, timeout=timeout)
+    except TimeoutError:
+        pids = end_hung_cell(kern)
+        return {"first_line_s": None, "end_s": None, "ok": False, "hung": True,
+                "detail": f"no end within {timeout} s: hung; " +
+                          (f"its processes {pids} killed" if pids else "interrupted")}
     first, ok = fn_check(raw, ranks)
     ok = ok and reply["status"] == "ok"
     detail = "" if ok else (f"reply {reply['status']} {reply.get('ename', '')} "
                             f"{reply.get('evalue', '')}; output "
                             f"{''.join(json.loads(c).get('text', '') for _, t, c in raw)[-800:]!r}")
-    return {"first_line_s": first, "end_s": elapsed, "ok": ok, "detail": detail}
+    return {"first_line_s": first, "end_s": elapsed, "ok": ok, "hung": False, "detail": detail}
 
 
 def bench_launcher(a, dk, out):
@@ -110,18 +135,18 @@ def bench_launcher(a, dk, out):
         def acc_code():
             # a free port each time: the default 29500 may be another run's
             return f"{FN}notebook_launcher(fn, num_processes={ranks}, use_port='{db.free_port()}')"
-        r = launcher_once(dk, dk_code, ranks)
+        r = launcher_once(dk, dk_code, ranks, 600)
         res["dk_first_cell_s"] = r["end_s"]
         print(f"  first distkernel cell (builds the template): {r['end_s']:.2f} s "
               f"{'ok' if r['ok'] else r['detail']}", flush=True)
         for trial in range(-1, a.launcher_trials):
             order = ("dk", "accelerate") if trial % 2 else ("accelerate", "dk")
             for who in order:
-                r = launcher_once(dk, dk_code, ranks) if who == "dk" else \
-                    launcher_once(ipk, acc_code(), ranks)
+                r = launcher_once(dk, dk_code, ranks, a.launcher_timeout) if who == "dk" \
+                    else launcher_once(ipk, acc_code(), ranks, a.launcher_timeout)
                 tag = "warm-up" if trial < 0 else f"trial {trial + 1}"
                 print(f"  {tag:8} {who:10} first line {db.fmt(r['first_line_s'], 3)} s, end "
-                      f"{r['end_s']:.3f} s {'ok' if r['ok'] else 'FAILED ' + r['detail']}",
+                      f"{db.fmt(r['end_s'], 3)} s {'ok' if r['ok'] else 'FAILED ' + r['detail']}",
                       flush=True)
                 if not r["ok"]:
                     res["failures"].append(dict(r, who=who, trial=trial))
@@ -130,6 +155,8 @@ def bench_launcher(a, dk, out):
     finally:
         ipk.close()
     for who in ("dk", "accelerate"):
+        res[f"{who}_failed"] = sum(f["who"] == who for f in res["failures"])
+        res[f"{who}_hung"] = sum(f["who"] == who and f["hung"] for f in res["failures"])
         for what in ("first_line_s", "end_s"):
             res[f"{who}_{what}"] = db.median([r[what] for r in res[who]])
     for what in ("first_line_s", "end_s"):
@@ -142,6 +169,9 @@ def bench_launcher(a, dk, out):
     print(f"  median end:        distkernel {db.fmt(res['dk_end_s'], 3)} s, accelerate "
           f"{db.fmt(res['accelerate_end_s'], 3)} s: {db.fmt(res.get('ratio_end_s'), 3)}x",
           flush=True)
+    print(f"  failed (hung): distkernel {res['dk_failed']} ({res['dk_hung']}), accelerate "
+          f"{res['accelerate_failed']} ({res['accelerate_hung']}) of "
+          f"{a.launcher_trials + 1} each", flush=True)
     out["launcher"] = res
 
 
@@ -286,7 +316,9 @@ def bench_fsdp(a, dk, out):
         for who in order:
             r, detail = fsdp_cell(a, dk, script) if who == "dk" else fsdp_torchrun(a, script)
             tag = "warm-up" if trial < 0 else f"trial {trial + 1}"
-            print(f"  {tag:8} {who:8} " + (f"{r['steps_per_s']:.3f} steps/s" if r and not detail
+            print(f"  {tag:8} {who:8} " + (f"{r['steps_per_s']:.3f} steps/s, "
+                                           f"{r.get('threads')} torch thread(s)"
+                                           if r and not detail
                                            else f"FAILED {detail}") +
                   f"  (load {os.getloadavg()[0]:.1f})", flush=True)
             if detail:
@@ -327,6 +359,9 @@ def main():
     ap.add_argument("--only", default="launcher,ipp,fsdp")
     ap.add_argument("--launcher-ranks", type=int, default=4)
     ap.add_argument("--launcher-trials", type=int, default=20)
+    ap.add_argument("--launcher-timeout", type=float, default=60,
+                    help="seconds before a launcher cell counts as hung (its ranks are "
+                         "then killed and the trial is a failure)")
     ap.add_argument("-n", "--ranks", type=int, default=8, help="started ranks and engines")
     ap.add_argument("--samples", type=int, default=50, help="`pass` cells each")
     ap.add_argument("--lines", type=int, default=100000, help="relay lines a rank")
