@@ -4,7 +4,7 @@
 torch 2's `fully_shard` (FSDP2) on CPU with gloo: an MLP of FSDP_LAYERS
 blocks, each block its own FSDP unit, AdamW, random data. Every rank times
 FSDP_STEPS steps after FSDP_WARMUP untimed ones, between barriers, and rank 0
-prints one line:
+prints one line (its own CPU seconds over the timed steps too):
 
     FSDP_RESULT {"steps_per_s": ..., "steps": ..., "world": ..., "loss": ...}
 
@@ -52,14 +52,14 @@ def step():
 for _ in range(WARMUP):
     step()
 dist.barrier()
-t0 = time.perf_counter()
+t0, cpu0 = time.perf_counter(), time.process_time()
 for _ in range(STEPS):
     loss = step()
 dist.barrier()
-elapsed = time.perf_counter() - t0
+elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
 if rank == 0:
     print("FSDP_RESULT " + json.dumps({"steps_per_s": STEPS / elapsed, "steps": STEPS,
-                                       "seconds": elapsed, "world": world,
+                                       "seconds": elapsed, "cpu_s": cpu, "world": world,
                                        "threads": torch.get_num_threads(),
                                        "loss": float(loss.detach())}), flush=True)
 dist.destroy_process_group()

@@ -295,6 +295,24 @@ def fsdp_torchrun(a, script):
         f"exit {proc.returncode}: {se.decode(errors='replace')[-1500:]}"
 
 
+def fsdp_bare(a, script, bare_sh):
+    """The ranks with no launcher at all: dist_bench's bare shell launch (the
+    rank environment distkernel gives, then `python -c SCRIPT` each)."""
+    with open(script) as f:
+        code = f.read()
+    proc = subprocess.Popen(["/bin/bash", bare_sh, str(a.fsdp_ranks), str(db.free_port()),
+                             a.python, code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=dict(os.environ, **fsdp_env(a)), start_new_session=True)
+    db._GROUPS.append(proc)
+    try:
+        so, se = proc.communicate(timeout=900)
+    finally:
+        db.kill_group(proc)
+    r = fsdp_result(so.decode(errors="replace"))
+    return r, "" if r and proc.returncode == 0 else \
+        f"exit {proc.returncode}: {se.decode(errors='replace')[-1500:]}"
+
+
 def fsdp_cell(a, dk, script):
     with open(script) as f:
         code = f"%%distributed num_processes={a.fsdp_ranks} tracking=False\n" + f.read()
@@ -310,13 +328,19 @@ def bench_fsdp(a, dk, out):
     print(f"\n== FSDP: {a.fsdp_ranks} ranks, {a.fsdp_steps} timed steps after "
           f"{a.fsdp_warmup}, {a.fsdp_trials} interleaved trials", flush=True)
     res = {"load_before": db.loadavg(), "env": fsdp_env(a), "dk": [], "torchrun": [],
-           "failures": []}
+           "bare": [], "failures": []}
+    bare_sh = os.path.join(a.tmp, "bare_launch.sh")
+    with open(bare_sh, "w") as f:
+        f.write(db.BARE_SCRIPT)
+    sides = ("torchrun", "dk") + (("bare",) if a.fsdp_bare else ())
     for trial in range(-1, a.fsdp_trials):
-        order = ("dk", "torchrun") if trial % 2 else ("torchrun", "dk")
-        for who in order:
-            r, detail = fsdp_cell(a, dk, script) if who == "dk" else fsdp_torchrun(a, script)
+        for who in (sides if trial % 2 == 0 else sides[::-1]):
+            r, detail = (fsdp_cell(a, dk, script) if who == "dk" else
+                         fsdp_torchrun(a, script) if who == "torchrun" else
+                         fsdp_bare(a, script, bare_sh))
             tag = "warm-up" if trial < 0 else f"trial {trial + 1}"
             print(f"  {tag:8} {who:8} " + (f"{r['steps_per_s']:.3f} steps/s, "
+                                           f"rank 0 CPU {r['cpu_s'] / r['seconds']:.2f} of its wall, "
                                            f"{r.get('threads')} torch thread(s)"
                                            if r and not detail
                                            else f"FAILED {detail}") +
@@ -324,9 +348,18 @@ def bench_fsdp(a, dk, out):
             if detail:
                 res["failures"].append({"who": who, "trial": trial, "detail": detail})
             elif trial >= 0:
-                res[who].append(dict(r, load=db.loadavg()))
-    for who in ("dk", "torchrun"):
+                res[who].append(dict(r, load=db.loadavg(), trial=trial))
+    # each trial's pair, run one right after the other: how far apart the same
+    # code lands under the machine's load
+    dk_by_trial = {r["trial"]: r["steps_per_s"] for r in res["dk"]}
+    res["pair_ratios"] = sorted(dk_by_trial[r["trial"]] / r["steps_per_s"]
+                                for r in res["torchrun"] if r["trial"] in dk_by_trial)
+    for who in ("dk", "torchrun", "bare"):
         res[f"{who}_median_steps_per_s"] = db.median([r["steps_per_s"] for r in res[who]])
+    if res["dk_median_steps_per_s"] and res["bare_median_steps_per_s"]:
+        res["dk_over_bare"] = res["dk_median_steps_per_s"] / res["bare_median_steps_per_s"]
+        res["torchrun_over_bare"] = (res["torchrun_median_steps_per_s"] or 0) / \
+            res["bare_median_steps_per_s"]
     if res["dk_median_steps_per_s"] and res["torchrun_median_steps_per_s"]:
         res["ratio"] = res["dk_median_steps_per_s"] / res["torchrun_median_steps_per_s"]
         res["target_met"] = res["ratio"] >= 0.98
@@ -334,6 +367,13 @@ def bench_fsdp(a, dk, out):
     print(f"  median: distkernel {db.fmt(res['dk_median_steps_per_s'], 3)} steps/s, torchrun "
           f"{db.fmt(res['torchrun_median_steps_per_s'], 3)} steps/s: "
           f"{db.fmt(res.get('ratio'), 3)}x (target >= 0.98x)", flush=True)
+    if res["bare"]:
+        print(f"  bare launch {db.fmt(res['bare_median_steps_per_s'], 3)} steps/s: distkernel / "
+              f"bare {db.fmt(res.get('dk_over_bare'), 3)}x, torchrun / bare "
+              f"{db.fmt(res.get('torchrun_over_bare'), 3)}x", flush=True)
+    if res["pair_ratios"]:
+        print(f"  pairs: distkernel / torchrun median {db.median(res['pair_ratios']):.3f}x, "
+              f"from {res['pair_ratios'][0]:.3f}x to {res['pair_ratios'][-1]:.3f}x", flush=True)
     out["fsdp"] = res
 
 
@@ -370,6 +410,8 @@ def main():
                     help="also Debian's ipyparallel (/usr/bin/ipcluster, /usr/bin/python3)")
     ap.add_argument("--fsdp-ranks", type=int, default=2)
     ap.add_argument("--fsdp-trials", type=int, default=9)
+    ap.add_argument("--fsdp-bare", action=argparse.BooleanOptionalAction, default=True,
+                    help="also the ranks launched bare from a shell (dist_bench's launch)")
     ap.add_argument("--fsdp-steps", type=int, default=60)
     ap.add_argument("--fsdp-warmup", type=int, default=5)
     ap.add_argument("--fsdp-width", type=int, default=512)
@@ -389,7 +431,7 @@ def main():
     if not os.access(a.python, os.X_OK):
         sys.exit(f"no {a.python}: build the venv of today's stack first (scripts/venv.sh), "
                  "or give --venv")
-    tmp = tempfile.mkdtemp(prefix="today-bench-")
+    tmp = a.tmp = tempfile.mkdtemp(prefix="today-bench-")
     out = {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
            "host": platform.node(), "cpus": os.cpu_count(), "load_at_start": db.loadavg(),
            "versions": versions(a.python), "config": vars(a)}
