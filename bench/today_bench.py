@@ -47,7 +47,6 @@ sys.path.insert(0, HERE)
 import dist_bench as db  # noqa: E402  (client, ipcluster, relay, cleanup)
 import pool_bench as pb  # noqa: E402  (timed cells, summaries, %%px setup)
 
-DEFAULT_VENV = "/root/.cache/distkernel/venv-3d445352e329"
 KERNEL = "distkernel-today"
 
 # ---------------------------------------------------------------- launcher
@@ -395,7 +394,9 @@ def main():
     ap.add_argument("--prefix", default=os.path.join(HERE, "..", "prefix"),
                     help="distkernel build's install prefix (its bin/distkernel installs the "
                          "kernel for the venv)")
-    ap.add_argument("--venv", default=os.environ.get("DISTKERNEL_TEST_VENV", DEFAULT_VENV))
+    ap.add_argument("--venv", default=os.environ.get("DISTKERNEL_TEST_VENV"),
+                    help="the venv of today's stack (default: $DISTKERNEL_TEST_VENV, else "
+                         "the path scripts/venv.sh prints, which builds it if missing)")
     ap.add_argument("--only", default="launcher,ipp,fsdp")
     ap.add_argument("--launcher-ranks", type=int, default=4)
     ap.add_argument("--launcher-trials", type=int, default=20)
@@ -419,6 +420,9 @@ def main():
     ap.add_argument("--fsdp-batch", type=int, default=64)
     ap.add_argument("--json")
     a = ap.parse_args()
+    if not a.venv:
+        a.venv = subprocess.run([os.path.join(HERE, "..", "scripts", "venv.sh")], check=True,
+                                stdout=subprocess.PIPE, text=True).stdout.strip().splitlines()[-1]
     a.python = os.path.join(a.venv, "bin", "python")
     only = set(a.only.split(","))
     if only - {"launcher", "ipp", "fsdp"}:
