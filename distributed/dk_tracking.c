@@ -27,7 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define SERVER_START_TIMEOUT_S 60
+#define SERVER_START_TIMEOUT_S 60   /* DISTKERNEL_MLFLOW_START_TIMEOUT's default */
 
 /* What the kernel remembers between runs. Only the main thread touches it,
  * except `server`, which dk_tracking_stop_server may take from any thread. */
@@ -58,6 +58,18 @@ static double request_timeout(void)
     const char *t = getenv("DISTKERNEL_MLFLOW_TIMEOUT");
     double v = t ? atof(t) : 0;
     return v > 0 ? v : 2.0;
+}
+
+/* How long the server the kernel starts has to answer /health (s):
+ * DISTKERNEL_MLFLOW_START_TIMEOUT, a whole number from 1 to 3600, else 60.
+ * MLflow 3 imports for 10-30 s on an idle 2-core machine and over a minute
+ * on a loaded one; a busy login node may need longer. */
+static int start_timeout(void)
+{
+    const char *t = getenv("DISTKERNEL_MLFLOW_START_TIMEOUT");
+    char *end;
+    long v = t && *t ? strtol(t, &end, 10) : 0;
+    return t && *t && !*end && v >= 1 && v <= 3600 ? (int) v : SERVER_START_TIMEOUT_S;
 }
 
 /* Start `mlflow server` on a free loopback port with MLflow's own default
@@ -113,11 +125,14 @@ static const char *start_server(dk_tracking_t *self, char *note, size_t notelen)
                           "--port", "{port}", "--workers", "1", NULL};
     dk_server_spec_t spec = {.program = "mlflow", .args = args, .name = "`mlflow server`",
                              .log_name = "mlflow-server.log", .health_path = "/health",
-                             .start_timeout_s = SERVER_START_TIMEOUT_S};
+                             .start_timeout_s = start_timeout()};
     bool missing;
     dk_server_t *server = dk_server_start(&spec, &missing, err, sizeof err);
     if (!server && !missing)
-        snprintf(note, notelen, "MLflow tracking is off: %s", err);
+        snprintf(note, notelen, "MLflow tracking is off: %s%s", err,
+                 strstr(err, "did not answer within")
+                     ? "; DISTKERNEL_MLFLOW_START_TIMEOUT=SECONDS gives it longer"
+                     : "");
     __atomic_store_n(&self->server, server, __ATOMIC_SEQ_CST);
     return server ? dk_server_uri(server) : NULL;
 }

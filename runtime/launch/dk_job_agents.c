@@ -66,9 +66,16 @@ bool job_start_agents(dk_job_t *job, const dk_job_spec_t *spec, const char *cons
     /* The gate to the tracking server, for every job with agents: a
      * persistent job may be given a server only later. */
     unsigned char key[DK_FRAME_KEY_LEN];
-    if (dk_frame_key_from_hex(dk_backchan_key_hex(job->chan), key) == 0)
-        job->tunnel = dk_tunnel_gate_new(spec->bc_tcp_addr, key, spec->tunnel_upstream, why,
-                                         sizeof why);
+    dk_accept_t *allow = NULL;      /* only the run's nodes, as for the back channel */
+    if (spec->bc_allow_hosts &&
+        (!(allow = dk_accept_new(spec->bc_allow_hosts, spec->bc_nallow, why, sizeof why)) ||
+         !dk_accept_add_this_host(allow, spec->bc_tcp_addr)))
+        dk_accept_destroy(&allow);
+    if (spec->bc_allow_hosts && !allow)
+        snprintf(why, sizeof why, "its nodes' addresses cannot be listed");
+    else if (dk_frame_key_from_hex(dk_backchan_key_hex(job->chan), key) == 0)
+        job->tunnel = dk_tunnel_gate_new(spec->bc_tcp_addr, key, spec->tunnel_upstream, allow,
+                                         why, sizeof why);
     else
         snprintf(why, sizeof why, "the run's key is not one");
     OPENSSL_cleanse(key, sizeof key);

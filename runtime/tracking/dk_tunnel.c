@@ -55,6 +55,7 @@ struct dk_tunnel_t {
     int port;
     int wake[2];
     dk_frame_key_t *key;
+    dk_accept_t *allow;             /* gate: the run's nodes' addresses, or NULL */
     pthread_t thread;
     bool started;
     pthread_mutex_t lock;           /* the upstream and the stats */
@@ -303,11 +304,15 @@ static bool splice_turn(conn_t *c, const short revents[2])
 static void take_new(dk_tunnel_t *t)
 {
     for (int i = 0; i < 64; i++) {
-        int fd = accept4(t->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        struct sockaddr_storage peer;
+        socklen_t pl = sizeof peer;
+        int fd = accept4(t->listen_fd, (struct sockaddr *) &peer, &pl,
+                         SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0)
             return;
         size_t cap = t->role == GATE ? DK_TUNNEL_GATE_CAP : DK_TUNNEL_DOOR_CAP;
-        if (t->nconns >= cap) {
+        if (t->nconns >= cap || (t->allow && !dk_accept_allows(t->allow,
+                                                               (struct sockaddr *) &peer, pl))) {
             close(fd);
             count(t, &t->stats.refused, 1);
             continue;
@@ -407,13 +412,15 @@ static void *loop(void *arg)
 }
 
 static dk_tunnel_t *start(int role, const char *listen_addr, const unsigned char *key,
-                          const char *upstream, char *err, size_t errlen)
+                          const char *upstream, dk_accept_t *allow, char *err, size_t errlen)
 {
     dk_tunnel_t *t = calloc(1, sizeof *t);
     if (!t) {
+        dk_accept_destroy(&allow);
         dk_set_err(err, errlen, "out of memory");
         return NULL;
     }
+    t->allow = allow;
     t->role = role;
     t->listen_fd = t->wake[0] = t->wake[1] = -1;
     pthread_mutex_init(&t->lock, NULL);
@@ -457,9 +464,9 @@ fail:
 }
 
 dk_tunnel_t *dk_tunnel_gate_new(const char *addr, const unsigned char *key, const char *upstream,
-                                char *err, size_t errlen)
+                                dk_accept_t *allow, char *err, size_t errlen)
 {
-    return start(GATE, addr, key, upstream, err, errlen);
+    return start(GATE, addr, key, upstream, allow, err, errlen);
 }
 
 dk_tunnel_t *dk_tunnel_door_new(const char *gate, const unsigned char *key, char *err,
@@ -469,7 +476,7 @@ dk_tunnel_t *dk_tunnel_door_new(const char *gate, const unsigned char *key, char
         dk_set_err(err, errlen, "no gate to go to");
         return NULL;
     }
-    return start(DOOR, "127.0.0.1", key, gate, err, errlen);
+    return start(DOOR, "127.0.0.1", key, gate, NULL, err, errlen);
 }
 
 int dk_tunnel_port(const dk_tunnel_t *self)
@@ -519,6 +526,7 @@ void dk_tunnel_destroy(dk_tunnel_t **self_p)
     if (t->listen_fd >= 0)
         close(t->listen_fd);
     dk_frame_key_destroy(&t->key);
+    dk_accept_destroy(&t->allow);
     pthread_mutex_destroy(&t->lock);
     free(t);
     *self_p = NULL;

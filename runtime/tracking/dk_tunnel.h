@@ -35,6 +35,7 @@
 #ifndef DK_TUNNEL_H
 #define DK_TUNNEL_H
 
+#include "dk_accept.h"
 #include "dk_frame.h"
 
 #include <stdbool.h>
@@ -58,9 +59,13 @@ typedef struct {
 /* The kernel's end: listen on ADDR (numeric IPv4 or IPv6, port 0: any free
  * one) and splice each connection that proves KEY (DK_FRAME_KEY_LEN bytes,
  * copied) to UPSTREAM ("127.0.0.1:PORT", "[::1]:PORT"; NULL: none yet,
- * connections are closed). NULL with ERR on failure. */
+ * connections are closed). With ALLOW (taken, whatever the result; NULL:
+ * any address), a connection from an address not on it is closed as it is
+ * accepted, before it is sent anything, as the back channel does
+ * (dk_accept.h): a stranger elsewhere on the network gets not even a nonce.
+ * NULL with ERR on failure. */
 dk_tunnel_t *dk_tunnel_gate_new(const char *addr, const unsigned char *key, const char *upstream,
-                                char *err, size_t errlen);
+                                dk_accept_t *allow, char *err, size_t errlen);
 
 /* A node's end: listen on 127.0.0.1 (a free port) and send each connection
  * of this uid's processes to GATE ("HOST:PORT", numeric), proving KEY. */

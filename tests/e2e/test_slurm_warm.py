@@ -64,7 +64,8 @@ def probe(k, opts=""):
 # are (their node's tasks, its agent's pid), and their log file.
 PER_RANK = {"RANK", "GROUP_RANK", "NODE_RANK", "ROLE_RANK", "SLURM_PROCID", "SLURM_NODEID",
             "SLURMD_NODENAME", "SLURM_TOPOLOGY_ADDR", "SLURM_GTIDS", "SLURM_TASK_PID",
-            "DISTKERNEL_LOG", "HOSTNAME"}
+            "DISTKERNEL_LOG", "HOSTNAME",
+            "DISTKERNEL_TRACKING_PORT"}     # its node's door to the tracking server
 
 
 def test_a_node_whose_template_cannot_import_runs_cold_beside_warm_ones(slurm_cluster,

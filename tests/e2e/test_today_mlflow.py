@@ -34,6 +34,10 @@ pytestmark = [
 # The kernel's first run starts the server (MLflow 3 takes 10-30 s to answer
 # on 2 busy cores) and each rank imports mlflow.
 RUN = 240
+# On CI the server starts beside the other suites' kernels, ranks, Ray and
+# torch: MLflow 3 then takes over a minute to answer, and its first lookups
+# over 2 s. The kernel's defaults are for a user's machine.
+SLOW_MACHINE = {"DISTKERNEL_MLFLOW_START_TIMEOUT": "300", "DISTKERNEL_MLFLOW_TIMEOUT": "15"}
 NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 LINK = re.compile(r"(http://127\.0\.0\.1:\d+)/#/experiments/(\d+)/runs/([0-9a-f]{32})")
 
@@ -80,7 +84,8 @@ def kernel(today, tmp_path_factory):
     notebook = root / "notebook"          # the store, mlflow.db, goes beside the notebook
     notebook.mkdir(mode=0o700)
     km = KernelManager(kernel_name="distkernel-today", kernel_spec_manager=today)
-    k = support.Kernel.launch(km, env=support.kernel_env(DISTKERNEL_LOG_DIR=root / "logs"),
+    k = support.Kernel.launch(km, env=support.kernel_env(DISTKERNEL_LOG_DIR=root / "logs",
+                                                         **SLOW_MACHINE),
                               cwd=str(notebook))
     yield k
     k.stop()

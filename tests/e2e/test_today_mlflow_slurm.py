@@ -17,7 +17,7 @@ from jupyter_client import KernelManager
 
 import slurm_cluster as cluster_module
 import support
-from test_today_mlflow import VENV, RUN, get, the_run, today  # noqa: F401
+from test_today_mlflow import VENV, RUN, SLOW_MACHINE, get, the_run, today  # noqa: F401
 from test_slurm_runs import wait_clean
 
 pytestmark = [
@@ -64,7 +64,7 @@ def kernel(today, slurm_cluster, tmp_path):  # noqa: F811
     logs.mkdir(mode=0o700)
     notebook = tmp_path / "notebook"
     notebook.mkdir(mode=0o700)
-    base.update(DISTKERNEL_LOG_DIR=str(logs), SLURM_CONF=slurm_cluster.conf)
+    base.update(DISTKERNEL_LOG_DIR=str(logs), SLURM_CONF=slurm_cluster.conf, **SLOW_MACHINE)
     for name in cluster_module.TEMPLATE_VARS:   # this module's, as test_slurm_runs.start
         if name in os.environ:
             base[name] = os.environ[name]

@@ -189,7 +189,8 @@ Test(tunnel, bytes_go_through_door_and_gate_whole_and_back)
     echo_t echo;
     echo_start(&echo);
     char err[256] = "";
-    dk_tunnel_t *gate = dk_tunnel_gate_new("127.0.0.1", KEY, addr(echo.port), err, sizeof err);
+    dk_tunnel_t *gate = dk_tunnel_gate_new("127.0.0.1", KEY, addr(echo.port), NULL, err,
+                                           sizeof err);
     cr_assert(gate, "%s", err);
     dk_tunnel_t *door = dk_tunnel_door_new(addr(dk_tunnel_port(gate)), KEY, err, sizeof err);
     cr_assert(door, "%s", err);
@@ -252,7 +253,7 @@ Test(tunnel, a_door_without_the_runs_key_gets_nothing_through)
 {
     echo_t echo;
     echo_start(&echo);
-    dk_tunnel_t *gate = dk_tunnel_gate_new("127.0.0.1", KEY, addr(echo.port), NULL, 0);
+    dk_tunnel_t *gate = dk_tunnel_gate_new("127.0.0.1", KEY, addr(echo.port), NULL, NULL, 0);
     dk_tunnel_t *door = dk_tunnel_door_new(addr(dk_tunnel_port(gate)), OTHER_KEY, NULL, 0);
     cr_assert(gate && door);
     assert_refused(gate, dk_tunnel_port(door), &echo);
@@ -267,7 +268,7 @@ Test(tunnel, a_stranger_at_the_gate_gets_nothing_through)
      * HTTP at it without the proof is closed, having reached nothing. */
     echo_t echo;
     echo_start(&echo);
-    dk_tunnel_t *gate = dk_tunnel_gate_new("127.0.0.1", KEY, addr(echo.port), NULL, 0);
+    dk_tunnel_t *gate = dk_tunnel_gate_new("127.0.0.1", KEY, addr(echo.port), NULL, NULL, 0);
     cr_assert(gate);
     int c = connect_loopback(dk_tunnel_port(gate));
     const char req[] = "GET /api/2.0/mlflow/runs/get HTTP/1.1\r\nHost: x\r\n\r\n";
@@ -283,11 +284,34 @@ Test(tunnel, a_stranger_at_the_gate_gets_nothing_through)
     echo_stop(&echo);
 }
 
+Test(tunnel, a_gate_sends_nothing_to_an_address_that_is_not_the_runs)
+{
+    /* The run's nodes are elsewhere: a connection from 127.0.0.1 is closed
+     * as it is accepted, not even sent the nonce. */
+    echo_t echo;
+    echo_start(&echo);
+    const char *nodes[] = {"10.255.255.1"};
+    dk_accept_t *allow = dk_accept_new(nodes, 1, NULL, 0);
+    cr_assert(allow);
+    dk_tunnel_t *gate = dk_tunnel_gate_new("127.0.0.1", KEY, addr(echo.port), allow, NULL, 0);
+    cr_assert(gate);
+    int c = connect_loopback(dk_tunnel_port(gate));
+    char buf[64];
+    cr_assert_eq(read_to_end(c, buf, sizeof buf), 0, "not a byte, not the nonce");
+    close(c);
+    dk_tunnel_stats_t s;
+    dk_tunnel_stats(gate, &s);
+    cr_assert_eq(s.refused, 1);
+    cr_assert_eq(echo.taken, 0);
+    dk_tunnel_destroy(&gate);
+    echo_stop(&echo);
+}
+
 Test(tunnel, a_gate_with_no_server_closes_and_takes_one_when_given)
 {
     echo_t echo;
     echo_start(&echo);
-    dk_tunnel_t *gate = dk_tunnel_gate_new("127.0.0.1", KEY, NULL, NULL, 0);
+    dk_tunnel_t *gate = dk_tunnel_gate_new("127.0.0.1", KEY, NULL, NULL, NULL, 0);
     dk_tunnel_t *door = dk_tunnel_door_new(addr(dk_tunnel_port(gate)), KEY, NULL, 0);
     cr_assert(gate && door);
     assert_refused(gate, dk_tunnel_port(door), &echo);
@@ -312,7 +336,7 @@ Test(tunnel, another_user_at_the_door_gets_nothing_through)
         cr_skip_test("acting as another user needs root");
     echo_t echo;
     echo_start(&echo);
-    dk_tunnel_t *gate = dk_tunnel_gate_new("127.0.0.1", KEY, addr(echo.port), NULL, 0);
+    dk_tunnel_t *gate = dk_tunnel_gate_new("127.0.0.1", KEY, addr(echo.port), NULL, NULL, 0);
     dk_tunnel_t *door = dk_tunnel_door_new(addr(dk_tunnel_port(gate)), KEY, NULL, 0);
     cr_assert(gate && door);
     int port = dk_tunnel_port(door);
