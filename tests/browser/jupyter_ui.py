@@ -156,11 +156,8 @@ class Server:
         return self.log_path.read_text(errors="replace")[-6000:]
 
     def sigint_ignored(self):
-        """Whether the server process ignores SIGINT (its /proc status's SigIgn)."""
-        for line in pathlib.Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("SigIgn:"):
-                return bool(int(line.split()[1], 16) & (1 << (signal.SIGINT - 1)))
-        return False
+        """Whether the server process ignores SIGINT."""
+        return sigint_ignored(self.proc.pid)
 
     def url_for(self, path):
         return f"{self.url}/{path}?token={self.token}"
@@ -189,6 +186,14 @@ class Server:
             p.kill()
         assert not alive, f"left behind by `jupyter {self.app}`: " + ", ".join(
             f"{p.pid}" for p in alive)
+
+
+def sigint_ignored(pid):
+    """Whether process PID ignores SIGINT (SigIgn in its /proc status)."""
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGINT - 1)))
+    return False
 
 
 PROMPT_DONE = re.compile(r"^\[\d+\]:")

@@ -15,6 +15,7 @@ import urllib.request
 
 import pytest
 
+import items
 import jupyter_ui
 
 REASON = jupyter_ui.why_not()
@@ -57,46 +58,12 @@ def test_a_new_notebook_from_the_launcher_runs_on_distkernel(lab, nb):
 
 @pytest.mark.timeout(120)
 def test_a_cell_prints_and_shows_its_value(nb):
-    cell = nb.run("distkernel_answer = 41\nprint('hello from', 'distkernel')\ndistkernel_answer + 1")
-    nb.wait_done(cell)
-    assert nb.outputs(cell) == ["hello from distkernel\n", "42"], nb.outputs(cell)
-    assert cell.locator(".jp-OutputArea-executeResult .jp-OutputArea-prompt").inner_text() == "[1]:"
-
-
-LIVE = """%%distributed num_processes=2 tracking=False
-import os, time
-rank = int(os.environ["RANK"])
-print(f"hello from rank {rank}", flush=True)
-while not os.path.exists("go"):   # the test makes it once the browser showed the line above
-    time.sleep(0.05)
-print(f"rank {rank} went on")
-rank * 10"""
+    items.a_cell(nb)
 
 
 @pytest.mark.timeout(180)
 def test_a_distributed_cell_shows_each_ranks_lines_live_under_one_status_block(lab, nb):
-    cell = nb.run(LIVE)
-    # Live: the ranks cannot end before the browser has shown their lines.
-    for rank in (0, 1):
-        nb.wait_output(cell, f"[rank {rank}] hello from rank {rank}")
-    assert nb.running(cell)
-    status = nb.status_blocks(cell)
-    assert len(status) == 1 and "rank 0 running · rank 1 running" in status[0], nb.outputs(cell)
-    assert nb.outputs(cell)[0] == status[0], "the status block is above the ranks' output"
-    nb.shot("01-live-labelled-output", cell)
-    (lab.notebooks / "go").touch()
-    nb.wait_done(cell)
-    # The same block, updated in place: still one, first, now finished.
-    status = nb.status_blocks(cell)
-    assert len(status) == 1, nb.outputs(cell)
-    assert status[0].startswith("distributed: 2 CPU ranks") and "· finished" in status[0], status
-    assert "rank 0 done · rank 1 done" in status[0] and "logs: " in status[0], status
-    assert nb.outputs(cell)[0] == status[0]
-    text = nb.output(cell)
-    for rank in (0, 1):
-        assert f"[rank {rank}] rank {rank} went on" in text, text
-    assert "rank 0: 0\nrank 1: 10" in nb.outputs(cell)[-1], nb.outputs(cell)
-    nb.shot("02-status-block-in-place", cell)
+    items.live_output_under_one_status_block(nb, lab.notebooks)
 
 
 TQDM = """%%distributed num_processes=2 tracking=False
@@ -148,61 +115,20 @@ def test_the_cell_links_its_mlflow_run_on_the_server_the_kernel_started(nb):
     nb.shot("04-mlflow-link", cell)
 
 
-FAILING = """%%distributed num_processes=2 tracking=False
-import os
-if os.environ["RANK"] == "1":
-    raise ValueError("rank 1 fails on purpose")"""
-
-
 @pytest.mark.timeout(180)
 def test_a_failing_rank_is_the_cells_error(nb):
-    cell = nb.run(FAILING)
-    nb.wait_done(cell)
-    status = nb.status_blocks(cell)
-    assert len(status) == 1 and "· failed" in status[0] and "rank 1 failed" in status[0], status
-    error = cell.locator('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')
-    text = error.inner_text()
-    assert text.startswith("ValueError: [rank 1] rank 1 fails on purpose"), text
-    assert "Rank 1 failed first (root cause)" in text and "line 4, in <module>" in text, text
-    assert "rank 1: raised ValueError: rank 1 fails on purpose" in text, text
-    nb.shot("05-error", cell)
-
-
-SLEEPING = """%%distributed num_processes=2 tracking=False
-import os, time
-print("sleeping", flush=True)
-time.sleep(600)"""
+    items.a_failing_rank_is_the_cells_error(nb)
 
 
 @pytest.mark.timeout(180)
 def test_interrupt_ends_a_distributed_cell_and_an_ordinary_one(nb):
-    cell = nb.run(SLEEPING)
-    nb.wait_output(cell, "[rank 1] sleeping")
-    nb.wait_output(cell, "[rank 0] sleeping")
-    nb.interrupt()
-    nb.wait_done(cell, timeout=60)
-    text = nb.output(cell)
-    assert "KeyboardInterrupt: interrupted: every rank was ended" in text, text
-    assert "ended by distkernel (interrupted)" in text, text
-    status = nb.status_blocks(cell)
-    assert len(status) == 1 and "· interrupted" in status[0], status
-    nb.shot("06-interrupt", cell)
-    cell = nb.run("import time\nprint('waiting', flush=True)\ntime.sleep(600)")
-    nb.wait_output(cell, "waiting")
-    nb.interrupt()
-    nb.wait_done(cell, timeout=60)
-    assert "KeyboardInterrupt" in nb.output(cell), nb.output(cell)
-    nb.wait_idle()
+    items.interrupt_ends_a_distributed_cell(nb)
+    items.interrupt_ends_an_ordinary_cell(nb)
 
 
 @pytest.mark.timeout(120)
 def test_input_asks_in_the_page_and_the_cell_gets_the_answer(nb):
-    cell = nb.run("name = input('your name? ')\nprint('hello', name)")
-    box = cell.locator(".jp-Stdin-input")
-    box.fill("Ada")
-    box.press("Enter")
-    nb.wait_done(cell)
-    assert "hello Ada" in nb.output(cell), nb.output(cell)
+    items.input_asks_in_the_page(nb)
 
 
 @pytest.mark.timeout(120)
@@ -237,7 +163,12 @@ print("sum", add(40, 2))"""
 def test_a_breakpoint_in_a_cell_stops_there_and_the_panel_shows_the_variables(nb):
     page = nb.page
     bug = page.locator(".jp-NotebookPanel-toolbar .jp-DebuggerBugButton")
-    page.wait_for_selector(".jp-NotebookPanel-toolbar .jp-DebuggerBugButton:not(.disabled)")
+    try:
+        page.wait_for_selector(".jp-NotebookPanel-toolbar .jp-DebuggerBugButton:not(.disabled)",
+                               timeout=30_000)
+    except Exception as e:
+        # JupyterLab 4 offers it from the kernelspec's metadata.debugger
+        raise AssertionError(f"no debugger offered: {bug.get_attribute('title')!r}") from e
     bug.click()
     page.wait_for_selector('.jp-DebuggerBugButton[aria-pressed="true"]')
     cell = nb.type_into_last_cell(DEBUGGED)
@@ -264,10 +195,4 @@ def test_a_breakpoint_in_a_cell_stops_there_and_the_panel_shows_the_variables(nb
 
 @pytest.mark.timeout(180)
 def test_restart_forgets_the_notebooks_names_and_runs_ranks_again(nb):
-    nb.restart()
-    cell = nb.run("distkernel_answer")
-    nb.wait_done(cell)
-    assert "NameError" in nb.output(cell), nb.output(cell)
-    cell = nb.run("%%distributed num_processes=2 tracking=False\nprint('after the restart')")
-    nb.wait_done(cell)
-    assert "[rank 1] after the restart" in nb.output(cell), nb.output(cell)
+    items.restart_forgets_names_and_runs_ranks_again(nb)
