@@ -29,7 +29,9 @@ VENV = pathlib.Path(os.environ.get("DISTKERNEL_TEST_VENV", "") or "/nonexistent-
 PREFIX = pathlib.Path(os.environ.get("DISTKERNEL_PREFIX", "/work/main/prefix")).resolve()
 CHROMIUM = pathlib.Path(os.environ.get("DISTKERNEL_CHROMIUM", "/usr/bin/chromium"))
 KERNEL = "distkernel"
-DISPLAY_NAME = "distkernel (Python 3.11)"   # what `distkernel install` names it
+# What `distkernel install --name distkernel` names it: the Python it embeds,
+# which is the venv's (this python's) version, or the install refuses the venv.
+DISPLAY_NAME = f"distkernel (Python {sys.version_info[0]}.{sys.version_info[1]})"
 NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 # Playwright's own browsers are never used nor fetched: the suite runs
@@ -66,6 +68,8 @@ def install_kernel(where):
     subprocess.run([str(PREFIX / "bin" / "distkernel"), "install", "--prefix", str(where),
                     "--name", KERNEL, "--python", str(VENV / "bin" / "python")],
                    check=True, capture_output=True, timeout=120)
+    spec = json.loads((where / "share" / "jupyter" / "kernels" / KERNEL / "kernel.json").read_text())
+    assert spec["display_name"] == DISPLAY_NAME, spec
     return where / "share" / "jupyter"
 
 

@@ -11,7 +11,6 @@ its first tracked run (10-30 s on 2 cores), so the others say tracking=False.
 """
 import json
 import re
-import urllib.request
 
 import pytest
 
