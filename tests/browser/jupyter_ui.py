@@ -222,6 +222,10 @@ class Notebook:
         nothing itself. The cell's locator, fixed to its index."""
         cell = self.cells().nth(self.cells().count() - 1)
         cell.locator(".cm-content").click()
+        if cell.locator(".cm-content").inner_text().strip():
+            # what a test that failed left there
+            self.page.keyboard.press("Control+a")
+            self.page.keyboard.press("Delete")
         self.page.keyboard.insert_text(code)
         return cell
 

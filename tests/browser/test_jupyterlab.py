@@ -135,14 +135,25 @@ def test_tab_completes_names_the_kernel_knows(nb):
     cell = nb.run("distkernel_other = 1")
     nb.wait_done(cell)
     cell = nb.type_into_last_cell("distkernel_")
-    # Tab completes once JupyterLab's completer has taken the editor on
-    # (it marks it); before that Tab indents.
-    cell.locator(".jp-mod-completer-enabled").wait_for()
-    nb.page.keyboard.press("Tab")
     completer = nb.page.locator(".jp-Completer")
-    items = completer.locator(".jp-Completer-item")
-    items.first.wait_for()
-    values = [i.get_attribute("data-value") for i in items.all()]
+    choices = completer.locator(".jp-Completer-item")
+    for attempt in (1, 2):
+        # Tab completes where JupyterLab's completer has marked the editor
+        # (its key binding's selector); elsewhere it indents. On 2 busy cores
+        # a Tab has at times shown no completer at all here, where the same
+        # steps by hand show it: the second Tab is a user's second try.
+        cell.locator(".jp-mod-completer-enabled:not(.jp-mod-at-line-beginning)").wait_for()
+        nb.page.keyboard.press("Tab")
+        try:
+            choices.first.wait_for(timeout=30_000 * attempt)
+            break
+        except Exception:
+            if attempt == 2:
+                raise
+            nb.page.keyboard.press("Escape")
+            cell.locator(".cm-content").click()
+            nb.page.keyboard.press("End")
+    values = [i.get_attribute("data-value") for i in choices.all()]
     assert "distkernel_answer" in values and "distkernel_other" in values, values
     completer.locator('.jp-Completer-item[data-value="distkernel_answer"]').click()
     assert cell.locator(".cm-content").inner_text() == "distkernel_answer"
