@@ -249,14 +249,14 @@ const char *dk_install_display_name(const dk_install_opts_t *opts, const char *n
 }
 
 char *dk_install_spec_json(const char *kernel_exe, const char *python,
-                           const char *display_name, const dk_install_env_t *env,
-                           size_t n_env)
+                           const char *display_name, bool debugger,
+                           const dk_install_env_t *env, size_t n_env)
 {
     json_t *argv = python ? json_pack("[ssss]", kernel_exe, "--python", python, "-f")
                           : json_pack("[ss]", kernel_exe, "-f");
     json_t *spec = argv ? json_pack("{s:o,s:s,s:s,s:s,s:{s:b}}", "argv", argv,
                                     "display_name", display_name, "language", "python",
-                                    "interrupt_mode", "message", "metadata", "debugger", 0)
+                                    "interrupt_mode", "message", "metadata", "debugger", debugger)
                         : NULL;
     char *text = NULL;
     if (!spec || json_array_append_new(argv, json_string("{connection_file}")) < 0)
@@ -473,7 +473,7 @@ int dk_install_main(int argc, char **argv)
     }
     spec = dk_install_spec_json(exe, opts.python ? python : NULL,
                                 dk_install_display_name(&opts, name, DK_PYTHON_VERSION),
-                                opts.env, opts.n_env);
+                                probe.debugpy, opts.env, opts.n_env);
     if (!spec) {
         fprintf(stderr, "distkernel install: out of memory\n");
         goto out;

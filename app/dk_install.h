@@ -76,10 +76,12 @@ const char *dk_install_display_name(const dk_install_opts_t *opts, const char *n
 
 /* kernel.json's text for a kernel run by KERNEL_EXE in the environment of
  * PYTHON (NULL: the embedded Python's, and argv names none), a new string (the
- * caller frees it), or NULL when out of memory. */
+ * caller frees it), or NULL when out of memory. DEBUGGER is metadata's
+ * "debugger", which JupyterLab 4 reads to offer its debugger for the kernel:
+ * whether debugpy is in the environment, as `ipykernel install` writes it. */
 char *dk_install_spec_json(const char *kernel_exe, const char *python,
-                           const char *display_name, const dk_install_env_t *env,
-                           size_t n_env);
+                           const char *display_name, bool debugger,
+                           const dk_install_env_t *env, size_t n_env);
 
 /* Write the kernelspec folder DEST: kernel.json with SPEC_JSON and the logos
  * found in LOGO_DIR. It is built beside DEST and renamed into place, so a

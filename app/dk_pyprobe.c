@@ -7,8 +7,9 @@
  * to a base interpreter, a conda env's is a real file) or from pyvenv.cfg
  * (virtualenv and conda write different keys, or none). Running it is what
  * ipykernel effectively does too (it is that python that writes the spec), and
- * it answers the other questions at once: sys.prefix for --sys-prefix and
- * whether IPython and cloudpickle are importable there.
+ * it answers the other questions at once: sys.prefix for --sys-prefix,
+ * whether IPython and cloudpickle are importable there, and whether debugpy
+ * is (the kernelspec then offers JupyterLab's debugger).
  */
 #include "dk_pyprobe.h"
 #include "dk_err.h"
@@ -52,7 +53,8 @@ const char dk_pyprobe_script[] =
     "        return importlib.util.find_spec(m) is not None\n"
     "    except Exception:\n"
     "        return False\n"
-    "print('missing ' + ' '.join(m for m in ('IPython', 'cloudpickle') if not has(m)))\n";
+    "print('missing ' + ' '.join(m for m in ('IPython', 'cloudpickle') if not has(m)))\n"
+    "print('debugpy ' + ('yes' if has('debugpy') else 'no'))\n";
 
 void dk_pyprobe_clear(dk_pyprobe_t *probe)
 {
@@ -99,6 +101,10 @@ int dk_pyprobe_parse(const char *out, dk_pyprobe_t *probe, char *err, size_t err
         return -1;
     }
     free(version);
+    /* Optional: a probe without the line offers no debugger. */
+    char *debugpy = field(out, "debugpy");
+    probe->debugpy = debugpy && strcmp(debugpy, "yes") == 0;
+    free(debugpy);
     return 0;
 }
 

@@ -6,13 +6,15 @@
  * would (runtime/rank/dk_pyinit.h), which works only for a Python of the same
  * version and ABI that has IPython and cloudpickle. The probe runs the python
  * with a few lines (dk_pyprobe_script) that print its version, SOABI,
- * sys.prefix and which of those modules it lacks; the check compares that
- * with what the build embeds and says what to do when it does not fit.
+ * sys.prefix, which of those modules it lacks and whether debugpy is there;
+ * the check compares that with what the build embeds and says what to do when
+ * it does not fit.
  * `distkernel install` (dk_install.h) refuses an environment on its word.
  */
 #ifndef DK_PYPROBE_H
 #define DK_PYPROBE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 /* What a python says about itself (dk_pyprobe_parse). */
@@ -21,6 +23,7 @@ typedef struct {
     char *soabi;                 /* "cpython-311-x86_64-linux-gnu"; "" when it has none */
     char *prefix;                /* sys.prefix */
     char *missing;               /* the kernel's modules it lacks, space-separated; "" */
+    bool debugpy;                /* debugpy is importable: the debugger can start */
 } dk_pyprobe_t;
 
 /* The script dk_pyprobe_run runs with `PYTHON -c`. */

@@ -26,6 +26,10 @@ PKGS=(
   python3-flaky python3-debugpy python3-matplotlib
   # fuzzing (scripts/fuzz.sh): libFuzzer and the sanitizer runtimes for clang
   libclang-rt-dev
+  # the browser tests (tests/browser): JupyterLab 4 and Notebook 7 in Debian's
+  # chromium, driven by Playwright for Python from the test venv, which never
+  # downloads a browser of its own
+  chromium
   # benchmarks (bench/): the ipyparallel %%px reference
   python3-ipyparallel
   # the simulated Slurm cluster the multi-node tests run on (tests/slurm/):

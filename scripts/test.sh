@@ -214,6 +214,20 @@ ipykernel7_suite() {   # PREFIX: ipykernel 7's own test modules, in the test ven
     "$src/tests/test_message_spec.py" "$src/tests/test_kernel.py" "$src/tests/test_debugger.py"
 }
 
+browser_suite() {   # PREFIX: JupyterLab 4 and Notebook 7 in Debian's chromium (tests/browser)
+  # Playwright for Python from the test venv drives /usr/bin/chromium (never a
+  # browser of its own) against `jupyter lab` / `jupyter notebook` from the
+  # venv, on the kernel installed for it. The screenshots of the distributed
+  # items, each with the cell's output as text, go to $REPORT/browser/.
+  if [[ ! -x /usr/bin/chromium ]]; then
+    echo "browser tests skipped: no /usr/bin/chromium (Debian's chromium, scripts/deps.sh)"
+    return 0
+  fi
+  DISTKERNEL_TEST_VENV=$VENV DISTKERNEL_PREFIX=$1 DISTKERNEL_BROWSER_SHOTS=$REPORT/browser \
+    PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 PLAYWRIGHT_BROWSERS_PATH=$REPORT/no-playwright-browsers \
+    "$VENV/bin/python" -m pytest -q -rs --color=no --junitxml="$REPORT/browser.xml" tests/browser
+}
+
 sigint_ignored() {   # PREFIX: the interrupt tests again, from a shell that ignores SIGINT
   # As when a script starts the notebook server in the background: every
   # process it starts, the kernel included, inherits SIGINT ignored.
@@ -238,17 +252,19 @@ slurm_without_workaround() {   # BUILD PREFIX: the node-loss tests on a cluster 
 
 side_by_side() {   # PREFIX: the small suites at once, each mostly waiting
   # ipykernel's suites (6.17's and, in the test venv, 7's) and the
-  # SIGINT-ignored subset drive one kernel each;
+  # SIGINT-ignored subset drive one kernel each; the browser tests a Jupyter
+  # server and chromium;
   # the node-loss tests wait on a cluster of their own; the Debian package
   # (unless PACKAGE=0) is built, installed, run and purged beside them: the
   # suites find their kernel through JUPYTER_PATH and DISTKERNEL_PREFIX, ahead
   # of the one it installs. Each one's output is shown whole when all are
   # done, in this order.
-  local prefix=$1 out=$REPORT/side rc=0 pids=() p name names=(ipykernel ipykernel7 sigint nowa)
+  local prefix=$1 out=$REPORT/side rc=0 pids=() p name names=(ipykernel ipykernel7 sigint nowa browser)
   mkdir -p "$out"
   ipykernel_suite "$prefix" > "$out/ipykernel.log" 2>&1 & pids+=($!)
   ipykernel7_suite "$prefix" > "$out/ipykernel7.log" 2>&1 & pids+=($!)
   sigint_ignored "$prefix" > "$out/sigint.log" 2>&1 & pids+=($!)
+  browser_suite "$prefix" > "$out/browser.log" 2>&1 & pids+=($!)
   slurm_without_workaround build-test "$prefix" > "$out/nowa.log" 2>&1 & pids+=($!)
   if [[ ${PACKAGE:-1} != 0 ]]; then
     scripts/package_test.sh > "$out/package.log" 2>&1 & pids+=($!)

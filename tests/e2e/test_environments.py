@@ -122,6 +122,9 @@ def test_install_writes_a_kernelspec_that_runs_this_kernel_in_the_venv(envs):
     assert spec["display_name"] == "env-one"
     assert spec["language"] == "python"
     assert spec["interrupt_mode"] == "message"
+    # debugpy is there (Debian's, through --system-site-packages): JupyterLab 4
+    # offers its debugger only for a kernelspec that says so
+    assert spec["metadata"] == {"debugger": True}
     for logo in ("logo-32x32.png", "logo-64x64.png", "logo-svg.svg"):
         assert (d / logo).is_file(), logo
 

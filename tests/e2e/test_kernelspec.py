@@ -26,6 +26,8 @@ def test_kernelspec_declares_python_and_message_interrupts(kernelspec_installed)
     assert spec["language"] == "python"
     assert spec["interrupt_mode"] == "message"
     assert spec["display_name"]
+    # JupyterLab 4 offers its debugger only for a kernelspec that says so
+    assert spec["metadata"]["debugger"] is True
 
 
 @pytest.mark.timeout(10)

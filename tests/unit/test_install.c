@@ -136,6 +136,24 @@ Test(install, the_probe_of_a_real_python_parses)
     cr_assert_str_eq(p.prefix, "/usr");
     cr_assert(strncmp(p.soabi, "cpython-3", 9) == 0, "%s", p.soabi);
     cr_assert_str_eq(p.missing, "");
+    cr_assert(p.debugpy, "Debian's python3-debugpy is installed (scripts/deps.sh)");
+    dk_pyprobe_clear(&p);
+}
+
+Test(install, the_probe_says_whether_debugpy_is_there)
+{
+    dk_pyprobe_t p;
+    char text[256];
+    snprintf(text, sizeof text, "%sdebugpy yes\n", good);
+    cr_assert_eq(dk_pyprobe_parse(text, &p, err, sizeof err), 0, "%s", err);
+    cr_assert(p.debugpy);
+    dk_pyprobe_clear(&p);
+    snprintf(text, sizeof text, "%sdebugpy no\n", good);
+    cr_assert_eq(dk_pyprobe_parse(text, &p, err, sizeof err), 0, "%s", err);
+    cr_assert(!p.debugpy);
+    dk_pyprobe_clear(&p);
+    cr_assert_eq(dk_pyprobe_parse(good, &p, err, sizeof err), 0, "%s", err);
+    cr_assert(!p.debugpy, "no line, no debugger");
     dk_pyprobe_clear(&p);
 }
 
@@ -281,7 +299,7 @@ Test(install, user_is_jupyter_data_dir_then_xdg_then_home)
 Test(install, the_spec_runs_the_kernel_with_the_environments_python)
 {
     dk_install_env_t env[] = {{"A", "1"}};
-    char *text = dk_install_spec_json("/k/distkernel", "/e/bin/python", "myenv", env, 1);
+    char *text = dk_install_spec_json("/k/distkernel", "/e/bin/python", "myenv", true, env, 1);
     cr_assert_not_null(text);
     json_t *spec = json_loads(text, 0, NULL);
     cr_assert_not_null(spec);
@@ -294,16 +312,19 @@ Test(install, the_spec_runs_the_kernel_with_the_environments_python)
     cr_assert_str_eq(json_string_value(json_object_get(spec, "language")), "python");
     cr_assert_str_eq(json_string_value(json_object_get(spec, "interrupt_mode")), "message");
     cr_assert_str_eq(json_string_value(json_object_get(json_object_get(spec, "env"), "A")), "1");
+    /* JupyterLab 4 offers its debugger only for a spec that says so */
+    cr_assert(json_is_true(json_object_get(json_object_get(spec, "metadata"), "debugger")));
     json_decref(spec);
     free(text);
 }
 
 Test(install, without_a_python_the_spec_names_none_and_has_no_env)
 {
-    char *text = dk_install_spec_json("/k/distkernel", NULL, "d", NULL, 0);
+    char *text = dk_install_spec_json("/k/distkernel", NULL, "d", false, NULL, 0);
     json_t *spec = json_loads(text, 0, NULL);
     cr_assert_eq(json_array_size(json_object_get(spec, "argv")), 3);
     cr_assert_null(json_object_get(spec, "env"));
+    cr_assert(json_is_false(json_object_get(json_object_get(spec, "metadata"), "debugger")));
     json_decref(spec);
     free(text);
 }
