@@ -109,7 +109,10 @@ class Server:
                    JUPYTER_DATA_DIR=str(work / "data"), JUPYTER_RUNTIME_DIR=str(work / "runtime"),
                    JUPYTERLAB_SETTINGS_DIR=str(settings),
                    JUPYTERLAB_WORKSPACES_DIR=str(work / "workspaces"),
-                   IPYTHONDIR=str(work / "ipython"), DISTKERNEL_LOG_DIR=str(logs))
+                   IPYTHONDIR=str(work / "ipython"), DISTKERNEL_LOG_DIR=str(logs),
+                   # the test command runs this beside other suites: MLflow 3's
+                   # server then takes over a minute to answer
+                   DISTKERNEL_MLFLOW_START_TIMEOUT="300", DISTKERNEL_MLFLOW_TIMEOUT="15")
         argv = [str(VENV / "bin" / "jupyter"), app, "--no-browser", "--ip=127.0.0.1",
                 f"--port={self.port}", "--port-retries=0",
                 f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={notebooks}"]
