@@ -60,47 +60,59 @@ static bool reaches_loopback(const char *p, bool v6)
     return w[2] == htonl(0xffff) && (w[3] == lo || w[3] == any);   /* ::ffff:a.b.c.d */
 }
 
+/* The next socket's line of a /proc/net/tcp text: its local address (the
+ * text after "  sl: "), with *LINE moved to the line after it; NULL at the
+ * end. Start with *LINE = TEXT: the header is skipped. A line without "sl:"
+ * gives "" (no field of it matches). Lines are
+ * "  sl: LOCAL:PORT REMOTE:PORT st tx:rx tr:when retr uid timeout inode ...". */
+static const char *next_socket(const char **line, const char *text)
+{
+    if (*line == text)
+        *line = text ? strchr(text, '\n') : NULL;         /* the header */
+    if (!*line || !*++*line)
+        return NULL;
+    const char *here = *line, *next = strchr(here, '\n');
+    *line = next;       /* NULL after the last line */
+    const char *p = strchr(here, ':');
+    if (!p || (next && p > next))
+        return "";
+    for (p++; *p == ' '; p++) {
+    }
+    return p;
+}
+
 size_t dk_sockowner_listeners(const char *text, bool v6, int port, dk_listener_t *out,
                               size_t cap)
 {
     size_t found = 0, addr_len = v6 ? 32 : 8;
-    const char *line = text ? strchr(text, '\n') : NULL;    /* the header */
-    while (line && *++line) {
-        const char *next = strchr(line, '\n');
-        /* "  sl: LOCAL:PORT REMOTE:PORT st tx:rx tr:when retr uid timeout inode" */
-        const char *p = strchr(line, ':');
-        if (p && (!next || p < next)) {
-            p++;
+    const char *line = text, *local;
+    while ((local = next_socket(&line, text))) {
+        const char *p = local;
+        char *end;
+        unsigned long lport = 0, st = 0, uid = 0, inode = 0;
+        bool ok = strlen(local) > addr_len + 1 && local[addr_len] == ':';
+        if (ok) {
+            lport = strtoul(local + addr_len + 1, &end, 16);
+            ok = *end == ' ';
+            p = end;
+        }
+        if (ok) {                       /* the remote address */
             while (*p == ' ')
                 p++;
-            const char *local = p;
-            char *end;
-            unsigned long lport = 0, st = 0, uid = 0, inode = 0;
-            bool ok = strlen(local) > addr_len + 1 && local[addr_len] == ':';
-            if (ok) {
-                lport = strtoul(local + addr_len + 1, &end, 16);
-                ok = *end == ' ';
-                p = end;
-            }
-            if (ok) {                       /* the remote address */
-                while (*p == ' ')
-                    p++;
-                p = strchr(p, ' ');
-                ok = p != NULL;
-            }
-            if (ok) {
-                st = strtoul(p, &end, 16);
-                /* tx:rx, tr:when, retransmits, then uid, timeout, inode */
-                int fields = sscanf(end, " %*x:%*x %*x:%*x %*x %lu %*d %lu", &uid, &inode);
-                ok = fields == 2;
-            }
-            if (ok && st == TCP_LISTEN && (int) lport == port && reaches_loopback(local, v6)) {
-                if (found < cap)
-                    out[found] = (dk_listener_t){.inode = inode, .uid = (unsigned) uid};
-                found++;
-            }
+            p = strchr(p, ' ');
+            ok = p != NULL;
         }
-        line = next;
+        if (ok) {
+            st = strtoul(p, &end, 16);
+            /* tx:rx, tr:when, retransmits, then uid, timeout, inode */
+            int fields = sscanf(end, " %*x:%*x %*x:%*x %*x %lu %*d %lu", &uid, &inode);
+            ok = fields == 2;
+        }
+        if (ok && st == TCP_LISTEN && (int) lport == port && reaches_loopback(local, v6)) {
+            if (found < cap)
+                out[found] = (dk_listener_t){.inode = inode, .uid = (unsigned) uid};
+            found++;
+        }
     }
     return found;
 }
@@ -130,16 +142,10 @@ bool dk_sockowner_conn_uid(const char *text, bool v6, int peer_port, int our_por
                            unsigned *uid)
 {
     size_t addr_len = v6 ? 32 : 8;
-    const char *line = text ? strchr(text, '\n') : NULL;    /* the header */
-    while (line && *++line) {
-        const char *next = strchr(line, '\n');
-        /* "  sl: LOCAL:PORT REMOTE:PORT st tx:rx tr:when retr uid ..." */
-        const char *p = strchr(line, ':');
-        if (p && (!next || p < next)) {
-            p++;
-            while (*p == ' ')
-                p++;
-            const char *local = p, *remote = p + addr_len + 1;
+    const char *line = text, *local;
+    while ((local = next_socket(&line, text))) {
+        if (strlen(local) > addr_len + 1) {
+            const char *remote = local + addr_len + 1;
             while (*remote && *remote != ' ')
                 remote++;
             while (*remote == ' ')
@@ -155,7 +161,6 @@ bool dk_sockowner_conn_uid(const char *text, bool v6, int peer_port, int our_por
                 return true;
             }
         }
-        line = next;
     }
     return false;
 }
