@@ -313,16 +313,16 @@ static void take_new(dk_tunnel_t *t)
         size_t cap = t->role == GATE ? DK_TUNNEL_GATE_CAP : DK_TUNNEL_DOOR_CAP;
         if (t->nconns >= cap || (t->allow && !dk_accept_allows(t->allow,
                                                                (struct sockaddr *) &peer, pl))) {
+            count(t, &t->stats.refused, 1);     /* before the close its peer sees */
             close(fd);
-            count(t, &t->stats.refused, 1);
             continue;
         }
         if (t->nconns == t->cap) {
             size_t ncap = t->cap ? t->cap * 2 : 16;
             conn_t *more = realloc(t->conns, ncap * sizeof *more);
             if (!more) {
-                close(fd);
                 count(t, &t->stats.refused, 1);
+                close(fd);
                 continue;
             }
             t->conns = more;
