@@ -143,6 +143,14 @@ class Server:
             body = resp.read()
         return json.loads(body) if body else None
 
+    def sessions(self, timeout=60):
+        """The server's sessions, once it lists one: a page names its kernel
+        as soon as it asked for it, before the server has made the session."""
+        deadline = time.monotonic() + timeout
+        while not (listed := self.api("sessions")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return listed
+
     def _wait_up(self, timeout):
         deadline = time.monotonic() + timeout
         while True:

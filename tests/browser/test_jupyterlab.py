@@ -45,7 +45,7 @@ def nb(lab, context, shots):
 @pytest.mark.timeout(120)
 def test_a_new_notebook_from_the_launcher_runs_on_distkernel(lab, nb):
     assert nb.kernel_name() == jupyter_ui.DISPLAY_NAME
-    sessions = lab.api("sessions")
+    sessions = lab.sessions()
     assert [s["kernel"]["name"] for s in sessions] == [jupyter_ui.KERNEL], sessions
     # The kernel picker offers it by the same name.
     nb.page.locator(".jp-NotebookPanel-toolbar .jp-KernelName").click()

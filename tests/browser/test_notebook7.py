@@ -47,7 +47,7 @@ def nb(tree, context, shots):
 def test_a_new_notebook_from_the_new_menu_runs_on_distkernel(server, nb):
     assert nb.page.url.startswith(f"{server.url}/notebooks/Untitled"), nb.page.url
     assert nb.kernel_name() == jupyter_ui.DISPLAY_NAME
-    sessions = server.api("sessions")
+    sessions = server.sessions()
     assert [s["kernel"]["name"] for s in sessions] == [jupyter_ui.KERNEL], sessions
 
 
