@@ -3,12 +3,13 @@
 # the C unit tests (criterion, through meson), the end-to-end suite that drives
 # the installed kernel with jupyter_client, jupyter_kernel_test and nbconvert,
 # ipykernel's own suites (Debian's 6.17, and 7 in the test venv of today's stack
-# from PyPI, scripts/venv.sh), the Debian package; then the C paths again against an
+# from PyPI, scripts/venv.sh), JupyterLab 4 and Notebook 7 from that venv in
+# Debian's chromium (tests/browser/), the Debian package; then the C paths again against an
 # AddressSanitizer + UndefinedBehaviorSanitizer build, which must report
 # nothing; then fuzzing. It ends with a table of each stage's time and the 15
 # slowest tests (scripts/test_report.py), also when a stage failed.
 #
-#   scripts/test.sh                  everything (what CI runs, about 28 min on 2 cores)
+#   scripts/test.sh                  everything (what CI runs, about 25 min on 2 cores)
 #   scripts/test.sh --quick          units and the core end-to-end tests, a few minutes:
 #                                    what a contributor runs before pushing
 #   scripts/test.sh -k distributed   extra arguments go to the end-to-end pytest runs
@@ -340,7 +341,7 @@ stage units "C unit tests" units units build-test
 DISTKERNEL_SOAK_SCALE=${DISTKERNEL_SOAK_SCALE:-0.5} \
   stage e2e "end-to-end" end_to_end e2e build-test "$PWD/build-test/prefix" tests/e2e "$@"
 if [ $# -eq 0 ]; then
-  side="ipykernel's suites, 6.17 and 7; SIGINT ignored; node loss, no srun workaround"
+  side="ipykernel's suites, 6.17 and 7; browsers; SIGINT ignored; node loss, no srun workaround"
   [[ ${PACKAGE:-1} == 0 ]] || side+="; Debian package"
   stage kernel-suites "$side" side_by_side "$PWD/build-test/prefix"
 fi
