@@ -36,7 +36,6 @@ import os
 import platform
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -279,9 +278,9 @@ def fsdp_result(text):
     return json.loads(m.group(1)) if m else None
 
 
-def fsdp_torchrun(a, script):
-    argv = [os.path.join(a.venv, "bin", "torchrun"), f"--nproc-per-node={a.fsdp_ranks}",
-            f"--master-port={db.free_port()}", script]
+def fsdp_launch(a, argv):
+    """The FSDP loop's result from the ranks ARGV starts (in a session of
+    their own, ended whatever happens), and "" or why it failed."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=dict(os.environ, **fsdp_env(a)), start_new_session=True)
     db._GROUPS.append(proc)
@@ -294,22 +293,19 @@ def fsdp_torchrun(a, script):
         f"exit {proc.returncode}: {se.decode(errors='replace')[-1500:]}"
 
 
+def fsdp_torchrun(a, script):
+    return fsdp_launch(a, [os.path.join(a.venv, "bin", "torchrun"),
+                           f"--nproc-per-node={a.fsdp_ranks}",
+                           f"--master-port={db.free_port()}", script])
+
+
 def fsdp_bare(a, script, bare_sh):
     """The ranks with no launcher at all: dist_bench's bare shell launch (the
     rank environment distkernel gives, then `python -c SCRIPT` each)."""
     with open(script) as f:
         code = f.read()
-    proc = subprocess.Popen(["/bin/bash", bare_sh, str(a.fsdp_ranks), str(db.free_port()),
-                             a.python, code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=dict(os.environ, **fsdp_env(a)), start_new_session=True)
-    db._GROUPS.append(proc)
-    try:
-        so, se = proc.communicate(timeout=900)
-    finally:
-        db.kill_group(proc)
-    r = fsdp_result(so.decode(errors="replace"))
-    return r, "" if r and proc.returncode == 0 else \
-        f"exit {proc.returncode}: {se.decode(errors='replace')[-1500:]}"
+    return fsdp_launch(a, ["/bin/bash", bare_sh, str(a.fsdp_ranks), str(db.free_port()),
+                           a.python, code])
 
 
 def fsdp_cell(a, dk, script):

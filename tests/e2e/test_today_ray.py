@@ -21,15 +21,14 @@ Skipped where the venv is not built, and in the sanitizer pass (the C paths
 are those of any run).
 """
 import os
-import subprocess
 import time
 
 import psutil
 import pytest
 from jupyter_client import KernelManager
-from jupyter_client.kernelspec import KernelSpecManager
 
 import support
+from test_today_mlflow import today  # noqa: F401 -- the venv's kernelspec, a fixture
 
 VENV = os.environ.get("DISTKERNEL_TEST_VENV", "")
 SLURM_GROUP = True      # conftest.py: with the Slurm tests (see above)
@@ -145,16 +144,6 @@ class RecordedRay:
 
     def ranks_that_ran(self, command):
         return sorted(line.split()[0] for line in self.calls() if line.split()[1:2] == [command])
-
-
-@pytest.fixture(scope="module")
-def today(tmp_path_factory):
-    """The kernelspec `distkernel install --python VENV/bin/python` writes, as a user runs it."""
-    prefix = tmp_path_factory.mktemp("today-kernels")
-    subprocess.run([str(support.PREFIX / "bin" / "distkernel"), "install", "--prefix",
-                    str(prefix), "--name", "distkernel-today", "--python",
-                    f"{VENV}/bin/python"], check=True, capture_output=True, timeout=120)
-    return KernelSpecManager(kernel_dirs=[str(prefix / "share" / "jupyter" / "kernels")])
 
 
 @pytest.fixture(scope="module")
