@@ -310,7 +310,8 @@ def fsdp_bare(a, script, bare_sh):
 
 def fsdp_cell(a, dk, script):
     with open(script) as f:
-        code = f"%%distributed num_processes={a.fsdp_ranks} tracking=False\n" + f.read()
+        code = (f"%%distributed num_processes={a.fsdp_ranks} tracking=False "
+                f"{a.fsdp_cell_options}\n" + f.read())
     _, raw, reply = dk.run(code, timeout=900)
     text = "".join(json.loads(c).get("text", "") for _, t, c in raw if t == "stream")
     r = fsdp_result(text)
@@ -409,6 +410,8 @@ def main():
     ap.add_argument("--fsdp-trials", type=int, default=9)
     ap.add_argument("--fsdp-bare", action=argparse.BooleanOptionalAction, default=True,
                     help="also the ranks launched bare from a shell (dist_bench's launch)")
+    ap.add_argument("--fsdp-cell-options", default="",
+                    help="more %%%%distributed options for the FSDP cell (warm=False: cold ranks)")
     ap.add_argument("--fsdp-steps", type=int, default=60)
     ap.add_argument("--fsdp-warmup", type=int, default=5)
     ap.add_argument("--fsdp-width", type=int, default=512)

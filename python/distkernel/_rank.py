@@ -72,25 +72,43 @@ def main():
         _check_out_of_store()
 
 
-FLUSH_INTERVAL = 0.02
+FLUSH_INTERVAL = 0.02   # a line print()ed reaches the kernel within this
+IDLE_FLUSH = 1.0        # bytes written to sys.stdout.buffer directly: within this
 
 
 def _buffer_output():
     """A rank's stdout and stderr are pipes to the kernel. Unbuffered or
     line-buffered, every print() is a write() (and the kernel wakes for each):
     a rank printing fast spends most of its time there. Block-buffered, a line
-    could wait for a long time. So they are buffered in blocks and flushed
-    every FLUSH_INTERVAL by a thread, before the rank reports, and before
-    os._exit; what a crash can take with it is at most the last FLUSH_INTERVAL
-    of output."""
+    could wait for a long time. So they are buffered in blocks and flushed by
+    a thread FLUSH_INTERVAL after the first text written since the last
+    flush, before the rank reports, and before os._exit; what a crash can
+    take with it is at most the last FLUSH_INTERVAL of output.
+
+    The thread sleeps while the rank prints nothing. A thread that woke on a
+    timer instead (50 times a second) took the GIL from the training loop as
+    often, and cost a CPU-bound FSDP step on two cores 7%
+    (docs/performance.md); now a rank that prints once a step pays one wake
+    a step at most. Bytes written below the text layer, which no text write
+    announces, are flushed within IDLE_FLUSH."""
     import io
     import threading
+
+    wake = threading.Event()
+    stop = threading.Event()
+
+    class _Stream(io.TextIOWrapper):
+        def write(self, text):
+            n = super().write(text)
+            if not wake.is_set():
+                wake.set()
+            return n
 
     for name in ("stdout", "stderr"):
         old = getattr(sys, name)
         raw = io.FileIO(old.fileno(), "w", closefd=False)
-        setattr(sys, name, io.TextIOWrapper(io.BufferedWriter(raw, 1 << 16),
-                                            encoding="utf-8", errors="backslashreplace"))
+        setattr(sys, name, _Stream(io.BufferedWriter(raw, 1 << 16),
+                                   encoding="utf-8", errors="backslashreplace"))
 
     def flush_all():
         for stream in (sys.stdout, sys.stderr):
@@ -99,10 +117,12 @@ def _buffer_output():
             except Exception:
                 pass
 
-    stop = threading.Event()
-
     def flusher():
-        while not stop.wait(FLUSH_INTERVAL):
+        while not stop.is_set():
+            if wake.wait(IDLE_FLUSH) and stop.wait(FLUSH_INTERVAL):
+                break
+            # Cleared before the flush: a write during it wakes the next round.
+            wake.clear()
             flush_all()
 
     thread = threading.Thread(target=flusher, name="distkernel-flush", daemon=True)
@@ -112,6 +132,7 @@ def _buffer_output():
         # Before the interpreter finalizes: a daemon thread caught holding a
         # stream's lock then makes Python abort ("could not acquire lock").
         stop.set()
+        wake.set()
         thread.join(1.0)
         flush_all()
 
@@ -766,12 +787,15 @@ class _Unpicklable:
 # It imports those modules once, then forks a rank for each request on its
 # socket: the request comes from a distkernel-rank started by the job as a cold
 # rank would be (runtime/rank/rank_main.c), which sends its own environment, working
-# directory, process group and stdout/stderr, waits, and ends as the rank ended.
-# So the rank is the cold rank's process in every way the job sees (group,
-# pipes, environment, status), less the imports.
+# directory, process group and stdout/stderr, waits, passes the job's stops
+# on to the rank, and ends as the rank ended. So the rank is the cold rank's
+# process in every way the job sees (pipes, environment, status, stops), less
+# the imports; like a cold rank it leads a session of its own (_become_rank),
+# whose group the template ends when the rank or its requester ends.
 #
 #   request: b"F" | 3 zero bytes | u32 body length (big endian), with
-#            SCM_RIGHTS [stdout, stderr]; body: u32 pgid | cwd NUL | NAME=value NUL...
+#            SCM_RIGHTS [stdout, stderr]; body: u32 pgid (the requester's;
+#            unused since ranks lead their own) | cwd NUL | NAME=value NUL...
 #            b"P" | 3 zero bytes | u32 0: can a rank be forked now?
 #   replies: b"ok PID\n" | b"no REASON\n", then after an F, b"exit STATUS\n"
 #            (the raw wait status) when the rank has ended.
@@ -889,10 +913,13 @@ def _become_rank(body, fds, template_pid, closing):
         except Exception:
             pass
     signal.set_wakeup_fd(-1)
-    pgid = int.from_bytes(body[:4], "big")
     cwd, _, env = body[4:].partition(b"\0")
-    # Into the requester's group: the job signals the rank as it would a cold one.
-    os.setpgid(0, pgid)
+    # A session (and group) of its own, as a cold rank's: the scheduler gives
+    # each session its share of the CPUs (runtime/proc/dk_spawn.h). Its
+    # requester, the process the job sees, passes the job's stops on to this
+    # group (rank_main.c); the template ends the group when the rank or the
+    # requester ends (template_main).
+    os.setsid()
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGKILL, 0, 0, 0)     # PR_SET_PDEATHSIG: die with the template
     _take_the_rank_name(libc)
@@ -1058,6 +1085,21 @@ def _hold_store_for_peers():
         pass    # a store that is gone already: nothing to hold
 
 
+def _end_group(pid):
+    """SIGKILL the group of the template's unreaped child PID (a warm rank),
+    or PID alone when it has not made its group yet."""
+    import signal
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    except OSError:
+        pass
+
+
 def template_main():
     import importlib
     import selectors
@@ -1116,7 +1158,27 @@ def template_main():
     sel.register(listener, selectors.EVENT_READ)
     sel.register(wake_r, selectors.EVENT_READ)
     children = {}       # pid -> the connection that asked for it
+    children_watched = set()    # those connections the selector watches
     me = os.getpid()
+
+    def _end(signum, frame):
+        # The kernel ends the template with SIGTERM, and so does its death
+        # (the parent-death signal below): each rank leads a group of its
+        # own, which the template's end would otherwise leave to run.
+        if os.getpid() != me:   # a fork not yet a rank: only itself
+            os._exit(128 + signum)
+        for pid in list(children):
+            _end_group(pid)
+        signal.signal(signum, signal.SIG_DFL)   # and ends of the signal, as asked
+        os.kill(me, signum)
+        os._exit(128 + signum)
+
+    parent = os.getppid()
+    signal.signal(signal.SIGTERM, _end)
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        _end(signal.SIGTERM, None)
     # On a line of its own, whatever a warm module printed before it.
     sys.stdout.write("\nready\n")
     sys.stdout.flush()
@@ -1138,18 +1200,43 @@ def template_main():
                     pass
                 while True:
                     try:
-                        pid, status = os.waitpid(-1, os.WNOHANG)
+                        ended = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
                     except ChildProcessError:
                         break
-                    if pid == 0:
+                    if ended is None:
                         break
+                    pid = ended.si_pid
                     conn = children.pop(pid, None)
                     if conn is not None:
+                        # What the rank left running in its group ends with
+                        # it, as a cold rank's (dk_job_judge.c): unreaped, its
+                        # id is nobody else's yet.
+                        _end_group(pid)
+                    _, status = os.waitpid(pid, 0)
+                    if conn is not None:
+                        if conn in children_watched:
+                            children_watched.discard(conn)
+                            sel.unregister(conn)
                         try:
                             conn.sendall(b"exit %d\n" % status)
                         except OSError:
                             pass
                         conn.close()
+                continue
+            if key.fileobj != listener:
+                # A requester went away (SIGKILLed with its job's group)
+                # before its rank ended: the rank's group goes too.
+                try:
+                    gone = not key.fileobj.recv(1, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    gone = False
+                except OSError:
+                    gone = True
+                if gone:
+                    children_watched.discard(key.fileobj)
+                    sel.unregister(key.fileobj)
+                    if children.get(key.data) is key.fileobj:
+                        _end_group(key.data)
                 continue
             conn, _ = listener.accept()
             fds = []
@@ -1201,14 +1288,10 @@ def template_main():
             for fd in fds:
                 os.close(fd)
             children[pid] = conn
-            # The child joins the group itself too; done here as well (as
-            # dk_spawn does), it is in the group before "ok", so a killpg
-            # the requester's job sends after it reaches the rank.
-            try:
-                os.setpgid(pid, int.from_bytes(body[:4], "big"))
-            except OSError:
-                pass
             try:
                 conn.sendall(b"ok %d\n" % pid)
             except OSError:
                 pass
+            # Nothing more comes on it: readable means the requester is gone.
+            sel.register(conn, selectors.EVENT_READ, pid)
+            children_watched.add(conn)

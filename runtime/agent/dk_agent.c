@@ -380,7 +380,9 @@ static bool start_ranks(agent_t *a, const char *warm_socket)
         }
         dk_spawned_t sp;
         char why[512];
-        int rc = dk_spawn(s->rank_exe, argv, env, &sp, why, sizeof why);
+        dk_spawn_opts_t opts = DK_SPAWN_OPTS_INIT;
+        opts.session = true;   /* as on the kernel's node: dk_job_launch.c */
+        int rc = dk_spawn_with(s->rank_exe, argv, env, &opts, &sp, why, sizeof why);
         dk_spawn_env_free(env);
         if (rc != 0) {
             say(a, "cannot start rank %d: %s", rk->rank, why);

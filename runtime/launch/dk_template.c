@@ -292,12 +292,31 @@ long dk_template_rss_kb(const dk_template_t *t)
     return kb;
 }
 
+/* How long an ending template has to end its ranks' groups. */
+#define END_WAIT_MS 2000
+
+/* SIGTERM through the template's pidfd, and wait (at most END_WAIT_MS) for it
+ * to exit: each rank it forked leads a group of its own, which the template
+ * ends on SIGTERM before it exits (_rank.py, template_main); a SIGKILL
+ * would leave what the ranks started running. */
+static void term_and_wait(const dk_template_t *t)
+{
+    if (t->sp.pidfd < 0)
+        return;
+    if (syscall(SYS_pidfd_send_signal, t->sp.pidfd, SIGTERM, NULL, 0) != 0)
+        return;
+    struct pollfd p = {.fd = t->sp.pidfd, .events = POLLIN};
+    while (poll(&p, 1, END_WAIT_MS) < 0 && errno == EINTR)
+        ;
+}
+
 void dk_template_end(dk_template_t *t)
 {
     if (!t || t->sp.pid <= 0)
         return;
     /* Once reaped, its pid (and group id) may be another process's now. */
     if (!t->reaped) {
+        term_and_wait(t);
         kill(-t->sp.pid, SIGKILL);
         kill(t->sp.pid, SIGKILL);
     }
@@ -316,8 +335,10 @@ void dk_template_unlink(dk_template_t *t)
 void dk_template_kill(const dk_template_t *t)
 {
     /* The pidfd names this process and no other, reaped or not. */
-    if (t && t->sp.pidfd >= 0)
+    if (t && t->sp.pidfd >= 0) {
+        term_and_wait(t);
         syscall(SYS_pidfd_send_signal, t->sp.pidfd, SIGKILL, NULL, 0);
+    }
 }
 
 void dk_template_destroy(dk_template_t **t_p)
@@ -327,6 +348,7 @@ void dk_template_destroy(dk_template_t **t_p)
         return;
     *t_p = NULL;
     if (t->sp.pid > 0 && !t->reaped) {
+        term_and_wait(t);
         kill(-t->sp.pid, SIGKILL);
         kill(t->sp.pid, SIGKILL);
         while (waitpid(t->sp.pid, NULL, 0) < 0 && errno == EINTR)

@@ -62,8 +62,10 @@ int dk_template_pid(const dk_template_t *t);
 long dk_template_rss_kb(const dk_template_t *t);
 
 /* At the host's exit, holding what serializes the template's other calls
- * (it reads whether the template was reaped): SIGKILL to the template's group
- * unless reaped, and its socket and folder removed; the object stays valid
+ * (it reads whether the template was reaped): unless reaped, SIGTERM (on
+ * which it ends the groups of the ranks it forked, each of which leads its
+ * own, and exits; waited for at most 2 s), then SIGKILL to the template's
+ * group; and its socket and folder removed. The object stays valid
  * (dk_template_destroy still frees it) and refuses ranks from then on. */
 void dk_template_end(dk_template_t *t);
 
@@ -73,12 +75,12 @@ void dk_template_end(dk_template_t *t);
  * SIGKILL that Slurm sends the agent's step soon after leaves no folder. */
 void dk_template_unlink(dk_template_t *t);
 
-/* SIGKILL to the template process alone, through its pidfd (nothing without
- * one): safe from any thread, even while another reaps it, since a pidfd
+/* SIGTERM, at most 2 s for it to end its ranks' groups, then SIGKILL, to the
+ * template process alone, through its pidfd (nothing without one): safe from any thread, even while another reaps it, since a pidfd
  * never names a later process that reuses the pid. */
 void dk_template_kill(const dk_template_t *t);
 
-/* Kill the template (SIGKILL to its group; the ranks it forked die with it),
+/* Kill the template (SIGTERM, then SIGKILL to its group, as dk_template_end),
  * reap it, remove its socket and directory, free. Sets *T_P to NULL. */
 void dk_template_destroy(dk_template_t **t_p);
 

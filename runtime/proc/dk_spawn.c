@@ -204,7 +204,8 @@ static _Noreturn void child_run(const child_args_t *a)
     if (dup2(a->report_fd, REPORT_FD) < 0)
         _exit(127);
     fcntl(REPORT_FD, F_SETFD, FD_CLOEXEC);
-    setpgid(0, 0);
+    if (!a->opts->session || setsid() < 0)
+        setpgid(0, 0);
     if (prctl(PR_SET_PDEATHSIG, guard ? SIGTERM : SIGKILL) != 0)
         child_fail(STEP_PDEATHSIG);
     if (getppid() != a->parent)
@@ -546,7 +547,8 @@ int dk_spawn_with(const char *path, char *const argv[], char *const envp[],
         close_fds(&f);
         return -1;
     }
-    setpgid(pid, pid);      /* also done by the child; whichever runs first wins */
+    if (!opts->session)
+        setpgid(pid, pid);  /* also done by the child; whichever runs first wins */
     int rc = await_exec(pid, f.report_r, path, opts->what, err, errlen);
     close_fd(&f.report_r);
     if (rc < 0) {

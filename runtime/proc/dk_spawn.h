@@ -30,7 +30,20 @@ typedef struct {
                                or -1 */
     const char *unlink_at_end; /* guard only: a name in KEEP_FD the guard removes when it
                                   stops the program, or NULL */
+    bool session;           /* a session of its own (setsid), not only a group: see below */
 } dk_spawn_opts_t;
+
+/* SESSION: the child calls setsid() in place of setpgid(0, 0), so it leads a
+ * session as well as its group (the group's id is its pid either way, and
+ * the caller's killpg reaches it and its children as before). Linux's
+ * scheduler gives each session its own autogroup, a fair share of the CPUs
+ * that its processes split among themselves: ranks in the kernel's session
+ * share one among all of them, and a CPU-bound step on two busy cores was
+ * 9% slower for it than under torchrun, whose workers each lead a session
+ * (docs/performance.md). Without a terminal the new session changes nothing
+ * else. The caller does not set the group itself (it could not, once the
+ * child leads a session; nor before: a group leader cannot setsid): the
+ * child has done it when dk_spawn_with returns, since that waits for the exec. */
 
 #define DK_SPAWN_OPTS_INIT {.what = "rank process", .out_fd = -1, .keep_fd = -1}
 

@@ -36,7 +36,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/prctl.h>
+#include <sys/signalfd.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -135,6 +137,61 @@ static char *request_body(size_t *len)
     return body;
 }
 
+/* A stop for the warm rank RANK, which leads a session and a group of its own
+ * (_rank.py, _become_rank: the scheduler gives each session its share,
+ * dk_spawn.h). Before the fork has made its group (it does so first thing)
+ * the signal goes to RANK alone, which has no child yet. */
+static void pass_on(pid_t rank, int sig)
+{
+    if (killpg(rank, sig) < 0 && errno == ESRCH)
+        kill(rank, sig);
+}
+
+/* While the warm rank RANK runs: the job signals this process's group, as a
+ * cold rank's, and each stop (interrupt, terminate, hangup, quit) is passed
+ * on to the rank's group; a SIGKILL of this process makes the template end
+ * the rank's group (it sees this connection close). Returns true with the
+ * template's "exit STATUS" line in LINE, or false (said on stderr) when the
+ * template ended first, taking the rank with it. */
+static bool wait_for_warm_rank(int fd, pid_t rank, char *line, size_t len)
+{
+    sigset_t stops;
+    sigemptyset(&stops);
+    sigaddset(&stops, SIGINT);
+    sigaddset(&stops, SIGTERM);
+    sigaddset(&stops, SIGHUP);
+    sigaddset(&stops, SIGQUIT);
+    sigprocmask(SIG_BLOCK, &stops, NULL);
+    /* Those that came while we asked (SIGINT is blocked from our start) were
+     * for the rank, which did not exist yet: the signalfd reads them too. */
+    int sfd = signalfd(-1, &stops, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (sfd < 0)    /* then a stop ends this process, and the template the rank */
+        sigprocmask(SIG_UNBLOCK, &stops, NULL);
+    struct pollfd fds[2] = {{.fd = fd, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
+    for (;;) {
+        int n = poll(fds, sfd >= 0 ? 2 : 1, -1);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            break;
+        if (sfd >= 0 && (fds[1].revents & POLLIN)) {
+            struct signalfd_siginfo si;
+            while (read(sfd, &si, sizeof si) == (ssize_t) sizeof si)
+                pass_on(rank, (int) si.ssi_signo);
+        }
+        if (fds[0].revents)
+            break;
+    }
+    if (sfd >= 0)
+        close(sfd);
+    if (!read_line(fd, line, len) || strncmp(line, "exit ", 5) != 0) {
+        fprintf(stderr, "distkernel-rank: the warm-start template ended before this rank "
+                        "did (the rank was killed with it)\n");
+        return false;
+    }
+    return true;
+}
+
 /* Run as a warm rank through the template at PATH: the rank's exit code
  * (or death by its signal). -1 (with the reason noted) to go on cold. */
 static int warm_rank(const char *path)
@@ -188,24 +245,13 @@ static int warm_rank(const char *path)
         goto cold;
     }
     free(body);
-    /* The rank is running. Stops are for it: it is in our group. */
-    sigset_t stops;
-    sigemptyset(&stops);
-    sigaddset(&stops, SIGINT);
-    sigaddset(&stops, SIGTERM);
-    sigaddset(&stops, SIGHUP);
-    sigprocmask(SIG_BLOCK, &stops, NULL);
-    /* An interrupt that came while we asked (SIGINT is blocked from our
-     * start) was for the rank, which did not exist yet: pass it on to the
-     * group, the rank in it now (the template set its group before "ok"). */
-    sigset_t pending;
-    if (sigpending(&pending) == 0 && sigismember(&pending, SIGINT))
-        killpg(0, SIGINT);
-    if (!read_line(fd, line, sizeof line) || strncmp(line, "exit ", 5) != 0) {
-        fprintf(stderr, "distkernel-rank: the warm-start template ended before this rank "
-                        "did (the rank was killed with it)\n");
+    pid_t rank = (pid_t) strtol(line + 3, NULL, 10);
+    if (rank <= 0) {
+        fprintf(stderr, "distkernel-rank: the warm-start template answered \"%.100s\"\n", line);
         return 137;
     }
+    if (!wait_for_warm_rank(fd, rank, line, sizeof line))
+        return 137;
     int status = atoi(line + 5);
     if (WIFEXITED(status))
         return WEXITSTATUS(status);

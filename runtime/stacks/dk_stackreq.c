@@ -218,6 +218,17 @@ void dk_stackreq_clear(dk_stackreq_t *self)
     }
 }
 
+/* Whether PID, which rank's stacks file names, is still that rank: in GROUP,
+ * the group the job started it in, or leading a group of its own, as a rank
+ * a warm-start template forked does (a session of its own: _rank.py,
+ * _become_rank). A cold rank leads GROUP, so either way a process that took
+ * the pid since would have to lead a group of that id. */
+static bool still_the_rank(pid_t pid, pid_t group)
+{
+    pid_t g = getpgid(pid);
+    return g > 0 && (g == group || g == pid);
+}
+
 static int ask(dk_stackreq_t *self, const pid_t *groups, double now, double wait_s, int end_sig)
 {
     dk_stackreq_clear(self);
@@ -250,17 +261,17 @@ static int ask(dk_stackreq_t *self, const pid_t *groups, double now, double wait
         struct stat st;
         if (fstat(s->fd, &st) == 0 && st.st_size > s->read_at)
             s->read_at = st.st_size;
-        /* The pid still one of the rank's group: not a stranger's that reused
-         * it. A sample goes to the rank's sampler thread alone (tgkill checks
+        /* The pid still the rank's (still_the_rank): not a stranger's that
+         * reused it. A sample goes to the rank's sampler thread alone (tgkill checks
          * that the thread is the pid's); a rank without one is not sampled.
          * An end asks the sampler first, the signal when there is none (or
          * it is gone) and later when it is silent (fall_back). */
         bool end = end_sig == DK_STACKS_SIGNAL;
         s->group = groups[r];
-        s->fallback = end && s->sampler > 0 && getpgid(s->pid) == groups[r] &&
+        s->fallback = end && s->sampler > 0 && still_the_rank(s->pid, groups[r]) &&
                       syscall(SYS_tgkill, s->pid, s->sampler, DK_SAMPLE_SIGNAL) == 0;
         if (!s->fallback &&
-            (getpgid(s->pid) != groups[r] || (!end && s->sampler <= 0) ||
+            (!still_the_rank(s->pid, groups[r]) || (!end && s->sampler <= 0) ||
              (end ? kill(s->pid, end_sig)
                   : syscall(SYS_tgkill, s->pid, s->sampler, end_sig)) != 0)) {
             close_slot(s);
@@ -285,7 +296,7 @@ static void fall_back(dk_stackreq_t *self)
         if (!s->fallback || !s->pending)
             continue;
         s->fallback = false;
-        if (s->len == 0 && getpgid(s->pid) == s->group)
+        if (s->len == 0 && still_the_rank(s->pid, s->group))
             kill(s->pid, DK_STACKS_SIGNAL);
     }
 }

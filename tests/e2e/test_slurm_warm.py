@@ -38,7 +38,8 @@ def parent(pid):  # its process name, at most 15 characters
     with open(f'/proc/{{pid}}/comm') as f:
         return f.read().strip()
 json.dumps({{'env': dict(os.environ), 'torch_first': TORCH_FIRST, 'ppid': os.getppid(),
-            'parent': parent(os.getppid()), 'pgid': os.getpgrp(), 'pid': os.getpid()}})
+            'parent': parent(os.getppid()), 'pgid': os.getpgrp(), 'sid': os.getsid(0),
+            'pid': os.getpid()}})
 """
 
 # Uses only the standard library: its nodes' templates import no warm module.
@@ -82,13 +83,13 @@ def test_a_node_whose_template_cannot_import_runs_cold_beside_warm_ones(slurm_cl
         for rank in (0, 1):
             info = ranks[rank]
             assert info["torch_first"] and info["parent"] == "distkernel-tmpl", (rank, info)
-            # Forked into the group of the process its agent started, as on one node.
-            assert info["pgid"] not in (info["pid"], info["ppid"]), info
+            # Forked into a session (and group) of its own, as on one node.
+            assert info["pgid"] == info["sid"] == info["pid"], info
         assert ranks[0]["ppid"] == ranks[1]["ppid"], "one template for the node's ranks"
         for rank in (2, 3):
             info = ranks[rank]
             assert not info["torch_first"] and info["parent"] == "distkernel-agen", (rank, info)
-            assert info["pgid"] == info["pid"], info
+            assert info["pgid"] == info["sid"] == info["pid"], info
         # The same environment, warm or cold, but for what names the rank.
         warm, cold = ranks[0]["env"], ranks[2]["env"]
         assert set(warm) == set(cold), set(warm) ^ set(cold)

@@ -90,8 +90,9 @@ def test_a_warm_run_is_a_fresh_run_with_the_cold_runs_environment(kernel):
             assert w["env"][name] == want
         assert "DISTKERNEL_WARM_SOCKET" not in w["env"] and "DISTKERNEL_TEMPLATE" not in w["env"]
         assert w["cwd"] == c["cwd"] and w["path"] == c["path"]
-        # Its own process and group, as a cold rank's; one port for both ranks.
-        assert w["pid"] != w["ppid"] and w["pgid"] not in (w["ppid"], kernel.pid)
+        # Its own process, leading its own group (and session), as a cold
+        # rank does; one port for both ranks.
+        assert w["pid"] != w["ppid"] and w["pgid"] == w["pid"] and c["pgid"] == c["pid"]
     assert warm[0]["port"] == warm[1]["port"]
     assert warm[0]["pgid"] != warm[1]["pgid"]
 
@@ -123,18 +124,22 @@ def test_the_template_is_named_for_what_it_is_and_shown_with_its_memory(kernel):
     assert rss_mib / 2 < float(m.group(2)) < rss_mib * 2, (m.group(2), rss_mib)
 
 
-# Every process of the rank's group (a warm rank's stub, the kernel's child,
-# is its group leader and waits for it): what of the back channel's key
-# their /proc/PID/environ shows.
+# Every process of the rank's group, and the kernel's child that writes to
+# the rank's stdout pipe (a warm rank's stub, which waits for it and passes
+# the job's stops on; a cold rank is that child itself): what of the back
+# channel's key their /proc/PID/environ shows.
 KEY_CELL = """%%distributed num_processes=2 tracking=False {opts}
 import os, re, sys
 seen = []
+out = os.readlink('/proc/self/fd/1')
 for pid in os.listdir('/proc'):
     if not pid.isdigit():
         continue
     try:
         stat = open(f'/proc/{{pid}}/stat').read()
-        if int(stat.rsplit(')', 1)[1].split()[2]) != os.getpgrp():
+        ppid, pgrp = (int(f) for f in stat.rsplit(')', 1)[1].split()[1:3])
+        if pgrp != os.getpgrp() and not (ppid == {kernel} and
+                                         os.readlink(f'/proc/{{pid}}/fd/1') == out):
             continue
         environ = open(f'/proc/{{pid}}/environ', 'rb').read()
     except (OSError, ValueError, IndexError):
@@ -146,8 +151,9 @@ print(sorted(seen), 'torch' in sys.modules, os.getpid())
 
 @pytest.mark.parametrize("opts", ["", "warm=False"])
 def test_no_rank_process_shows_the_key_in_its_proc_environ(kernel, opts):
-    kernel.execute(KEY_CELL.format(opts=opts), timeout=RUN)   # the first may build the template
-    r = kernel.execute(KEY_CELL.format(opts=opts), timeout=RUN)
+    cell = KEY_CELL.format(opts=opts, kernel=kernel.pid)
+    kernel.execute(cell, timeout=RUN)   # the first may build the template
+    r = kernel.execute(cell, timeout=RUN)
     assert r.status == "ok", r.describe()
     lines = re.findall(r"^\[rank (\d)\] (\[.*\]) (True|False) (\d+)$", r.stdout, re.M)
     assert sorted(int(rank) for rank, *_ in lines) == [0, 1], r.describe()
@@ -155,7 +161,7 @@ def test_no_rank_process_shows_the_key_in_its_proc_environ(kernel, opts):
         seen = ast.literal_eval(seen)   # [(pid, [hex, ...]), ...] printed by the rank
         pids = [p for p, _ in seen]
         assert int(pid) in pids, r.describe()
-        # A warm rank's group holds its stub too: both are looked at.
+        # Warm: the rank and its stub; cold: the rank.
         assert len(pids) == (2 if opts == "" else 1), (pids, r.describe())
         assert (warm == "True") == (opts == ""), r.describe()
         assert all(found == [] for _, found in seen), (rank, seen)
@@ -249,14 +255,20 @@ def test_sigkill_of_the_kernel_leaves_no_template_and_no_rank(fresh_kernel):
     k = fresh_kernel
     assert_warm(k, probe(k))
     template = template_of(k)
+    # Each rank leads a session of its own, with a child in it: the
+    # template ends those groups when the kernel's end ends it (SIGTERM, its
+    # parent-death signal).
     msg_id = k.start_execute("%%distributed num_processes=2 tracking=False\n"
-                             "import os, time\nprint('pid', os.getpid(), flush=True)\n"
+                             "import os, subprocess, time\n"
+                             "child = subprocess.Popen(['sleep', '300'])\n"
+                             "print('pid', os.getpid(), flush=True)\n"
                              "time.sleep(300)")
     k.wait_iopub(lambda m: m["msg_type"] == "stream" and
                  m["parent_header"].get("msg_id") == msg_id and
                  "[rank 1] pid" in m["content"]["text"], timeout=RUN)
     everything = [p.pid for p in support.descendants(k.pid, template=True)]
-    assert template in everything and len(everything) >= 5, everything
+    # the template, 2 stubs, 2 ranks, their 2 children
+    assert template in everything and len(everything) >= 7, everything
     os.kill(k.pid, signal.SIGKILL)
     k.process.wait(timeout=10)
     assert support.wait_gone(everything, timeout=END_WITHIN) == []

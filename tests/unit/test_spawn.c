@@ -211,3 +211,41 @@ Test(free_port, is_outside_the_ephemeral_range_and_free_on_every_address)
         close(fd);
     }
 }
+
+/* A process started with OPTS: its session and group as dk_spawn_with leaves
+ * them when it returns (no waiting: the child has set them before its exec). */
+static void started_in(bool session, pid_t *sid, pid_t *pgid)
+{
+    char *argv[] = {"/bin/sleep", "30", NULL};
+    char *envp[] = {NULL};
+    dk_spawn_opts_t opts = DK_SPAWN_OPTS_INIT;
+    opts.session = session;
+    dk_spawned_t sp;
+    char err[256] = "";
+    cr_assert_eq(dk_spawn_with(argv[0], argv, envp, &opts, &sp, err, sizeof err), 0, "%s", err);
+    *sid = getsid(sp.pid);
+    *pgid = getpgid(sp.pid);
+    kill(-sp.pid, SIGKILL);     /* the group, as the job ends a rank */
+    int status;
+    cr_assert_eq(waitpid(sp.pid, &status, 0), sp.pid);
+    cr_expect(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    cr_expect_eq(sp.pid, *pgid, "the child leads its group");
+    *sid = *sid == sp.pid ? 0 : *sid;   /* 0: it leads its session */
+    if (sp.out_fd >= 0)
+        close(sp.out_fd);
+    if (sp.err_fd >= 0)
+        close(sp.err_fd);
+    if (sp.pidfd >= 0)
+        close(sp.pidfd);
+}
+
+/* A rank leads a session of its own, so that the scheduler's autogroups give
+ * it its own share (dk_spawn.h); other children stay in the caller's. */
+Test(spawn, a_session_of_its_own_only_when_asked_and_its_group_either_way)
+{
+    pid_t sid, pgid;
+    started_in(true, &sid, &pgid);
+    cr_expect_eq(sid, 0, "asked for a session, the child is in session %d", (int) sid);
+    started_in(false, &sid, &pgid);
+    cr_expect_eq(sid, getsid(0), "the child left the caller's session for %d", (int) sid);
+}

@@ -58,6 +58,9 @@ static void answer_sample(int sig)
 
 /* A rank of KIND in a process group of its own, with PATH its file; returns
  * once it is ready (or, STARTING, once it has started). */
+/* The next rank() stays in the test's group rather than leading its own. */
+static bool rank_in_our_group;
+
 static pid_t rank(const char *path, kind_t kind)
 {
     int ready[2];
@@ -66,7 +69,8 @@ static pid_t rank(const char *path, kind_t kind)
     cr_assert_neq(pid, -1);
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);   /* a test that fails leaves no rank */
-        setpgid(0, 0);
+        if (!rank_in_our_group)
+            setpgid(0, 0);
         child_fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC);
         child_repeat = kind == BIG ? 3000 : 1;
         if (kind == SILENT)
@@ -91,7 +95,8 @@ static pid_t rank(const char *path, kind_t kind)
         for (;;)
             pause();
     }
-    setpgid(pid, pid);
+    if (!rank_in_our_group)
+        setpgid(pid, pid);
     char c;
     cr_assert_eq(read(ready[0], &c, 1), 1);
     close(ready[0]);
@@ -184,16 +189,36 @@ Test(stackreq, a_rank_not_given_is_not_asked)
     dk_stackreq_destroy(&req);
 }
 
-Test(stackreq, a_pid_outside_the_ranks_group_is_not_signalled)
+Test(stackreq, a_pid_neither_in_the_ranks_group_nor_leading_one_is_not_signalled)
+{
+    char err[256];
+    dk_stackreq_t *req = dk_stackreq_new(1, err, sizeof err);
+    rank_in_our_group = true;
+    pid_t pid = rank(dk_stackreq_path(req, 0), ANSWERS);
+    rank_in_our_group = false;
+    /* The ready line's pid is now in another group (the test's) than the one
+     * the job started the rank in, and leads none: a pid reused. */
+    pid_t groups[1] = {pid};
+    cr_assert_eq(dk_stackreq_begin(req, groups, now(), 5.0), 0);
+    size_t len;
+    cr_assert_str_eq(dk_stackreq_dump(req, 0, &len), "");
+    end(pid);
+    dk_stackreq_destroy(&req);
+}
+
+/* A warm rank: the job knows its requester's group, and the rank the
+ * template forked leads a group (and a session) of its own. */
+Test(stackreq, a_rank_leading_its_own_group_is_asked_as_its_requesters)
 {
     char err[256];
     dk_stackreq_t *req = dk_stackreq_new(1, err, sizeof err);
     pid_t pid = rank(dk_stackreq_path(req, 0), ANSWERS);
-    /* The group given is not the one the ready line's pid is in: a pid reused. */
     pid_t groups[1] = {getpgrp()};
-    cr_assert_eq(dk_stackreq_begin(req, groups, now(), 5.0), 0);
+    double t0 = now();
+    cr_assert_eq(dk_stackreq_begin(req, groups, t0, 5.0), 1);
+    settle(req, t0);
     size_t len;
-    cr_assert_str_eq(dk_stackreq_dump(req, 0, &len), "");
+    cr_assert_str_eq(dk_stackreq_dump(req, 0, &len), DUMP);
     end(pid);
     dk_stackreq_destroy(&req);
 }

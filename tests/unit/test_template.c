@@ -123,14 +123,14 @@ Test(template, ranks_are_forked_from_it_with_the_jobs_environment, .timeout = 12
     dk_job_t *job = run_job(t, "import os\n"
                                "print(os.getppid(), os.environ['RANK'], os.environ['WARM_TEST'],"
                                " 'DISTKERNEL_WARM_SOCKET' in os.environ, os.getpgrp() == os.getppid(),"
-                               " os.getpgrp(), flush=True)\n");
+                               " os.getpgrp() == os.getpid() == os.getsid(0), flush=True)\n");
     cr_assert_eq(dk_job_end(job), DK_END_OK, "end %d rank 0: %s exit %d sig %d state %d: %s", dk_job_end(job), out_text[0], dk_job_rank_exit_code(job, 0), dk_job_rank_signal(job, 0), dk_job_rank_state(job, 0), error_text);
     for (int r = 0; r < 2; r++) {
         char want[128];
-        /* Parent: the template. Group: the job's rank's (the stub's), not the
-         * template's. */
-        snprintf(want, sizeof want, "%d %d from-the-job False False %d\n", dk_template_pid(t),
-                 r, dk_job_rank_pid(job, r));
+        /* Parent: the template. Group: its own, as its session (so the
+         * scheduler gives it its own share, dk_spawn.h), not the template's. */
+        snprintf(want, sizeof want, "%d %d from-the-job False False True\n", dk_template_pid(t),
+                 r);
         cr_assert_str_eq(out_text[r], want);
     }
     char warm_log[300];
@@ -280,7 +280,8 @@ Test(template, dk_template_kill_ends_it_through_its_pidfd, .timeout = 120)
             usleep(100 * 1000);
     }
     cr_assert_eq(ready, -1, "%s", err);
-    cr_assert(strstr(err, "killed by signal 9"), "%s", err);
+    /* SIGTERM first, on which it ends its ranks' groups and then itself. */
+    cr_assert(strstr(err, "killed by signal 15"), "%s", err);
     /* Reaped: ending it now signals nothing (its pid may be another's). */
     dk_template_end(t);
     dk_template_destroy(&t);
