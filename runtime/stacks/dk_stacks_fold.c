@@ -18,16 +18,23 @@
  * inward, when there is one: the user called all_reduce, not `wrapper`.
  */
 #include "dk_stacks.h"
+#include "dk_utf8.h"
 
+#include <fcntl.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define MAX_FRAMES 128      /* faulthandler writes at most 100 per thread */
 #define MAX_FIELD 160       /* bytes of a file or function name kept for display */
 #define MAX_CALL 120        /* bytes of a folded call shown */
 #define MAX_FUNC 32         /* bytes of a cell function's name shown */
 #define MAX_RUNS 3          /* runs of cell frames shown ("line 3 in f ×99 ← line 10") */
+#define MAX_SOURCE 80       /* bytes of the innermost cell line's source shown */
+#define MAX_CELL_READ (1 << 20) /* bytes of a cell's file read for that line */
 
 typedef struct {
     const char *file, *func;    /* into the dump (not NUL-terminated) */
@@ -287,6 +294,55 @@ static bool same_frame(const frame_t *a, const frame_t *b)
            !memcmp(a->file, b->file, a->file_len) && !memcmp(a->func, b->func, a->func_len);
 }
 
+/* Line F->line of F's file, the cell's source (read on the kernel's side:
+ * the cell files the predicate accepts are the kernel's own), without its
+ * indentation and end, into OUT (nothing when it cannot be read: a rank on
+ * another node whose file is not here, a line past the end). What a
+ * traceback shows beside "line N", so a rank stopped in a call into C
+ * (time.sleep) says which call. */
+static void cell_source(const frame_t *f, str_t *out)
+{
+    char path[PATH_MAX];
+    if (f->line < 1 || f->file_len == 0 || f->file_len >= sizeof path)
+        return;
+    memcpy(path, f->file, f->file_len);
+    path[f->file_len] = '\0';
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0)
+        return;
+    struct stat st;
+    size_t cap = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0
+                     ? (st.st_size < MAX_CELL_READ ? (size_t) st.st_size : MAX_CELL_READ) : 0;
+    char *buf = cap ? malloc(cap) : NULL;
+    size_t len = 0;
+    while (buf && len < cap) {
+        ssize_t r = read(fd, buf + len, cap - len);
+        if (r <= 0)
+            break;
+        len += (size_t) r;
+    }
+    close(fd);
+    const char *line = buf, *end = buf ? buf + len : NULL;
+    for (long n = 1; line && n < f->line; n++) {
+        line = memchr(line, '\n', (size_t) (end - line));
+        line = line ? line + 1 : NULL;
+    }
+    if (line && line < end) {
+        const char *stop = memchr(line, '\n', (size_t) (end - line));
+        stop = stop ? stop : end;
+        while (line < stop && (*line == ' ' || *line == '\t'))
+            line++;
+        while (stop > line && (stop[-1] == ' ' || stop[-1] == '\t' || stop[-1] == '\r'))
+            stop--;
+        size_t n = dk_utf8_valid_prefix(line, (size_t) (stop - line));
+        if (n > 0) {
+            str_puts(out, ": ");
+            str_field(out, line, n, MAX_SOURCE);
+        }
+    }
+    free(buf);
+}
+
 /* Fold FRAMES (N, innermost first) into the call, the where text and the
  * signature. False when memory ran out. */
 static bool fold(const cells_t *self, const frame_t *frames, size_t n, bool truncated,
@@ -362,6 +418,8 @@ static bool fold(const cells_t *self, const frame_t *frames, size_t n, bool trun
                 snprintf(num, sizeof num, " \xc3\x97%zu%s", k, truncated && i + k == n ? "+" : "");
                 str_puts(where, num);
             }
+            if (runs == 0)
+                cell_source(&frames[i], where);
         } else if (runs == MAX_RUNS) {
             str_puts(where, " \xe2\x86\x90 \xe2\x80\xa6");
         }

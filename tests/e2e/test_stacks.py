@@ -219,7 +219,7 @@ except KeyboardInterrupt as exc:
     out = r.stdout
     assert HEADING in out, out
     lines = out[out.index(HEADING):].splitlines()[1:3]
-    assert lines[0].strip().startswith("rank 1:") and "in hang" in lines[0], out
+    assert lines[0].strip().startswith("rank 1:") and "in hang: time.sleep(600)" in lines[0], out
     assert lines[1].strip().startswith("ranks 0, 2 (2): torch.distributed.all_reduce"), out
     assert "Every rank's stacks, in full: " in out, out
 
@@ -276,8 +276,10 @@ def test_64_ranks_in_4_places_stay_within_45_lines(kernel):
     assert labels[:3] == ["rank 9", "ranks 3, 60 (2)", "ranks 10–13 (4)"], lines
     assert len(labels) == 4 and labels[3].startswith("ranks 0") and labels[3].endswith("(57)"), \
         lines
-    for line, n in zip(lines, (5, 7, 9, 11)):
-        assert line.rstrip().endswith(f"cell line {n}"), lines
+    # Each line's source too, as a traceback shows it: the call into C
+    # (time.sleep) shows no frame of its own.
+    for line, n, s in zip(lines, (5, 7, 9, 11), (600, 601, 602, 603)):
+        assert line.rstrip().endswith(f"cell line {n}: time.sleep({s})"), lines
     stacks_file(r, 64)
 
 

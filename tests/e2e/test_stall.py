@@ -81,8 +81,8 @@ def the_groups_show_and_clear(kernel, msg_id, go, done):
     assert lines[at].strip().startswith("silent "), shown
     assert len(lines) <= 12, shown
     assert "torch.distributed.all_reduce" in group_line(shown, 0), shown
-    assert "(cell line 10)" in group_line(shown, 0), shown
-    assert "cell line 6" in group_line(shown, 1), shown
+    assert "(cell line 10: dist.all_reduce(torch.ones(1)))" in group_line(shown, 0), shown
+    assert "cell line 6: while not os.path.exists(" in group_line(shown, 1), shown
     assert lines[-1].strip().startswith("logs: "), shown   # the logs line stays last
     go.touch()
     deadline = time.monotonic() + RUN

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "dk_lost.h"
 #include "dk_stacks.h"
@@ -560,4 +561,54 @@ Test(stacks, a_long_stack_leaves_the_flight_text_what_fits_in_the_line)
     cr_assert_lt((size_t) (nl - text), 512, "%s", text);
     cr_assert_not_null(strstr(text, "  last "), "%s", text);
     free(text);
+}
+
+/* The innermost cell line shows its source, read from the kernel's own copy
+ * of the cell, as a traceback does: a call into C (time.sleep) shows no
+ * frame of its own, and the source says which call it is. */
+Test(stacks, the_innermost_cell_line_shows_its_source)
+{
+    char dir[64] = "/tmp/dk-test-cells-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char folder[80], file[96];
+    snprintf(folder, sizeof folder, "%s/", dir);
+    snprintf(file, sizeof file, "%s/1.py", dir);
+    FILE *f = fopen(file, "w");
+    cr_assert_not_null(f);
+    fputs("import time, torch.distributed as dist\n"
+          "    dist.all_reduce(t)   \n"
+          "time.sleep(600)\n"
+          "x = '", f);
+    for (int i = 0; i < 200; i++)
+        fputc('y', f);
+    fputs("'\n", f);
+    fclose(f);
+    dk_stacks_t *own = dk_stacks_new(dk_stacks_is_under, folder);
+    cr_assert_not_null(own);
+    char dump[1024];
+    const char *lines[] = {"3", "4", "9"};
+    for (int r = 0; r < 3; r++) {
+        snprintf(dump, sizeof dump, "Thread 0x1 (most recent call first):\n"
+                                    "  File \"%s\", line %s in <module>\n", file, lines[r]);
+        cr_assert_eq(dk_stacks_add(own, r, "node1", dump, strlen(dump)), 0);
+    }
+    snprintf(dump, sizeof dump, "Thread 0x1 (most recent call first):\n"
+                                "  File \"" TORCH "distributed_c10d.py\", line 3 in all_reduce\n"
+                                "  File \"%s\", line 2 in <module>\n", file);
+    cr_assert_eq(dk_stacks_add(own, 3, "node1", dump, strlen(dump)), 0);
+    char *text = dk_stacks_summary(own, 0, NULL);
+    char want[1024], ys[80];
+    memset(ys, 'y', 75);
+    ys[75] = '\0';
+    snprintf(want, sizeof want,
+             "  rank 0: cell line 3: time.sleep(600)\n"
+             "  rank 1: cell line 4: x = '%s\xe2\x80\xa6\n"
+             "  rank 2: cell line 9\n"     /* past the cell's end: the line alone */
+             "  rank 3: torch.distributed.all_reduce  (cell line 2: dist.all_reduce(t))\n",
+             ys);
+    cr_assert_str_eq(text, want);
+    free(text);
+    dk_stacks_destroy(&own);
+    unlink(file);
+    rmdir(dir);
 }
