@@ -4,7 +4,7 @@
 Run with Debian's interpreter (it has torch, pyzmq, jupyter_client; ipyparallel
 comes from python3-ipyparallel):
 
-    /usr/bin/python3 bench/dist_bench.py [--prefix /work/main/prefix] [--json out.json]
+    /usr/bin/python3 bench/dist_bench.py [--prefix ./prefix] [--json out.json]
 
 1. Fan-out: N ranks run `import torch; dist.init_process_group("gloo");
    print(rank)` as a `%%distributed num_processes=N` cell (execute_request to
@@ -808,7 +808,8 @@ def bench_relay(args, dk):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--prefix", default="/work/main/prefix",
+    ap.add_argument("--prefix", default=os.path.join(os.path.dirname(os.path.dirname(
+                    os.path.abspath(__file__))), "prefix"),
                     help="distkernel install; kernelspec read from PREFIX/share/jupyter")
     ap.add_argument("--python", default="/usr/bin/python3",
                     help="interpreter for bare ranks and for ipykernel")

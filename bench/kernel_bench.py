@@ -3,7 +3,7 @@
 
 Run with Debian's interpreter (it has pyzmq, jupyter_client, psutil):
 
-    /usr/bin/python3 bench/kernel_bench.py [--prefix /work/main/prefix] [--json out.json]
+    /usr/bin/python3 bench/kernel_bench.py [--prefix ./prefix] [--json out.json]
 
 The measured path uses a lean raw-ZeroMQ client written here (pyzmq only, our
 own HMAC-SHA256 signing); jupyter_client is used only to read kernelspec argv.
@@ -538,7 +538,8 @@ def fmt_mib(b):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prefix", default="/work/main/prefix", help="distkernel install prefix (default %(default)s)")
+    ap.add_argument("--prefix", default=os.path.join(os.path.dirname(os.path.dirname(
+                    os.path.abspath(__file__))), "prefix"), help="distkernel install prefix (default %(default)s)")
     ap.add_argument("--ipykernel-python", default="/usr/bin/python3", help="interpreter for ipykernel (default %(default)s)")
     ap.add_argument("-n", "--samples", type=int, default=1000, help="round-trip samples per kernel (default %(default)s)")
     ap.add_argument("--warmup", type=int, default=50, help="warm-up round trips per kernel (default %(default)s)")

@@ -22,6 +22,9 @@ PKGS=(
   libcriterion-dev python3-pytest python3-pytest-timeout python3-pytest-xdist python3-psutil python3-zmq
   python3-jupyter-client python3-jupyter-kernel-test python3-nbclient python3-nbconvert
   python3-nbformat jupyter-nbconvert python3-tqdm python3-torch
+  # what the quickstart leaves a user: `jupyter kernelspec` and a notebook
+  # front end (Debian's Notebook 6) to open the kernel it registers
+  jupyter-client jupyter-notebook
   # ipykernel's own test modules, run against distkernel (tests/ipykernel/)
   python3-flaky python3-debugpy python3-matplotlib
   # fuzzing (scripts/fuzz.sh): libFuzzer and the sanitizer runtimes for clang

@@ -104,6 +104,8 @@ ASAN_DESELECT=(
   # Ray's head and workers on two nodes: the addresses are chosen in Python
   # (python/distkernel/_ray.py); the launch is test_slurm_runs.py's others'.
   test_slurm_runs.py::test_ray_launch_on_two_nodes_gives_each_ray_node_its_own_address
+  # The README's first command, run as written: a script, not the kernel's code.
+  test_scripts.py::test_the_quickstart_registers_the_kernel_for_the_user
 )
 # How the templates are built: a kernel's first run (and every Slurm run, on
 # each node) builds a warm-start template that imports torch, 2-3 s of CPU in

@@ -26,7 +26,8 @@ import time
 import urllib.request
 
 VENV = pathlib.Path(os.environ.get("DISTKERNEL_TEST_VENV", "") or "/nonexistent-venv")
-PREFIX = pathlib.Path(os.environ.get("DISTKERNEL_PREFIX", "/work/main/prefix")).resolve()
+PREFIX = pathlib.Path(os.environ.get("DISTKERNEL_PREFIX",
+                                     pathlib.Path(__file__).resolve().parents[2] / "prefix")).resolve()
 CHROMIUM = pathlib.Path(os.environ.get("DISTKERNEL_CHROMIUM", "/usr/bin/chromium"))
 KERNEL = "distkernel"
 # What `distkernel install --name distkernel` names it: the Python it embeds,

@@ -3,7 +3,7 @@ Fixtures for the end-to-end tests: where the installed kernel is, a kernel share
 the tests of a module, a fresh kernel for tests that end it, and raw sockets on it.
 
 The kernel under test is the one `meson install` put under DISTKERNEL_PREFIX (default
-/work/main/prefix); JUPYTER_PATH is pointed there for the whole session, subprocesses
+./prefix of this checkout, scripts/build.sh's); JUPYTER_PATH is pointed there for the whole session, subprocesses
 (nbconvert, jupyter execute) included.
 """
 import os

@@ -30,10 +30,11 @@ import zmq
 from jupyter_client import KernelManager
 
 KERNEL_NAME = os.environ.get("DISTKERNEL_E2E_KERNEL", "distkernel")
-PREFIX = pathlib.Path(os.environ.get("DISTKERNEL_PREFIX", "/work/main/prefix")).resolve()
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+# The build's install, ./prefix of this checkout unless told (scripts/build.sh's).
+PREFIX = pathlib.Path(os.environ.get("DISTKERNEL_PREFIX", REPO_ROOT / "prefix")).resolve()
 JUPYTER_DATA = PREFIX / "share" / "jupyter"
 KERNELSPEC_DIR = JUPYTER_DATA / "kernels" / "distkernel"
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 PYTHON = "/usr/bin/python3"  # Debian's, which has the Jupyter stack
 DELIM = b"<IDS|MSG>"
 

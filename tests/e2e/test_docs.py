@@ -94,6 +94,18 @@ def test_the_docs_are_linked_from_the_readme():
     assert pages - linked == set(), f"pages the README does not link: {sorted(pages - linked)}"
 
 
+def test_the_license_file_says_what_the_debian_package_says():
+    """LICENSE at the top and debian/copyright's License paragraph: one text."""
+    def words(text):
+        return " ".join(text.split())
+    top = (ROOT / "LICENSE").read_text()
+    deb = (ROOT / "debian" / "copyright").read_text().split("\nLicense: BSD-3-Clause\n", 2)[-1]
+    deb = "\n".join(line[1:] for line in deb.splitlines() if line.strip() != ".")
+    assert "Copyright (c) 2026, The distkernel maintainers" in top
+    assert words(re.sub(r"^\s*\d\.\s", "", top[top.index("Redistribution"):], flags=re.M)) == \
+        words(re.sub(r"^\s*\d\.\s", "", deb[deb.index("Redistribution"):], flags=re.M))
+
+
 def test_the_readme_is_a_first_screen():
     lines = (ROOT / "README.md").read_text().count("\n")
     assert lines <= README_MAX_LINES, (

@@ -110,3 +110,32 @@ def test_the_readme_commands_do_not_start_with_sudo():
     # the two commands for a fresh machine, and the contributors' quick mode
     assert commands == ["scripts/quickstart.sh", "scripts/test.sh", "scripts/test.sh --quick"], blocks
     assert "sudo scripts/" not in readme
+
+
+# The README's first command leaves the kernel in the user's Jupyter: run as
+# written, on the build the other tests use (BUILD and PREFIX, which
+# scripts/build.sh reads; nothing to build), in a fresh home.
+@pytest.mark.alone      # it reinstalls the prefix the other tests' kernels run from
+@pytest.mark.timeout(600)
+def test_the_quickstart_registers_the_kernel_for_the_user(tmp_path):
+    import json
+    build = support.PREFIX.parent
+    if not (build / "build.ninja").exists():
+        pytest.skip(f"{support.PREFIX} is not a build's prefix (no {build}/build.ninja)")
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("JUPYTER_PATH", "JUPYTER_DATA_DIR", "XDG_DATA_HOME")}
+    env.update(HOME=str(home), BUILD=str(build), PREFIX=str(support.PREFIX))
+    r = subprocess.run([str(support.REPO_ROOT / "scripts" / "quickstart.sh")], env=env,
+                       capture_output=True, text=True, timeout=540)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "distkernel: executed notebook:" in r.stdout, r.stdout[-3000:]
+    assert "open a notebook on it: jupyter notebook, then New > distkernel" in r.stdout, \
+        r.stdout[-1000:]
+    listed = subprocess.run(["/usr/bin/jupyter", "kernelspec", "list", "--json"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    spec = json.loads(listed.stdout)["kernelspecs"]["distkernel"]
+    assert spec["resource_dir"] == str(home / ".local/share/jupyter/kernels/distkernel"), spec
+    assert spec["spec"]["argv"][0] == str(support.PREFIX / "bin" / "distkernel"), spec
