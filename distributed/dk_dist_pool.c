@@ -344,7 +344,7 @@ void dk_dist_pool_gone_text(dk_dist_pool_t *self, char *out, size_t outlen)
 
 void dk_dist_pool_destroy(dk_dist_pool_t **self_p)
 {
-    dk_dist_pool_t *p = *self_p;
+    dk_dist_pool_t *p = self_p ? *self_p : NULL;
     if (!p)
         return;
     dk_dist_pool_attach(p, NULL);

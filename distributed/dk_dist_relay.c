@@ -88,7 +88,7 @@ dk_dist_relay_t *dk_dist_relay_new(int world, const char *run_id, const bool *sh
 
 void dk_dist_relay_destroy(dk_dist_relay_t **self_p)
 {
-    dk_dist_relay_t *self = *self_p;
+    dk_dist_relay_t *self = self_p ? *self_p : NULL;
     if (!self)
         return;
     for (int i = 0; self->slots && i < self->world * 2; i++) {

@@ -253,7 +253,7 @@ static void sink_warning(void *data, const char *text)
 
 void dk_dist_run_destroy(dk_dist_run_t **self_p)
 {
-    dk_dist_run_t *run = *self_p;
+    dk_dist_run_t *run = self_p ? *self_p : NULL;
     if (!run)
         return;
     if (run->pool) {

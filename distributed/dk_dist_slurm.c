@@ -580,7 +580,7 @@ int dk_dist_slurm_release(dk_dist_slurm_t *self, char *err, size_t errlen)
 
 void dk_dist_slurm_destroy(dk_dist_slurm_t **self_p)
 {
-    dk_dist_slurm_t *self = *self_p;
+    dk_dist_slurm_t *self = self_p ? *self_p : NULL;
     if (!self)
         return;
     if (self->alloc) {

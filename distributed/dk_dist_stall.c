@@ -59,7 +59,7 @@ dk_dist_stall_t *dk_dist_stall_new(int world, double stall_after_s, double every
 
 void dk_dist_stall_destroy(dk_dist_stall_t **self_p)
 {
-    dk_dist_stall_t *self = *self_p;
+    dk_dist_stall_t *self = self_p ? *self_p : NULL;
     if (!self)
         return;
     dk_stacks_destroy(&self->stacks);

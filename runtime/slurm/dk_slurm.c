@@ -728,7 +728,7 @@ int dk_slurm_release(dk_slurm_t *self, char *err, size_t errlen)
 
 void dk_slurm_destroy(dk_slurm_t **self_p)
 {
-    dk_slurm_t *self = *self_p;
+    dk_slurm_t *self = self_p ? *self_p : NULL;
     if (!self)
         return;
     /* A failed release gets one more try; a job must not outlive its owner. */

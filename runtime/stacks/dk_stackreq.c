@@ -90,7 +90,7 @@ dk_stackreq_t *dk_stackreq_new(int world, char *err, size_t errlen)
 
 void dk_stackreq_destroy(dk_stackreq_t **self_p)
 {
-    dk_stackreq_t *self = *self_p;
+    dk_stackreq_t *self = self_p ? *self_p : NULL;
     if (!self)
         return;
     for (int r = 0; self->slots && r < self->world; r++) {

@@ -285,3 +285,12 @@ Test(relay, only_the_ranks_shown_reach_the_cell_their_progress_too)
                                  "!U(distkernel-abc-r1-fd2-0):[rank 1]  2%|"
                                  "!U(distkernel-abc-r3-fd2-0):[rank 3]  2%|");
 }
+
+/* Like every _destroy: NULL, or a pointer to NULL, is nothing to do. */
+Test(destroy, dist_relay_takes_null)
+{
+    dk_dist_relay_destroy(NULL);
+    dk_dist_relay_t *none = NULL;
+    dk_dist_relay_destroy(&none);
+    cr_assert_null(none);
+}

@@ -264,3 +264,12 @@ Test(dist_stall, the_status_shows_each_groups_last_collective)
                            "last all_reduce #11" DK_EN_DASH "12, 4 MiB, started; "
                            "at #11 (completed): rank 2\n");
 }
+
+/* Like every _destroy: NULL, or a pointer to NULL, is nothing to do. */
+Test(destroy, dist_stall_takes_null)
+{
+    dk_dist_stall_destroy(NULL);
+    dk_dist_stall_t *none = NULL;
+    dk_dist_stall_destroy(&none);
+    cr_assert_null(none);
+}

@@ -1363,3 +1363,12 @@ Test(slurm_text, a_listed_name_matches_whole_names_only)
     cr_expect_not(dk_slurm_name_listed("HF_TOKEN=x", NULL));
     cr_expect_not(dk_slurm_name_listed("=x", ","));
 }
+
+/* Like every _destroy: NULL, or a pointer to NULL, is nothing to do. */
+Test(destroy, slurm_takes_null)
+{
+    dk_slurm_destroy(NULL);
+    dk_slurm_t *none = NULL;
+    dk_slurm_destroy(&none);
+    cr_assert_null(none);
+}

@@ -409,3 +409,12 @@ Test(stackreq, an_end_whose_sampler_is_silent_signals_the_rank_within_the_wait)
         end(groups[r]);
     dk_stackreq_destroy(&req);
 }
+
+/* Like every _destroy: NULL, or a pointer to NULL, is nothing to do. */
+Test(destroy, stackreq_takes_null)
+{
+    dk_stackreq_destroy(NULL);
+    dk_stackreq_t *none = NULL;
+    dk_stackreq_destroy(&none);
+    cr_assert_null(none);
+}
