@@ -22,6 +22,7 @@
 #include "dk_dist_run.h"
 #include "dk_clock.h"
 #include "dk_codepath.h"
+#include "dk_random.h"
 #include "dk_dist_artifacts.h"
 #include "dk_dist_mlflow.h"
 #include "dk_dist_opts.h"
@@ -290,16 +291,11 @@ static dk_dist_run_t *fail(dk_dist_run_t *run, PyObject *type, const char *msg)
     return NULL;
 }
 
+/* The run's id: its status display's and its log folder's name, so two
+ * runs must never share one (an update to one display would change both). */
 static void random_id(char out[24])
 {
-    unsigned char id[8];
-    FILE *ur = fopen("/dev/urandom", "rb");
-    if (!ur || fread(id, 1, sizeof id, ur) != sizeof id)
-        memset(id, 0x5a, sizeof id);
-    if (ur)
-        fclose(ur);
-    for (int i = 0; i < 8; i++)
-        snprintf(out + 2 * i, 3, "%02x", id[i]);
+    dk_unique_hex(out, 8);
 }
 
 /* The run as OPTIONS asks, planned on this node (or Slurm's), with its ranks' records. */

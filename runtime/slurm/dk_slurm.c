@@ -36,6 +36,7 @@
 #include "dk_clock.h"
 #include "dk_err.h"
 #include "dk_proc.h"
+#include "dk_random.h"
 #include "dk_spawn.h"
 
 #include <errno.h>
@@ -353,16 +354,9 @@ static bool sets_time(const char *text)
 
 static void unique_name(char *name, size_t len)
 {
-    unsigned char r[6] = {0};
-    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || read(fd, r, sizeof r) != (ssize_t) sizeof r) {
-        long long t = dk_now_ms() ^ (long long) getpid() << 20;
-        memcpy(r, &t, sizeof r);
-    }
-    if (fd >= 0)
-        close(fd);
-    snprintf(name, len, "distkernel-%02x%02x%02x%02x%02x%02x", r[0], r[1], r[2], r[3], r[4],
-             r[5]);
+    char hex[13];
+    dk_unique_hex(hex, 6);
+    snprintf(name, len, "distkernel-%s", hex);
 }
 
 /* salloc's argument list for REQ, TIME_LIMIT its --time ("": none); NULL with
