@@ -1038,7 +1038,7 @@ Test(agent, the_relay_closes_another_users_connection_and_relays_the_ranks, .tim
  * an exported HF_TOKEN) and its output descriptors: the rank must send that
  * socket nothing. */
 Test(agent, a_slow_rank_sends_nothing_to_a_template_another_user_put_in_its_place,
-     .timeout = 40)
+     .timeout = 90)
 {
     if (geteuid() != 0)
         cr_skip_test("acting as another user needs root");
@@ -1051,8 +1051,10 @@ Test(agent, a_slow_rank_sends_nothing_to_a_template_another_user_put_in_its_plac
              "while [ ! -e %s ]; do sleep 0.02; done; unset SLURM_STEP_ID; "
              "HF_TOKEN=hf_secret_of_the_victim ASAN_OPTIONS=detect_leaks=0 exec %s",
              go, RANK_EXE);
-    /* Its stop ladder's SIGKILL comes 2 graces after the kernel's end. */
-    agent_opts_t o = {.node = 0, .world = 1, .per = 1, .template = tmpl, .grace_s = 3,
+    /* Its stop ladder's SIGKILL comes 2 graces after the kernel's end: 20 s,
+     * time enough on a loaded machine for the stranger to listen and the
+     * rank to reach it (a SIGKILL first, the test would prove nothing). */
+    agent_opts_t o = {.node = 0, .world = 1, .per = 1, .template = tmpl, .grace_s = 10,
                       .script = script};
     int say;
     kern_t *k = warm_agent_start(&o, &say);
@@ -1072,7 +1074,7 @@ Test(agent, a_slow_rank_sends_nothing_to_a_template_another_user_put_in_its_plac
     for (int i = 0; i < 500 && stat(folder, &st) == 0; i++)
         usleep(10000);
     cr_assert_neq(stat(folder, &st), 0, "the agent kept %s after its kernel went", folder);
-    stranger_t s = stranger_listens(sock, true, 20);
+    stranger_t s = stranger_listens(sock, true, 30);
     FILE *f = fopen(go, "w");
     cr_assert_not_null(f);
     fclose(f);
@@ -1080,7 +1082,7 @@ Test(agent, a_slow_rank_sends_nothing_to_a_template_another_user_put_in_its_plac
     long sent = stranger_end(&s, &connected);
     cr_assert(connected, "the rank never reached the socket (the test proves nothing)");
     cr_assert_eq(sent, 0, "the rank sent another user's template %ld bytes", sent);
-    agent_wait(k, 20);
+    agent_wait(k, 40);
     close(say);
     agent_free(k);
     unlink(go);
