@@ -243,10 +243,31 @@ class Notebook:
 
     def run(self, code):
         """Type CODE into the last cell and run it with Shift+Enter (which
-        adds the next empty cell); the cell's locator, fixed to its index."""
+        adds the next empty cell); the cell's locator, fixed to its index.
+
+        JupyterLab, just after it opened a notebook on a new kernel, now and
+        then takes the Shift+Enter (the next cell appears) without sending
+        the cell: its prompt stays "[ ]:" and the kernel idle, having been
+        asked nothing. A cell still unsent after 15 s is run again, in place
+        (Ctrl+Enter): it cannot have run, so it does not run twice."""
         cell = self.type_into_last_cell(code)
         self.page.keyboard.press("Shift+Enter")
+        if not self._sent(cell, 15):
+            cell.locator(".jp-InputArea-editor").click()
+            self.page.keyboard.press("Control+Enter")
+            assert self._sent(cell, 30), "JupyterLab did not send the cell, twice"
         return cell
+
+    def _sent(self, cell, timeout):
+        """Whether the cell's prompt leaves "[ ]:" (queued, running or done)
+        within TIMEOUT seconds."""
+        try:
+            self.page.wait_for_function(
+                "(el) => el.querySelector('.jp-InputArea-prompt').innerText.trim() != '[ ]:'",
+                arg=cell.element_handle(), timeout=timeout * 1000)
+            return True
+        except Exception:
+            return False
 
     def wait_done(self, cell, timeout=120):
         """Until the cell's prompt has its execution count (the reply came)."""
