@@ -34,6 +34,10 @@ VENV = os.environ.get("DISTKERNEL_TEST_VENV", "")
 SLURM_GROUP = True      # conftest.py: with the Slurm tests (see above)
 
 pytestmark = [
+    # Run after the parallel part, one at a time (scripts/test.sh): Ray's own
+    # start-up timeouts (the GCS's RPCs, a node's registration) fail its
+    # `ray start` on 2 cores that 4 test workers keep busy, as on one CI run.
+    pytest.mark.alone,
     pytest.mark.skipif(support.KERNEL_NAME != "distkernel", reason="ray_launch is distkernel's"),
     pytest.mark.skipif(not VENV, reason="no test venv of today's stack (scripts/venv.sh; "
                                         "scripts/test.sh sets DISTKERNEL_TEST_VENV)"),
