@@ -32,7 +32,7 @@ static void usage(FILE *out)
             "                          [--env VAR VALUE]...\n"
             "\n"
             "Install a kernelspec whose kernel runs in the Python environment of PATH (a\n"
-            "venv, virtualenv or conda env of Python %s; default: %s),\n"
+            "venv, conda env or installation of CPython 3.10 or later; default: %s),\n"
             "as `python -m ipykernel install` does.\n"
             "\n"
             "  --user             install for the current user instead of system-wide\n"
@@ -42,7 +42,7 @@ static void usage(FILE *out)
             "  --display-name T   the name Jupyter shows (default: NAME)\n"
             "  --python PATH      the environment's python (e.g. ENV/bin/python)\n"
             "  --env VAR VALUE    set VAR in the kernel's environment (repeatable)\n",
-            DK_PYTHON_VERSION, DK_PYTHON_EXE);
+            DK_PYTHON_EXE);
 }
 
 /* -- the command line ------------------------------------------------------------ */
@@ -236,24 +236,49 @@ char *dk_install_destination(const dk_install_opts_t *opts, const char *name,
     return dest;
 }
 
-const char *dk_install_display_name(const dk_install_opts_t *opts, const char *name,
-                                    const char *version)
+const char *dk_install_env_label(const char *prefix, const char *kind)
 {
-    static char fallback[64];
+    static char label[256];
+    static const char *const generic[] = {".venv", "venv", ".env", "env"};
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s", prefix);
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/')
+        path[--n] = '\0';
+    if (strcmp(kind, "installation") == 0 && (strcmp(path, "/usr") == 0 ||
+                                              strcmp(path, "/usr/local") == 0))
+        return "system";
+    char *base = strrchr(path, '/');
+    for (size_t i = 0; base && base > path && i < sizeof generic / sizeof *generic; i++)
+        if (strcmp(base + 1, generic[i]) == 0) {
+            /* proj/.venv: the project's name says more than ".venv" */
+            *base = '\0';
+            base = strrchr(path, '/');
+            break;
+        }
+    snprintf(label, sizeof label, "%s", base && base[1] ? base + 1 : path);
+    return label;
+}
+
+const char *dk_install_display_name(const dk_install_opts_t *opts, const char *name,
+                                    const char *version, const char *env_label)
+{
+    static char fallback[320];
     if (opts->display_name)
         return opts->display_name;
-    if (strcmp(name, DEFAULT_NAME) != 0)
-        return name;
-    snprintf(fallback, sizeof fallback, "distkernel (Python %s)", version);
+    snprintf(fallback, sizeof fallback, "Python %s (%s)", version,
+             strcmp(name, DEFAULT_NAME) != 0 ? name : env_label);
     return fallback;
 }
 
-char *dk_install_spec_json(const char *kernel_exe, const char *python,
+char *dk_install_spec_json(const char *kernel_exe, const char *python, const char *libpython,
                            const char *display_name, bool debugger,
                            const dk_install_env_t *env, size_t n_env)
 {
-    json_t *argv = python ? json_pack("[ssss]", kernel_exe, "--python", python, "-f")
-                          : json_pack("[ss]", kernel_exe, "-f");
+    json_t *argv = python && libpython
+                       ? json_pack("[ssssss]", kernel_exe, "--python", python, "--libpython",
+                                   libpython, "-f")
+                       : json_pack("[ss]", kernel_exe, "-f");
     json_t *spec = argv ? json_pack("{s:o,s:s,s:s,s:s,s:{s:b}}", "argv", argv,
                                     "display_name", display_name, "language", "python",
                                     "interrupt_mode", "message", "metadata", "debugger", debugger)
@@ -465,14 +490,16 @@ int dk_install_main(int argc, char **argv)
     if (!(name = dk_install_kernel_name(opts.name, err, sizeof err)) ||
         !(python = absolute_python(opts.python ? opts.python : DK_PYTHON_EXE, err, sizeof err)) ||
         dk_pyprobe_run(python, &probe, err, sizeof err) < 0 ||
-        dk_pyprobe_check(&probe, python, DK_PYTHON_VERSION, DK_PYTHON_SOABI, err,
-                         sizeof err) < 0 ||
+        dk_pyprobe_check(&probe, python, err, sizeof err) < 0 ||
         !(dest = dk_install_destination(&opts, name, probe.prefix, err, sizeof err))) {
         fprintf(stderr, "distkernel install: %s\n", err);
         goto out;
     }
-    spec = dk_install_spec_json(exe, opts.python ? python : NULL,
-                                dk_install_display_name(&opts, name, DK_PYTHON_VERSION),
+    char version[16];
+    snprintf(version, sizeof version, "%d.%d", probe.major, probe.minor);
+    const char *display = dk_install_display_name(
+        &opts, name, version, dk_install_env_label(probe.prefix, probe.kind));
+    spec = dk_install_spec_json(exe, opts.python ? python : NULL, probe.libpython, display,
                                 probe.debugpy, opts.env, opts.n_env);
     if (!spec) {
         fprintf(stderr, "distkernel install: out of memory\n");
@@ -482,7 +509,17 @@ int dk_install_main(int argc, char **argv)
         fprintf(stderr, "distkernel install: %s\n", err);
         goto out;
     }
-    printf("Installed kernelspec %s in %s\n", name, dest);
+    /* What it found, so that a user sees which Python the kernel runs on. */
+    char kind[PATH_MAX + 16];
+    if (strcmp(probe.kind, "venv") == 0)
+        snprintf(kind, sizeof kind, "a venv of %s", probe.base);
+    else
+        snprintf(kind, sizeof kind, "%s",
+                 strcmp(probe.kind, "conda") == 0 ? "a conda environment" : "an installation");
+    printf("Found Python %d.%d, %s, in %s\n"
+           "The kernel will load %s and show as \"%s\"\n"
+           "Installed kernelspec %s in %s\n",
+           probe.major, probe.minor, kind, probe.prefix, probe.libpython, display, name, dest);
     rc = 0;
 out:
     dk_pyprobe_clear(&probe);

@@ -11,14 +11,14 @@
  * environment's own sys.prefix. NAME is lower-cased and must match
  * [a-z0-9._-]+; an existing kernelspec of that name is replaced.
  *
- * The difference from ipykernel: this kernel embeds one libpython, so it does
- * not run the environment's python but tells the embedded one to start as
- * that python would (kernel.json's argv is `distkernel --python PATH -f
- * {connection_file}`, see runtime/rank/dk_pyinit.h). That only works for a Python
- * of the same version and ABI, so PATH is probed first (dk_pyprobe.h) and
- * refused, with no kernelspec written, when it
- * is another version or ABI, not a Python at all, or lacks IPython or
- * cloudpickle. The refusal says what to do.
+ * The difference from ipykernel: one distkernel serves every environment, so
+ * it does not run the environment's python but loads its libpython and starts
+ * it as that python would (kernel.json's argv is `distkernel --python PATH
+ * --libpython LIB -f {connection_file}`, see runtime/rank/dk_pyload.h). PATH is
+ * probed first (dk_pyprobe.h), which finds LIB, and refused, with no
+ * kernelspec written, when it is no CPython, older than 3.10, free-threaded,
+ * built without a shared libpython, or lacks IPython or cloudpickle. The
+ * refusal says what to do.
  *
  * The pieces are pure where they can be (parse, destination, kernel.json)
  * so the unit tests drive them alone; dk_install_write touches files, and
@@ -68,18 +68,26 @@ char *dk_install_kernel_name(const char *name, char *err, size_t errlen);
 char *dk_install_destination(const dk_install_opts_t *opts, const char *name,
                              const char *sys_prefix, char *err, size_t errlen);
 
-/* The display name: --display-name, else NAME when it is not the default
- * name (what ipykernel does), else "distkernel (Python VERSION)". Borrowed or
- * a static buffer's: copy it before the next call. */
+/* What an environment is called in a display name: the last folder of its
+ * PREFIX, or its parent's for a project's venv (proj/.venv: "proj"), or
+ * "system" for the system's Python (KIND "installation" in /usr). A static
+ * buffer's: copy it before the next call. */
+const char *dk_install_env_label(const char *prefix, const char *kind);
+
+/* The display name: --display-name, else "Python VERSION (LABEL)", where LABEL
+ * is NAME when it is not the default name, else ENV_LABEL
+ * (dk_install_env_label). Borrowed or a static buffer's: copy it before the
+ * next call. */
 const char *dk_install_display_name(const dk_install_opts_t *opts, const char *name,
-                                    const char *version);
+                                    const char *version, const char *env_label);
 
 /* kernel.json's text for a kernel run by KERNEL_EXE in the environment of
- * PYTHON (NULL: the embedded Python's, and argv names none), a new string (the
+ * PYTHON on its LIBPYTHON (PYTHON NULL: the build's Python, and argv names
+ * none), a new string (the
  * caller frees it), or NULL when out of memory. DEBUGGER is metadata's
  * "debugger", which JupyterLab 4 reads to offer its debugger for the kernel:
  * whether debugpy is in the environment, as `ipykernel install` writes it. */
-char *dk_install_spec_json(const char *kernel_exe, const char *python,
+char *dk_install_spec_json(const char *kernel_exe, const char *python, const char *libpython,
                            const char *display_name, bool debugger,
                            const dk_install_env_t *env, size_t n_env);
 

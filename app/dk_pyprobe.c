@@ -14,6 +14,7 @@
 #include "dk_pyprobe.h"
 #include "dk_err.h"
 #include "dk_proc.h"
+#include "dk_pyload.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -47,6 +48,23 @@ const char dk_pyprobe_script[] =
     "    soabi = ''\n"
     "print('soabi ' + soabi)\n"
     "print('prefix ' + sys.prefix)\n"
+    "print('implementation ' + getattr(getattr(sys, 'implementation', None), 'name', '?'))\n"
+    "kind = 'venv' if getattr(sys, 'base_prefix', sys.prefix) != sys.prefix else "
+    "('conda' if os.path.isdir(os.path.join(sys.prefix, 'conda-meta')) else 'installation')\n"
+    "print('kind ' + kind)\n"
+    "print('base ' + getattr(sys, 'base_prefix', sys.prefix))\n"
+    "try:\n"
+    "    v = sysconfig.get_config_var\n"
+    "    free = bool(v('Py_GIL_DISABLED'))\n"
+    "    names = [n for n in (v('INSTSONAME'), v('LDLIBRARY')) if n and '.so' in n]\n"
+    "    dirs = [d for d in (v('LIBDIR'), os.path.join(v('LIBDIR') or '', v('MULTIARCH') or ''),"
+    " v('LIBPL')) if d]\n"
+    "    libs = [os.path.join(d, n) for n in names for d in dirs"
+    " if os.path.isfile(os.path.join(d, n))]\n"
+    "except Exception:\n"
+    "    free, libs = False, []\n"
+    "print('freethreaded ' + ('yes' if free else 'no'))\n"
+    "print('libpython ' + (libs[0] if libs else ''))\n"
     "def has(m):\n"
     "    try:\n"
     "        import importlib.util\n"
@@ -61,6 +79,10 @@ void dk_pyprobe_clear(dk_pyprobe_t *probe)
     free(probe->soabi);
     free(probe->prefix);
     free(probe->missing);
+    free(probe->implementation);
+    free(probe->kind);
+    free(probe->base);
+    free(probe->libpython);
     memset(probe, 0, sizeof *probe);
 }
 
@@ -101,6 +123,20 @@ int dk_pyprobe_parse(const char *out, dk_pyprobe_t *probe, char *err, size_t err
         return -1;
     }
     free(version);
+    /* Every Python from 3.3 prints these; an old one may not get this far. */
+    probe->implementation = field(out, "implementation");
+    probe->kind = field(out, "kind");
+    probe->base = field(out, "base");
+    probe->libpython = field(out, "libpython");
+    char *ft = field(out, "freethreaded");
+    probe->free_threaded = ft && strcmp(ft, "yes") == 0;
+    free(ft);
+#define OR_EMPTY(f) if (!probe->f) probe->f = strdup("")
+    OR_EMPTY(implementation);
+    OR_EMPTY(kind);
+    OR_EMPTY(base);
+    OR_EMPTY(libpython);
+#undef OR_EMPTY
     /* Optional: a probe without the line offers no debugger. */
     char *debugpy = field(out, "debugpy");
     probe->debugpy = debugpy && strcmp(debugpy, "yes") == 0;
@@ -165,35 +201,42 @@ int dk_pyprobe_run(const char *python, dk_pyprobe_t *probe, char *err, size_t er
 
 /* -- the check ------------------------------------------------------------------- */
 
-int dk_pyprobe_check(const dk_pyprobe_t *probe, const char *python,
-                     const char *want_version, const char *want_soabi, char *err,
-                     size_t errlen)
+int dk_pyprobe_check(const dk_pyprobe_t *probe, const char *python, char *err, size_t errlen)
 {
-    char have[32];
-    snprintf(have, sizeof have, "%d.%d", probe->major, probe->minor);
-    /* The build for PYTHON: its own build folder, so it does not replace this one. */
-    char build[48];
-    snprintf(build, sizeof build, "build-%s", have);
-    if (strcmp(have, want_version) != 0) {
+    if (*probe->implementation && strcmp(probe->implementation, "cpython") != 0) {
         dk_set_err(err, errlen,
-                   "%s is Python %s, but this distkernel embeds Python %s (%s), and a kernel "
-                   "can only run in an environment of the Python it embeds. Build a "
-                   "distkernel for Python %s and install the kernel with that build:\n"
-                   "  meson setup -Dpython=%s %s && ninja -C %s && meson install -C %s",
-                   python, have, want_version, DK_PYTHON_EXE, have, python, build, build, build);
+                   "%s is %s %d.%d, not CPython: distkernel runs Python code on CPython's own "
+                   "library. Use a CPython environment (python.org's, conda's, pyenv's, a "
+                   "Linux distribution's, or a venv of one)",
+                   python, probe->implementation, probe->major, probe->minor);
         return -1;
     }
-    /* Same version, other ABI: a free-threaded (3.13t) or debug build, or
-     * another platform; its compiled packages would not load in our libpython. */
-    if (*want_soabi && *probe->soabi && strcmp(probe->soabi, want_soabi) != 0) {
+    if (probe->major < DK_PYLOAD_MIN_MAJOR ||
+        (probe->major == DK_PYLOAD_MIN_MAJOR && probe->minor < DK_PYLOAD_MIN_MINOR)) {
         dk_set_err(err, errlen,
-                   "%s is Python %s with the ABI %s, but this distkernel embeds Python %s with "
-                   "the ABI %s (%s): its compiled packages would not load in this kernel. "
-                   "Build a distkernel for that Python and install the kernel with that build:\n"
-                   "  meson setup -Dpython=%s build-%s && ninja -C build-%s && "
-                   "meson install -C build-%s",
-                   python, have, probe->soabi, want_version, want_soabi, DK_PYTHON_EXE, python,
-                   probe->soabi, probe->soabi, probe->soabi);
+                   "%s is Python %d.%d, older than the oldest distkernel runs on (%d.%d). "
+                   "Use an environment of Python %d.%d or later",
+                   python, probe->major, probe->minor, DK_PYLOAD_MIN_MAJOR, DK_PYLOAD_MIN_MINOR,
+                   DK_PYLOAD_MIN_MAJOR, DK_PYLOAD_MIN_MINOR);
+        return -1;
+    }
+    if (probe->free_threaded) {
+        dk_set_err(err, errlen,
+                   "%s is a free-threaded Python %d.%d (%s), which has no stable ABI for "
+                   "distkernel to run on. Use the same Python's build with the GIL "
+                   "(python%d.%d, not python%d.%dt)",
+                   python, probe->major, probe->minor, probe->soabi, probe->major, probe->minor,
+                   probe->major, probe->minor);
+        return -1;
+    }
+    if (!*probe->libpython) {
+        dk_set_err(err, errlen,
+                   "%s is Python %d.%d built without a shared libpython (its library is "
+                   "linked into the program, --enable-shared was not given), and distkernel "
+                   "runs on the shared one. Use a Python built with --enable-shared: "
+                   "conda's, python.org's and Linux distributions' are; with pyenv, "
+                   "PYTHON_CONFIGURE_OPTS=--enable-shared pyenv install %d.%d",
+                   python, probe->major, probe->minor, probe->major, probe->minor);
         return -1;
     }
     if (*probe->missing) {

@@ -2,13 +2,13 @@
  * dk_pyprobe: what a python says about itself, and whether this kernel can
  * run in its environment.
  *
- * The kernel embeds one libpython and starts it as the environment's python
- * would (runtime/rank/dk_pyinit.h), which works only for a Python of the same
- * version and ABI that has IPython and cloudpickle. The probe runs the python
- * with a few lines (dk_pyprobe_script) that print its version, SOABI,
- * sys.prefix, which of those modules it lacks and whether debugpy is there;
- * the check compares that with what the build embeds and says what to do when
- * it does not fit.
+ * The kernel runs on the environment's own libpython, started as the
+ * environment's python would start (runtime/rank/dk_pyload.h), which works
+ * for any CPython from 3.10 on that has a shared libpython, the GIL, IPython
+ * and cloudpickle. The probe runs the python with a few lines
+ * (dk_pyprobe_script) that print its version, SOABI, sys.prefix, what kind of
+ * environment it is, its libpython, which of those modules it lacks and
+ * whether debugpy is there; the check says what to do when it does not fit.
  * `distkernel install` (dk_install.h) refuses an environment on its word.
  */
 #ifndef DK_PYPROBE_H
@@ -24,6 +24,11 @@ typedef struct {
     char *prefix;                /* sys.prefix */
     char *missing;               /* the kernel's modules it lacks, space-separated; "" */
     bool debugpy;                /* debugpy is importable: the debugger can start */
+    char *implementation;        /* sys.implementation.name: "cpython" */
+    char *kind;                  /* "venv", "conda" or "installation" */
+    char *base;                  /* sys.base_prefix: the installation a venv is of */
+    char *libpython;             /* its shared libpython; "" when it has none (static) */
+    bool free_threaded;          /* a 3.13t build (Py_GIL_DISABLED) */
 } dk_pyprobe_t;
 
 /* The script dk_pyprobe_run runs with `PYTHON -c`. */
@@ -40,12 +45,10 @@ int dk_pyprobe_run(const char *python, dk_pyprobe_t *probe, char *err, size_t er
 
 void dk_pyprobe_clear(dk_pyprobe_t *probe);
 
-/* Whether the kernel, embedding Python WANT_VERSION ("3.11") with SOABI
- * WANT_SOABI, can run in PYTHON's environment as PROBE describes it: 0, or -1
- * with ERR saying why not (another version or ABI: both named, and how to
- * build a kernel for PYTHON; modules missing: which, and how to add them). */
-int dk_pyprobe_check(const dk_pyprobe_t *probe, const char *python,
-                     const char *want_version, const char *want_soabi, char *err,
-                     size_t errlen);
+/* Whether a kernel can run in PYTHON's environment as PROBE describes it: a
+ * CPython of 3.10 or later, with the GIL and a shared libpython, that has
+ * IPython and cloudpickle. Returns 0, or -1 with ERR saying why not and what
+ * to do. */
+int dk_pyprobe_check(const dk_pyprobe_t *probe, const char *python, char *err, size_t errlen);
 
 #endif

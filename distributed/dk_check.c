@@ -1,8 +1,7 @@
 /*
  * dk_check: the NCCL preflight check, run out of process. See dk_check.h.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "dk_pyabi.h"
 
 #include "dk_check.h"
 #include "dk_kernel.h"

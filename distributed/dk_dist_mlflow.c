@@ -5,8 +5,7 @@
  * arguments, so that `mlflow.log_metric` in the user's code, which reads them,
  * logs to the run without being told.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "dk_pyabi.h"
 
 #include "dk_dist_mlflow.h"
 #include "dk_html.h"
@@ -36,7 +35,7 @@ static char *active_parent_run(void)
     Py_XDECREF(mod);
     char *out = NULL;
     if (res && PyUnicode_Check(res))
-        out = strdup(PyUnicode_AsUTF8(res));
+        out = strdup(dk_py_utf8(res));
     Py_XDECREF(res);
     PyErr_Clear();
     return out;

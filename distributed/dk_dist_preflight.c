@@ -1,8 +1,7 @@
 /*
  * dk_dist_preflight: check=True before a run. See the header.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "dk_pyabi.h"
 
 #include "dk_dist_preflight.h"
 #include "dk_check.h"

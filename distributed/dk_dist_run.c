@@ -533,8 +533,8 @@ static dk_job_t *start_job(dk_dist_run_t *run, char **env, const char *log_dir,
         /* Ranks on Slurm's nodes: warm through their node agents (below). */
         if (slurm_nodes(run, &spec) < 0 || !(wrapped = with_mlflow_secrets(payload, len)))
             return NULL;
-        spec.payload = PyBytes_AS_STRING(wrapped);
-        spec.payload_len = (size_t)PyBytes_GET_SIZE(wrapped);
+        spec.payload = PyBytes_AsString(wrapped);
+        spec.payload_len = (size_t)PyBytes_Size(wrapped);
     } else if (run->warm) {
         /* A fresh run: its ranks forked from the warm-start template when one
          * fits, else cold as always, with the reason in its log folder. */
@@ -1068,7 +1068,10 @@ PyObject *dk_dist_run_results(dk_dist_run_t *run)
             Py_CLEAR(list);
             break;
         }
-        PyList_SET_ITEM(list, r, item);
+        if (PyList_SetItem(list, r, item) < 0) {   /* steals item */
+            Py_CLEAR(list);
+            break;
+        }
     }
     return list;
 }
@@ -1079,7 +1082,7 @@ static char *cells_folder(void)
 {
     PyObject *mod = PyImport_ImportModule("distkernel._cells");
     PyObject *folder = mod ? PyObject_CallMethod(mod, "folder", NULL) : NULL;
-    const char *text = folder && PyUnicode_Check(folder) ? PyUnicode_AsUTF8(folder) : NULL;
+    const char *text = folder && PyUnicode_Check(folder) ? dk_py_utf8(folder) : NULL;
     char *out = text ? strdup(text) : NULL;
     if (PyErr_Occurred()) {
         dk_log("distributed: cannot tell the cell files' folder (stacks show no cell lines)");

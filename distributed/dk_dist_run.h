@@ -17,8 +17,7 @@
 #ifndef DK_DIST_RUN_H
 #define DK_DIST_RUN_H
 
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "dk_pyabi.h"
 
 #include "dk_dist_logs.h"
 #include "dk_dist_pool.h"

@@ -24,8 +24,7 @@
  * SLURM_MEM_PER_NODE ...), so that it never waits for another step of the
  * job (runtime/slurm/dk_slurm_step.c says why each).
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "dk_pyabi.h"
 
 #include "dk_dist_slurm.h"
 #include "dk_hostlist.h"

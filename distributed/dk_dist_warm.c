@@ -6,8 +6,7 @@
  * cold at once with that reason instead of paying for the same failure (up to
  * WARM_BUILD_WAIT_MS) each time, until something it was built from changes.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "dk_pyabi.h"
 
 #include "dk_dist_warm.h"
 
@@ -64,7 +63,7 @@ static char *import_path(void)
     PyObject *sep = PyUnicode_FromString("\n");
     PyObject *joined = path && sep ? PyUnicode_Join(sep, path) : NULL;
     Py_XDECREF(sep);
-    const char *s = joined ? PyUnicode_AsUTF8(joined) : NULL;
+    const char *s = joined ? dk_py_utf8(joined) : NULL;
     char *copy = s ? strdup(s) : NULL;
     Py_XDECREF(joined);
     PyErr_Clear();
@@ -77,7 +76,7 @@ static bool fingerprint(const char *modules, char *out, size_t len, char *why, s
     PyObject *mod = PyImport_ImportModule("distkernel._dist");
     PyObject *fp = mod ? PyObject_CallMethod(mod, "warm_fingerprint", "s", modules) : NULL;
     Py_XDECREF(mod);
-    const char *s = fp ? PyUnicode_AsUTF8(fp) : NULL;
+    const char *s = fp ? dk_py_utf8(fp) : NULL;
     if (!s) {
         PyErr_Clear();
         snprintf(why, whylen, "the template's fingerprint could not be computed");

@@ -22,8 +22,7 @@
  * Ranks that ended on their own stay recorded until the next run, which says
  * so and forgets them.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "dk_pyabi.h"
 
 #include "dk_distributed.h"
 #include "dk_dist_logs.h"
@@ -215,8 +214,9 @@ static void exec_error_from_python(dk_exec_t *ex)
     PyErr_Fetch(&type, &value, &tb);
     PyErr_NormalizeException(&type, &value, &tb);
     PyObject *s = value ? PyObject_Str(value) : NULL;
-    const char *msg = s ? PyUnicode_AsUTF8(s) : NULL;
-    dk_exec_error(ex, type ? ((PyTypeObject *)type)->tp_name : "Error", msg ? msg : "", NULL);
+    const char *msg = s ? dk_py_utf8(s) : NULL;
+    char name[128];
+    dk_exec_error(ex, dk_py_type_name(type, name, sizeof name), msg ? msg : "", NULL);
     PyErr_Clear();
     Py_XDECREF(s);
     Py_XDECREF(type);
@@ -238,7 +238,7 @@ static int cell_result(dk_exec_t *ex, dk_dist_run_t *run)
     }
     if (bundle != Py_None) {
         PyObject *text = glue_call("dumps", "(O)", bundle);
-        json_t *data = text ? json_loads(PyUnicode_AsUTF8(text), 0, NULL) : NULL;
+        json_t *data = text ? json_loads(dk_py_utf8(text), 0, NULL) : NULL;
         if (data)
             dk_exec_result(ex, data);
         json_decref(data);
@@ -316,11 +316,11 @@ static PyObject *run_job(PyObject *self, PyObject *args)
 {
     dk_distributed_t *d = dk_python_function_data(self);
     const char *options;
-    Py_buffer payload;
-    if (!PyArg_ParseTuple(args, "sy*", &options, &payload))
+    const char *payload;
+    Py_ssize_t payload_len;
+    if (!PyArg_ParseTuple(args, "sy#", &options, &payload, &payload_len))
         return NULL;
-    dk_dist_run_t *run = run_start(d, "function", options, payload.buf, (size_t)payload.len);
-    PyBuffer_Release(&payload);
+    dk_dist_run_t *run = run_start(d, "function", options, payload, (size_t)payload_len);
     if (!run)
         return NULL;
     PyObject *out = NULL;

@@ -28,7 +28,7 @@
 #include "dk_python.h"
 #include "dk_tidy.h"
 
-#include <Python.h>
+#include "dk_pyabi.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -298,9 +298,10 @@ static json_t *execute_native(dk_kernel_t *k, dk_magic_call_t *call, const char 
         /* A handler interrupted while in Python code. */
         PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);
-        const char *name = type ? ((PyTypeObject *)type)->tp_name : "Error";
+        char name[128];
+        dk_py_type_name(type, name, sizeof name);
         PyObject *s = value ? PyObject_Str(value) : NULL;
-        const char *msg = s ? PyUnicode_AsUTF8(s) : "";
+        const char *msg = s ? dk_py_utf8(s) : "";
         dk_exec_error(&ex, name, msg ? msg : "", NULL);
         Py_XDECREF(s);
         Py_XDECREF(type);
@@ -829,13 +830,72 @@ dk_kernel_t *dk_kernel_new(dk_conn_t *conn, char *err, size_t errlen)
     return k;
 }
 
-void dk_kernel_run(dk_kernel_t *k)
+/* ---- a kernel whose environment cannot run ----------------------------------- */
+
+/* Answer REQ, in a kernel without Python: kernel_info and connect as always;
+ * every other request with an error that is the line UNUSABLE, shown in the
+ * cell too for an execute_request, so the notebook says what to do. */
+static void answer_unusable(dk_kernel_t *k, dk_msg_t *req, const char *unusable, int *count)
 {
-    char err[1024];
-    if (dk_python_start(k, err, sizeof err) < 0) {
-        dk_log("cannot start Python: %s", err);
-        _exit(1);
+    const char *t = req->msg_type;
+    if (strcmp(t, "kernel_info_request") == 0 || strcmp(t, "connect_request") == 0) {
+        handle_shell(k, req);
+        return;
     }
+    if (!is_request(t))
+        return;
+    char *parent = json_dumps(req->header, JSON_COMPACT);
+    char *reply_type = reply_type_for(t);
+    dk_iopub_set_parent(k->iopub, parent);
+    dk_iopub_status(k->iopub, "busy", NULL);
+    json_t *error = json_pack("{s:s, s:s, s:[s]}", "ename", DK_KERNEL_UNUSABLE_ENAME, "evalue",
+                              unusable, "traceback", unusable);
+    json_t *reply = json_deep_copy(error);
+    json_object_set_new(reply, "status", json_string("error"));
+    if (strcmp(t, "execute_request") == 0) {
+        json_object_set_new(reply, "execution_count", json_integer(++*count));
+        json_object_set_new(reply, "user_expressions", json_object());
+        json_object_set_new(reply, "payload", json_array());
+        dk_iopub_publish(k->iopub, "error", error, NULL);
+    }
+    send_reply(k, k->shell, req, reply_type, reply);
+    dk_iopub_status(k->iopub, "idle", NULL);
+    json_decref(error);
+    json_decref(reply);
+    free(reply_type);
+    free(parent);
+}
+
+static void run_unusable(dk_kernel_t *k, const char *unusable) __attribute__((noreturn));
+static void run_unusable(dk_kernel_t *k, const char *unusable)
+{
+    dk_log("%s", unusable);
+    /* No Python handler is there to take SIGINT: an interrupt must not end
+     * the kernel. */
+    signal(SIGINT, SIG_IGN);
+    dk_iopub_status(k->iopub, "starting", "{}");
+    zmq_pollitem_t items[2] = {{zsock_resolve(k->shell), 0, ZMQ_POLLIN, 0},
+                               {NULL, k->wake[0], ZMQ_POLLIN, 0}};
+    int count = 0;
+    while (!atomic_load(&k->shutting_down)) {
+        if (zmq_poll(items, 2, -1) < 0 || !(items[0].revents & ZMQ_POLLIN))
+            continue;
+        dk_msg_t *req = recv_msg(k, k->shell, "shell");
+        if (req) {
+            answer_unusable(k, req, unusable, &count);
+            dk_msg_destroy(&req);
+        }
+    }
+    exit_process(k, false);
+}
+
+void dk_kernel_run(dk_kernel_t *k, const char *unusable)
+{
+    char err[2048];
+    if (!unusable && dk_python_start(k, err, sizeof err) < 0)
+        unusable = err;
+    if (unusable)
+        run_unusable(k, unusable);
     atomic_store(&k->debugger, dk_python_debugger_available());
     /* Announced once Python is up rather than at bind time: a frontend's
      * subscription, made as it launches us, has joined by now. */

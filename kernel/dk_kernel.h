@@ -26,8 +26,16 @@ typedef struct dk_kernel_t dk_kernel_t;
  * heartbeat, control and output threads. Returns NULL with a reason in ERR. */
 dk_kernel_t *dk_kernel_new(dk_conn_t *conn, char *err, size_t errlen);
 
-/* Start Python and serve until shutdown. Does not return: the process exits. */
-void dk_kernel_run(dk_kernel_t *self) __attribute__((noreturn));
+/* The ename of the error every request gets from a kernel whose environment
+ * cannot run (dk_kernel_run). */
+#define DK_KERNEL_UNUSABLE_ENAME "KernelEnvironmentError"
+
+/* Start Python and serve until shutdown. Does not return: the process exits.
+ * A kernel whose Python cannot run, because UNUSABLE says why (not NULL:
+ * Python is not started) or because it fails to start (IPython removed), still
+ * serves: kernel_info as always, every other request with an error that is
+ * that one line, also written to the kernel's log, and shutdown. */
+void dk_kernel_run(dk_kernel_t *self, const char *unusable) __attribute__((noreturn));
 
 #define DK_KERNEL_MAX_HOOKS 16
 

@@ -8,6 +8,7 @@
 #include "dk_pyjson.h"
 
 #include <math.h>
+#include <stdbool.h>
 
 static PyObject *to_python(json_t *v, int depth);
 
@@ -41,7 +42,10 @@ static PyObject *array_to_python(json_t *v, int depth)
             Py_XDECREF(l);
             return NULL;
         }
-        PyList_SET_ITEM(l, (Py_ssize_t)i, pv);   /* steals pv */
+        if (PyList_SetItem(l, (Py_ssize_t)i, pv) < 0) {   /* steals pv */
+            Py_DECREF(l);
+            return NULL;
+        }
     }
     return l;
 }
@@ -95,7 +99,7 @@ static json_t *str_from_python(PyObject *o)
      * them into something no frontend can show either. */
     PyErr_Clear();
     PyObject *b = PyUnicode_AsEncodedString(o, "utf-8", "replace");
-    json_t *j = b ? json_stringn(PyBytes_AS_STRING(b), (size_t)PyBytes_GET_SIZE(b)) : NULL;
+    json_t *j = b ? json_stringn(PyBytes_AsString(b), (size_t)PyBytes_Size(b)) : NULL;
     Py_XDECREF(b);
     return j ? j : (PyErr_Occurred() ? NULL : oom());
 }
@@ -123,7 +127,7 @@ static json_t *dict_from_python(PyObject *o, PyObject *dflt, int depth)
     Py_ssize_t pos = 0;
     while (obj && PyDict_Next(o, &pos, &key, &value)) {
         PyObject *k = PyUnicode_Check(key) ? (Py_INCREF(key), key) : PyObject_Str(key);
-        const char *ks = k ? PyUnicode_AsUTF8(k) : NULL;
+        const char *ks = k ? dk_py_utf8(k) : NULL;
         json_t *jv = ks ? from_python(value, dflt, depth + 1) : NULL;
         int rc = jv ? json_object_set_new(obj, ks, jv) : -1;
         Py_XDECREF(k);
@@ -138,9 +142,11 @@ static json_t *dict_from_python(PyObject *o, PyObject *dflt, int depth)
 static json_t *sequence_from_python(PyObject *o, PyObject *dflt, int depth)
 {
     json_t *arr = json_array();
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
+    bool list = PyList_Check(o);
+    Py_ssize_t n = list ? PyList_Size(o) : PyTuple_Size(o);
     for (Py_ssize_t i = 0; arr && i < n; i++) {
-        json_t *jv = from_python(PySequence_Fast_GET_ITEM(o, i), dflt, depth + 1);
+        PyObject *item = list ? PyList_GetItem(o, i) : PyTuple_GetItem(o, i);
+        json_t *jv = item ? from_python(item, dflt, depth + 1) : NULL;
         if (!jv || json_array_append_new(arr, jv) < 0) {
             json_decref(arr);
             return PyErr_Occurred() ? NULL : oom();
@@ -162,7 +168,7 @@ static json_t *from_python(PyObject *o, PyObject *dflt, int depth)
     if (PyLong_Check(o))
         return int_from_python(o);
     if (PyFloat_Check(o)) {
-        double d = PyFloat_AS_DOUBLE(o);
+        double d = PyFloat_AsDouble(o);
         return isfinite(d) ? json_real(d) : json_null();
     }
     if (PyUnicode_Check(o))
@@ -172,10 +178,12 @@ static json_t *from_python(PyObject *o, PyObject *dflt, int depth)
     if (PyList_Check(o) || PyTuple_Check(o))
         return sequence_from_python(o, dflt, depth);
     if (!dflt) {
-        PyErr_Format(PyExc_TypeError, "%s is not JSON", Py_TYPE(o)->tp_name);
+        char name[128];
+        PyErr_Format(PyExc_TypeError, "%s is not JSON",
+                     dk_py_type_name((PyObject *)Py_TYPE(o), name, sizeof name));
         return NULL;
     }
-    PyObject *plain = PyObject_CallOneArg(dflt, o);
+    PyObject *plain = PyObject_CallFunctionObjArgs(dflt, o, NULL);
     json_t *j = plain ? from_python(plain, dflt, depth + 1) : NULL;
     Py_XDECREF(plain);
     return j;

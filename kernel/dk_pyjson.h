@@ -18,8 +18,7 @@
 #ifndef DK_PYJSON_H
 #define DK_PYJSON_H
 
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "dk_pyabi.h"
 #include <jansson.h>
 
 /* VALUE (borrowed) as a new Python object: objects become dicts, arrays lists,

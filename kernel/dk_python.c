@@ -7,12 +7,12 @@
  * multiprocessing start a real Python. Python installs its SIGINT handler during
  * initialisation; nothing in C installs one before it.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "dk_pyabi.h"
 
 #include "dk_python.h"
 #include "dk_err.h"
 #include "dk_pyinit.h"
+#include "dk_pyload.h"
 #include "dk_pyjson.h"
 #include "dk_tidy.h"
 
@@ -58,25 +58,33 @@ static PyObject *py_publish(PyObject *self, PyObject *args, PyObject *kw)
     zframe_t *frames[64];
     size_t n = 0;
     if (buffers != Py_None) {
-        PyObject *seq = PySequence_Fast(buffers, "buffers must be a sequence of bytes");
+        PyObject *seq = PySequence_Tuple(buffers);
         if (!seq)
             return NULL;
-        Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
+        Py_ssize_t len = PyTuple_Size(seq);
         if (len > 64) {
             Py_DECREF(seq);
             PyErr_SetString(PyExc_ValueError, "at most 64 buffers per message");
             return NULL;
         }
         for (Py_ssize_t i = 0; i < len; i++) {
-            Py_buffer view;
-            if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, i), &view, PyBUF_SIMPLE) < 0) {
+            /* bytes as they are; a bytearray or memoryview through a copy
+             * (the stable ABI of 3.10 has no buffer protocol). */
+            PyObject *item = PyTuple_GetItem(seq, i);
+            PyObject *b = item ? (PyBytes_Check(item) ? (Py_INCREF(item), item)
+                                                      : PyBytes_FromObject(item))
+                               : NULL;
+            char *data;
+            Py_ssize_t size;
+            if (!b || PyBytes_AsStringAndSize(b, &data, &size) < 0) {
+                Py_XDECREF(b);
                 for (size_t j = 0; j < n; j++)
                     zframe_destroy(&frames[j]);
                 Py_DECREF(seq);
                 return NULL;
             }
-            frames[n++] = zframe_new(view.buf, (size_t)view.len);
-            PyBuffer_Release(&view);
+            frames[n++] = zframe_new(data, (size_t)size);
+            Py_DECREF(b);
         }
         Py_DECREF(seq);
     }
@@ -294,7 +302,7 @@ static void log_python_error(const char *what)
         Py_XDECREF(empty);
     }
     Py_XDECREF(mod);
-    const char *msg = text ? PyUnicode_AsUTF8(text) : NULL;
+    const char *msg = text ? dk_py_utf8(text) : NULL;
     dk_log("%s failed:\n%s", what, msg ? msg : "(no traceback)");
     Py_XDECREF(text);
     Py_XDECREF(type);
@@ -348,13 +356,44 @@ static int bind_module(dk_kernel_t *k, char *err, size_t errlen)
     return rc;
 }
 
+/* Which of the modules the kernel needs the environment lacks: 0, or -1 with
+ * the line that says so and how to add them. */
+static int check_modules(char *err, size_t errlen)
+{
+    static const char *const needed[][2] = {{"IPython", "ipython"},
+                                            {"cloudpickle", "cloudpickle"}};
+    char missing[64] = "", pkgs[64] = "";
+    PyObject *util = PyImport_ImportModule("importlib.util");
+    for (size_t i = 0; util && i < sizeof needed / sizeof *needed; i++) {
+        PyObject *spec = PyObject_CallMethod(util, "find_spec", "(s)", needed[i][0]);
+        if (spec == Py_None) {
+            snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s%s",
+                     *missing ? " and " : "", needed[i][0]);
+            snprintf(pkgs + strlen(pkgs), sizeof pkgs - strlen(pkgs), " %s", needed[i][1]);
+        }
+        Py_XDECREF(spec);
+        PyErr_Clear();
+    }
+    Py_XDECREF(util);
+    PyErr_Clear();
+    if (!*missing)
+        return 0;
+    const char *python = dk_pyload_python();
+    dk_set_err(err, errlen,
+               "this kernel's environment %s lacks %s, which the kernel needs: install it "
+               "there (%s -m pip install%s) and restart the kernel",
+               python, missing, python, pkgs);
+    return -1;
+}
+
 int dk_python_start(dk_kernel_t *k, char *err, size_t errlen)
 {
     if (PyImport_AppendInittab("_distkernel", init_module) < 0) {
         dk_set_err(err, errlen, "cannot register the _distkernel module");
         return -1;
     }
-    if (dk_pyinit_start("", err, errlen) < 0 || bind_module(k, err, errlen) < 0)
+    if (dk_pyinit_start("", err, errlen) < 0 || check_modules(err, errlen) < 0 ||
+        bind_module(k, err, errlen) < 0)
         return -1;
     PyObject *mod = PyImport_ImportModule("distkernel._kernel");
     if (mod) {
@@ -413,10 +452,12 @@ json_t *dk_python_handle(const char *msg_type, json_t *content, zframe_t *const 
                          size_t n_buffers)
 {
     PyObject *bufs = PyList_New((Py_ssize_t)n_buffers);
-    for (size_t i = 0; bufs && i < n_buffers; i++)
-        PyList_SET_ITEM(bufs, (Py_ssize_t)i,
-                        PyBytes_FromStringAndSize((const char *)zframe_data(buffers[i]),
-                                                  (Py_ssize_t)zframe_size(buffers[i])));
+    for (size_t i = 0; bufs && i < n_buffers; i++) {
+        PyObject *b = PyBytes_FromStringAndSize((const char *)zframe_data(buffers[i]),
+                                                (Py_ssize_t)zframe_size(buffers[i]));
+        if (!b || PyList_SetItem(bufs, (Py_ssize_t)i, b) < 0)   /* steals b */
+            Py_CLEAR(bufs);
+    }
     PyObject *c = bufs ? dk_pyjson_to_python(content) : NULL;
     if (!c) {
         Py_XDECREF(bufs);
@@ -507,7 +548,7 @@ char *dk_python_debug_request(const char *content_json, const char *parent_json)
     PyObject *res = mod ? PyObject_CallMethod(mod, "handle", "(ss)", content_json, parent_json)
                         : NULL;
     if (res && PyUnicode_Check(res)) {
-        const char *s = PyUnicode_AsUTF8(res);
+        const char *s = dk_py_utf8(res);
         out = s ? strdup(s) : NULL;
     }
     if (!res || !out) {

@@ -74,6 +74,8 @@ dpkg-query -W -f='${Package}\n' | sort | comm -13 "$work/packages.before" - |
 dpkg -L distkernel > "$work/files.listed"
 for f in /usr/bin/distkernel /usr/bin/distkernel-rank /usr/bin/distkernel-agent \
     /usr/bin/distkernel-check \
+    /usr/lib/x86_64-linux-gnu/distkernel/libdistkernel-kernel.so \
+    /usr/lib/x86_64-linux-gnu/distkernel/libdistkernel-rank.so \
     /usr/share/jupyter/kernels/distkernel/kernel.json \
     /usr/share/distkernel/python/distkernel/__init__.py; do
   grep -qx "$f" "$work/files.listed" || fail "dpkg -L distkernel does not list $f"
@@ -152,6 +154,46 @@ def check(kc):
 main()   # in a function, so that the client is gone before the interpreter ends
 print("the installed kernel ran the distributed cell")
 EOF
+
+step "kernels of the installed package for two other CPython versions"
+# One installed distkernel serves every CPython from 3.10 on: kernelspecs for
+# the user, for venvs of two versions that are not Debian's (scripts/pythons.sh),
+# each running a cell and a 2-rank cell on its own Python.
+build_minor=$(/usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+others=$(scripts/pythons.sh | awk -v b="$build_minor" 'index($1, b ".") != 1 { print $1, $3 }' |
+         head -n 2)
+[ "$(grep -c . <<< "$others")" = 2 ] || fail "scripts/pythons.sh has fewer than two other versions"
+while read -r version python; do
+  env -i PATH=/usr/bin:/bin HOME="$work/home" \
+    /usr/bin/distkernel install --user --name "py$version" --python "$python" ||
+    fail "distkernel install --user --python $python"
+  env -i PATH=/usr/bin:/bin HOME="$work/home" TMPDIR="$work" LANG=C.UTF-8 \
+    JUPYTER_RUNTIME_DIR="$work/runtime" \
+    timeout 120 /usr/bin/python3 - "py$version" "$version" "$python" <<'EOF' ||
+import sys
+from jupyter_client.manager import start_new_kernel
+
+name, version, python = sys.argv[1:]
+km, kc = start_new_kernel(kernel_name=name, startup_timeout=60)
+try:
+    for code, want in (("import sys; print(sys.version.split()[0], sys.executable)",
+                        [f"{version} {python}"]),
+                       ("%%distributed num_processes=2 tracking=False\n"
+                        "import sys; print(sys.version.split()[0], sys.executable)",
+                        [f"[rank {r}] {version} {python}" for r in (0, 1)])):
+        out = []
+        reply = kc.execute_interactive(code, timeout=90, output_hook=lambda m: out.append(
+            m["content"].get("text", "")) if m["msg_type"] == "stream" else None)
+        lines = "".join(out).splitlines()
+        assert reply["content"]["status"] == "ok", (code, lines)
+        assert sorted(lines) == sorted(want), (code, lines, want)
+finally:
+    kc.stop_channels()
+    km.shutdown_kernel(now=True)
+print(f"the installed kernel ran on Python {version}")
+EOF
+    fail "a kernel of the installed package for Python $version"
+done <<< "$others"
 
 step "purge"
 apt_get remove --purge -y distkernel > "$work/remove.log" 2>&1 ||

@@ -66,7 +66,9 @@ ASAN_SKIP=(
   test_conformance.py    # jupyter_kernel_test's message checks: test_protocol.py and test_abuse.py keep the wire
   test_debugger.py       # debugpy's DAP relay: Python; dk_debug's framing runs in its C unit test
   test_docs.py           # the docs' links and the README's length: files only, no kernel
+  test_sources.py        # the stable ABI in the sources and no libpython linked: files only
   test_environments.py   # venv kernelspecs: the probe and install run in the install unit test
+  test_pythons.py        # other CPython versions: the loader's C paths run at every kernel's start here
   test_execute.py        # IPython semantics of execute (payloads, user_expressions, history)
   test_kernelspec.py     # files that meson install wrote
   test_mlflow.py         # tracking bookkeeping; the REST client (dk_mlflow) runs in its C unit test
@@ -330,6 +332,9 @@ fi
 if [ $# -eq 0 ]; then
   stage venv "test venv, today's stack from PyPI (scripts/venv.sh)" test_venv
 fi
+# The CPython versions beside the build's that test_pythons.py runs kernels on,
+# each with a venv of the kernel's needs: built once per machine, then reused.
+stage pythons "CPython 3.10 to 3.13 beside the build's (scripts/pythons.sh)" scripts/pythons.sh
 stage cluster "Slurm test cluster up" cluster_up
 # The flood runs its 8 ranks for 6 s here, not 10 (DISTKERNEL_FLOOD_SECONDS=10
 # for all of it): about 5 M lines, more than its memory bound holds and than

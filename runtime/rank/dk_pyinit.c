@@ -4,18 +4,14 @@
  */
 #include "dk_pyinit.h"
 #include "dk_err.h"
+#include "dk_pyload.h"
 
 #include <errno.h>
+#include <locale.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-const char *dk_pyinit_python(void)
-{
-    const char *env = getenv("DISTKERNEL_PYTHON");
-    return env && *env ? env : DK_PYTHON_EXE;
-}
 
 const char *dk_pyinit_glue_dir(void)
 {
@@ -23,54 +19,64 @@ const char *dk_pyinit_glue_dir(void)
     return env && *env ? env : DK_GLUE_DIR;
 }
 
-int dk_pyinit_check_python(const char *host, char *err, size_t errlen)
+/* PEP 538, which the start below does not do: a C or POSIX LC_CTYPE becomes
+ * C.UTF-8, in this process and, through the environment, in everything it
+ * starts, as `python` itself does, so that open() and the standard streams are
+ * UTF-8 in a job or a container that sets no locale. */
+static void coerce_c_locale(void)
 {
-    const char *python = dk_pyinit_python();
-    if (access(python, X_OK) == 0)
-        return 0;
-    int e = errno;
-    if (host)
-        dk_set_err(err, errlen,
-                   "the kernel's Python environment is not on node %s: %s: %s. The kernel "
-                   "runs in the environment of %s, and every node its ranks run on needs "
-                   "that environment at the same path: put it on a filesystem the nodes "
-                   "share, or create it at that path on each node",
-                   host, python, strerror(e), python);
-    else
-        dk_set_err(err, errlen,
-                   "the kernel's Python environment is gone: %s: %s. Install the kernel "
-                   "again for an environment that exists (distkernel install --python PATH)",
-                   python, strerror(e));
-    return -1;
+    if (getenv("LC_ALL") && *getenv("LC_ALL"))
+        return;
+    const char *cur = setlocale(LC_CTYPE, "");
+    if (cur && strcmp(cur, "C") != 0 && strcmp(cur, "POSIX") != 0)
+        return;
+    static const char *const utf8[] = {"C.UTF-8", "C.utf8", "UTF-8"};
+    for (size_t i = 0; i < sizeof utf8 / sizeof *utf8; i++)
+        if (setlocale(LC_CTYPE, utf8[i])) {
+            setenv("LC_CTYPE", utf8[i], 1);
+            return;
+        }
 }
 
-static PyStatus configure_and_start(const char *argv0)
+/* The stable ABI has no PyConfig: the interpreter is configured the way it
+ * was before PEP 587, which every CPython from 3.10 to 3.13 still accepts.
+ * The program name is the environment's python, from which CPython's own
+ * path calculation finds its prefix and site.py the venv around it, as for
+ * that python; sys.argv is [ARGV0] and nothing is parsed as Python's
+ * options. Those calls are deprecated from 3.11 on, not removed. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+static int configure_and_start(const char *argv0, char *err, size_t errlen)
 {
-    PyConfig config;
-    PyConfig_InitPythonConfig(&config);
-    config.parse_argv = 0;
-    const char *python = dk_pyinit_python();
-    PyStatus st = PyConfig_SetBytesString(&config, &config.program_name, python);
-    if (!PyStatus_Exception(st))
-        st = PyConfig_SetBytesString(&config, &config.executable, python);
-    if (!PyStatus_Exception(st)) {
-        char *argv[] = {(char *)argv0};
-        st = PyConfig_SetBytesArgv(&config, 1, argv);
+    coerce_c_locale();
+    /* Py_SetProgramName keeps the pointer: the name lives as long as the
+     * process. */
+    static wchar_t *program, *arg0;
+    const char *python = dk_pyload_python();
+    if (!program && !(program = Py_DecodeLocale(python, NULL))) {
+        dk_set_err(err, errlen, "cannot start Python: %s cannot be decoded", python);
+        return -1;
     }
-    if (!PyStatus_Exception(st))
-        st = Py_InitializeFromConfig(&config);
-    PyConfig_Clear(&config);
-    return st;
+    if (!arg0 && !(arg0 = Py_DecodeLocale(argv0, NULL))) {
+        dk_set_err(err, errlen, "cannot start Python: %s cannot be decoded", argv0);
+        return -1;
+    }
+    Py_SetProgramName(program);
+    Py_InitializeEx(1);
+    if (!Py_IsInitialized()) {
+        dk_set_err(err, errlen, "cannot start Python as %s", python);
+        return -1;
+    }
+    wchar_t *argv[] = {arg0};
+    PySys_SetArgvEx(1, argv, 0);
+    return 0;
 }
+#pragma GCC diagnostic pop
 
 int dk_pyinit_start(const char *argv0, char *err, size_t errlen)
 {
-    PyStatus st = configure_and_start(argv0);
-    if (PyStatus_Exception(st)) {
-        dk_set_err(err, errlen, "cannot start Python: %s",
-                   st.err_msg ? st.err_msg : "Py_InitializeFromConfig failed");
+    if (configure_and_start(argv0, err, errlen) < 0)
         return -1;
-    }
     const char *dir = dk_pyinit_glue_dir();
     PyObject *path = PySys_GetObject("path");
     PyObject *d = PyUnicode_FromString(dir);

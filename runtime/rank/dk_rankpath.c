@@ -16,9 +16,10 @@ static PyObject *py_open(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "O&", PyUnicode_FSConverter, &path_obj))
         return NULL;
     char err[1024] = "";
+    const char *path = PyBytes_AsString(path_obj);
     int fd, e;
     Py_BEGIN_ALLOW_THREADS      /* a slow network filesystem must not hold the GIL */
-    fd = dk_logdir_open(PyBytes_AS_STRING(path_obj), DK_LOGDIR_CODE, NULL, err, sizeof err);
+    fd = dk_logdir_open(path, DK_LOGDIR_CODE, NULL, err, sizeof err);
     e = errno;
     Py_END_ALLOW_THREADS
     Py_DECREF(path_obj);

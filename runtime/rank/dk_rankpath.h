@@ -25,8 +25,7 @@
 #ifndef DK_RANKPATH_H
 #define DK_RANKPATH_H
 
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "dk_pyabi.h"
 
 #define DK_RANKPATH_MODULE "_distkernel_rankpath"
 

@@ -31,8 +31,7 @@
 #ifndef DK_RANKSTACKS_H
 #define DK_RANKSTACKS_H
 
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "dk_pyabi.h"
 
 #define DK_RANKSTACKS_MODULE "_distkernel_stacks"
 

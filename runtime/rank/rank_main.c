@@ -1,5 +1,7 @@
 /*
- * distkernel-rank: one rank of a distributed job.
+ * distkernel-rank: one rank of a distributed job. This is its body, in
+ * libdistkernel-rank.so, which the program (rank_launch.c) calls on the
+ * environment's libpython (dk_pyload.h).
  *
  * Started by the runtime (runtime/launch/dk_job_launch.c) with the rank's environment; it
  * embeds the same CPython as the kernel and runs distkernel._rank.main(), which
@@ -21,6 +23,7 @@
 #include "dk_logdir.h"
 #include "dk_peer.h"
 #include "dk_pyinit.h"
+#include "dk_pyload.h"
 #include "dk_rankpath.h"
 #include "dk_rankpyenv.h"
 #include "dk_rankstacks.h"
@@ -323,7 +326,10 @@ static void hide_key(void)
     }
 }
 
-int main(int argc, char **argv)
+/* What distkernel-rank runs once the environment's libpython is loaded
+ * (rank_launch.c, dk_pyload.h). */
+__attribute__((visibility("default"))) int dk_rank_main(int argc, char **argv);
+int dk_rank_main(int argc, char **argv)
 {
     (void)argc;
     (void)argv;
@@ -344,20 +350,13 @@ int main(int argc, char **argv)
     bool template = getenv("DISTKERNEL_TEMPLATE") != NULL;
     if (!template && slurm_run_env() < 0)
         return 1;
-    /* On a Slurm node the kernel's environment may simply not exist: say so,
-     * naming the node and the path, rather than let CPython fail to find its
-     * encodings module. */
     char host[256] = "?", err[1024];
     gethostname(host, sizeof host - 1);
-    if (dk_pyinit_check_python(host, err, sizeof err) < 0) {
-        fprintf(stderr, "distkernel-rank: %s\n", err);
-        return 1;
-    }
     /* On another node (its agent gave it the kernel's folder), the Python
      * variables are checked before CPython, or a template, reads them
      * (dk_rankpyenv.h). */
     if (getenv("DISTKERNEL_CWD") &&
-        dk_rankpyenv_check(dk_pyinit_python(), dk_pyinit_glue_dir(), err, sizeof err) < 0) {
+        dk_rankpyenv_check(dk_pyload_python(), dk_pyinit_glue_dir(), err, sizeof err) < 0) {
         fprintf(stderr, "distkernel-rank on %s: %s\n", host, err);
         return 1;
     }

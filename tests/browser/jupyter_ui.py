@@ -30,9 +30,9 @@ PREFIX = pathlib.Path(os.environ.get("DISTKERNEL_PREFIX",
                                      pathlib.Path(__file__).resolve().parents[2] / "prefix")).resolve()
 CHROMIUM = pathlib.Path(os.environ.get("DISTKERNEL_CHROMIUM", "/usr/bin/chromium"))
 KERNEL = "distkernel"
-# What `distkernel install --name distkernel` names it: the Python it embeds,
-# which is the venv's (this python's) version, or the install refuses the venv.
-DISPLAY_NAME = f"distkernel (Python {sys.version_info[0]}.{sys.version_info[1]})"
+# What `distkernel install --name distkernel` names it: the venv's Python
+# (this python's version) and the venv's folder.
+DISPLAY_NAME = f"Python {sys.version_info[0]}.{sys.version_info[1]} ({VENV.name})"
 NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 # Playwright's own browsers are never used nor fetched: the suite runs

@@ -19,6 +19,7 @@ import hashlib
 import hmac
 import json
 import os
+import sys
 import pathlib
 import queue
 import struct
@@ -36,6 +37,8 @@ PREFIX = pathlib.Path(os.environ.get("DISTKERNEL_PREFIX", REPO_ROOT / "prefix"))
 JUPYTER_DATA = PREFIX / "share" / "jupyter"
 KERNELSPEC_DIR = JUPYTER_DATA / "kernels" / "distkernel"
 PYTHON = "/usr/bin/python3"  # Debian's, which has the Jupyter stack
+# The shared libpython of Debian's Python, which a kernel installed for it loads.
+LIBPYTHON = "/usr/lib/x86_64-linux-gnu/libpython%d.%d.so.1.0" % sys.version_info[:2]
 DELIM = b"<IDS|MSG>"
 
 

@@ -1,6 +1,7 @@
 """A kernel per Python environment: `distkernel install --python ENV/bin/python`
 (app/dk_install.h) writes a kernelspec whose kernel, and every rank it starts,
-runs in that environment (runtime/rank/dk_pyinit.h).
+runs in that environment (runtime/rank/dk_pyload.h). test_pythons.py does the
+same for other CPython versions than the build's.
 
 The environments are venvs of Debian's Python made with --system-site-packages
 (so IPython, cloudpickle and torch still come from dist-packages, as in a real
@@ -117,9 +118,10 @@ def assert_in_venv(ranks, venv, who):
 def test_install_writes_a_kernelspec_that_runs_this_kernel_in_the_venv(envs):
     d = envs.kernels / "env-one"
     spec = json.loads((d / "kernel.json").read_text())
-    assert spec["argv"] == [str(DISTKERNEL.resolve()), "--python", str(envs.v1), "-f",
-                            "{connection_file}"]
-    assert spec["display_name"] == "env-one"
+    assert spec["argv"] == [str(DISTKERNEL.resolve()), "--python", str(envs.v1), "--libpython",
+                            support.LIBPYTHON, "-f", "{connection_file}"]
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    assert spec["display_name"] == f"Python {version} (env-one)"
     assert spec["language"] == "python"
     assert spec["interrupt_mode"] == "message"
     # debugpy is there (Debian's, through --system-site-packages): JupyterLab 4
@@ -243,34 +245,39 @@ def refused(envs, python, name):
     return r.stderr
 
 
-def fake_python(path, version, soabi):
-    """A program that answers distkernel's probe as a Python VERSION with SOABI
-    would (the probe asks a python for its version, ABI, sys.prefix and missing
-    modules with `-c`; test_install.c checks the probe's parsing against real
-    output). Another Python version cannot be installed on these machines."""
+def fake_python(path, version, implementation="cpython", libpython="/b/lib/libpython.so",
+                freethreaded="no"):
+    """A program that answers distkernel's probe as a Python would that cannot
+    run a kernel: a fault injected where this machine has no such Python (a
+    static build, a free-threaded one, PyPy). test_install.c checks the probe's
+    parsing against real output; test_pythons.py runs the real ones."""
     path.write_text("#!/bin/sh\n"
                     "echo 'distkernel-probe 1'\n"
                     f"echo 'version {version}'\n"
-                    f"echo 'soabi {soabi}'\n"
+                    "echo 'soabi cpython-x'\n"
                     f"echo 'prefix {path.parent}'\n"
+                    f"echo 'implementation {implementation}'\n"
+                    "echo 'kind installation'\n"
+                    f"echo 'base {path.parent}'\n"
+                    f"echo 'freethreaded {freethreaded}'\n"
+                    f"echo 'libpython {libpython}'\n"
                     "echo 'missing '\n")
     path.chmod(0o755)
     return path
 
 
-def test_another_python_version_is_refused_naming_both_and_how_to_build_for_it(envs):
-    py = fake_python(envs.root / "python3.12", "3.12", "cpython-312-x86_64-linux-gnu")
-    err = refused(envs, py, "wrong-version")
-    embedded = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    assert f"{py} is Python 3.12" in err and f"embeds Python {embedded}" in err, err
-    assert f"meson setup -Dpython={py} build-3.12" in err, err
+def test_a_static_build_is_refused_saying_how_to_get_a_shared_one(envs):
+    py = fake_python(envs.root / "python3.12", "3.12", libpython="")
+    err = refused(envs, py, "static")
+    assert f"{py} is Python 3.12 built without a shared libpython" in err, err
+    assert "--enable-shared" in err, err
 
 
-def test_the_same_version_with_another_abi_is_refused(envs):
-    py = fake_python(envs.root / "python3d", "3.11", "cpython-311d-x86_64-linux-gnu")
-    err = refused(envs, py, "wrong-abi")
-    assert "cpython-311d-x86_64-linux-gnu" in err and "cpython-311-x86_64-linux-gnu" in err, err
-    assert f"meson setup -Dpython={py}" in err, err
+def test_a_free_threaded_build_and_pypy_are_refused(envs):
+    err = refused(envs, fake_python(envs.root / "python3.13t", "3.13", freethreaded="yes"), "ft")
+    assert "free-threaded Python 3.13" in err and "not python3.13t" in err, err
+    err = refused(envs, fake_python(envs.root / "pypy3", "3.10", implementation="pypy"), "pypy")
+    assert "is pypy 3.10, not CPython" in err, err
 
 
 def test_a_program_that_is_not_a_python_is_refused(envs):

@@ -114,13 +114,25 @@ Test(install, the_name_is_lower_cased_and_checked_as_jupyter_client_does)
     cr_assert_null(dk_install_kernel_name("", err, sizeof err));
 }
 
-Test(install, the_display_name_defaults_like_ipykernels)
+Test(install, the_display_name_says_the_version_and_the_environment)
 {
     dk_install_opts_t o = {.name = "distkernel"};
-    cr_assert_str_eq(dk_install_display_name(&o, "distkernel", "3.11"), "distkernel (Python 3.11)");
-    cr_assert_str_eq(dk_install_display_name(&o, "myenv", "3.11"), "myenv");
-    o.display_name = "Python (myenv)";
-    cr_assert_str_eq(dk_install_display_name(&o, "myenv", "3.11"), "Python (myenv)");
+    cr_assert_str_eq(dk_install_display_name(&o, "distkernel", "3.12", "proj"),
+                     "Python 3.12 (proj)");
+    cr_assert_str_eq(dk_install_display_name(&o, "myenv", "3.12", "proj"), "Python 3.12 (myenv)");
+    o.display_name = "Mine";
+    cr_assert_str_eq(dk_install_display_name(&o, "myenv", "3.12", "proj"), "Mine");
+}
+
+Test(install, an_environment_is_called_by_its_folder_or_its_projects)
+{
+    cr_assert_str_eq(dk_install_env_label("/home/u/envs/torch2", "conda"), "torch2");
+    cr_assert_str_eq(dk_install_env_label("/home/u/proj/.venv", "venv"), "proj");
+    cr_assert_str_eq(dk_install_env_label("/home/u/proj/venv/", "venv"), "proj");
+    cr_assert_str_eq(dk_install_env_label("/root/.pyenv/versions/3.12.1", "installation"),
+                     "3.12.1");
+    cr_assert_str_eq(dk_install_env_label("/usr", "installation"), "system");
+    cr_assert_str_eq(dk_install_env_label("/venv", "venv"), "venv");
 }
 
 /* -- the probe and the check -- */
@@ -188,51 +200,72 @@ static dk_pyprobe_t probe_of(const char *text)
     return p;
 }
 
-Test(install, the_same_version_and_abi_with_the_modules_passes)
+/* A probe's answer: VERSION, then the lines after "prefix". */
+static dk_pyprobe_t probe_with(const char *version, const char *rest)
 {
-    dk_pyprobe_t p = probe_of(good);
-    cr_assert_eq(dk_pyprobe_check(&p, "/e/bin/python", "3.11", "cpython-311-x86_64-linux-gnu",
-                                 err, sizeof err), 0, "%s", err);
+    char text[1024];
+    snprintf(text, sizeof text,
+             "distkernel-probe 1\nversion %s\nsoabi cpython-x\nprefix /e\n%s", version, rest);
+    return probe_of(text);
+}
+
+#define SHARED "implementation cpython\nkind venv\nbase /b\nfreethreaded no\n" \
+               "libpython /b/lib/libpython3.12.so.1.0\nmissing \n"
+
+Test(install, any_cpython_from_3_10_with_a_shared_library_and_the_modules_passes)
+{
+    const char *versions[] = {"3.10", "3.11", "3.12", "3.13", "3.14"};
+    for (size_t i = 0; i < 5; i++) {
+        dk_pyprobe_t p = probe_with(versions[i], SHARED);
+        cr_assert_eq(dk_pyprobe_check(&p, "/e/bin/python", err, sizeof err), 0, "%s", err);
+        cr_assert_str_eq(p.libpython, "/b/lib/libpython3.12.so.1.0");
+        cr_assert_str_eq(p.kind, "venv");
+        dk_pyprobe_clear(&p);
+    }
+}
+
+Test(install, a_python_older_than_3_10_is_refused_naming_the_oldest)
+{
+    const char *versions[] = {"3.9", "3.1", "2.7"};
+    for (size_t i = 0; i < 3; i++) {
+        dk_pyprobe_t p = probe_with(versions[i], SHARED);
+        cr_assert_eq(dk_pyprobe_check(&p, "/e/bin/python", err, sizeof err), -1);
+        cr_assert(strstr(err, "older than the oldest distkernel runs on (3.10)"), "%s", err);
+        dk_pyprobe_clear(&p);
+    }
+}
+
+Test(install, a_static_build_is_refused_with_how_to_get_a_shared_one)
+{
+    dk_pyprobe_t p = probe_with("3.12", "implementation cpython\nkind installation\nbase /e\n"
+                                        "freethreaded no\nlibpython \nmissing \n");
+    cr_assert_eq(dk_pyprobe_check(&p, "/e/bin/python", err, sizeof err), -1);
+    cr_assert(strstr(err, "without a shared libpython"), "%s", err);
+    cr_assert(strstr(err, "--enable-shared"), "%s", err);
     dk_pyprobe_clear(&p);
 }
 
-Test(install, another_version_names_both_and_the_build_for_it)
+Test(install, a_free_threaded_build_and_pypy_are_refused)
 {
-    dk_pyprobe_t p = probe_of("distkernel-probe 1\nversion 3.12\n"
-                                    "soabi cpython-312-x86_64-linux-gnu\nprefix /e\nmissing \n");
-    cr_assert_eq(dk_pyprobe_check(&p, "/e/bin/python", "3.11", "cpython-311-x86_64-linux-gnu",
-                                 err, sizeof err), -1);
-    cr_assert(strstr(err, "/e/bin/python is Python 3.12"), "%s", err);
-    cr_assert(strstr(err, "embeds Python 3.11"), "%s", err);
-    cr_assert(strstr(err, "meson setup -Dpython=/e/bin/python build-3.12"), "%s", err);
+    dk_pyprobe_t p = probe_with("3.13", "implementation cpython\nkind installation\nbase /e\n"
+                                        "freethreaded yes\nlibpython /e/lib/libpython3.13t.so\n"
+                                        "missing \n");
+    cr_assert_eq(dk_pyprobe_check(&p, "/e/bin/python", err, sizeof err), -1);
+    cr_assert(strstr(err, "free-threaded Python 3.13"), "%s", err);
+    cr_assert(strstr(err, "python3.13, not python3.13t"), "%s", err);
     dk_pyprobe_clear(&p);
-}
-
-Test(install, a_3_1_is_not_a_3_11)
-{
-    dk_pyprobe_t p = probe_of("distkernel-probe 1\nversion 3.1\nsoabi \nprefix /e\n"
-                                    "missing \n");
-    cr_assert_eq(dk_pyprobe_check(&p, "/e/bin/python", "3.11", "", err, sizeof err), -1);
-    dk_pyprobe_clear(&p);
-}
-
-Test(install, another_abi_of_the_same_version_names_both)
-{
-    dk_pyprobe_t p = probe_of("distkernel-probe 1\nversion 3.11\n"
-                                    "soabi cpython-311d-x86_64-linux-gnu\nprefix /e\nmissing \n");
-    cr_assert_eq(dk_pyprobe_check(&p, "/e/bin/python", "3.11", "cpython-311-x86_64-linux-gnu",
-                                 err, sizeof err), -1);
-    cr_assert(strstr(err, "cpython-311d-x86_64-linux-gnu"), "%s", err);
-    cr_assert(strstr(err, "the ABI cpython-311-x86_64-linux-gnu"), "%s", err);
-    cr_assert(strstr(err, "meson setup -Dpython=/e/bin/python"), "%s", err);
+    p = probe_with("3.10", "implementation pypy\nkind installation\nbase /e\n"
+                           "freethreaded no\nlibpython \nmissing \n");
+    cr_assert_eq(dk_pyprobe_check(&p, "/e/bin/python", err, sizeof err), -1);
+    cr_assert(strstr(err, "is pypy 3.10, not CPython"), "%s", err);
     dk_pyprobe_clear(&p);
 }
 
 Test(install, missing_modules_are_listed_with_how_to_add_them)
 {
-    dk_pyprobe_t p = probe_of("distkernel-probe 1\nversion 3.11\nsoabi \nprefix /e\n"
-                                    "missing IPython cloudpickle\n");
-    cr_assert_eq(dk_pyprobe_check(&p, "/e/bin/python", "3.11", "", err, sizeof err), -1);
+    dk_pyprobe_t p = probe_with("3.11", "libpython /b/libpython3.11.so\n"
+                                        "missing IPython cloudpickle\n");
+    cr_assert_eq(dk_pyprobe_check(&p, "/e/bin/python", err, sizeof err), -1);
     cr_assert(strstr(err, "lacks what the kernel needs: IPython cloudpickle"), "%s", err);
     cr_assert(strstr(err, "/e/bin/python -m pip install ipython cloudpickle"), "%s", err);
     dk_pyprobe_clear(&p);
@@ -299,14 +332,16 @@ Test(install, user_is_jupyter_data_dir_then_xdg_then_home)
 Test(install, the_spec_runs_the_kernel_with_the_environments_python)
 {
     dk_install_env_t env[] = {{"A", "1"}};
-    char *text = dk_install_spec_json("/k/distkernel", "/e/bin/python", "myenv", true, env, 1);
+    char *text = dk_install_spec_json("/k/distkernel", "/e/bin/python",
+                                      "/b/lib/libpython3.12.so.1.0", "myenv", true, env, 1);
     cr_assert_not_null(text);
     json_t *spec = json_loads(text, 0, NULL);
     cr_assert_not_null(spec);
     json_t *argv = json_object_get(spec, "argv");
-    const char *want[] = {"/k/distkernel", "--python", "/e/bin/python", "-f", "{connection_file}"};
-    cr_assert_eq(json_array_size(argv), 5);
-    for (size_t i = 0; i < 5; i++)
+    const char *want[] = {"/k/distkernel", "--python", "/e/bin/python", "--libpython",
+                          "/b/lib/libpython3.12.so.1.0", "-f", "{connection_file}"};
+    cr_assert_eq(json_array_size(argv), 7);
+    for (size_t i = 0; i < 7; i++)
         cr_assert_str_eq(json_string_value(json_array_get(argv, i)), want[i]);
     cr_assert_str_eq(json_string_value(json_object_get(spec, "display_name")), "myenv");
     cr_assert_str_eq(json_string_value(json_object_get(spec, "language")), "python");
@@ -320,7 +355,7 @@ Test(install, the_spec_runs_the_kernel_with_the_environments_python)
 
 Test(install, without_a_python_the_spec_names_none_and_has_no_env)
 {
-    char *text = dk_install_spec_json("/k/distkernel", NULL, "d", false, NULL, 0);
+    char *text = dk_install_spec_json("/k/distkernel", NULL, NULL, "d", false, NULL, 0);
     json_t *spec = json_loads(text, 0, NULL);
     cr_assert_eq(json_array_size(json_object_get(spec, "argv")), 3);
     cr_assert_null(json_object_get(spec, "env"));

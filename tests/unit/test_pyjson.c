@@ -43,7 +43,9 @@ static PyObject *eval(const char *expr)
 {
     PyObject *globals = PyDict_New();
     PyDict_SetItemString(globals, "__builtins__", PyEval_GetBuiltins());
-    PyObject *v = PyRun_String(expr, Py_eval_input, globals, globals);
+    PyObject *code = Py_CompileString(expr, "<test>", Py_eval_input);
+    PyObject *v = code ? PyEval_EvalCode(code, globals, globals) : NULL;
+    Py_XDECREF(code);
     Py_DECREF(globals);
     cr_assert_not_null(v, "could not evaluate %s", expr);
     return v;
