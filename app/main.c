@@ -60,57 +60,95 @@ static int use_environment(const char *python, char *why, size_t whylen)
     return 0;
 }
 
+/* The installation PYTHON resolves to, as PREFIX/bin/pythonX.Y: PREFIX in
+ * PREFIX_OUT and "X.Y" in VERSION. -1 when it is not laid out so. */
+static int installation_of(const char *python, char *prefix_out, size_t len, char *version,
+                           size_t vlen)
+{
+    char real[PATH_MAX];
+    if (!realpath(python, real))
+        return -1;
+    char *name = strrchr(real, '/');
+    *name++ = '\0';
+    char *bin = strrchr(real, '/');
+    int n = 0;
+    if (!bin || strcmp(bin, "/bin") != 0 || strncmp(name, "python3.", 8) != 0 ||
+        sscanf(name + 6, "%*d.%*d%n", &n) < 0 || n == 0 || name[6 + n] != '\0')
+        return -1;
+    *bin = '\0';
+    snprintf(prefix_out, len, "%s", real);
+    snprintf(version, vlen, "%s", name + 6);
+    return 0;
+}
+
 /* Whether LIB, recorded when the kernel was installed, is still PYTHON's:
  * there, and of the installation PYTHON resolves to (a venv made again from
  * another Python, a conda env upgraded to another version, are not). */
 static bool still_its_library(const char *python, const char *lib)
 {
-    char real[PATH_MAX];
-    if (access(lib, R_OK) < 0 || !realpath(python, real))
+    char prefix[PATH_MAX], version[16], want[64];
+    if (access(lib, R_OK) < 0)
         return false;
-    /* PREFIX/bin/pythonX.Y: the library is under PREFIX, and is X.Y's. */
-    char *name = strrchr(real, '/');
-    *name++ = '\0';
-    char *bin = strrchr(real, '/');
-    if (!bin || strcmp(bin, "/bin") != 0)
+    if (installation_of(python, prefix, sizeof prefix, version, sizeof version) < 0)
         return true;          /* not laid out as an installation: nothing to compare */
-    *bin = '\0';
-    size_t n = strlen(real);
+    size_t n = strlen(prefix);
     const char *lib_name = strrchr(lib, '/');
-    lib_name = lib_name ? lib_name + 1 : lib;
-    char want[64];
-    snprintf(want, sizeof want, "lib%s.", name);   /* libpython3.12. */
-    bool versioned = strncmp(name, "python3.", 8) == 0;
-    return strncmp(lib, real, n) == 0 && lib[n] == '/' &&
-           (!versioned || strncmp(lib_name, want, strlen(want)) == 0);
+    snprintf(want, sizeof want, "libpython%s.", version);
+    return strncmp(lib, prefix, n) == 0 && lib[n] == '/' && lib_name &&
+           strncmp(lib_name + 1, want, strlen(want)) == 0;
+}
+
+/* PYTHON's libpython where an installation keeps it (PREFIX/lib, or
+ * PREFIX/lib/ARCH as Debian's does), found without running it: for a
+ * kernelspec that names none (written before --libpython was) or one that is
+ * no longer the environment's. NULL when it is not there: the probe says. */
+static char *library_beside(const char *python)
+{
+    char prefix[PATH_MAX], version[16], path[PATH_MAX + 64];
+    if (installation_of(python, prefix, sizeof prefix, version, sizeof version) < 0)
+        return NULL;
+    snprintf(path, sizeof path, "%s/lib/libpython%s.so.1.0", prefix, version);
+    if (access(path, R_OK) == 0)
+        return strdup(path);
+    snprintf(path, sizeof path, "%s/lib/%s/libpython%s.so.1.0", prefix, DK_MULTIARCH, version);
+    return access(path, R_OK) == 0 ? strdup(path) : NULL;
 }
 
 /* The libpython for the environment of PYTHON: LIB when it is still the
- * environment's, else what the environment says now (its probe). NULL with
- * why not in WHY; a changed environment is said on stderr. */
+ * environment's, else the one beside its installation, else what the
+ * environment's python says now (its probe). NULL with why not in WHY; a
+ * changed environment is said on stderr. */
 static char *environment_library(const char *python, const char *lib, char *why, size_t whylen)
 {
     if (lib && still_its_library(python, lib))
         return strdup(lib);
-    dk_pyprobe_t probe;
+    char *found = library_beside(python);
+    dk_pyprobe_t probe = {0};
     char err[2048];
-    if (dk_pyprobe_run(python, &probe, err, sizeof err) < 0 ||
-        dk_pyprobe_check(&probe, python, err, sizeof err) < 0) {
+    if (!found && (dk_pyprobe_run(python, &probe, err, sizeof err) < 0 ||
+                   dk_pyprobe_check(&probe, python, err, sizeof err) < 0)) {
         snprintf(why, whylen, "this kernel's environment %s%s: %s", lib ? "changed since the "
                  "kernel was installed, and " : "", lib ? "cannot run it any more" : "cannot run it",
                  err);
-        if (probe.major)
+        if (probe.prefix)
             dk_pyprobe_clear(&probe);
         return NULL;
     }
-    if (lib)
+    char version[16] = "", prefix[PATH_MAX];
+    if (!found) {
+        found = strdup(probe.libpython);
+        snprintf(version, sizeof version, "%d.%d", probe.major, probe.minor);
+    } else {
+        installation_of(python, prefix, sizeof prefix, version, sizeof version);
+    }
+    if (lib && found)
         fprintf(stderr, "distkernel: the environment of %s changed since the kernel was "
-                "installed: it is Python %d.%d now, on %s (was %s). Install the kernel again "
+                "installed: it is Python %s now, on %s (was %s). Install the kernel again "
                 "to show that in its name: distkernel install --python %s\n",
-                python, probe.major, probe.minor, probe.libpython, lib, python);
-    char *out = strdup(probe.libpython);
-    dk_pyprobe_clear(&probe);
-    return out;
+                python, version, found, lib, python);
+    if (probe.prefix)
+        dk_pyprobe_clear(&probe);
+    return found;
 }
 
 int main(int argc, char **argv)

@@ -169,6 +169,47 @@ def find_specs(prefix, ipy_python):
     return specs, notes
 
 
+BASELINE = "distkernel-linked"
+
+
+def baseline_spec(baseline_prefix):
+    """The kernelspec of the distkernel installed in BASELINE_PREFIX (an older build, that links libpython)."""
+    path = os.path.join(baseline_prefix, "share", "jupyter", "kernels", "distkernel", "kernel.json")
+    try:
+        with open(path) as f:
+            return {"argv": list(json.load(f)["argv"]), "source": os.path.dirname(path)}
+    except (OSError, ValueError, KeyError) as e:
+        sys.exit("--baseline-prefix: no usable kernelspec at %s (%s)" % (path, e))
+
+
+def env_specs(prefix, pythons):
+    """{"distkernel-pyX.Y": spec} for --prefix's distkernel in each Python environment.
+
+    The argv is what `distkernel install --python EXE` writes, so it is the
+    kernel a user of that environment gets.
+    """
+    specs = {}
+    exe = os.path.join(prefix, "bin", "distkernel")
+    with tempfile.TemporaryDirectory(prefix="kernel-bench-specs-") as tmp:
+        for i, python in enumerate(pythons):
+            try:
+                version = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                                         capture_output=True, text=True, check=True).stdout.strip()
+            except (OSError, subprocess.CalledProcessError) as e:
+                sys.exit("--env-python %s: cannot run it (%s)" % (python, e))
+            name = "distkernel-py" + version
+            if name in specs:
+                name += "-%d" % i
+            ks = "bench-env-%d" % i
+            done = subprocess.run([exe, "install", "--prefix", tmp, "--name", ks, "--python", python],
+                                  capture_output=True, text=True)
+            if done.returncode != 0:
+                sys.exit("--env-python %s: distkernel install failed:\n%s" % (python, done.stderr or done.stdout))
+            with open(os.path.join(tmp, "share", "jupyter", "kernels", ks, "kernel.json")) as f:
+                specs[name] = {"argv": list(json.load(f)["argv"]), "source": "distkernel install --python " + python}
+    return specs
+
+
 # ---------------------------------------------------------------------------
 # the lean raw-ZeroMQ client
 
@@ -550,12 +591,20 @@ def main():
     ap.add_argument("--interrupts", type=int, default=20,
                     help="interrupt trials per kernel (a cell in time.sleep, then interrupt_request), 0 to skip (default %(default)s)")
     ap.add_argument("--idle", type=float, default=1.0, help="idle seconds before the memory reading (default %(default)s)")
-    ap.add_argument("--kernels", default=None, help="comma list to restrict: distkernel,ipykernel,xeus-python")
+    ap.add_argument("--kernels", default=None, help="comma list to restrict: distkernel,ipykernel,xeus-python "
+                         "(none: only those of --baseline-prefix and --env-python)")
+    ap.add_argument("--baseline-prefix", default=None,
+                    help="also run the distkernel installed here (an older build that links libpython) as %s, "
+                         "and report every distkernel against it" % BASELINE)
+    ap.add_argument("--env-python", action="append", default=[], metavar="EXE",
+                    help="also run --prefix's distkernel in this Python environment, as distkernel-pyX.Y "
+                         "(argv from `distkernel install --python EXE`); repeatable")
     ap.add_argument("--json", default=None, help="write results as JSON to this path")
     args = ap.parse_args()
 
-    if not os.path.exists(os.path.join(args.prefix, "bin", "distkernel")):
-        sys.exit("distkernel not installed at %s (bin/distkernel missing)" % args.prefix)
+    for p in [args.prefix] + ([args.baseline_prefix] if args.baseline_prefix else []):
+        if not os.path.exists(os.path.join(p, "bin", "distkernel")):
+            sys.exit("distkernel not installed at %s (bin/distkernel missing)" % p)
 
     # jupyter_client imports ipykernel (and so debugpy) to resolve "python3";
     # keep debugpy's frozen-modules warning off our console, not the kernels' env.
@@ -571,7 +620,14 @@ def main():
     if args.kernels:
         wanted = [k.strip() for k in args.kernels.split(",")]
         specs = {k: v for k, v in specs.items() if k in wanted}
-    names = [n for n in ("distkernel", "ipykernel", "xeus-python") if n in specs]
+    # the kernels asked for by --baseline-prefix and --env-python are run whatever --kernels says
+    extra = env_specs(args.prefix, args.env_python)
+    if args.baseline_prefix:
+        specs[BASELINE] = baseline_spec(args.baseline_prefix)
+    names = [n for n in (BASELINE, "distkernel") if n in specs] + list(extra)
+    names += [n for n in ("ipykernel", "xeus-python") if n in specs]
+    specs.update(extra)
+    w = max([12] + [len(n) for n in names])  # width of the kernel column
     env = dict(os.environ)
     ctx = zmq.Context()
     workdir = tempfile.mkdtemp(prefix="kernel-bench-")
@@ -579,7 +635,7 @@ def main():
 
     print("kernel benchmark: %s" % ", ".join(names))
     for n in names:
-        print("  %-12s %s" % (n, " ".join(specs[n]["argv"])))
+        print("  %-*s %s" % (w, n, " ".join(specs[n]["argv"])))
     for n, note in notes.items():
         print("  note %-7s %s" % (n + ":", note))
     sys.stdout.flush()
@@ -685,8 +741,8 @@ def main():
         r["bad_signatures"] = Kernel.BAD.get(n, 0)
 
     print()
-    hdr = "%-12s %9s %9s %9s %9s %9s | %9s %9s | %9s %9s" % (
-        "kernel", "rt med", "rt p90", "rt p99", "reply med", "idle med", "start med", "start min", "RSS MiB", "USS MiB")
+    hdr = "%-*s %9s %9s %9s %9s %9s | %9s %9s | %9s %9s" % (
+        w, "kernel", "rt med", "rt p90", "rt p99", "reply med", "idle med", "start med", "start min", "RSS MiB", "USS MiB")
     print("round trip = execute_request('pass') -> execute_reply + status idle (ms); start = Popen -> kernel_info_reply + iopub (ms)")
     print(hdr)
     print("-" * len(hdr))
@@ -694,28 +750,28 @@ def main():
         r = results[n]
         rt, st = r["round_trip_s"], r["start_to_ready_s"]
         m = r["idle_memory"] or {}
-        print("%-12s %9s %9s %9s %9s %9s | %9s %9s | %9s %9s" % (
-            n, fmt_ms(rt["median"]), fmt_ms(rt["p90"]), fmt_ms(rt["p99"]),
+        print("%-*s %9s %9s %9s %9s %9s | %9s %9s | %9s %9s" % (
+            w, n, fmt_ms(rt["median"]), fmt_ms(rt["p90"]), fmt_ms(rt["p99"]),
             fmt_ms(r["round_trip_reply_s"]["median"]), fmt_ms(r["round_trip_idle_s"]["median"]),
             fmt_ms(st["median"]), fmt_ms(st["min"]), fmt_mib(m.get("rss")), fmt_mib(m.get("uss"))))
     if "xeus-python" not in names:
-        print("%-12s not available" % "xeus-python")
+        print("%-*s not available" % (w, "xeus-python"))
     if args.diag_samples:
         print("\ndiagnostics, reply + idle median (p90) ms, %d samples each:" % args.diag_samples)
-        print("%-12s %20s %20s %20s" % ("kernel", "kernel_info", "pass, no history", "pass (as above)"))
+        print("%-*s %20s %20s %20s" % (w, "kernel", "kernel_info", "pass, no history", "pass (as above)"))
         for n in names:
             dd = results[n]["diagnostics_round_trip_s"]
             cell = lambda x: "%s (%s)" % (fmt_ms(x["median"]), fmt_ms(x["p90"]))
-            print("%-12s %20s %20s %20s" % (n, cell(dd["kernel_info"]), cell(dd["pass_no_history"]),
+            print("%-*s %20s %20s %20s" % (w, n, cell(dd["kernel_info"]), cell(dd["pass_no_history"]),
                                             cell(results[n]["round_trip_s"])))
 
     if args.interrupts:
         print("\ninterrupt = interrupt_request on control -> the sleeping cell's execute_reply"
               " (KeyboardInterrupt) + idle, %d trials (ms):" % args.interrupts)
-        print("%-12s %9s %9s %9s" % ("kernel", "median", "p90", "max"))
+        print("%-*s %9s %9s %9s" % (w, "kernel", "median", "p90", "max"))
         for n in names:
             x = results[n]["interrupt_s"]
-            print("%-12s %9s %9s %9s" % (n, fmt_ms(x["median"]), fmt_ms(x["p90"]), fmt_ms(x["max"])))
+            print("%-*s %9s %9s %9s" % (w, n, fmt_ms(x["median"]), fmt_ms(x["p90"]), fmt_ms(x["max"])))
 
     ratios = {}
     targets = {}
@@ -754,6 +810,38 @@ def main():
         for key, v in targets.items():
             print("  %-42s %s" % (key, v if isinstance(v, str) else ("PASS" if v else "FAIL")))
 
+    # every other distkernel against the linked build, measured side by side in this run
+    linked = {}
+    goal = "round trip and start medians <= 1.10x " + BASELINE
+    if BASELINE in names:
+        b = results[BASELINE]
+        for n in names:
+            if n == BASELINE or not n.startswith("distkernel"):
+                continue
+            r = results[n]
+            q = linked[n] = {
+                "round_trip_median": r["round_trip_s"]["median"] / b["round_trip_s"]["median"],
+                "round_trip_p90": r["round_trip_s"]["p90"] / b["round_trip_s"]["p90"],
+                "round_trip_p99": r["round_trip_s"]["p99"] / b["round_trip_s"]["p99"],
+                "start_to_ready_median": r["start_to_ready_s"]["median"] / b["start_to_ready_s"]["median"],
+            }
+            rm, bm = r["idle_memory"] or {}, b["idle_memory"] or {}
+            for m in ("rss", "uss"):
+                if rm.get(m) and bm.get(m):
+                    q["idle_" + m] = rm[m] / bm[m]
+            targets[n + " " + goal] = (
+                q["round_trip_median"] <= 1.10 and q["start_to_ready_median"] <= 1.10)
+        if linked:
+            print("\n<kernel> / %s (same run); target: round-trip and start-to-ready medians at most 1.10x:" % BASELINE)
+            print("%-*s %9s %9s %9s %9s %9s %9s  %s" % (
+                w, "kernel", "rt med", "rt p90", "rt p99", "start med", "RSS", "USS", "target"))
+            for n, q in linked.items():
+                ok = targets[n + " " + goal]
+                print("%-*s %9.3f %9.3f %9.3f %9.3f %9s %9s  %s" % (
+                    w, n, q["round_trip_median"], q["round_trip_p90"], q["round_trip_p99"],
+                    q["start_to_ready_median"], "%.3f" % q["idle_rss"] if "idle_rss" in q else "-",
+                    "%.3f" % q["idle_uss"] if "idle_uss" in q else "-", "PASS" if ok else "FAIL"))
+
     bad = {n: results[n]["bad_signatures"] for n in names if results[n]["bad_signatures"]}
     if bad:
         print("\nWARNING: messages with bad signatures: %s" % bad)
@@ -771,11 +859,13 @@ def main():
             "config": {"samples": args.samples, "warmup": args.warmup, "block": args.block,
                        "diag_samples": args.diag_samples,
                        "starts": args.starts, "interrupts": args.interrupts, "idle_s": args.idle, "prefix": args.prefix,
+                       "baseline_prefix": args.baseline_prefix, "env_pythons": args.env_python,
                        "PYTHONDONTWRITEBYTECODE": os.environ.get("PYTHONDONTWRITEBYTECODE"),
                        "ipython_dir": os.environ.get("IPYTHONDIR") or os.path.expanduser("~/.ipython")},
             "notes": notes,
             "kernels": results,
             "ratios_distkernel_over_ipykernel": ratios,
+            "ratios_over_distkernel_linked": linked,
             "targets": targets,
             "units": {"times": "seconds", "memory": "bytes"},
         }

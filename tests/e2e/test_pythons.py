@@ -274,3 +274,21 @@ def test_a_kernel_whose_environment_moved_to_another_version_runs_on_it(specs, t
     assert re.search(rf"the environment of {re.escape(str(python))} changed since the kernel "
                      rf"was installed: it is Python {re.escape(new_minor)} now", text), text
     assert f"distkernel install --python {python}" in text, text
+
+
+@pytest.mark.skipif(not PYTHONS, reason="no CPython 3.10 or later beside the build's here")
+def test_a_kernelspec_that_names_no_library_runs_on_the_environments_own(specs):
+    """kernel.json as distkernel install wrote it before --libpython: the
+    kernel finds the library beside the environment's installation."""
+    version, _, python = PYTHONS[0]
+    specs.install("no-library", python)
+    path = specs.kernels / "no-library" / "kernel.json"
+    spec = json.loads(path.read_text())
+    at = spec["argv"].index("--libpython")
+    del spec["argv"][at:at + 2]
+    path.write_text(json.dumps(spec))
+    k = specs.start("no-library")
+    try:
+        assert support.json_value(k, "'%d.%d.%d' % __import__('sys').version_info[:3]") == version
+    finally:
+        k.stop()
