@@ -174,22 +174,28 @@ import sys
 from jupyter_client.manager import start_new_kernel
 
 name, version, python = sys.argv[1:]
-km, kc = start_new_kernel(kernel_name=name, startup_timeout=60)
-try:
-    for code, want in (("import sys; print(sys.version.split()[0], sys.executable)",
-                        [f"{version} {python}"]),
-                       ("%%distributed num_processes=2 tracking=False\n"
-                        "import sys; print(sys.version.split()[0], sys.executable)",
-                        [f"[rank {r}] {version} {python}" for r in (0, 1)])):
-        out = []
-        reply = kc.execute_interactive(code, timeout=90, output_hook=lambda m: out.append(
-            m["content"].get("text", "")) if m["msg_type"] == "stream" else None)
-        lines = "".join(out).splitlines()
-        assert reply["content"]["status"] == "ok", (code, lines)
-        assert sorted(lines) == sorted(want), (code, lines, want)
-finally:
-    kc.stop_channels()
-    km.shutdown_kernel(now=True)
+
+
+def main():
+    km, kc = start_new_kernel(kernel_name=name, startup_timeout=60)
+    try:
+        for code, want in (("import sys; print(sys.version.split()[0], sys.executable)",
+                            [f"{version} {python}"]),
+                           ("%%distributed num_processes=2 tracking=False\n"
+                            "import sys; print(sys.version.split()[0], sys.executable)",
+                            [f"[rank {r}] {version} {python}" for r in (0, 1)])):
+            out = []
+            reply = kc.execute_interactive(code, timeout=90, output_hook=lambda m: out.append(
+                m["content"].get("text", "")) if m["msg_type"] == "stream" else None)
+            lines = "".join(out).splitlines()
+            assert reply["content"]["status"] == "ok", (code, lines)
+            assert sorted(lines) == sorted(want), (code, lines, want)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+main()   # in a function, so that the client is gone before the interpreter ends
 print(f"the installed kernel ran on Python {version}")
 EOF
     fail "a kernel of the installed package for Python $version"
