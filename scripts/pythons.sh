@@ -7,6 +7,8 @@
 #
 #   scripts/pythons.sh     build the venvs this machine lacks, then print one
 #                          line per Python:  VERSION BASE_PYTHON VENV_PYTHON
+#   scripts/pythons.sh --uv   the same for one venv made by uv (tests/pythons/uv.txt),
+#                          of the newest of those Pythons
 #
 # Which Pythons: DISTKERNEL_TEST_PYTHONS (python executables, space-separated)
 # when set, else every ~/.pyenv/versions/3.*/bin/python3 (or PYENV_ROOT's) of
@@ -30,11 +32,15 @@ PIP_ARGS=(--no-cache-dir --disable-pip-version-check --progress-bar off -q)
 
 say() { echo "pythons: $*" >&2; }
 
+UV=0
+if [[ ${1:-} == --uv ]]; then UV=1; fi
+
 mkdir -p "$CACHE/pythons" "$WHEELS"
 exec 9> "$CACHE/pythons.lock"
 flock 9
 
 pythons=()
+lines=()
 if [[ -n ${DISTKERNEL_TEST_PYTHONS:-} ]]; then
   read -r -a pythons <<< "$DISTKERNEL_TEST_PYTHONS"
 else
@@ -68,5 +74,36 @@ for base in "${pythons[@]}"; do
   for old in "$CACHE/pythons/$version"-*; do
     [[ $old != "$venv" && -d $old ]] && rm -rf "$old"
   done
-  echo "$version $base $venv/bin/python"
+  lines+=("$version $base $venv/bin/python")
 done
+
+if [[ $UV == 0 ]]; then
+  [[ ${#lines[@]} == 0 ]] || printf '%s\n' "${lines[@]}"
+  exit 0
+fi
+# uv itself in a venv of its own, from a wheel; then a venv by uv of the newest
+# Python, with the same pinned wheels.
+[[ ${#lines[@]} != 0 ]] || exit 0
+read -r version base _ <<< "${lines[-1]}"
+lock=tests/pythons/lock.txt
+[[ $version == 3.10.* ]] && lock=tests/pythons/lock-3.10.txt
+hash=$( (cat tests/pythons/uv.txt "$lock"; echo "$base" "$RECIPE") | sha256sum | cut -c1-12)
+tool=$CACHE/pythons/uv-tool-$hash
+venv=$CACHE/pythons/uv-$version-$hash
+if [[ ! -e $venv/$STAMP ]]; then
+  say "making a venv of $base with uv in $venv"
+  rm -rf "$tool" "$venv"
+  "$base" -m venv "$tool"
+  "$tool/bin/python" -m pip download "${PIP_ARGS[@]}" --only-binary :all: --no-deps \
+    -d "$WHEELS" --find-links "$WHEELS" -r tests/pythons/uv.txt >&2
+  "$tool/bin/python" -m pip install "${PIP_ARGS[@]}" --no-index --find-links "$WHEELS" \
+    -r tests/pythons/uv.txt >&2
+  "$tool/bin/uv" venv -q --python "$base" "$venv" >&2
+  VIRTUAL_ENV=$venv "$tool/bin/uv" pip install -q --no-index --find-links "$WHEELS" \
+    --no-deps -r "$lock" >&2
+  touch "$venv/$STAMP"
+fi
+for old in "$CACHE/pythons/"uv-*; do
+  [[ $old != "$venv" && $old != "$tool" && -d $old ]] && rm -rf "$old"
+done
+echo "$version $base $venv/bin/python"

@@ -334,7 +334,8 @@ if [ $# -eq 0 ]; then
 fi
 # The CPython versions beside the build's that test_pythons.py runs kernels on,
 # each with a venv of the kernel's needs: built once per machine, then reused.
-stage pythons "CPython 3.10 to 3.13 beside the build's (scripts/pythons.sh)" scripts/pythons.sh
+pythons() { scripts/pythons.sh && scripts/pythons.sh --uv; }
+stage pythons "CPython 3.10 to 3.13 beside the build's (scripts/pythons.sh)" pythons
 stage cluster "Slurm test cluster up" cluster_up
 # The flood runs its 8 ranks for 6 s here, not 10 (DISTKERNEL_FLOOD_SECONDS=10
 # for all of it): about 5 M lines, more than its memory bound holds and than

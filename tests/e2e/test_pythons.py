@@ -2,8 +2,9 @@
 
 The Pythons are this machine's own installations of another version than the
 build's (pyenv's CPython 3.10 to 3.13: real, non-venv installations as a conda
-env is), each as it is where it has IPython, and a venv of each with the
-kernel's needs from PyPI (scripts/pythons.sh builds them once per machine).
+env is), each as it is where it has IPython, a venv of each with the
+kernel's needs from PyPI, and one venv made by uv (scripts/pythons.sh builds
+them once per machine).
 For each: `distkernel install --python` finds its libpython, and the kernel
 and its ranks, fresh, warm and started, run on that Python with that
 environment's site-packages. Then what cannot run: a Python older than 3.10
@@ -32,14 +33,16 @@ RUN = 120           # seconds a cell may take on a busy machine (a warm run buil
 BUILD = "%d.%d" % sys.version_info[:2]
 
 
-def pythons():
-    """(version, base python, venv python) for each Python scripts/pythons.sh has."""
-    out = subprocess.run([str(support.REPO_ROOT / "scripts" / "pythons.sh")], check=True,
-                         capture_output=True, text=True, timeout=900).stdout
+def pythons(*args):
+    """(version, base python, venv python) for each Python scripts/pythons.sh has
+    (with --uv: the one venv it makes with uv)."""
+    out = subprocess.run([str(support.REPO_ROOT / "scripts" / "pythons.sh"), *args],
+                         check=True, capture_output=True, text=True, timeout=900).stdout
     return [tuple(line.split()) for line in out.splitlines() if line.strip()]
 
 
 PYTHONS = pythons()
+UV_VENVS = pythons("--uv")
 
 
 def has_ipython(python):
@@ -51,6 +54,8 @@ def has_ipython(python):
 # kernel is installed for.
 ENVIRONMENTS = [pytest.param(venv, version, id=f"venv-{version}")
                 for version, _, venv in PYTHONS] + \
+               [pytest.param(venv, version, id=f"uv-venv-{version}")
+                for version, _, venv in UV_VENVS] + \
                [pytest.param(base, version, id=f"installation-{version}")
                 for version, base, _ in PYTHONS if has_ipython(base)]
 
