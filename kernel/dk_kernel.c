@@ -21,10 +21,13 @@
  * Shutdown is answered on control and then ends the process within a bounded
  * time even if a cell ignores the interrupt: the main thread exits cleanly when
  * it can, and the control thread exits the process itself when it does not.
+ *
+ * This file is the kernel's life (setup, the shell loop, execute); replies
+ * are dk_kernel_reply.c's and the control and heartbeat threads
+ * dk_kernel_control.c's (dk_kernel_state.h).
  */
-#include "dk_kernel.h"
+#include "dk_kernel_state.h"
 #include "dk_err.h"
-#include "dk_debug.h"
 #include "dk_python.h"
 #include "dk_tidy.h"
 
@@ -41,43 +44,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-#define SHUTDOWN_GRACE_MS 600
-/* How long the main thread may take to end the process once it has begun
- * (exit hooks, the history, the cell files): on a loaded machine that is
- * seconds, and cutting it short leaves the cell folder behind and the
- * history unsaved. Below jupyter_client's 5 s wait before it kills. */
-#define SHUTDOWN_EXIT_MS 4000
-#define DK_HISTORY_IDLE_MS 200
-
-struct dk_kernel_t {
-    dk_conn_t conn;
-    dk_signer_t *signer;
-    dk_replay_t *replay;
-    char session[40];
-    zsock_t *shell, *control, *stdin_sock, *iopub_sock, *hb;
-    dk_iopub_t *iopub;
-    dk_stream_t *stream;
-    dk_magic_registry_t *magics;
-    pthread_t main_tid, control_tid, hb_tid;
-    atomic_bool executing;
-    atomic_bool shutting_down;
-    int wake[2];                 /* control -> main: shutdown requested */
-    json_t *kernel_info;         /* kernel_info_reply content */
-    json_t *kernel_info_debug;   /* the same with debugger true */
-    atomic_bool debugger;        /* debugpy found: answer with kernel_info_debug */
-    zactor_t *debug;             /* debug_request worker, from the first one on */
-    bool debug_running;          /* the worker has one (control thread only) */
-    zlist_t *debug_waiting;      /* dk_msg_t: debug_requests that came while it ran */
-    dk_msg_t *request;           /* shell request being handled (main thread) */
-    struct {                     /* what the features asked to run at exit */
-        void (*fn)(void *data);
-        void *data;
-    } on_exit[DK_KERNEL_MAX_HOOKS];
-    atomic_int n_on_exit;
-    dk_kernel_function_t functions[DK_KERNEL_MAX_HOOKS];   /* for _distkernel */
-    size_t n_functions;
-};
 
 /* The kernel's log is the process's original stderr: one per process. */
 static int log_fd = 2;
@@ -114,7 +80,7 @@ const dk_kernel_function_t *dk_kernel_function_at(const dk_kernel_t *self, size_
 
 /* The features' exit hooks, newest first. Each runs once even when the control
  * thread and the main thread both end the process. */
-static void run_exit_hooks(dk_kernel_t *k)
+void kernel_run_exit_hooks(dk_kernel_t *k)
 {
     for (int i = atomic_exchange(&k->n_on_exit, 0) - 1; i >= 0; i--)
         k->on_exit[i].fn(k->on_exit[i].data);
@@ -134,70 +100,6 @@ void dk_log(const char *fmt, ...)
         n = sizeof line - 2;
     line[n++] = '\n';
     dprintf(log_fd, "[distkernel] %.*s", n, line);
-}
-
-/* ---- replies ---------------------------------------------------------------- */
-
-static char *reply_type_for(const char *request_type)
-{
-    size_t n = strlen(request_type);
-    const char *suffix = "_request";
-    size_t s = strlen(suffix);
-    char *out = malloc(n + 2);
-    if (!out)
-        return NULL;
-    if (n > s && strcmp(request_type + n - s, suffix) == 0) {
-        memcpy(out, request_type, n - s);
-        strcpy(out + n - s, "_reply");
-    } else {
-        strcpy(out, request_type);
-    }
-    return out;
-}
-
-/* Send REPLY_TYPE with CONTENT_JSON to the peer that sent REQ on SOCK. */
-static void send_reply_text(dk_kernel_t *k, zsock_t *sock, dk_msg_t *req, const char *reply_type,
-                            const char *content_json)
-{
-    json_t *header = dk_header_new(reply_type, k->session, "kernel");
-    char *header_text = json_dumps(header, JSON_COMPACT);
-    char *parent_text = json_dumps(req->header, JSON_COMPACT);
-    const char *parts[4] = {header_text, parent_text, "{}", content_json};
-    size_t lens[4];
-    for (int i = 0; i < 4; i++)
-        lens[i] = parts[i] ? strlen(parts[i]) : 0;
-    zmsg_t *msg = NULL;
-    if (header_text && parent_text)
-        msg = dk_wire_encode_raw(k->signer, req->idents, req->n_idents, parts, lens, NULL, 0);
-    if (!msg || zmsg_send(&msg, sock) != 0)
-        dk_log("could not send %s", reply_type);
-    zmsg_destroy(&msg);
-    free(header_text);
-    free(parent_text);
-    json_decref(header);
-}
-
-static void send_reply(dk_kernel_t *k, zsock_t *sock, dk_msg_t *req, const char *reply_type,
-                       json_t *content)
-{
-    char *text = json_dumps(content, JSON_COMPACT);
-    if (text)
-        send_reply_text(k, sock, req, reply_type, text);
-    free(text);
-}
-
-/* Receive and decode one message from SOCK; NULL (logged) if it is refused. */
-static dk_msg_t *recv_msg(dk_kernel_t *k, zsock_t *sock, const char *channel)
-{
-    zmsg_t *raw = zmsg_recv(sock);
-    if (!raw)
-        return NULL;
-    char err[256];
-    dk_msg_t *msg = dk_wire_decode_zmsg(k->signer, k->replay, raw, err, sizeof err);
-    if (!msg)
-        dk_log("dropped a message on %s: %s", channel, err);
-    zmsg_destroy(&raw);
-    return msg;
 }
 
 /* ---- kernel_info ------------------------------------------------------------ */
@@ -225,21 +127,20 @@ static json_t *build_kernel_info(bool debugger)
                      "supported_features", features);
 }
 
-static json_t *kernel_info(dk_kernel_t *k)
+json_t *kernel_info_reply(dk_kernel_t *k)
 {
     return atomic_load(&k->debugger) ? k->kernel_info_debug : k->kernel_info;
 }
 
 /* ---- shutdown --------------------------------------------------------------- */
 
-static atomic_bool exiting;
+atomic_bool kernel_exiting;
 
 /* End the process. CLEAN (main thread only, GIL held) saves history first. */
-static void exit_process(dk_kernel_t *k, bool clean) __attribute__((noreturn));
-static void exit_process(dk_kernel_t *k, bool clean)
+void kernel_exit_process(dk_kernel_t *k, bool clean)
 {
-    atomic_store(&exiting, true);
-    run_exit_hooks(k);
+    atomic_store(&kernel_exiting, true);
+    kernel_run_exit_hooks(k);
     if (clean)
         dk_python_shutdown();
     /* The temporary folders still kept (all of them when Python did not shut
@@ -255,8 +156,6 @@ static void exit_process(dk_kernel_t *k, bool clean)
     _exit(0);
 }
 
-static void *control_main(void *arg);
-static void *hb_main(void *arg);
 
 /* ---- execute ---------------------------------------------------------------- */
 
@@ -340,7 +239,7 @@ static void abort_queued(dk_kernel_t *k)
 {
     zpoller_t *poller = zpoller_new(k->shell, NULL);
     while (zpoller_wait(poller, 0) == k->shell) {
-        dk_msg_t *req = recv_msg(k, k->shell, "shell");
+        dk_msg_t *req = kernel_recv_msg(k, k->shell, "shell");
         if (!req)
             continue;
         if (strcmp(req->msg_type, "execute_request") != 0) {
@@ -349,41 +248,15 @@ static void abort_queued(dk_kernel_t *k)
             continue;
         }
         char *parent = json_dumps(req->header, JSON_COMPACT);
-        char *reply_type = reply_type_for(req->msg_type);
+        char *reply_type = kernel_reply_type_for(req->msg_type);
         dk_iopub_status(k->iopub, "busy", parent);
-        send_reply_text(k, k->shell, req, reply_type, "{\"status\":\"aborted\"}");
+        kernel_send_reply_text(k, k->shell, req, reply_type, "{\"status\":\"aborted\"}");
         dk_iopub_status(k->iopub, "idle", parent);
         free(parent);
         free(reply_type);
         dk_msg_destroy(&req);
     }
     zpoller_destroy(&poller);
-}
-
-/* A request expects a reply; the other shell messages the glue takes (comm
- * messages) do not. */
-static bool is_request(const char *t)
-{
-    size_t n = strlen(t);
-    return n > 8 && strcmp(t + n - 8, "_request") == 0;
-}
-
-/* The reply content for a request whose fields have the wrong JSON types (WHY
- * from dk_wire_check_content): status "error", nothing of the request run. With
- * ERROR_OUT, the same error (without status) for iopub is returned there too. */
-static json_t *refusal(const char *why, json_t **error_out)
-{
-    char line[512];
-    snprintf(line, sizeof line, "TypeError: %s", why);
-    json_t *error = json_pack("{s:s, s:s, s:[s]}", "ename", "TypeError", "evalue", why,
-                              "traceback", line);
-    json_t *c = json_deep_copy(error);
-    json_object_set_new(c, "status", json_string("error"));
-    if (error_out)
-        *error_out = error;
-    else
-        json_decref(error);
-    return c;
 }
 
 /* connect_reply: the ports of the kernel's channels (deprecated in the spec,
@@ -411,7 +284,7 @@ static void handle_shell(dk_kernel_t *k, dk_msg_t *req)
      * code, then answered "InternalError"). */
     char why[256];
     bool well_typed = dk_wire_check_content(t, req->content, why, sizeof why);
-    if (!well_typed && !is_request(t)) {
+    if (!well_typed && !kernel_is_request(t)) {
         dk_log("ignored a %s: %s", t, why);     /* not a request: nobody to answer */
         return;
     }
@@ -421,7 +294,7 @@ static void handle_shell(dk_kernel_t *k, dk_msg_t *req)
     dk_iopub_status(k->iopub, "busy", NULL);
     k->request = req;
 
-    char *reply_type = reply_type_for(t);
+    char *reply_type = kernel_reply_type_for(t);
     json_t *reply = NULL;
     bool stop_on_error = false;
     if (!well_typed) {
@@ -430,13 +303,13 @@ static void handle_shell(dk_kernel_t *k, dk_msg_t *req)
          * behind it is not aborted. */
         dk_log("refused a %s: %s", t, why);
         json_t *error = NULL;
-        reply = refusal(why, &error);
+        reply = kernel_refusal(why, &error);
         /* Frontends show a cell's error from iopub, not from the reply. */
         if (error && strcmp(t, "execute_request") == 0)
             dk_iopub_publish(k->iopub, "error", error, NULL);
         json_decref(error);
     } else if (strcmp(t, "kernel_info_request") == 0) {
-        reply = json_incref(kernel_info(k));
+        reply = json_incref(kernel_info_reply(k));
     } else if (strcmp(t, "connect_request") == 0) {
         reply = connect_reply(k);
     } else {
@@ -454,7 +327,7 @@ static void handle_shell(dk_kernel_t *k, dk_msg_t *req)
     }
     dk_stream_flush(k->stream);
     if (reply) {
-        send_reply(k, k->shell, req, reply_type, reply);
+        kernel_send_reply(k, k->shell, req, reply_type, reply);
         /* Before this request's idle, as ipykernel does: a client that waits
          * for idle and then sends its next cell must find the queue as the
          * failure left it, not have the new cell aborted. The requests
@@ -513,7 +386,7 @@ char *dk_kernel_input(dk_kernel_t *k, const char *prompt, bool password)
         }
         if (which != k->stdin_sock)
             continue;
-        dk_msg_t *reply = recv_msg(k, k->stdin_sock, "stdin");
+        dk_msg_t *reply = kernel_recv_msg(k, k->stdin_sock, "stdin");
         if (!reply)
             continue;
         char why[256];
@@ -534,195 +407,6 @@ char *dk_kernel_input(dk_kernel_t *k, const char *prompt, bool password)
     }
     zpoller_destroy(&poller);
     return answer;
-}
-
-/* ---- control and heartbeat threads -------------------------------------------- */
-
-static void handle_control(dk_kernel_t *k, dk_msg_t *req)
-{
-    const char *t = req->msg_type;
-    char *parent = json_dumps(req->header, JSON_COMPACT);
-    char *reply_type = reply_type_for(t);
-    dk_iopub_status(k->iopub, "busy", parent);
-    char why[256];
-    if (strcmp(t, "kernel_info_request") == 0) {
-        send_reply(k, k->control, req, reply_type, kernel_info(k));
-    } else if (strcmp(t, "shutdown_request") == 0 &&
-               !dk_wire_check_content(t, req->content, why, sizeof why)) {
-        /* restart: "no" used to shut the kernel down (as restart false): a
-         * request that is not what the spec says does nothing but answer. */
-        dk_log("refused a %s: %s", t, why);
-        json_t *content = refusal(why, NULL);
-        if (content)
-            send_reply(k, k->control, req, reply_type, content);
-        json_decref(content);
-    } else if (strcmp(t, "interrupt_request") == 0) {
-        if (atomic_load(&k->executing))
-            pthread_kill(k->main_tid, SIGINT);
-        send_reply_text(k, k->control, req, reply_type, "{\"status\":\"ok\"}");
-    } else if (strcmp(t, "shutdown_request") == 0) {
-        bool restart = json_is_true(json_object_get(req->content, "restart"));
-        json_t *content = json_pack("{s:s, s:b}", "status", "ok", "restart", restart);
-        send_reply(k, k->control, req, reply_type, content);
-        dk_iopub_publish(k->iopub, "shutdown_reply", content, parent);
-        json_decref(content);
-        dk_iopub_status(k->iopub, "idle", parent);
-        atomic_store(&k->shutting_down, true);
-        char c = 1;
-        ssize_t w = write(k->wake[1], &c, 1);
-        (void)w;
-        if (atomic_load(&k->executing))
-            pthread_kill(k->main_tid, SIGINT);
-        /* The main thread exits cleanly when the cell gives way; if it does not
-         * within the grace, end the process from here. */
-        struct timespec ts = {0, SHUTDOWN_GRACE_MS * 1000L * 1000L};
-        nanosleep(&ts, NULL);
-        if (atomic_load(&exiting)) {
-            /* The main thread is ending the process; its _exit ends this wait. */
-            run_exit_hooks(k);
-            struct timespec slice = {0, 50 * 1000 * 1000};
-            for (int waited = 0; waited < SHUTDOWN_EXIT_MS; waited += 50)
-                nanosleep(&slice, NULL);
-            _exit(0);
-        }
-        dk_log("a cell did not stop within %d ms of shutdown; exiting", SHUTDOWN_GRACE_MS);
-        exit_process(k, false);
-    } else {
-        dk_log("ignored a control message of unknown type '%s'", t);
-    }
-    dk_iopub_status(k->iopub, "idle", parent);
-    free(reply_type);
-    free(parent);
-}
-
-/* debug_request: status busy, and the worker has it; debug_replied sends the
- * reply and idle. Takes REQ. */
-static void start_debug_request(dk_kernel_t *k, dk_msg_t *req)
-{
-    char *parent = json_dumps(req->header, JSON_COMPACT);
-    dk_iopub_status(k->iopub, "busy", parent);
-    if (!k->debug)
-        k->debug = dk_debug_new();
-    if (k->debug && dk_debug_submit(k->debug, req) == 0) {
-        k->debug_running = true;
-    } else {
-        send_reply_text(k, k->control, req, "debug_reply",
-                        "{\"type\":\"response\",\"success\":false,"
-                        "\"message\":\"the kernel could not start its debugger thread\"}");
-        dk_iopub_status(k->iopub, "idle", parent);
-        dk_msg_destroy(&req);
-    }
-    free(parent);
-}
-
-/* Debug requests run one at a time, as ipykernel 7 runs control requests: one
- * that comes while another runs waits here, so each is busy, reply, idle in
- * turn (a frontend pairs them; ipykernel's test_debug_requests_sequential). The
- * worker took them in order already; only their busy came early. Takes REQ. */
-static void handle_debug_request(dk_kernel_t *k, dk_msg_t *req)
-{
-    if (k->debug_running) {
-        if (!k->debug_waiting)
-            k->debug_waiting = zlist_new();
-        if (k->debug_waiting && zlist_append(k->debug_waiting, req) == 0)
-            return;
-    }
-    start_debug_request(k, req);   /* or, out of memory, beside the one running */
-}
-
-static void debug_replied(dk_kernel_t *k)
-{
-    dk_debug_job_t *job = dk_debug_recv(k->debug);
-    if (!job)
-        return;
-    char *parent = json_dumps(job->request->header, JSON_COMPACT);
-    send_reply_text(k, k->control, job->request, "debug_reply", job->reply ? job->reply : "{}");
-    dk_iopub_status(k->iopub, "idle", parent);
-    free(parent);
-    dk_debug_job_destroy(&job);
-    k->debug_running = false;
-    dk_msg_t *next;
-    while (!k->debug_running && k->debug_waiting && (next = zlist_pop(k->debug_waiting)))
-        start_debug_request(k, next);
-}
-
-static void block_all_signals(void)
-{
-    sigset_t all;
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, NULL);
-}
-
-/* The frontend's process, when it told us (jupyter_client sets JPY_PARENT_PID),
- * or 0. A kernel whose frontend died without shutting it down (killed, crashed)
- * would otherwise run on forever, holding its ranks and their GPUs. */
-static pid_t parent_pid(void)
-{
-    const char *p = getenv("JPY_PARENT_PID");
-    long pid = p ? strtol(p, NULL, 10) : 0;
-    return pid > 1 && getppid() == (pid_t)pid ? (pid_t)pid : 0;
-}
-
-static void *control_main(void *arg)
-{
-    dk_kernel_t *k = arg;
-    block_all_signals();
-    pid_t parent = parent_pid();
-    zpoller_t *poller = zpoller_new(k->control, NULL);
-    bool polling_debug = false;
-    for (;;) {
-        void *which = zpoller_wait(poller, 1000);
-        if (which && which == k->debug) {
-            debug_replied(k);
-            continue;
-        }
-        if (which != k->control) {
-            if (zpoller_terminated(poller))
-                break;
-            if (parent && getppid() != parent) {
-                dk_log("the frontend (pid %d) is gone; exiting", (int)parent);
-                exit_process(k, false);
-            }
-            continue;
-        }
-        dk_msg_t *req = recv_msg(k, k->control, "control");
-        if (!req) {
-            if (zsys_interrupted || errno == ETERM)
-                break;
-            continue;
-        }
-        if (strcmp(req->msg_type, "debug_request") == 0) {
-            handle_debug_request(k, req);
-            if (k->debug && !polling_debug)
-                polling_debug = zpoller_add(poller, k->debug) == 0;
-            continue;
-        }
-        handle_control(k, req);
-        dk_msg_destroy(&req);
-    }
-    zpoller_destroy(&poller);
-    return NULL;
-}
-
-static void *hb_main(void *arg)
-{
-    dk_kernel_t *k = arg;
-    block_all_signals();
-    void *sock = zsock_resolve(k->hb);
-    for (;;) {
-        zmq_msg_t m;
-        zmq_msg_init(&m);
-        if (zmq_msg_recv(&m, sock, 0) < 0) {
-            zmq_msg_close(&m);
-            if (errno == ETERM)
-                break;
-            continue;
-        }
-        int more = zmq_msg_more(&m);
-        zmq_msg_send(&m, sock, more ? ZMQ_SNDMORE : 0);
-        zmq_msg_close(&m);
-    }
-    return NULL;
 }
 
 /* ---- setup and main loop ---------------------------------------------------- */
@@ -824,8 +508,8 @@ dk_kernel_t *dk_kernel_new(dk_conn_t *conn, char *err, size_t errlen)
         return NULL;
     }
     log_fd = dk_stream_log_fd(k->stream);
-    pthread_create(&k->hb_tid, NULL, hb_main, k);
-    pthread_create(&k->control_tid, NULL, control_main, k);
+    pthread_create(&k->hb_tid, NULL, kernel_hb_main, k);
+    pthread_create(&k->control_tid, NULL, kernel_control_main, k);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     return k;
 }
@@ -842,10 +526,10 @@ static void answer_unusable(dk_kernel_t *k, dk_msg_t *req, const char *unusable,
         handle_shell(k, req);
         return;
     }
-    if (!is_request(t))
+    if (!kernel_is_request(t))
         return;
     char *parent = json_dumps(req->header, JSON_COMPACT);
-    char *reply_type = reply_type_for(t);
+    char *reply_type = kernel_reply_type_for(t);
     dk_iopub_set_parent(k->iopub, parent);
     dk_iopub_status(k->iopub, "busy", NULL);
     json_t *error = json_pack("{s:s, s:s, s:[s]}", "ename", DK_KERNEL_UNUSABLE_ENAME, "evalue",
@@ -858,7 +542,7 @@ static void answer_unusable(dk_kernel_t *k, dk_msg_t *req, const char *unusable,
         json_object_set_new(reply, "payload", json_array());
         dk_iopub_publish(k->iopub, "error", error, NULL);
     }
-    send_reply(k, k->shell, req, reply_type, reply);
+    kernel_send_reply(k, k->shell, req, reply_type, reply);
     dk_iopub_status(k->iopub, "idle", NULL);
     json_decref(error);
     json_decref(reply);
@@ -880,13 +564,13 @@ static void run_unusable(dk_kernel_t *k, const char *unusable)
     while (!atomic_load(&k->shutting_down)) {
         if (zmq_poll(items, 2, -1) < 0 || !(items[0].revents & ZMQ_POLLIN))
             continue;
-        dk_msg_t *req = recv_msg(k, k->shell, "shell");
+        dk_msg_t *req = kernel_recv_msg(k, k->shell, "shell");
         if (req) {
             answer_unusable(k, req, unusable, &count);
             dk_msg_destroy(&req);
         }
     }
-    exit_process(k, false);
+    kernel_exit_process(k, false);
 }
 
 void dk_kernel_run(dk_kernel_t *k, const char *unusable)
@@ -921,7 +605,7 @@ void dk_kernel_run(dk_kernel_t *k, const char *unusable)
         if (atomic_load(&k->shutting_down))
             break;
         if (items[0].revents & ZMQ_POLLIN) {
-            dk_msg_t *req = recv_msg(k, k->shell, "shell");
+            dk_msg_t *req = kernel_recv_msg(k, k->shell, "shell");
             if (req) {
                 handle_shell(k, req);
                 dk_msg_destroy(&req);
@@ -931,5 +615,5 @@ void dk_kernel_run(dk_kernel_t *k, const char *unusable)
         if (atomic_load(&k->shutting_down))
             break;
     }
-    exit_process(k, true);
+    kernel_exit_process(k, true);
 }

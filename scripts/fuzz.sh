@@ -35,7 +35,7 @@ sources() {
   case $1 in
     fuzz_wire)  echo "protocol/dk_wire.c" ;;
     fuzz_conn)  echo "protocol/dk_conn.c protocol/dk_wire.c" ;;
-    fuzz_opts)  echo "magics/dk_magic.c magics/dk_dist_opts.c magics/dk_rank_list.c runtime/slurm/dk_slurm_parse.c" ;;
+    fuzz_opts)  echo "magics/dk_magic.c magics/dk_dist_opts.c magics/dk_dist_opts_table.c magics/dk_dist_opts_slurm.c magics/dk_dist_opts_doc.c magics/dk_rank_list.c runtime/slurm/dk_slurm_parse.c" ;;
     fuzz_lines) echo "runtime/base/dk_lines.c runtime/base/dk_utf8.c" ;;
     fuzz_launchout) echo "runtime/launch/dk_launchout.c" ;;
     fuzz_stacks) echo "runtime/stacks/dk_stacks.c runtime/stacks/dk_stacks_fold.c runtime/stacks/dk_stacks_flight.c runtime/base/dk_lost.c runtime/base/dk_utf8.c" ;;

@@ -52,6 +52,7 @@
 #include "dk_tunnel.h"
 
 #include <limits.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <signal.h>
 #include <stdio.h>
@@ -190,6 +191,81 @@ static const char *node_name(char *buf, size_t len)
 }
 
 /* The agent, with the run's key in hex (NULL: none was given). */
+/* Where this agent is, for its lines on stderr: "node 3 (node3)". */
+typedef struct {
+    int node;
+    const char *host;
+} where_t;
+
+static void say(const where_t *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void say(const where_t *w, const char *fmt, ...)
+{
+    char text[1536];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "distkernel-agent: node %d%s%s%s: %s\n", w->node, w->host ? " (" : "",
+            w->host ? w->host : "", w->host ? ")" : "", text);
+}
+
+/* The ranks' base environment: the agent's, less its own variables, with
+ * room for one more (the tracking door's port). NULL when out of memory. */
+static const char **ranks_base(size_t *count)
+{
+    size_t n = 0;
+    while (environ[n])
+        n++;
+    const char **base = calloc(n + 2, sizeof *base);
+    size_t k = 0;
+    for (size_t i = 0; base && i < n; i++)
+        if (strncmp(environ[i], "DISTKERNEL_AGENT_", 17) != 0)
+            base[k++] = environ[i];
+    *count = k;
+    return base;
+}
+
+/* A door on this node to the tracking server on the kernel's host, for this
+ * user's processes only: a rank reaches it as 127.0.0.1 (dk_tunnel.h). Its
+ * port goes into BASE (at *COUNT) as DISTKERNEL_TRACKING_PORT, in VAR. */
+static dk_tunnel_t *tracking_door(const where_t *w, const unsigned char *key, const char **base,
+                                  size_t *count, char *var, size_t varlen)
+{
+    const char *gate = getenv("DISTKERNEL_AGENT_TUNNEL");
+    if (!gate || !*gate)
+        return NULL;
+    char terr[256];
+    dk_tunnel_t *door = dk_tunnel_door_new(gate, key, terr, sizeof terr);
+    if (!door) {
+        say(w, "the ranks of this node will not reach the tracking server on the kernel's "
+            "host: %s", terr);
+        return NULL;
+    }
+    snprintf(var, varlen, "DISTKERNEL_TRACKING_PORT=%d", dk_tunnel_port(door));
+    base[(*count)++] = var;
+    return door;
+}
+
+/* The node's agent, once its environment is read: connect, then run
+ * (dk_agent_run). */
+static int serve(const where_t *w, dk_agent_spec_t *spec, const char *address, warm_t *warm)
+{
+    char err[1024];
+    unsigned char nonce[DK_AGENTWIRE_NONCE_LEN];
+    spec->fd = dk_agent_connect(address, spec->connect_timeout_s, nonce, err, sizeof err);
+    if (spec->fd < 0) {
+        say(w, "%s", err);
+        return 2;
+    }
+    spec->nonce = nonce;
+    spec->template = warm->template;
+    spec->warm_wait_s = warm_wait_s();
+    spec->warm_failed = warm->failed[0] ? warm->failed : NULL;
+    int rc = dk_agent_run(spec);
+    close(spec->fd);
+    return rc;
+}
+
 static int agent(int argc, char **argv, const char *key_hex)
 {
     if (argc > 1 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
@@ -201,15 +277,15 @@ static int agent(int argc, char **argv, const char *key_hex)
     /* Whatever signal state srun passed on, the ranks get default signals
      * (dk_spawn); the agent itself must not die of a write to a closed pipe. */
     signal(SIGPIPE, SIG_IGN);
-    int node = env_int("DISTKERNEL_AGENT_NODE", env_int("SLURM_NODEID", -1));
     char host_buf[65];
-    const char *host = node_name(host_buf, sizeof host_buf);
+    where_t w = {env_int("DISTKERNEL_AGENT_NODE", env_int("SLURM_NODEID", -1)),
+                 node_name(host_buf, sizeof host_buf)};
     int world = env_int("DISTKERNEL_AGENT_WORLD", -1);
     int per = env_int("DISTKERNEL_AGENT_PER_NODE", -1);
     const char *address = getenv("DISTKERNEL_BC");
     const char *run_id = getenv("DISTKERNEL_AGENT_RUN_ID");
     unsigned char key[DK_AGENTWIRE_KEY_LEN];
-    if (node < 0 || world < 1 || per < 1 || !address || !run_id ||
+    if (w.node < 0 || world < 1 || per < 1 || !address || !run_id ||
         dk_agentwire_key_from_hex(key_hex, key) < 0) {
         fprintf(stderr, "distkernel-agent: started without the environment the kernel gives "
                 "it (DISTKERNEL_AGENT_NODE or SLURM_NODEID, DISTKERNEL_AGENT_WORLD, "
@@ -223,63 +299,25 @@ static int agent(int argc, char **argv, const char *key_hex)
         program = dk_spawn_find_program(argv[1], err, sizeof err);
     else if (!(program = rank_beside_me()))
         snprintf(err, sizeof err, "cannot find distkernel-rank beside this program");
-    if (!program) {
-        fprintf(stderr, "distkernel-agent: node %d%s%s%s: %s\n", node, host ? " (" : "",
-                host ? host : "", host ? ")" : "", err);
+    size_t k = 0;
+    const char **base = program ? ranks_base(&k) : NULL;
+    if (!base) {
+        say(&w, "%s", program ? "out of memory" : err);
+        free(program);
         return 2;
     }
-    /* The ranks' base: the agent's environment less its own variables, and
-     * the tracking door's port (below). */
-    size_t n = 0;
-    while (environ[n])
-        n++;
-    const char **base = calloc(n + 2, sizeof *base);
-    size_t k = 0;
-    for (size_t i = 0; base && i < n; i++)
-        if (strncmp(environ[i], "DISTKERNEL_AGENT_", 17) != 0)
-            base[k++] = environ[i];
     /* The node's folders (the template's, the stacks') go with the agent
      * however it ends; its watcher is forked before anything else is. */
     char why[256];
     if (dk_tidy_start(why, sizeof why) < 0)
-        fprintf(stderr, "distkernel-agent: node %d%s%s%s: %s; its folders stay in TMPDIR if "
-                "it is killed\n", node, host ? " (" : "", host ? host : "", host ? ")" : "", why);
-    /* A door on this node to the tracking server on the kernel's host, for
-     * this user's processes only: a rank reaches it as 127.0.0.1 (dk_tunnel.h). */
-    dk_tunnel_t *door = NULL;
+        say(&w, "%s; its folders stay in TMPDIR if it is killed", why);
     char door_var[64];
-    const char *gate = getenv("DISTKERNEL_AGENT_TUNNEL");
-    if (gate && *gate && base) {
-        char terr[256];
-        if ((door = dk_tunnel_door_new(gate, key, terr, sizeof terr))) {
-            snprintf(door_var, sizeof door_var, "DISTKERNEL_TRACKING_PORT=%d",
-                     dk_tunnel_port(door));
-            base[k++] = door_var;
-        } else {
-            fprintf(stderr, "distkernel-agent: node %d%s%s%s: the ranks of this node will not "
-                    "reach the tracking server on the kernel's host: %s\n", node,
-                    host ? " (" : "", host ? host : "", host ? ")" : "", terr);
-        }
-    }
+    dk_tunnel_t *door = tracking_door(&w, key, base, &k, door_var, sizeof door_var);
     warm_t warm = {0};
-    if (base)
-        warm_start(&warm, program, base);
-    double heartbeat = env_double("DISTKERNEL_BC_HEARTBEAT", DK_BC_HEARTBEAT_DEFAULT_S);
-    double connect_s = env_double("DISTKERNEL_BC_CONNECT_TIMEOUT", 120.0);
-    unsigned char nonce[DK_AGENTWIRE_NONCE_LEN];
-    int fd = dk_agent_connect(address, connect_s, nonce, err, sizeof err);
-    if (fd < 0) {
-        fprintf(stderr, "distkernel-agent: node %d%s%s%s: %s\n", node, host ? " (" : "",
-                host ? host : "", host ? ")" : "", err);
-        warm_end(&warm);
-        dk_tunnel_destroy(&door);
-        free(base);
-        free(program);
-        return 2;
-    }
+    warm_start(&warm, program, base);
     int port = env_int("DISTKERNEL_AGENT_MASTER_PORT", 0);
     dk_agent_spec_t spec = {
-        .node = node, .host = host, .world_size = world, .ranks_per_node = per,
+        .node = w.node, .host = w.host, .world_size = world, .ranks_per_node = per,
         .rank_exe = program, .rank_argv = argc > 1 ? argv + 1 : NULL,
         .base_env = base,
         .proto = {
@@ -290,19 +328,13 @@ static int agent(int argc, char **argv, const char *key_hex)
         },
         .log_dir = getenv("DISTKERNEL_AGENT_LOG_DIR"),
         .stacks = env_int("DISTKERNEL_AGENT_STACKS", 0) == 1,
-        .fd = fd, .key = key, .nonce = nonce,
-        .heartbeat_s = heartbeat, .connect_timeout_s = connect_s,
+        .key = key,
+        .heartbeat_s = env_double("DISTKERNEL_BC_HEARTBEAT", DK_BC_HEARTBEAT_DEFAULT_S),
+        .connect_timeout_s = env_double("DISTKERNEL_BC_CONNECT_TIMEOUT", 120.0),
         .grace_s = env_double("DISTKERNEL_AGENT_GRACE", 2.0),
         .say_fd = STDERR_FILENO,
-        .template = warm.template,
-        .warm_wait_s = warm_wait_s(),
-        .warm_failed = warm.failed[0] ? warm.failed : NULL,
     };
-    int rc = base ? dk_agent_run(&spec) : 2;
-    if (!base)
-        fprintf(stderr, "distkernel-agent: node %d%s%s%s: out of memory\n", node, host ? " (" : "",
-                host ? host : "", host ? ")" : "");
-    close(fd);
+    int rc = serve(&w, &spec, address, &warm);
     warm_end(&warm);
     dk_tunnel_destroy(&door);
     free(base);

@@ -514,6 +514,101 @@ static double earliest(double a, double b)
     return a < 0 ? b : b < 0 ? a : a < b ? a : b;
 }
 
+/* Whether the loop is over once every rank has ended: the agent closes its
+ * side, then waits for the kernel to close (a heartbeat at most), or not at
+ * all when it was told to end. */
+static bool all_told(agent_t *a, double now)
+{
+    if (a->gone)
+        return true;
+    if (a->shut)
+        return terminated || now - a->shut_at > a->heartbeat_s;
+    /* Everything is told: our side is done, the kernel closes. */
+    flush_out(a);
+    shutdown(a->fd, SHUT_WR);
+    a->shut = true;
+    a->shut_at = now;
+    return terminated;      /* not waiting for it: Slurm's SIGKILL comes */
+}
+
+/* With nothing to poll with (out of memory): end every rank now. */
+static void kill_ranks_now(agent_t *a)
+{
+    for (int i = 0; i < a->n; i++)
+        if (!a->ranks[i].exited && a->ranks[i].pid > 0) {
+            killpg(a->ranks[i].pid, SIGKILL);
+            waitpid(a->ranks[i].pid, NULL, 0);
+            a->ranks[i].exited = true;
+        }
+}
+
+/* What the loop waits on, in FDS with WHO saying whose each is: the
+ * kernel's connection (-1), each rank's pipes and pidfd (3 * rank + 0, 1, 2),
+ * the relayed connections (-2, from *RELAY_AT, *RELAY_N of them). */
+static size_t fill_poll(agent_t *a, struct pollfd *fds, int *who, size_t *relay_at,
+                        size_t *relay_n)
+{
+    size_t nf = 0;
+    if (!a->gone) {
+        fds[nf] = (struct pollfd){.fd = a->fd, .events = POLLIN};
+        who[nf++] = -1;
+    }
+    for (int i = 0; i < a->n; i++) {
+        lrank_t *rk = &a->ranks[i];
+        for (int w = 0; w < 2; w++)
+            if (rk->pipes[w] >= 0) {
+                fds[nf] = (struct pollfd){.fd = rk->pipes[w], .events = POLLIN};
+                who[nf++] = 3 * i + w;
+            }
+        if (!rk->exited && rk->pidfd >= 0) {
+            fds[nf] = (struct pollfd){.fd = rk->pidfd, .events = POLLIN};
+            who[nf++] = 3 * i + 2;
+        }
+    }
+    *relay_at = nf;
+    *relay_n = 0;
+    if (a->relay && !a->gone) {
+        *relay_n = dk_relay_poll_fill(a->relay, fds + nf);
+        for (size_t k = 0; k < *relay_n; k++)
+            who[nf + k] = -2;
+        nf += *relay_n;
+    }
+    return nf;
+}
+
+/* How long poll may wait (ms, -1 for ever): until the next ping, heartbeat
+ * deadline, stop step, stack request's step or the end of the wait for the
+ * kernel to close, and 100 ms at most, for a rank without a pidfd (an old
+ * kernel), which is looked at that often. */
+static int poll_timeout(agent_t *a, double now)
+{
+    double next = a->gone ? -1 : earliest(a->pinged_at + DK_BC_PING_S,
+                                          a->heard_at + a->heartbeat_s);
+    next = earliest(next, dk_stop_next_at(&a->stop));
+    if (a->stacks)
+        next = earliest(next, dk_stackreq_next_at(a->stacks, now));
+    if (a->shut)
+        next = earliest(next, a->shut_at + a->heartbeat_s);
+    next = earliest(next, now + 0.1);
+    return next < 0 ? -1 : next <= now ? 0 : (int) ((next - now) * 1000) + 1;
+}
+
+/* What is due at NOW whatever poll says: the ping, the kernel's heartbeat,
+ * the stop ladder's signals, the stacks. */
+static void tick(agent_t *a, double now)
+{
+    if (!a->gone && !a->shut && now - a->pinged_at >= DK_BC_PING_S)
+        agent_send_frame(a, DK_BC_PING, (uint32_t) a->spec->node, NULL, 0);
+    if (!a->gone && now - a->heard_at > a->heartbeat_s)
+        kernel_gone(a, "the kernel has been silent past the heartbeat deadline");
+    for (int sig; (sig = dk_stop_due(&a->stop, now)) != 0;)
+        for (int i = 0; i < a->n; i++)
+            if (!a->ranks[i].exited && a->ranks[i].pid > 0)
+                killpg(a->ranks[i].pid, sig);
+    if (a->stacks && dk_stackreq_running(a->stacks) && dk_stackreq_poll(a->stacks, now))
+        agent_stacks_send(a);
+}
+
 static void loop(agent_t *a)
 {
     size_t relay_max = a->relay ? dk_relay_max_fds(a->relay) : 0;
@@ -528,78 +623,18 @@ static void loop(agent_t *a)
         double now = dk_now_s();
         if (terminated)
             terminate(a, now);
-        if (a->live == 0) {
-            if (a->gone)
-                break;
-            if (!a->shut) {
-                /* Everything is told: our side is done, the kernel closes. */
-                flush_out(a);
-                shutdown(a->fd, SHUT_WR);
-                a->shut = true;
-                a->shut_at = now;
-                if (terminated)
-                    break;      /* not waiting for it: Slurm's SIGKILL comes */
-            } else if (terminated || now - a->shut_at > a->heartbeat_s) {
-                break;
-            }
-        }
+        if (a->live == 0 && all_told(a, now))
+            break;
         if (!fds || !who) {
             /* Nothing to poll with: wait for the ranks the ladder ends. */
-            for (int i = 0; i < a->n; i++)
-                if (!a->ranks[i].exited && a->ranks[i].pid > 0) {
-                    killpg(a->ranks[i].pid, SIGKILL);
-                    waitpid(a->ranks[i].pid, NULL, 0);
-                    a->ranks[i].exited = true;
-                }
+            kill_ranks_now(a);
             break;
         }
-        if (!a->gone && !a->shut && now - a->pinged_at >= DK_BC_PING_S)
-            agent_send_frame(a, DK_BC_PING, (uint32_t) a->spec->node, NULL, 0);
-        if (!a->gone && now - a->heard_at > a->heartbeat_s)
-            kernel_gone(a, "the kernel has been silent past the heartbeat deadline");
-        for (int sig; (sig = dk_stop_due(&a->stop, now)) != 0;)
-            for (int i = 0; i < a->n; i++)
-                if (!a->ranks[i].exited && a->ranks[i].pid > 0)
-                    killpg(a->ranks[i].pid, sig);
-        if (a->stacks && dk_stackreq_running(a->stacks) && dk_stackreq_poll(a->stacks, now))
-            agent_stacks_send(a);
-
-        size_t nf = 0;
-        if (!a->gone) {
-            fds[nf] = (struct pollfd){.fd = a->fd, .events = POLLIN};
-            who[nf++] = -1;
-        }
-        for (int i = 0; i < a->n; i++) {
-            lrank_t *rk = &a->ranks[i];
-            for (int w = 0; w < 2; w++)
-                if (rk->pipes[w] >= 0) {
-                    fds[nf] = (struct pollfd){.fd = rk->pipes[w], .events = POLLIN};
-                    who[nf++] = 3 * i + w;
-                }
-            if (!rk->exited && rk->pidfd >= 0) {
-                fds[nf] = (struct pollfd){.fd = rk->pidfd, .events = POLLIN};
-                who[nf++] = 3 * i + 2;
-            }
-        }
-        size_t relay_at = nf, relay_n = 0;
-        if (a->relay && !a->gone) {
-            relay_n = dk_relay_poll_fill(a->relay, fds + nf);
-            for (size_t k = 0; k < relay_n; k++)
-                who[nf + k] = -2;
-            nf += relay_n;
-        }
+        tick(a, now);
+        size_t relay_at, relay_n;
+        size_t nf = fill_poll(a, fds, who, &relay_at, &relay_n);
         flush_out(a);
-        double next = a->gone ? -1 : earliest(a->pinged_at + DK_BC_PING_S,
-                                              a->heard_at + a->heartbeat_s);
-        next = earliest(next, dk_stop_next_at(&a->stop));
-        if (a->stacks)
-            next = earliest(next, dk_stackreq_next_at(a->stacks, now));
-        if (a->shut)
-            next = earliest(next, a->shut_at + a->heartbeat_s);
-        /* A rank without a pidfd (an old kernel) is looked at every 100 ms. */
-        next = earliest(next, now + 0.1);
-        int timeout = next < 0 ? -1 : next <= now ? 0 : (int) ((next - now) * 1000) + 1;
-        int r = poll(fds, nf, timeout);
+        int r = poll(fds, nf, poll_timeout(a, now));
         if (r < 0 && errno != EINTR)
             break;
         for (size_t k = 0; r > 0 && k < nf; k++) {

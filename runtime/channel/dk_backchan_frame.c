@@ -342,84 +342,72 @@ static void stop_listening(dk_backchan_t *self)
 }
 
 /* A whole frame has arrived in c->frame: verify, then act. */
-static void conn_frame(dk_backchan_t *self, conn_t *c)
+/* An agent's AGENT_HELLO, naming its node (RANK), on a connection of its own. */
+static void agent_hello(dk_backchan_t *self, conn_t *c, uint32_t rank)
 {
-    const unsigned char *body = c->frame + DK_BC_MAC_LEN;
-    size_t body_len = c->frame_len - DK_BC_MAC_LEN;
-    if (!dk_frame_verify(&c->side, c->frame, c->frame_len)) {
-        chan_refuse(self, c, "a message did not verify (it was not signed with this job's key)");
-        return;
-    }
-    int type = body[0];
-    uint32_t rank = dk_get_be32(body + 1);
     char why[160];
+    uint32_t id = (uint32_t) self->world_size + rank;
+    if (rank >= (uint32_t) self->agents) {
+        snprintf(why, sizeof why, "its AGENT_HELLO named node %u, but this job has %d "
+                 "agent%s", rank, self->agents, self->agents == 1 ? "" : "s");
+        chan_refuse(self, c, why);
+    } else if (self->claimed[id]) {
+        snprintf(why, sizeof why, "its AGENT_HELLO named node %u, whose agent is already "
+                 "connected", rank);
+        chan_refuse(self, c, why);
+    } else {
+        self->claimed[id] = true;
+        self->nclaimed++;
+        c->rank = (int) id;
+        if (self->nclaimed == self->world_size + self->agents)
+            stop_listening(self);
+        if (self->sink.on_agent_hello)
+            self->sink.on_agent_hello(self->sink.data, (int) rank);
+    }
+}
 
-    /* With node agents, every rank's connection is relayed by its agent, and
-     * only a connection of its own may be an agent's: a direct connection
-     * saying a rank's HELLO, or a relayed one saying AGENT_HELLO, is neither. */
-    if (c->rank < 0 && self->agents > 0 && type == DK_BC_HELLO && !c->agent) {
-        chan_refuse(self, c, "it said a rank's HELLO on a connection of its own, but this job's "
-                    "ranks reach it through their node agents");
-        return;
+/* The first message on a rank's connection (direct, or relayed by its
+ * node's agent): a HELLO naming RANK, or the connection is refused. */
+static void rank_hello(dk_backchan_t *self, conn_t *c, int type, uint32_t rank)
+{
+    char why[160];
+    if (type != DK_BC_HELLO) {
+        chan_refuse(self, c, "its first message was not a HELLO");
+    } else if (rank >= (uint32_t) self->world_size) {
+        snprintf(why, sizeof why, "its HELLO named rank %u, but this job has ranks 0 to %d",
+                 rank, self->world_size - 1);
+        chan_refuse(self, c, why);
+    } else if (self->claimed[rank]) {
+        snprintf(why, sizeof why, "its HELLO named rank %u, which is already connected",
+                 rank);
+        chan_refuse(self, c, why);
+    } else if (c->agent && rank / (uint32_t) self->ranks_per_node !=
+                               (uint32_t) (c->agent->rank - self->world_size)) {
+        snprintf(why, sizeof why, "its HELLO named rank %u, which is not on the node of "
+                 "the agent that relays it", rank);
+        chan_refuse(self, c, why);
+    } else {
+        self->claimed[rank] = true;
+        self->nclaimed++;
+        c->rank = (int) rank;
+        /* Before the rank is reported ready: whoever hears that every
+         * rank is in finds nothing listening. */
+        if (self->nclaimed == self->world_size + self->agents)
+            stop_listening(self);
+        /* With the port from rank 0, every rank waits for it: rank 0's
+         * own PORT frame follows its HELLO. */
+        if (self->port_from_rank0 && (rank == 0 || self->master_port == 0))
+            c->port_due = true;
+        else
+            rank_ready(self, c);
     }
-    if (c->rank < 0 && type == DK_BC_AGENT_HELLO && c->agent) {
-        chan_refuse(self, c, "a relayed connection said AGENT_HELLO");
-        return;
-    }
-    if (c->rank < 0 && type == DK_BC_AGENT_HELLO) {
-        uint32_t id = (uint32_t) self->world_size + rank;
-        if (rank >= (uint32_t) self->agents) {
-            snprintf(why, sizeof why, "its AGENT_HELLO named node %u, but this job has %d "
-                     "agent%s", rank, self->agents, self->agents == 1 ? "" : "s");
-            chan_refuse(self, c, why);
-        } else if (self->claimed[id]) {
-            snprintf(why, sizeof why, "its AGENT_HELLO named node %u, whose agent is already "
-                     "connected", rank);
-            chan_refuse(self, c, why);
-        } else {
-            self->claimed[id] = true;
-            self->nclaimed++;
-            c->rank = (int) id;
-            if (self->nclaimed == self->world_size + self->agents)
-                stop_listening(self);
-            if (self->sink.on_agent_hello)
-                self->sink.on_agent_hello(self->sink.data, (int) rank);
-        }
-        return;
-    }
-    if (c->rank < 0) {
-        if (type != DK_BC_HELLO) {
-            chan_refuse(self, c, "its first message was not a HELLO");
-        } else if (rank >= (uint32_t) self->world_size) {
-            snprintf(why, sizeof why, "its HELLO named rank %u, but this job has ranks 0 to %d",
-                     rank, self->world_size - 1);
-            chan_refuse(self, c, why);
-        } else if (self->claimed[rank]) {
-            snprintf(why, sizeof why, "its HELLO named rank %u, which is already connected",
-                     rank);
-            chan_refuse(self, c, why);
-        } else if (c->agent && rank / (uint32_t) self->ranks_per_node !=
-                                   (uint32_t) (c->agent->rank - self->world_size)) {
-            snprintf(why, sizeof why, "its HELLO named rank %u, which is not on the node of "
-                     "the agent that relays it", rank);
-            chan_refuse(self, c, why);
-        } else {
-            self->claimed[rank] = true;
-            self->nclaimed++;
-            c->rank = (int) rank;
-            /* Before the rank is reported ready: whoever hears that every
-             * rank is in finds nothing listening. */
-            if (self->nclaimed == self->world_size + self->agents)
-                stop_listening(self);
-            /* With the port from rank 0, every rank waits for it: rank 0's
-             * own PORT frame follows its HELLO. */
-            if (self->port_from_rank0 && (rank == 0 || self->master_port == 0))
-                c->port_due = true;
-            else
-                rank_ready(self, c);
-        }
-        return;
-    }
+}
+
+/* A message on a connection that has said its HELLO: an agent's, or rank
+ * RANK's PORT, OUTPUT, RESULT or ERROR. */
+static void hello_said_frame(dk_backchan_t *self, conn_t *c, int type, uint32_t rank,
+                             const unsigned char *body, size_t body_len)
+{
     if (chan_is_agent(self, c)) {
         agent_frame(self, c, type, rank, body + BODY_HEAD, body_len - BODY_HEAD);
     } else if (rank != (uint32_t) c->rank) {
@@ -459,6 +447,37 @@ static void conn_frame(dk_backchan_t *self, conn_t *c)
             self->sink.on_message(self->sink.data, c->rank, type == DK_BC_ERROR,
                                   body + skip, body_len - skip);
     }
+}
+
+static void conn_frame(dk_backchan_t *self, conn_t *c)
+{
+    const unsigned char *body = c->frame + DK_BC_MAC_LEN;
+    size_t body_len = c->frame_len - DK_BC_MAC_LEN;
+    if (!dk_frame_verify(&c->side, c->frame, c->frame_len)) {
+        chan_refuse(self, c, "a message did not verify (it was not signed with this job's key)");
+        return;
+    }
+    int type = body[0];
+    uint32_t rank = dk_get_be32(body + 1);
+
+    /* With node agents, every rank's connection is relayed by its agent, and
+     * only a connection of its own may be an agent's: a direct connection
+     * saying a rank's HELLO, or a relayed one saying AGENT_HELLO, is neither. */
+    if (c->rank < 0 && self->agents > 0 && type == DK_BC_HELLO && !c->agent) {
+        chan_refuse(self, c, "it said a rank's HELLO on a connection of its own, but this job's "
+                    "ranks reach it through their node agents");
+        return;
+    }
+    if (c->rank < 0 && type == DK_BC_AGENT_HELLO && c->agent) {
+        chan_refuse(self, c, "a relayed connection said AGENT_HELLO");
+        return;
+    }
+    if (c->rank < 0 && type == DK_BC_AGENT_HELLO)
+        agent_hello(self, c, rank);
+    else if (c->rank < 0)
+        rank_hello(self, c, type, rank);
+    else
+        hello_said_frame(self, c, type, rank, body, body_len);
 }
 
 /* A frame's length has arrived: check it against what this connection may

@@ -37,36 +37,14 @@
 /* The most of an agent's last words kept (bytes). */
 #define AGENT_WORDS_MAX 1024
 
-bool job_start_agents(dk_job_t *job, const dk_job_spec_t *spec, const char *const *base,
-                      const char *run_id, char *err, size_t errlen)
+/* The gate to the tracking server (dk_tunnel.h), for every job with agents:
+ * a persistent job may be given a server only later. Only the run's nodes
+ * may come through, as for the back channel. A job without one is warned of. */
+static void open_tracking_gate(dk_job_t *job, const dk_job_spec_t *spec)
 {
-    const char *const *cmd = spec->agent_command;
-    if (!cmd || !cmd[0] || !spec->bc_tcp_addr || spec->ranks_per_node < 1) {
-        dk_set_err(err, errlen, "node agents need a command, bc_tcp_addr and ranks_per_node");
-        return false;
-    }
-    job->nagents = job->world_size / job->ranks_per_node;
-    job->agent_hello = calloc((size_t) job->nagents, sizeof *job->agent_hello);
-    job->agent_gone = calloc((size_t) job->nagents, sizeof *job->agent_gone);
-    job->agent_words = calloc((size_t) job->nagents, sizeof *job->agent_words);
-    job->agent_cold = calloc((size_t) job->nagents, sizeof *job->agent_cold);
-    job->agents_filter[0] = dk_launchout_new();
-    job->agents_filter[1] = dk_launchout_new();
-    if (!job->agent_hello || !job->agent_gone || !job->agent_words || !job->agent_cold ||
-        !job->agents_filter[0] ||
-        !job->agents_filter[1]) {
-        dk_set_err(err, errlen, "out of memory");
-        return false;
-    }
     char why[512];
-    unlinkat(job->log_dirfd, "agents.log", 0);
-    if (!(job->agents_log = dk_logfile_new(job->log_dirfd, "agents.log", job->log_cap, why,
-                                           sizeof why)))
-        job_warn(job, "the node agents' own lines will not be kept: %s", why);
-    /* The gate to the tracking server, for every job with agents: a
-     * persistent job may be given a server only later. */
     unsigned char key[DK_FRAME_KEY_LEN];
-    dk_accept_t *allow = NULL;      /* only the run's nodes, as for the back channel */
+    dk_accept_t *allow = NULL;
     if (spec->bc_allow_hosts &&
         (!(allow = dk_accept_new(spec->bc_allow_hosts, spec->bc_nallow, why, sizeof why)) ||
          !dk_accept_add_this_host(allow, spec->bc_tcp_addr)))
@@ -82,6 +60,14 @@ bool job_start_agents(dk_job_t *job, const dk_job_spec_t *spec, const char *cons
     if (!job->tunnel)
         job_warn(job, "ranks on other nodes will not reach a tracking server on this host: %s",
                  why);
+}
+
+/* The node agents' environment: BASE and what each agent is told of the
+ * job (its DISTKERNEL_AGENT_* and back-channel variables), a new array
+ * (dk_spawn_env_free), or NULL when out of memory. */
+static char **agents_env(dk_job_t *job, const dk_job_spec_t *spec, const char *const *base,
+                         const char *run_id)
+{
     char vars[AGENT_VARS][160];
     const char *set[AGENT_VARS + 5];
     size_t k = 0;
@@ -134,6 +120,37 @@ bool job_start_agents(dk_job_t *job, const dk_job_spec_t *spec, const char *cons
     free(cwd);
     free(mods);
     free(wpath);
+    return env;
+}
+
+bool job_start_agents(dk_job_t *job, const dk_job_spec_t *spec, const char *const *base,
+                      const char *run_id, char *err, size_t errlen)
+{
+    const char *const *cmd = spec->agent_command;
+    if (!cmd || !cmd[0] || !spec->bc_tcp_addr || spec->ranks_per_node < 1) {
+        dk_set_err(err, errlen, "node agents need a command, bc_tcp_addr and ranks_per_node");
+        return false;
+    }
+    job->nagents = job->world_size / job->ranks_per_node;
+    job->agent_hello = calloc((size_t) job->nagents, sizeof *job->agent_hello);
+    job->agent_gone = calloc((size_t) job->nagents, sizeof *job->agent_gone);
+    job->agent_words = calloc((size_t) job->nagents, sizeof *job->agent_words);
+    job->agent_cold = calloc((size_t) job->nagents, sizeof *job->agent_cold);
+    job->agents_filter[0] = dk_launchout_new();
+    job->agents_filter[1] = dk_launchout_new();
+    if (!job->agent_hello || !job->agent_gone || !job->agent_words || !job->agent_cold ||
+        !job->agents_filter[0] ||
+        !job->agents_filter[1]) {
+        dk_set_err(err, errlen, "out of memory");
+        return false;
+    }
+    char why[512];
+    unlinkat(job->log_dirfd, "agents.log", 0);
+    if (!(job->agents_log = dk_logfile_new(job->log_dirfd, "agents.log", job->log_cap, why,
+                                           sizeof why)))
+        job_warn(job, "the node agents' own lines will not be kept: %s", why);
+    open_tracking_gate(job, spec);
+    char **env = agents_env(job, spec, base, run_id);
     if (!env) {
         dk_set_err(err, errlen, "out of memory building the node agents' environment");
         return false;
