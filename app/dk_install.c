@@ -266,8 +266,12 @@ const char *dk_install_display_name(const dk_install_opts_t *opts, const char *n
     static char fallback[320];
     if (opts->display_name)
         return opts->display_name;
-    snprintf(fallback, sizeof fallback, "Python %s (%s)", version,
-             strcmp(name, DEFAULT_NAME) != 0 ? name : env_label);
+    /* The default name's kernel says it is distkernel's, beside ipykernel's
+     * "Python 3 (ipykernel)" in the launcher. */
+    if (strcmp(name, DEFAULT_NAME) == 0)
+        snprintf(fallback, sizeof fallback, "distkernel (Python %s, %s)", version, env_label);
+    else
+        snprintf(fallback, sizeof fallback, "Python %s (%s)", version, name);
     return fallback;
 }
 

@@ -74,10 +74,9 @@ char *dk_install_destination(const dk_install_opts_t *opts, const char *name,
  * buffer's: copy it before the next call. */
 const char *dk_install_env_label(const char *prefix, const char *kind);
 
-/* The display name: --display-name, else "Python VERSION (LABEL)", where LABEL
- * is NAME when it is not the default name, else ENV_LABEL
- * (dk_install_env_label). Borrowed or a static buffer's: copy it before the
- * next call. */
+/* The display name: --display-name, else "Python VERSION (NAME)", or for the
+ * default name "distkernel (Python VERSION, ENV_LABEL)" (dk_install_env_label).
+ * Borrowed or a static buffer's: copy it before the next call. */
 const char *dk_install_display_name(const dk_install_opts_t *opts, const char *name,
                                     const char *version, const char *env_label);
 

@@ -32,7 +32,7 @@ CHROMIUM = pathlib.Path(os.environ.get("DISTKERNEL_CHROMIUM", "/usr/bin/chromium
 KERNEL = "distkernel"
 # What `distkernel install --name distkernel` names it: the venv's Python
 # (this python's version) and the venv's folder.
-DISPLAY_NAME = f"Python {sys.version_info[0]}.{sys.version_info[1]} ({VENV.name})"
+DISPLAY_NAME = f"distkernel (Python {sys.version_info[0]}.{sys.version_info[1]}, {VENV.name})"
 NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 # Playwright's own browsers are never used nor fetched: the suite runs

@@ -118,7 +118,7 @@ Test(install, the_display_name_says_the_version_and_the_environment)
 {
     dk_install_opts_t o = {.name = "distkernel"};
     cr_assert_str_eq(dk_install_display_name(&o, "distkernel", "3.12", "proj"),
-                     "Python 3.12 (proj)");
+                     "distkernel (Python 3.12, proj)");
     cr_assert_str_eq(dk_install_display_name(&o, "myenv", "3.12", "proj"), "Python 3.12 (myenv)");
     o.display_name = "Mine";
     cr_assert_str_eq(dk_install_display_name(&o, "myenv", "3.12", "proj"), "Mine");
