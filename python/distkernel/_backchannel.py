@@ -12,6 +12,10 @@ DISTKERNEL_BC is a Unix socket's absolute path: the kernel's, for a rank on its
 node, or its node agent's, which carries the connection to the kernel untouched
 (runtime/agent/dk_agent.h); its peer must be our own user's. The rank's output goes on its fd 1 and 2 either
 way, read by whoever started it.
+
+The channel's key is the run's: every rank of the run has it and nobody else,
+so a secret of the run (run_secret, which _ray.py signs with) is derived from
+it, and the key itself never leaves this module.
 """
 
 import hashlib
@@ -129,3 +133,24 @@ class BackChannel:
 
     def close(self):
         self.sock.close()
+
+
+# ---- the run's key, for secrets of the run ---------------------------------------
+
+_RUN_KEY = None     # the back channel's key: every rank of the run holds it, no one else
+
+
+def hold_run_key(key):
+    """Keep KEY, the back channel's key this rank was started with, for
+    run_secret."""
+    global _RUN_KEY
+    _RUN_KEY = key
+
+
+def run_secret(label):
+    """A secret of this run for LABEL (bytes): HMAC-SHA256 of LABEL under the
+    back channel's key, which every rank of the run has and nobody else; the
+    key itself stays here. None outside a rank of distkernel's."""
+    if _RUN_KEY is None:
+        return None
+    return hmac.new(_RUN_KEY, b"distkernel/" + label, hashlib.sha256).digest()

@@ -19,7 +19,7 @@ from ipykernel.jsonutil import json_clean
 from ipykernel.kernelbase import Kernel
 from jupyter_client.session import Session
 
-from distkernel._kernel import dumps, publish
+from distkernel._iopub import dumps, publish
 
 
 class _PublishingSession(Session):

@@ -425,7 +425,7 @@ def _shell():
 
 
 def _cells_dumps(obj):
-    from distkernel._kernel import dumps
+    from distkernel._iopub import dumps
     return dumps(obj)
 
 

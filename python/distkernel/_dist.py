@@ -16,7 +16,7 @@ from IPython.core.interactiveshell import InteractiveShell
 
 from distkernel._api import DistributedError
 from distkernel._results import results_text
-from distkernel._kernel import dumps  # noqa: F401  (used by the C side)
+from distkernel._iopub import dumps  # noqa: F401  (used by the C side)
 
 # Names IPython keeps in the namespace for itself; never sent.
 _IPYTHON_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "_", "__", "___", "_i", "_ii",

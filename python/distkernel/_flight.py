@@ -7,7 +7,7 @@ The kernel shows it on each group's line of "Where the ranks were", so that in
 a hung NCCL run the rank one collective behind stands out.
 
 Read only where the answer is made with the GIL (the sampler thread of
-_rank.py): faulthandler's handler, which runs without it, cannot call
+_rankstacks.py): faulthandler's handler, which runs without it, cannot call
 Python. Nothing is imported here:
 without torch imported, an initialised NCCL process group and the recorder
 on (TORCH_NCCL_TRACE_BUFFER_SIZE > 0), line() is "" after a few dict

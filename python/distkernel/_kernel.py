@@ -3,33 +3,24 @@
 The C side owns the protocol: sockets, signatures, busy/idle, replies, output
 capture and interrupts. It calls `Kernel.handle(msg_type, content_json, buffers)`
 for the requests only IPython can answer and sends back the JSON text this
-returns. Python reaches the kernel through the built-in module `_distkernel`.
+returns. Python reaches the kernel through the built-in module `_distkernel`;
+what it publishes goes through _iopub.py (the JSON, and which request a
+thread's output belongs to), which the comms' stand-in kernel shares.
 
 Comm support (ipywidgets) reuses ipykernel's Comm and CommManager, which expect
 an ipykernel Kernel object; a small stand-in is built the first time a comm is
 used, so starting the kernel does not pay for importing ipykernel.
 """
 
-import base64
 import builtins
-import contextvars
-import datetime
 import getpass as _getpass_module
 import io
-import json
-import math
 import os
 import signal
 import sys
 import threading
 
 import _distkernel
-
-# The process that runs the kernel. A process forked from it (multiprocessing's
-# default start method, os.fork(), DataLoader workers) has a copy of this
-# module but none of the kernel's threads, and its copy of the ZeroMQ sockets
-# must never be used: its output goes to fd 1 and 2 instead (see _in_child).
-_KERNEL_PID = os.getpid()
 
 
 def _defer_terminal_import():
@@ -66,110 +57,9 @@ from IPython.core.error import StdinNotImplementedError  # noqa: E402
 from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 
 from distkernel import _cells  # noqa: E402  (imports IPython: after the deferral above)
-
-
-# ---- JSON --------------------------------------------------------------------
-
-def _default(obj):
-    if isinstance(obj, (bytes, bytearray, memoryview)):
-        return base64.b64encode(bytes(obj)).decode("ascii")
-    if isinstance(obj, (datetime.datetime, datetime.date)):
-        return obj.isoformat()
-    if isinstance(obj, (set, frozenset, tuple)):
-        return list(obj)
-    return repr(obj)
-
-
-def _finite(obj):
-    """Replace NaN and infinities (not JSON) with None, as a last resort."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {str(k): _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
-
-
-def dumps(obj):
-    try:
-        return json.dumps(obj, default=_default, ensure_ascii=False, allow_nan=False,
-                          separators=(",", ":"))
-    except ValueError:
-        return json.dumps(_finite(json.loads(json.dumps(obj, default=_default))),
-                          default=_default, ensure_ascii=False, separators=(",", ":"))
-
-
-# ---- whose output ---------------------------------------------------------------
-
-class _Parents:
-    """Which request a thread's or an asyncio task's output belongs to: the
-    shell API of ipykernel 7 (get_parent, set_parent, set_thread_parent,
-    reset_thread_parent), which libraries use to send what a background thread
-    prints to the cell that started it.
-
-    The C side publishes under the request it is running. A thread or task
-    that set a parent of its own publishes under that one instead: it is a
-    ContextVar, so a new thread starts without one and an asyncio task
-    inherits its creator's. set_parent also sets it for every thread that has
-    none, until the next request, as in ipykernel (whose next execute_request
-    calls set_parent again). None is "the request running"; a parent is a
-    message, as get_parent returns it, or a bare header."""
-
-    def __init__(self):
-        self.var = contextvars.ContextVar("distkernel_parent")
-        self.shared = None
-
-    def current(self):
-        return self.var.get(self.shared)
-
-    def header_json(self):
-        """The header JSON that output goes under, or None for the request running."""
-        p = self.current()
-        if p is None:
-            return None
-        return dumps(p["header"] if "header" in p else p)
-
-    def new_request(self):
-        """A request starts: output goes under it again, in the main thread and
-        in every thread without a parent of its own."""
-        self.shared = None
-        self.var.set(None)
-
-    @staticmethod
-    def running():
-        """The request running, as a message (ipywidgets' Output reads its
-        header's msg_id); its header is empty between requests."""
-        header = json.loads(_distkernel.parent() or "{}")
-        return {"header": header, "msg_id": header.get("msg_id"),
-                "msg_type": header.get("msg_type"), "parent_header": {}, "metadata": {},
-                "content": {}}
-
-
-_parents = _Parents()
-
-
-def publish(msg_type, content, metadata=None, buffers=None, parent=None):
-    """Publish on IOPub under PARENT (header JSON), by default the parent of the
-    calling thread or task (_Parents), else the request running."""
-    if os.getpid() != _KERNEL_PID:
-        _publish_from_child(msg_type, content)
-        return
-    _distkernel.publish(msg_type, dumps(content), dumps(metadata) if metadata else None,
-                        buffers, parent or _parents.header_json())
-
-
-def _publish_from_child(msg_type, content):
-    """A forked child cannot reach IOPub (the kernel's sockets are not
-    fork-safe): what it displays is shown as its plain text on stdout, which
-    reaches the running cell through fd 1 like the rest of its output."""
-    data = content.get("data") if isinstance(content, dict) else None
-    if msg_type in ("display_data", "update_display_data", "execute_result") and data:
-        text = data.get("text/plain")
-        if text:
-            sys.stdout.write(str(text) + "\n")
-    elif msg_type == "error":
-        sys.stderr.write("\n".join(content.get("traceback") or []) + "\n")
+from distkernel._iopub import KERNEL_PID, parents, publish  # noqa: E402
+# The C side takes json.dumps's default from here (kernel/dk_python.c).
+from distkernel._iopub import _default  # noqa: E402,F401
 
 
 # ---- output streams ------------------------------------------------------------
@@ -202,9 +92,9 @@ class OutStream(io.TextIOBase):
     def write(self, text):
         if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
-        if os.getpid() != _KERNEL_PID:
+        if os.getpid() != KERNEL_PID:
             return self._write_in_child(text)
-        parent = _parents.current()
+        parent = parents.current()
         if parent is None:
             _distkernel.stream_write(self._fd, text)
         elif text:
@@ -214,7 +104,7 @@ class OutStream(io.TextIOBase):
         return len(text)
 
     def flush(self):
-        if os.getpid() == _KERNEL_PID:
+        if os.getpid() == KERNEL_PID:
             _distkernel.flush()
         elif self._child_tail:
             tail, self._child_tail = self._child_tail, ""
@@ -237,7 +127,7 @@ class OutStream(io.TextIOBase):
     def _is_master_process(self):
         """True in the kernel's own process, False in a process forked from it
         (the name ipykernel's OutStream uses, which code in the wild calls)."""
-        return os.getpid() == _KERNEL_PID
+        return os.getpid() == KERNEL_PID
 
 
 def _write_fd(fd, text):
@@ -263,7 +153,7 @@ def _before_fork():
     """In the kernel, before a fork: pipes of its own for the child's fd 1 and 2,
     so that what it writes, even after its cell has ended, goes to the cell
     that forked it (dk_stream_fork_source)."""
-    if os.getpid() == _KERNEL_PID:
+    if os.getpid() == KERNEL_PID:
         _forking.fds = _distkernel.fork_source()
 
 
@@ -342,18 +232,18 @@ class KernelShell(InteractiveShell):
     # ipykernel 7's shell API for the parent of output (see _Parents).
 
     def get_parent(self):
-        parent = _parents.current()
-        return parent if parent is not None else _parents.running()
+        parent = parents.current()
+        return parent if parent is not None else parents.running()
 
     def set_parent(self, parent):
-        _parents.var.set(parent)
-        _parents.shared = parent
+        parents.var.set(parent)
+        parents.shared = parent
 
     def set_thread_parent(self, parent):
-        return _parents.var.set(parent)
+        return parents.var.set(parent)
 
     def reset_thread_parent(self, token):
-        _parents.var.reset(token)
+        parents.var.reset(token)
 
     def init_hooks(self):
         super().init_hooks()
@@ -555,7 +445,7 @@ class Kernel:
         silent = bool(c.get("silent", False))
         store_history = bool(c.get("store_history", not silent)) and not silent
         self.allow_stdin = bool(c.get("allow_stdin", False))
-        _parents.new_request()
+        parents.new_request()
         if not silent:
             publish("execute_input", {"code": code, "execution_count": shell.execution_count})
         shell.last_error = None
@@ -582,7 +472,7 @@ class Kernel:
 
     def native_begin(self, code, silent, store_history):
         shell = self.shell
-        _parents.new_request()
+        parents.new_request()
         self.arm_interrupt()
         count = shell.execution_count
         _cells.native_cell = code

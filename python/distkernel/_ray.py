@@ -40,9 +40,9 @@ The kernel checks it before any rank starts (ray_launch's .distributed()).
 Who may join. The rendezvous store is open to anyone who reaches
 MASTER_ADDR:MASTER_PORT, so what rank 0 publishes there is signed: the head's
 address (and whether it asks for a token) goes with an HMAC under a secret of
-the run (distkernel._rank.run_secret: the back channel's key, which every
-rank has and nobody else), and a worker refuses a value whose HMAC does not
-verify, naming it, rather than join a head a stranger wrote in. Ray's own
+the run (distkernel._backchannel.run_secret: the back channel's key, which
+every rank has and nobody else), and a worker refuses a value whose HMAC does
+not verify, naming it, rather than join a head a stranger wrote in. Ray's own
 ports are another matter: `ray start --head` accepts whoever reaches them.
 Where the installed Ray has token authentication (Ray 2.52 and later:
 RAY_AUTH_MODE=token, the token in RAY_AUTH_TOKEN; `ray --version` tells),
@@ -305,12 +305,12 @@ def _ray_version():
 
 
 def _secret(label):
-    """The run's secret for LABEL (distkernel._rank.run_secret), or an error
-    saying why there is none: outside distkernel's ranks nothing signs the
-    head's address, and an unsigned one is what this module refuses."""
-    from distkernel import _rank
+    """The run's secret for LABEL (distkernel._backchannel.run_secret), or an
+    error saying why there is none: outside distkernel's ranks nothing signs
+    the head's address, and an unsigned one is what this module refuses."""
+    from distkernel import _backchannel
 
-    secret = _rank.run_secret(label)
+    secret = _backchannel.run_secret(label)
     if secret is None:
         raise RuntimeError("ray_init() signs the Ray head's address with the run's key, and "
                            "this process is not a rank of distkernel's run (no key): start "

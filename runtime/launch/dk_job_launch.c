@@ -209,7 +209,7 @@ static bool start_rank(dk_job_t *job, int r, const char *program, char *const ar
     dk_spawned_t sp;
     char why[512];
     /* A session of its own (dk_spawn.h), for the scheduler's share. A rank
-     * forked by a warm-start template leads one too (_rank.py, _become_rank);
+     * forked by a warm-start template leads one too (_template.py, _become_rank);
      * this process, its requester, passes the job's stops on to it. */
     dk_spawn_opts_t opts = DK_SPAWN_OPTS_INIT;
     opts.session = true;

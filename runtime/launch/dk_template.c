@@ -111,7 +111,7 @@ dk_template_t *dk_template_start(const char *rank_exe, const char *const *env,
     /* Named for what it is: it outlives runs by design, and as a
      * "distkernel-rank" it would look like an orphaned rank in ps. rank_main
      * sets the same name as its process name (comm); the ranks it forks
-     * take back "distkernel-rank" (_rank.py, _become_rank). */
+     * take back "distkernel-rank" (_template.py, _become_rank). */
     char *argv[] = {DK_TEMPLATE_ARGV0, NULL};
     dk_spawn_opts_t opts = DK_SPAWN_OPTS_INIT;
     opts.what = "warm-start template";
@@ -297,7 +297,7 @@ long dk_template_rss_kb(const dk_template_t *t)
 
 /* SIGTERM through the template's pidfd, and wait (at most END_WAIT_MS) for it
  * to exit: each rank it forked leads a group of its own, which the template
- * ends on SIGTERM before it exits (_rank.py, template_main); a SIGKILL
+ * ends on SIGTERM before it exits (_template.py, serve); a SIGKILL
  * would leave what the ranks started running. */
 static void term_and_wait(const dk_template_t *t)
 {

@@ -6,7 +6,7 @@
  * it imports a list of modules (torch, and what the user adds) once, with no
  * thread started, CUDA never initialised and no GPU held, and then forks a
  * rank for each request on its Unix socket (protocol: python/distkernel/
- * _rank.py, template_main; the requesting side: runtime/rank/rank_main.c). A job
+ * _template.py, serve; the requesting side: runtime/rank/rank_main.c). A job
  * uses it by naming its socket in dk_job_spec_t.warm_socket.
  *
  * It is started through dk_spawn like every process of the runtime: in a

@@ -714,7 +714,7 @@ int dk_spawn_free_port(char *err, size_t errlen)
     /* Outside the ephemeral range, where this host's outgoing connections
      * (other runs' ranks among them) take their ports and one could take
      * this port between now and rank 0's bind; the range rank 0 also looks
-     * in on other nodes (python/distkernel/_rank.py, _PORT_RANGE). */
+     * in on other nodes (python/distkernel/_rendezvous.py, _PORT_RANGE). */
     for (int i = 0; i < DK_SPAWN_PORT_TRIES; i++) {
         uint32_t r;
         if (getrandom(&r, sizeof r, 0) != (ssize_t) sizeof r)

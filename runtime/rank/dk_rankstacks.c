@@ -14,7 +14,7 @@
  * the rank is about to be ended anyway. A live sample, while the ranks run on
  * (distributed/dk_dist_stall.h), is DK_SAMPLE_SIGNAL instead, sent to a
  * thread of the rank's own that blocks it and takes it with sigwait, then
- * dumps with the GIL (python/distkernel/_rank.py), so nothing is
+ * dumps with the GIL (python/distkernel/_rankstacks.py), so nothing is
  * interrupted. Taking the dump signal on such a thread without the GIL was
  * tried: faulthandler then reads the main thread's frames while it runs, and
  * ranks sampled every 50 ms died of SIGSEGV.

@@ -3,7 +3,7 @@
  *
  * Part of distkernel-rank only (rank_main.c registers it before CPython
  * starts), as the built-in module _distkernel_stacks that
- * python/distkernel/_rank.py uses. faulthandler writes a rank's stacks from
+ * python/distkernel/_rankstacks.py uses. faulthandler writes a rank's stacks from
  * its signal handler, without the GIL; but its dump has no end a reader can
  * tell from a pause, and the kernel must not wait out a silence for each
  * rank. So a C handler of ours, which needs no GIL either, is installed on

@@ -141,7 +141,7 @@ static char *request_body(size_t *len)
 }
 
 /* A stop for the warm rank RANK, which leads a session and a group of its own
- * (_rank.py, _become_rank: the scheduler gives each session its share,
+ * (_template.py, _become_rank: the scheduler gives each session its share,
  * dk_spawn.h). Before the fork has made its group (it does so first thing)
  * the signal goes to RANK alone, which has no child yet. */
 static void pass_on(pid_t rank, int sig)

@@ -181,7 +181,7 @@ int dk_slurm_agents_argv(dk_slurm_agents_t *a, const char *job_id, const char *n
      * shared filesystem lacks: slurmstepd would then say "couldn't chdir to
      * ... going to /tmp instead". / is on every node; each rank goes to the
      * kernel's folder itself where its node has it (DISTKERNEL_CWD,
-     * distkernel._rank). */
+     * distkernel._rankpath). */
     a->argv[n++] = "--chdir=/";
     a->argv[n++] = agent;
     a->argv[n++] = rank_exe;

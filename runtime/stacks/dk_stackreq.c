@@ -220,7 +220,7 @@ void dk_stackreq_clear(dk_stackreq_t *self)
 
 /* Whether PID, which rank's stacks file names, is still that rank: in GROUP,
  * the group the job started it in, or leading a group of its own, as a rank
- * a warm-start template forked does (a session of its own: _rank.py,
+ * a warm-start template forked does (a session of its own: _template.py,
  * _become_rank). A cold rank leads GROUP, so either way a process that took
  * the pid since would have to lead a group of that id. */
 static bool still_the_rank(pid_t pid, pid_t group)

@@ -5,7 +5,7 @@
  * dk_stacks.h for what is made of the dumps). Each rank of this node gets a
  * file of its own in a private folder this object makes (DK_STACKS_ENV names
  * it in the rank's environment). distkernel-rank opens it at start and arms
- * faulthandler on DK_STACKS_SIGNAL with it (python/distkernel/_rank.py,
+ * faulthandler on DK_STACKS_SIGNAL with it (python/distkernel/_rankstacks.py,
  * runtime/rank/dk_rankstacks.h), then writes one line, DK_STACKS_READY and its
  * pid. On the signal, faulthandler writes every thread's stack from the
  * signal handler, without the GIL, so a rank answers while its main thread
@@ -25,7 +25,7 @@
  * rendezvous does: "Interrupted system call"). So a sample is another
  * signal, DK_SAMPLE_SIGNAL, sent with tgkill to a thread of the rank's own
  * (named in its ready line), which blocks it and takes it with sigwait, then
- * dumps every thread's stack with the GIL (python/distkernel/_rank.py) and
+ * dumps every thread's stack with the GIL (python/distkernel/_rankstacks.py) and
  * the end line. No other thread blocks or takes it, so nothing of the
  * rank's changes for the programs it starts (their signal mask and
  * dispositions stay the defaults).

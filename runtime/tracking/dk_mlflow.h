@@ -112,7 +112,7 @@ void dk_mlflow_strip_uri(const char *uri, char *out, size_t outlen);
 
 /* Whether URI is an http(s) tracking server on this host's loopback, which
  * ranks on other nodes reach only through dk_tunnel: host 127.0.0.1,
- * localhost or [::1] (as distkernel._rank takes them). Writes its numeric
+ * localhost or [::1] (as distkernel._rankjob takes them). Writes its numeric
  * "127.0.0.1:PORT" or "[::1]:PORT" (the scheme's port when none is given) to
  * OUT. */
 bool dk_mlflow_loopback_addr(const char *uri, char *out, size_t outlen);

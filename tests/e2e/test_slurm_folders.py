@@ -103,7 +103,7 @@ def test_a_rank_does_not_run_or_import_from_folders_another_user_made_on_its_nod
 # Python starts there (runtime/rank/dk_rankpyenv.h), in the template that
 # forks a warm rank as in a cold rank. On node2, dkattacker made the folder
 # PYTHONPATH names, with a sitecustomize.py (which Python runs as it starts,
-# before any check of sys.path in distkernel._rank) and the module the cell
+# before any check of sys.path in distkernel._rankpath) and the module the cell
 # imports. What they would run leaves a file in the node's tmpfs, so that a
 # template's start, whose output no cell shows, is seen too.
 PLANTED_SITE = ("import os\n"

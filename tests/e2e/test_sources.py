@@ -1,10 +1,13 @@
-"""One build for every Python holds in the sources and in what is installed
-(docs/architecture.md, "One build, every Python"): C code sees CPython only
-through runtime/base/dk_pyabi.h, which fixes the stable ABI of 3.10, and no
-installed program or library links a libpython. Reads files only: no kernel.
+"""The sources keep their shape. One build for every Python holds in the
+sources and in what is installed (docs/architecture.md, "One build, every
+Python"): C code sees CPython only through runtime/base/dk_pyabi.h, which
+fixes the stable ABI of 3.10, and no installed program or library links a
+libpython. And functions, files and imports stay within the bounds
+scripts/check_structure.py checks. Reads files only: no kernel.
 """
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -43,3 +46,33 @@ def test_no_installed_program_or_library_links_a_libpython():
         needed = subprocess.run(["readelf", "-d", str(f)], capture_output=True, text=True,
                                 check=True).stdout
         assert "libpython" not in needed, f"{f} links a libpython:\n{needed}"
+
+
+def test_functions_files_and_imports_stay_within_bounds():
+    """scripts/check_structure.py: no function over 100 lines, no source file
+    over 800 lines outside tests/, no import cycle in python/distkernel."""
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_structure.py")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("source, cycle", [
+    ("from . import b\n", True),
+    ("def f():\n    from .b import g\n", True),
+    ("import json\n", False),
+])
+def test_the_checker_finds_a_cycle_even_through_a_lazy_import(tmp_path, monkeypatch, source,
+                                                               cycle):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import check_structure
+    finally:
+        sys.path.pop(0)
+    pkg = tmp_path / "python" / "distkernel"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text(source)
+    (pkg / "b.py").write_text("from .a import x\n")
+    monkeypatch.setattr(check_structure, "PACKAGE", pkg)
+    found = check_structure.import_cycles()
+    assert bool(found) == cycle, found

@@ -519,7 +519,7 @@ Test(agent, answers_stacks_by_signalling_its_ranks_here, .timeout = 40)
     agent_free(k);
 }
 
-/* A rank as distkernel-rank arms its sampler thread (python/distkernel/_rank.py):
+/* A rank as distkernel-rank arms its sampler thread (python/distkernel/_rankstacks.py):
  * the thread blocks DK_SAMPLE_SIGNAL and takes it with sigwait. Local rank 1
  * has no sampler (its ready line names none). Neither arms DK_STACKS_SIGNAL:
  * its default action ends the rank, so a sample sent as the ending dump's
