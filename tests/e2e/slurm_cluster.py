@@ -109,6 +109,16 @@ class SlurmCluster:
             self.run("scontrol", "update", f"nodename={node}", "state=resume")
         return self.wait_state(node, {"idle"}, timeout=timeout)
 
+    def kernel_env(self, log_dir):
+        """The environment of a kernel started from a kernelspec of its own
+        (not the fixtures' kernel): the cluster's Slurm, none of its default
+        Slurm options, its logs in LOG_DIR, no tracking."""
+        env = {k: v for k, v in self.env.items()
+               if not k.startswith(("SLURM_", "DISTKERNEL_SLURM_"))
+               and k not in ("DISTKERNEL_NODES", "DISTKERNEL_LAUNCHER")}
+        env.update(SLURM_CONF=self.conf, DISTKERNEL_LOG_DIR=str(log_dir), MLFLOW_TRACKING_URI="")
+        return env
+
     def exec(self, node, *argv):
         """Run ARGV inside NODE of this cluster (not of another one beside it)."""
         return cluster_sh("exec", node, *argv, env=self.sh_env)

@@ -312,11 +312,7 @@ SLURM_CELL = cell("%%distributed num_processes=2 nodes=2 tracking=False").replac
 def slurm_kernel_v1(envs, slurm_cluster, tmp_path_factory):
     logs = tmp_path_factory.mktemp("slurm-logs")
     logs.chmod(0o700)
-    env = {k: v for k, v in slurm_cluster.env.items()
-           if not k.startswith(("SLURM_", "DISTKERNEL_SLURM_"))
-           and k not in ("DISTKERNEL_NODES", "DISTKERNEL_LAUNCHER")}
-    env.update(SLURM_CONF=slurm_cluster.conf, DISTKERNEL_LOG_DIR=str(logs),
-               MLFLOW_TRACKING_URI="")
+    env = slurm_cluster.kernel_env(logs)
     km = KernelManager(kernel_name="env-one", kernel_spec_manager=envs.ksm)
     k = support.Kernel.launch(km, env=env)
     yield k

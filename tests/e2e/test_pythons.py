@@ -171,11 +171,7 @@ def test_a_slurm_cell_of_two_nodes_by_two_ranks_runs_on_another_version(specs, s
     specs.install("slurm-other", python)
     logs = tmp_path / "logs"
     logs.mkdir(mode=0o700)
-    env = {k: v for k, v in slurm_cluster.env.items()
-           if not k.startswith(("SLURM_", "DISTKERNEL_SLURM_"))
-           and k not in ("DISTKERNEL_NODES", "DISTKERNEL_LAUNCHER")}
-    env.update(SLURM_CONF=slurm_cluster.conf, DISTKERNEL_LOG_DIR=str(logs),
-               MLFLOW_TRACKING_URI="")
+    env = slurm_cluster.kernel_env(logs)
     km = KernelManager(kernel_name="slurm-other", kernel_spec_manager=specs.ksm)
     k = support.Kernel.launch(km, ready_timeout=60, env=env)
     try:
