@@ -3,6 +3,7 @@
  *
  *     distkernel [--python PATH [--libpython LIB]] -f CONNECTION_FILE
  *     distkernel install [--user | --sys-prefix | --prefix DIR] [--name NAME] ...
+ *     distkernel config [--all | --names | --markdown]
  *
  * Started by a Jupyter frontend through its kernelspec (kernel.json), which
  * `distkernel install` writes (app/dk_install.h).
@@ -16,6 +17,7 @@
 #include "dk_install.h"
 #include "dk_pyload.h"
 #include "dk_pyprobe.h"
+#include "dk_settings.h"
 
 #include <limits.h>
 #include <stdbool.h>
@@ -30,6 +32,7 @@ static void usage(FILE *out)
             "usage: distkernel [--python PATH [--libpython LIB]] -f CONNECTION_FILE\n"
             "       distkernel install [--user | --sys-prefix | --prefix DIR] [--name NAME]\n"
             "                          [--display-name TEXT] [--python PATH] [--env VAR VALUE]...\n"
+            "       distkernel config [--all | --names | --markdown]\n"
             "\n"
             "A Jupyter kernel for Python notebooks, with %%%%distributed to run a cell as\n"
             "torch.distributed ranks. Frontends start it through its kernelspec:\n"
@@ -155,6 +158,8 @@ int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "install") == 0)
         return dk_install_main(argc - 1, argv + 1);
+    if (argc > 1 && strcmp(argv[1], "config") == 0)
+        return dk_settings_main(argc - 1, argv + 1, stdout);
     const char *conn_path = NULL, *python = NULL, *libpython = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--python") == 0 && i + 1 < argc) {
