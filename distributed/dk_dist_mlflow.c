@@ -91,6 +91,33 @@ char **dk_dist_mlflow_begin(dk_dist_mlflow_t *self, dk_tracking_t *tracking, dk_
     return self->tracked.active ? ranks_env(self) : NULL;
 }
 
+char **dk_dist_mlflow_ranks_env(dk_dist_mlflow_t *self)
+{
+    return self->tracked.active ? ranks_env(self) : NULL;
+}
+
+void dk_dist_mlflow_attempt(dk_dist_mlflow_t *self, dk_kernel_t *kernel, int attempt,
+                            int attempts, const char *ended)
+{
+    if (!self->tracked.active)
+        return;
+    char value[64], key[64];
+    snprintf(value, sizeof value, "%d of %d", attempt, attempts);
+    json_t *tags = json_pack("{s:s}", "distkernel.attempt", value);
+    if (tags && ended && attempt > 1) {
+        /* MLflow keeps a tag's value to 5,000 characters (8,000 today). */
+        char line[4096];
+        snprintf(line, sizeof line, "%s", ended);
+        snprintf(key, sizeof key, "distkernel.attempt.%d", attempt - 1);
+        json_object_set_new(tags, key, json_string(line));
+    }
+    char note[1200] = "";
+    if (tags)
+        dk_tracking_tag(&self->tracked, tags, note, sizeof note);
+    json_decref(tags);
+    note_line(kernel, note);
+}
+
 void dk_dist_mlflow_end(dk_dist_mlflow_t *self, dk_kernel_t *kernel, const char *status,
                         const dk_dist_artifacts_t *files)
 {

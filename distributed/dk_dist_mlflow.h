@@ -39,6 +39,16 @@ void dk_dist_mlflow_end(dk_dist_mlflow_t *self, dk_kernel_t *kernel, const char 
 void dk_dist_mlflow_slurm(dk_dist_mlflow_t *self, dk_kernel_t *kernel, const char *job_id,
                           const char *nodes);
 
+/* The ranks' environment for another attempt of the same MLflow run (as
+ * dk_dist_mlflow_begin returned it), or NULL for the kernel's own. */
+char **dk_dist_mlflow_ranks_env(dk_dist_mlflow_t *self);
+
+/* Record in the MLflow run that attempt ATTEMPT of ATTEMPTS runs, and, when
+ * ENDED is not NULL, how the one before it ended (one line). Tracking's
+ * note goes to KERNEL's stderr. */
+void dk_dist_mlflow_attempt(dk_dist_mlflow_t *self, dk_kernel_t *kernel, int attempt,
+                            int attempts, const char *ended);
+
 /* Show a link to the run's page in the cell (nothing when not tracked). */
 void dk_dist_mlflow_publish_link(dk_dist_mlflow_t *self, dk_kernel_t *kernel);
 

@@ -53,10 +53,18 @@ void dk_dist_run_destroy(dk_dist_run_t **self_p)
         free(run->ranks[r].message);
     free(run->ranks);
     free(run->stacks);
+    free(run->payload);
+    free(run->restart_error);
     pthread_mutex_destroy(&run->lock);
     free(run);
     *self_p = NULL;
 }
+
+/* Started ranks stay when a cell on them raises: there is no world to restart. */
+#define RESTARTS_ON_STARTED                                                                    \
+    "restarts= starts a run's own ranks again; started ranks (`%distributed start`) stay "    \
+    "when a cell on them fails. Run the cell with `%%distributed restarts=K` (no ranks "       \
+    "started), or `%distributed stop` first"
 
 /* NULL with a Python exception set, after freeing RUN. */
 static dk_dist_run_t *fail(dk_dist_run_t *run, PyObject *type, const char *msg)
@@ -289,6 +297,8 @@ dk_dist_run_t *dk_dist_run_start_pool(const dk_dist_host_t *host, const char *op
         return NULL;
     if (idle_from_env(&run->opts) < 0)
         return fail(run, NULL, NULL);
+    if (run->opts.restarts > 0)
+        return fail(run, PyExc_ValueError, RESTARTS_ON_STARTED);
     random_id(run->run_id);
     run->pool = dk_dist_pool_new(&run->opts, &run->plan, run->run_id);
     if (!run->pool)
@@ -342,6 +352,8 @@ dk_dist_run_t *dk_dist_run_start_on(const dk_dist_host_t *host, dk_dist_pool_t *
     run->timeout_s = run->opts.timeout_s;
     if (run->opts.idle_given)
         return fail(run, PyExc_ValueError, "idle_timeout= is an option of `%distributed start`");
+    if (run->opts.restarts > 0)
+        return fail(run, PyExc_ValueError, RESTARTS_ON_STARTED);
     /* The ranks' logs are opened, with their cap, when the ranks start. */
     if (run->opts.log_cap != dk_dist_pool_opts(pool)->log_cap)
         return fail(run, PyExc_ValueError,
@@ -364,7 +376,7 @@ dk_dist_run_t *dk_dist_run_start_on(const dk_dist_host_t *host, dk_dist_pool_t *
 
 const char *dk_dist_run_log_dir(dk_dist_run_t *run)
 {
-    return dk_job_log_dir(run->job);
+    return run->job ? dk_job_log_dir(run->job) : run->log_dir;
 }
 
 const char *dk_dist_run_url(dk_dist_run_t *run)

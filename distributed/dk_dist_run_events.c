@@ -84,6 +84,8 @@ void dist_run_publish_status(dk_dist_run_t *run, const char *headline, bool forc
     dk_dist_status_t st = {.what = run->plan.what,
                            .elapsed_s = (double)(dk_now_ms() - run->t0_ms) / 1000.0,
                            .headline = headline, .world = run->plan.world, .ranks = run->ranks,
+                           .attempt = run->attempt,
+                           .attempts = run->pool ? 0 : run->opts.restarts + 1,
                            .gpu = run->plan.gpu,
                            .log_dir = run->job ? dk_job_log_dir(run->job) : run->log_dir,
                            .hosts = run->hosts, .gpu_memory = dk_gpu_process_memory,

@@ -110,8 +110,17 @@ static int slurm_nodes(dk_dist_run_t *run, dk_job_spec_t *spec)
     /* The run's own nodes, the ones its ranks are on: inside a larger
      * allocation, not all of the allocation's. */
     char *own = dk_hostlist_compress(spec->rank_hosts, (size_t)spec->world_size);
-    dk_dist_mlflow_slurm(&run->mlflow, run->kernel, dk_dist_slurm_job_id(run->slurm),
-                         own ? own : dk_dist_slurm_node_list(run->slurm));
+    if (run->attempt <= 1) {
+        dk_dist_mlflow_slurm(&run->mlflow, run->kernel, dk_dist_slurm_job_id(run->slurm),
+                             own ? own : dk_dist_slurm_node_list(run->slurm));
+    } else {
+        /* MLflow's parameters are the first attempt's: the cell says this one's. */
+        char line[1024];
+        snprintf(line, sizeof line, "distkernel: attempt %d runs as Slurm job %s on %s\n",
+                 run->attempt, dk_dist_slurm_job_id(run->slurm),
+                 own ? own : dk_dist_slurm_node_list(run->slurm));
+        dist_run_write_err(run, line);
+    }
     free(own);
     run->hosts = spec->rank_hosts;
     return 0;
@@ -314,6 +323,72 @@ static dk_job_t *submit_round(dk_dist_run_t *run, char **env, const char *log_di
     return job;
 }
 
+/* restarts=: the payload of this attempt, with what torchrun gives its
+ * workers about restarts in the environment each rank sets before the job
+ * runs: one TORCHELASTIC_RUN_ID for every attempt (the run's id), and this
+ * attempt's TORCHELASTIC_RESTART_COUNT of TORCHELASTIC_MAX_RESTARTS. A new
+ * reference to bytes, or NULL with a Python exception set. */
+static PyObject *attempt_payload(dk_dist_run_t *run)
+{
+    PyObject *vars = Py_BuildValue("{s:s, s:N, s:N}", "TORCHELASTIC_RUN_ID", run->run_id,
+                                   "TORCHELASTIC_RESTART_COUNT",
+                                   PyUnicode_FromFormat("%d", run->attempt - 1),
+                                   "TORCHELASTIC_MAX_RESTARTS",
+                                   PyUnicode_FromFormat("%d", run->opts.restarts));
+    return with_env(run->payload, run->payload_len, vars);
+}
+
+/* This attempt's job in LOG_DIR: the first one's payload, or, under
+ * restarts=, the attempt's (attempt_payload). False with a Python exception set. */
+static bool launch_attempt(dk_dist_run_t *run, char **env, const char *log_dir,
+                           const void *payload, size_t len)
+{
+    snprintf(run->log_dir, sizeof run->log_dir, "%s", log_dir);
+    if (run->opts.restarts == 0 || run->pool) {
+        run->job = start_job(run, env, log_dir, run->log_cap, payload, len);
+        return run->job != NULL;
+    }
+    if (!run->payload) {
+        run->payload = malloc(len ? len : 1);
+        if (!run->payload) {
+            PyErr_NoMemory();
+            return false;
+        }
+        memcpy(run->payload, payload, len);
+        run->payload_len = len;
+    }
+    PyObject *wrapped = attempt_payload(run);
+    if (!wrapped)
+        return false;
+    run->job = start_job(run, env, log_dir, run->log_cap, PyBytes_AsString(wrapped),
+                         (size_t)PyBytes_Size(wrapped));
+    Py_DECREF(wrapped);
+    return run->job != NULL;
+}
+
+bool dist_run_relaunch(dk_dist_run_t *run)
+{
+    char err[1024], name[64], log_dir[4096];
+    unsigned long long root_cap;
+    snprintf(name, sizeof name, "%s-attempt-%d", run->run_id, run->attempt);
+    if (dk_dist_logs_size_from_env("DISTKERNEL_LOG_ROOT_CAP", DK_LOG_ROOT_CAP_DEFAULT,
+                                   &root_cap, err, sizeof err) < 0 ||
+        dk_dist_logs_next(run->logs, name, root_cap, log_dir, sizeof log_dir, err,
+                          sizeof err) < 0) {
+        PyErr_SetString(PyExc_RuntimeError, err);
+        return false;
+    }
+    /* The timeout counts from the first attempt: what is left of it. */
+    if (run->opts.timeout_s > 0) {
+        double left = run->opts.timeout_s - (double)(dk_now_ms() - run->first_t0_ms) / 1000.0;
+        run->opts.timeout_s = left > 1 ? left : 1;
+    }
+    char **env = dk_dist_mlflow_ranks_env(&run->mlflow);
+    bool ok = launch_attempt(run, env, log_dir, run->payload, run->payload_len);
+    free(env);
+    return ok;
+}
+
 /* The MLflow run, the log folder, the job. False with a Python exception set. */
 bool dist_run_launch(dk_dist_run_t *run, const void *payload, size_t len)
 {
@@ -330,6 +405,7 @@ bool dist_run_launch(dk_dist_run_t *run, const void *payload, size_t len)
     }
     char err[1024], log_dir[4096];
     unsigned long long log_cap = run->opts.log_cap, root_cap;
+    run->attempt = 1;
     if (!log_cap && dk_dist_logs_size_from_env("DISTKERNEL_LOG_CAP", DK_LOG_CAP_DEFAULT,
                                                &log_cap, err, sizeof err) < 0)
         PyErr_SetString(PyExc_ValueError, err);
@@ -339,12 +415,15 @@ bool dist_run_launch(dk_dist_run_t *run, const void *payload, size_t len)
     else if (dk_dist_logs_next(run->logs, run->run_id, root_cap, log_dir, sizeof log_dir, err,
                                sizeof err) < 0)
         PyErr_SetString(PyExc_RuntimeError, err);
-    else {
+    else if (run->pool && !run->starting) {
         snprintf(run->log_dir, sizeof run->log_dir, "%s", log_dir);
-        if (run->pool && !run->starting)
-            run->job = submit_round(run, env, log_dir, payload, len);
-        else
-            run->job = start_job(run, env, log_dir, log_cap, payload, len);
+        run->job = submit_round(run, env, log_dir, payload, len);
+    } else {
+        run->log_cap = log_cap;
+        run->first_t0_ms = dk_now_ms();
+        if (run->opts.restarts > 0)
+            dk_dist_mlflow_attempt(&run->mlflow, run->kernel, 1, run->opts.restarts + 1, NULL);
+        launch_attempt(run, env, log_dir, payload, len);
     }
     free(env);
     if (!run->job)
@@ -370,5 +449,6 @@ void dist_run_announce(dk_dist_run_t *run)
     if (run->stall)
         dk_dist_stall_output(run->stall, run->t0_ms);     /* silent from the ranks' start */
     dist_run_publish_status(run, NULL, true);
-    dk_dist_mlflow_publish_link(&run->mlflow, run->kernel);
+    if (run->attempt <= 1)     /* the same MLflow run for every attempt: one link */
+        dk_dist_mlflow_publish_link(&run->mlflow, run->kernel);
 }

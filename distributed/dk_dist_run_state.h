@@ -86,6 +86,19 @@ struct dk_dist_run_t {
     /* Where the ranks are while they are silent past stall_after (NULL:
      * off): told output and samples by the sink, asked by the wait. */
     dk_dist_stall_t *stall;
+    /* restarts=: the attempt that runs (1 the first); the payload as the
+     * first attempt got it, kept to start the next; each attempt's ranks'
+     * log cap; when the first attempt started (timeout= counts from it); why
+     * the next attempt could not start (malloc'd; NULL: none); the nodes
+     * lost so far, which a new Slurm allocation leaves out ("a,b"). */
+    int attempt;
+    void *payload;
+    size_t payload_len;
+    unsigned long long log_cap;
+    long long first_t0_ms;
+    char *restart_error;
+    char restart_ename[32];     /* its exception: RuntimeError, KeyboardInterrupt */
+    char lost_nodes[1024];
 };
 
 /* ---- dk_dist_run_events.c ---- */
@@ -108,6 +121,10 @@ dk_sink_t dist_run_sink(dk_dist_run_t *run);
 bool dist_run_launch(dk_dist_run_t *run, const void *payload, size_t len);
 /* The job runs: its status display, a thinning hint, the MLflow link. */
 void dist_run_announce(dk_dist_run_t *run);
+/* restarts=: the next attempt's ranks, once the last attempt's job is
+ * destroyed: a log folder of its own, the same MLflow run, a new Slurm
+ * allocation without the lost nodes. False with a Python exception set. */
+bool dist_run_relaunch(dk_dist_run_t *run);
 
 /* ---- dk_dist_run_end.c ---- */
 

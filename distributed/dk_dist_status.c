@@ -518,6 +518,15 @@ static void started_header(text_t *t, const dk_dist_status_t *st)
             p->slurm_time_limit[0] ? p->slurm_time_limit : "Slurm's default");
 }
 
+/* " · attempt 2 of 3" under restarts= into TEXT, else "". */
+static const char *attempt_text(const dk_dist_status_t *st, char text[64])
+{
+    text[0] = '\0';
+    if (st->attempts > 1)
+        snprintf(text, 64, " · attempt %d of %d", st->attempt, st->attempts);
+    return text;
+}
+
 char *dk_dist_status_text(const dk_dist_status_t *st)
 {
     bool each = st->world <= DK_DIST_STATUS_EACH_RANK_MAX;
@@ -533,11 +542,12 @@ char *dk_dist_status_text(const dk_dist_status_t *st)
     if (!t.text)
         return NULL;
     t.text[0] = '\0';
+    char attempt[64];
     if (p)
         started_header(&t, st);
     else
-        put(&t, "distributed: %s · %.1f s%s%s\n", st->what, st->elapsed_s,
-            st->headline ? " · " : "", st->headline ? st->headline : "");
+        put(&t, "distributed: %s%s · %.1f s%s%s\n", st->what, attempt_text(st, attempt),
+            st->elapsed_s, st->headline ? " · " : "", st->headline ? st->headline : "");
     if (each) {
         each_rank(&t, st);
     } else if (many_ranks(&t, st) < 0) {

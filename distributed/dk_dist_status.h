@@ -78,6 +78,7 @@ typedef struct {
     const char *what;            /* "2 CPU ranks", "8 × NVIDIA H100" */
     double elapsed_s;
     const char *headline;        /* "finished", "failed", ... or NULL */
+    int attempt, attempts;       /* restarts=: "attempt 2 of 3" (ATTEMPTS 0: none) */
     int world;
     const dk_dist_rank_t *ranks; /* WORLD records */
     bool gpu;                    /* GPU ranks: show each running rank's GPU memory */

@@ -374,6 +374,18 @@ void dk_tracking_log_slurm(dk_tracked_run_t *run, const char *job_id, const char
     dk_mlflow_destroy(&c);
 }
 
+void dk_tracking_tag(dk_tracked_run_t *run, json_t *tags, char *note, size_t notelen)
+{
+    note[0] = '\0';
+    if (!run->active)
+        return;
+    char err[1024];
+    dk_mlflow_t *c = client_for(run->tracking_uri, err, sizeof err);
+    if (!c || dk_mlflow_set_tags(c, run->run_id, tags, err, sizeof err) < 0)
+        snprintf(note, notelen, "MLflow: the run's attempt was not recorded (%s)", err);
+    dk_mlflow_destroy(&c);
+}
+
 size_t dk_tracking_attach(dk_tracked_run_t *run, const dk_tracked_file_t *files, size_t n,
                           char *why, size_t whylen)
 {

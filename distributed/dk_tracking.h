@@ -20,6 +20,7 @@
 
 #include "dk_dist_opts.h"
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -86,6 +87,10 @@ size_t dk_tracking_attach(dk_tracked_run_t *run, const dk_tracked_file_t *files,
  * was created). No-op if RUN is not active; a warning may go into NOTE. */
 void dk_tracking_log_slurm(dk_tracked_run_t *run, const char *job_id, const char *nodes,
                            char *note, size_t notelen);
+
+/* Set TAGS (a JSON object of strings, borrowed) on RUN: its attempts under
+ * restarts=. No-op if RUN is not active; a warning may go into NOTE. */
+void dk_tracking_tag(dk_tracked_run_t *run, json_t *tags, char *note, size_t notelen);
 
 /* Stop the tracking server SELF started, if any. Safe to call from any
  * thread, more than once, and on the way out of the process. */

@@ -21,6 +21,8 @@
 
 #define DK_DEFAULT_TIMEOUT_S 10800.0
 #define DK_DEFAULT_IDLE_TIMEOUT_S 3600.0
+/* restarts= at most: a run that fails this often has a cause a restart will not fix. */
+#define DK_RESTARTS_MAX 100
 /* stall_after='s default, and the variable that changes it (the option wins). */
 #define DK_DEFAULT_STALL_AFTER_S 60.0
 #define DK_STALL_AFTER_ENV "DISTKERNEL_STALL_AFTER"
@@ -47,6 +49,8 @@ typedef struct {
     int num_processes;          /* CPU ranks; 0: not given */
     double timeout_s;           /* 0: no timeout (timeout=None) */
     bool timeout_given;         /* timeout= was given (else the default) */
+    int restarts;               /* a failed run starts every rank again, up to this
+                                   many times (torchrun's --max-restarts); 0: never */
     double stall_after_s;       /* ranks silent this long: show where they are
                                    (distributed/dk_dist_stall.h); 0: never */
     dk_output_mode_t output;

@@ -25,8 +25,8 @@
 #include <string.h>
 
 const char dist_opts_accepted[] =
-    "accepted options: num_accelerators, accelerator_type, num_processes, timeout, stall_after, "
-    "output, "
+    "accepted options: num_accelerators, accelerator_type, num_processes, timeout, restarts, "
+    "stall_after, output, "
     "result, check, experiment, run_name, tracking, log_cap, nodes, launcher, partition, "
     "account, qos, constraint, slurm_args, export_secrets, advertise_addr, idle_timeout, warm, "
     "warm_modules (and the deprecated "
@@ -202,6 +202,21 @@ static int opt_timeout(const char *name, const char *value, bool quoted, dk_dist
     return 0;
 }
 
+static int opt_restarts(const char *name, const char *value, bool quoted, dk_dist_opts_t *o,
+                        char *err, size_t errlen)
+{
+    char *end;
+    errno = 0;
+    long n = strtol(value, &end, 10);
+    if (quoted || !*value || *end || errno || n < 0 || n > DK_RESTARTS_MAX) {
+        dk_set_err(err, errlen, "%s must be a whole number from 0 to %d (how many times a failed "
+                   "run starts every rank again), got '%s'", name, DK_RESTARTS_MAX, value);
+        return -1;
+    }
+    o->restarts = (int)n;
+    return 0;
+}
+
 /* Seconds >= 0 (0: off) into *OUT, from the option or the variable. */
 static bool stall_seconds(const char *value, double *out)
 {
@@ -368,6 +383,7 @@ static const struct {
      opt_accelerator_type},
     {"num_processes", NULL, NULL, opt_processes},
     {"timeout", NULL, NULL, opt_timeout},
+    {"restarts", NULL, NULL, opt_restarts},
     {"stall_after", NULL, NULL, opt_stall_after},
     {"output", NULL, NULL, opt_output},
     {"result", NULL, NULL, opt_result},

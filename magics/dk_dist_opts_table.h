@@ -31,7 +31,7 @@ typedef int (*dist_opt_parser_t)(const char *name, const char *value, bool quote
                                  dk_dist_opts_t *o, char *err, size_t errlen);
 
 /* The table's rows (dk_dist_opts_table.c checks that it has as many). */
-#define DIST_OPTS_ROWS 24
+#define DIST_OPTS_ROWS 25
 
 /* ---- dk_dist_opts_table.c ---- */
 

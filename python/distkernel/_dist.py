@@ -182,16 +182,17 @@ def raise_error(ename, evalue, traceback_lines):
 
 
 def with_env(payload, env):
-    """The payload for started ranks: as PAYLOAD, plus the environment
-    variables (the cell's MLflow run) each rank sets before running it. The
-    outer layer is a plain dict (the user's values are pickled inside it), so
-    loading it here runs none of the user's code."""
+    """PAYLOAD, plus environment variables each rank sets before running it
+    (a round's MLflow run on started ranks, MLflow's secrets for ranks on
+    Slurm's nodes, an attempt's TORCHELASTIC_* under restarts=), over those it
+    has. The outer layer is a plain dict (the user's values are pickled inside
+    it), so loading it here runs none of the user's code."""
     import pickle
 
     if not env:
         return payload
     job = pickle.loads(payload)
-    job["env"] = dict(env)
+    job["env"] = {**job.get("env", {}), **env}
     return cloudpickle.dumps(job, protocol=5)
 
 

@@ -565,18 +565,19 @@ int dk_mlflow_create_run(dk_mlflow_t *self, const char *experiment_id, const cha
     return rc;
 }
 
-int dk_mlflow_log_params(dk_mlflow_t *self, const char *run_id, json_t *params, char *err,
-                         size_t errlen)
+/* PAIRS as FIELD ("params" or "tags") of RUN_ID, in log-batch calls of at
+ * most PARAMS_PER_BATCH each; DOING names it in errors. */
+static int log_batch(dk_mlflow_t *self, const char *run_id, const char *field, json_t *pairs,
+                     const char *doing, char *err, size_t errlen)
 {
     if (!self || !run_id) {
-        dk_set_err(err, errlen, "MLflow: logging the run's parameters failed: no run given");
+        dk_set_err(err, errlen, "MLflow: %s failed: no run given", doing);
         return -1;
     }
-    const char *doing = "logging the run's parameters";
-    size_t n = json_is_object(params) ? json_object_size(params) : 0;
+    size_t n = json_is_object(pairs) ? json_object_size(pairs) : 0;
     char code[64];
     for (size_t first = 0; first < n; first += PARAMS_PER_BATCH) {
-        json_t *body = dk_mlflow_body_log_params(run_id, params, first, PARAMS_PER_BATCH);
+        json_t *body = dk_mlflow_body_log_batch(run_id, field, pairs, first, PARAMS_PER_BATCH);
         if (!body) {
             fail(self, err, errlen, doing, 1, "out of memory");
             return -1;
@@ -590,6 +591,19 @@ int dk_mlflow_log_params(dk_mlflow_t *self, const char *run_id, json_t *params, 
             return -1;
     }
     return 0;
+}
+
+int dk_mlflow_log_params(dk_mlflow_t *self, const char *run_id, json_t *params, char *err,
+                         size_t errlen)
+{
+    return log_batch(self, run_id, "params", params, "logging the run's parameters", err,
+                     errlen);
+}
+
+int dk_mlflow_set_tags(dk_mlflow_t *self, const char *run_id, json_t *tags, char *err,
+                       size_t errlen)
+{
+    return log_batch(self, run_id, "tags", tags, "setting the run's tags", err, errlen);
 }
 
 int dk_mlflow_update_run(dk_mlflow_t *self, const char *run_id, const char *status,

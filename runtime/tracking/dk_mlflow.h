@@ -77,6 +77,11 @@ int dk_mlflow_create_run(dk_mlflow_t *self, const char *experiment_id, const cha
 int dk_mlflow_log_params(dk_mlflow_t *self, const char *run_id, json_t *params, char *err,
                          size_t errlen);
 
+/* Set TAGS (a JSON object; values are turned into strings) on the run: unlike
+ * a parameter, a tag may be set again with another value. 0, or -1 with ERR. */
+int dk_mlflow_set_tags(dk_mlflow_t *self, const char *run_id, json_t *tags, char *err,
+                       size_t errlen);
+
 /* Set the run's status ("FINISHED", "FAILED", "KILLED", "RUNNING") and end
  * time END_MS (0: none). 0, or -1 with ERR. */
 int dk_mlflow_update_run(dk_mlflow_t *self, const char *run_id, const char *status,
@@ -123,6 +128,9 @@ bool dk_mlflow_loopback_addr(const char *uri, char *out, size_t outlen);
 json_t *dk_mlflow_body_create_run(const char *experiment_id, const char *run_name, json_t *tags,
                                   long long start_ms);
 json_t *dk_mlflow_body_log_params(const char *run_id, json_t *params, size_t first, size_t count);
+/* A log-batch body with PAIRS' members FIRST..FIRST+COUNT as FIELD ("params" or "tags"). */
+json_t *dk_mlflow_body_log_batch(const char *run_id, const char *field, json_t *pairs,
+                                 size_t first, size_t count);
 json_t *dk_mlflow_body_update_run(const char *run_id, const char *status, long long end_ms);
 
 /* Read an MLflow error body ({"error_code", "message"}) of LEN bytes: writes the

@@ -189,8 +189,16 @@ fail_body:
 
 json_t *dk_mlflow_body_log_params(const char *run_id, json_t *params, size_t first, size_t count)
 {
+    return dk_mlflow_body_log_batch(run_id, "params", params, first, count);
+}
+
+json_t *dk_mlflow_body_log_batch(const char *run_id, const char *field, json_t *params,
+                                 size_t first, size_t count)
+{
+    bool tags = strcmp(field, "tags") == 0;
     json_t *list = json_array();
-    json_t *body = json_pack("{s:s, s:[], s:[]}", "run_id", run_id, "metrics", "tags");
+    json_t *body = json_pack("{s:s, s:[], s:[]}", "run_id", run_id, "metrics",
+                             tags ? "params" : "tags");
     if (!list || !body)
         goto fail;
     size_t i = 0;
@@ -202,7 +210,7 @@ json_t *dk_mlflow_body_log_params(const char *run_id, json_t *params, size_t fir
                 goto fail;
             i++;
         }
-    if (json_object_set_new(body, "params", list) != 0) {
+    if (json_object_set_new(body, field, list) != 0) {
         json_decref(body);
         return NULL;
     }

@@ -914,3 +914,36 @@ def test_silent_ranks_on_every_node_show_where_they_are(kernel, slurm_cluster, t
     assert r.status == "ok", r.describe()
     assert WHERE not in support.status_displays(r)[-1]["content"]["data"]["text/plain"]
     assert wait_clean(slurm_cluster) == []
+
+
+@pytest.mark.timeout(400)
+def test_restarts_start_a_run_whose_node_was_lost_on_a_new_allocation_without_it(
+        kernel, slurm_cluster):
+    # restarts=1 (issue 36): a 1-node run's node crashes; the second attempt
+    # is a new Slurm job that leaves the lost node out, so it runs on the
+    # other one, with the attempt in its environment.
+    msg_id = kernel.start_execute(
+        "%%distributed num_processes=2 nodes=1 launcher=slurm restarts=1\n"
+        "import os, socket, time\n"
+        "if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0':\n"
+        "    print('READY', socket.gethostname(), flush=True)\n"
+        "    time.sleep(300)\n"
+        "(socket.gethostname(), os.environ['TORCHELASTIC_RESTART_COUNT'])\n")
+    ready = kernel.wait_iopub(lambda m: m["msg_type"] == "stream" and
+                              m["parent_header"].get("msg_id") == msg_id and
+                              "[rank 1] READY" in m["content"]["text"], timeout=180)
+    lost = ready["content"]["text"].split("[rank 1] READY ")[1].split()[0]
+    other = "node1" if lost == "node2" else "node2"
+    try:
+        slurm_cluster.kill(lost)
+        r = kernel.finish(msg_id, timeout=180)
+    finally:
+        slurm_cluster.start(lost)
+        slurm_cluster.wait_state(lost, {"idle"})
+    assert r.status == "ok", r.describe()
+    assert r.result == f"rank 0: ('{other}', '1')\nrank 1: ('{other}', '1')", r.describe()
+    assert f"{lost} lost (ranks 0–1)" in r.stderr, r.stderr
+    assert f"starting every rank again: attempt 2 of 2, leaving out the lost nodes {lost}" \
+        in r.stderr, r.stderr
+    assert "attempt 2 runs as Slurm job" in r.stderr and f"on {other}" in r.stderr, r.stderr
+    still_serves(kernel)

@@ -972,6 +972,26 @@ Test(values, idle_timeout_for_started_ranks)
     fails("idle_timeout=soon", "idle_timeout", "soon", NULL);
 }
 
+/* restarts= (issue 36): a whole number from 0 to DK_RESTARTS_MAX, 0 by default. */
+Test(values, restarts_is_a_small_whole_number)
+{
+    ok("");
+    cr_assert_eq(opts.restarts, 0);
+    ok("num_processes=4 restarts=3");
+    cr_assert_eq(opts.restarts, 3);
+    ok("restarts=0");
+    cr_assert_eq(opts.restarts, 0);
+    ok("restarts=100");
+    cr_assert_eq(opts.restarts, DK_RESTARTS_MAX);
+    fails("restarts=101", "restarts", "0 to 100", "101", NULL);
+    fails("restarts=-1", "restarts", "whole number", NULL);
+    fails("restarts=1.5", "restarts", "1.5", NULL);
+    fails("restarts='2'", "restarts", NULL);
+    fails("restarts=None", "restarts", NULL);
+    fails("restarts=", "restarts", NULL);
+    cr_expect(strstr(dk_dist_doc, "restarts=K"), "the help lacks restarts=");
+}
+
 Test(values, parse_onto_keeps_what_the_text_leaves_out)
 {
     ok("num_processes=2 output=rank0 timeout=5 experiment=e");

@@ -95,6 +95,23 @@ Test(status_many, nine_ranks_are_counted_not_listed)
                            "  logs: /l");
 }
 
+/* restarts=: the first line says which attempt runs; without it, nothing. */
+Test(status_many, the_attempt_is_on_the_first_line)
+{
+    world_of(2, 0);
+    st.attempt = 2;
+    st.attempts = 3;
+    st.headline = "finished";
+    show();
+    cr_assert(strncmp(text, "distributed: CPU ranks · attempt 2 of 3 · 41.0 s · finished\n",
+                      strlen("distributed: CPU ranks · attempt 2 of 3 · 41.0 s · finished\n")) ==
+                  0,
+              "%s", text);
+    st.attempts = 1;        /* restarts=0 */
+    show();
+    cr_assert(!strstr(text, "attempt"), "%s", text);
+}
+
 Test(status_many, the_issues_256_ranks_on_16_nodes)
 {
     world_of(256, 16);

@@ -294,6 +294,20 @@ Test(body, log_params_has_run_id_params_and_empty_metrics_and_tags)
     json_decref(params);
 }
 
+Test(body, log_batch_of_tags_leaves_the_params_empty)
+{
+    json_t *tags = json_pack("{s:s, s:s}", "distkernel.attempt", "2 of 3", "distkernel.attempt.1",
+                             "ValueError: [rank 1] boom");
+    json_t *b = dk_mlflow_body_log_batch("r", "tags", tags, 0, 100);
+    cr_assert_not_null(b);
+    cr_assert_eq(json_array_size(json_object_get(b, "params")), 0);
+    cr_assert_eq(json_array_size(json_object_get(b, "metrics")), 0);
+    cr_assert_eq(json_array_size(json_object_get(b, "tags")), 2);
+    cr_assert_str_eq(kv_get(json_object_get(b, "tags"), "distkernel.attempt"), "2 of 3");
+    json_decref(b);
+    json_decref(tags);
+}
+
 Test(body, log_params_values_are_written_as_python_would)
 {
     json_t *params = json_pack("{s:i, s:f, s:f, s:b, s:b, s:n, s:s, s:[i,i]}", "world_size", 8,
