@@ -4,6 +4,7 @@
  */
 #include "dk_install.h"
 #include "dk_err.h"
+#include "dk_io.h"
 #include "dk_pyprobe.h"
 #include "dk_spawn.h"
 
@@ -337,18 +338,11 @@ static int write_file(const char *path, const char *bytes, size_t len)
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
     if (fd < 0)
         return -1;
-    size_t off = 0;
-    while (off < len) {
-        ssize_t n = write(fd, bytes + off, len - off);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            int e = errno;
-            close(fd);
-            errno = e;
-            return -1;
-        }
-        off += (size_t)n;
+    if (dk_write_all(fd, bytes, len) < 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
     }
     return close(fd);
 }

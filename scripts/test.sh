@@ -67,6 +67,7 @@ ASAN_SKIP=(
   test_debugger.py       # debugpy's DAP relay: Python; dk_debug's framing runs in its C unit test
   test_docs.py           # the docs' links and the README's length: files only, no kernel
   test_sources.py        # the stable ABI in the sources and no libpython linked: files only
+  test_wire_spec.py      # the back channel's constants, Python's against dk_frame.h: files only
   test_environments.py   # venv kernelspecs: the probe and install run in the install unit test
   test_pythons.py        # other CPython versions: the loader's C paths run at every kernel's start here
   test_execute.py        # IPython semantics of execute (payloads, user_expressions, history)

@@ -1,12 +1,12 @@
-"""The rank side of the runtime's back channel (see runtime/launch/dk_job.h).
+"""The rank side of the runtime's back channel.
 
-Every frame is  u32 length | 32-byte MAC | body,  MAC = HMAC-SHA256(key, nonce |
-u8 dir | u32 seq | body),  body = u8 type | u32 rank | payload. The nonce is
-what the runtime writes first on the connection; dir is b"R" on what a rank
-sends and b"K" on what the kernel sends, so a frame of ours sent back to us
-does not verify; seq counts the sending side's frames.
-A persistent job sends TASK frames (u32 round | payload) instead of one
-PAYLOAD, and each answer's payload starts with that u32 round.
+The wire is specified once, in runtime/channel/dk_frame.h: the frame's
+layout, its MAC, the direction bytes, the sequence counts and the types. The
+constants below are that header's, named as it names them without DK_FRAME_
+(its DK_FRAME_DIR_TO_RUNTIME and _TO_RANK are TO_RUNTIME and TO_RANK here);
+tests/e2e/test_wire_spec.py fails when the two disagree. What a job does with
+the frames (a persistent job's TASK rounds, PORT before the work) is
+runtime/launch/dk_job.h's.
 
 DISTKERNEL_BC is a Unix socket's absolute path: the kernel's, for a rank on its
 node, or its node agent's, which carries the connection to the kernel untouched
@@ -25,18 +25,21 @@ import socket
 import struct
 import threading
 
+# The frame types a rank speaks.
 HELLO, PAYLOAD, RESULT, ERROR, TASK, OUTPUT = range(1, 7)
 PORT = 9
+NONCE_LEN = 32      # what the runtime writes first on a connection
 MAC_LEN = 32
-# The direction byte of the MAC (dk_backchan.h, DK_BC_DIR_TO_*).
-TO_KERNEL = b"R"
-TO_RANK = b"K"
-# The protocol's one size limit, as runtime/channel/dk_backchan.h has it (and
-# tests/unit/test_job.c checks): the bytes after a frame's u8 type | u32 rank,
-# either way. A frame's length field covers the MAC, type, rank and those.
+BODY_HEAD = 5       # u8 type | u32 id, before a frame's payload
+# The direction byte of the MAC: a frame of ours sent back to us does not verify.
+TO_RUNTIME = b"R"   # on what a rank sends
+TO_RANK = b"K"      # on what the runtime (the kernel) sends
+# The protocol's one size limit: the bytes after a frame's type and id, either
+# way (tests/unit/test_job.c checks that this side takes exactly that). A
+# frame's length field covers the MAC, type, id and those.
 PAYLOAD_MAX = 1 << 30
-MAX_FRAME = MAC_LEN + 5 + PAYLOAD_MAX
-OUTPUT_LOG = 3      # OUTPUT's fd for the rank's log only (DK_BC_OUTPUT_LOG)
+LEN_MAX = MAC_LEN + BODY_HEAD + PAYLOAD_MAX
+OUTPUT_LOG = 3      # OUTPUT's fd for the rank's log only, never the cell
 
 
 class BackChannelError(Exception):
@@ -78,7 +81,7 @@ class BackChannel:
         except BaseException:
             self.sock.close()
             raise
-        self.nonce = self._recv_exact(32)
+        self.nonce = self._recv_exact(NONCE_LEN)
         self.send_seq = 0
         self.recv_seq = 0
         self._send_lock = threading.Lock()
@@ -107,22 +110,22 @@ class BackChannel:
                                    f"channel carries ({PAYLOAD_MAX} bytes)")
         body = struct.pack(">BI", kind, self.rank) + bytes(payload)
         with self._send_lock:
-            mac = self._mac(TO_KERNEL, self.send_seq, body)
+            mac = self._mac(TO_RUNTIME, self.send_seq, body)
             self.send_seq += 1
             self.sock.sendall(struct.pack(">I", len(mac) + len(body)) + mac + body)
 
     def _check_length(self, length):
-        if length < MAC_LEN + 5 or length > MAX_FRAME:
+        if length < MAC_LEN + BODY_HEAD or length > LEN_MAX:
             raise BackChannelError(f"bad frame length {length} (the protocol allows "
-                                   f"{MAC_LEN + 5} to {MAX_FRAME})")
+                                   f"{MAC_LEN + BODY_HEAD} to {LEN_MAX})")
 
     def _open(self, mac, body):
         """Verify one frame from the kernel; (kind, payload)."""
         if not hmac.compare_digest(mac, self._mac(TO_RANK, self.recv_seq, body)):
             raise BackChannelError("a frame from the kernel failed authentication")
         self.recv_seq += 1
-        kind, rank = struct.unpack(">BI", body[:5])
-        return kind, body[5:]
+        kind, rank = struct.unpack(">BI", body[:BODY_HEAD])
+        return kind, body[BODY_HEAD:]
 
     def recv(self):
         (length,) = struct.unpack(">I", self._recv_exact(4))

@@ -92,7 +92,7 @@ _NOTES_MAX = 8      # a rank's notes about its node's folders: this many, then o
 
 class Notes:
     """Lines about this rank for its log only, never the cell (OUTPUT frames
-    for fd 3, DK_BC_OUTPUT_LOG): which of its node's folders it would not
+    for fd 3, OUTPUT_LOG): which of its node's folders it would not
     use, and why. Said before the channel is up, they wait for it. At most
     _NOTES_MAX, then one line saying more were left unsaid: a node full of
     planted folders must not fill the log."""

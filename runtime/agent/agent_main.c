@@ -44,9 +44,9 @@
  * kernel went away first and the ranks were ended; 2 nothing could start.
  */
 #include "dk_agent.h"
-#include "dk_agentwire.h"
 
 #include "dk_backchan.h"
+#include "dk_frame.h"
 #include "dk_spawn.h"
 #include "dk_tidy.h"
 #include "dk_tunnel.h"
@@ -251,7 +251,7 @@ static dk_tunnel_t *tracking_door(const where_t *w, const unsigned char *key, co
 static int serve(const where_t *w, dk_agent_spec_t *spec, const char *address, warm_t *warm)
 {
     char err[1024];
-    unsigned char nonce[DK_AGENTWIRE_NONCE_LEN];
+    unsigned char nonce[DK_FRAME_NONCE_LEN];
     spec->fd = dk_agent_connect(address, spec->connect_timeout_s, nonce, err, sizeof err);
     if (spec->fd < 0) {
         say(w, "%s", err);
@@ -284,9 +284,9 @@ static int agent(int argc, char **argv, const char *key_hex)
     int per = env_int("DISTKERNEL_AGENT_PER_NODE", -1);
     const char *address = getenv("DISTKERNEL_BC");
     const char *run_id = getenv("DISTKERNEL_AGENT_RUN_ID");
-    unsigned char key[DK_AGENTWIRE_KEY_LEN];
+    unsigned char key[DK_FRAME_KEY_LEN];
     if (w.node < 0 || world < 1 || per < 1 || !address || !run_id ||
-        dk_agentwire_key_from_hex(key_hex, key) < 0) {
+        dk_frame_key_from_hex(key_hex, key) < 0) {
         fprintf(stderr, "distkernel-agent: started without the environment the kernel gives "
                 "it (DISTKERNEL_AGENT_NODE or SLURM_NODEID, DISTKERNEL_AGENT_WORLD, "
                 "DISTKERNEL_AGENT_PER_NODE, DISTKERNEL_AGENT_RUN_ID, DISTKERNEL_BC, "

@@ -7,7 +7,7 @@
  * socket. A kernel that takes no byte for the heartbeat deadline is gone, as
  * a silent one is. What it reads is non-blocking, into a buffer that holds
  * at least one whole frame. The ranks' pipes are read a pipe-read at a time
- * (at most DK_BC_OUTPUT_MAX), so one rank's flood is interleaved with the
+ * (at most DK_FRAME_OUTPUT_MAX), so one rank's flood is interleaved with the
  * others' output, the exits and the PINGs.
  */
 #include "dk_agent_state.h"
@@ -16,6 +16,7 @@
 #include "dk_be32.h"
 #include "dk_clock.h"
 #include "dk_err.h"
+#include "dk_io.h"
 #include "dk_spawn.h"
 #include "dk_stackreq.h"
 #include "dk_stop.h"
@@ -36,7 +37,7 @@
 
 #define DEFAULT_GRACE_S 2.0
 /* The most a frame from the kernel may carry (a RELAY's bytes). */
-#define IN_PAYLOAD_MAX DK_BC_RELAY_MAX
+#define IN_PAYLOAD_MAX DK_FRAME_RELAY_MAX
 /* Frames wait in the agent's buffer until its loop turn ends (or this much
  * is waiting): a turn's output, exits and relayed frames go in one write. */
 #define OUT_FLUSH_AT ((size_t) 256 << 10)
@@ -112,35 +113,15 @@ static void kernel_gone(agent_t *a, const char *why)
             killpg(a->ranks[i].pid, sig);
 }
 
-/* Write all of BUF, waiting for the socket at most the heartbeat deadline. */
-static bool write_all(agent_t *a, const unsigned char *buf, size_t len)
+/* Write all of BUF, waiting for the socket at most the heartbeat deadline
+ * each time it takes nothing. */
+static bool send_to_kernel(agent_t *a, const unsigned char *buf, size_t len)
 {
-    size_t at = 0;
-    while (at < len) {
-        ssize_t w = send(a->fd, buf + at, len - at, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (w > 0) {
-            at += (size_t) w;
-            continue;
-        }
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            struct pollfd p = {.fd = a->fd, .events = POLLOUT};
-            int r;
-            do
-                r = poll(&p, 1, (int) (a->heartbeat_s * 1000));
-            while (r < 0 && errno == EINTR);
-            if (r == 0) {
-                kernel_gone(a, "the kernel took nothing past the heartbeat deadline");
-                return false;
-            }
-            if (r > 0)
-                continue;
-        }
-        kernel_gone(a, "the kernel's connection broke");
-        return false;
-    }
-    return true;
+    if (dk_send_all(a->fd, buf, len, (int) (a->heartbeat_s * 1000)) == 0)
+        return true;
+    kernel_gone(a, errno == ETIMEDOUT ? "the kernel took nothing past the heartbeat deadline"
+                                      : "the kernel's connection broke");
+    return false;
 }
 
 /* Write the frames waiting in the buffer. */
@@ -150,7 +131,7 @@ static void flush_out(agent_t *a)
         return;
     size_t len = a->out_len;
     a->out_len = 0;
-    if (write_all(a, a->out, len))
+    if (send_to_kernel(a, a->out, len))
         a->pinged_at = dk_now_s();
 }
 
@@ -158,7 +139,7 @@ void agent_send_frame(agent_t *a, int type, uint32_t id, const void *payload, si
 {
     if (a->gone || a->shut)
         return;
-    size_t need = a->out_len + DK_AGENTWIRE_HEAD + len;
+    size_t need = a->out_len + DK_FRAME_HEAD + len;
     if (need > a->out_cap) {
         size_t cap = a->out_cap ? a->out_cap : 65536;
         while (cap < need)
@@ -171,7 +152,7 @@ void agent_send_frame(agent_t *a, int type, uint32_t id, const void *payload, si
         a->out = out;
         a->out_cap = cap;
     }
-    size_t n = dk_agentwire_seal(&a->wire, type, id, payload, len, a->out + a->out_len);
+    size_t n = dk_frame_seal(&a->side, type, id, payload, len, a->out + a->out_len);
     if (n == 0) {
         kernel_gone(a, "OpenSSL could not sign a message");
         return;
@@ -189,12 +170,12 @@ void agent_send_frame(agent_t *a, int type, uint32_t id, const void *payload, si
 static bool pump_read(agent_t *a, int i, int w, bool *short_read)
 {
     lrank_t *rk = &a->ranks[i];
-    static unsigned char buf[2 + DK_BC_OUTPUT_MAX];
+    static unsigned char buf[2 + DK_FRAME_OUTPUT_MAX];
     if (rk->pipes[w] < 0)
         return false;
     ssize_t n;
     do
-        n = read(rk->pipes[w], buf + 2, DK_BC_OUTPUT_MAX);
+        n = read(rk->pipes[w], buf + 2, DK_FRAME_OUTPUT_MAX);
     while (n < 0 && errno == EINTR);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
         close_fd(&rk->pipes[w]);
@@ -203,10 +184,10 @@ static bool pump_read(agent_t *a, int i, int w, bool *short_read)
     if (n < 0)
         return false;
     buf[0] = (unsigned char) (w + 1);
-    buf[1] = (size_t) n < DK_BC_OUTPUT_MAX ? DK_BC_OUTPUT_CAUGHT_UP : 0;
+    buf[1] = (size_t) n < DK_FRAME_OUTPUT_MAX ? DK_FRAME_OUTPUT_CAUGHT_UP : 0;
     if (short_read)
-        *short_read = (size_t) n < DK_BC_OUTPUT_MAX;
-    agent_send_frame(a, DK_BC_OUTPUT, (uint32_t) rk->rank, buf, 2 + (size_t) n);
+        *short_read = (size_t) n < DK_FRAME_OUTPUT_MAX;
+    agent_send_frame(a, DK_FRAME_OUTPUT, (uint32_t) rk->rank, buf, 2 + (size_t) n);
     return true;
 }
 
@@ -227,7 +208,7 @@ static void relay_before(void *data)
             bool short_read = false;
             size_t drained = 0;
             while (drained < EXIT_DRAIN_MAX && pump_read(a, i, w, &short_read) && !short_read)
-                drained += DK_BC_OUTPUT_MAX;
+                drained += DK_FRAME_OUTPUT_MAX;
         }
 }
 
@@ -252,13 +233,13 @@ static void reap(agent_t *a, int i)
     size_t drained = 0;
     for (int w = 0; w < 2; w++)
         while (drained < EXIT_DRAIN_MAX && pump(a, i, w))
-            drained += DK_BC_OUTPUT_MAX;
+            drained += DK_FRAME_OUTPUT_MAX;
     unsigned char body[8];
     int code = got < 0 ? -1 : WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     int sig = got > 0 && WIFSIGNALED(status) ? WTERMSIG(status) : 0;
     dk_put_be32(body, (uint32_t) code);
     dk_put_be32(body + 4, (uint32_t) sig);
-    agent_send_frame(a, DK_BC_EXIT, (uint32_t) rk->rank, body, sizeof body);
+    agent_send_frame(a, DK_FRAME_EXIT, (uint32_t) rk->rank, body, sizeof body);
     rk->exited = true;
     close_fd(&rk->pidfd);
     if (a->stacks)
@@ -272,7 +253,7 @@ static void signal_ranks(agent_t *a, uint32_t id, int sig)
 {
     for (int i = 0; i < a->n; i++) {
         lrank_t *rk = &a->ranks[i];
-        if ((id != DK_BC_ALL_RANKS && id != (uint32_t) rk->rank) || rk->exited)
+        if ((id != DK_FRAME_ALL_RANKS && id != (uint32_t) rk->rank) || rk->exited)
             continue;
         if (rk->pid > 0)
             killpg(rk->pid, sig);
@@ -283,22 +264,23 @@ static void signal_ranks(agent_t *a, uint32_t id, int sig)
 
 /* ---- frames from the kernel ----------------------------------------------------- */
 
-static void on_frame(agent_t *a, const dk_agentframe_t *f)
+static void on_frame(agent_t *a, const dk_frame_msg_t *f)
 {
-    if (f->type == DK_BC_PING)
+    if (f->type == DK_FRAME_PING)
         return;     /* its arrival was the point (heard_at) */
-    if (f->type == DK_BC_SIGNAL && f->len == 4) {
+    if (f->type == DK_FRAME_SIGNAL && f->len == 4) {
         uint32_t sig = dk_get_be32(f->payload);
         if (sig >= 1 && sig < (uint32_t) NSIG)
             signal_ranks(a, f->id, (int) sig);
         return;
     }
-    if ((f->type == DK_BC_RELAY || f->type == DK_BC_RELAY_END) && a->relay) {
+    if ((f->type == DK_FRAME_RELAY || f->type == DK_FRAME_RELAY_END) && a->relay) {
         dk_relay_from_kernel(a->relay, f->type, f->id, f->payload, f->len);
         return;
     }
-    if (f->type == DK_BC_STACKS && (f->len == 0 || f->len == 4)) {
-        agent_want_stacks(a, f->id, f->len == 4 && dk_get_be32(f->payload) == DK_BC_STACKS_SAMPLE);
+    if (f->type == DK_FRAME_STACKS && (f->len == 0 || f->len == 4)) {
+        bool sample = f->len == 4 && dk_get_be32(f->payload) == DK_FRAME_STACKS_SAMPLE;
+        agent_want_stacks(a, f->id, sample);
         return;
     }
     say(a, "the kernel sent a message of type %d, which this agent does not know; ignored",
@@ -335,9 +317,10 @@ static void read_kernel(agent_t *a)
     }
     size_t at = 0;
     while (!a->gone) {
-        dk_agentframe_t f;
+        dk_frame_msg_t f;
         const char *why;
-        long took = dk_agentwire_open(&a->wire, a->in + at, a->in_len - at, &f, NULL, &why);
+        long took = dk_frame_open(&a->side, a->in + at, a->in_len - at, IN_PAYLOAD_MAX, &f, NULL,
+                                  &why);
         if (took < 0) {
             kernel_gone(a, why);
             break;
@@ -395,7 +378,7 @@ static bool start_ranks(agent_t *a, const char *warm_socket)
         a->live++;
         unsigned char pid[4];
         dk_put_be32(pid, (uint32_t) sp.pid);
-        agent_send_frame(a, DK_BC_STARTED, (uint32_t) rk->rank, pid, sizeof pid);
+        agent_send_frame(a, DK_FRAME_STARTED, (uint32_t) rk->rank, pid, sizeof pid);
         /* What the kernel sent while the template was awaited (the stop
          * ladder's rungs, in signal order: a rank just started ends at the
          * first it does not ignore). */
@@ -458,7 +441,7 @@ static const char *warm_socket(agent_t *a)
         if (stopped)
             break;
         if (!a->gone && now - a->pinged_at >= DK_BC_PING_S)
-            agent_send_frame(a, DK_BC_PING, (uint32_t) s->node, NULL, 0);
+            agent_send_frame(a, DK_FRAME_PING, (uint32_t) s->node, NULL, 0);
         flush_out(a);
         if (!a->gone && now - a->heard_at > a->heartbeat_s)
             kernel_gone(a, "the kernel has been silent past the heartbeat deadline");
@@ -598,7 +581,7 @@ static int poll_timeout(agent_t *a, double now)
 static void tick(agent_t *a, double now)
 {
     if (!a->gone && !a->shut && now - a->pinged_at >= DK_BC_PING_S)
-        agent_send_frame(a, DK_BC_PING, (uint32_t) a->spec->node, NULL, 0);
+        agent_send_frame(a, DK_FRAME_PING, (uint32_t) a->spec->node, NULL, 0);
     if (!a->gone && now - a->heard_at > a->heartbeat_s)
         kernel_gone(a, "the kernel has been silent past the heartbeat deadline");
     for (int sig; (sig = dk_stop_due(&a->stop, now)) != 0;)
@@ -681,16 +664,16 @@ int dk_agent_run(const dk_agent_spec_t *spec)
             spec->world_size, per);
         return 2;
     }
-    if (dk_agentwire_init(&a.wire, spec->key, spec->nonce, DK_BC_DIR_TO_RUNTIME,
-                          IN_PAYLOAD_MAX) < 0) {
+    if (!(a.key = dk_frame_key_new(spec->key))) {
         say(&a, "OpenSSL has no HMAC");
         return 2;
     }
+    dk_frame_side_init(&a.side, a.key, spec->nonce, DK_FRAME_DIR_TO_RUNTIME);
     a.n = per;
     a.ranks = calloc((size_t) per, sizeof *a.ranks);
     if (!a.ranks) {
         say(&a, "out of memory");
-        dk_agentwire_clear(&a.wire);
+        dk_frame_key_destroy(&a.key);
         return 2;
     }
     for (int i = 0; i < per; i++) {
@@ -704,7 +687,7 @@ int dk_agent_run(const dk_agent_spec_t *spec)
         if (!(a.stacks = dk_stackreq_new(per, why, sizeof why)))
             say(&a, "the ranks' stacks cannot be asked for: %s", why);
     }
-    agent_send_frame(&a, DK_BC_AGENT_HELLO, (uint32_t) spec->node, NULL, 0);
+    agent_send_frame(&a, DK_FRAME_AGENT_HELLO, (uint32_t) spec->node, NULL, 0);
     flush_out(&a);
     /* The ranks' connections come through this agent's (dk_relay.h). */
     char why[512];
@@ -738,7 +721,7 @@ int dk_agent_run(const dk_agent_spec_t *spec)
     flush_out(&a);
     dk_relay_destroy(&a.relay);
     dk_stackreq_destroy(&a.stacks);
-    dk_agentwire_clear(&a.wire);
+    dk_frame_key_destroy(&a.key);
     free(a.ranks);
     free(a.in);
     free(a.out);

@@ -5,7 +5,7 @@
  * A run over Slurm on N nodes is one srun step of N tasks, one per node
  * (docs/slurm.md says why), and each task is an agent. The agent:
  *   - connects to the kernel's back channel as a rank does (the key only in
- *     its environment) and says AGENT_HELLO for its node K (dk_backchan.h);
+ *     its environment) and says AGENT_HELLO for its node K (dk_frame.h);
  *   - starts its node's ranks, K * ranks_per_node to (K + 1) * ranks_per_node
  *     - 1, each forked and exec'd (dk_spawn: a process group of its own,
  *     PR_SET_PDEATHSIG, and a sentinel that ends the groups, children
@@ -56,6 +56,7 @@
 #ifndef DK_AGENT_H
 #define DK_AGENT_H
 
+#include "dk_frame.h"
 #include "dk_rankenv.h"
 #include "dk_template.h"
 
@@ -77,8 +78,8 @@ typedef struct {
     bool stacks;                /* give ranks a stacks file; answer STACKS */
     double stacks_wait_s;       /* <= 0: DK_STACKREQ_WAIT_S */
     int fd;                     /* the connection, its nonce already read */
-    const unsigned char *key;   /* 32 bytes */
-    const unsigned char *nonce; /* 32 bytes */
+    const unsigned char *key;   /* DK_FRAME_KEY_LEN bytes */
+    const unsigned char *nonce; /* DK_FRAME_NONCE_LEN bytes */
     double heartbeat_s;         /* <= 0: DK_BC_HEARTBEAT_DEFAULT_S */
     /* The kernel's connect deadline (DISTKERNEL_BC_CONNECT_TIMEOUT): ranks not
      * connected by then are taken for lost; <= 0: none to keep to. */
@@ -106,7 +107,7 @@ int dk_agent_run(const dk_agent_spec_t *spec);
  * "tcp:[ADDR]:PORT"), retrying with backoff until DEADLINE_S from now, and
  * read the runtime's nonce. Returns the descriptor (blocking, close-on-exec)
  * or -1 with a reason in ERR. */
-int dk_agent_connect(const char *address, double deadline_s, unsigned char nonce[32],
-                     char *err, size_t errlen);
+int dk_agent_connect(const char *address, double deadline_s,
+                     unsigned char nonce[DK_FRAME_NONCE_LEN], char *err, size_t errlen);
 
 #endif

@@ -99,8 +99,8 @@ static int connect_once(const char *address, double per_try_s, char *why, size_t
     return -1;
 }
 
-int dk_agent_connect(const char *address, double deadline_s, unsigned char nonce[32],
-                     char *err, size_t errlen)
+int dk_agent_connect(const char *address, double deadline_s,
+                     unsigned char nonce[DK_FRAME_NONCE_LEN], char *err, size_t errlen)
 {
     if (!address || !*address) {
         dk_set_err(err, errlen, "no back-channel address (DISTKERNEL_BC) was given");
@@ -133,13 +133,13 @@ int dk_agent_connect(const char *address, double deadline_s, unsigned char nonce
         return -1;
     }
     size_t have = 0;
-    while (have < 32) {
+    while (have < DK_FRAME_NONCE_LEN) {
         struct pollfd p = {.fd = fd, .events = POLLIN};
         double left = until - dk_now_s();
         int r = poll(&p, 1, left > 0 ? (int) (left * 1000) + 1 : 0);
         if (r < 0 && errno == EINTR)
             continue;
-        ssize_t n = r > 0 ? recv(fd, nonce + have, 32 - have, 0) : -1;
+        ssize_t n = r > 0 ? recv(fd, nonce + have, DK_FRAME_NONCE_LEN - have, 0) : -1;
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0) {

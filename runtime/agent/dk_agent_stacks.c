@@ -4,8 +4,8 @@
  */
 #include "dk_agent_state.h"
 
-#include "dk_backchan.h"
 #include "dk_clock.h"
+#include "dk_frame.h"
 
 #include <stdlib.h>
 
@@ -55,11 +55,11 @@ void agent_stacks_send(agent_t *a)
         const char *dump = dk_stackreq_dump(a->stacks, i, &len);
         if (!dump)      /* not signalled (no ready line, no sampler): "" */
             dump = "", len = 0;
-        if (len > DK_BC_STACKS_MAX) {
-            dump += len - DK_BC_STACKS_MAX;
-            len = DK_BC_STACKS_MAX;
+        if (len > DK_FRAME_STACKS_MAX) {
+            dump += len - DK_FRAME_STACKS_MAX;
+            len = DK_FRAME_STACKS_MAX;
         }
-        agent_send_frame(a, DK_BC_STACKS, (uint32_t) rk->rank, dump, len);
+        agent_send_frame(a, DK_FRAME_STACKS, (uint32_t) rk->rank, dump, len);
     }
     bool more = false;
     for (int i = 0; i < a->n; i++)
@@ -72,9 +72,9 @@ void agent_want_stacks(agent_t *a, uint32_t id, bool sample)
 {
     for (int i = 0; i < a->n; i++) {
         lrank_t *rk = &a->ranks[i];
-        if ((id == DK_BC_ALL_RANKS || id == (uint32_t) rk->rank) && !rk->exited) {
+        if ((id == DK_FRAME_ALL_RANKS || id == (uint32_t) rk->rank) && !rk->exited) {
             if (!a->stacks || rk->pid <= 0)     /* none, or not started yet: "" */
-                agent_send_frame(a, DK_BC_STACKS, (uint32_t) rk->rank, NULL, 0);
+                agent_send_frame(a, DK_FRAME_STACKS, (uint32_t) rk->rank, NULL, 0);
             else if (sample)
                 rk->sample_wanted = true;
             else

@@ -9,7 +9,7 @@
 #define DK_AGENT_STATE_H
 
 #include "dk_agent.h"
-#include "dk_agentwire.h"
+#include "dk_frame.h"
 #include "dk_relay.h"
 #include "dk_stackreq.h"
 #include "dk_stop.h"
@@ -26,14 +26,15 @@ typedef struct {
     int pipes[2];           /* stdout, stderr read ends; -1 at EOF */
     bool exited;            /* reaped and its EXIT sent (or the kernel is gone) */
     bool stacks_wanted;     /* a STACKS request waits for the running one to end */
-    bool sample_wanted;     /* ... a live sample's (DK_BC_STACKS_SAMPLE) */
+    bool sample_wanted;     /* ... a live sample's (DK_FRAME_STACKS_SAMPLE) */
     bool stacks_asked;      /* asked in the running request */
     uint64_t pending_sigs;  /* SIGNALs that came before it started (bit = signal) */
 } lrank_t;
 
 typedef struct {
     const dk_agent_spec_t *spec;
-    dk_agentwire_t wire;
+    dk_frame_key_t *key;    /* the run's key, its HMAC set up once */
+    dk_frame_side_t side;   /* the kernel's connection: nonce, directions, counts */
     int fd;
     lrank_t *ranks;
     int n, live;

@@ -3,8 +3,8 @@
  */
 #include "dk_relay.h"
 
-#include "dk_backchan.h"
 #include "dk_err.h"
+#include "dk_frame.h"
 #include "dk_logdir.h"
 #include "dk_peer.h"
 
@@ -158,7 +158,7 @@ static void stream_write(dk_relay_t *self, stream_t *s)
  * a reset) is told as RELAY_END. False when nothing more is waiting. */
 static bool stream_read(dk_relay_t *self, stream_t *s)
 {
-    static unsigned char buf[DK_BC_RELAY_MAX];
+    static unsigned char buf[DK_FRAME_RELAY_MAX];
     if (s->fd < 0 || s->ending)
         return false;
     ssize_t n;
@@ -170,11 +170,11 @@ static bool stream_read(dk_relay_t *self, stream_t *s)
     if (self->sink.before)
         self->sink.before(self->sink.data);
     if (n <= 0) {
-        self->sink.send(self->sink.data, DK_BC_RELAY_END, s->id, NULL, 0);
+        self->sink.send(self->sink.data, DK_FRAME_RELAY_END, s->id, NULL, 0);
         stream_close(s);
         return false;
     }
-    self->sink.send(self->sink.data, DK_BC_RELAY, s->id, buf, (size_t) n);
+    self->sink.send(self->sink.data, DK_FRAME_RELAY, s->id, buf, (size_t) n);
     return true;
 }
 
@@ -203,7 +203,7 @@ static void accept_all(dk_relay_t *self)
         }
         s->fd = fd;
         s->id = self->next_id++;
-        self->sink.send(self->sink.data, DK_BC_RELAY, s->id, NULL, 0);  /* a new one */
+        self->sink.send(self->sink.data, DK_FRAME_RELAY, s->id, NULL, 0);  /* a new one */
     }
 }
 
@@ -259,7 +259,7 @@ void dk_relay_from_kernel(dk_relay_t *self, int type, uint32_t stream, const voi
     stream_t *s = find(self, stream);
     if (!s)
         return;     /* ended here: its end crossed the kernel's bytes */
-    if (type == DK_BC_RELAY_END) {
+    if (type == DK_FRAME_RELAY_END) {
         s->ending = true;
         stream_write(self, s);
         return;
@@ -269,7 +269,7 @@ void dk_relay_from_kernel(dk_relay_t *self, int type, uint32_t stream, const voi
     unsigned char *out = realloc(s->out, s->out_len + len);
     if (!out) {
         /* Nothing to do but end it: the kernel hears of it as a close. */
-        self->sink.send(self->sink.data, DK_BC_RELAY_END, s->id, NULL, 0);
+        self->sink.send(self->sink.data, DK_FRAME_RELAY_END, s->id, NULL, 0);
         stream_close(s);
         return;
     }

@@ -5,7 +5,7 @@
  * (DISTKERNEL_BC=its path), in a fresh 0700 folder (dk_logdir_socket_dir),
  * instead of each opening a TCP connection to the kernel. The relay carries
  * each such connection's bytes, untouched, on the agent's one connection
- * (DK_BC_RELAY frames, dk_backchan.h): a stream per rank connection, told to
+ * (DK_FRAME_RELAY frames, dk_frame.h): a stream per rank connection, told to
  * the kernel when it is accepted (an empty RELAY), ended by either side
  * (RELAY_END). The rank's frames keep their MACs over the nonce the kernel
  * sends it through the relay, so the relay does not read them; to the rank
@@ -34,7 +34,7 @@ typedef struct dk_relay dk_relay_t;
 
 typedef struct {
     void *data;
-    /* Send the kernel a frame of TYPE (DK_BC_RELAY, DK_BC_RELAY_END) for STREAM. */
+    /* Send the kernel a frame of TYPE (DK_FRAME_RELAY, DK_FRAME_RELAY_END) for STREAM. */
     void (*send)(void *data, int type, uint32_t stream, const void *bytes, size_t len);
     /* Called before bytes read from a stream are sent: pass on what the
      * ranks' pipes hold. */

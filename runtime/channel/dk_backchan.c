@@ -209,7 +209,7 @@ dk_backchan_t *dk_backchan_new_opts(int world_size, bool persistent, const void 
         dk_set_err(err, errlen, "out of memory (payload of %zu bytes)", payload_len);
         goto fail;
     }
-    unsigned char key[DK_BC_KEY_LEN];
+    unsigned char key[DK_FRAME_KEY_LEN];
     bool keyed = RAND_bytes(key, sizeof key) == 1 && (self->key = dk_frame_key_new(key));
     if (keyed)
         dk_frame_key_to_hex(key, self->key_hex);
@@ -274,7 +274,7 @@ void chan_conn_close(dk_backchan_t *self, conn_t *c)
         /* Its agent ends the rank's connection to it: an idle started
          * rank's cue to exit, as a closed socket of its own would be. */
         conn_t *a = c->agent;
-        if (a && a->fd >= 0 && chan_agent_queue(self, a, DK_BC_RELAY_END, c->stream, NULL, 0))
+        if (a && a->fd >= 0 && chan_agent_queue(self, a, DK_FRAME_RELAY_END, c->stream, NULL, 0))
             a->relay_due = true;
     } else if (c->fd >= 0) {
         close(c->fd);
@@ -376,7 +376,7 @@ bool dk_backchan_agent_send(dk_backchan_t *self, int node, int type, uint32_t ra
             continue;
         unsigned char p[4] = {(unsigned char) (sig >> 24), (unsigned char) (sig >> 16),
                               (unsigned char) (sig >> 8), (unsigned char) sig};
-        bool with_sig = type == DK_BC_SIGNAL || (type == DK_BC_STACKS && sig != 0);
+        bool with_sig = type == DK_FRAME_SIGNAL || (type == DK_FRAME_STACKS && sig != 0);
         if (!chan_agent_queue(self, c, type, rank, with_sig ? p : NULL, with_sig ? 4 : 0)) {
             chan_refuse(self, c, "out of memory, or OpenSSL could not sign, a message to it");
             return false;
@@ -431,7 +431,7 @@ static void heartbeat(dk_backchan_t *self)
             chan_agent_flush(self, c);
         if (c->fd >= 0 && now >= c->pinged_at + DK_BC_PING_S && !chan_conn_has_output(c)) {
             c->pinged_at = now;
-            if (!chan_queue_empty(self, c, DK_BC_PING))
+            if (!chan_queue_empty(self, c, DK_FRAME_PING))
                 chan_refuse(self, c, "OpenSSL could not sign a heartbeat");
             else
                 chan_conn_write(self, c);
@@ -492,7 +492,7 @@ void dk_backchan_poll_handle(dk_backchan_t *self, const struct pollfd *fds, size
 int dk_backchan_send_task(dk_backchan_t *self, uint32_t round, const void *payload, size_t len,
                           char *err, size_t errlen)
 {
-    if (len > DK_BC_TASK_MAX) {
+    if (len > DK_FRAME_TASK_MAX) {
         dk_set_err(err, errlen, "the payload is %zu bytes; a cell can carry at most 1 GiB to its "
                  "ranks (pass large data through files instead)", len);
         return -1;

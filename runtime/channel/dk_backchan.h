@@ -1,99 +1,35 @@
 /*
  * dk_backchan: the runtime's end of the authenticated back channel.
  *
- * Internal to the runtime (dk_job drives it from its poll loop); the wire
- * protocol is specified in dk_job.h. The channel owns a listening socket (a
- * Unix socket in a fresh 0700 directory, or, for ranks on other nodes, a TCP
- * socket bound to one given address), the job's key, one copy of the payload,
- * and every connection. It never blocks: the job's loop polls the descriptors
+ * Internal to the runtime (dk_job drives it from its poll loop). Its bytes
+ * are dk_frame.h's, the one specification of the wire (included here: the
+ * frame types and limits are DK_FRAME_*), and what a job does with its
+ * frames is dk_job.h's. The channel owns a listening socket (a Unix socket in
+ * a fresh 0700 directory, or, for ranks on other nodes, a TCP socket bound to
+ * one given address), the job's key, one copy of the payload, and every
+ * connection. It never blocks: the job's loop polls the descriptors
  * that dk_backchan_poll_fill lists and hands the results to
  * dk_backchan_poll_handle.
  */
 #ifndef DK_BACKCHAN_H
 #define DK_BACKCHAN_H
 
+#include "dk_frame.h"
+
 #include <poll.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-enum {
-    DK_BC_HELLO = 1,
-    DK_BC_PAYLOAD = 2,
-    DK_BC_RESULT = 3,
-    DK_BC_ERROR = 4,
-    DK_BC_TASK = 5,
-    DK_BC_OUTPUT = 6,   /* rank -> runtime: u8 fd | u8 flags | bytes */
-    DK_BC_PING = 7,     /* runtime <-> node agent, empty: I am here */
-    DK_BC_PORT = 9,     /* u32 port: rank 0 -> runtime, the MASTER_PORT it found free on
-                           its node; runtime -> every rank, that port (opts.port_from_rank0) */
-    DK_BC_STACKS = 10,  /* runtime -> node agent: ask its ranks for their Python
-                           stacks; agent -> runtime: a rank's, faulthandler's dump
-                           of its threads (at most DK_BC_STACKS_MAX bytes, the
-                           tail) */
-    /* A node agent's connection (distkernel-agent, runtime/agent/dk_agent.h).
-     * Its frames have the same header; the u32 is the node for HELLO and
-     * PING, and the rank spoken of for every other frame, so that a node's
-     * ranks' frames can share the agent's one connection. */
-    DK_BC_AGENT_HELLO = 11, /* agent -> runtime, empty: I am the agent of node (u32) */
-    DK_BC_EXIT = 12,    /* agent -> runtime: rank (u32) ended: i32 exit code (-1: by a
-                           signal) | u32 signal (0: none) */
-    DK_BC_STARTED = 13, /* agent -> runtime: rank (u32) was started: u32 pid */
-    DK_BC_SIGNAL = 14,  /* runtime -> agent: u32 signal, to rank (u32)'s process group,
-                           or to every rank of the node (DK_BC_ALL_RANKS) */
-    /* A rank's connection relayed by its node's agent: the rank connects to
-     * the agent's Unix socket (DISTKERNEL_BC), and the agent carries that
-     * connection's bytes both ways, untouched, on its own connection: the
-     * rank's frames keep their MACs over the nonce the runtime sent it, so
-     * the agent can neither forge nor alter them. The u32 is the agent's
-     * number for that connection (a stream; never reused by an agent). */
-    DK_BC_RELAY = 15,   /* either way: bytes of stream (u32), at most DK_BC_RELAY_MAX;
-                           from the agent, empty for a stream not yet told: a
-                           new connection, to be sent its nonce */
-    DK_BC_RELAY_END = 16, /* either way, empty: stream (u32) has ended (closed) */
-};
-
-/* The most bytes one RELAY frame carries. */
-#define DK_BC_RELAY_MAX ((size_t) 64 << 10)
 /* Streams an agent may have open beyond one per rank of its node. */
 #define DK_BC_RELAY_SLACK 4
 
-/* The u32 of a SIGNAL or STACKS frame to an agent: every rank of its node. */
-#define DK_BC_ALL_RANKS 0xFFFFFFFFu
-/* The payload (u32) of a STACKS frame to an agent for a live sample: the
- * agent sends DK_SAMPLE_SIGNAL to each rank's sampler thread (tgkill), not
- * DK_STACKS_SIGNAL to the rank, which would interrupt its system calls
- * (dk_stackreq.h). Without a payload (or 0): the ending dump. */
-#define DK_BC_STACKS_SAMPLE 1u
-
-/* The most bytes of a rank's stacks one STACKS frame carries. */
-#define DK_BC_STACKS_MAX ((size_t) 128 << 10)
-
-/* OUTPUT flags: the rank's read found nothing more waiting on that fd. */
-#define DK_BC_OUTPUT_CAUGHT_UP 0x01
-/* OUTPUT's fd for the rank's log only, never the cell: what the rank program
- * says about itself (a folder it would not use on its node, and why), one
- * line per thing, which a run of 1,024 ranks must not put in the cell. */
-#define DK_BC_OUTPUT_LOG 3
-/* The most bytes of output one OUTPUT frame carries (after fd and flags), so a
- * rank's flood is interleaved with its heartbeats and reaches the sink in
- * pieces of the size a pipe read gives. */
-#define DK_BC_OUTPUT_MAX ((size_t) 64 << 10)
 /* Heartbeats, between the runtime and each node agent: each side sends a PING
  * every DK_BC_PING_S while connected; a peer silent for longer than its
  * deadline is lost (default below). */
 #define DK_BC_PING_S 1.0
 #define DK_BC_HEARTBEAT_DEFAULT_S 5.0
 
-/* The direction byte in every frame's MAC (dk_job.h): a frame verifies only
- * in the direction it was sent, so one side's frame reflected back to it is
- * refused. */
-#define DK_BC_DIR_TO_RUNTIME 'R'    /* rank -> runtime */
-#define DK_BC_DIR_TO_RANK 'K'       /* runtime (kernel) -> rank */
-
-#define DK_BC_KEY_LEN 32
-#define DK_BC_NONCE_LEN 32
-#define DK_BC_MAC_LEN 32
 /* Connection slots beyond one per rank: the most connections that may wait
  * for their HELLO at once is the ranks not yet in plus this (dk_backchan_admit.c),
  * and each waits at most DK_BC_HELLO_DEADLINE_S (a rank says HELLO as soon as
@@ -108,16 +44,6 @@ enum {
 #define DK_BC_HELLO_DEADLINE_S 5
 #define DK_BC_STR_(x) #x
 #define DK_BC_STR(x) DK_BC_STR_(x)
-/* The protocol's one size limit: the most bytes a frame may carry after its
- * u8 type | u32 rank, either way. A peer announcing more is disconnected
- * before anything is allocated. The rank side (python/distkernel/
- * _backchannel.py, PAYLOAD_MAX and MAX_FRAME) holds the same numbers, and
- * tests/unit/test_job.c checks that it does. */
-#define DK_BC_PAYLOAD_MAX ((size_t) 1 << 30)
-/* The largest value of a frame's length field: MAC, type and rank, payload. */
-#define DK_BC_FRAME_MAX (DK_BC_MAC_LEN + 5 + DK_BC_PAYLOAD_MAX)
-/* The largest job a TASK frame carries: its round (u32) comes first. */
-#define DK_BC_TASK_MAX (DK_BC_PAYLOAD_MAX - 4)
 
 typedef struct {
     void *data;
@@ -131,7 +57,7 @@ typedef struct {
      * May be NULL. */
     void (*on_hello)(void *data, int rank);
     /* RANK's OUTPUT frame: BYTES it wrote to FD (1 or 2), or a line for its
-     * log only (FD DK_BC_OUTPUT_LOG), valid during the call; CAUGHT_UP when
+     * log only (FD DK_FRAME_OUTPUT_LOG), valid during the call; CAUGHT_UP when
      * the rank had nothing more waiting. May be NULL. */
     void (*on_output)(void *data, int rank, int fd, const void *bytes, size_t len,
                       bool caught_up);
@@ -211,7 +137,7 @@ int dk_backchan_master_port(const dk_backchan_t *self);
  * every connected rank; from now on each may send one RESULT or ERROR, which
  * must name ROUND. Call only when the previous round's frames were all written
  * (every rank has answered). Returns -1 with ERR when out of memory or the
- * payload is larger than DK_BC_TASK_MAX. */
+ * payload is larger than DK_FRAME_TASK_MAX. */
 int dk_backchan_send_task(dk_backchan_t *self, uint32_t round, const void *payload, size_t len,
                           char *err, size_t errlen);
 
@@ -229,8 +155,8 @@ bool dk_backchan_rank_open(const dk_backchan_t *self, int rank);
 bool dk_backchan_rank_connected_once(const dk_backchan_t *self, int rank);
 
 /* Send the agent of NODE a SIGNAL (SIG for RANK's process group, or every
- * rank's: DK_BC_ALL_RANKS) or a STACKS request (TYPE DK_BC_STACKS; SIG 0:
- * the ending dump, DK_BC_STACKS_SAMPLE: a live sample),
+ * rank's: DK_FRAME_ALL_RANKS) or a STACKS request (TYPE DK_FRAME_STACKS; SIG 0:
+ * the ending dump, DK_FRAME_STACKS_SAMPLE: a live sample),
  * queued behind what its connection is writing. False when that agent has
  * no connection, or it was lost (nothing will be sent). */
 bool dk_backchan_agent_send(dk_backchan_t *self, int node, int type, uint32_t rank, int sig);

@@ -174,12 +174,12 @@ void chan_accept_all(dk_backchan_t *self)
 /* C was just accepted (or opened by its agent): its nonce goes first. */
 void chan_conn_start(dk_backchan_t *self, conn_t *c)
 {
-    unsigned char nonce[DK_BC_NONCE_LEN];
+    unsigned char nonce[DK_FRAME_NONCE_LEN];
     if (RAND_bytes(nonce, sizeof nonce) != 1) {
         chan_refuse(self, c, "OpenSSL could not make a nonce");
         return;
     }
-    dk_frame_side_init(&c->side, self->key, nonce, DK_BC_DIR_TO_RANK);
+    dk_frame_side_init(&c->side, self->key, nonce, DK_FRAME_DIR_TO_RANK);
     memcpy(c->head, nonce, sizeof nonce);
     c->head_len = sizeof nonce;
     chan_conn_write(self, c);

@@ -13,6 +13,14 @@
  * arrives: about a quarter second per rank for 500 MB, during which this loop
  * does nothing else. Ranks are waiting for exactly that payload at that moment,
  * so nothing useful is delayed.
+ *
+ * Every frame is sealed and verified by dk_frame (whose header specifies the
+ * wire) over the job's key, set up once (self->key), and the connection's
+ * side (c->side: its nonce and counts). A PAYLOAD or TASK frame's body is
+ * sealed in two pieces (the small head here, the payload where it lies), so
+ * it is never assembled in memory. We seal in direction DK_FRAME_DIR_TO_RANK
+ * and verify DK_FRAME_DIR_TO_RUNTIME: a frame of ours sent back to us (a
+ * PING's body is the same both ways) does not verify.
  */
 #include "dk_backchan_state.h"
 #include "dk_be32.h"
@@ -24,19 +32,6 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-/* Every frame is sealed and verified by dk_frame over the job's key, set up
- * once (self->key), and the connection's side (c->side: its nonce and
- * counts). A PAYLOAD or TASK frame's body is sealed in two pieces (the small
- * head here, the payload where it lies), so it is never assembled in memory.
- * We seal in direction DK_BC_DIR_TO_RANK and verify DK_BC_DIR_TO_RUNTIME: a
- * frame of ours sent back to us (a PING's body is the same both ways) does
- * not verify. */
-_Static_assert(DK_BC_KEY_LEN == DK_FRAME_KEY_LEN && DK_BC_NONCE_LEN == DK_FRAME_NONCE_LEN &&
-               DK_BC_MAC_LEN == DK_FRAME_MAC_LEN && BODY_HEAD == DK_FRAME_BODY_HEAD &&
-               DK_BC_DIR_TO_RANK == DK_FRAME_DIR_TO_RANK &&
-               DK_BC_DIR_TO_RUNTIME == DK_FRAME_DIR_TO_RUNTIME,
-               "dk_backchan.h and dk_frame.h describe the same wire");
 
 /* The peer ended connection C. A rank that had not answered is told to the
  * job: its end is judged by its exit, but over the network that exit may
@@ -121,12 +116,12 @@ void chan_conn_write(dk_backchan_t *self, conn_t *c)
  * frame of the current round (its body head then ends with the round). */
 bool chan_queue_payload(dk_backchan_t *self, conn_t *c)
 {
-    unsigned char body_head[BODY_HEAD + 4];
-    size_t head_n = BODY_HEAD;
-    body_head[0] = self->persistent ? DK_BC_TASK : DK_BC_PAYLOAD;
+    unsigned char body_head[DK_FRAME_BODY_HEAD + 4];
+    size_t head_n = DK_FRAME_BODY_HEAD;
+    body_head[0] = self->persistent ? DK_FRAME_TASK : DK_FRAME_PAYLOAD;
     dk_put_be32(body_head + 1, (uint32_t) c->rank);
     if (self->persistent) {
-        dk_put_be32(body_head + BODY_HEAD, self->round);
+        dk_put_be32(body_head + DK_FRAME_BODY_HEAD, self->round);
         head_n += 4;
     }
     if (c->head_off > 0) {      /* never in practice: the nonce went before the HELLO came */
@@ -152,10 +147,10 @@ bool chan_queue_payload(dk_backchan_t *self, conn_t *c)
  * queued on C yet (its PAYLOAD or TASK follows this). */
 static bool queue_port(dk_backchan_t *self, conn_t *c)
 {
-    unsigned char body[BODY_HEAD + 4];
-    body[0] = DK_BC_PORT;
+    unsigned char body[DK_FRAME_BODY_HEAD + 4];
+    body[0] = DK_FRAME_PORT;
     dk_put_be32(body + 1, (uint32_t) c->rank);
-    dk_put_be32(body + BODY_HEAD, (uint32_t) self->master_port);
+    dk_put_be32(body + DK_FRAME_BODY_HEAD, (uint32_t) self->master_port);
     if (c->head_off > 0) {
         memmove(c->head, c->head + c->head_off, c->head_len - c->head_off);
         c->head_len -= c->head_off;
@@ -220,7 +215,7 @@ int dk_backchan_master_port(const dk_backchan_t *self)
  * being written on it). */
 bool chan_queue_empty(dk_backchan_t *self, conn_t *c, unsigned char type)
 {
-    unsigned char body[BODY_HEAD];
+    unsigned char body[DK_FRAME_BODY_HEAD];
     body[0] = type;
     dk_put_be32(body + 1, (uint32_t) c->rank);
     size_t n = dk_frame_seal_head(&c->side, body, sizeof body, NULL, 0, c->head);
@@ -245,18 +240,18 @@ bool chan_is_agent(const dk_backchan_t *self, const conn_t *c)
 bool chan_agent_queue(dk_backchan_t *self, conn_t *c, int type, uint32_t id,
                       const unsigned char *payload, size_t len)
 {
-    size_t n = 4 + DK_BC_MAC_LEN + BODY_HEAD + len;
+    size_t n = 4 + DK_FRAME_MAC_LEN + DK_FRAME_BODY_HEAD + len;
     unsigned char *q = realloc(c->queue, c->queue_len + n);
     if (!q)
         return false;
     c->queue = q;
     unsigned char *f = q + c->queue_len;
-    unsigned char *body = f + 4 + DK_BC_MAC_LEN;
+    unsigned char *body = f + 4 + DK_FRAME_MAC_LEN;
     body[0] = (unsigned char) type;
     dk_put_be32(body + 1, id);
     if (len)
-        memcpy(body + BODY_HEAD, payload, len);
-    if (dk_frame_seal_head(&c->side, body, BODY_HEAD + len, NULL, 0, f) == 0)
+        memcpy(body + DK_FRAME_BODY_HEAD, payload, len);
+    if (dk_frame_seal_head(&c->side, body, DK_FRAME_BODY_HEAD + len, NULL, 0, f) == 0)
         return false;
     c->queue_len += n;
     return true;
@@ -282,9 +277,9 @@ static void agent_frame(dk_backchan_t *self, conn_t *c, int type, uint32_t id,
 {
     int node = c->rank - self->world_size;
     uint32_t first = (uint32_t) node * (uint32_t) self->ranks_per_node;
-    if (type == DK_BC_PING)
+    if (type == DK_FRAME_PING)
         return;     /* its arrival was the point (heard_at) */
-    if (type == DK_BC_RELAY || type == DK_BC_RELAY_END) {
+    if (type == DK_FRAME_RELAY || type == DK_FRAME_RELAY_END) {
         chan_relay_frame(self, c, type, id, p, len);
         return;
     }
@@ -294,18 +289,18 @@ static void agent_frame(dk_backchan_t *self, conn_t *c, int type, uint32_t id,
         return;
     }
     int rank = (int) id;
-    if (type == DK_BC_STARTED)
+    if (type == DK_FRAME_STARTED)
         return;     /* the pid is the agent's business; its exit comes as EXIT */
-    if (type == DK_BC_EXIT && len == 8) {
+    if (type == DK_FRAME_EXIT && len == 8) {
         if (self->sink.on_agent_exit)
             self->sink.on_agent_exit(self->sink.data, rank, (int) dk_get_be32(p),
                                      (int) dk_get_be32(p + 4));
-    } else if (type == DK_BC_OUTPUT && len >= 2 && (p[0] == 1 || p[0] == 2) &&
-               len - 2 <= DK_BC_OUTPUT_MAX) {
+    } else if (type == DK_FRAME_OUTPUT && len >= 2 && (p[0] == 1 || p[0] == 2) &&
+               len - 2 <= DK_FRAME_OUTPUT_MAX) {
         if (self->sink.on_output)
             self->sink.on_output(self->sink.data, rank, p[0], p + 2, len - 2,
-                                 (p[1] & DK_BC_OUTPUT_CAUGHT_UP) != 0);
-    } else if (type == DK_BC_STACKS && len <= DK_BC_STACKS_MAX) {
+                                 (p[1] & DK_FRAME_OUTPUT_CAUGHT_UP) != 0);
+    } else if (type == DK_FRAME_STACKS && len <= DK_FRAME_STACKS_MAX) {
         if (self->sink.on_stacks)
             self->sink.on_stacks(self->sink.data, rank, p, len);
     } else {
@@ -371,7 +366,7 @@ static void agent_hello(dk_backchan_t *self, conn_t *c, uint32_t rank)
 static void rank_hello(dk_backchan_t *self, conn_t *c, int type, uint32_t rank)
 {
     char why[160];
-    if (type != DK_BC_HELLO) {
+    if (type != DK_FRAME_HELLO) {
         chan_refuse(self, c, "its first message was not a HELLO");
     } else if (rank >= (uint32_t) self->world_size) {
         snprintf(why, sizeof why, "its HELLO named rank %u, but this job has ranks 0 to %d",
@@ -409,25 +404,25 @@ static void hello_said_frame(dk_backchan_t *self, conn_t *c, int type, uint32_t 
                              const unsigned char *body, size_t body_len)
 {
     if (chan_is_agent(self, c)) {
-        agent_frame(self, c, type, rank, body + BODY_HEAD, body_len - BODY_HEAD);
+        agent_frame(self, c, type, rank, body + DK_FRAME_BODY_HEAD, body_len - DK_FRAME_BODY_HEAD);
     } else if (rank != (uint32_t) c->rank) {
         chan_refuse(self, c, "a message named another rank");
-    } else if (type == DK_BC_PORT) {
+    } else if (type == DK_FRAME_PORT) {
         if (!self->port_from_rank0 || c->rank != 0 || self->master_port != 0)
             chan_refuse(self, c, "it sent a port nobody asked for");
         else
-            port_arrived(self, c, body + BODY_HEAD, body_len - BODY_HEAD);
-    } else if (type == DK_BC_OUTPUT) {
-        int fd = body_len >= BODY_HEAD + 2 ? body[BODY_HEAD] : 0;
-        if ((fd != 1 && fd != 2 && fd != DK_BC_OUTPUT_LOG) ||
-            body_len - BODY_HEAD - 2 > DK_BC_OUTPUT_MAX)
+            port_arrived(self, c, body + DK_FRAME_BODY_HEAD, body_len - DK_FRAME_BODY_HEAD);
+    } else if (type == DK_FRAME_OUTPUT) {
+        int fd = body_len >= DK_FRAME_BODY_HEAD + 2 ? body[DK_FRAME_BODY_HEAD] : 0;
+        if ((fd != 1 && fd != 2 && fd != DK_FRAME_OUTPUT_LOG) ||
+            body_len - DK_FRAME_BODY_HEAD - 2 > DK_FRAME_OUTPUT_MAX)
             chan_refuse(self, c, "it sent output that is not for fd 1 or 2 or its log, or more "
                    "than 64 KiB in one message");
         else if (self->sink.on_output)
-            self->sink.on_output(self->sink.data, c->rank, fd, body + BODY_HEAD + 2,
-                                 body_len - BODY_HEAD - 2,
-                                 (body[BODY_HEAD + 1] & DK_BC_OUTPUT_CAUGHT_UP) != 0);
-    } else if (type != DK_BC_RESULT && type != DK_BC_ERROR)
+            self->sink.on_output(self->sink.data, c->rank, fd, body + DK_FRAME_BODY_HEAD + 2,
+                                 body_len - DK_FRAME_BODY_HEAD - 2,
+                                 (body[DK_FRAME_BODY_HEAD + 1] & DK_FRAME_OUTPUT_CAUGHT_UP) != 0);
+    } else if (type != DK_FRAME_RESULT && type != DK_FRAME_ERROR)
         chan_refuse(self, c, "it sent a message of an unexpected type");
     else if (c->done)
         chan_refuse(self, c, self->persistent ? "it answered with no task waiting for an answer"
@@ -437,22 +432,22 @@ static void hello_said_frame(dk_backchan_t *self, conn_t *c, int type, uint32_t 
          * it; and the TASK still being written must not be freed or queued
          * over by the next round. */
         chan_refuse(self, c, "it answered before it had read its task");
-    else if (self->persistent &&
-             (body_len < BODY_HEAD + 4 || dk_get_be32(body + BODY_HEAD) != self->round))
+    else if (self->persistent && (body_len < DK_FRAME_BODY_HEAD + 4 ||
+                                  dk_get_be32(body + DK_FRAME_BODY_HEAD) != self->round))
         chan_refuse(self, c, "its answer did not name the current round");
     else {
         c->done = true;
-        size_t skip = BODY_HEAD + (self->persistent ? 4 : 0);
+        size_t skip = DK_FRAME_BODY_HEAD + (self->persistent ? 4 : 0);
         if (self->sink.on_message)
-            self->sink.on_message(self->sink.data, c->rank, type == DK_BC_ERROR,
+            self->sink.on_message(self->sink.data, c->rank, type == DK_FRAME_ERROR,
                                   body + skip, body_len - skip);
     }
 }
 
 static void conn_frame(dk_backchan_t *self, conn_t *c)
 {
-    const unsigned char *body = c->frame + DK_BC_MAC_LEN;
-    size_t body_len = c->frame_len - DK_BC_MAC_LEN;
+    const unsigned char *body = c->frame + DK_FRAME_MAC_LEN;
+    size_t body_len = c->frame_len - DK_FRAME_MAC_LEN;
     if (!dk_frame_verify(&c->side, c->frame, c->frame_len)) {
         chan_refuse(self, c, "a message did not verify (it was not signed with this job's key)");
         return;
@@ -463,16 +458,16 @@ static void conn_frame(dk_backchan_t *self, conn_t *c)
     /* With node agents, every rank's connection is relayed by its agent, and
      * only a connection of its own may be an agent's: a direct connection
      * saying a rank's HELLO, or a relayed one saying AGENT_HELLO, is neither. */
-    if (c->rank < 0 && self->agents > 0 && type == DK_BC_HELLO && !c->agent) {
+    if (c->rank < 0 && self->agents > 0 && type == DK_FRAME_HELLO && !c->agent) {
         chan_refuse(self, c, "it said a rank's HELLO on a connection of its own, but this job's "
                     "ranks reach it through their node agents");
         return;
     }
-    if (c->rank < 0 && type == DK_BC_AGENT_HELLO && c->agent) {
+    if (c->rank < 0 && type == DK_FRAME_AGENT_HELLO && c->agent) {
         chan_refuse(self, c, "a relayed connection said AGENT_HELLO");
         return;
     }
-    if (c->rank < 0 && type == DK_BC_AGENT_HELLO)
+    if (c->rank < 0 && type == DK_FRAME_AGENT_HELLO)
         agent_hello(self, c, rank);
     else if (c->rank < 0)
         rank_hello(self, c, type, rank);
@@ -491,7 +486,7 @@ static bool conn_frame_start(dk_backchan_t *self, conn_t *c)
         chan_refuse(self, c, why);
         return false;
     }
-    if (len < FRAME_MIN || len - FRAME_MIN > DK_BC_PAYLOAD_MAX) {
+    if (len < FRAME_MIN || len - FRAME_MIN > DK_FRAME_PAYLOAD_MAX) {
         snprintf(why, sizeof why, "a message of %u bytes is outside the protocol's limits "
                  "(%d bytes to 1 GiB)", len, FRAME_MIN);
         chan_refuse(self, c, why);

@@ -2,7 +2,7 @@
  * dk_backchan_relay: ranks' connections relayed by their node's agent.
  *
  * A rank started by a node agent connects to the agent's Unix socket, and
- * the agent carries the connection's bytes on its own (DK_BC_RELAY, one
+ * the agent carries the connection's bytes on its own (DK_FRAME_RELAY, one
  * stream per rank connection). Here each such stream is a connection like
  * any other (conn_t, with fd RELAYED_FD and its agent): it is sent a nonce,
  * says HELLO, is verified, sent its PORT, PAYLOAD or TASKs, and answers,
@@ -25,7 +25,7 @@
  *
  * Writing: when an agent's connection has nothing in flight, its relayed
  * connections' pending bytes are cut into RELAY frames of at most
- * DK_BC_RELAY_MAX, a connection at a time from where the last pump stopped
+ * DK_FRAME_RELAY_MAX, a connection at a time from where the last pump stopped
  * (so a large payload to one rank does not hold up the others' frames for
  * long), up to QUEUE_MAX at once: what the kernel holds for a node beyond
  * its ranks' own output is bounded, and a payload is never copied whole.
@@ -64,13 +64,13 @@ static void open_stream(dk_backchan_t *self, conn_t *agent, uint32_t stream)
         /* Every rank is in (nothing more may say HELLO), or the agent has
          * more connections open than its node has ranks: refused, as a
          * socket's would be. */
-        if (chan_agent_queue(self, agent, DK_BC_RELAY_END, stream, NULL, 0))
+        if (chan_agent_queue(self, agent, DK_FRAME_RELAY_END, stream, NULL, 0))
             agent->relay_due = true;
         return;
     }
     conn_t *slot = chan_slot_for_new(self);
     if (!slot) {
-        if (chan_agent_queue(self, agent, DK_BC_RELAY_END, stream, NULL, 0))
+        if (chan_agent_queue(self, agent, DK_FRAME_RELAY_END, stream, NULL, 0))
             agent->relay_due = true;
         return;
     }
@@ -86,12 +86,12 @@ static void open_stream(dk_backchan_t *self, conn_t *agent, uint32_t stream)
 void chan_relay_frame(dk_backchan_t *self, conn_t *agent, int type, uint32_t stream,
                       const unsigned char *p, size_t len)
 {
-    if (len > DK_BC_RELAY_MAX || (type == DK_BC_RELAY_END && len != 0)) {
+    if (len > DK_FRAME_RELAY_MAX || (type == DK_FRAME_RELAY_END && len != 0)) {
         chan_refuse(self, agent, "its agent relayed a message of an unexpected size");
         return;
     }
     conn_t *c = find_stream(self, agent, stream);
-    if (type == DK_BC_RELAY_END) {
+    if (type == DK_FRAME_RELAY_END) {
         if (!c)
             return;     /* one we closed: its end crossed ours */
         int rank = c->rank;
@@ -116,7 +116,7 @@ void chan_relay_frame(dk_backchan_t *self, conn_t *agent, int type, uint32_t str
  * False when nothing could be queued (out of memory, OpenSSL). */
 static bool relay_some(dk_backchan_t *self, conn_t *agent, conn_t *c, size_t max)
 {
-    static unsigned char chunk[DK_BC_RELAY_MAX];
+    static unsigned char chunk[DK_FRAME_RELAY_MAX];
     size_t n = 0;
     size_t from_head = c->head_len - c->head_off;
     if (from_head > max)
@@ -129,7 +129,7 @@ static bool relay_some(dk_backchan_t *self, conn_t *agent, conn_t *c, size_t max
     if (from_body)
         memcpy(chunk + n, c->body + c->body_off, from_body);
     n += from_body;
-    if (!chan_agent_queue(self, agent, DK_BC_RELAY, c->stream, chunk, n))
+    if (!chan_agent_queue(self, agent, DK_FRAME_RELAY, c->stream, chunk, n))
         return false;
     chan_conn_advance(c, n);
     if (!chan_conn_has_output(c))
@@ -157,7 +157,7 @@ void chan_relay_pump(dk_backchan_t *self, conn_t *agent)
             agent->stream = (uint32_t) i;
             break;
         }
-        if (!relay_some(self, agent, c, DK_BC_RELAY_MAX)) {
+        if (!relay_some(self, agent, c, DK_FRAME_RELAY_MAX)) {
             chan_refuse(self, agent, "out of memory, or OpenSSL could not sign, a message to it");
             return;
         }

@@ -25,8 +25,7 @@
 #include <stdint.h>
 
 #define EVICT_AFTER_S 0.5                  /* a pending connection's HELLO time when others wait */
-#define BODY_HEAD 5                        /* u8 type | u32 rank */
-#define FRAME_MIN (DK_BC_MAC_LEN + BODY_HEAD)
+#define FRAME_MIN (DK_FRAME_MAC_LEN + DK_FRAME_BODY_HEAD) /* the least a length field says */
 /* The fd of a connection relayed by an agent (conn_t.agent): in use, but no
  * descriptor of ours. */
 #define RELAYED_FD INT_MAX
@@ -58,12 +57,12 @@ struct conn {
     size_t queue_len;
     unsigned char *owned_body;
     /* A rank's connection to its node's agent, relayed on the agent's own
-     * (DK_BC_RELAY, stream number STREAM); NULL: a socket of its own. */
+     * (DK_FRAME_RELAY, stream number STREAM); NULL: a socket of its own. */
     conn_t *agent;
     uint32_t stream;
     /* agents: one of their relayed connections has bytes to send */
     bool relay_due;
-    unsigned char head[DK_BC_NONCE_LEN + 4 + FRAME_MIN + 4 + FRAME_MIN + 4 + 4 + FRAME_MIN + 4];
+    unsigned char head[DK_FRAME_NONCE_LEN + 4 + FRAME_MIN + 4 + FRAME_MIN + 4 + 4 + FRAME_MIN + 4];
     size_t head_len, head_off;
     const unsigned char *body;
     size_t body_len, body_off;
@@ -79,7 +78,7 @@ struct dk_backchan_t {
     double heartbeat_s;     /* > 0: PINGs and the silence deadline */
     int listen_fd;
     dk_frame_key_t *key;    /* HMAC set up once for every connection's frames */
-    char key_hex[DK_BC_KEY_LEN * 2 + 1];
+    char key_hex[DK_FRAME_KEY_LEN * 2 + 1];
     unsigned char *payload;
     size_t payload_len;
     bool persistent;        /* rounds of TASK frames; nothing sent at HELLO */

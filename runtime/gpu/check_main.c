@@ -25,6 +25,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "dk_io.h"
 #include "dk_nccl.h"
 
 #define DEFAULT_TIMEOUT 300
@@ -122,21 +123,6 @@ static int parse_int(const char *s, int lo, int hi, int *out)
     return 0;
 }
 
-/* Write all of BUF to FD. */
-static int write_all(int fd, const char *buf, size_t len)
-{
-    while (len > 0) {
-        ssize_t w = write(fd, buf, len);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return -1;
-        buf += w;
-        len -= (size_t)w;
-    }
-    return 0;
-}
-
 /* The command line into OPTS, JSON and TIMEOUT. Returns -1 to go on, or the
  * exit status: 0 after --help, 2 after a usage error (both printed). */
 static int parse_args(int argc, char **argv, dk_nccl_opts_t *opts, int *json, int *timeout)
@@ -228,9 +214,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "distkernel-check: out of memory\n");
         return 1;
     }
-    int rc = write_all(report_fd, out, strlen(out));
+    int rc = dk_write_all(report_fd, out, strlen(out));
     if (rc == 0 && json)
-        rc = write_all(report_fd, "\n", 1);
+        rc = dk_write_all(report_fd, "\n", 1);
     free(out);
     close(report_fd);
     if (rc < 0)

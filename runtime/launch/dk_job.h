@@ -16,33 +16,22 @@
  *
  * Back channel. The runtime listens on a Unix socket in a fresh 0700 directory
  * and gives every rank its path and a per-job random key (environment variables
- * DISTKERNEL_BC and DISTKERNEL_BC_KEY, 64 hex digits). On each connection the
- * runtime first writes a 32-byte random nonce. After that, every frame in both
- * directions is
- *     u32 length (big endian, of what follows) | 32-byte MAC | body
- *     MAC  = HMAC-SHA256(key, nonce | u8 dir | u32 seq | body)
- *     body = u8 type | u32 rank | payload
- * where dir is 'R' (0x52) on frames from a rank to the runtime and 'K' (0x4B)
- * on frames from the runtime to a rank, and seq counts the frames sent by that
- * side on that connection from 0. The direction keeps a frame from verifying
- * when sent back to the side that wrote it (a PING's body is the same both
- * ways, and the two seqs run side by side): a reflected frame is refused. A frame
- * whose MAC does not verify ends the connection (and is reported as a warning):
- * only a process that was given the key, on this connection, can speak.
- * Types: 1 HELLO (rank -> runtime, empty payload), 2 PAYLOAD (runtime -> rank: the
- * job's payload bytes), 3 RESULT (rank -> runtime: opaque bytes, the rank's value),
- * 4 ERROR (rank -> runtime: opaque bytes, a description of the rank's exception).
- * A rank sends exactly one RESULT or ERROR and then exits.
+ * DISTKERNEL_BC and DISTKERNEL_BC_KEY, 64 hex digits). Its bytes (the nonce
+ * each connection starts with, the frames, their MACs, directions, counts and
+ * types) are specified once, in runtime/channel/dk_frame.h; this header says
+ * what a job does with them. A frame whose MAC does not verify ends the
+ * connection (and is reported as a warning): only a process that was given
+ * the key, on this connection, can speak. A rank says HELLO, is sent the
+ * job's PAYLOAD, sends exactly one RESULT or ERROR and then exits.
  *
  * MASTER_PORT from rank 0 (spec.master_port DK_JOB_PORT_FROM_RANK0, with
  * spec.bc_tcp_addr). A port free on the kernel's host says nothing of rank
  * 0's node, so there the ranks get DISTKERNEL_MASTER_PORT=rank0 and no
  * MASTER_PORT. Rank 0 finds a port free on its node and holds it bound
- * until just before its work runs; right after its HELLO it sends
- *     9 PORT (rank 0 -> runtime: u32 port)
- * and the runtime sends every rank (rank 0 too) a PORT frame with that port
- * before its PAYLOAD or first TASK; a rank that said HELLO earlier waits for
- * it. The rank sets MASTER_PORT from it. A PORT from any other rank, a
+ * until just before its work runs; right after its HELLO it sends that port
+ * in a PORT frame, and the runtime sends every rank (rank 0 too) a PORT frame
+ * with it before its PAYLOAD or first TASK; a rank that said HELLO earlier
+ * waits for it. The rank sets MASTER_PORT from it. A PORT from any other rank, a
  * second one, or one outside 1-65535 ends that connection.
  *
  * Ranks on other nodes (spec.bc_tcp_addr, spec.agent_command). The runtime
@@ -51,11 +40,9 @@
  * in the environment. What connects there is each node's agent
  * (runtime/agent/dk_agent.h), which starts its node's ranks and carries
  * their connections (to a Unix socket of its own, the rank's DISTKERNEL_BC),
- * their output, exits and stacks on its one connection (dk_backchan.h, frame
- * types 11 to 16). A rank's own frames are as above, and one more type is
- * used:
- *     6 OUTPUT (rank -> runtime: u8 fd | u8 flags | at most 64 KiB; fd 3,
- *              DK_BC_OUTPUT_LOG: a line for the rank's log only)
+ * their output, exits and stacks on its one connection (dk_frame.h, frame
+ * types 6, 7 and 10 to 16). A rank's own frames are as above, and it may send
+ * OUTPUT too: lines for its log only (DK_FRAME_OUTPUT_LOG).
  * The runtime and each agent send a PING every second (DK_BC_PING_S) while
  * connected. An agent whose connection is silent for longer than
  * spec.heartbeat_s, or closes, is its node lost: every rank of it that had
@@ -71,11 +58,11 @@
  * any node.
  *
  * Persistent jobs (spec.persistent) keep their ranks between rounds. The runtime
- * sends nothing at HELLO; each round (dk_job_submit) it sends every rank
- *     5 TASK (runtime -> rank: u32 round | the round's payload bytes)
- * and the rank answers with one RESULT or ERROR whose payload starts with the
- * same u32 round, then waits for the next TASK on the same connection (seq
- * keeps counting; rounds are numbered from 1). An answer naming another round,
+ * sends nothing at HELLO; each round (dk_job_submit) it sends every rank a
+ * TASK frame (u32 round | the round's payload bytes), and the rank answers
+ * with one RESULT or ERROR whose payload starts with the same u32 round, then
+ * waits for the next TASK on the same connection (seq keeps counting; rounds
+ * are numbered from 1). An answer naming another round,
  * or a second answer in a round, ends the connection. A rank exits when the
  * connection reaches EOF. In a persistent job an ERROR is not a failure of the
  * job: the round ends with it, and the ranks stay. A rank that exits, for any
@@ -367,7 +354,7 @@ int dk_job_set_tunnel_upstream(dk_job_t *job, const char *upstream, char *err, s
 /* Start the next round: every rank gets PAYLOAD (copied) in a TASK frame.
  * TIMEOUT_S (<= 0: none) interrupts the round when it passes. Returns -1 with
  * ERR when the job has ended, is ending, or a round is still running, or when
- * PAYLOAD is larger than a rank accepts (DK_BC_TASK_MAX, dk_backchan.h). */
+ * PAYLOAD is larger than a rank accepts (DK_FRAME_TASK_MAX, dk_frame.h). */
 int dk_job_submit(dk_job_t *job, const void *payload, size_t len, double timeout_s, char *err,
                   size_t errlen);
 

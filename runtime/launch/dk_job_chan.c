@@ -147,12 +147,12 @@ static void bc_stacks(void *data, int r, const void *bytes, size_t len)
 }
 
 /* A rank's output from its agent's OUTPUT frames: the same path as a pipe's;
- * its notes about itself (DK_BC_OUTPUT_LOG, on its own connection) to its
+ * its notes about itself (DK_FRAME_OUTPUT_LOG, on its own connection) to its
  * log only. */
 static void bc_output(void *data, int r, int fd, const void *bytes, size_t len, bool caught_up)
 {
     dk_job_t *job = data;
-    if (fd == DK_BC_OUTPUT_LOG) {
+    if (fd == DK_FRAME_OUTPUT_LOG) {
         pthread_mutex_lock(&job->log_lock);
         log_bytes(job, r, bytes, len);
         pthread_mutex_unlock(&job->log_lock);

@@ -74,7 +74,7 @@ static void signal_ranks(dk_job_t *job, int sig)
             continue;       /* past its code and on its way out: let it exit cleanly */
         rk->signalled = true;
         if (rk->by_agent)   /* its agent signals its group on its node */
-            dk_backchan_agent_send(job->chan, r / job->ranks_per_node, DK_BC_SIGNAL,
+            dk_backchan_agent_send(job->chan, r / job->ranks_per_node, DK_FRAME_SIGNAL,
                                    (uint32_t) r, sig);
         else
             killpg(rk->pid, sig);
@@ -96,8 +96,9 @@ static int begin_stacks(dk_job_t *job, bool sample)
         if (rk->reaped || rk->reported || rk->lost)
             groups[r] = 0;
         else if (rk->by_agent)     /* its agent signals it there (a sample: its sampler thread) */
-            groups[r] = dk_backchan_agent_send(job->chan, r / job->ranks_per_node, DK_BC_STACKS,
-                                               (uint32_t) r, sample ? (int) DK_BC_STACKS_SAMPLE : 0)
+            groups[r] = dk_backchan_agent_send(job->chan, r / job->ranks_per_node,
+                                               DK_FRAME_STACKS, (uint32_t) r,
+                                               sample ? (int) DK_FRAME_STACKS_SAMPLE : 0)
                             ? DK_STACKREQ_BY_CHANNEL : 0;
         else
             groups[r] = rk->pid;

@@ -103,7 +103,7 @@ static bool check_spec(const dk_job_spec_t *spec, char *err, size_t errlen)
              (spec->master_port == DK_JOB_PORT_FROM_RANK0 && !spec->bc_tcp_addr))
         dk_set_err(err, errlen, "master_port is %d; it must be a TCP port (1-65535), 0, or "
                    "DK_JOB_PORT_FROM_RANK0 with bc_tcp_addr", spec->master_port);
-    else if (spec->payload_len > DK_BC_PAYLOAD_MAX)
+    else if (spec->payload_len > DK_FRAME_PAYLOAD_MAX)
         dk_set_err(err, errlen, "the payload is %zu bytes; a job can carry at most 1 GiB to its "
                    "ranks (pass large data through files instead)", spec->payload_len);
     else

@@ -63,7 +63,7 @@ void job_signal_unanswered(dk_job_t *job)
         if (rk->reaped || rk->reported)
             continue;
         if (rk->by_agent)   /* its agent signals its group on its node */
-            dk_backchan_agent_send(job->chan, r / job->ranks_per_node, DK_BC_SIGNAL,
+            dk_backchan_agent_send(job->chan, r / job->ranks_per_node, DK_FRAME_SIGNAL,
                                    (uint32_t) r, SIGINT);
         else if (rk->pid > 0)
             killpg(rk->pid, SIGINT);
@@ -174,7 +174,7 @@ void job_round_message(dk_job_t *job, int r, bool is_error, const void *bytes, s
 int dk_job_submit(dk_job_t *job, const void *payload, size_t len, double timeout_s, char *err,
                   size_t errlen)
 {
-    if (len > DK_BC_TASK_MAX) {
+    if (len > DK_FRAME_TASK_MAX) {
         dk_set_err(err, errlen, "the payload is %zu bytes; a cell can carry at most 1 GiB to its "
                  "ranks (pass large data through files instead)", len);
         return -1;

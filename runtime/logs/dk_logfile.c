@@ -8,6 +8,7 @@
  */
 #include "dk_logfile.h"
 #include "dk_err.h"
+#include "dk_io.h"
 #include "dk_logdir.h"
 
 #include <errno.h>
@@ -62,23 +63,6 @@ dk_logfile_t *dk_logfile_new(int dirfd, const char *name, unsigned long long cap
     return self;
 }
 
-static int write_all(int fd, const char *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            if (w == 0)
-                errno = ENOSPC;
-            return -1;
-        }
-        p += w;
-        n -= (size_t) w;
-    }
-    return 0;
-}
-
 static int segment_name(const dk_logfile_t *self, int i, char *out, size_t outlen)
 {
     return snprintf(out, outlen, "%s.tail-%d", self->name, i);
@@ -111,7 +95,7 @@ int dk_logfile_write(dk_logfile_t *self, const void *bytes, size_t len)
     self->total += len;
     if (self->head < self->head_cap) {
         size_t n = len < self->head_cap - self->head ? len : (size_t) (self->head_cap - self->head);
-        if (write_all(self->fd, p, n) != 0)
+        if (dk_write_all(self->fd, p, n) != 0)
             goto failed;
         self->head += n;
         p += n;
@@ -128,7 +112,7 @@ int dk_logfile_write(dk_logfile_t *self, const void *bytes, size_t len)
             continue;
         }
         size_t n = len < room ? len : (size_t) room;
-        if (write_all(self->seg[self->cur], p, n) != 0)
+        if (dk_write_all(self->seg[self->cur], p, n) != 0)
             goto failed;
         self->seg_len[self->cur] += n;
         p += n;
@@ -166,7 +150,7 @@ static int copy_segment(dk_logfile_t *self, int i, off_t off)
             return -1;
         if (n == 0)
             return 0;
-        if (write_all(self->fd, buf, (size_t) n) != 0)
+        if (dk_write_all(self->fd, buf, (size_t) n) != 0)
             return -1;
         off += n;
     }
@@ -174,7 +158,7 @@ static int copy_segment(dk_logfile_t *self, int i, off_t off)
 
 int dk_logfile_close(dk_logfile_t **self_p)
 {
-    dk_logfile_t *self = *self_p;
+    dk_logfile_t *self = self_p ? *self_p : NULL;
     if (!self)
         return 0;
     *self_p = NULL;
@@ -200,7 +184,7 @@ int dk_logfile_close(dk_logfile_t **self_p)
                          (uint64_t) dropped, (uint64_t) self->head, (uint64_t) kept,
                          (uint64_t) self->total, (uint64_t) self->cap);
         /* Each segment is emptied once copied: at most 1.25 CAP on disk. */
-        if (write_all(self->fd, marker, (size_t) n) != 0 ||
+        if (dk_write_all(self->fd, marker, (size_t) n) != 0 ||
             (first == older && (copy_segment(self, older, skip) != 0 ||
                                 ftruncate(self->seg[older], 0) != 0)) ||
             copy_segment(self, self->cur, first == older ? 0 : skip) != 0) {

@@ -50,7 +50,7 @@ unsigned long long dk_logfile_cap(dk_logfile_t *self);
 
 /* Assemble head, marker and tail into NAME, remove the segments, close, free.
  * Returns 0, or -1 with errno when the assembly could not be written. Sets
- * *SELF_P to NULL. */
+ * *SELF_P to NULL; NULL, or a pointer to NULL, is nothing to do (0). */
 int dk_logfile_close(dk_logfile_t **self_p);
 
 #endif

@@ -12,6 +12,7 @@
 #include "dk_tidy.h"
 
 #include "dk_err.h"
+#include "dk_io.h"
 #include "dk_watch.h"
 
 #include <errno.h>
@@ -310,15 +311,7 @@ static int send_locked(char op, const char *path, const struct stat *st)
         len += strlen(path);
     }
     rec[len++] = '\0';
-    for (size_t off = 0, total = len; off < total;) {
-        ssize_t n = send(wfd, rec + off, total - off, MSG_NOSIGNAL);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return -1;
-        off += (size_t) n;
-    }
-    return 0;
+    return dk_send_all(wfd, rec, len, -1);
 }
 
 /* The watcher is gone (killed by someone): collect it and forget its socket. */

@@ -20,6 +20,7 @@
  * ranks sampled every 50 ms died of SIGSEGV.
  */
 #include "dk_rankstacks.h"
+#include "dk_io.h"
 #include "dk_stackreq.h"
 
 #include <errno.h>
@@ -35,19 +36,8 @@ static void write_end(int sig)
     (void) sig;
     int saved = errno;
     int fd = end_fd;
-    if (fd >= 0) {
-        const char *p = DK_STACKS_END;
-        size_t n = sizeof DK_STACKS_END - 1;
-        while (n) {
-            ssize_t w = write(fd, p, n);
-            if (w < 0 && errno == EINTR)
-                continue;
-            if (w <= 0)
-                break;
-            p += w;
-            n -= (size_t) w;
-        }
-    }
+    if (fd >= 0)
+        (void) dk_write_all(fd, DK_STACKS_END, sizeof DK_STACKS_END - 1);
     errno = saved;
 }
 

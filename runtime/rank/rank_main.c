@@ -20,6 +20,7 @@
  *
  * With DISTKERNEL_TEMPLATE it is that template (distkernel._rank.template_main).
  */
+#include "dk_io.h"
 #include "dk_logdir.h"
 #include "dk_peer.h"
 #include "dk_pyinit.h"
@@ -78,22 +79,6 @@ static void note_cold(const char *why)
     if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid())
         dprintf(fd, "rank %s started cold: %s\n", getenv("RANK") ? getenv("RANK") : "?", why);
     close(fd);
-}
-
-static int send_all(int fd, const char *p, size_t n)
-{
-    while (n) {
-        /* Not write(): a template that died mid-request must not SIGPIPE us,
-         * only send us cold. */
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
 }
 
 /* One reply line into LINE. False at EOF or error. */
@@ -237,7 +222,10 @@ static int warm_rank(const char *path)
     c->cmsg_len = CMSG_LEN(sizeof fds);
     memcpy(CMSG_DATA(c), fds, sizeof fds);
     char line[512];
-    if (sendmsg(fd, &msg, MSG_NOSIGNAL) != (ssize_t)sizeof head || send_all(fd, body, len) < 0 ||
+    /* Sent, not written: a template that died mid-request must not SIGPIPE
+     * us, only send us cold. */
+    if (sendmsg(fd, &msg, MSG_NOSIGNAL) != (ssize_t)sizeof head ||
+        dk_send_all(fd, body, len, -1) < 0 ||
         !read_line(fd, line, sizeof line)) {
         snprintf(why, sizeof why, "the template did not answer (%s)", strerror(errno));
         goto cold;

@@ -44,7 +44,7 @@
  * signal's default action ends a process.
  *
  * A rank on another node cannot be signalled from here: its caller asks its
- * node's agent over the back channel (DK_BC_STACKS, dk_backchan.h), which
+ * node's agent over the back channel (DK_FRAME_STACKS, dk_frame.h), which
  * asks the rank as this file does and sends the answer back, and hands it
  * in (dk_stackreq_answer); the request waits for those ranks as for the
  * others.

@@ -1,7 +1,7 @@
 """The rank side of the back channel's size limit, against the kernel's.
 
 Run by tests/unit/test_job.c with the C constants as arguments:
-    bc_limits.py PAYLOAD_MAX FRAME_MAX TASK_MAX MAC_LEN
+    bc_limits.py PAYLOAD_MAX LEN_MAX TASK_MAX MAC_LEN
 Exits 0 when the rank accepts exactly what the kernel sends and refuses one
 byte more, and when _serve treats a closed channel as the end and a bad frame
 as an error, and when a frame of the rank's own sent back to it is refused.
@@ -75,9 +75,9 @@ class FakeChannel:
 
 
 def main():
-    payload_max, frame_max, task_max, mac_len = map(int, sys.argv[1:5])
+    payload_max, len_max, task_max, mac_len = map(int, sys.argv[1:5])
     check(bc.PAYLOAD_MAX == payload_max, f"PAYLOAD_MAX {bc.PAYLOAD_MAX} != C's {payload_max}")
-    check(bc.MAX_FRAME == frame_max, f"MAX_FRAME {bc.MAX_FRAME} != C's {frame_max}")
+    check(bc.LEN_MAX == len_max, f"LEN_MAX {bc.LEN_MAX} != C's {len_max}")
     # The largest TASK the kernel sends: MAC, type, rank, round, payload.
     largest = mac_len + 5 + 4 + task_max
     e = recv_with_length(largest)

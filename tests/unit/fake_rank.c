@@ -1,10 +1,12 @@
 /*
- * fake_rank: the rank side of the back channel (runtime/launch/dk_job.h), in C, so the
- * runtime can be tested without Python or torch.
+ * fake_rank: the rank side of the back channel, in C, so the runtime can be
+ * tested without Python or torch.
  *
- * It is written from the header's protocol text, independently of the
- * runtime's own code, so a misreading on either side shows up as a failed
- * test rather than as two matching bugs.
+ * It is written from the protocol's text (the wire: runtime/channel/
+ * dk_frame.h; what a job does with it: runtime/launch/dk_job.h),
+ * independently of the runtime's own code, whose headers and libraries it
+ * does not use, so a misreading on either side shows up as a failed test
+ * rather than as two matching bugs.
  *
  * The behaviour comes from the environment: FAKE_MODE for every rank, or
  * FAKE_MODE_<rank> for one rank. Modes:
@@ -52,7 +54,7 @@
  *                    N+1; "leader_exit" print "leader exiting N", then the main
  *                    thread ends alone (a zombie leader, another thread sleeping). The text may be "ACTION@R": that action on rank R, "result"
  *                    on the others. SIGINT between rounds is ignored; EOF exits 0.
- *   log_note         ... an OUTPUT frame for its log only (fd 3, DK_BC_OUTPUT_LOG):
+ *   log_note         ... an OUTPUT frame for its log only (fd 3, DK_FRAME_OUTPUT_LOG):
  *                    "a note about itself", then as result
  *   bad_output       (Unix socket) ... an OUTPUT frame for fd 4, wait to be closed,
  *                    print "refused as expected", exit 0 without a result
@@ -146,7 +148,7 @@ static uint32_t rd32(const unsigned char *p)
     return (uint32_t) p[0] << 24 | (uint32_t) p[1] << 16 | (uint32_t) p[2] << 8 | p[3];
 }
 
-/* DIR: 'R' on what we send, 'K' on what the runtime sends (dk_job.h). */
+/* DIR: 'R' on what we send, 'K' on what the runtime sends (dk_frame.h). */
 static void mac(const unsigned char *nonce, unsigned char dir, uint32_t seq,
                 const unsigned char *body, size_t body_len, unsigned char out[32])
 {
@@ -169,6 +171,8 @@ static void mac(const unsigned char *nonce, unsigned char dir, uint32_t seq,
     EVP_MAC_free(m);
 }
 
+/* Not runtime/base's dk_write_all: this program uses none of the runtime's
+ * code (above), and a write that fails here ends the fake rank. */
 static void write_all(int fd, const void *buf, size_t n)
 {
     const char *p = buf;

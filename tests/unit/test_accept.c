@@ -464,3 +464,12 @@ Test(allow, a_node_that_is_this_host_may_connect_from_the_listeners_address)
     cr_assert(!allows(a, "127.0.0.2"));
     dk_accept_destroy(&a);
 }
+
+/* Like every _destroy: NULL, or a pointer to NULL, is nothing to do. */
+Test(destroy, accept_takes_null)
+{
+    dk_accept_destroy(NULL);
+    dk_accept_t *none = NULL;
+    dk_accept_destroy(&none);
+    cr_assert_null(none);
+}

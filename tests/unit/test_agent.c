@@ -1,6 +1,6 @@
 /*
  * The node agent (runtime/agent/dk_agent.h) against a fake runtime over a
- * socketpair: its frames (dk_agentwire), and its rank bookkeeping: which
+ * socketpair: its frames (dk_frame.h), and its rank bookkeeping: which
  * ranks it starts, what they wrote labelled by rank, their exits and
  * signals, the kernel's SIGNAL and STACKS, and the end of its ranks when the
  * kernel goes silent or closes. Ranks are small shell and Python programs.
@@ -23,8 +23,9 @@
 #include <unistd.h>
 
 #include "dk_agent.h"
-#include "dk_agentwire.h"
 #include "dk_backchan.h"
+#include "dk_frame.h"
+#include "dk_relay.h"
 #include "dk_tidy.h"
 #include "stranger.h"
 
@@ -39,75 +40,13 @@ static double now(void)
     return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
 }
 
-/* ---- the frames ------------------------------------------------------------------ */
-
-Test(agentwire, a_frame_opens_on_the_other_side_only)
-{
-    dk_agentwire_t agent, kernel;
-    cr_assert_eq(dk_agentwire_init(&agent, KEY, NONCE, DK_BC_DIR_TO_RUNTIME, 1024), 0);
-    cr_assert_eq(dk_agentwire_init(&kernel, KEY, NONCE, DK_BC_DIR_TO_RANK, 1024), 0);
-    unsigned char buf[256], echo[256];
-    size_t n = dk_agentwire_seal(&agent, DK_BC_EXIT, 77, "\0\0\0\5\0\0\0\0", 8, buf);
-    cr_assert_eq(n, DK_AGENTWIRE_HEAD + 8);
-    memcpy(echo, buf, n);
-    dk_agentframe_t f;
-    size_t need = 0;
-    const char *why;
-    /* Not whole yet: nothing taken, and how much it needs. */
-    cr_expect_eq(dk_agentwire_open(&kernel, buf, 3, &f, &need, &why), 0);
-    cr_expect_eq(dk_agentwire_open(&kernel, buf, n - 1, &f, &need, &why), 0);
-    cr_expect_eq(need, n);
-    cr_assert_eq(dk_agentwire_open(&kernel, buf, n, &f, NULL, &why), (long) n);
-    cr_expect_eq(f.type, DK_BC_EXIT);
-    cr_expect_eq(f.id, 77);
-    cr_expect_eq(f.len, 8);
-    cr_expect_eq(f.payload[3], 5);
-    /* Replayed: the count has moved on. */
-    cr_expect_eq(dk_agentwire_open(&kernel, echo, n, &f, NULL, &why), -1);
-    cr_expect(strstr(why, "did not verify"));
-    /* Reflected back to the side that wrote it: the direction differs. */
-    dk_agentwire_t agent2;
-    cr_assert_eq(dk_agentwire_init(&agent2, KEY, NONCE, DK_BC_DIR_TO_RUNTIME, 1024), 0);
-    cr_expect_eq(dk_agentwire_open(&agent2, echo, n, &f, NULL, &why), -1);
-    /* Tampered with. */
-    dk_agentwire_t kernel2;
-    cr_assert_eq(dk_agentwire_init(&kernel2, KEY, NONCE, DK_BC_DIR_TO_RANK, 1024), 0);
-    echo[n - 1] ^= 1;
-    cr_expect_eq(dk_agentwire_open(&kernel2, echo, n, &f, NULL, &why), -1);
-    /* Too large for the side that opens it: refused before it is whole. */
-    n = dk_agentwire_seal(&kernel, DK_BC_PING, 1, NULL, 0, buf);
-    cr_assert_eq(n, DK_AGENTWIRE_HEAD);
-    cr_expect_eq(dk_agentwire_open(&agent, buf, n, &f, NULL, &why), (long) n);
-    unsigned char big[4] = {0, 0x10, 0, 0};
-    cr_expect_eq(dk_agentwire_open(&agent, big, 4, &f, NULL, &why), -1);
-    cr_expect(strstr(why, "limits"));
-    unsigned char tiny[4] = {0, 0, 0, 5};
-    cr_expect_eq(dk_agentwire_open(&agent, tiny, 4, &f, NULL, &why), -1);
-    dk_agentwire_clear(&agent);
-    dk_agentwire_clear(&agent2);
-    dk_agentwire_clear(&kernel);
-    dk_agentwire_clear(&kernel2);
-}
-
-Test(agentwire, the_key_comes_from_64_hex_digits)
-{
-    unsigned char key[32];
-    cr_assert_eq(dk_agentwire_key_from_hex(KEY_HEX, key), 0);
-    cr_expect_eq(memcmp(key, KEY, 32), 0);
-    cr_expect_eq(dk_agentwire_key_from_hex("abc", key), -1);
-    cr_expect_eq(dk_agentwire_key_from_hex(NULL, key), -1);
-    char bad[65];
-    memset(bad, 'g', 64);
-    bad[64] = '\0';
-    cr_expect_eq(dk_agentwire_key_from_hex(bad, key), -1);
-}
-
 /* ---- a fake runtime ---------------------------------------------------------------- */
 
 typedef struct {
     int fd;
     pid_t agent;
-    dk_agentwire_t wire;
+    dk_frame_key_t *key;
+    dk_frame_side_t side;   /* the kernel's side of the agent's connection */
     unsigned char in[1 << 20];
     size_t len;
     /* the last frame read */
@@ -128,6 +67,15 @@ typedef struct {
     int say_fd;             /* where the agent's lines go; 0: stderr */
     const char *host;       /* the node's name for the agent's lines, or NULL */
 } agent_opts_t;
+
+/* The fake runtime's side of the connection, as the kernel's: it seals
+ * toward the agent and opens what the agent sealed toward the runtime. */
+static void kern_side_init(kern_t *k)
+{
+    k->key = dk_frame_key_new(KEY);
+    cr_assert_not_null(k->key);
+    dk_frame_side_init(&k->side, k->key, NONCE, DK_FRAME_DIR_TO_RANK);
+}
 
 static kern_t *agent_start(const agent_opts_t *o)
 {
@@ -168,7 +116,7 @@ static kern_t *agent_start(const agent_opts_t *o)
     }
     close(sv[1]);
     k->fd = sv[0];
-    cr_assert_eq(dk_agentwire_init(&k->wire, KEY, NONCE, DK_BC_DIR_TO_RANK, 1 << 19), 0);
+    kern_side_init(k);
     return k;
 }
 
@@ -177,9 +125,9 @@ static bool next_frame(kern_t *k, double timeout_s)
 {
     double until = now() + timeout_s;
     for (;;) {
-        dk_agentframe_t f;
+        dk_frame_msg_t f;
         const char *why;
-        long took = dk_agentwire_open(&k->wire, k->in, k->len, &f, NULL, &why);
+        long took = dk_frame_open(&k->side, k->in, k->len, 1 << 19, &f, NULL, &why);
         cr_assert_geq(took, 0, "the agent's frame did not open: %s", why);
         if (took > 0) {
             k->type = f.type;
@@ -190,7 +138,7 @@ static bool next_frame(kern_t *k, double timeout_s)
             k->payload[f.len < sizeof k->payload ? f.len : 0] = '\0';
             memmove(k->in, k->in + took, k->len - (size_t) took);
             k->len -= (size_t) took;
-            if (k->type == DK_BC_PING)
+            if (k->type == DK_FRAME_PING)
                 continue;
             return true;
         }
@@ -209,15 +157,15 @@ static bool next_frame(kern_t *k, double timeout_s)
 
 static void send_to_agent(kern_t *k, int type, uint32_t id, const void *payload, size_t len)
 {
-    unsigned char buf[DK_AGENTWIRE_HEAD + 64];
-    size_t n = dk_agentwire_seal(&k->wire, type, id, payload, len, buf);
+    unsigned char buf[DK_FRAME_HEAD + 64];
+    size_t n = dk_frame_seal(&k->side, type, id, payload, len, buf);
     cr_assert_eq(send(k->fd, buf, n, MSG_NOSIGNAL), (ssize_t) n);
 }
 
 static void send_signal(kern_t *k, uint32_t id, int sig)
 {
     unsigned char p[4] = {0, 0, 0, (unsigned char) sig};
-    send_to_agent(k, DK_BC_SIGNAL, id, p, 4);
+    send_to_agent(k, DK_FRAME_SIGNAL, id, p, 4);
 }
 
 static uint32_t be32(const unsigned char *p)
@@ -245,7 +193,7 @@ static void agent_free(kern_t *k)
 {
     if (k->fd >= 0)
         close(k->fd);
-    dk_agentwire_clear(&k->wire);
+    dk_frame_key_destroy(&k->key);
     free(k);
 }
 
@@ -263,16 +211,16 @@ static void take(kern_t *k, seen_t *s, uint32_t base)
 {
     cr_assert(k->id == base || k->id == base + 1, "a frame for rank %u", k->id);
     int i = (int) (k->id - base);
-    if (k->type == DK_BC_STARTED) {
+    if (k->type == DK_FRAME_STARTED) {
         cr_assert_eq(k->plen, 4);
         s->pid[i] = (pid_t) be32(k->payload);
-    } else if (k->type == DK_BC_OUTPUT) {
+    } else if (k->type == DK_FRAME_OUTPUT) {
         cr_assert_geq(k->plen, 2);
         s->exited_before_output[i] |= s->exited[i];
         char *to = k->payload[0] == 1 ? s->out[i] : s->err[i];
         cr_assert(k->payload[0] == 1 || k->payload[0] == 2);
         strncat(to, (char *) k->payload + 2, 4000 - strlen(to));
-    } else if (k->type == DK_BC_EXIT) {
+    } else if (k->type == DK_FRAME_EXIT) {
         cr_assert_eq(k->plen, 8);
         s->exit_code[i] = (int) be32(k->payload);
         s->exit_signal[i] = (int) be32(k->payload + 4);
@@ -293,7 +241,7 @@ Test(agent, starts_its_nodes_ranks_and_tells_their_output_and_exits, .timeout = 
     };
     kern_t *k = agent_start(&o);
     cr_assert(next_frame(k, 10));
-    cr_expect_eq(k->type, DK_BC_AGENT_HELLO);
+    cr_expect_eq(k->type, DK_FRAME_AGENT_HELLO);
     cr_expect_eq(k->id, 1);
     cr_expect_eq(k->plen, 0);
     seen_t s = {0};
@@ -324,7 +272,7 @@ Test(agent, signals_a_rank_or_every_rank_when_the_kernel_asks, .timeout = 30)
     agent_opts_t o = {.node = 0, .world = 2, .per = 2, .script = "echo up; exec sleep 60"};
     kern_t *k = agent_start(&o);
     cr_assert(next_frame(k, 10));
-    cr_assert_eq(k->type, DK_BC_AGENT_HELLO);
+    cr_assert_eq(k->type, DK_FRAME_AGENT_HELLO);
     seen_t s = {0};
     while (strlen(s.out[0]) + strlen(s.out[1]) < 6) {
         cr_assert(next_frame(k, 10));
@@ -338,7 +286,7 @@ Test(agent, signals_a_rank_or_every_rank_when_the_kernel_asks, .timeout = 30)
     cr_expect_eq(s.exit_signal[1], SIGTERM);
     cr_expect_eq(s.exit_code[1], -1);
     cr_expect(!s.exited[0], "only rank 1 was signalled");
-    send_signal(k, DK_BC_ALL_RANKS, SIGKILL);
+    send_signal(k, DK_FRAME_ALL_RANKS, SIGKILL);
     while (!s.exited[0]) {
         cr_assert(next_frame(k, 10));
         take(k, &s, 0);
@@ -494,12 +442,12 @@ Test(agent, answers_stacks_by_signalling_its_ranks_here, .timeout = 40)
         cr_assert(next_frame(k, 20));
         take(k, &s, 6);
     }
-    send_to_agent(k, DK_BC_STACKS, DK_BC_ALL_RANKS, NULL, 0);
+    send_to_agent(k, DK_FRAME_STACKS, DK_FRAME_ALL_RANKS, NULL, 0);
     char dump[2][8192] = {"", ""};
     bool got[2] = {false, false};
     while (!got[0] || !got[1]) {
         cr_assert(next_frame(k, 10));
-        cr_assert_eq(k->type, DK_BC_STACKS, "type %d", k->type);
+        cr_assert_eq(k->type, DK_FRAME_STACKS, "type %d", k->type);
         cr_assert(k->id == 6 || k->id == 7);
         size_t len = k->plen < sizeof dump[0] - 1 ? k->plen : sizeof dump[0] - 1;
         memcpy(dump[k->id - 6], k->payload, len);
@@ -508,7 +456,7 @@ Test(agent, answers_stacks_by_signalling_its_ranks_here, .timeout = 40)
     }
     cr_expect(strstr(dump[0], "waiting_in_a_cell"), "rank 6's stacks: %s", dump[0]);
     cr_expect_str_eq(dump[1], "", "rank 7 never armed: asked, no answer");
-    send_signal(k, DK_BC_ALL_RANKS, SIGKILL);
+    send_signal(k, DK_FRAME_ALL_RANKS, SIGKILL);
     while (s.exits < 2) {
         cr_assert(next_frame(k, 10));
         take(k, &s, 6);
@@ -563,13 +511,13 @@ Test(agent, samples_a_rank_through_its_sampler_thread_only, .timeout = 40)
         take(k, &s, 6);
     }
     for (int round = 0; round < 2; round++) {
-        unsigned char sample[4] = {0, 0, 0, DK_BC_STACKS_SAMPLE};
-        send_to_agent(k, DK_BC_STACKS, DK_BC_ALL_RANKS, sample, sizeof sample);
+        unsigned char sample[4] = {0, 0, 0, DK_FRAME_STACKS_SAMPLE};
+        send_to_agent(k, DK_FRAME_STACKS, DK_FRAME_ALL_RANKS, sample, sizeof sample);
         char dump[2][8192] = {"", ""};
         bool got[2] = {false, false};
         while (!got[0] || !got[1]) {
             cr_assert(next_frame(k, 10));
-            cr_assert_eq(k->type, DK_BC_STACKS, "type %d (a rank signalled as for the end "
+            cr_assert_eq(k->type, DK_FRAME_STACKS, "type %d (a rank signalled as for the end "
                          "exits)", k->type);
             cr_assert(k->id == 6 || k->id == 7);
             size_t len = k->plen < sizeof dump[0] - 1 ? k->plen : sizeof dump[0] - 1;
@@ -581,7 +529,7 @@ Test(agent, samples_a_rank_through_its_sampler_thread_only, .timeout = 40)
         cr_expect_str_eq(dump[1], "", "rank 7 has no sampler: not signalled, no answer");
     }
     cr_expect_eq(s.exits, 0, "a sample ended a rank");
-    send_signal(k, DK_BC_ALL_RANKS, SIGKILL);
+    send_signal(k, DK_FRAME_ALL_RANKS, SIGKILL);
     while (s.exits < 2) {
         cr_assert(next_frame(k, 10));
         take(k, &s, 6);
@@ -597,7 +545,7 @@ Test(agent, a_rank_that_cannot_start_ends_the_agent_at_once, .timeout = 30)
     agent_opts_t o = {.node = 0, .world = 2, .per = 2, .program = "/nonexistent/rank"};
     kern_t *k = agent_start(&o);
     cr_assert(next_frame(k, 10));
-    cr_expect_eq(k->type, DK_BC_AGENT_HELLO);
+    cr_expect_eq(k->type, DK_FRAME_AGENT_HELLO);
     cr_expect_eq(agent_wait(k, 10), 2);
     agent_free(k);
     agent_opts_t bad = {.node = 2, .world = 4, .per = 2, .script = "exit 0"};
@@ -659,7 +607,7 @@ static kern_t *warm_agent_start(agent_opts_t *o, int *say)
     kern_t *k = agent_start(o);
     close(p[1]);
     cr_assert(next_frame(k, 10));
-    cr_assert_eq(k->type, DK_BC_AGENT_HELLO);
+    cr_assert_eq(k->type, DK_FRAME_AGENT_HELLO);
     *say = p[0];
     return k;
 }
@@ -719,18 +667,18 @@ Test(agent, while_the_template_imports_the_kernel_is_heard_and_its_asks_are_kept
     kern_t *k = warm_agent_start(&o, &say);
     /* Before any rank started: a stop for rank 1 and stacks for both. */
     send_signal(k, 1, SIGTERM);
-    send_to_agent(k, DK_BC_STACKS, DK_BC_ALL_RANKS, NULL, 0);
+    send_to_agent(k, DK_FRAME_STACKS, DK_FRAME_ALL_RANKS, NULL, 0);
     bool stacks[2] = {false, false};
     while (!stacks[0] || !stacks[1]) {
         cr_assert(next_frame(k, 2));
-        cr_assert_eq(k->type, DK_BC_STACKS, "type %d before the ranks start", k->type);
+        cr_assert_eq(k->type, DK_FRAME_STACKS, "type %d before the ranks start", k->type);
         cr_expect_eq(k->plen, 0, "a rank not started has no stacks");
         stacks[k->id] = true;
     }
     /* Heard and PINGed through the wait: the agent is still ours. */
     double t0 = now();
     while (now() - t0 < 2.0) {
-        send_to_agent(k, DK_BC_PING, 0, NULL, 0);
+        send_to_agent(k, DK_FRAME_PING, 0, NULL, 0);
         struct timespec ts = {0, 200 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
@@ -738,7 +686,7 @@ Test(agent, while_the_template_imports_the_kernel_is_heard_and_its_asks_are_kept
     while (s.exits < 2) {
         cr_assert(next_frame(k, 10));
         take(k, &s, 0);
-        send_to_agent(k, DK_BC_PING, 0, NULL, 0);
+        send_to_agent(k, DK_FRAME_PING, 0, NULL, 0);
     }
     cr_expect_str_eq(s.out[0], "0 cold\n");
     cr_expect_eq(s.exit_code[0], 0);
@@ -762,7 +710,7 @@ Test(agent, a_stop_for_every_rank_ends_the_wait_for_the_template, .timeout = 30)
                       .warm_wait_s = 60, .script = "exec sleep 30"};
     int say;
     kern_t *k = warm_agent_start(&o, &say);
-    send_signal(k, DK_BC_ALL_RANKS, SIGTERM);
+    send_signal(k, DK_FRAME_ALL_RANKS, SIGTERM);
     seen_t s = {0};
     while (s.exits < 2) {
         cr_assert(next_frame(k, 20));
@@ -854,9 +802,9 @@ Test(agent, the_program_connects_with_its_environment_and_says_hello, .timeout =
     kern_t *k = calloc(1, sizeof *k);
     k->fd = fd;
     k->agent = pid;
-    cr_assert_eq(dk_agentwire_init(&k->wire, KEY, NONCE, DK_BC_DIR_TO_RANK, 1 << 19), 0);
+    kern_side_init(k);
     cr_assert(next_frame(k, 10));
-    cr_expect_eq(k->type, DK_BC_AGENT_HELLO);
+    cr_expect_eq(k->type, DK_FRAME_AGENT_HELLO);
     cr_expect_eq(k->id, 1, "the node is the step's SLURM_NODEID");
     /* The run's key is not in the block /proc shows for the agent's life
      * (issue 38); its rank still gets it (64 hex digits, below). */
@@ -874,9 +822,9 @@ Test(agent, the_program_connects_with_its_environment_and_says_hello, .timeout =
     while (!exited) {
         cr_assert(next_frame(k, 10));
         cr_assert_eq(k->id, 1, "node 1 of one rank a node runs rank 1");
-        if (k->type == DK_BC_OUTPUT)
+        if (k->type == DK_FRAME_OUTPUT)
             strncat(out, (char *) k->payload + 2, sizeof out - strlen(out) - 1);
-        exited = k->type == DK_BC_EXIT;
+        exited = k->type == DK_FRAME_EXIT;
     }
     cr_expect_str_eq(out, "1 1 none 64\n", "its own variables are not the rank's; the key is");
     close(k->fd);
@@ -916,39 +864,39 @@ Test(agent, relays_its_ranks_connections_their_output_first, .timeout = 30)
     agent_opts_t o = {.node = 0, .world = 1, .per = 1, .program = program};
     kern_t *k = agent_start(&o);
     cr_assert(next_frame(k, 10));
-    cr_assert_eq(k->type, DK_BC_AGENT_HELLO);
+    cr_assert_eq(k->type, DK_FRAME_AGENT_HELLO);
     uint32_t stream = UINT32_MAX;
     size_t out = 0;
     char answer[64] = "", bye[64] = "";
     bool exited = false, ended = false;
     while (!exited) {
         cr_assert(next_frame(k, 10));
-        if (k->type == DK_BC_STARTED)
+        if (k->type == DK_FRAME_STARTED)
             continue;
-        if (k->type == DK_BC_RELAY && k->plen == 0) {
+        if (k->type == DK_FRAME_RELAY && k->plen == 0) {
             /* A new connection: the rank's. The kernel's bytes go to it. */
             cr_assert_eq(stream, UINT32_MAX, "a second stream");
             stream = k->id;
-            send_to_agent(k, DK_BC_RELAY, stream, "go", 2);
-        } else if (k->type == DK_BC_RELAY) {
+            send_to_agent(k, DK_FRAME_RELAY, stream, "go", 2);
+        } else if (k->type == DK_FRAME_RELAY) {
             cr_assert_eq(k->id, stream);
             cr_assert_eq(out, 200000, "the answer came before the rank's output (%zu bytes)",
                          out);
             strncat(answer, (char *) k->payload, sizeof answer - strlen(answer) - 1);
             if (!ended) {
-                send_to_agent(k, DK_BC_RELAY_END, stream, NULL, 0);   /* its cue to exit */
+                send_to_agent(k, DK_FRAME_RELAY_END, stream, NULL, 0);   /* its cue to exit */
                 ended = true;
             }
-        } else if (k->type == DK_BC_OUTPUT) {
+        } else if (k->type == DK_FRAME_OUTPUT) {
             cr_assert_eq(k->id, 0);
             if (k->payload[2] == 'x')
                 out += k->plen - 2;
             else
                 strncat(bye, (char *) k->payload + 2, sizeof bye - strlen(bye) - 1);
-        } else if (k->type == DK_BC_RELAY_END) {
+        } else if (k->type == DK_FRAME_RELAY_END) {
             cr_assert_fail("the agent ended a stream the kernel had ended");
         } else {
-            cr_assert_eq(k->type, DK_BC_EXIT, "type %d", k->type);
+            cr_assert_eq(k->type, DK_FRAME_EXIT, "type %d", k->type);
             cr_assert_eq(be32(k->payload), 0, "the rank exited %d", (int) be32(k->payload));
             exited = true;
         }
@@ -1004,18 +952,18 @@ Test(agent, the_relay_closes_another_users_connection_and_relays_the_ranks, .tim
     agent_opts_t o = {.node = 0, .world = 1, .per = 1, .program = program};
     kern_t *k = agent_start(&o);
     cr_assert(next_frame(k, 10));
-    cr_assert_eq(k->type, DK_BC_AGENT_HELLO);
+    cr_assert_eq(k->type, DK_FRAME_AGENT_HELLO);
     int streams = 0;
     char out[256] = "";
     bool exited = false;
     while (!exited) {
         cr_assert(next_frame(k, 15));
-        if (k->type == DK_BC_RELAY && k->plen == 0) {
+        if (k->type == DK_FRAME_RELAY && k->plen == 0) {
             streams++;
-            send_to_agent(k, DK_BC_RELAY, k->id, "go", 2);
-        } else if (k->type == DK_BC_OUTPUT) {
+            send_to_agent(k, DK_FRAME_RELAY, k->id, "go", 2);
+        } else if (k->type == DK_FRAME_OUTPUT) {
             strncat(out, (char *) k->payload + 2, sizeof out - strlen(out) - 1);
-        } else if (k->type == DK_BC_EXIT) {
+        } else if (k->type == DK_FRAME_EXIT) {
             exited = true;
         }
     }
@@ -1061,7 +1009,7 @@ Test(agent, a_slow_rank_sends_nothing_to_a_template_another_user_put_in_its_plac
     char sock[256] = "";
     while (!sock[0]) {
         cr_assert(next_frame(k, 20));
-        if (k->type == DK_BC_OUTPUT && k->plen > 7 && !memcmp(k->payload + 2, "sock /", 6))
+        if (k->type == DK_FRAME_OUTPUT && k->plen > 7 && !memcmp(k->payload + 2, "sock /", 6))
             snprintf(sock, sizeof sock, "%.*s", (int) k->plen - 8, (char *) k->payload + 7);
     }
     /* The kernel goes; the template's folder with it. */
@@ -1087,4 +1035,13 @@ Test(agent, a_slow_rank_sends_nothing_to_a_template_another_user_put_in_its_plac
     agent_free(k);
     unlink(go);
     program_free(dir, tmpl);
+}
+
+/* Like every _destroy: NULL, or a pointer to NULL, is nothing to do. */
+Test(destroy, agent_relay_takes_null)
+{
+    dk_relay_destroy(NULL);
+    dk_relay_t *none = NULL;
+    dk_relay_destroy(&none);
+    cr_assert_null(none);
 }

@@ -113,3 +113,12 @@ Test(debug, submitting_does_not_wait_for_the_worker)
     dk_debug_job_destroy(&b);
     zactor_destroy(&w);
 }
+
+/* Like every _destroy: NULL, or a pointer to NULL, is nothing to do. */
+Test(destroy, debug_job_takes_null)
+{
+    dk_debug_job_destroy(NULL);
+    dk_debug_job_t *none = NULL;
+    dk_debug_job_destroy(&none);
+    cr_assert_null(none);
+}

@@ -15,7 +15,6 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
-#include "dk_backchan.h"
 #include "dk_be32.h"
 #include "dk_frame.h"
 
@@ -62,7 +61,7 @@ Test(frame, every_sealed_frame_carries_the_reference_hmac)
     dk_frame_key_t *key = dk_frame_key_new(KEY);
     cr_assert_not_null(key);
     dk_frame_side_t rank;
-    dk_frame_side_init(&rank, key, NONCE, DK_BC_DIR_TO_RUNTIME);
+    dk_frame_side_init(&rank, key, NONCE, DK_FRAME_DIR_TO_RUNTIME);
     /* Many frames on one key, of sizes around SHA-256's 64-byte block, so a
      * restart that carried anything over from the frame before shows. */
     for (uint32_t i = 0; i < 40; i++) {
@@ -70,10 +69,10 @@ Test(frame, every_sealed_frame_carries_the_reference_hmac)
         size_t len = (i * 37) % 200;
         for (size_t j = 0; j < len; j++)
             payload[j] = (unsigned char) (i + j);
-        size_t n = dk_frame_seal(&rank, DK_BC_OUTPUT, 5, payload, len, out);
+        size_t n = dk_frame_seal(&rank, DK_FRAME_OUTPUT, 5, payload, len, out);
         cr_assert_eq(n, DK_FRAME_HEAD + len);
         cr_expect_eq(dk_get_be32(out), 32 + 5 + len);
-        cr_expect_eq(out[36], DK_BC_OUTPUT);
+        cr_expect_eq(out[36], DK_FRAME_OUTPUT);
         cr_expect_eq(dk_get_be32(out + 37), 5);
         cr_expect_eq(memcmp(out + DK_FRAME_HEAD, payload, len), 0);
         reference_mac(KEY, NONCE, 'R', i, out + 36, 5 + len, want);
@@ -88,17 +87,17 @@ Test(frame, a_body_sealed_in_two_pieces_is_the_same_frame)
 {
     dk_frame_key_t *key = dk_frame_key_new(KEY);
     dk_frame_side_t a, b;
-    dk_frame_side_init(&a, key, NONCE, DK_BC_DIR_TO_RANK);
-    dk_frame_side_init(&b, key, NONCE, DK_BC_DIR_TO_RANK);
+    dk_frame_side_init(&a, key, NONCE, DK_FRAME_DIR_TO_RANK);
+    dk_frame_side_init(&b, key, NONCE, DK_FRAME_DIR_TO_RANK);
     unsigned char whole[DK_FRAME_HEAD + 100], head[4 + 32 + 9], body_head[9], tail[91];
     memset(tail, 'x', sizeof tail);
-    body_head[0] = DK_BC_TASK;
+    body_head[0] = DK_FRAME_TASK;
     dk_put_be32(body_head + 1, 2);
     dk_put_be32(body_head + 5, 9);      /* the round */
     cr_assert_eq(dk_frame_seal_head(&a, body_head, 9, tail, sizeof tail, head), sizeof head);
     memcpy(whole + DK_FRAME_HEAD, body_head + 5, 4);
     memcpy(whole + DK_FRAME_HEAD + 4, tail, sizeof tail);
-    cr_assert_eq(dk_frame_seal(&b, DK_BC_TASK, 2, whole + DK_FRAME_HEAD, 95, whole),
+    cr_assert_eq(dk_frame_seal(&b, DK_FRAME_TASK, 2, whole + DK_FRAME_HEAD, 95, whole),
                  DK_FRAME_HEAD + 95);
     cr_expect_eq(memcmp(head, whole, sizeof head), 0);
     dk_frame_key_destroy(&key);
@@ -116,12 +115,12 @@ Test(frame, a_frame_opens_with_its_key_nonce_direction_and_count_only)
     other_nonce[0] ^= 1;
 
     dk_frame_side_t rank, kernel;
-    dk_frame_side_init(&rank, key, NONCE, DK_BC_DIR_TO_RUNTIME);
-    dk_frame_side_init(&kernel, key, NONCE, DK_BC_DIR_TO_RANK);
+    dk_frame_side_init(&rank, key, NONCE, DK_FRAME_DIR_TO_RUNTIME);
+    dk_frame_side_init(&kernel, key, NONCE, DK_FRAME_DIR_TO_RANK);
     cr_expect_eq(kernel.dir_in, 'R');
     unsigned char f0[DK_FRAME_HEAD + 4], f1[DK_FRAME_HEAD + 4];
-    size_t n0 = dk_frame_seal(&rank, DK_BC_PORT, 0, "\0\0\x75\x30", 4, f0);
-    size_t n1 = dk_frame_seal(&rank, DK_BC_PING, 0, NULL, 0, f1);
+    size_t n0 = dk_frame_seal(&rank, DK_FRAME_PORT, 0, "\0\0\x75\x30", 4, f0);
+    size_t n1 = dk_frame_seal(&rank, DK_FRAME_PING, 0, NULL, 0, f1);
     cr_assert(n0 > 0 && n1 > 0);
 
     dk_frame_msg_t m;
@@ -129,11 +128,11 @@ Test(frame, a_frame_opens_with_its_key_nonce_direction_and_count_only)
     cr_expect_eq(dk_frame_open(&kernel, f1, n1, 64, &m, NULL, NULL), -1);
     /* Another key, another nonce, the same direction (sent back to its writer). */
     dk_frame_side_t wrong;
-    dk_frame_side_init(&wrong, other_key, NONCE, DK_BC_DIR_TO_RANK);
+    dk_frame_side_init(&wrong, other_key, NONCE, DK_FRAME_DIR_TO_RANK);
     cr_expect_eq(dk_frame_open(&wrong, f0, n0, 64, &m, NULL, NULL), -1);
-    dk_frame_side_init(&wrong, key, other_nonce, DK_BC_DIR_TO_RANK);
+    dk_frame_side_init(&wrong, key, other_nonce, DK_FRAME_DIR_TO_RANK);
     cr_expect_eq(dk_frame_open(&wrong, f0, n0, 64, &m, NULL, NULL), -1);
-    dk_frame_side_init(&wrong, key, NONCE, DK_BC_DIR_TO_RUNTIME);
+    dk_frame_side_init(&wrong, key, NONCE, DK_FRAME_DIR_TO_RUNTIME);
     cr_expect_eq(dk_frame_open(&wrong, f0, n0, 64, &m, NULL, NULL), -1);
     /* One flipped bit of the body. */
     unsigned char bad[sizeof f0];
@@ -143,15 +142,17 @@ Test(frame, a_frame_opens_with_its_key_nonce_direction_and_count_only)
 
     /* Failures counted nothing: in order, both open. */
     cr_assert_eq(dk_frame_open(&kernel, f0, n0, 64, &m, NULL, NULL), (long) n0);
-    cr_expect_eq(m.type, DK_BC_PORT);
+    cr_expect_eq(m.type, DK_FRAME_PORT);
     cr_expect_eq(m.id, 0);
     cr_assert_eq(m.len, 4);
     cr_expect_eq(dk_get_be32(m.payload), 30000);
     cr_expect_eq(dk_frame_open(&kernel, f1, n1, 64, &m, NULL, NULL), (long) n1);
-    cr_expect_eq(m.type, DK_BC_PING);
+    cr_expect_eq(m.type, DK_FRAME_PING);
     cr_expect_eq(m.len, 0);
     /* Replayed. */
-    cr_expect_eq(dk_frame_open(&kernel, f1, n1, 64, &m, NULL, NULL), -1);
+    const char *why = NULL;
+    cr_expect_eq(dk_frame_open(&kernel, f1, n1, 64, &m, NULL, &why), -1);
+    cr_expect(strstr(why, "did not verify"), "%s", why);
     cr_expect_eq(kernel.seq_in, 2);
     dk_frame_key_destroy(&key);
     dk_frame_key_destroy(&other_key);
@@ -161,10 +162,10 @@ Test(frame, verify_takes_the_frame_after_its_length)
 {
     dk_frame_key_t *key = dk_frame_key_new(KEY);
     dk_frame_side_t agent, kernel;
-    dk_frame_side_init(&agent, key, NONCE, DK_BC_DIR_TO_RUNTIME);
-    dk_frame_side_init(&kernel, key, NONCE, DK_BC_DIR_TO_RANK);
+    dk_frame_side_init(&agent, key, NONCE, DK_FRAME_DIR_TO_RUNTIME);
+    dk_frame_side_init(&kernel, key, NONCE, DK_FRAME_DIR_TO_RANK);
     unsigned char f[DK_FRAME_HEAD + 8];
-    size_t n = dk_frame_seal(&agent, DK_BC_EXIT, 3, "\0\0\0\1\0\0\0\0", 8, f);
+    size_t n = dk_frame_seal(&agent, DK_FRAME_EXIT, 3, "\0\0\0\1\0\0\0\0", 8, f);
     cr_expect_not(dk_frame_verify(&kernel, f + 4, DK_FRAME_MAC_LEN - 1));
     cr_expect(dk_frame_verify(&kernel, f + 4, n - 4));
     cr_expect_not(dk_frame_verify(&kernel, f + 4, n - 4));     /* the count moved on */
@@ -175,10 +176,10 @@ Test(frame, open_waits_for_a_whole_frame_and_refuses_a_size_out_of_bounds)
 {
     dk_frame_key_t *key = dk_frame_key_new(KEY);
     dk_frame_side_t agent, kernel;
-    dk_frame_side_init(&agent, key, NONCE, DK_BC_DIR_TO_RUNTIME);
-    dk_frame_side_init(&kernel, key, NONCE, DK_BC_DIR_TO_RANK);
+    dk_frame_side_init(&agent, key, NONCE, DK_FRAME_DIR_TO_RUNTIME);
+    dk_frame_side_init(&kernel, key, NONCE, DK_FRAME_DIR_TO_RANK);
     unsigned char f[DK_FRAME_HEAD + 10];
-    size_t n = dk_frame_seal(&agent, DK_BC_STACKS, 1, "0123456789", 10, f);
+    size_t n = dk_frame_seal(&agent, DK_FRAME_STACKS, 1, "0123456789", 10, f);
     dk_frame_msg_t m;
     size_t need = 0;
     const char *why = NULL;
@@ -191,6 +192,11 @@ Test(frame, open_waits_for_a_whole_frame_and_refuses_a_size_out_of_bounds)
     unsigned char tiny[4];
     dk_put_be32(tiny, DK_FRAME_MAC_LEN + 4);
     cr_expect_eq(dk_frame_open(&kernel, tiny, 4, 10, &m, NULL, &why), -1, "no room for type, id");
+    /* A length past what this side takes is refused from its 4 bytes, before
+     * anything waits for (or is allocated to) the rest. */
+    unsigned char big[4];
+    dk_put_be32(big, DK_FRAME_MAC_LEN + DK_FRAME_BODY_HEAD + 11);
+    cr_expect_eq(dk_frame_open(&kernel, big, 4, 10, &m, &need, &why), -1, "refused before whole");
     cr_expect_eq(dk_frame_open(&kernel, f, n, 10, &m, NULL, &why), (long) n);
     cr_expect_eq(m.len, 10);
     dk_frame_key_destroy(&key);
@@ -211,14 +217,14 @@ Test(frame, a_known_frame_is_byte_for_byte)
     from_hex(want_hex, want, sizeof want);
     dk_frame_key_t *key = dk_frame_key_new(KEY);
     dk_frame_side_t rank;
-    dk_frame_side_init(&rank, key, NONCE, DK_BC_DIR_TO_RUNTIME);
+    dk_frame_side_init(&rank, key, NONCE, DK_FRAME_DIR_TO_RUNTIME);
     rank.seq_out = 7;
     unsigned char out[sizeof want];
-    cr_assert_eq(dk_frame_seal(&rank, DK_BC_OUTPUT, 3, "\x01\x01hello\n", 8, out), sizeof want);
+    cr_assert_eq(dk_frame_seal(&rank, DK_FRAME_OUTPUT, 3, "\x01\x01hello\n", 8, out), sizeof want);
     cr_expect_eq(memcmp(out, want, sizeof want), 0);
 
     dk_frame_side_t kernel;
-    dk_frame_side_init(&kernel, key, NONCE, DK_BC_DIR_TO_RANK);
+    dk_frame_side_init(&kernel, key, NONCE, DK_FRAME_DIR_TO_RANK);
     kernel.seq_in = 7;
     dk_frame_msg_t m;
     cr_expect_eq(dk_frame_open(&kernel, want, sizeof want, 64, &m, NULL, NULL), (long) sizeof want);
@@ -234,6 +240,16 @@ Test(frame, the_key_goes_to_hex_and_back)
     cr_assert_eq(dk_frame_key_from_hex(hex, back), 0);
     cr_expect_eq(memcmp(back, KEY, 32), 0);
     cr_expect_eq(dk_frame_key_from_hex("6469", back), -1);
+    cr_expect_eq(dk_frame_key_from_hex(NULL, back), -1);
     hex[5] = 'g';
     cr_expect_eq(dk_frame_key_from_hex(hex, back), -1);
+}
+
+/* Like every _destroy: NULL, or a pointer to NULL, is nothing to do. */
+Test(destroy, frame_key_takes_null)
+{
+    dk_frame_key_destroy(NULL);
+    dk_frame_key_t *none = NULL;
+    dk_frame_key_destroy(&none);
+    cr_assert_null(none);
 }

@@ -506,3 +506,16 @@ Test(iopub, raw_writes_become_text_with_split_characters_joined)
     free(shown);
     dk_stream_destroy(&stream);
 }
+
+/* Like every _destroy: NULL, or a pointer to NULL, is nothing to do. */
+Test(destroy, iopub_and_stream_take_null)
+{
+    dk_iopub_destroy(NULL);
+    dk_iopub_t *no_iopub = NULL;
+    dk_iopub_destroy(&no_iopub);
+    cr_assert_null(no_iopub);
+    dk_stream_destroy(NULL);
+    dk_stream_t *no_stream = NULL;
+    dk_stream_destroy(&no_stream);
+    cr_assert_null(no_stream);
+}

@@ -1142,7 +1142,7 @@ Test(job, a_task_larger_than_a_rank_accepts_is_refused_before_it_is_sent)
     char err[256] = "";
     /* Refused on its length alone: nothing of it is read or copied. */
     static const char small[1];
-    cr_assert_eq(dk_job_submit(job, small, DK_BC_TASK_MAX + 1, 0, err, sizeof err), -1);
+    cr_assert_eq(dk_job_submit(job, small, DK_FRAME_TASK_MAX + 1, 0, err, sizeof err), -1);
     cr_assert(strstr(err, "at most 1 GiB"), "%s", err);
     cr_assert_eq(round_of(job, "result"), DK_END_OK);
     finish(&job);
@@ -1154,12 +1154,12 @@ Test(job, a_task_larger_than_a_rank_accepts_is_refused_before_it_is_sent)
 Test(backchan, the_rank_side_accepts_exactly_what_the_kernel_sends, .timeout = 60)
 {
     char a[4][32];
-    snprintf(a[0], sizeof a[0], "%zu", DK_BC_PAYLOAD_MAX);
-    snprintf(a[1], sizeof a[1], "%zu", (size_t) DK_BC_FRAME_MAX);
-    snprintf(a[2], sizeof a[2], "%zu", DK_BC_TASK_MAX);
-    snprintf(a[3], sizeof a[3], "%d", DK_BC_MAC_LEN);
-    cr_assert_eq(DK_BC_FRAME_MAX, (size_t) DK_BC_MAC_LEN + 5 + DK_BC_PAYLOAD_MAX);
-    cr_assert_eq(DK_BC_TASK_MAX + 4, DK_BC_PAYLOAD_MAX);
+    snprintf(a[0], sizeof a[0], "%zu", DK_FRAME_PAYLOAD_MAX);
+    snprintf(a[1], sizeof a[1], "%zu", (size_t) DK_FRAME_LEN_MAX);
+    snprintf(a[2], sizeof a[2], "%zu", DK_FRAME_TASK_MAX);
+    snprintf(a[3], sizeof a[3], "%d", DK_FRAME_MAC_LEN);
+    cr_assert_eq(DK_FRAME_LEN_MAX, (size_t) DK_FRAME_MAC_LEN + 5 + DK_FRAME_PAYLOAD_MAX);
+    cr_assert_eq(DK_FRAME_TASK_MAX + 4, DK_FRAME_PAYLOAD_MAX);
     pid_t pid = fork();
     cr_assert_geq(pid, 0);
     if (pid == 0) {
@@ -1171,4 +1171,17 @@ Test(backchan, the_rank_side_accepts_exactly_what_the_kernel_sends, .timeout = 6
     cr_assert_eq(waitpid(pid, &status, 0), pid);
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
               "bc_limits.py failed (status %d): see its stderr", status);
+}
+
+/* Like every _destroy: NULL, or a pointer to NULL, is nothing to do. */
+Test(destroy, job_and_backchan_take_null)
+{
+    dk_job_destroy(NULL);
+    dk_job_t *no_job = NULL;
+    dk_job_destroy(&no_job);
+    cr_assert_null(no_job);
+    dk_backchan_destroy(NULL);
+    dk_backchan_t *no_chan = NULL;
+    dk_backchan_destroy(&no_chan);
+    cr_assert_null(no_chan);
 }

@@ -97,7 +97,7 @@ Test(tcp, output_for_another_fd_closes_the_connection_with_a_warning)
     finish(&job);
 }
 
-/* What a rank says about itself for its log (DK_BC_OUTPUT_LOG: a folder of
+/* What a rank says about itself for its log (DK_FRAME_OUTPUT_LOG: a folder of
  * its node it would not use) goes to rank-N.log, never to the sink. */
 Test(tcp, a_ranks_note_for_its_log_goes_to_its_log_only)
 {

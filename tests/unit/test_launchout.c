@@ -171,3 +171,12 @@ Test(launchout, only_lines_that_say_more_than_the_exit_status_tell)
     for (int i = 0; not[i]; i++)
         cr_expect_not(dk_launchout_tells(not[i], strlen(not[i])), "%s", not[i]);
 }
+
+/* Like every _destroy: NULL, or a pointer to NULL, is nothing to do. */
+Test(destroy, launchout_takes_null)
+{
+    dk_launchout_destroy(NULL);
+    dk_launchout_t *none = NULL;
+    dk_launchout_destroy(&none);
+    cr_assert_null(none);
+}

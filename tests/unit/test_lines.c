@@ -242,3 +242,12 @@ Test(lines, finish_with_nothing_pending_emits_nothing)
     finish();
     expect("");
 }
+
+/* Like every _destroy: NULL, or a pointer to NULL, is nothing to do. */
+Test(destroy, lines_takes_null)
+{
+    dk_lines_destroy(NULL);
+    dk_lines_t *none = NULL;
+    dk_lines_destroy(&none);
+    cr_assert_null(none);
+}

@@ -144,3 +144,13 @@ Test(logfile, a_capped_tail_starts_at_a_line_not_in_the_middle_of_one)
     free(text);
     close(root);
 }
+
+/* Like every _destroy (here a close, which also writes the log): NULL, or a
+ * pointer to NULL, is nothing to do. */
+Test(destroy, logfile_close_takes_null)
+{
+    cr_assert_eq(dk_logfile_close(NULL), 0);
+    dk_logfile_t *none = NULL;
+    cr_assert_eq(dk_logfile_close(&none), 0);
+    cr_assert_null(none);
+}

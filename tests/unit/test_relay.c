@@ -1,6 +1,6 @@
 /*
  * Ranks' connections relayed by their node's agent (runtime/channel/
- * dk_backchan_relay.c, the kernel's side; DK_BC_RELAY in dk_backchan.h).
+ * dk_backchan_relay.c, the kernel's side; DK_FRAME_RELAY in dk_backchan.h).
  *
  * This test plays a node agent over TCP on 127.0.0.1 (dk_frame, as the agent
  * does) and, inside its streams, the ranks (their own frames, sealed over the
@@ -121,16 +121,16 @@ static dk_frame_msg_t agent_next(dk_backchan_t *ch, agent_t *a)
     for (;;) {
         dk_frame_msg_t m;
         const char *why = NULL;
-        long took = dk_frame_open(&a->side, a->in, a->in_len, DK_BC_RELAY_MAX, &m, NULL, &why);
+        long took = dk_frame_open(&a->side, a->in, a->in_len, DK_FRAME_RELAY_MAX, &m, NULL, &why);
         cr_assert_geq(took, 0, "the channel broke the protocol: %s", why);
         if (took > 0) {
-            if (m.type == DK_BC_PING) {
+            if (m.type == DK_FRAME_PING) {
                 memmove(a->in, a->in + took, a->in_len - (size_t) took);
                 a->in_len -= (size_t) took;
                 continue;
             }
             /* Kept in place until the next call: copy it out of the buffer. */
-            static unsigned char copy[DK_BC_RELAY_MAX];
+            static unsigned char copy[DK_FRAME_RELAY_MAX];
             memcpy(copy, m.payload, m.len);
             m.payload = copy;
             memmove(a->in, a->in + took, a->in_len - (size_t) took);
@@ -164,7 +164,7 @@ static void agent_connect(dk_backchan_t *ch, agent_t *a, int node)
             have += (size_t) r;
     }
     dk_frame_side_init(&a->side, a->key, nonce, DK_FRAME_DIR_TO_RUNTIME);
-    agent_send(a, DK_BC_AGENT_HELLO, (uint32_t) node, NULL, 0);
+    agent_send(a, DK_FRAME_AGENT_HELLO, (uint32_t) node, NULL, 0);
 }
 
 /* The agent says a rank connected as STREAM: the channel sends the stream
@@ -173,14 +173,14 @@ static void stream_open(dk_backchan_t *ch, agent_t *a, stream_t *s, uint32_t str
 {
     memset(s, 0, sizeof *s);
     s->stream = stream;
-    agent_send(a, DK_BC_RELAY, stream, NULL, 0);
+    agent_send(a, DK_FRAME_RELAY, stream, NULL, 0);
     dk_frame_msg_t m = agent_next(ch, a);
-    if (m.type == DK_BC_RELAY_END) {
+    if (m.type == DK_FRAME_RELAY_END) {
         cr_assert_eq(m.id, stream);
         s->ended = true;
         return;
     }
-    cr_assert_eq(m.type, DK_BC_RELAY);
+    cr_assert_eq(m.type, DK_FRAME_RELAY);
     cr_assert_eq(m.id, stream);
     cr_assert_eq(m.len, 32, "the stream's first bytes are its nonce");
     dk_frame_side_init(&s->side, a->key, m.payload, DK_FRAME_DIR_TO_RUNTIME);
@@ -193,7 +193,7 @@ static void rank_send(agent_t *a, stream_t *s, int type, uint32_t rank, const ch
     unsigned char frame[DK_FRAME_HEAD + 64];
     size_t n = dk_frame_seal(&s->side, type, rank, p, len, frame);
     cr_assert_gt(n, 0);
-    agent_send(a, DK_BC_RELAY, s->stream, frame, n);
+    agent_send(a, DK_FRAME_RELAY, s->stream, frame, n);
 }
 
 /* The next frame the channel relays to stream S, opened as the rank would. */
@@ -214,11 +214,11 @@ static dk_frame_msg_t rank_next(dk_backchan_t *ch, agent_t *a, stream_t *s)
         }
         dk_frame_msg_t r = agent_next(ch, a);
         cr_assert_eq(r.id, s->stream, "a frame for another stream (%u)", r.id);
-        if (r.type == DK_BC_RELAY_END) {
+        if (r.type == DK_FRAME_RELAY_END) {
             s->ended = true;
             return (dk_frame_msg_t) {.type = -1};
         }
-        cr_assert_eq(r.type, DK_BC_RELAY);
+        cr_assert_eq(r.type, DK_FRAME_RELAY);
         memcpy(s->in + s->in_len, r.payload, r.len);
         s->in_len += r.len;
     }
@@ -246,20 +246,20 @@ Test(relay, a_rank_relayed_by_its_agent_gets_its_payload_and_answers)
     stream_t s;
     stream_open(ch, &a, &s, 7);
     cr_assert_not(s.ended);
-    rank_send(&a, &s, DK_BC_HELLO, 3, NULL);
+    rank_send(&a, &s, DK_FRAME_HELLO, 3, NULL);
     dk_frame_msg_t m = rank_next(ch, &a, &s);
-    cr_assert_eq(m.type, DK_BC_PAYLOAD);
+    cr_assert_eq(m.type, DK_FRAME_PAYLOAD);
     cr_assert_eq(m.id, 3);
     cr_assert_eq(m.len, 3);
     cr_assert_eq(memcmp(m.payload, "job", 3), 0);
-    rank_send(&a, &s, DK_BC_RESULT, 3, "forty-two");
+    rank_send(&a, &s, DK_FRAME_RESULT, 3, "forty-two");
     for (double until = now_s() + 5; !rec.msg[3][0] && now_s() < until;)
         turn(ch, 20);
     cr_assert_str_eq(rec.msg[3], "forty-two");
     cr_assert_eq(rec.delivered[3], 1);
     cr_assert(dk_backchan_rank_open(ch, 3));
     /* The rank's connection ends there after its answer: nothing to tell. */
-    agent_send(&a, DK_BC_RELAY_END, 7, NULL, 0);
+    agent_send(&a, DK_FRAME_RELAY_END, 7, NULL, 0);
     for (double until = now_s() + 2; dk_backchan_rank_open(ch, 3) && now_s() < until;)
         turn(ch, 20);
     cr_assert_not(dk_backchan_rank_open(ch, 3));
@@ -276,7 +276,7 @@ Test(relay, a_stream_may_not_claim_a_rank_of_another_node)
     agent_connect(ch, &a, 1);   /* ranks 2 and 3 */
     stream_t s;
     stream_open(ch, &a, &s, 0);
-    rank_send(&a, &s, DK_BC_HELLO, 0, NULL);
+    rank_send(&a, &s, DK_FRAME_HELLO, 0, NULL);
     dk_frame_msg_t m = rank_next(ch, &a, &s);
     cr_assert_eq(m.type, -1, "rank 0's HELLO relayed by node 1's agent was not refused");
     cr_assert(s.ended);
@@ -310,12 +310,12 @@ Test(relay, a_rank_whose_stream_ends_unanswered_is_told_and_the_kernel_ends_stre
     stream_t s0, s1;
     stream_open(ch, &a, &s0, 10);
     stream_open(ch, &a, &s1, 11);
-    rank_send(&a, &s0, DK_BC_HELLO, 0, NULL);
-    rank_send(&a, &s1, DK_BC_HELLO, 1, NULL);
-    cr_assert_eq(rank_next(ch, &a, &s0).type, DK_BC_PAYLOAD);
-    cr_assert_eq(rank_next(ch, &a, &s1).type, DK_BC_PAYLOAD);
+    rank_send(&a, &s0, DK_FRAME_HELLO, 0, NULL);
+    rank_send(&a, &s1, DK_FRAME_HELLO, 1, NULL);
+    cr_assert_eq(rank_next(ch, &a, &s0).type, DK_FRAME_PAYLOAD);
+    cr_assert_eq(rank_next(ch, &a, &s1).type, DK_FRAME_PAYLOAD);
     /* Rank 0's connection ends there before it answered: told once. */
-    agent_send(&a, DK_BC_RELAY_END, 10, NULL, 0);
+    agent_send(&a, DK_FRAME_RELAY_END, 10, NULL, 0);
     for (double until = now_s() + 2; !rec.closed[0] && now_s() < until;)
         turn(ch, 20);
     cr_assert_eq(rec.closed[0], 1);
@@ -324,7 +324,7 @@ Test(relay, a_rank_whose_stream_ends_unanswered_is_told_and_the_kernel_ends_stre
      * connection stays. */
     dk_backchan_close_ranks(ch);
     dk_frame_msg_t m = agent_next(ch, &a);
-    cr_assert_eq(m.type, DK_BC_RELAY_END);
+    cr_assert_eq(m.type, DK_FRAME_RELAY_END);
     cr_assert_eq(m.id, 11);
     cr_assert_not(dk_backchan_rank_open(ch, 1));
     cr_assert_eq(rec.closed[1], 0, "a connection the kernel closed is not told as closed");
@@ -340,8 +340,8 @@ Test(relay, an_agents_close_takes_its_relayed_connections_without_a_word)
     agent_connect(ch, &a, 1);
     stream_t s;
     stream_open(ch, &a, &s, 5);
-    rank_send(&a, &s, DK_BC_HELLO, 2, NULL);
-    cr_assert_eq(rank_next(ch, &a, &s).type, DK_BC_PAYLOAD);
+    rank_send(&a, &s, DK_FRAME_HELLO, 2, NULL);
+    cr_assert_eq(rank_next(ch, &a, &s).type, DK_FRAME_PAYLOAD);
     cr_assert(dk_backchan_rank_open(ch, 2));
     agent_close(&a);
     for (double until = now_s() + 2; dk_backchan_rank_open(ch, WORLD + 1) && now_s() < until;)
@@ -356,7 +356,7 @@ Test(relay, an_agents_close_takes_its_relayed_connections_without_a_word)
 Test(relay, a_payload_larger_than_a_relay_frame_arrives_whole)
 {
     memset(&rec, 0, sizeof rec);
-    size_t big = 3 * DK_BC_RELAY_MAX + 123;
+    size_t big = 3 * DK_FRAME_RELAY_MAX + 123;
     char *payload = malloc(big);
     for (size_t i = 0; i < big; i++)
         payload[i] = (char) ('a' + i % 26);
@@ -372,7 +372,7 @@ Test(relay, a_payload_larger_than_a_relay_frame_arrives_whole)
     agent_connect(ch, a, 0);
     stream_t *s = malloc(sizeof *s);
     stream_open(ch, a, s, 1);
-    rank_send(a, s, DK_BC_HELLO, 1, NULL);
+    rank_send(a, s, DK_FRAME_HELLO, 1, NULL);
     /* Gather the relayed bytes, then open the one frame. */
     size_t cap = big + 4096, have = 0;
     unsigned char *buf = malloc(cap);
@@ -381,14 +381,14 @@ Test(relay, a_payload_larger_than_a_relay_frame_arrives_whole)
     const char *why = NULL;
     while ((took = dk_frame_open(&s->side, buf, have, big, &m, NULL, &why)) == 0) {
         dk_frame_msg_t r = agent_next(ch, a);
-        cr_assert_eq(r.type, DK_BC_RELAY);
-        cr_assert_leq(r.len, DK_BC_RELAY_MAX);
+        cr_assert_eq(r.type, DK_FRAME_RELAY);
+        cr_assert_leq(r.len, DK_FRAME_RELAY_MAX);
         cr_assert_leq(have + r.len, cap);
         memcpy(buf + have, r.payload, r.len);
         have += r.len;
     }
     cr_assert_gt(took, 0, "%s", why);
-    cr_assert_eq(m.type, DK_BC_PAYLOAD);
+    cr_assert_eq(m.type, DK_FRAME_PAYLOAD);
     cr_assert_eq(m.len, big);
     cr_assert_eq(memcmp(m.payload, payload, big), 0);
     cr_assert_eq(rec.delivered[1], 1);

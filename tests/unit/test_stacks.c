@@ -612,3 +612,12 @@ Test(stacks, the_innermost_cell_line_shows_its_source)
     unlink(file);
     rmdir(dir);
 }
+
+/* Like every _destroy: NULL, or a pointer to NULL, is nothing to do. */
+Test(destroy, stacks_takes_null)
+{
+    dk_stacks_destroy(NULL);
+    dk_stacks_t *none = NULL;
+    dk_stacks_destroy(&none);
+    cr_assert_null(none);
+}

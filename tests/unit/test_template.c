@@ -388,3 +388,12 @@ Test(template, a_request_cut_short_after_its_fds_leaks_none_in_the_template, .ti
     cr_assert_eq(after, before, "the template holds %d fds, %d before", after, before);
     dk_template_destroy(&t);
 }
+
+/* Like every _destroy: NULL, or a pointer to NULL, is nothing to do. */
+Test(destroy, template_takes_null)
+{
+    dk_template_destroy(NULL);
+    dk_template_t *none = NULL;
+    dk_template_destroy(&none);
+    cr_assert_null(none);
+}

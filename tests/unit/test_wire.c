@@ -813,3 +813,20 @@ Test(content, refuses_content_that_is_not_an_object)
     cr_assert_not(dk_wire_check_content("execute_request", NULL, err, sizeof err));
     json_decref(a);
 }
+
+/* Like every _destroy: NULL, or a pointer to NULL, is nothing to do. */
+Test(destroy, wire_objects_take_null)
+{
+    dk_msg_destroy(NULL);
+    dk_msg_t *no_msg = NULL;
+    dk_msg_destroy(&no_msg);
+    cr_assert_null(no_msg);
+    dk_replay_destroy(NULL);
+    dk_replay_t *no_replay = NULL;
+    dk_replay_destroy(&no_replay);
+    cr_assert_null(no_replay);
+    dk_signer_destroy(NULL);
+    dk_signer_t *no_signer = NULL;
+    dk_signer_destroy(&no_signer);
+    cr_assert_null(no_signer);
+}
