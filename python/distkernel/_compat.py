@@ -12,8 +12,15 @@ the submodules below are provided only under a package this finder made.
     databricks.air          distributed (gpus=, gpu_type= warn), AcceleratorType,
                             ray_launch, ray_init, DistributedError, get_*_rank/size
     databricks.air.ray      ray_launch, ray_init
-    *.data                  the platform's storage (UCVolumeDataset...): importing
-                            it is an ImportError that says what to use instead
+    *.data                  UCVolumeDataset (distkernel.data), UCVolumeWriter and
+                            UCVolumeReader (distkernel.checkpoint), over a folder
+                            rather than the platform's Unity Catalog volume
+
+A `.data` module gives its names when they are first used (PEP 562): the
+dataset needs torch, the writer and reader torch 2's distributed checkpoint,
+and a notebook that uses one need not have what the other needs; a name whose
+module cannot be imported raises that module's ImportError, which says what
+is missing.
 """
 
 import importlib.abc
@@ -42,6 +49,23 @@ def _exports(name):
     return None
 
 
+# The platform's storage names, and the distkernel module and name each is.
+_DATA = {"UCVolumeDataset": ("distkernel.data", "VolumeDataset"),
+         "UCVolumeWriter": ("distkernel.checkpoint", "VolumeWriter"),
+         "UCVolumeReader": ("distkernel.checkpoint", "VolumeReader")}
+
+
+def _data_attr(name):
+    """A `.data` module's NAME, imported when first asked for."""
+    if name not in _DATA:
+        raise AttributeError(f"module has no attribute {name!r}; the platform's storage names "
+                             f"are {', '.join(_DATA)}")
+    import importlib
+
+    module, attr = _DATA[name]
+    return getattr(importlib.import_module(module), attr)
+
+
 _PACKAGES = ("serverless_gpu", "databricks.air")
 _SUBMODULES = ("serverless_gpu.ray", "serverless_gpu.data", "databricks.air.ray",
                "databricks.air.data")
@@ -54,8 +78,9 @@ class _Loader(importlib.abc.Loader):
     def exec_module(self, module):
         name = module.__name__
         if name.endswith(".data"):
-            from distkernel import _platform
-            raise _platform.storage_error(name)
+            module.__getattr__ = _data_attr
+            module.__all__ = list(_DATA)
+            return
         if name == "databricks" or name in _PACKAGES:
             module.__path__ = []
         exports = _exports(name)

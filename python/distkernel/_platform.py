@@ -1,5 +1,5 @@
-"""The managed platform's names that are not the decorator: its GPU types, and
-its storage modules, which distkernel cannot offer.
+"""The managed platform's GPU types (its storage names are distkernel.data's
+and distkernel.checkpoint's, given by _compat).
 
 `GPUType` (serverless_gpu) and `AcceleratorType` (databricks.air) are string
 enums: a member is equal to its value and works wherever a string does, as
@@ -54,21 +54,3 @@ class AcceleratorType(_PlatformType):
     GPU_1xH100 = "GPU_1xH100"
     GPU_8xH100 = "GPU_8xH100"
     GPU_8xB300 = "GPU_8xB300"
-
-
-class PlatformStorageError(ImportError):
-    """The platform's storage modules do not exist outside the platform."""
-
-
-DATA_NAMES = ("UCVolumeDataset", "UCVolumeWriter", "UCVolumeReader")
-
-
-def storage_error(module):
-    return PlatformStorageError(
-        f"{module} ({', '.join(DATA_NAMES)}) reads and writes the managed platform's Unity "
-        "Catalog volumes, which do not exist outside that platform, so distkernel does not "
-        "provide it. Read local or mounted files with a torch Dataset instead (your own "
-        "torch.utils.data.Dataset over the files, or one such as "
-        "torchvision.datasets.ImageFolder), with a DistributedSampler to split them across "
-        "ranks, and write checkpoints with torch.save or torch.distributed.checkpoint.",
-        name=module)

@@ -122,6 +122,7 @@ def pytest_collection_modifyitems(config, items):
 TEMPLATE_FILES = {"test_warm.py", "test_slurm_warm.py", "test_soak.py", "test_pool.py",
                   "test_distributed.py", "test_stacks.py", "test_stall.py"}
 TORCH_FILES = TEMPLATE_FILES | {"test_distributed_failures.py", "test_faults.py",
+                                "test_today_data.py", "test_today_checkpoint.py",
                                 "test_platform.py", "test_ray_trust.py", "test_slurm_gpus.py"}
 
 

@@ -27,7 +27,6 @@ from mlflow_server import MlflowTestServer  # noqa: E402
 
 pytestmark = [
     pytest.mark.skipif(support.KERNEL_NAME != "distkernel", reason="%%distributed is distkernel's"),
-    pytest.mark.xdist_group("restarts"),
 ]
 
 RUN = 180

@@ -149,6 +149,30 @@ def test_the_fsdp_notebook_shards_the_parameters_and_trains_as_one_process(kerne
     assert "the ranks held [609, 544] of 1153 parameters" in decorator, decorator
 
 
+def test_the_resume_notebook_survives_a_killed_rank_and_reshards(kernels, tracking, tmp_path):
+    """notebooks/resume.ipynb (issue 36): FSDP2 on 4 ranks reading a folder of
+    1,000 files through UCVolumeDataset (2 workers each), a DCP checkpoint
+    every 5 steps through UCVolumeWriter; a rank SIGKILLed at step 12 with
+    restarts=1 goes on from step 10 with the uninterrupted run's losses, and
+    2 ranks load what 4 saved. The notebook checks the numbers itself; this
+    checks that it said so, and what the cells showed of the restart."""
+    nb = run_notebook(kernels, tracking, "resume.ipynb", tmp_path)
+    volume, setup, reference, resumed, check, two, resharded = [text_of(c)
+                                                                for c in code_cells(nb)]
+    assert "1000 files in" in volume, volume
+    assert re.search(r"rank 3: from step 0: 20 steps, last loss [\d.]+, model [0-9a-f]{16}",
+                     reference), reference
+    assert "[distkernel] attempt 1 of 2 failed; its logs: " in resumed, resumed
+    assert "rank 2" in resumed and "SIGKILL" in resumed, resumed
+    assert "[distkernel] starting every rank again: attempt 2 of 2" in resumed, resumed
+    assert "attempt 2 of 2 · " in resumed and "finished" in resumed, resumed
+    assert re.search(r"\[rank 0\] attempt 2: resumed from step 10", resumed), resumed
+    assert re.search(r"rank 1: from step 10: 10 steps", resumed), resumed
+    assert "attempt 2 went on from step 10: steps 10 to 19 had the losses of the " \
+           "uninterrupted run" in check, check
+    assert "loaded step 20 of " in two and "2 ranks hold the model 4 ranks saved" in resharded
+
+
 def test_the_deepspeed_notebook_runs_zero_stage_2_on_cpu_ranks(kernels, tracking, tmp_path):
     """DeepSpeed from the registry (its wheel built by scripts/venv.sh) with
     its CPU accelerator over gloo: no oneCCL nor GPU needed."""
