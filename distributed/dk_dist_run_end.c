@@ -243,11 +243,12 @@ static int reset_for_attempt(dk_dist_run_t *run)
 }
 
 /* A Slurm run's next allocation leaves out the nodes lost so far, after
- * whatever slurm_args the user gave (salloc takes the last --exclude). */
-static void exclude_lost_nodes(dk_dist_run_t *run, char *given, size_t givenlen)
+ * whatever slurm_args the user gave (salloc takes the last --exclude), which
+ * GIVEN keeps. Whether it does. */
+static bool exclude_lost_nodes(dk_dist_run_t *run, char *given, size_t givenlen)
 {
     if (run->opts.launcher != DK_LAUNCHER_SLURM || !run->lost_nodes[0])
-        return;
+        return false;
     if (!given[0])
         snprintf(given, givenlen, "%s ", run->opts.slurm_args);
     char args[sizeof run->opts.slurm_args + sizeof run->lost_nodes + 16];
@@ -255,9 +256,39 @@ static void exclude_lost_nodes(dk_dist_run_t *run, char *given, size_t givenlen)
     if (n < 0 || (size_t)n >= sizeof run->opts.slurm_args) {
         dist_run_write_err(run, "[distkernel] too many lost nodes to leave out of the next "
                                 "Slurm allocation; Slurm picks its nodes\n");
-        return;
+        return false;
     }
     memcpy(run->opts.slurm_args, args, (size_t)n + 1);
+    return true;
+}
+
+/* The next attempt's ranks. A cluster with no allocation of the run's size
+ * that leaves out the lost nodes (Slurm refuses the request at once) is
+ * asked again without leaving them out: a lost node Slurm has seen go down
+ * it does not give, and one that has come back may serve. */
+static bool relaunch(dk_dist_run_t *run, bool excluded, const char *given)
+{
+    if (dist_run_relaunch(run, false))
+        return true;
+    if (!excluded || !PyErr_ExceptionMatches(PyExc_RuntimeError))
+        return false;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *s = value ? PyObject_Str(value) : NULL;
+    const char *why = s ? dk_py_utf8(s) : NULL;
+    char line[2400];
+    snprintf(line, sizeof line, "[distkernel] Slurm has no allocation for attempt %d without "
+             "%s (%s); asking for one that may include them\n", run->attempt, run->lost_nodes,
+             why ? why : "no reason given");
+    dist_run_write_err(run, line);
+    Py_XDECREF(s);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    size_t n = strlen(given);
+    snprintf(run->opts.slurm_args, sizeof run->opts.slurm_args, "%.*s",
+             (int)(n && given[n - 1] == ' ' ? n - 1 : n), given);
+    return dist_run_relaunch(run, true);
 }
 
 /* restarts=: every rank of the failed attempt has ended; start the next. False
@@ -266,7 +297,7 @@ static bool restart(dk_dist_run_t *run, char *given_args, size_t given_len)
 {
     char ended[1024];
     say_attempt_failed(run, ended, sizeof ended);
-    exclude_lost_nodes(run, given_args, given_len);
+    bool excluded = exclude_lost_nodes(run, given_args, given_len);
     if (reset_for_attempt(run) < 0) {
         run->restart_error = strdup("out of memory starting the next attempt");
         return false;
@@ -279,7 +310,7 @@ static bool restart(dk_dist_run_t *run, char *given_args, size_t given_len)
                  ? ", leaving out the lost nodes " : "",
              run->opts.launcher == DK_LAUNCHER_SLURM ? run->lost_nodes : "");
     dist_run_write_err(run, line);
-    if (!dist_run_relaunch(run)) {
+    if (!relaunch(run, excluded, given_args)) {
         PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);
         PyObject *s = value ? PyObject_Str(value) : NULL;

@@ -366,15 +366,17 @@ static bool launch_attempt(dk_dist_run_t *run, char **env, const char *log_dir,
     return run->job != NULL;
 }
 
-bool dist_run_relaunch(dk_dist_run_t *run)
+bool dist_run_relaunch(dk_dist_run_t *run, bool again)
 {
     char err[1024], name[64], log_dir[4096];
     unsigned long long root_cap;
     snprintf(name, sizeof name, "%s-attempt-%d", run->run_id, run->attempt);
-    if (dk_dist_logs_size_from_env("DISTKERNEL_LOG_ROOT_CAP", DK_LOG_ROOT_CAP_DEFAULT,
-                                   &root_cap, err, sizeof err) < 0 ||
-        dk_dist_logs_next(run->logs, name, root_cap, log_dir, sizeof log_dir, err,
-                          sizeof err) < 0) {
+    if (again) {
+        snprintf(log_dir, sizeof log_dir, "%s", run->log_dir);  /* the attempt's, made */
+    } else if (dk_dist_logs_size_from_env("DISTKERNEL_LOG_ROOT_CAP", DK_LOG_ROOT_CAP_DEFAULT,
+                                          &root_cap, err, sizeof err) < 0 ||
+               dk_dist_logs_next(run->logs, name, root_cap, log_dir, sizeof log_dir, err,
+                                 sizeof err) < 0) {
         PyErr_SetString(PyExc_RuntimeError, err);
         return false;
     }

@@ -122,9 +122,10 @@ bool dist_run_launch(dk_dist_run_t *run, const void *payload, size_t len);
 /* The job runs: its status display, a thinning hint, the MLflow link. */
 void dist_run_announce(dk_dist_run_t *run);
 /* restarts=: the next attempt's ranks, once the last attempt's job is
- * destroyed: a log folder of its own, the same MLflow run, a new Slurm
- * allocation without the lost nodes. False with a Python exception set. */
-bool dist_run_relaunch(dk_dist_run_t *run);
+ * destroyed: a log folder of its own (AGAIN: the one made by the try before,
+ * which could not start), the same MLflow run, a new Slurm allocation without
+ * the lost nodes. False with a Python exception set. */
+bool dist_run_relaunch(dk_dist_run_t *run, bool again);
 
 /* ---- dk_dist_run_end.c ---- */
 

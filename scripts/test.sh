@@ -64,6 +64,7 @@ ASAN_SKIP=(
   test_today_torch.py    # DDP, FSDP2, torch.compile and the notebooks on the venv's torch: the C paths are test_distributed.py's
   test_today_data.py     # VolumeDataset in the venv's ranks: Python; the C paths are any run's
   test_today_checkpoint.py   # VolumeWriter/Reader on the venv's torch: Python; the C paths are any run's
+  test_today_resume_slurm.py   # restarts= over Slurm with a checkpoint: the C paths are test_restarts.py's and test_slurm_runs.py's
   test_cell_sources.py   # cell file names, inspect.getsource, tracebacks: Python
   test_conformance.py    # jupyter_kernel_test's message checks: test_protocol.py and test_abuse.py keep the wire
   test_debugger.py       # debugpy's DAP relay: Python; dk_debug's framing runs in its C unit test
