@@ -1,7 +1,7 @@
 /*
  * The kernel's body, in libdistkernel-kernel.so: what `distkernel -f FILE`
  * runs once the program (main.c) has loaded the environment's libpython
- * (runtime/rank/dk_pyload.h). The composition root: it builds the kernel,
+ * (runtime/python/dk_pyload.h). The composition root: it builds the kernel,
  * adds the features and runs it.
  */
 #include "dk_check.h"

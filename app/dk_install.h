@@ -14,7 +14,7 @@
  * The difference from ipykernel: one distkernel serves every environment, so
  * it does not run the environment's python but loads its libpython and starts
  * it as that python would (kernel.json's argv is `distkernel --python PATH
- * --libpython LIB -f {connection_file}`, see runtime/rank/dk_pyload.h). PATH is
+ * --libpython LIB -f {connection_file}`, see runtime/python/dk_pyload.h). PATH is
  * probed first (dk_pyprobe.h), which finds LIB, and refused, with no
  * kernelspec written, when it is no CPython, older than 3.10, free-threaded,
  * built without a shared libpython, or lacks IPython or cloudpickle. The

@@ -3,7 +3,7 @@
  * run in its environment.
  *
  * The kernel runs on the environment's own libpython, started as the
- * environment's python would start (runtime/rank/dk_pyload.h), which works
+ * environment's python would start (runtime/python/dk_pyload.h), which works
  * for any CPython from 3.10 on that has a shared libpython, the GIL, IPython
  * and cloudpickle. The probe runs the python with a few lines
  * (dk_pyprobe_script) that print its version, SOABI, sys.prefix, what kind of

@@ -10,7 +10,7 @@
  *
  * This program links no Python: it finds the environment's libpython, loads
  * it, and then the kernel itself (dk_app.c, in libdistkernel-kernel.so) on it
- * (runtime/rank/dk_pyload.h). An environment that cannot run any more (gone,
+ * (runtime/python/dk_pyload.h). An environment that cannot run any more (gone,
  * changed, IPython removed) still gets a kernel: one that answers every
  * request with the one line that says why, and what to do.
  */

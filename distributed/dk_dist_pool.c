@@ -4,10 +4,11 @@
  * The only shared state is the attached sink: the runtime thread calls
  * through it under the pool's lock, and the main thread swaps it under the
  * same lock, so a run that detaches is never called again once detach
- * returns. The relay behind the sink has a lock of its own and never takes
+ * returns. The output (dk_dist_output) behind the sink has a lock of its own and never takes
  * ours, so holding ours across the call cannot deadlock.
  */
 #include "dk_dist_pool.h"
+#include "dk_log.h"
 #include "dk_clock.h"
 #include "dk_dist_rank.h"
 #include "dk_dist_slurm.h"
@@ -145,8 +146,7 @@ static void *releaser_main(void *arg)
     char err[1024] = "";
     bool ended = dk_job_end(p->job) != DK_END_NONE;
     if (ended && dk_dist_slurm_release(p->slurm, err, sizeof err) < 0)
-        fprintf(stderr, "distkernel: could not release Slurm job %s: %s\n",
-                dk_dist_slurm_job_id(p->slurm), err);
+        dk_log("could not release Slurm job %s: %s", dk_dist_slurm_job_id(p->slurm), err);
     pthread_mutex_lock(&p->rel_lock);
     p->released = true;
     pthread_cond_broadcast(&p->rel_cond);

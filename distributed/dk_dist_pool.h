@@ -3,7 +3,7 @@
  *
  * The pool is a persistent job (runtime/launch/dk_job.h: rounds of TASK frames on
  * ranks that stay) with the plan and options it was started with. Each cell
- * or .distributed() call on it is a dk_dist_run of its own (its relay, status
+ * or .distributed() call on it is a dk_dist_run of its own (its output, status
  * display, log folder, MLflow run, outcome), which attaches its sink to the
  * pool while it runs: the job's sink is the pool's, and forwards to the run
  * attached, if any. Output a rank writes between cells goes only to its log.

@@ -9,14 +9,14 @@
  * this node (or Slurm's); `%distributed start` does the same and makes the
  * pool that will keep the ranks. A run on started ranks (dk_dist_pool) takes
  * the pool's options as its defaults and the pool's plan, and is one round of
- * the pool's persistent job: the same relay, records, status, log folder,
+ * the pool's persistent job: the same output, records, status, log folder,
  * MLflow run and outcome, but the job is borrowed and the sink reaches the
  * run through the pool while it is attached. One run at a time uses the
  * pool: it claims it (busy) when it starts and frees it when destroyed.
  *
  * Whatever the way, the rest of the start is the same (run_begin): the
  * output= list checked against the world, a word on PYTHONPATH, the
- * preflight check, the relay and the stall watch, then the launch.
+ * preflight check, the output and the stall watch, then the launch.
  */
 #include "dk_dist_run_state.h"
 #include "dk_clock.h"
@@ -36,7 +36,7 @@ void dk_dist_run_destroy(dk_dist_run_t **self_p)
     if (!run)
         return;
     if (run->pool) {
-        /* First: the job's thread calls the relay through the pool. */
+        /* First: the job's thread calls the output through the pool. */
         dk_dist_pool_attach(run->pool, NULL);
         run->job = NULL;        /* the pool's */
         if (run->claimed)
@@ -44,9 +44,9 @@ void dk_dist_run_destroy(dk_dist_run_t **self_p)
         if (run->owns_pool)
             dk_dist_pool_destroy(&run->pool);
     }
-    dk_job_destroy(&run->job);   /* first: its thread calls the relay */
+    dk_job_destroy(&run->job);   /* first: its thread calls the output */
     dk_dist_slurm_destroy(&run->slurm);     /* after: the ranks are its steps */
-    dk_dist_relay_destroy(&run->relay);
+    dk_dist_output_destroy(&run->output);
     dk_dist_stall_destroy(&run->stall);
     free(run->shown);
     for (int r = 0; run->ranks && r < run->plan.world; r++)
@@ -192,7 +192,7 @@ static void say_pythonpath(dk_dist_run_t *run, char **said)
 }
 
 /* The rest of a start, once RUN is planned (and, on started ranks, has its
- * pool): preflight, relay, launch, announce. */
+ * pool): preflight, output, launch, announce. */
 static dk_dist_run_t *run_begin(dk_dist_run_t *run, const dk_dist_host_t *host,
                                 const void *payload, size_t len)
 {
@@ -217,10 +217,10 @@ static dk_dist_run_t *run_begin(dk_dist_run_t *run, const dk_dist_host_t *host,
     }
     if (!run->run_id[0])
         random_id(run->run_id);
-    dk_dist_relay_io_t io = dist_run_relay_io(run);
-    run->relay = dk_dist_relay_new(run->plan.world, run->run_id, shown, &io);
+    dk_dist_output_io_t io = dist_run_output_io(run);
+    run->output = dk_dist_output_new(run->plan.world, run->run_id, shown, &io);
     run->shown = shown;
-    if (!run->relay)
+    if (!run->output)
         return fail(run, PyExc_MemoryError, NULL);
     run->t0_ms = dk_now_ms();   /* the wait for Slurm's nodes; announce starts the ranks' */
     /* Made before the job, whose sink tells it output from the start. */

@@ -4,10 +4,10 @@
  * Start: parse the options, plan the ranks (dk_dist_plan), run the preflight
  * check when asked (dk_dist_preflight), create the MLflow run
  * (dk_dist_mlflow), make the log folder (dk_dist_logs) and start the job
- * (runtime/launch/dk_job) with a sink: output goes to the relay (dk_dist_relay),
+ * (runtime/launch/dk_job) with a sink: output goes to dk_dist_output,
  * states and messages to the ranks' records (dk_dist_rank). Wait: with the GIL
  * released, waking every DK_DIST_WAIT_SLICE_MS to honour an interrupt or a
- * shutdown (which end every rank), to tick the relay and to refresh the status
+ * shutdown (which end every rank), to tick the output and to refresh the status
  * display (dk_dist_status). End: the result bytes, or the error
  * (dk_dist_outcome).
  *

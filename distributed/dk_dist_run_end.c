@@ -4,7 +4,7 @@
  * Part of dk_dist_run (dk_dist_run_state.h says which file holds what). The
  * main thread waits with the GIL released, waking every
  * DK_DIST_WAIT_SLICE_MS to honour an interrupt or a shutdown, to tick the
- * relay, to sample the stacks of ranks silent past stall_after and to
+ * output, to sample the stacks of ranks silent past stall_after and to
  * refresh the status display. On started ranks it waits for the round, an
  * interrupt interrupts the round rather than ending the ranks, and the run
  * detaches from the pool as soon as the round ends: output written after
@@ -109,7 +109,7 @@ static void last_facts(dk_dist_run_t *run)
  * status, and a word on output the frontend did not get. */
 static void finish(dk_dist_run_t *run, dk_job_end_t end)
 {
-    dk_dist_relay_finish(run->relay);
+    dk_dist_output_finish(run->output);
     last_facts(run);
     /* A run that did not finish has its stacks.txt made now, to go with the
      * ranks' logs to the MLflow run. */
@@ -209,15 +209,15 @@ static void say_attempt_failed(dk_dist_run_t *run, char *ended, size_t endedlen)
             note_lost_node(run, run->hosts[r]);
 }
 
-/* The last attempt's records, relay, stall watch, stacks, job and Slurm
+/* The last attempt's records, output, stall watch, stacks, job and Slurm
  * allocation, made ready for the next. */
 static int reset_for_attempt(dk_dist_run_t *run)
 {
-    dk_dist_relay_destroy(&run->relay);
-    char relay_id[48];
-    snprintf(relay_id, sizeof relay_id, "%s-%d", run->run_id, run->attempt);
-    dk_dist_relay_io_t io = dist_run_relay_io(run);
-    run->relay = dk_dist_relay_new(run->plan.world, relay_id, run->shown, &io);
+    dk_dist_output_destroy(&run->output);
+    char output_id[48];
+    snprintf(output_id, sizeof output_id, "%s-%d", run->run_id, run->attempt);
+    dk_dist_output_io_t io = dist_run_output_io(run);
+    run->output = dk_dist_output_new(run->plan.world, output_id, run->shown, &io);
     for (int r = 0; r < run->plan.world; r++) {
         int gpu = run->ranks[r].gpu_index;
         free(run->ranks[r].message);
@@ -239,7 +239,7 @@ static int reset_for_attempt(dk_dist_run_t *run)
                                        every ? atof(every) : 0, dk_now_ms(), cells);
         free(cells);
     }
-    return run->relay ? 0 : -1;
+    return run->output ? 0 : -1;
 }
 
 /* A Slurm run's next allocation leaves out the nodes lost so far, after
@@ -342,7 +342,7 @@ static bool restart(dk_dist_run_t *run, char *given_args, size_t given_len)
 }
 
 /* Wait for the attempt's ranks (or the round), honouring signals, ticking
- * the relay, sampling silent ranks and refreshing the status. */
+ * the output, sampling silent ranks and refreshing the status. */
 static void wait_job(dk_dist_run_t *run)
 {
     long long last_status = dk_now_ms();
@@ -355,7 +355,7 @@ static void wait_job(dk_dist_run_t *run)
         if (done)
             break;
         honour_signals(run);
-        dk_dist_relay_tick(run->relay);
+        dk_dist_output_tick(run->output);
         /* Silent past stall_after: where are the ranks? (dk_dist_stall.h) */
         if (run->stall && !run->interrupted && dk_dist_stall_due(run->stall, dk_now_ms()))
             dk_job_sample_stacks(run->job);
@@ -376,10 +376,10 @@ dk_job_end_t dk_dist_run_wait(dk_dist_run_t *run)
         if (!restartable(run, run_end(run)))
             break;
         dk_dist_stall_destroy(&run->stall);
-        dk_dist_relay_finish(run->relay);
+        dk_dist_output_finish(run->output);
         last_facts(run);
         if (!restart(run, given_args, sizeof given_args)) {
-            dk_dist_relay_finish(run->relay);
+            dk_dist_output_finish(run->output);
             dk_dist_mlflow_end(&run->mlflow, run->kernel, "FAILED", NULL);
             dk_stream_set_thin_hint(dk_kernel_stream(run->kernel), NULL);
             dist_run_publish_status(run, "failed", true);
@@ -389,7 +389,7 @@ dk_job_end_t dk_dist_run_wait(dk_dist_run_t *run)
     /* On started ranks the round is over but the ranks go on: what a rank's
      * background thread writes from now on belongs to no cell (it goes to the
      * rank's log), not after this cell's result. The rank drained its output
-     * before answering, so the cell's own output is in the relay already. */
+     * before answering, so the cell's own output is in the output already. */
     if (run->pool)
         dk_dist_pool_attach(run->pool, NULL);
     /* No sink calls it any more; the final status says no silence. */

@@ -2,7 +2,7 @@
  * dk_dist_run_events: a run's job events, and what the cell shows of them.
  *
  * Part of dk_dist_run (dk_dist_run_state.h says which file holds what). The
- * sink runs on the runtime thread: output goes to the relay, which has a lock
+ * sink runs on the runtime thread: output goes to dk_dist_output, which has a lock
  * of its own (it may wait on a slow frontend, and the status display must not
  * wait with it); states and messages go to the ranks' records under the run's
  * lock, and mark the status display dirty for the main thread, which
@@ -56,22 +56,22 @@ static bool publish_display(dk_kernel_t *kernel, const char *display_id, bool up
     return sent;
 }
 
-static void relay_append(void *data, int fd, const char *text, size_t len)
+static void output_append(void *data, int fd, const char *text, size_t len)
 {
     dk_dist_run_t *run = data;
     dk_stream_append(dk_kernel_stream(run->kernel), fd == 2 ? DK_STDERR : DK_STDOUT, text, len);
 }
 
-static bool relay_display(void *data, const char *display_id, bool update, const char *text,
+static bool output_display(void *data, const char *display_id, bool update, const char *text,
                           bool force)
 {
     dk_dist_run_t *run = data;
     return publish_display(run->kernel, display_id, update, text, force);
 }
 
-dk_dist_relay_io_t dist_run_relay_io(dk_dist_run_t *run)
+dk_dist_output_io_t dist_run_output_io(dk_dist_run_t *run)
 {
-    return (dk_dist_relay_io_t){.data = run, .append = relay_append, .display = relay_display};
+    return (dk_dist_output_io_t){.data = run, .append = output_append, .display = output_display};
 }
 
 static char *stall_where(void *data, size_t max_lines)
@@ -119,7 +119,7 @@ static void sink_output(void *data, int rank, int fd, const char *bytes, size_t 
     dk_dist_run_t *run = data;
     if (run->stall)
         dk_dist_stall_output(run->stall, dk_now_ms());
-    dk_dist_relay_output(run->relay, rank, fd, bytes, len);
+    dk_dist_output_write(run->output, rank, fd, bytes, len);
 }
 
 static void sink_stacks(void *data, int world, const char *const *dumps, const size_t *lens)
@@ -132,7 +132,7 @@ static void sink_stacks(void *data, int world, const char *const *dumps, const s
 static void sink_caught_up(void *data, int rank, int fd)
 {
     dk_dist_run_t *run = data;
-    dk_dist_relay_caught_up(run->relay, rank, fd);
+    dk_dist_output_caught_up(run->output, rank, fd);
 }
 
 static void sink_state(void *data, int rank, dk_rank_state_t state, int exit_code, int term_signal)

@@ -12,13 +12,13 @@
  *                         nodes and the timeout they cut) or a round on the
  *                         started ranks; then the status that says so;
  *   dk_dist_run_events.c  the job's events and what the cell shows of them:
- *                         the sink (on the runtime thread), the relay's io,
+ *                         the sink (on the runtime thread), the output's io,
  *                         the status display;
  *   dk_dist_run_end.c     the wait and the end: interrupts, the last facts,
  *                         the results, the error and where the ranks were.
  *
  * Three parties touch the state. The runtime thread calls the sink: output
- * goes to the relay, which has a lock of its own (it may wait on a slow
+ * goes to dk_dist_output, which has a lock of its own (it may wait on a slow
  * frontend, and the status display must not wait with it); states and
  * messages go to the ranks' records under LOCK. The main thread does the
  * rest, with the GIL held except while it waits. Once the job has ended, the
@@ -33,7 +33,7 @@
 #include "dk_dist_opts.h"
 #include "dk_dist_plan.h"
 #include "dk_dist_rank.h"
-#include "dk_dist_relay.h"
+#include "dk_dist_output.h"
 #include "dk_dist_slurm.h"
 #include "dk_dist_stall.h"
 
@@ -51,7 +51,7 @@ struct dk_dist_run_t {
     dk_dist_plan_t plan;
     char run_id[24];
     dk_job_t *job;
-    dk_dist_relay_t *relay;
+    dk_dist_output_t *output;
     bool *shown;                /* whose output the cell shows (dk_dist_plan_output), for
                                    the status; NULL: every rank's */
     pthread_mutex_t lock;       /* guards ranks */
@@ -109,8 +109,8 @@ void dist_run_write_err(dk_dist_run_t *run, const char *text);
  * FORCE: the first and last states, which must arrive; the updates in
  * between are skipped while a frontend is behind. */
 void dist_run_publish_status(dk_dist_run_t *run, const char *headline, bool force);
-/* What the relay calls to write the run's output into the cell. */
-dk_dist_relay_io_t dist_run_relay_io(dk_dist_run_t *run);
+/* What dk_dist_output calls to write the run's output into the cell. */
+dk_dist_output_io_t dist_run_output_io(dk_dist_run_t *run);
 /* The job's sink: its output and states to RUN. */
 dk_sink_t dist_run_sink(dk_dist_run_t *run);
 

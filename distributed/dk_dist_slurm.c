@@ -27,6 +27,7 @@
 #include "dk_pyabi.h"
 
 #include "dk_dist_slurm.h"
+#include "dk_log.h"
 #include "dk_hostlist.h"
 #include "dk_netaddr.h"
 #include "dk_slurm.h"
@@ -590,8 +591,7 @@ void dk_dist_slurm_destroy(dk_dist_slurm_t **self_p)
         if (ts)
             PyEval_RestoreThread(ts);
         if (rc < 0)
-            fprintf(stderr, "distkernel: could not release Slurm job %s: %s\n",
-                    dk_slurm_job_id(self->alloc), err);
+            dk_log("could not release Slurm job %s: %s", dk_slurm_job_id(self->alloc), err);
         dk_slurm_destroy(&self->alloc);
     }
     dk_spawn_env_free(self->env);

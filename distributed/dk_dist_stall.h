@@ -17,7 +17,7 @@
  * that output is dropped when it comes. Nothing is asked, and nothing runs
  * but a comparison of two times per wait slice, until the first stall_after
  * expires. stall_after 0 turns it off (stall_after= and DISTKERNEL_STALL_AFTER
- * are read with the other options: magics/dk_dist_opts.h).
+ * are read with the other options: distributed/dk_dist_opts.h).
  *
  * Threads: the runtime thread tells output (dk_dist_stall_output: one atomic
  * store, on every chunk a rank writes) and hands in the answers

@@ -9,6 +9,7 @@
 #include "dk_pyabi.h"
 
 #include "dk_dist_warm.h"
+#include "dk_log.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -286,7 +287,7 @@ void dk_dist_warm_status_line(dk_template_t **slot, char *out, size_t outlen)
 void dk_dist_warm_note(const char *log_dir, const char *why)
 {
     if (getenv("DISTKERNEL_DEBUG"))
-        fprintf(stderr, "distkernel: ranks start cold: %s\n", why);
+        dk_log("ranks start cold: %s", why);
     char path[4200];
     snprintf(path, sizeof path, "%s/warm.log", log_dir);
     int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);

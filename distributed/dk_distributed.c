@@ -4,7 +4,7 @@
  *
  * The feature is a few files, one idea each:
  *   dk_dist_run        a run's lifecycle: start, wait, result or error
- *   dk_dist_relay      rank output to "[rank N]" lines and progress displays
+ *   dk_dist_output      rank output to "[rank N]" lines and progress displays
  *   dk_dist_outcome    what the user is told about each rank of a failed run
  *   dk_dist_status     the run's status display text
  *   dk_dist_plan       how many ranks, on which devices

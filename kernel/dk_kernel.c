@@ -45,8 +45,6 @@
 #include <time.h>
 #include <unistd.h>
 
-/* The kernel's log is the process's original stderr: one per process. */
-static int log_fd = 2;
 
 dk_iopub_t *dk_kernel_iopub(dk_kernel_t *self) { return self->iopub; }
 dk_stream_t *dk_kernel_stream(dk_kernel_t *self) { return self->stream; }
@@ -85,22 +83,8 @@ void kernel_run_exit_hooks(dk_kernel_t *k)
     for (int i = atomic_exchange(&k->n_on_exit, 0) - 1; i >= 0; i--)
         k->on_exit[i].fn(k->on_exit[i].data);
 }
-bool dk_kernel_shutting_down(dk_kernel_t *self) { return atomic_load(&self->shutting_down); }
 
-void dk_log(const char *fmt, ...)
-{
-    char line[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(line, sizeof line - 1, fmt, ap);
-    va_end(ap);
-    if (n < 0)
-        return;
-    if ((size_t)n > sizeof line - 2)
-        n = sizeof line - 2;
-    line[n++] = '\n';
-    dprintf(log_fd, "[distkernel] %.*s", n, line);
-}
+bool dk_kernel_shutting_down(dk_kernel_t *self) { return atomic_load(&self->shutting_down); }
 
 /* ---- kernel_info ------------------------------------------------------------ */
 
@@ -507,7 +491,7 @@ dk_kernel_t *dk_kernel_new(dk_conn_t *conn, char *err, size_t errlen)
         pthread_sigmask(SIG_SETMASK, &old, NULL);
         return NULL;
     }
-    log_fd = dk_stream_log_fd(k->stream);
+    dk_log_to(dk_stream_log_fd(k->stream));   /* the kernel's messages: never in a cell */
     pthread_create(&k->hb_tid, NULL, kernel_hb_main, k);
     pthread_create(&k->control_tid, NULL, kernel_control_main, k);
     pthread_sigmask(SIG_SETMASK, &old, NULL);

@@ -13,6 +13,7 @@
 
 #include "dk_conn.h"
 #include "dk_iopub.h"
+#include "dk_log.h"          /* dk_log: the kernel's messages, never in a cell */
 #include "dk_magic.h"
 #include "dk_stream.h"
 #include "dk_wire.h"
@@ -77,8 +78,6 @@ char *dk_kernel_input(dk_kernel_t *self, const char *prompt, bool password);
 /* True while a shutdown is under way: long waits give up. */
 bool dk_kernel_shutting_down(dk_kernel_t *self);
 
-/* Write a line to the kernel's log (its original stderr), printf-style. */
-void dk_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* The execution a native magic runs in: the handler publishes through it. */
 typedef struct {

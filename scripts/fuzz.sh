@@ -35,7 +35,7 @@ sources() {
   case $1 in
     fuzz_wire)  echo "protocol/dk_wire.c" ;;
     fuzz_conn)  echo "protocol/dk_conn.c protocol/dk_wire.c" ;;
-    fuzz_opts)  echo "magics/dk_magic.c magics/dk_dist_opts.c magics/dk_dist_opts_table.c magics/dk_dist_opts_slurm.c magics/dk_dist_opts_doc.c magics/dk_rank_list.c runtime/slurm/dk_slurm_parse.c" ;;
+    fuzz_opts)  echo "magics/dk_magic.c distributed/dk_dist_opts.c distributed/dk_dist_opts_table.c distributed/dk_dist_opts_slurm.c distributed/dk_dist_opts_doc.c distributed/dk_rank_list.c runtime/slurm/dk_slurm_parse.c" ;;
     fuzz_lines) echo "runtime/base/dk_lines.c runtime/base/dk_utf8.c" ;;
     fuzz_launchout) echo "runtime/launch/dk_launchout.c" ;;
     fuzz_stacks) echo "runtime/stacks/dk_stacks.c runtime/stacks/dk_stacks_fold.c runtime/stacks/dk_stacks_flight.c runtime/base/dk_lost.c runtime/base/dk_utf8.c" ;;
@@ -65,7 +65,7 @@ mkdir -p "$BUILD"
 CFLAGS=(-std=c11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer
         -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
         -Wall -Wextra -Wno-unused-parameter
-        -Iprotocol -Imagics -Iruntime/base -Iruntime/slurm -Iruntime/stacks
+        -Iprotocol -Imagics -Idistributed -Iruntime/base -Iruntime/slurm -Iruntime/stacks
         -Iruntime/launch -Itests/fuzz)
 # The targets are built JOBS at a time; a failed build stops the run.
 build_one() {

@@ -6,7 +6,7 @@ enums: a member is equal to its value and works wherever a string does, as
 `gpu_type=` / `accelerator_type=` of the decorator or in a %%distributed line.
 They name machines of the platform's fleet; here the node is given, so a type
 the node lacks runs on the node's GPUs with a notice (distributed/dk_dist_plan.h).
-The member lists are also in magics/dk_dist_opts_doc.c, which judges the strings.
+The member lists are also in distributed/dk_dist_opts_doc.c, which judges the strings.
 """
 
 import enum

@@ -13,6 +13,7 @@
  * exit will ever be told of it.
  */
 #include "dk_job_state.h"
+#include "dk_log.h"
 #include "dk_clock.h"
 #include "dk_err.h"
 #include "dk_frame.h"
@@ -245,7 +246,7 @@ static void agent_cold(dk_job_t *job, int node, const char *why, size_t len)
         snprintf(names + at, sizeof names - at, ", and %d more", n - named);
     const char *text = job->agents_cold_why ? job->agents_cold_why : "";
     if (getenv("DISTKERNEL_DEBUG"))
-        fprintf(stderr, "distkernel: the ranks on node %d start cold: %s\n", node, text);
+        dk_log("the ranks on node %d start cold: %s", node, text);
     int fd = openat(job->log_dirfd, "warm.log", O_WRONLY | O_TRUNC | O_CREAT | O_NOFOLLOW |
                     O_CLOEXEC, 0600);
     if (fd >= 0) {

@@ -1,6 +1,6 @@
 """A kernel per Python environment: `distkernel install --python ENV/bin/python`
 (app/dk_install.h) writes a kernelspec whose kernel, and every rank it starts,
-runs in that environment (runtime/rank/dk_pyload.h). test_pythons.py does the
+runs in that environment (runtime/python/dk_pyload.h). test_pythons.py does the
 same for other CPython versions than the build's.
 
 The environments are venvs of Debian's Python made with --system-site-packages

@@ -1,4 +1,4 @@
-"""One distkernel for every CPython from 3.10 on (runtime/rank/dk_pyload.h).
+"""One distkernel for every CPython from 3.10 on (runtime/python/dk_pyload.h).
 
 The Pythons are this machine's own installations of another version than the
 build's (pyenv's CPython 3.10 to 3.13: real, non-venv installations as a conda

@@ -321,6 +321,28 @@ def test_warm_false_and_distkernel_warm_0_start_no_template(kernelspec_installed
         k.stop()
 
 
+def test_the_kernels_own_messages_go_to_its_log_never_into_the_cell(kernelspec_installed,
+                                                                     tmp_path):
+    # DISTKERNEL_DEBUG says why ranks start cold while the cell runs, when the
+    # process's fd 2 is the cell's captured stderr: the line goes to the
+    # kernel's log (its original stderr, runtime/base/dk_log.h), and the
+    # cell shows only what the ranks and the run said.
+    log = tmp_path / "kernel-stderr.log"
+    with open(log, "w") as err:
+        k = support.Kernel.start(env=support.kernel_env(DISTKERNEL_WARM="0",
+                                                        DISTKERNEL_DEBUG="1"), stderr=err)
+    try:
+        r = k.execute("%%distributed num_processes=1 tracking=False\nprint('from the rank')",
+                      timeout=RUN)
+        assert r.status == "ok", r.describe()
+        assert "[rank 0] from the rank" in r.stdout, r.describe()
+        assert "start cold" not in r.stderr and "[distkernel] " not in r.stderr, r.stderr
+    finally:
+        k.stop()
+    text = log.read_text(errors="replace")
+    assert "[distkernel] ranks start cold: warm start is off (DISTKERNEL_WARM=0)" in text, text
+
+
 def test_distkernel_warm_torch_0_forks_ranks_from_a_template_without_torch(kernelspec_installed):
     k = support.Kernel.start(env=support.kernel_env(DISTKERNEL_WARM_TORCH="0"))
     try:

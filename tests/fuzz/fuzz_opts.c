@@ -1,6 +1,6 @@
 /*
  * fuzz_opts: the magic line parser (magics/dk_magic.h) and the options of
- * %%distributed (magics/dk_dist_opts.h).
+ * %%distributed (distributed/dk_dist_opts.h).
  *
  * Input: the text of a cell, as a user types it (an embedded NUL ends it, as
  * it would for the C string the kernel hands over). It goes the way a cell
@@ -20,7 +20,7 @@
  *     NUL-terminated within its array, `result` is an identifier, and the
  *     cross-option rules hold (num_processes excludes GPUs; a GPU_<n>x count
  *     matches num_accelerators); output= is one of its modes, and a list
- *     (magics/dk_rank_list.h) kept for it parses again, into at least one rank
+ *     (distributed/dk_rank_list.h) kept for it parses again, into at least one rank
  *     of the largest world and exactly as many flags as it says;
  *   - a refusal writes a non-empty, NUL-terminated message.
  */

@@ -1,7 +1,7 @@
 /*
  * What of a run's log folder goes with its MLflow run
  * (distributed/dk_dist_artifacts.h), and the archive it is sent in
- * (runtime/tracking/dk_tgz.h): which ranks' logs go as files of their own at
+ * (runtime/mlflow/dk_tgz.h): which ranks' logs go as files of their own at
  * 2 and at 1,024 ranks, a log cut to its tail saying so, and an archive that
  * the system's tar reads back whole.
  */

@@ -1,5 +1,5 @@
 /*
- * The options of %%distributed and @distributed (magics/dk_dist_opts.h).
+ * The options of %%distributed and @distributed (distributed/dk_dist_opts.h).
  *
  * Each test is one rule of the option language: what a value form means, what
  * the deprecated names do, how options combine, and that every mistake is

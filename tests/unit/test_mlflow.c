@@ -1,5 +1,5 @@
 /*
- * The MLflow client (runtime/tracking/dk_mlflow.h): the bodies it sends and the error
+ * The MLflow client (runtime/mlflow/dk_mlflow.h): the bodies it sends and the error
  * answers it reads on their own, then the calls against tests/mlflow_server.py,
  * a small tracking server that records what it receives and can be told to
  * require credentials, fail, lag or lose a create race.

@@ -1,6 +1,6 @@
 /*
  * The loader of the environment's libpython and of distkernel's libraries on
- * it (runtime/rank/dk_pyload.h). Each test is a process of its own
+ * it (runtime/python/dk_pyload.h). Each test is a process of its own
  * (criterion's), so each may load a libpython of its own.
  */
 #include "dk_pyload.h"

@@ -1,5 +1,5 @@
 /*
- * A set of ranks written as a list, "0,8,16-31" (magics/dk_rank_list.h): what
+ * A set of ranks written as a list, "0,8,16-31" (distributed/dk_rank_list.h): what
  * output= takes. Ranks and ranges, their union, the syntax alone while the
  * world is unknown, and each refusal saying what to write.
  */

@@ -1,5 +1,5 @@
 /*
- * A supervised local server (runtime/tracking/dk_server.h) with a stand-in for
+ * A supervised local server (runtime/mlflow/dk_server.h) with a stand-in for
  * `mlflow server`: an sh script on PATH that, like MLflow, runs the actual
  * server (tests/mlflow_server.py) as a child of its own. Started, it answers;
  * stopped, or its host SIGKILLed, the script and its child are gone and the

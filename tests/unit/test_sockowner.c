@@ -1,5 +1,5 @@
 /*
- * Who listens on a loopback port (runtime/tracking/dk_sockowner.h): /proc/net/tcp and
+ * Who listens on a loopback port (runtime/mlflow/dk_sockowner.h): /proc/net/tcp and
  * tcp6 read on their own, then the owner check against real sockets of this
  * test, of a child of it, and of a process outside the tree asked about.
  */

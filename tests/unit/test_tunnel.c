@@ -1,5 +1,5 @@
 /*
- * The tracking server's port on every node (runtime/tracking/dk_tunnel.h):
+ * The tracking server's port on every node (runtime/mlflow/dk_tunnel.h):
  * a door and a gate on this host's loopback, between a client and a server
  * of the test's own, with real sockets. What goes through arrives whole and
  * in order, both ways, with a half-close passed on; a door with the wrong

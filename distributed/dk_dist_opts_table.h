@@ -2,7 +2,7 @@
  * dk_dist_opts_table: the table of %%distributed's options, shared by the
  * files that parse them.
  *
- * Private to magics/ (dk_dist_opts.h is the API). The options are four
+ * Private to the options (dk_dist_opts.h is the API). The options are four
  * files, one idea each:
  *   dk_dist_opts.c        the grammar: the text into name=value tokens, each
  *                         handed to the table, then the checks across options

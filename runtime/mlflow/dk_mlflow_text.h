@@ -1,7 +1,7 @@
 /*
  * dk_mlflow_text: what dk_mlflow.c and dk_mlflow_text.c share of MLflow's text.
  *
- * Private to runtime/tracking/ (dk_mlflow.h is the API).
+ * Private to runtime/mlflow/ (dk_mlflow.h is the API).
  */
 #ifndef DK_MLFLOW_TEXT_H
 #define DK_MLFLOW_TEXT_H

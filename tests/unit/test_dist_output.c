@@ -1,6 +1,6 @@
 /*
- * From rank output bytes to what the cell shows (distributed/dk_dist_relay.h),
- * with no kernel: the relay's callbacks write a transcript, and the clock is
+ * From rank output bytes to what the cell shows (distributed/dk_dist_output.h),
+ * with no kernel: its callbacks write a transcript, and the clock is
  * the test's. In the transcript "1:" and "2:" are text appended to stdout and
  * stderr (one entry per append), "D(id):" a new display, "U(id):" an update
  * of one, and "!" marks a forced display.
@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dk_dist_relay.h"
+#include "dk_dist_output.h"
 
 #define FFFD "\xef\xbf\xbd"
 
@@ -19,7 +19,7 @@ static char transcript[1 << 16];
 static long long clock_ms;
 static bool frontend_full;   /* unforced displays are refused */
 static long long append_takes_ms; /* a slow frontend: each append waits this long */
-static dk_dist_relay_t *relay;
+static dk_dist_output_t *the_output;
 
 static void append(void *data, int fd, const char *text, size_t len)
 {
@@ -51,78 +51,78 @@ static long long fake_now(void *data)
     return clock_ms;
 }
 
-/* A relay for WORLD ranks; SHOWN: whose output the cell shows (NULL: all). */
+/* The output of WORLD ranks; SHOWN: whose output the cell shows (NULL: all). */
 static void start(int world, const bool *shown)
 {
     transcript[0] = '\0';
     clock_ms = 1000;
     frontend_full = false;
     append_takes_ms = 0;
-    dk_dist_relay_io_t io = {.append = append, .display = display, .now_ms = fake_now};
-    relay = dk_dist_relay_new(world, "abc", shown, &io);
-    cr_assert_not_null(relay);
+    dk_dist_output_io_t io = {.append = append, .display = display, .now_ms = fake_now};
+    the_output = dk_dist_output_new(world, "abc", shown, &io);
+    cr_assert_not_null(the_output);
 }
 
 static void setup(void) { start(2, NULL); }
-static void teardown(void) { dk_dist_relay_destroy(&relay); }
+static void teardown(void) { dk_dist_output_destroy(&the_output); }
 
 static void out(int rank, int fd, const char *text)
 {
-    dk_dist_relay_output(relay, rank, fd, text, strlen(text));
+    dk_dist_output_write(the_output, rank, fd, text, strlen(text));
 }
 
-TestSuite(relay, .init = setup, .fini = teardown);
+TestSuite(output, .init = setup, .fini = teardown);
 
-Test(relay, a_finished_line_is_labelled_with_its_rank)
+Test(output, a_finished_line_is_labelled_with_its_rank)
 {
     out(1, 1, "hello\n");
     cr_assert_str_eq(transcript, "1:[rank 1] hello\n|");
 }
 
-Test(relay, two_ranks_interleaved_byte_by_byte_come_out_whole)
+Test(output, two_ranks_interleaved_byte_by_byte_come_out_whole)
 {
     const char *a = "from zero\n", *b = "from one\n";
     for (size_t i = 0; i < strlen(a) || i < strlen(b); i++) {
         if (i < strlen(a))
-            dk_dist_relay_output(relay, 0, 1, a + i, 1);
+            dk_dist_output_write(the_output, 0, 1, a + i, 1);
         if (i < strlen(b))
-            dk_dist_relay_output(relay, 1, 1, b + i, 1);
+            dk_dist_output_write(the_output, 1, 1, b + i, 1);
     }
     cr_assert_str_eq(transcript, "1:[rank 1] from one\n|1:[rank 0] from zero\n|");
 }
 
-Test(relay, stderr_goes_to_stderr_and_stdout_to_stdout)
+Test(output, stderr_goes_to_stderr_and_stdout_to_stdout)
 {
     out(0, 2, "oops\n");
     out(0, 1, "fine\n");
     cr_assert_str_eq(transcript, "2:[rank 0] oops\n|1:[rank 0] fine\n|");
 }
 
-Test(relay, the_lines_of_one_read_are_appended_together)
+Test(output, the_lines_of_one_read_are_appended_together)
 {
     out(0, 1, "a\nb\nc\n");
     cr_assert_str_eq(transcript, "1:[rank 0] a\n[rank 0] b\n[rank 0] c\n|");
 }
 
-Test(relay, a_line_split_across_reads_is_printed_once_whole)
+Test(output, a_line_split_across_reads_is_printed_once_whole)
 {
     out(0, 1, "hel");
     cr_assert_str_eq(transcript, "");
     clock_ms += 50;
     out(0, 1, "lo wor");
-    dk_dist_relay_tick(relay);
+    dk_dist_output_tick(the_output);
     cr_assert_str_eq(transcript, "", "a line arriving in pieces is not a progress display");
     out(0, 1, "ld\n");
     cr_assert_str_eq(transcript, "1:[rank 0] hello world\n|");
 }
 
-Test(relay, invalid_utf8_becomes_the_replacement_character)
+Test(output, invalid_utf8_becomes_the_replacement_character)
 {
     out(0, 1, "a\xff" "b\n");
     cr_assert_str_eq(transcript, "1:[rank 0] a" FFFD "b\n|");
 }
 
-Test(relay, a_redrawn_line_becomes_one_display_updated_in_place)
+Test(output, a_redrawn_line_becomes_one_display_updated_in_place)
 {
     out(0, 2, "\r 10%");
     cr_assert_str_eq(transcript, "");
@@ -131,17 +131,17 @@ Test(relay, a_redrawn_line_becomes_one_display_updated_in_place)
     transcript[0] = '\0';
     clock_ms += 10;
     out(0, 2, "\r 30%");
-    cr_assert_str_eq(transcript, "", "updates come at most every %d ms", DK_DIST_RELAY_PROGRESS_MS);
-    clock_ms += DK_DIST_RELAY_PROGRESS_MS;
-    dk_dist_relay_tick(relay);
+    cr_assert_str_eq(transcript, "", "updates come at most every %d ms", DK_DIST_OUTPUT_PROGRESS_MS);
+    clock_ms += DK_DIST_OUTPUT_PROGRESS_MS;
+    dk_dist_output_tick(the_output);
     cr_assert_str_eq(transcript, "U(distkernel-abc-r0-fd2-0):[rank 0]  30%|");
     transcript[0] = '\0';
-    clock_ms += DK_DIST_RELAY_PROGRESS_MS;
+    clock_ms += DK_DIST_OUTPUT_PROGRESS_MS;
     out(0, 2, "\r 90%");
     cr_assert_str_eq(transcript, "U(distkernel-abc-r0-fd2-0):[rank 0]  90%|");
 }
 
-Test(relay, a_finished_progress_line_stays_in_its_display_and_the_next_line_is_text)
+Test(output, a_finished_progress_line_stays_in_its_display_and_the_next_line_is_text)
 {
     out(0, 1, "\r 10%");
     out(0, 1, "\r 50%");
@@ -156,14 +156,14 @@ Test(relay, a_finished_progress_line_stays_in_its_display_and_the_next_line_is_t
                      "the next bar is a display of its own");
 }
 
-Test(relay, text_before_a_display_is_appended_before_it)
+Test(output, text_before_a_display_is_appended_before_it)
 {
     out(1, 1, "before\n\r 1%");
     out(1, 1, "\r 2%");
     cr_assert_str_eq(transcript, "1:[rank 1] before\n|D(distkernel-abc-r1-fd1-0):[rank 1]  2%|");
 }
 
-Test(relay, progress_of_two_ranks_gets_two_displays)
+Test(output, progress_of_two_ranks_gets_two_displays)
 {
     out(0, 1, "\ra");
     out(1, 1, "\ra");
@@ -173,94 +173,94 @@ Test(relay, progress_of_two_ranks_gets_two_displays)
                                  "D(distkernel-abc-r1-fd1-0):[rank 1] b|");
 }
 
-Test(relay, a_refused_update_is_sent_on_a_later_tick)
+Test(output, a_refused_update_is_sent_on_a_later_tick)
 {
     out(0, 1, "\r 1%");
     out(0, 1, "\r 2%");
     transcript[0] = '\0';
     frontend_full = true;
-    clock_ms += DK_DIST_RELAY_PROGRESS_MS;
+    clock_ms += DK_DIST_OUTPUT_PROGRESS_MS;
     out(0, 1, "\r 3%");
-    dk_dist_relay_tick(relay);
+    dk_dist_output_tick(the_output);
     cr_assert_str_eq(transcript, "");
     frontend_full = false;
-    dk_dist_relay_tick(relay);
+    dk_dist_output_tick(the_output);
     cr_assert_str_eq(transcript, "U(distkernel-abc-r0-fd1-0):[rank 0]  3%|");
 }
 
-Test(relay, a_line_left_unfinished_is_shown_once_the_rank_is_caught_up)
+Test(output, a_line_left_unfinished_is_shown_once_the_rank_is_caught_up)
 {
     out(0, 1, "Epoch 1... ");
-    dk_dist_relay_caught_up(relay, 0, 1);
-    clock_ms += DK_DIST_RELAY_PARTIAL_MS - 1;
-    dk_dist_relay_tick(relay);
+    dk_dist_output_caught_up(the_output, 0, 1);
+    clock_ms += DK_DIST_OUTPUT_PARTIAL_MS - 1;
+    dk_dist_output_tick(the_output);
     cr_assert_str_eq(transcript, "");
     clock_ms += 1;
-    dk_dist_relay_tick(relay);
+    dk_dist_output_tick(the_output);
     cr_assert_str_eq(transcript, "D(distkernel-abc-r0-fd1-0):[rank 0] Epoch 1... |");
     transcript[0] = '\0';
     out(0, 1, "done\n");
     cr_assert_str_eq(transcript, "!U(distkernel-abc-r0-fd1-0):[rank 0] Epoch 1... done|");
 }
 
-Test(relay, the_wait_for_an_unfinished_line_counts_from_when_the_rank_was_caught_up)
+Test(output, the_wait_for_an_unfinished_line_counts_from_when_the_rank_was_caught_up)
 {
     out(0, 1, "Epoch 1... ");
     clock_ms += 200;
-    dk_dist_relay_caught_up(relay, 0, 1);
-    clock_ms += DK_DIST_RELAY_PARTIAL_MS - 1;
-    dk_dist_relay_tick(relay);
+    dk_dist_output_caught_up(the_output, 0, 1);
+    clock_ms += DK_DIST_OUTPUT_PARTIAL_MS - 1;
+    dk_dist_output_tick(the_output);
     cr_assert_str_eq(transcript, "");
     clock_ms += 1;
-    dk_dist_relay_tick(relay);
+    dk_dist_output_tick(the_output);
     cr_assert_str_eq(transcript, "D(distkernel-abc-r0-fd1-0):[rank 0] Epoch 1... |");
 }
 
-Test(relay, a_slow_frontend_makes_every_rank_be_caught_up_again)
+Test(output, a_slow_frontend_makes_every_rank_be_caught_up_again)
 {
     out(0, 1, "Epoch 1... ");
-    dk_dist_relay_caught_up(relay, 0, 1);
-    append_takes_ms = DK_DIST_RELAY_STALL_MS;   /* the kernel read no pipe meanwhile */
+    dk_dist_output_caught_up(the_output, 0, 1);
+    append_takes_ms = DK_DIST_OUTPUT_STALL_MS;   /* the kernel read no pipe meanwhile */
     out(1, 1, "a flood\n");
     append_takes_ms = 0;
     transcript[0] = '\0';
-    clock_ms += DK_DIST_RELAY_PARTIAL_MS;
-    dk_dist_relay_tick(relay);
+    clock_ms += DK_DIST_OUTPUT_PARTIAL_MS;
+    dk_dist_output_tick(the_output);
     cr_assert_str_eq(transcript, "", "rank 0's rest may be in its pipe");
-    dk_dist_relay_caught_up(relay, 0, 1);
-    clock_ms += DK_DIST_RELAY_PARTIAL_MS;
-    dk_dist_relay_tick(relay);
+    dk_dist_output_caught_up(the_output, 0, 1);
+    clock_ms += DK_DIST_OUTPUT_PARTIAL_MS;
+    dk_dist_output_tick(the_output);
     cr_assert_str_eq(transcript, "D(distkernel-abc-r0-fd1-0):[rank 0] Epoch 1... |");
 }
 
-Test(relay, an_unfinished_line_is_not_shown_while_its_rest_may_be_in_the_pipe)
+Test(output, an_unfinished_line_is_not_shown_while_its_rest_may_be_in_the_pipe)
 {
     out(0, 1, "Epoch 1... ");
-    clock_ms += 10 * DK_DIST_RELAY_PARTIAL_MS;
-    dk_dist_relay_tick(relay);
+    clock_ms += 10 * DK_DIST_OUTPUT_PARTIAL_MS;
+    dk_dist_output_tick(the_output);
     cr_assert_str_eq(transcript, "", "never caught up: not shown");
 }
 
-Test(relay, at_the_end_an_unfinished_line_is_printed)
+Test(output, at_the_end_an_unfinished_line_is_printed)
 {
     out(1, 2, "no newline");
-    dk_dist_relay_finish(relay);
+    dk_dist_output_finish(the_output);
     cr_assert_str_eq(transcript, "2:[rank 1] no newline\n|");
 }
 
-Test(relay, at_the_end_a_held_back_update_is_forced_out)
+Test(output, at_the_end_a_held_back_update_is_forced_out)
 {
     out(0, 1, "\r 1%");
     out(0, 1, "\r 2%");
     out(0, 1, "\r 3%");
     transcript[0] = '\0';
-    dk_dist_relay_finish(relay);
+    dk_dist_output_finish(the_output);
     cr_assert_str_eq(transcript, "!U(distkernel-abc-r0-fd1-0):[rank 0]  3%|");
 }
 
-Test(relay, rank0_only_drops_the_other_ranks)
+Test(output, rank0_only_drops_the_other_ranks)
 {
-    dk_dist_relay_destroy(&relay);
+    dk_dist_output_destroy(&the_output);
     start(3, (const bool[]){true, false, false});
     out(2, 1, "two\n");
     out(1, 2, "one\n");
@@ -268,18 +268,18 @@ Test(relay, rank0_only_drops_the_other_ranks)
     cr_assert_str_eq(transcript, "1:[rank 0] zero\n|");
 }
 
-Test(relay, only_the_ranks_shown_reach_the_cell_their_progress_too)
+Test(output, only_the_ranks_shown_reach_the_cell_their_progress_too)
 {
-    dk_dist_relay_destroy(&relay);
+    dk_dist_output_destroy(&the_output);
     bool shown[5] = {false, true, false, true, false};
     start(5, shown);
-    shown[3] = false;           /* the relay keeps its own copy */
+    shown[3] = false;           /* the the_output keeps its own copy */
     for (int r = 0; r < 5; r++) {
         out(r, 1, "line\n");
         out(r, 2, "\r 1%");
         out(r, 2, "\r 2%");
     }
-    dk_dist_relay_finish(relay);
+    dk_dist_output_finish(the_output);
     cr_assert_str_eq(transcript, "1:[rank 1] line\n|D(distkernel-abc-r1-fd2-0):[rank 1]  2%|"
                                  "1:[rank 3] line\n|D(distkernel-abc-r3-fd2-0):[rank 3]  2%|"
                                  "!U(distkernel-abc-r1-fd2-0):[rank 1]  2%|"
@@ -287,10 +287,10 @@ Test(relay, only_the_ranks_shown_reach_the_cell_their_progress_too)
 }
 
 /* Like every _destroy: NULL, or a pointer to NULL, is nothing to do. */
-Test(destroy, dist_relay_takes_null)
+Test(destroy, dist_output_takes_null)
 {
-    dk_dist_relay_destroy(NULL);
-    dk_dist_relay_t *none = NULL;
-    dk_dist_relay_destroy(&none);
+    dk_dist_output_destroy(NULL);
+    dk_dist_output_t *none = NULL;
+    dk_dist_output_destroy(&none);
     cr_assert_null(none);
 }

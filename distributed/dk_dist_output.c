@@ -1,5 +1,5 @@
 /*
- * dk_dist_relay: rank output to labelled lines and progress displays. See the
+ * dk_dist_output: rank output to labelled lines and progress displays. See the
  * header.
  *
  * One slot per rank and fd holds its line assembler and its progress display.
@@ -7,12 +7,12 @@
  * behind a flood from other ranks, is printed once, whole: an unfinished line
  * gets a display only when it is being redrawn ('\r': what it shows no longer
  * starts with what it showed), or when it has been left unfinished for
- * DK_DIST_RELAY_PARTIAL_MS counted from when the kernel had read everything the
+ * DK_DIST_OUTPUT_PARTIAL_MS counted from when the kernel had read everything the
  * rank wrote. Finished lines of one read are collected in one batch and
  * appended once, so the stream coalesces them; the batch is handed over
  * before any display, so text and displays keep their order.
  */
-#include "dk_dist_relay.h"
+#include "dk_dist_output.h"
 #include "dk_clock.h"
 #include "dk_lines.h"
 
@@ -23,7 +23,7 @@
 #include <time.h>
 
 typedef struct {
-    dk_dist_relay_t *relay;
+    dk_dist_output_t *output;
     int rank;
     int fd;                     /* 1 or 2 */
     dk_lines_t *lines;
@@ -37,8 +37,8 @@ typedef struct {
     int displays;               /* progress displays opened so far */
 } slot_t;
 
-struct dk_dist_relay_t {
-    dk_dist_relay_io_t io;
+struct dk_dist_output_t {
+    dk_dist_output_io_t io;
     int world;
     bool *shown;                /* world flags: whose output the cell shows; NULL: all */
     char run_id[24];
@@ -48,17 +48,17 @@ struct dk_dist_relay_t {
     size_t batch_len, batch_cap;
 };
 
-static long long now_ms(dk_dist_relay_t *self)
+static long long now_ms(dk_dist_output_t *self)
 {
     if (self->io.now_ms)
         return self->io.now_ms(self->io.data);
     return dk_now_ms();
 }
 
-dk_dist_relay_t *dk_dist_relay_new(int world, const char *run_id, const bool *shown,
-                                   const dk_dist_relay_io_t *io)
+dk_dist_output_t *dk_dist_output_new(int world, const char *run_id, const bool *shown,
+                                   const dk_dist_output_io_t *io)
 {
-    dk_dist_relay_t *self = calloc(1, sizeof *self);
+    dk_dist_output_t *self = calloc(1, sizeof *self);
     if (!self)
         return NULL;
     self->io = *io;
@@ -69,26 +69,26 @@ dk_dist_relay_t *dk_dist_relay_new(int world, const char *run_id, const bool *sh
     if (shown && (self->shown = malloc((size_t)world * sizeof *self->shown)))
         memcpy(self->shown, shown, (size_t)world * sizeof *self->shown);
     if (!self->slots || (shown && !self->shown)) {
-        dk_dist_relay_destroy(&self);
+        dk_dist_output_destroy(&self);
         return NULL;
     }
     for (int i = 0; i < world * 2; i++) {
         slot_t *s = &self->slots[i];
-        s->relay = self;
+        s->output = self;
         s->rank = i / 2;
         s->fd = i % 2 + 1;
         s->lines = dk_lines_new(0);
         if (!s->lines) {
-            dk_dist_relay_destroy(&self);
+            dk_dist_output_destroy(&self);
             return NULL;
         }
     }
     return self;
 }
 
-void dk_dist_relay_destroy(dk_dist_relay_t **self_p)
+void dk_dist_output_destroy(dk_dist_output_t **self_p)
 {
-    dk_dist_relay_t *self = self_p ? *self_p : NULL;
+    dk_dist_output_t *self = self_p ? *self_p : NULL;
     if (!self)
         return;
     for (int i = 0; self->slots && i < self->world * 2; i++) {
@@ -106,7 +106,7 @@ void dk_dist_relay_destroy(dk_dist_relay_t **self_p)
 /* Hand the batch of finished lines of slot S to the cell's stream. */
 static void flush_batch(slot_t *s)
 {
-    dk_dist_relay_t *self = s->relay;
+    dk_dist_output_t *self = s->output;
     if (self->batch_len)
         self->io.append(self->io.data, s->fd, self->batch, self->batch_len);
     self->batch_len = 0;
@@ -116,7 +116,7 @@ static void flush_batch(slot_t *s)
  * Unforced, a refused display stays dirty for the next tick. */
 static void publish_progress(slot_t *s, bool force)
 {
-    dk_dist_relay_t *self = s->relay;
+    dk_dist_output_t *self = s->output;
     if (!s->progress_text)
         return;
     if (!s->progress_open)
@@ -145,7 +145,7 @@ static void publish_progress(slot_t *s, bool force)
 
 static void on_progress(slot_t *s, const char *text, size_t len)
 {
-    long long now = now_ms(s->relay);
+    long long now = now_ms(s->output);
     bool redraw = s->progress_text &&
                   strncmp(text, s->progress_text, strlen(s->progress_text)) != 0;
     free(s->progress_text);
@@ -153,7 +153,7 @@ static void on_progress(slot_t *s, const char *text, size_t len)
     if (!s->partial_since_ms)
         s->partial_since_ms = now;
     if (s->progress_open) {
-        if (now - s->progress_sent_ms >= DK_DIST_RELAY_PROGRESS_MS)
+        if (now - s->progress_sent_ms >= DK_DIST_OUTPUT_PROGRESS_MS)
             publish_progress(s, false);
         else
             s->progress_dirty = true;
@@ -165,7 +165,7 @@ static void on_progress(slot_t *s, const char *text, size_t len)
 /* Add "[rank N] TEXT\n" to the batch. */
 static void batch_line(slot_t *s, const char *text, size_t len)
 {
-    dk_dist_relay_t *self = s->relay;
+    dk_dist_output_t *self = s->output;
     char label[32];
     int ln = snprintf(label, sizeof label, "[rank %d] ", s->rank);
     size_t need = self->batch_len + (size_t)ln + len + 1;
@@ -209,12 +209,12 @@ static void on_line(void *data, dk_lines_event_t kind, const char *text, size_t 
     batch_line(s, text, len);
 }
 
-static slot_t *slot(dk_dist_relay_t *self, int rank, int fd)
+static slot_t *slot(dk_dist_output_t *self, int rank, int fd)
 {
     return &self->slots[rank * 2 + (fd == 2)];
 }
 
-void dk_dist_relay_output(dk_dist_relay_t *self, int rank, int fd, const char *bytes, size_t len)
+void dk_dist_output_write(dk_dist_output_t *self, int rank, int fd, const char *bytes, size_t len)
 {
     if (self->shown && !self->shown[rank])
         return;   /* still in the rank's log file */
@@ -226,13 +226,13 @@ void dk_dist_relay_output(dk_dist_relay_t *self, int rank, int fd, const char *b
     /* While the kernel waited for a slow frontend (the stream's backpressure) it
      * read no pipe, so no rank can be known to have stopped writing: each must
      * be found caught up again before its unfinished line is shown. */
-    if (now_ms(self) - t >= DK_DIST_RELAY_STALL_MS)
+    if (now_ms(self) - t >= DK_DIST_OUTPUT_STALL_MS)
         for (int i = 0; i < self->world * 2; i++)
             self->slots[i].caught_up_ms = 0;
     pthread_mutex_unlock(&self->lock);
 }
 
-void dk_dist_relay_caught_up(dk_dist_relay_t *self, int rank, int fd)
+void dk_dist_output_caught_up(dk_dist_output_t *self, int rank, int fd)
 {
     pthread_mutex_lock(&self->lock);
     slot_t *s = slot(self, rank, fd);
@@ -241,7 +241,7 @@ void dk_dist_relay_caught_up(dk_dist_relay_t *self, int rank, int fd)
     pthread_mutex_unlock(&self->lock);
 }
 
-void dk_dist_relay_tick(dk_dist_relay_t *self)
+void dk_dist_output_tick(dk_dist_output_t *self)
 {
     pthread_mutex_lock(&self->lock);
     long long now = now_ms(self);
@@ -250,13 +250,13 @@ void dk_dist_relay_tick(dk_dist_relay_t *self)
         if (s->progress_open && s->progress_dirty)
             publish_progress(s, false);
         else if (!s->progress_open && s->progress_text && s->caught_up_ms &&
-                 now - s->caught_up_ms >= DK_DIST_RELAY_PARTIAL_MS)
+                 now - s->caught_up_ms >= DK_DIST_OUTPUT_PARTIAL_MS)
             publish_progress(s, false);
     }
     pthread_mutex_unlock(&self->lock);
 }
 
-void dk_dist_relay_finish(dk_dist_relay_t *self)
+void dk_dist_output_finish(dk_dist_output_t *self)
 {
     pthread_mutex_lock(&self->lock);
     for (int i = 0; i < self->world * 2; i++) {
