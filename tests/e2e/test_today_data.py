@@ -327,3 +327,24 @@ def test_a_url_without_fsspec_says_what_to_install(kernel):
                                       "        if mod is not None: sys.modules[key] = mod\n")
     assert name == "ImportError", (name, text)
     assert "s3://bucket/images/**/*.jpg" in text and "pip install fsspec s3fs" in text, text
+
+
+def test_a_dataset_made_in_the_notebook_is_checked_before_the_ranks_and_shared_by_them(
+        kernel, volume):
+    # A missing path raises in the notebook, before any rank starts; a good
+    # one, made there, goes to the ranks with the cell, and each reads its
+    # share (its rank is found when it iterates, not when the dataset was made).
+    missing = str(volume / "not-here")
+    r = kernel.execute("from distkernel.data import VolumeDataset\n"
+                       f"ds = VolumeDataset({missing!r})\n", timeout=60)
+    assert r.status == "error" and r.content["ename"] == "VolumeNotFoundError", r.describe()
+    assert support.status_displays(r) == []
+    r = kernel.execute(f"ds = VolumeDataset({str(volume)!r}, with_path=True)\nds.files",
+                       timeout=60)
+    assert r.status == "ok" and r.result == str(FILES), r.describe()
+    r = kernel.execute("%%distributed num_processes=2 result=shares\n"
+                       "sorted(name for name, _ in ds)\n", timeout=RUN)
+    assert r.status == "ok", r.describe()
+    shares = support.json_value(kernel, "shares")
+    assert [len(s) for s in shares] == [FILES // 2, FILES // 2], [len(s) for s in shares]
+    exactly_once(shares, [str(volume / file_name(i)) for i in range(FILES)])
