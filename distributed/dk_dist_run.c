@@ -55,6 +55,10 @@ void dk_dist_run_destroy(dk_dist_run_t **self_p)
     free(run->stacks);
     free(run->payload);
     free(run->restart_error);
+    for (size_t i = 0; i < run->n_lost; i++)
+        free(run->lost[i]);
+    free(run->lost);
+    free(run->lost_list);
     pthread_mutex_destroy(&run->lock);
     free(run);
     *self_p = NULL;

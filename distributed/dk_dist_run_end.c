@@ -8,7 +8,9 @@
  * refresh the status display. On started ranks it waits for the round, an
  * interrupt interrupts the round rather than ending the ranks, and the run
  * detaches from the pool as soon as the round ends: output written after
- * that goes only to the ranks' logs, never after the cell's result.
+ * that goes only to the ranks' logs, never after the cell's result. Under
+ * restarts=, a failed attempt is followed by the next (dk_dist_run_restart.c)
+ * and the wait goes on.
  *
  * Then: the ranks' last facts, MLflow's status and files, the results, or
  * the error (dk_dist_outcome) with where the ranks were (dk_dist_stacks).
@@ -153,194 +155,6 @@ static dk_job_end_t run_end(dk_dist_run_t *run)
     return run->pool ? dk_job_round_end(run->job) : dk_job_end(run->job);
 }
 
-static json_t *run_error(dk_dist_run_t *run, bool headline);
-
-/* restarts=: whether the attempt that ended END is followed by another. A
- * failure is (a rank raised, exited or was killed, its node was lost), as
- * torchrun restarts its workers; an interrupt, a shutdown and the timeout
- * are the user's or the kernel's choice, and are not. */
-static bool restartable(dk_dist_run_t *run, dk_job_end_t end)
-{
-    return !run->pool && end == DK_END_FAILED && run->attempt <= run->opts.restarts &&
-           !run->interrupted && !run->shutdown && !dk_kernel_shutting_down(run->kernel);
-}
-
-/* NAME into the run's lost nodes ("a,b"), once. */
-static void note_lost_node(dk_dist_run_t *run, const char *name)
-{
-    size_t n = strlen(name), at = strlen(run->lost_nodes);
-    for (const char *p = run->lost_nodes; (p = strstr(p, name)); p += n)
-        if ((p == run->lost_nodes || p[-1] == ',') && (p[n] == ',' || !p[n]))
-            return;
-    if (at + n + 2 < sizeof run->lost_nodes)
-        snprintf(run->lost_nodes + at, sizeof run->lost_nodes - at, "%s%s", at ? "," : "",
-                 name);
-}
-
-/* What the attempt that just failed ended with, into the cell's stderr (the
- * error it would have been, bounded at any size as that is), and its first
- * line into ENDED for the MLflow run. */
-static void say_attempt_failed(dk_dist_run_t *run, char *ended, size_t endedlen)
-{
-    json_t *e = run_error(run, true);
-    const char *ename = e ? json_string_value(json_object_get(e, "ename")) : NULL;
-    const char *evalue = e ? json_string_value(json_object_get(e, "evalue")) : NULL;
-    snprintf(ended, endedlen, "%s: %s", ename ? ename : "Error", evalue ? evalue : "");
-    char *nl = strchr(ended, '\n');
-    if (nl)
-        *nl = '\0';
-    char head[600];
-    snprintf(head, sizeof head, "[distkernel] attempt %d of %d failed; its logs: %s\n",
-             run->attempt, run->opts.restarts + 1, dk_job_log_dir(run->job));
-    dist_run_write_err(run, head);
-    size_t i;
-    json_t *line;
-    json_array_foreach(json_object_get(e, "traceback"), i, line) {
-        const char *s = json_string_value(line);
-        if (!s)
-            continue;
-        dist_run_write_err(run, s);
-        if (!*s || s[strlen(s) - 1] != '\n')
-            dist_run_write_err(run, "\n");
-    }
-    json_decref(e);
-    for (int r = 0; run->hosts && r < run->plan.world; r++)
-        if (run->ranks[r].lost && run->hosts[r])
-            note_lost_node(run, run->hosts[r]);
-}
-
-/* The last attempt's records, output, stall watch, stacks, job and Slurm
- * allocation, made ready for the next. */
-static int reset_for_attempt(dk_dist_run_t *run)
-{
-    dk_dist_output_destroy(&run->output);
-    char output_id[48];
-    snprintf(output_id, sizeof output_id, "%s-%d", run->run_id, run->attempt);
-    dk_dist_output_io_t io = dist_run_output_io(run);
-    run->output = dk_dist_output_new(run->plan.world, output_id, run->shown, &io);
-    for (int r = 0; r < run->plan.world; r++) {
-        int gpu = run->ranks[r].gpu_index;
-        free(run->ranks[r].message);
-        memset(&run->ranks[r], 0, sizeof run->ranks[r]);
-        run->ranks[r].gpu_index = gpu;
-    }
-    free(run->stacks);
-    run->stacks = NULL;
-    run->stacks_made = false;
-    run->stacks_file[0] = '\0';
-    dk_job_destroy(&run->job);
-    dk_dist_slurm_destroy(&run->slurm);     /* after: the ranks were its steps */
-    run->hosts = NULL;
-    run->timeout_cut = false;
-    if (run->opts.stall_after_s > 0) {
-        const char *every = getenv(DK_DIST_STALL_EVERY_ENV);
-        char *cells = dist_run_cells_folder();
-        run->stall = dk_dist_stall_new(run->plan.world, run->opts.stall_after_s,
-                                       every ? atof(every) : 0, dk_now_ms(), cells);
-        free(cells);
-    }
-    return run->output ? 0 : -1;
-}
-
-/* A Slurm run's next allocation leaves out the nodes lost so far, after
- * whatever slurm_args the user gave (salloc takes the last --exclude), which
- * GIVEN keeps. Whether it does. */
-static bool exclude_lost_nodes(dk_dist_run_t *run, char *given, size_t givenlen)
-{
-    if (run->opts.launcher != DK_LAUNCHER_SLURM || !run->lost_nodes[0])
-        return false;
-    if (!given[0])
-        snprintf(given, givenlen, "%s ", run->opts.slurm_args);
-    char args[sizeof run->opts.slurm_args + sizeof run->lost_nodes + 16];
-    int n = snprintf(args, sizeof args, "%s--exclude=%s", given, run->lost_nodes);
-    if (n < 0 || (size_t)n >= sizeof run->opts.slurm_args) {
-        dist_run_write_err(run, "[distkernel] too many lost nodes to leave out of the next "
-                                "Slurm allocation; Slurm picks its nodes\n");
-        return false;
-    }
-    memcpy(run->opts.slurm_args, args, (size_t)n + 1);
-    return true;
-}
-
-/* The next attempt's ranks. A cluster with no allocation of the run's size
- * that leaves out the lost nodes (Slurm refuses the request at once) is
- * asked again without leaving them out: a lost node Slurm has seen go down
- * it does not give, and one that has come back may serve. */
-static bool relaunch(dk_dist_run_t *run, bool excluded, const char *given)
-{
-    if (dist_run_relaunch(run, false))
-        return true;
-    if (!excluded || !PyErr_ExceptionMatches(PyExc_RuntimeError))
-        return false;
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyObject *s = value ? PyObject_Str(value) : NULL;
-    const char *why = s ? dk_py_utf8(s) : NULL;
-    char line[2400];
-    snprintf(line, sizeof line, "[distkernel] Slurm has no allocation for attempt %d without "
-             "%s (%s); asking for one that may include them\n", run->attempt, run->lost_nodes,
-             why ? why : "no reason given");
-    dist_run_write_err(run, line);
-    Py_XDECREF(s);
-    Py_XDECREF(type);
-    Py_XDECREF(value);
-    Py_XDECREF(tb);
-    size_t n = strlen(given);
-    snprintf(run->opts.slurm_args, sizeof run->opts.slurm_args, "%.*s",
-             (int)(n && given[n - 1] == ' ' ? n - 1 : n), given);
-    return dist_run_relaunch(run, true);
-}
-
-/* restarts=: every rank of the failed attempt has ended; start the next. False
- * when it could not start (run->restart_error says why, and the run has no job). */
-static bool restart(dk_dist_run_t *run, char *given_args, size_t given_len)
-{
-    char ended[1024];
-    say_attempt_failed(run, ended, sizeof ended);
-    bool excluded = exclude_lost_nodes(run, given_args, given_len);
-    if (reset_for_attempt(run) < 0) {
-        run->restart_error = strdup("out of memory starting the next attempt");
-        return false;
-    }
-    run->attempt++;
-    char line[1400];
-    snprintf(line, sizeof line, "[distkernel] starting every rank again: attempt %d of %d%s%s\n",
-             run->attempt, run->opts.restarts + 1,
-             run->lost_nodes[0] && run->opts.launcher == DK_LAUNCHER_SLURM
-                 ? ", leaving out the lost nodes " : "",
-             run->opts.launcher == DK_LAUNCHER_SLURM ? run->lost_nodes : "");
-    dist_run_write_err(run, line);
-    if (!relaunch(run, excluded, given_args)) {
-        PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
-        PyObject *s = value ? PyObject_Str(value) : NULL;
-        const char *why = s ? dk_py_utf8(s) : NULL;
-        char text[2048];
-        /* An interrupt while Slurm's queue held the next attempt is the
-         * cell's KeyboardInterrupt, as it is while the first one waits. */
-        bool interrupted = type && PyErr_GivenExceptionMatches(type, PyExc_KeyboardInterrupt);
-        run->interrupted = run->interrupted || interrupted;
-        snprintf(text, sizeof text, "attempt %d of %d %s (%s); attempt %d ended with %s",
-                 run->attempt, run->opts.restarts + 1,
-                 interrupted ? "was interrupted while starting" : "could not start",
-                 why && *why ? why : interrupted ? "KeyboardInterrupt" : "unknown",
-                 run->attempt - 1, ended);
-        snprintf(run->restart_ename, sizeof run->restart_ename, "%s",
-                 interrupted ? "KeyboardInterrupt" : "RuntimeError");
-        run->restart_error = strdup(text);
-        PyErr_Clear();
-        Py_XDECREF(s);
-        Py_XDECREF(type);
-        Py_XDECREF(value);
-        Py_XDECREF(tb);
-        return false;
-    }
-    dk_dist_mlflow_attempt(&run->mlflow, run->kernel, run->attempt, run->opts.restarts + 1,
-                           ended);
-    dist_run_announce(run);
-    return true;
-}
-
 /* Wait for the attempt's ranks (or the round), honouring signals, ticking
  * the output, sampling silent ranks and refreshing the status. */
 static void wait_job(dk_dist_run_t *run)
@@ -373,12 +187,12 @@ dk_job_end_t dk_dist_run_wait(dk_dist_run_t *run)
     char given_args[sizeof run->opts.slurm_args + 1] = "";
     for (;;) {
         wait_job(run);
-        if (!restartable(run, run_end(run)))
+        if (!dist_run_restartable(run, run_end(run)))
             break;
         dk_dist_stall_destroy(&run->stall);
         dk_dist_output_finish(run->output);
         last_facts(run);
-        if (!restart(run, given_args, sizeof given_args)) {
+        if (!dist_run_restart(run, given_args, sizeof given_args)) {
             dk_dist_output_finish(run->output);
             dk_dist_mlflow_end(&run->mlflow, run->kernel, "FAILED", NULL);
             dk_stream_set_thin_hint(dk_kernel_stream(run->kernel), NULL);
@@ -429,7 +243,7 @@ json_t *dk_dist_run_error(dk_dist_run_t *run, bool headline)
     if (run->restart_error)
         return json_pack("{s:s, s:s, s:[]}", "ename", run->restart_ename, "evalue",
                          run->restart_error, "traceback");
-    json_t *e = run_error(run, headline);
+    json_t *e = dist_run_error(run, headline);
     const char *evalue = json_string_value(json_object_get(e, "evalue"));
     if (e && evalue && run->opts.restarts > 0 && !run->pool) {
         /* Which attempt this was, and that none is left (or why none followed). */
@@ -448,7 +262,7 @@ json_t *dk_dist_run_error(dk_dist_run_t *run, bool headline)
     return e;
 }
 
-static json_t *run_error(dk_dist_run_t *run, bool headline)
+json_t *dist_run_error(dk_dist_run_t *run, bool headline)
 {
     make_stacks(run);
     dk_job_end_t end = run_end(run);

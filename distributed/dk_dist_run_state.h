@@ -15,7 +15,8 @@
  *                         the sink (on the runtime thread), the output's io,
  *                         the status display;
  *   dk_dist_run_end.c     the wait and the end: interrupts, the last facts,
- *                         the results, the error and where the ranks were.
+ *                         the results, the error and where the ranks were;
+ *   dk_dist_run_restart.c restarts=: the next attempt after a failed one.
  *
  * Three parties touch the state. The runtime thread calls the sink: output
  * goes to dk_dist_output, which has a lock of its own (it may wait on a slow
@@ -90,7 +91,9 @@ struct dk_dist_run_t {
      * first attempt got it, kept to start the next; each attempt's ranks'
      * log cap; when the first attempt started (timeout= counts from it); why
      * the next attempt could not start (malloc'd; NULL: none); the nodes
-     * lost so far, which a new Slurm allocation leaves out ("a,b"). */
+     * lost so far (N_LOST names, malloc'd), which a new Slurm allocation
+     * leaves out, and the same as one Slurm host list ("node[3,7]"; NULL:
+     * none). */
     int attempt;
     void *payload;
     size_t payload_len;
@@ -98,7 +101,9 @@ struct dk_dist_run_t {
     long long first_t0_ms;
     char *restart_error;
     char restart_ename[32];     /* its exception: RuntimeError, KeyboardInterrupt */
-    char lost_nodes[1024];
+    char **lost;
+    size_t n_lost;
+    char *lost_list;
 };
 
 /* ---- dk_dist_run_events.c ---- */
@@ -132,5 +137,20 @@ bool dist_run_relaunch(dk_dist_run_t *run, bool again);
 /* The cell files' folder, ending in '/' (malloc'd), or NULL when no cell
  * has been written (python/distkernel/_cells.py). Needs the GIL. */
 char *dist_run_cells_folder(void);
+/* The run's error as it stands ({ename, evalue, traceback}, as
+ * dk_dist_outcome_error), without what restarts= adds to it. */
+json_t *dist_run_error(dk_dist_run_t *run, bool headline);
+
+/* ---- dk_dist_run_restart.c ---- */
+
+/* restarts=: whether the attempt that ended END is followed by another. A
+ * failure is (a rank raised, exited or was killed, its node was lost), as
+ * torchrun restarts its workers; an interrupt, a shutdown and the timeout
+ * are the user's or the kernel's choice, and are not. */
+bool dist_run_restartable(dk_dist_run_t *run, dk_job_end_t end);
+/* restarts=: every rank of the failed attempt has ended; start the next. False
+ * when it could not start (run->restart_error says why, and the run has no job).
+ * GIVEN_ARGS (GIVEN_LEN bytes, "" at first) keeps the user's slurm_args. */
+bool dist_run_restart(dk_dist_run_t *run, char *given_args, size_t given_len);
 
 #endif

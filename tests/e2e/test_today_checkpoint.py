@@ -24,30 +24,14 @@ the venv is not built, as test_today_torch.py is.
 """
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 
 import pytest
-from jupyter_client import KernelManager
-from jupyter_client.kernelspec import KernelSpecManager
 
 import support
+from today import RUN, kernels, launch, needs_venv, tracking  # noqa: F401
 
-sys.path.insert(0, str(support.REPO_ROOT / "tests"))
-from mlflow_server import MlflowTestServer  # noqa: E402
-
-VENV = os.environ.get("DISTKERNEL_TEST_VENV", "")
-NAME = "distkernel-today"
-
-pytestmark = [
-    pytest.mark.skipif(support.KERNEL_NAME != "distkernel", reason="%%distributed is distkernel's"),
-    pytest.mark.skipif(not VENV, reason="no test venv of today's stack (scripts/venv.sh; "
-                                        "scripts/test.sh sets DISTKERNEL_TEST_VENV)"),
-]
-
-# Ranks import torch (2 s warm, 10 s and more on 2 busy cores).
-RUN = 300
+pytestmark = needs_venv
 
 # What the cells share, defined once in the kernel: the ranks get the names they use.
 HELPERS = '''
@@ -279,24 +263,6 @@ out
 
 
 @pytest.fixture(scope="module")
-def tracking():
-    """MLFLOW_TRACKING_URI for the module's kernel: the stand-in server (see
-    test_today_torch.py)."""
-    with MlflowTestServer() as srv:
-        yield srv.url
-
-
-@pytest.fixture(scope="module")
-def kernels(tmp_path_factory):
-    """The kernelspec `distkernel install --python VENV/bin/python` writes, as a user runs it."""
-    prefix = tmp_path_factory.mktemp("today-kernels")
-    subprocess.run([str(support.PREFIX / "bin" / "distkernel"), "install", "--prefix",
-                    str(prefix), "--name", NAME, "--python", f"{VENV}/bin/python"],
-                   check=True, capture_output=True, timeout=120)
-    return prefix / "share" / "jupyter"
-
-
-@pytest.fixture(scope="module")
 def volume():
     """The roots, in a folder every rank can reach as nobody too (pytest's own
     temporary folders are mode 0700)."""
@@ -314,11 +280,7 @@ def volume():
 def kernel(kernels, tracking, volume, tmp_path_factory):
     """One kernel for the module's cells, with the helpers defined."""
     root = tmp_path_factory.mktemp("today-checkpoint")
-    specs = KernelSpecManager(kernel_dirs=[str(kernels / "kernels")])
-    km = KernelManager(kernel_name=NAME, kernel_spec_manager=specs)
-    k = support.Kernel.launch(km, env=support.kernel_env(DISTKERNEL_LOG_DIR=root / "logs",
-                                                         MLFLOW_TRACKING_URI=tracking),
-                              cwd=str(root))
+    k = launch(kernels, root, tracking)
     roots = tuple(volume[n] for n in ("ckpt", "busy", "missing", "empty", "ddp"))
     r = k.execute(HELPERS.format(roots=roots, holder=HOLDER), timeout=RUN)
     assert r.status == "ok", r.describe()

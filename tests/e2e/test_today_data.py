@@ -23,29 +23,13 @@ built, as test_today_torch.py is.
 """
 import collections
 import os
-import subprocess
-import sys
 
 import pytest
-from jupyter_client import KernelManager
-from jupyter_client.kernelspec import KernelSpecManager
 
 import support
+from today import RUN, kernels, launch, needs_venv, tracking  # noqa: F401
 
-sys.path.insert(0, str(support.REPO_ROOT / "tests"))
-from mlflow_server import MlflowTestServer  # noqa: E402
-
-VENV = os.environ.get("DISTKERNEL_TEST_VENV", "")
-NAME = "distkernel-today"
-
-pytestmark = [
-    pytest.mark.skipif(support.KERNEL_NAME != "distkernel", reason="%%distributed is distkernel's"),
-    pytest.mark.skipif(not VENV, reason="no test venv of today's stack (scripts/venv.sh; "
-                                        "scripts/test.sh sets DISTKERNEL_TEST_VENV)"),
-]
-
-# Ranks import torch (2 s warm, 10 s and more on 2 busy cores).
-RUN = 300
+pytestmark = needs_venv
 FILES, RANKS, WORKERS, BATCH = 1000, 4, 2, 8
 CACHE_SIZE = 4000          # bytes; the volume holds about 14,000
 
@@ -135,24 +119,6 @@ out
 
 
 @pytest.fixture(scope="module")
-def tracking():
-    """MLFLOW_TRACKING_URI for the module's kernel: the stand-in server (see
-    test_today_torch.py)."""
-    with MlflowTestServer() as srv:
-        yield srv.url
-
-
-@pytest.fixture(scope="module")
-def kernels(tmp_path_factory):
-    """The kernelspec `distkernel install --python VENV/bin/python` writes, as a user runs it."""
-    prefix = tmp_path_factory.mktemp("today-kernels")
-    subprocess.run([str(support.PREFIX / "bin" / "distkernel"), "install", "--prefix",
-                    str(prefix), "--name", NAME, "--python", f"{VENV}/bin/python"],
-                   check=True, capture_output=True, timeout=120)
-    return prefix / "share" / "jupyter"
-
-
-@pytest.fixture(scope="module")
 def volume(tmp_path_factory):
     """1,000 files of 1 to 3 lines in nested folders, and files a listing
     leaves out (a dot name, Spark's _SUCCESS)."""
@@ -171,12 +137,7 @@ def kernel(kernels, tracking, tmp_path_factory):
     """One kernel for the module's cells; XDG_CACHE_HOME is its own, where the
     ranks' default cache folder goes."""
     root = tmp_path_factory.mktemp("today-data")
-    specs = KernelSpecManager(kernel_dirs=[str(kernels / "kernels")])
-    km = KernelManager(kernel_name=NAME, kernel_spec_manager=specs)
-    k = support.Kernel.launch(km, env=support.kernel_env(DISTKERNEL_LOG_DIR=root / "logs",
-                                                         MLFLOW_TRACKING_URI=tracking,
-                                                         XDG_CACHE_HOME=root / "xdg"),
-                              cwd=str(root))
+    k = launch(kernels, root, tracking, XDG_CACHE_HOME=root / "xdg")
     k.xdg = root / "xdg"
     yield k
     k.stop()

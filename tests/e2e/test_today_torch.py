@@ -13,66 +13,25 @@ path in DISTKERNEL_TEST_VENV), and in the sanitizer pass: the C paths are
 test_distributed.py's.
 """
 import math
-import os
 import pathlib
 import re
 import shutil
 import subprocess
-import sys
 
 import nbformat
 import pytest
-from jupyter_client import KernelManager
-from jupyter_client.kernelspec import KernelSpecManager
 
 import support
+from today import NAME, RUN, VENV, kernels, launch, needs_venv, tracking  # noqa: F401
 
-sys.path.insert(0, str(support.REPO_ROOT / "tests"))
-from mlflow_server import MlflowTestServer  # noqa: E402
-
-VENV = os.environ.get("DISTKERNEL_TEST_VENV", "")
-NAME = "distkernel-today"
-
-pytestmark = [
-    pytest.mark.skipif(support.KERNEL_NAME != "distkernel", reason="%%distributed is distkernel's"),
-    pytest.mark.skipif(not VENV, reason="no test venv of today's stack (scripts/venv.sh; "
-                                        "scripts/test.sh sets DISTKERNEL_TEST_VENV)"),
-]
-
-# Ranks import torch (2 s warm, 10 s and more on 2 busy cores); a first
-# torch.compile on a machine builds inductor's C++ runtime (about a minute).
-RUN = 300
-
-
-@pytest.fixture(scope="module")
-def tracking():
-    """MLFLOW_TRACKING_URI for the module's kernels: the stand-in server, which
-    answers at once. Without a URI each kernel would start a real `mlflow
-    server` (the venv has MLflow), up to a minute on 2 busy cores, which
-    test_today_mlflow.py tests."""
-    with MlflowTestServer() as srv:
-        yield srv.url
-
-
-@pytest.fixture(scope="module")
-def kernels(tmp_path_factory):
-    """The kernelspec `distkernel install --python VENV/bin/python` writes, as a user runs it."""
-    prefix = tmp_path_factory.mktemp("today-kernels")
-    subprocess.run([str(support.PREFIX / "bin" / "distkernel"), "install", "--prefix",
-                    str(prefix), "--name", NAME, "--python", f"{VENV}/bin/python"],
-                   check=True, capture_output=True, timeout=120)
-    return prefix / "share" / "jupyter"
+pytestmark = needs_venv
 
 
 @pytest.fixture(scope="module")
 def kernel(kernels, tracking, tmp_path_factory):
     """One kernel for the module's cells."""
     root = tmp_path_factory.mktemp("today-torch")
-    specs = KernelSpecManager(kernel_dirs=[str(kernels / "kernels")])
-    km = KernelManager(kernel_name=NAME, kernel_spec_manager=specs)
-    k = support.Kernel.launch(km, env=support.kernel_env(DISTKERNEL_LOG_DIR=root / "logs",
-                                                     MLFLOW_TRACKING_URI=tracking),
-                              cwd=str(root))
+    k = launch(kernels, root, tracking)
     yield k
     k.stop()
 
