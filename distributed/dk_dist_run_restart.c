@@ -92,11 +92,16 @@ static int reset_for_attempt(dk_dist_run_t *run)
     dk_job_destroy(&run->job);
     dk_dist_slurm_destroy(&run->slurm);     /* after: the ranks were its steps */
     run->hosts = NULL;
-    dk_dist_output_destroy(&run->output);
+    /* A new output (its displays' ids the attempt's); out of memory, the
+     * old one stays, finished, for the wait's end. */
     char output_id[48];
     snprintf(output_id, sizeof output_id, "%s-%d", run->run_id, run->attempt);
     dk_dist_output_io_t io = dist_run_output_io(run);
-    run->output = dk_dist_output_new(run->plan.world, output_id, run->shown, &io);
+    dk_dist_output_t *output = dk_dist_output_new(run->plan.world, output_id, run->shown, &io);
+    if (!output)
+        return -1;
+    dk_dist_output_destroy(&run->output);
+    run->output = output;
     for (int r = 0; r < run->plan.world; r++) {
         int gpu = run->ranks[r].gpu_index;
         free(run->ranks[r].message);
@@ -115,7 +120,7 @@ static int reset_for_attempt(dk_dist_run_t *run)
                                        every ? atof(every) : 0, dk_now_ms(), cells);
         free(cells);
     }
-    return run->output ? 0 : -1;
+    return 0;
 }
 
 /* A Slurm run's next allocation leaves out the nodes lost so far, after
