@@ -30,7 +30,6 @@
 
 #define DK_DIST_WAIT_SLICE_MS 50
 #define DK_DIST_STATUS_EVERY_MS 1000
-#define DK_DIST_KILL_GRACE_S 2.0
 
 typedef struct dk_dist_run_t dk_dist_run_t;
 

@@ -10,13 +10,16 @@
  * carrying MLflow's secrets, the timeout cut to end before Slurm's time
  * limit would. `%distributed start` starts a persistent job the pool keeps;
  * a cell on started ranks submits a round to the pool's job instead. Once
- * the ranks run, the status display and the MLflow link say so.
+ * the ranks run, the status display and the MLflow link say so. What is
+ * found here, the job is built from by dk_dist_job_build (dk_dist_job.h),
+ * which decides every field of it and is tested without Python.
  *
  * Everything here runs on the main thread with the GIL held; failures are
  * Python exceptions, and a run that could not start ends its MLflow run.
  */
 #include "dk_dist_run_state.h"
 #include "dk_clock.h"
+#include "dk_dist_job.h"
 #include "dk_dist_pool.h"
 #include "dk_dist_warm.h"
 #include "dk_hostlist.h"
@@ -52,15 +55,13 @@ static bool slurm_shutting_down(void *data)
     return dk_kernel_shutting_down(run->kernel);
 }
 
-/* The run's timeout for work starting now on a Slurm allocation with LEFT_S
- * seconds left (-1: no limit): cut to end before Slurm's time limit ends the
- * ranks (they would die by SIGTERM as a rank crash, not end as a timeout),
- * and the cell says so. */
-static double cut_timeout(dk_dist_run_t *run, double left_s)
+/* The timeout of work starting now on a Slurm allocation with LEFT_S
+ * seconds left is CUT, less than the run's timeout= (or where none was
+ * given), so that it ends before Slurm's time limit ends the ranks (they
+ * would die by SIGTERM as a rank crash, not end as a timeout): the cell says
+ * so, and the run's error will. */
+static void note_cut(dk_dist_run_t *run, double cut, double left_s)
 {
-    double cut = dk_dist_slurm_cut_timeout(run->opts.timeout_s, left_s);
-    if (cut == run->opts.timeout_s)
-        return run->timeout_s = run->opts.timeout_s;
     run->timeout_s = cut;
     run->timeout_cut = true;
     char line[512], given[64];
@@ -74,12 +75,11 @@ static double cut_timeout(dk_dist_run_t *run, double left_s)
                         : run->pool ? dk_dist_pool_slurm_job_id(run->pool) : "", left_s, given,
              run->pool ? "cell" : "run", cut);
     dist_run_write_err(run, line);
-    return cut;
 }
 
-/* launcher=slurm: the run's nodes from Slurm, and SPEC's ranks started on
- * them by node agents. -1 with a Python exception set. */
-static int slurm_nodes(dk_dist_run_t *run, dk_job_spec_t *spec)
+/* launcher=slurm: the run's nodes from Slurm, as its job is built from them
+ * (into ALLOC, which points into run->slurm). -1 with a Python exception set. */
+static int slurm_nodes(dk_dist_run_t *run, dk_dist_alloc_t *alloc)
 {
     char headline[128];
     if (run->plan.gpu)
@@ -101,15 +101,12 @@ static int slurm_nodes(dk_dist_run_t *run, dk_job_spec_t *spec)
                                 true);
         return -1;
     }
-    if (dk_dist_slurm_spec(run->slurm, spec->rank_exe, spec) < 0)
+    if (dk_dist_slurm_describe(run->slurm, alloc) < 0)
         return -1;
-    double left = dk_dist_slurm_time_left(run->slurm);
-    run->slurm_end_s = left >= 0 ? dk_now_s() + left : 0;
-    if (!run->pool)
-        spec->timeout_s = cut_timeout(run, left);
+    run->slurm_end_s = alloc->left_s >= 0 ? dk_now_s() + alloc->left_s : 0;
     /* The run's own nodes, the ones its ranks are on: inside a larger
      * allocation, not all of the allocation's. */
-    char *own = dk_hostlist_compress(spec->rank_hosts, (size_t)spec->world_size);
+    char *own = dk_hostlist_compress(alloc->rank_hosts, (size_t)run->plan.world);
     if (run->attempt <= 1) {
         dk_dist_mlflow_slurm(&run->mlflow, run->kernel, dk_dist_slurm_job_id(run->slurm),
                              own ? own : dk_dist_slurm_node_list(run->slurm));
@@ -122,7 +119,7 @@ static int slurm_nodes(dk_dist_run_t *run, dk_job_spec_t *spec)
         dist_run_write_err(run, line);
     }
     free(own);
-    run->hosts = spec->rank_hosts;
+    run->hosts = alloc->rank_hosts;
     return 0;
 }
 
@@ -182,80 +179,88 @@ static const char *tunnel_upstream(dk_dist_run_t *run, char *buf, size_t len)
                : NULL;
 }
 
+/* The warm-start templates of a job whose node agents start its ranks, into
+ * IN (MODULES and *PATH, which the caller frees, are what it points to); a
+ * cold run's reason goes to warm.log in LOG_DIR. */
+static void agents_warm(dk_dist_run_t *run, dk_dist_job_in_t *in, char *modules, size_t mlen,
+                        char **path)
+{
+    char why[512];
+    if (!dk_dist_warm_for_agents(&run->opts, modules, mlen, path, why, sizeof why)) {
+        dk_dist_warm_note(in->log_dir, why);
+        return;
+    }
+    /* A fresh run's templates serve this run only: what its code cannot use,
+     * they need not import. */
+    if (!run->pool)
+        dk_dist_warm_for_run(in->payload, in->payload_len, modules, mlen, in->log_dir);
+    in->agent_warm_modules = modules;
+    in->agent_warm_path = *path;
+}
+
+/* RUN's job, started with ENV (its MLflow run's variables) in LOG_DIR. Here
+ * the facts are gathered (Slurm's nodes, this node's warm template, the
+ * agents' modules, MLflow's secrets and tunnel); dk_dist_job_build makes the
+ * job of them. NULL with a Python exception set. */
 static dk_job_t *start_job(dk_dist_run_t *run, char **env, const char *log_dir,
                            unsigned long long log_cap, const void *payload, size_t len)
 {
-    dk_job_spec_t spec = {
-        .log_cap = log_cap,
-        .log_dir = log_dir,
-        .env = (const char *const *)env,
-        .world_size = run->plan.world,
-        .rank_exe = rank_exe(),
-        .payload = payload,
-        .payload_len = len,
-        .timeout_s = run->opts.timeout_s,
-        .grace_s = DK_DIST_KILL_GRACE_S,
-        .stacks = true,     /* a run that ends badly says where its ranks were */
-    };
+    dk_dist_job_in_t in = {.opts = &run->opts, .plan = &run->plan, .started = run->pool != NULL,
+                           .rank_exe = rank_exe(), .env = (const char *const *)env,
+                           .payload = payload, .payload_len = len, .log_dir = log_dir,
+                           .log_cap = log_cap};
+    dk_dist_alloc_t alloc;
     char *warm_socket = NULL;    /* ours: freed once dk_job_start copied it */
     PyObject *wrapped = NULL;    /* likewise the payload with MLflow's secrets */
-    dk_sink_t sink = dist_run_sink(run);
-    if (run->pool) {
-        /* Started ranks: the job outlives this run, so its sink is the pool's,
-         * which forwards to the run attached. */
-        spec.persistent = true;
-        spec.idle_timeout_s = run->opts.idle_timeout_s;
-        spec.payload = NULL;
-        spec.payload_len = 0;
-        spec.timeout_s = 0;
-        /* On Slurm's nodes: the allocation is asked for once, here, and is
-         * the pool's from the ranks' start (it releases it when they end). */
-        if (run->opts.launcher == DK_LAUNCHER_SLURM && slurm_nodes(run, &spec) < 0)
+    if (run->opts.launcher == DK_LAUNCHER_SLURM) {
+        /* Started ranks: the allocation is asked for once, here, and is the
+         * pool's from the ranks' start (it releases it when they end). A fresh
+         * run's payload carries MLflow's secrets, which srun is not given. */
+        if (slurm_nodes(run, &alloc) < 0 ||
+            (!run->pool && !(wrapped = with_mlflow_secrets(payload, len))))
             return NULL;
-        dk_dist_pool_attach(run->pool, &sink);
-        sink = dk_dist_pool_sink(run->pool);
-    } else if (run->opts.launcher == DK_LAUNCHER_SLURM) {
-        /* Ranks on Slurm's nodes: warm through their node agents (below). */
-        if (slurm_nodes(run, &spec) < 0 || !(wrapped = with_mlflow_secrets(payload, len)))
-            return NULL;
-        spec.payload = PyBytes_AsString(wrapped);
-        spec.payload_len = (size_t)PyBytes_Size(wrapped);
-    } else if (run->warm) {
+        in.alloc = &alloc;
+        if (wrapped) {
+            in.payload = PyBytes_AsString(wrapped);
+            in.payload_len = (size_t)PyBytes_Size(wrapped);
+        }
+    } else if (run->warm && !run->pool) {
         /* A fresh run: its ranks forked from the warm-start template when one
          * fits, else cold as always, with the reason in its log folder. */
         char why[2048];
         bool interrupted;
-        warm_socket = dk_dist_warm_socket(run->warm, &run->opts, spec.rank_exe,
-                                          &interrupted, why, sizeof why);
+        warm_socket = dk_dist_warm_socket(run->warm, &run->opts, in.rank_exe, &interrupted, why,
+                                          sizeof why);
         if (interrupted)
             return NULL;
         if (!warm_socket)
             dk_dist_warm_note(log_dir, why);
-        spec.warm_socket = warm_socket;
+        in.warm_socket = warm_socket;
     }
-    /* Ranks started by node agents (fresh or started ones): each agent forks
-     * its node's ranks from a template of its own, as the kernel would here. */
-    char agent_modules[1024];
+    /* Ranks started by node agents: each agent forks its node's ranks from a
+     * template of its own, as the kernel would here. */
+    char agent_modules[1024], upstream[64];
     char *agent_path = NULL;
-    if (spec.agent_command) {
-        char why[512];
-        if (dk_dist_warm_for_agents(&run->opts, agent_modules, sizeof agent_modules,
-                                    &agent_path, why, sizeof why)) {
-            /* A fresh run's templates serve this run only: what its code
-             * cannot use, they need not import. */
-            if (!run->pool)
-                dk_dist_warm_for_run(payload, len, agent_modules, sizeof agent_modules, log_dir);
-            spec.agent_warm_modules = agent_modules;
-            spec.agent_warm_path = agent_path;
-        } else {
-            dk_dist_warm_note(log_dir, why);
-        }
+    if (in.alloc) {
+        agents_warm(run, &in, agent_modules, sizeof agent_modules, &agent_path);
+        in.tunnel_upstream = tunnel_upstream(run, upstream, sizeof upstream);
     }
-    char upstream[64];
-    if (spec.agent_command)
-        spec.tunnel_upstream = tunnel_upstream(run, upstream, sizeof upstream);
     char err[1024];
-    dk_job_t *job = dk_job_start(&spec, &sink, err, sizeof err);
+    dk_dist_job_t built;
+    dk_job_t *job = NULL;
+    if (dk_dist_job_build(&in, &built, err, sizeof err) == 0) {
+        if (built.timeout_cut)
+            note_cut(run, built.spec.timeout_s, alloc.left_s);
+        dk_sink_t sink = dist_run_sink(run);
+        if (run->pool) {
+            /* The job outlives this run, so its sink is the pool's, which
+             * forwards to the run attached. */
+            dk_dist_pool_attach(run->pool, &sink);
+            sink = dk_dist_pool_sink(run->pool);
+        }
+        job = dk_job_start(&built.spec, &sink, err, sizeof err);
+        dk_dist_job_free(&built);
+    }
     free(agent_path);
     free(warm_socket);
     Py_XDECREF(wrapped);
@@ -309,12 +314,14 @@ static dk_job_t *submit_round(dk_dist_run_t *run, char **env, const char *log_di
     dk_sink_t sink = dist_run_sink(run);
     dk_dist_pool_attach(run->pool, &sink);
     char upstream[64];
+    double left = dk_dist_pool_slurm_left(run->pool);
+    double timeout = dk_dist_job_timeout(run->opts.timeout_s, left);
+    if (timeout != run->opts.timeout_s)
+        note_cut(run, timeout, left);
     if (dk_job_set_tunnel_upstream(job, tunnel_upstream(run, upstream, sizeof upstream), err,
                                    sizeof err) < 0 ||
         dk_job_set_log_dir(job, log_dir, err, sizeof err) < 0 ||
-        dk_job_submit(job, bytes, (size_t)n,
-                      cut_timeout(run, dk_dist_pool_slurm_left(run->pool)), err,
-                      sizeof err) < 0) {
+        dk_job_submit(job, bytes, (size_t)n, timeout, err, sizeof err) < 0) {
         dk_dist_pool_attach(run->pool, NULL);
         PyErr_Format(PyExc_RuntimeError, "could not run the cell on the started ranks: %s", err);
         job = NULL;

@@ -1,16 +1,18 @@
 /*
  * dk_dist_run_state: one run's state, shared by the files that run it.
  *
- * Private to distributed/ (dk_dist_run.h is the API). A run is four files,
+ * Private to distributed/ (dk_dist_run.h is the API). A run is five files,
  * one idea each, over this one state:
  *   dk_dist_run.c         the handle: the three ways to make a run (a cell or
  *                         a function, `%distributed start`, a round on started
  *                         ranks), its options, plan and ranks' records, what
  *                         is said before anything starts; freeing it;
  *   dk_dist_run_start.c   starting the ranks: the MLflow run, the log folder,
- *                         the job (environments, the warm socket, Slurm's
- *                         nodes and the timeout they cut) or a round on the
- *                         started ranks; then the status that says so;
+ *                         what the job is built from (Slurm's nodes, the
+ *                         warm socket, the agents' templates, MLflow's
+ *                         secrets), which dk_dist_job.c builds without
+ *                         Python, or a round on the started ranks; then the
+ *                         status that says so;
  *   dk_dist_run_events.c  the job's events and what the cell shows of them:
  *                         the sink (on the runtime thread), the output's io,
  *                         the status display;

@@ -11,7 +11,8 @@
  * on the same way, so an interrupt ends them (and sinfo) at once.
  *
  * The ranks of a run on N nodes are started by N node agents, one srun step
- * of N tasks, one per node (dk_slurm_agents_argv; docs/slurm.md says why one
+ * of N tasks, one per node (built by dk_dist_job.c from what
+ * dk_dist_slurm_describe says of the allocation; docs/slurm.md says why one
  * step rather than N): each agent starts its node's ranks, warm from a
  * template that imported torch once on that node, and speaks for them over
  * one connection to the kernel's back channel (runtime/agent/dk_agent.h).
@@ -31,7 +32,6 @@
 #include "dk_hostlist.h"
 #include "dk_netaddr.h"
 #include "dk_slurm.h"
-#include "dk_spawn.h"
 
 #include <errno.h>
 #include <stdint.h>
@@ -89,48 +89,16 @@ static double connect_timeout_s(void)
     return env_seconds(CONNECT_ENV, 10.0, DK_JOB_CONNECT_DEFAULT_S);
 }
 
-extern char **environ;
-
 struct dk_dist_slurm_t {
     dk_slurm_t *alloc;
     int world, per_node;
-    bool gpu;                   /* GPU ranks: the allocation has per_node GPUs on each node */
     char *node_list;            /* the nodes as Slurm writes them, "node[1-16]" */
     char bc_addr[64];
     char advertise[64];         /* advertise_addr=, "" if not given */
-    char export_secrets[512];   /* export_secrets=: secret-named variables sent anyway */
+    const char **names;         /* the allocation's nodes' names, in its order */
+    const char **addrs;         /* and their addresses (NodeAddr) */
     const char **hosts;         /* per rank: its node's name (the allocation's) */
-    const char **allow;         /* the run's nodes' addresses: who may connect */
-    char **env;                 /* the ranks' base environment: the run's node lists added */
-    dk_slurm_agents_t agents;   /* the srun of the run's node agents */
-    char *agent_exe;            /* distkernel-agent, beside distkernel-rank */
 };
-
-/* srun ... distkernel-agent RANK_EXE for the run's NODES first nodes. */
-static int agents_command(dk_dist_slurm_t *self, const char *rank_exe, int nodes)
-{
-    const char *slash = strrchr(rank_exe, '/');
-    free(self->agent_exe);
-    self->agent_exe = NULL;
-    if (slash && asprintf(&self->agent_exe, "%.*s/distkernel-agent", (int) (slash - rank_exe),
-                          rank_exe) < 0)
-        self->agent_exe = NULL;
-    if (!slash && !(self->agent_exe = strdup("distkernel-agent")))
-        return -1;
-    if (!self->agent_exe)
-        return -1;
-    const char **names = calloc((size_t) nodes + 1, sizeof *names);
-    for (int i = 0; names && i < nodes; i++)
-        names[i] = dk_slurm_node_name(self->alloc, (size_t) i);
-    char *list = names ? dk_hostlist_compress(names, (size_t) nodes) : NULL;
-    free(names);
-    dk_slurm_agents_free(&self->agents);
-    int rc = list ? dk_slurm_agents_argv(&self->agents, dk_slurm_job_id(self->alloc), list, nodes,
-                                         self->gpu, self->agent_exe, rank_exe)
-                  : -1;
-    free(list);
-    return rc;
-}
 
 /* ---- waiting on Slurm with the GIL released ---------------------------------- */
 
@@ -194,7 +162,7 @@ int dk_dist_slurm_preflight(const dk_dist_opts_t *opts)
     char err[2048], asked[64];
     what_asked(opts, asked, sizeof asked);
     /* A given address is checked before Slurm is asked for anything (the
-     * route, when none is given, needs the nodes: dk_dist_slurm_spec). */
+     * route, when none is given, needs the nodes: dk_dist_slurm_describe). */
     if ((opts->advertise_addr[0] || (getenv(DK_NETADDR_ENV) && *getenv(DK_NETADDR_ENV)))) {
         char addr[64];
         if (dk_netaddr_advertise(opts->advertise_addr, NULL, 0, addr, sizeof addr, err,
@@ -376,24 +344,24 @@ static void allocation_error(const dk_dist_opts_t *opts, bool persistent, const 
                      asked, err);
 }
 
-static dk_dist_slurm_t *slurm_new(dk_slurm_t *alloc, int world, int per_node, bool gpu)
+static dk_dist_slurm_t *slurm_new(dk_slurm_t *alloc, int world, int per_node)
 {
     dk_dist_slurm_t *self = calloc(1, sizeof *self);
     if (!self)
         return NULL;
     self->alloc = alloc;
-    self->gpu = gpu;
     self->world = world;
     self->per_node = per_node;
-    self->hosts = calloc((size_t)world, sizeof *self->hosts);
-    self->allow = calloc(dk_slurm_node_count(alloc) + 1, sizeof *self->allow);
     size_t nodes = dk_slurm_node_count(alloc);
-    const char **names = calloc(nodes + 1, sizeof *names);
-    for (size_t i = 0; names && i < nodes; i++)
-        names[i] = dk_slurm_node_name(alloc, i);
-    self->node_list = names ? dk_hostlist_compress(names, nodes) : NULL;
-    free(names);
-    if (!self->hosts || !self->allow || !self->node_list) {
+    self->hosts = calloc((size_t)world, sizeof *self->hosts);
+    self->names = calloc(nodes + 1, sizeof *self->names);
+    self->addrs = calloc(nodes + 1, sizeof *self->addrs);
+    for (size_t i = 0; self->names && self->addrs && i < nodes; i++) {
+        self->names[i] = dk_slurm_node_name(alloc, i);
+        self->addrs[i] = dk_slurm_node_addr(alloc, i);
+    }
+    self->node_list = self->names ? dk_hostlist_compress(self->names, nodes) : NULL;
+    if (!self->hosts || !self->addrs || !self->node_list) {
         self->alloc = NULL;     /* the caller's still */
         dk_dist_slurm_destroy(&self);
         return NULL;
@@ -422,113 +390,47 @@ dk_dist_slurm_t *dk_dist_slurm_allocate(const dk_dist_opts_t *opts, const dk_dis
         dk_slurm_destroy(&a);
         return NULL;
     }
-    dk_dist_slurm_t *self = slurm_new(alloc, plan->world, req.tasks_per_node, plan->gpu);
+    dk_dist_slurm_t *self = slurm_new(alloc, plan->world, req.tasks_per_node);
     if (!self) {
         dk_slurm_destroy(&alloc);
         PyErr_NoMemory();
         return NULL;
     }
     snprintf(self->advertise, sizeof self->advertise, "%s", opts->advertise_addr);
-    snprintf(self->export_secrets, sizeof self->export_secrets, "%s", opts->export_secrets);
     return self;
 }
 
 /* ---- the job -------------------------------------------------------------------- */
 
-int dk_dist_slurm_spec(dk_dist_slurm_t *self, const char *rank_exe, dk_job_spec_t *spec)
+int dk_dist_slurm_describe(dk_dist_slurm_t *self, dk_dist_alloc_t *out)
 {
     char err[1024];
+    size_t count = dk_slurm_node_count(self->alloc);
+    if (dk_dist_job_place(self->names, count, self->world, self->per_node,
+                          dk_slurm_job_id(self->alloc), self->hosts, err, sizeof err) < 0) {
+        PyErr_Format(PyExc_RuntimeError, "%s (%s)", err, self->node_list);
+        return -1;
+    }
     /* The nodes the run uses, in its order: the route to the first that is
      * not this host gives the address (dk_netaddr_advertise). */
-    size_t count = dk_slurm_node_count(self->alloc);
-    size_t used = self->per_node > 0
-                      ? (size_t)((self->world + self->per_node - 1) / self->per_node) : count;
-    if (used > count)
-        used = count;
-    const char *nodes[64];
-    if (used > sizeof nodes / sizeof nodes[0])
-        used = sizeof nodes / sizeof nodes[0];
-    for (size_t i = 0; i < used; i++)
-        nodes[i] = dk_slurm_node_addr(self->alloc, i);
-    if (dk_netaddr_advertise(self->advertise, nodes, used, self->bc_addr, sizeof self->bc_addr,
-                             err, sizeof err) < 0) {
+    size_t used = (size_t)(self->world / self->per_node);
+    if (dk_netaddr_advertise(self->advertise, self->addrs, used, self->bc_addr,
+                             sizeof self->bc_addr, err, sizeof err) < 0) {
         PyErr_Format(PyExc_RuntimeError, "no address of this host reaches Slurm job %s's "
-                     "nodes (%s, ...): %s", dk_slurm_job_id(self->alloc),
-                     used ? nodes[0] : "none", err);
+                     "nodes (%s): %s", dk_slurm_job_id(self->alloc), self->node_list, err);
         return -1;
     }
-    /* Every rank's node is one of the allocation's (the plan split the world
-     * evenly; an adopted allocation may still have fewer nodes than that). */
-    size_t last = self->per_node > 0 ? (size_t)((self->world - 1) / self->per_node) : SIZE_MAX;
-    if (self->world < 1 || last >= dk_slurm_node_count(self->alloc)) {
-        PyErr_Format(PyExc_RuntimeError, "%d ranks at %d per node need %zu nodes, but Slurm "
-                     "job %s has %zu (%s); give nodes= and a rank count that fit it",
-                     self->world, self->per_node, last + 1, dk_slurm_job_id(self->alloc),
-                     dk_slurm_node_count(self->alloc), self->node_list);
-        return -1;
-    }
-    for (int r = 0; r < self->world; r++)
-        self->hosts[r] = dk_slurm_node_name(self->alloc, (size_t)(r / self->per_node));
-    /* The node lists each rank's SLURM_* variables are rewritten from
-     * (dk_slurm_rank.c): srun tells each agent's task only its own part. The
-     * rest is the kernel's environment less srun's input variables and less
-     * the variables that name secrets (but those export_secrets= lists):
-     * srun --export=ALL would put them in every rank's environment on every
-     * node. MLflow's credentials reach the ranks in the job instead, over the
-     * authenticated back channel (dk_dist_run.c). */
-    char *lists[2] = {NULL, NULL};
-    size_t lens[2];
-    FILE *f[2] = {open_memstream(&lists[0], &lens[0]), open_memstream(&lists[1], &lens[1])};
-    int run_nodes = self->world / self->per_node;
-    bool ok = f[0] && f[1];
-    if (ok) {
-        fputs(DK_SLURM_RUN_NODES_ENV "=", f[0]);
-        fputs(DK_SLURM_JOB_NODES_ENV "=", f[1]);
-    }
-    for (size_t i = 0; ok && i < dk_slurm_node_count(self->alloc); i++) {
-        const char *name = dk_slurm_node_name(self->alloc, i);
-        if ((int)i < run_nodes)
-            fprintf(f[0], "%s%s", i ? "," : "", name);
-        fprintf(f[1], "%s%s", i ? "," : "", name);
-    }
-    for (int i = 0; i < 2; i++)
-        if (f[i] && fclose(f[i]) != 0)
-            ok = false;
-    dk_spawn_env_free(self->env);
-    self->env = ok ? dk_slurm_step_env(spec->env ? spec->env : (const char *const *)environ,
-                                       (const char *const *)lists, 2, self->export_secrets)
-                   : NULL;
-    free(lists[0]);
-    free(lists[1]);
-    if (!self->env) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    spec->env = (const char *const *)self->env;
-    spec->bc_tcp_addr = self->bc_addr;
-    /* Only the run's own nodes may connect to the back channel: the login
-     * host and the allocation's other nodes are strangers to it (dk_accept.h).
-     * NodeAddr, which Slurm sets to the name when none is given. */
-    size_t run_node_count = (size_t)((self->world + self->per_node - 1) / self->per_node);
-    for (size_t i = 0; i < run_node_count && i < dk_slurm_node_count(self->alloc); i++)
-        self->allow[i] = dk_slurm_node_addr(self->alloc, i);
-    spec->bc_allow_hosts = self->allow;
-    spec->bc_nallow = run_node_count < dk_slurm_node_count(self->alloc)
-                          ? run_node_count : dk_slurm_node_count(self->alloc);
-    spec->rank_hosts = self->hosts;
-    if (agents_command(self, rank_exe, run_nodes) < 0) {
-        PyErr_Format(PyExc_RuntimeError, "Slurm job %s's nodes make no srun command for the "
-                     "node agents (an id too long, or out of memory)",
-                     dk_slurm_job_id(self->alloc));
-        return -1;
-    }
-    spec->agent_command = self->agents.argv;
-    spec->ranks_per_node = self->per_node;
-    spec->master_addr = dk_slurm_node_addr(self->alloc, 0);
-    spec->master_port = DK_JOB_PORT_FROM_RANK0;
-    spec->warm_socket = NULL;
-    spec->heartbeat_s = heartbeat_s();
-    spec->connect_timeout_s = connect_timeout_s();
+    *out = (dk_dist_alloc_t){
+        .job_id = dk_slurm_job_id(self->alloc),
+        .names = self->names,
+        .addrs = self->addrs,
+        .count = count,
+        .rank_hosts = self->hosts,
+        .bc_addr = self->bc_addr,
+        .left_s = dk_dist_slurm_time_left(self),
+        .heartbeat_s = heartbeat_s(),
+        .connect_timeout_s = connect_timeout_s(),
+    };
     return 0;
 }
 
@@ -551,16 +453,6 @@ double dk_dist_slurm_time_left(dk_dist_slurm_t *self)
     rc = dk_slurm_time_left(self->alloc, &left, err, sizeof err);
     Py_END_ALLOW_THREADS
     return rc == 0 && left >= 0 ? (double)left : -1;
-}
-
-double dk_dist_slurm_cut_timeout(double timeout_s, double left_s)
-{
-    if (left_s < 0)
-        return timeout_s;
-    double margin = left_s / 10;
-    margin = margin < 10 ? 10 : margin > 60 ? 60 : margin;
-    double most = left_s - margin > 1 ? left_s - margin : 1;
-    return timeout_s > 0 && timeout_s <= most ? timeout_s : most;
 }
 
 const char *dk_dist_slurm_time_limit(const dk_dist_slurm_t *self)
@@ -594,12 +486,10 @@ void dk_dist_slurm_destroy(dk_dist_slurm_t **self_p)
             dk_log("could not release Slurm job %s: %s", dk_slurm_job_id(self->alloc), err);
         dk_slurm_destroy(&self->alloc);
     }
-    dk_spawn_env_free(self->env);
     free(self->hosts);
+    free(self->names);
+    free(self->addrs);
     free(self->node_list);
-    free(self->allow);
-    dk_slurm_agents_free(&self->agents);
-    free(self->agent_exe);
     free(self);
     *self_p = NULL;
 }

@@ -15,9 +15,9 @@
  * job's id, state and Slurm's reason; an interrupt or the kernel's shutdown
  * cancels it. The GIL is released while Slurm works.
  *
- * Then the job's spec: each rank is one step of the allocation on its node,
- * started by srun, reaching the kernel over TCP on the address that routes to
- * the first node (DISTKERNEL_ADVERTISE_ADDR overrides it). Destroying the
+ * Then what the run's job is built from (dk_dist_job.h): the allocation's
+ * nodes, each rank's, and the address of this host that reaches them (the
+ * route to the first node; DISTKERNEL_ADVERTISE_ADDR overrides it). Destroying the
  * object releases an allocation it asked for (scancel); one the kernel runs
  * in is left alone.
  */
@@ -25,8 +25,8 @@
 #define DK_DIST_SLURM_H
 
 #include "dk_dist_opts.h"
+#include "dk_dist_job.h"
 #include "dk_dist_plan.h"
-#include "dk_job.h"
 
 #include <stdbool.h>
 
@@ -71,19 +71,16 @@ typedef struct {
 dk_dist_slurm_t *dk_dist_slurm_allocate(const dk_dist_opts_t *opts, const dk_dist_plan_t *plan,
                                         bool persistent, const dk_dist_slurm_hooks_t *hooks);
 
-/* Fill SPEC's fields for ranks on the allocation's nodes: bc_tcp_addr and
- * bc_allow_hosts (the run's nodes), rank_hosts, agent_command (one srun
- * step of node agents, one per node, each starting RANK_EXE for its node's
- * ranks: dk_slurm_agents_argv; GPU ranks share their node's GPUs of the
- * job, CPU ranks take none), ranks_per_node, master_addr, master_port,
- * heartbeat_s (longer than on one node: see HEARTBEAT_S in the .c),
- * connect_timeout_s, and env (SPEC's env, or the process's, with the run's
- * and the allocation's node lists from which each rank rewrites its SLURM_*
- * variables: dk_slurm_rank_env). It is called after SPEC's env is set. What
- * SPEC points to belongs to SELF (dk_job_start copies it). Returns 0, or -1
- * with a Python RuntimeError set. spec.warm_socket is left NULL: the
- * agents' templates are spec.agent_warm_modules' (dk_dist_warm_for_run). */
-int dk_dist_slurm_spec(dk_dist_slurm_t *self, const char *rank_exe, dk_job_spec_t *spec);
+/* The allocation as the run's job is built from it (dk_dist_job_build):
+ * its nodes and their addresses, each rank's node (the plan's ranks per
+ * node, in rank order), this host's address that reaches the run's nodes
+ * (advertise_addr=, $DISTKERNEL_ADVERTISE_ADDR, or the route to the first
+ * of them that is not this host), the seconds it has left, and the site's
+ * heartbeat and connect timeout (DISTKERNEL_SLURM_HEARTBEAT,
+ * DISTKERNEL_SLURM_CONNECT_TIMEOUT; see HEARTBEAT_S in the .c). What OUT
+ * points to belongs to SELF. Returns 0, or -1 with a Python RuntimeError set
+ * (the ranks do not fit its nodes; no address reaches them). */
+int dk_dist_slurm_describe(dk_dist_slurm_t *self, dk_dist_alloc_t *out);
 
 /* The Slurm job's id, and its nodes as Slurm writes them ("node[1-16]"). */
 const char *dk_dist_slurm_job_id(const dk_dist_slurm_t *self);
@@ -97,13 +94,7 @@ const char *dk_dist_slurm_time_limit(const dk_dist_slurm_t *self);
  * the GIL), or -1 when it has no limit or Slurm does not say. */
 double dk_dist_slurm_time_left(dk_dist_slurm_t *self);
 
-/* TIMEOUT_S (<= 0: none) for work that starts now on an allocation with
- * LEFT_S seconds left (< 0: no limit): cut so that the work ends as a timeout,
- * with the ranks ended by distkernel, before Slurm's time limit kills them
- * (a margin of a tenth of LEFT_S, 10 to 60 s). The cut value, or TIMEOUT_S. */
-double dk_dist_slurm_cut_timeout(double timeout_s, double left_s);
-
-/* Each rank's node name, once dk_dist_slurm_spec ran (world entries). */
+/* Each rank's node name, once dk_dist_slurm_describe ran (world entries). */
 const char *const *dk_dist_slurm_hosts(const dk_dist_slurm_t *self);
 
 /* Release an allocation asked for now (scancel), without the GIL and from any
