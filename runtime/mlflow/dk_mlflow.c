@@ -26,6 +26,7 @@
  */
 #include "dk_err.h"
 #include "dk_mlflow.h"
+#include "dk_io.h"
 #include "dk_mlflow_text.h"
 
 #include <ctype.h>
@@ -689,23 +690,12 @@ static int put_local(const char *folder, const char *path, const void *data, siz
         *p = '/';
     }
     int fd = open(full, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-    const char *p = data;
-    size_t left = len;
-    while (fd >= 0 && left > 0) {
-        ssize_t w = write(fd, p, left);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            break;
-        p += w;
-        left -= (size_t) w;
-    }
-    int rc = fd >= 0 && left == 0 && close(fd) == 0 ? 0 : -1;
-    if (rc != 0) {
-        dk_set_err(err, errlen, "cannot write %s: %s", full, strerror(errno));
-        if (fd >= 0 && left > 0)
-            close(fd);
-    }
+    int e = fd < 0 || dk_write_all(fd, data, len) != 0 ? errno : 0;
+    if (fd >= 0 && close(fd) != 0 && !e)
+        e = errno;      /* a file system that says only at close that it is full */
+    int rc = e ? -1 : 0;
+    if (e)
+        dk_set_err(err, errlen, "cannot write %s: %s", full, strerror(e));
     free(full);
     return rc;
 }
