@@ -199,6 +199,15 @@ dk_tracked_file_t *dk_dist_artifacts_collect(const dk_dist_artifacts_t *a, size_
         if (data)
             add(&files, n, &cap, path, data, len);
     }
+    if (a->under) {
+        /* A failed attempt's error, as the cell showed it (dk_dist_run_restart.c). */
+        char whole[4200];
+        snprintf(whole, sizeof whole, "%s/error.txt", a->log_dir);
+        size_t len = 0, size = 0;
+        char *data = read_tail(dirfd, "error.txt", DK_ARTIFACTS_LOG_MAX, whole, &len, &size);
+        if (data)
+            add(&files, n, &cap, "error.txt", data, len);
+    }
     if (a->stacks) {
         char whole[4200];
         snprintf(whole, sizeof whole, "%s/stacks.txt", a->log_dir);
@@ -210,6 +219,11 @@ dk_tracked_file_t *dk_dist_artifacts_collect(const dk_dist_artifacts_t *a, size_
     if (a->world > DK_ARTIFACTS_EACH)
         archive(a, dirfd, &files, n, &cap);
     close(dirfd);
+    for (size_t i = 0; a->under && i < *n; i++) {
+        char path[sizeof files[i].path];
+        snprintf(path, sizeof path, "%s%s", a->under, files[i].path);
+        memcpy(files[i].path, path, sizeof path);
+    }
     return files;
 }
 

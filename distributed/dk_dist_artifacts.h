@@ -11,7 +11,9 @@
  *     archive, logs/ranks.tar.gz (with the agents' and warm-start notes), and
  *     logs/index.txt, a line per rank: its node, how it ended, its log's size
  *     and how much of it the archive holds;
- *   - stacks.txt, where the ranks were, when the run did not finish.
+ *   - stacks.txt, where the ranks were, when the run did not finish;
+ *   - error.txt, a failed attempt's error, for a run under restarts= (the
+ *     last attempt's is the cell's).
  * A log attached on its own keeps its last DK_ARTIFACTS_LOG_MAX bytes; in the
  * archive each keeps its last DK_ARTIFACTS_ARCHIVE_MAX / world bytes (at
  * least DK_ARTIFACTS_ARCHIVE_EACH_MIN): at 1,024 ranks 256 KiB each. A log
@@ -40,6 +42,10 @@ typedef struct {
     const char *const *hosts;       /* each rank's node; NULL, or NULL entries: this host */
     int root;                       /* the root cause, or -1 */
     bool stacks;                    /* the run did not finish: stacks.txt too */
+    /* A folder of the run's artifacts the files go under ("attempt-1/": a
+     * failed attempt of a run under restarts=, with its error.txt); NULL:
+     * the top. */
+    const char *under;
 } dk_dist_artifacts_t;
 
 /* The ranks whose logs go as files of their own, in order (at most CAP, into

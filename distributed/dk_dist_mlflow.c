@@ -134,9 +134,17 @@ void dk_dist_mlflow_end(dk_dist_mlflow_t *self, dk_kernel_t *kernel, const char 
         note_line(kernel, note);
         return;
     }
+    dk_dist_mlflow_attach(self, kernel, files);
+}
+
+void dk_dist_mlflow_attach(dk_dist_mlflow_t *self, dk_kernel_t *kernel,
+                           const dk_dist_artifacts_t *files)
+{
+    if (!self->tracked.active)
+        return;
     size_t n = 0;
     dk_tracked_file_t *list = dk_dist_artifacts_collect(files, &n);
-    char why[1024];
+    char why[1024], note[1200];
     size_t stored = dk_tracking_attach(&self->tracked, list, n, why, sizeof why);
     if (stored < n) {
         snprintf(note, sizeof note, "MLflow: %zu of the %zu files of the ranks' logs were not "

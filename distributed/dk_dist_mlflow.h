@@ -34,6 +34,12 @@ char **dk_dist_mlflow_begin(dk_dist_mlflow_t *self, dk_tracking_t *tracking, dk_
 void dk_dist_mlflow_end(dk_dist_mlflow_t *self, dk_kernel_t *kernel, const char *status,
                         const dk_dist_artifacts_t *files);
 
+/* Store what FILES picks of a log folder with the MLflow run, if there is
+ * one, under FILES->under; what could not be stored is said in one line on
+ * KERNEL's stderr, with where the logs are. */
+void dk_dist_mlflow_attach(dk_dist_mlflow_t *self, dk_kernel_t *kernel,
+                           const dk_dist_artifacts_t *files);
+
 /* Record the Slurm job and the nodes a run got (dk_tracking_log_slurm);
  * tracking's note goes to KERNEL's stderr. */
 void dk_dist_mlflow_slurm(dk_dist_mlflow_t *self, dk_kernel_t *kernel, const char *job_id,

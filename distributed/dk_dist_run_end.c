@@ -107,6 +107,35 @@ static void last_facts(dk_dist_run_t *run)
     }
 }
 
+/* What of the log folder of RUN's job, which ended as END, goes with the
+ * MLflow run (dk_dist_artifacts.h); the records say which ranks were lost. */
+static dk_dist_artifacts_t run_files(dk_dist_run_t *run, dk_job_end_t end)
+{
+    bool gone = run->pool && dk_job_end(run->job) != DK_END_NONE;
+    pthread_mutex_lock(&run->lock);
+    for (int r = 0; r < run->plan.world; r++)
+        run->ranks[r].lost = dk_job_rank_lost(run->job, r);
+    pthread_mutex_unlock(&run->lock);
+    return (dk_dist_artifacts_t){
+        .log_dir = dk_job_log_dir(run->job), .world = run->plan.world, .ranks = run->ranks,
+        .hosts = run->hosts, .stacks = end != DK_END_OK && run->stacks_file[0],
+        .root = end != DK_END_FAILED      ? -1
+                : run->pool && !gone      ? dk_job_round_root_cause(run->job)
+                                          : dk_job_root_cause(run->job)};
+}
+
+void dist_run_attempt_logs(dk_dist_run_t *run)
+{
+    if (!run->mlflow.tracked.active)
+        return;
+    make_stacks(run);
+    char under[32];
+    snprintf(under, sizeof under, "attempt-%d/", run->attempt);
+    dk_dist_artifacts_t files = run_files(run, DK_END_FAILED);
+    files.under = under;
+    dk_dist_mlflow_attach(&run->mlflow, run->kernel, &files);
+}
+
 /* Every rank has exited: the last output, the records' final facts, MLflow's
  * status, and a word on output the frontend did not get. */
 static void finish(dk_dist_run_t *run, dk_job_end_t end)
@@ -117,17 +146,7 @@ static void finish(dk_dist_run_t *run, dk_job_end_t end)
      * ranks' logs to the MLflow run. */
     if (end != DK_END_OK && run->mlflow.tracked.active)
         make_stacks(run);
-    bool gone = run->pool && dk_job_end(run->job) != DK_END_NONE;
-    dk_dist_artifacts_t files = {
-        .log_dir = dk_job_log_dir(run->job), .world = run->plan.world, .ranks = run->ranks,
-        .hosts = run->hosts, .stacks = end != DK_END_OK && run->stacks_file[0],
-        .root = end != DK_END_FAILED      ? -1
-                : run->pool && !gone      ? dk_job_round_root_cause(run->job)
-                                          : dk_job_root_cause(run->job)};
-    pthread_mutex_lock(&run->lock);
-    for (int r = 0; r < run->plan.world; r++)
-        run->ranks[r].lost = dk_job_rank_lost(run->job, r);
-    pthread_mutex_unlock(&run->lock);
+    dk_dist_artifacts_t files = run_files(run, end);
     dk_dist_mlflow_end(&run->mlflow, run->kernel,
                        end == DK_END_OK       ? "FINISHED"
                        : end == DK_END_FAILED ? "FAILED"

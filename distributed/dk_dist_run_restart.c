@@ -5,7 +5,8 @@
  * an attempt fails (a rank raised, exited or was killed, a node was lost) and
  * attempts are left, every rank has ended already (the job ends them all);
  * then: what the attempt ended with goes into the cell (its error, bounded at
- * any size, and its logs) and into the MLflow run, the nodes it lost are kept
+ * any size, and its logs), into its log folder (error.txt) and into the
+ * MLflow run (a tag, and its logs under attempt-N/), the nodes it lost are kept
  * to leave out of the next Slurm allocation, the job, the allocation, the
  * output, the records and the stall watch are made anew, and the next
  * attempt starts with its own log folder, the same MLflow run and run id, and
@@ -16,6 +17,7 @@
 #include "dk_dist_run_state.h"
 #include "dk_clock.h"
 #include "dk_hostlist.h"
+#include "dk_logdir.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,9 +45,36 @@ static void note_lost_node(dk_dist_run_t *run, const char *name)
     run->lost[run->n_lost++] = copy;
 }
 
+/* The lines of a traceback (a JSON array of strings, as the cell shows
+ * them), without the terminal's colours, into F. */
+static int write_plain(FILE *f, void *data)
+{
+    size_t i;
+    json_t *line;
+    json_array_foreach((json_t *)data, i, line) {
+        const char *s = json_string_value(line);
+        char last = '\n';
+        while (s && *s) {
+            if (s[0] == '\033' && s[1] == '[') {
+                /* A control sequence: ESC [, parameters, one final byte. */
+                for (s += 2; *s && !(*s >= 0x40 && *s <= 0x7e); s++)
+                    ;
+                s += *s != '\0';
+                continue;
+            }
+            last = *s++;
+            if (fputc(last, f) == EOF)
+                return -1;
+        }
+        if (s && *json_string_value(line) && last != '\n' && fputc('\n', f) == EOF)
+            return -1;
+    }
+    return 0;
+}
+
 /* What the attempt that just failed ended with, into the cell's stderr (the
- * error it would have been, bounded at any size as that is), and its first
- * line into ENDED for the MLflow run. */
+ * error it would have been, bounded at any size as that is) and error.txt in
+ * its log folder, and its first line into ENDED for the MLflow run. */
 static void say_attempt_failed(dk_dist_run_t *run, char *ended, size_t endedlen)
 {
     json_t *e = dist_run_error(run, true);
@@ -69,6 +98,11 @@ static void say_attempt_failed(dk_dist_run_t *run, char *ended, size_t endedlen)
         if (!*s || s[strlen(s) - 1] != '\n')
             dist_run_write_err(run, "\n");
     }
+    char path[4200], err[4400];
+    snprintf(path, sizeof path, "%s/error.txt", dk_job_log_dir(run->job));
+    if (e && dk_logdir_write_file(path, write_plain, json_object_get(e, "traceback"), err,
+                                  sizeof err) < 0)
+        dk_log("distributed: %s", err);
     json_decref(e);
     size_t before = run->n_lost;
     for (int r = 0; run->hosts && r < run->plan.world; r++)
@@ -176,6 +210,7 @@ bool dist_run_restart(dk_dist_run_t *run, char *given_args, size_t given_len)
 {
     char ended[1024];
     say_attempt_failed(run, ended, sizeof ended);
+    dist_run_attempt_logs(run);
     bool excluded = exclude_lost_nodes(run, given_args, given_len);
     if (reset_for_attempt(run) < 0) {
         run->restart_error = strdup("out of memory starting the next attempt");

@@ -142,6 +142,11 @@ char *dist_run_cells_folder(void);
 /* The run's error as it stands ({ename, evalue, traceback}, as
  * dk_dist_outcome_error), without what restarts= adds to it. */
 json_t *dist_run_error(dk_dist_run_t *run, bool headline);
+/* restarts=: the logs of the attempt that just failed go with the MLflow run
+ * under attempt-N/ (the last attempt's, at its end, at the top, as a run
+ * without restarts has them), before the next attempt's records replace its
+ * own. */
+void dist_run_attempt_logs(dk_dist_run_t *run);
 
 /* ---- dk_dist_run_restart.c ---- */
 

@@ -69,6 +69,10 @@ def test_a_failed_attempt_is_restarted_and_the_last_gives_the_value(kernel):
     assert "rank one fails in attempt 0" in err and "rank one fails in attempt 1" in err, err
     assert "starting every rank again: attempt 2 of 3" in err, err
     assert "starting every rank again: attempt 3 of 3" in err, err
+    # Each failed attempt's folder keeps its error, as the cell showed it, uncoloured.
+    for n, folder in enumerate(re.findall(r"failed; its logs: (\S+)", err)):
+        error = (pathlib.Path(folder) / "error.txt").read_text()
+        assert f"rank one fails in attempt {n}" in error and "\033" not in error, error
     status = last_status(r)
     assert status.startswith("distributed: 2 CPU ranks · attempt 3 of 3 · "), status
     assert status.splitlines()[0].endswith("· finished"), status

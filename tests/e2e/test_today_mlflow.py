@@ -236,6 +236,36 @@ def test_above_eight_ranks_the_logs_go_as_one_archive_and_a_listing(kernel, tmp_
         assert b"LOG LINE of rank 6" in tar.extractfile("rank-6.log").read()
 
 
+# restarts=1, rank 1 failing in the first attempt only.
+RESTARTED_CELL = """%%distributed num_processes=2 restarts=1
+import os
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+print(f"LOG LINE of rank {os.environ['RANK']} in attempt {attempt}", flush=True)
+if os.environ["RANK"] == "1" and attempt == 0:
+    raise ValueError("rank 1 fails in the first attempt")
+attempt
+"""
+
+
+def test_a_failed_attempts_logs_go_with_the_run_beside_the_last_ones(kernel):
+    r = kernel.execute(RESTARTED_CELL, timeout=RUN)
+    assert r.status == "ok", r.describe()
+    server, run = the_run(r)
+    run_id = run["info"]["run_id"]
+    assert run["info"]["status"] == "FINISHED", run["info"]
+    # The last attempt's logs where a run without restarts has them ...
+    assert set(artifacts(server, run_id, "logs")) == {"logs/rank-0.log", "logs/rank-1.log"}
+    assert "in attempt 1" in artifact(server, run_id, "logs/rank-1.log").decode()
+    # ... and the failed one's under attempt-1/, its root cause among them.
+    assert set(artifacts(server, run_id, "attempt-1/logs")) == {
+        "attempt-1/logs/rank-0.log", "attempt-1/logs/rank-1.log"}
+    failed = artifact(server, run_id, "attempt-1/logs/rank-1.log").decode()
+    assert "LOG LINE of rank 1 in attempt 0" in failed, failed
+    error = artifact(server, run_id, "attempt-1/error.txt").decode()
+    assert "ValueError: rank 1 fails in the first attempt" in error, error
+    assert "error.txt" not in artifacts(server, run_id), "the last attempt's is the cell's"
+
+
 # Last in the module: it stops the server the module's kernel started.
 DYING_CELL = """%%distributed num_processes=2
 import os, time

@@ -108,6 +108,34 @@ Test(collect, a_small_run_sends_each_log_and_stacks_only_when_asked)
     remove_dir();
 }
 
+Test(collect, a_failed_attempts_files_go_under_its_folder_with_its_error)
+{
+    make_dir();
+    write_logs(12);
+    write_file("error.txt", "ValueError: rank 1\n", 19);
+    write_file("stacks.txt", "where they were\n", 16);
+    dk_dist_artifacts_t a = {.log_dir = dir, .world = 12, .root = 1, .stacks = true};
+    size_t n;
+    dk_tracked_file_t *f = dk_dist_artifacts_collect(&a, &n);
+    cr_assert_null(find(f, n, "error.txt"), "the last attempt's error is the cell's");
+    dk_dist_artifacts_free(f, n);
+    a.under = "attempt-100/";
+    f = dk_dist_artifacts_collect(&a, &n);
+    cr_assert_eq(n, 6);
+    for (size_t i = 0; i < n; i++)
+        cr_assert(strncmp(f[i].path, "attempt-100/", 12) == 0, "%s", f[i].path);
+    cr_assert_not_null(find(f, n, "attempt-100/logs/rank-0.log"));
+    cr_assert_not_null(find(f, n, "attempt-100/logs/rank-1.log"));
+    cr_assert_not_null(find(f, n, "attempt-100/logs/ranks.tar.gz"));
+    cr_assert_not_null(find(f, n, "attempt-100/logs/index.txt"));
+    cr_assert_not_null(find(f, n, "attempt-100/stacks.txt"));
+    const dk_tracked_file_t *e = find(f, n, "attempt-100/error.txt");
+    cr_assert_not_null(e);
+    cr_assert(memcmp(e->data, "ValueError: rank 1\n", e->len) == 0);
+    dk_dist_artifacts_free(f, n);
+    remove_dir();
+}
+
 Test(collect, a_log_larger_than_the_bound_keeps_its_end_and_says_so)
 {
     make_dir();
