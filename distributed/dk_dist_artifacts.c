@@ -121,6 +121,20 @@ static bool add(dk_tracked_file_t **files, size_t *n, size_t *cap, const char *p
     return true;
 }
 
+/* The log folder's file NAME (its last MAX bytes) as the artifact PATH, when
+ * it can be read. */
+static void add_file(const dk_dist_artifacts_t *a, int dirfd, const char *name,
+                     const char *path, size_t max, dk_tracked_file_t **files, size_t *n,
+                     size_t *cap)
+{
+    char whole[4200];
+    snprintf(whole, sizeof whole, "%s/%s", a->log_dir, name);
+    size_t len = 0, size = 0;
+    char *data = read_tail(dirfd, name, max, whole, &len, &size);
+    if (data)
+        add(files, n, cap, path, data, len);
+}
+
 /* logs/ranks.tar.gz and logs/index.txt, for a run above DK_ARTIFACTS_EACH ranks. */
 static void archive(const dk_dist_artifacts_t *a, int dirfd, dk_tracked_file_t **files,
                     size_t *n, size_t *cap)
@@ -190,32 +204,16 @@ dk_tracked_file_t *dk_dist_artifacts_collect(const dk_dist_artifacts_t *a, size_
     int picked[DK_ARTIFACTS_EACH];
     int np = dk_dist_artifacts_pick(a, picked, DK_ARTIFACTS_EACH);
     for (int i = 0; i < np; i++) {
-        char name[32], path[64], whole[4200];
+        char name[32], path[64];
         snprintf(name, sizeof name, "rank-%d.log", picked[i]);
         snprintf(path, sizeof path, "logs/%s", name);
-        snprintf(whole, sizeof whole, "%s/%s", a->log_dir, name);
-        size_t len = 0, size = 0;
-        char *data = read_tail(dirfd, name, DK_ARTIFACTS_LOG_MAX, whole, &len, &size);
-        if (data)
-            add(&files, n, &cap, path, data, len);
+        add_file(a, dirfd, name, path, DK_ARTIFACTS_LOG_MAX, &files, n, &cap);
     }
-    if (a->under) {
-        /* A failed attempt's error, as the cell showed it (dk_dist_run_restart.c). */
-        char whole[4200];
-        snprintf(whole, sizeof whole, "%s/error.txt", a->log_dir);
-        size_t len = 0, size = 0;
-        char *data = read_tail(dirfd, "error.txt", DK_ARTIFACTS_LOG_MAX, whole, &len, &size);
-        if (data)
-            add(&files, n, &cap, "error.txt", data, len);
-    }
-    if (a->stacks) {
-        char whole[4200];
-        snprintf(whole, sizeof whole, "%s/stacks.txt", a->log_dir);
-        size_t len = 0, size = 0;
-        char *data = read_tail(dirfd, "stacks.txt", DK_ARTIFACTS_STACKS_MAX, whole, &len, &size);
-        if (data)
-            add(&files, n, &cap, "stacks.txt", data, len);
-    }
+    if (a->error)
+        add_file(a, dirfd, DK_DIST_ERROR_FILE, DK_DIST_ERROR_FILE, DK_ARTIFACTS_LOG_MAX, &files,
+                 n, &cap);
+    if (a->stacks)
+        add_file(a, dirfd, "stacks.txt", "stacks.txt", DK_ARTIFACTS_STACKS_MAX, &files, n, &cap);
     if (a->world > DK_ARTIFACTS_EACH)
         archive(a, dirfd, &files, n, &cap);
     close(dirfd);

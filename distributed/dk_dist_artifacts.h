@@ -12,8 +12,8 @@
  *     logs/index.txt, a line per rank: its node, how it ended, its log's size
  *     and how much of it the archive holds;
  *   - stacks.txt, where the ranks were, when the run did not finish;
- *   - error.txt, a failed attempt's error, for a run under restarts= (the
- *     last attempt's is the cell's).
+ *   - error.txt, the run's error as the cell showed it, when it did not
+ *     finish (and each failed attempt's, under restarts=).
  * A log attached on its own keeps its last DK_ARTIFACTS_LOG_MAX bytes; in the
  * archive each keeps its last DK_ARTIFACTS_ARCHIVE_MAX / world bytes (at
  * least DK_ARTIFACTS_ARCHIVE_EACH_MIN): at 1,024 ranks 256 KiB each. A log
@@ -29,6 +29,8 @@
 #include <stddef.h>
 
 #define DK_ARTIFACTS_EACH 8
+/* The run's error in its log folder, as the cell showed it (dk_dist_run_end.c). */
+#define DK_DIST_ERROR_FILE "error.txt"
 #define DK_ARTIFACTS_PICKED 4
 #define DK_ARTIFACTS_LOG_MAX (4u << 20)
 #define DK_ARTIFACTS_ARCHIVE_MAX (256u << 20)
@@ -42,9 +44,9 @@ typedef struct {
     const char *const *hosts;       /* each rank's node; NULL, or NULL entries: this host */
     int root;                       /* the root cause, or -1 */
     bool stacks;                    /* the run did not finish: stacks.txt too */
+    bool error;                     /* the run's error is in the folder: error.txt too */
     /* A folder of the run's artifacts the files go under ("attempt-1/": a
-     * failed attempt of a run under restarts=, with its error.txt); NULL:
-     * the top. */
+     * failed attempt of a run under restarts=); NULL: the top. */
     const char *under;
 } dk_dist_artifacts_t;
 

@@ -20,6 +20,7 @@
 #include "dk_dist_artifacts.h"
 #include "dk_dist_outcome.h"
 #include "dk_dist_pool.h"
+#include "dk_logdir.h"
 #include "dk_dist_stacks.h"
 
 #include <stdio.h>
@@ -124,7 +125,7 @@ static dk_dist_artifacts_t run_files(dk_dist_run_t *run, dk_job_end_t end)
                                           : dk_job_root_cause(run->job)};
 }
 
-void dist_run_attempt_logs(dk_dist_run_t *run)
+void dist_run_attempt_logs(dk_dist_run_t *run, bool error)
 {
     if (!run->mlflow.tracked.active)
         return;
@@ -133,6 +134,7 @@ void dist_run_attempt_logs(dk_dist_run_t *run)
     snprintf(under, sizeof under, "attempt-%d/", run->attempt);
     dk_dist_artifacts_t files = run_files(run, DK_END_FAILED);
     files.under = under;
+    files.error = error;
     dk_dist_mlflow_attach(&run->mlflow, run->kernel, &files);
 }
 
@@ -142,11 +144,16 @@ static void finish(dk_dist_run_t *run, dk_job_end_t end)
 {
     dk_dist_output_finish(run->output);
     last_facts(run);
-    /* A run that did not finish has its stacks.txt made now, to go with the
-     * ranks' logs to the MLflow run. */
-    if (end != DK_END_OK && run->mlflow.tracked.active)
-        make_stacks(run);
+    bool error = false;
+    if (end != DK_END_OK) {
+        /* The error the cell is about to show, kept beside the logs, and
+         * stacks.txt, made for it: both go with the logs to the MLflow run. */
+        json_t *e = dk_dist_run_error(run, true);
+        error = dist_run_keep_error(run, e);
+        json_decref(e);
+    }
     dk_dist_artifacts_t files = run_files(run, end);
+    files.error = error;
     dk_dist_mlflow_end(&run->mlflow, run->kernel,
                        end == DK_END_OK       ? "FINISHED"
                        : end == DK_END_FAILED ? "FAILED"
@@ -255,6 +262,41 @@ PyObject *dk_dist_run_results(dk_dist_run_t *run)
         }
     }
     return list;
+}
+
+/* A traceback (a JSON array of strings) as a frontend shows it, its lines
+ * joined by newlines, without the terminal's colours, into F. */
+static int write_plain(FILE *f, void *data)
+{
+    size_t i;
+    json_t *line;
+    json_array_foreach((json_t *)data, i, line) {
+        if (i > 0 && fputc('\n', f) == EOF)
+            return -1;
+        for (const char *s = json_string_value(line); s && *s;) {
+            if (s[0] == '\033' && s[1] == '[') {
+                /* A control sequence: ESC [, parameters, one final byte. */
+                for (s += 2; *s && !(*s >= 0x40 && *s <= 0x7e); s++)
+                    ;
+                s += *s != '\0';
+            } else if (fputc(*s++, f) == EOF) {
+                return -1;
+            }
+        }
+    }
+    return fputc('\n', f) == EOF ? -1 : 0;
+}
+
+bool dist_run_keep_error(dk_dist_run_t *run, json_t *e)
+{
+    char path[4200], err[4400];
+    snprintf(path, sizeof path, "%s/" DK_DIST_ERROR_FILE, dk_job_log_dir(run->job));
+    if (!e || dk_logdir_write_file(path, write_plain, json_object_get(e, "traceback"), err,
+                                   sizeof err) < 0) {
+        dk_log("distributed: %s", e ? err : "out of memory making the run's error");
+        return false;
+    }
+    return true;
 }
 
 json_t *dk_dist_run_error(dk_dist_run_t *run, bool headline)

@@ -17,7 +17,6 @@
 #include "dk_dist_run_state.h"
 #include "dk_clock.h"
 #include "dk_hostlist.h"
-#include "dk_logdir.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,37 +44,11 @@ static void note_lost_node(dk_dist_run_t *run, const char *name)
     run->lost[run->n_lost++] = copy;
 }
 
-/* The lines of a traceback (a JSON array of strings, as the cell shows
- * them), without the terminal's colours, into F. */
-static int write_plain(FILE *f, void *data)
-{
-    size_t i;
-    json_t *line;
-    json_array_foreach((json_t *)data, i, line) {
-        const char *s = json_string_value(line);
-        char last = '\n';
-        while (s && *s) {
-            if (s[0] == '\033' && s[1] == '[') {
-                /* A control sequence: ESC [, parameters, one final byte. */
-                for (s += 2; *s && !(*s >= 0x40 && *s <= 0x7e); s++)
-                    ;
-                s += *s != '\0';
-                continue;
-            }
-            last = *s++;
-            if (fputc(last, f) == EOF)
-                return -1;
-        }
-        if (s && *json_string_value(line) && last != '\n' && fputc('\n', f) == EOF)
-            return -1;
-    }
-    return 0;
-}
-
 /* What the attempt that just failed ended with, into the cell's stderr (the
  * error it would have been, bounded at any size as that is) and error.txt in
- * its log folder, and its first line into ENDED for the MLflow run. */
-static void say_attempt_failed(dk_dist_run_t *run, char *ended, size_t endedlen)
+ * its log folder, and its first line into ENDED for the MLflow run. Whether
+ * error.txt was written. */
+static bool say_attempt_failed(dk_dist_run_t *run, char *ended, size_t endedlen)
 {
     json_t *e = dist_run_error(run, true);
     const char *ename = e ? json_string_value(json_object_get(e, "ename")) : NULL;
@@ -98,11 +71,7 @@ static void say_attempt_failed(dk_dist_run_t *run, char *ended, size_t endedlen)
         if (!*s || s[strlen(s) - 1] != '\n')
             dist_run_write_err(run, "\n");
     }
-    char path[4200], err[4400];
-    snprintf(path, sizeof path, "%s/error.txt", dk_job_log_dir(run->job));
-    if (e && dk_logdir_write_file(path, write_plain, json_object_get(e, "traceback"), err,
-                                  sizeof err) < 0)
-        dk_log("distributed: %s", err);
+    bool kept = dist_run_keep_error(run, e);
     json_decref(e);
     size_t before = run->n_lost;
     for (int r = 0; run->hosts && r < run->plan.world; r++)
@@ -115,6 +84,7 @@ static void say_attempt_failed(dk_dist_run_t *run, char *ended, size_t endedlen)
             run->lost_list = list;
         }
     }
+    return kept;
 }
 
 /* The last attempt's records, output, stall watch, stacks, job and Slurm
@@ -209,8 +179,7 @@ static bool relaunch(dk_dist_run_t *run, bool excluded, const char *given)
 bool dist_run_restart(dk_dist_run_t *run, char *given_args, size_t given_len)
 {
     char ended[1024];
-    say_attempt_failed(run, ended, sizeof ended);
-    dist_run_attempt_logs(run);
+    dist_run_attempt_logs(run, say_attempt_failed(run, ended, sizeof ended));
     bool excluded = exclude_lost_nodes(run, given_args, given_len);
     if (reset_for_attempt(run) < 0) {
         run->restart_error = strdup("out of memory starting the next attempt");

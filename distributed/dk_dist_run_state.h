@@ -142,11 +142,15 @@ char *dist_run_cells_folder(void);
 /* The run's error as it stands ({ename, evalue, traceback}, as
  * dk_dist_outcome_error), without what restarts= adds to it. */
 json_t *dist_run_error(dk_dist_run_t *run, bool headline);
+/* RUN's error E (dist_run_error's or dk_dist_run_error's) as the cell shows
+ * it, without the terminal's colours, into DK_DIST_ERROR_FILE in the log
+ * folder of its job. Whether it was written (why not goes to the log). */
+bool dist_run_keep_error(dk_dist_run_t *run, json_t *e);
 /* restarts=: the logs of the attempt that just failed go with the MLflow run
  * under attempt-N/ (the last attempt's, at its end, at the top, as a run
- * without restarts has them), before the next attempt's records replace its
- * own. */
-void dist_run_attempt_logs(dk_dist_run_t *run);
+ * without restarts has them), its error.txt too when ERROR (it was kept),
+ * before the next attempt's records replace its own. */
+void dist_run_attempt_logs(dk_dist_run_t *run, bool error);
 
 /* ---- dk_dist_run_restart.c ---- */
 

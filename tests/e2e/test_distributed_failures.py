@@ -175,6 +175,9 @@ def test_past_eight_ranks_the_status_and_the_error_group_the_ranks(kernel):
     written = ranks_file.read_text().splitlines()
     assert [line.split(":")[0] for line in written] == [f"rank {n}" for n in range(MANY)], written
     assert "root cause" in written[7] and "ValueError: rank seven is odd" in written[7], written
+    # The error as the cell showed it, kept beside the logs, without colours.
+    kept = (support.log_dir(r) / "error.txt").read_text()
+    assert kept == re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(tb)) + "\n", kept
     assert_kernel_recovered(kernel)
 
 

@@ -157,11 +157,15 @@ def test_ranks_log_into_the_run_the_kernel_made_on_the_server_it_started(kernel)
     assert server2 == server and run2["info"]["run_id"] != run["info"]["run_id"]
 
 
-def test_a_failing_rank_ends_the_run_failed(kernel):
+def test_a_failing_rank_ends_the_run_failed_with_its_error(kernel):
     r = kernel.execute(FAILING_CELL, timeout=RUN)
     assert r.status == "error", r.describe()
-    _, run = the_run(r)
+    server, run = the_run(r)
     assert run["info"]["status"] == "FAILED", run["info"]
+    # The error the cell showed goes with the run, uncoloured.
+    error = artifact(server, run["info"]["run_id"], "error.txt").decode()
+    assert "ValueError: rank 1 fails on purpose" in error and "\033" not in error, error
+    assert "rank 1: raised ValueError" in error, error
 
 
 def test_a_run_active_in_the_notebook_is_the_cells_runs_parent(kernel):
@@ -263,7 +267,7 @@ def test_a_failed_attempts_logs_go_with_the_run_beside_the_last_ones(kernel):
     assert "LOG LINE of rank 1 in attempt 0" in failed, failed
     error = artifact(server, run_id, "attempt-1/error.txt").decode()
     assert "ValueError: rank 1 fails in the first attempt" in error, error
-    assert "error.txt" not in artifacts(server, run_id), "the last attempt's is the cell's"
+    assert "error.txt" not in artifacts(server, run_id), "the run finished"
 
 
 # Last in the module: it stops the server the module's kernel started.

@@ -117,9 +117,10 @@ Test(collect, a_failed_attempts_files_go_under_its_folder_with_its_error)
     dk_dist_artifacts_t a = {.log_dir = dir, .world = 12, .root = 1, .stacks = true};
     size_t n;
     dk_tracked_file_t *f = dk_dist_artifacts_collect(&a, &n);
-    cr_assert_null(find(f, n, "error.txt"), "the last attempt's error is the cell's");
+    cr_assert_null(find(f, n, "error.txt"), "only when the run kept its error");
     dk_dist_artifacts_free(f, n);
     a.under = "attempt-100/";
+    a.error = true;
     f = dk_dist_artifacts_collect(&a, &n);
     cr_assert_eq(n, 6);
     for (size_t i = 0; i < n; i++)
