@@ -53,23 +53,29 @@ if rank == 2 and os.geteuid() == 0:
 """
 
 
-@pytest.fixture
-def kernel(today, slurm_cluster, tmp_path):  # noqa: F811
-    """The venv's kernel with the cluster's client environment and no
-    MLFLOW_TRACKING_URI: it starts its own server on 127.0.0.1."""
-    base = {k: v for k, v in slurm_cluster.env.items()
+def kernel_of_a_cluster_user(specs, cluster, root, **env):
+    """The venv's kernel (kernelspecs SPECS) as a user of CLUSTER starts it:
+    the cluster's client environment, no allocation's variables and no
+    MLFLOW_TRACKING_URI (it starts its own server on 127.0.0.1), its logs in
+    ROOT/logs and its folder ROOT/notebook, with ENV."""
+    base = {k: v for k, v in cluster.env.items()
             if not k.startswith(("SLURM_", "DISTKERNEL_SLURM_", "MLFLOW_")) and
             k not in ("DISTKERNEL_NODES", "DISTKERNEL_LAUNCHER")}
-    logs = tmp_path / "logs"
+    logs = root / "logs"
     logs.mkdir(mode=0o700)
-    notebook = tmp_path / "notebook"
+    notebook = root / "notebook"
     notebook.mkdir(mode=0o700)
-    base.update(DISTKERNEL_LOG_DIR=str(logs), SLURM_CONF=slurm_cluster.conf, **SLOW_MACHINE)
+    base.update(DISTKERNEL_LOG_DIR=str(logs), SLURM_CONF=cluster.conf, **SLOW_MACHINE, **env)
     for name in cluster_module.TEMPLATE_VARS:   # this module's, as test_slurm_runs.start
         if name in os.environ:
             base[name] = os.environ[name]
-    km = KernelManager(kernel_name="distkernel-today", kernel_spec_manager=today)
-    k = support.Kernel.launch(km, env=base, cwd=str(notebook))
+    km = KernelManager(kernel_name="distkernel-today", kernel_spec_manager=specs)
+    return support.Kernel.launch(km, env=base, cwd=str(notebook))
+
+
+@pytest.fixture
+def kernel(today, slurm_cluster, tmp_path):  # noqa: F811
+    k = kernel_of_a_cluster_user(today, slurm_cluster, tmp_path)
     yield k
     k.stop()
     assert wait_clean(slurm_cluster) == [], "left behind after the test"

@@ -10,16 +10,14 @@ with the losses of an uninterrupted run of the same cell on this node.
 Skipped where the venv is not built, and in the sanitizer pass (the restart's
 C paths are test_restarts.py's and test_slurm_runs.py's).
 """
-import os
 import threading
 import time
 
 import pytest
-from jupyter_client import KernelManager
 
-import slurm_cluster as cluster_module
 import support
-from test_today_mlflow import VENV, SLOW_MACHINE, today  # noqa: F401
+from test_today_mlflow import VENV, today  # noqa: F401
+from test_today_mlflow_slurm import kernel_of_a_cluster_user
 from test_slurm_runs import wait_clean
 
 pytestmark = [
@@ -84,20 +82,8 @@ def train(root, crash_at=None):
 
 @pytest.fixture
 def kernel(today, slurm_cluster, tmp_path):  # noqa: F811
-    base = {k: v for k, v in slurm_cluster.env.items()
-            if not k.startswith(("SLURM_", "DISTKERNEL_SLURM_", "MLFLOW_")) and
-            k not in ("DISTKERNEL_NODES", "DISTKERNEL_LAUNCHER")}
-    logs = tmp_path / "logs"
-    logs.mkdir(mode=0o700)
-    notebook = tmp_path / "notebook"
-    notebook.mkdir(mode=0o700)
-    base.update(DISTKERNEL_LOG_DIR=str(logs), SLURM_CONF=slurm_cluster.conf,
-                DISTKERNEL_SLURM_HEARTBEAT="3", MLFLOW_TRACKING_URI="", **SLOW_MACHINE)
-    for name in cluster_module.TEMPLATE_VARS:   # this module's, as test_slurm_runs.start
-        if name in os.environ:
-            base[name] = os.environ[name]
-    km = KernelManager(kernel_name="distkernel-today", kernel_spec_manager=today)
-    k = support.Kernel.launch(km, env=base, cwd=str(notebook))
+    k = kernel_of_a_cluster_user(today, slurm_cluster, tmp_path,
+                                 DISTKERNEL_SLURM_HEARTBEAT="3", MLFLOW_TRACKING_URI="")
     yield k
     k.stop()
     assert wait_clean(slurm_cluster) == [], "left behind after the test"
