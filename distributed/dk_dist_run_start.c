@@ -209,7 +209,7 @@ static dk_job_t *start_job(dk_dist_run_t *run, char **env, const char *log_dir,
                            .rank_exe = rank_exe(), .env = (const char *const *)env,
                            .payload = payload, .payload_len = len, .log_dir = log_dir,
                            .log_cap = log_cap};
-    dk_dist_alloc_t alloc;
+    dk_dist_alloc_t alloc = {.left_s = -1};
     char *warm_socket = NULL;    /* ours: freed once dk_job_start copied it */
     PyObject *wrapped = NULL;    /* likewise the payload with MLflow's secrets */
     if (run->opts.launcher == DK_LAUNCHER_SLURM) {

@@ -408,7 +408,7 @@ int dk_dist_slurm_describe(dk_dist_slurm_t *self, dk_dist_alloc_t *out)
     size_t count = dk_slurm_node_count(self->alloc);
     if (dk_dist_job_place(self->names, count, self->world, self->per_node,
                           dk_slurm_job_id(self->alloc), self->hosts, err, sizeof err) < 0) {
-        PyErr_Format(PyExc_RuntimeError, "%s (%s)", err, self->node_list);
+        PyErr_Format(PyExc_RuntimeError, "%s (its nodes: %s)", err, self->node_list);
         return -1;
     }
     /* The nodes the run uses, in its order: the route to the first that is
