@@ -20,6 +20,7 @@
  */
 #include "dk_dist_run_state.h"
 #include "dk_clock.h"
+#include "dk_setting.h"
 #include "dk_codepath.h"
 #include "dk_random.h"
 #include "dk_dist_pool.h"
@@ -229,10 +230,10 @@ static dk_dist_run_t *run_begin(dk_dist_run_t *run, const dk_dist_host_t *host,
     run->t0_ms = dk_now_ms();   /* the wait for Slurm's nodes; announce starts the ranks' */
     /* Made before the job, whose sink tells it output from the start. */
     if (run->opts.stall_after_s > 0 && !run->starting) {
-        const char *every = getenv(DK_DIST_STALL_EVERY_ENV);
         char *cells = dist_run_cells_folder();
         run->stall = dk_dist_stall_new(run->plan.world, run->opts.stall_after_s,
-                                       every ? atof(every) : 0, run->t0_ms, cells);
+                                       dk_setting_number(DK_DIST_STALL_EVERY_ENV), run->t0_ms,
+                                       cells);
         free(cells);
         if (!run->stall)
             return fail(run, PyExc_MemoryError, NULL);

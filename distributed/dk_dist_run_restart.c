@@ -16,6 +16,7 @@
  */
 #include "dk_dist_run_state.h"
 #include "dk_clock.h"
+#include "dk_setting.h"
 #include "dk_hostlist.h"
 
 #include <stdio.h>
@@ -118,10 +119,10 @@ static int reset_for_attempt(dk_dist_run_t *run)
     run->stacks_file[0] = '\0';
     run->timeout_cut = false;
     if (run->opts.stall_after_s > 0) {
-        const char *every = getenv(DK_DIST_STALL_EVERY_ENV);
         char *cells = dist_run_cells_folder();
         run->stall = dk_dist_stall_new(run->plan.world, run->opts.stall_after_s,
-                                       every ? atof(every) : 0, dk_now_ms(), cells);
+                                       dk_setting_number(DK_DIST_STALL_EVERY_ENV), dk_now_ms(),
+                                       cells);
         free(cells);
     }
     return 0;

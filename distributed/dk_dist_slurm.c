@@ -31,6 +31,7 @@
 #include "dk_log.h"
 #include "dk_hostlist.h"
 #include "dk_netaddr.h"
+#include "dk_setting.h"
 #include "dk_slurm.h"
 
 #include <errno.h>
@@ -53,40 +54,25 @@
  * (import torch on a busy node), the stop ladder, and the kernel's release. */
 #define TIME_LIMIT_MARGIN_S 300.0
 
-/* How long a node agent may be silent before its node is lost: longer than
- * on one machine's loopback (a busy network, a node swapping), still "within
- * seconds", and well under Slurm's own node failure detection (SlurmdTimeout,
- * 300 s by default). The agent sends its PINGs from its own loop, whatever its
- * ranks do, so a node whose ranks hold the GIL (torch's rendezvous waiting for
- * a late peer) is not silent. */
-#define HEARTBEAT_S 10.0
-/* A site (or a test) may set its own, in seconds (>= 2). */
-#define HEARTBEAT_ENV "DISTKERNEL_SLURM_HEARTBEAT"
-
-/* Seconds from the environment variable NAME when it is a number of at
- * least LEAST, else DEFAULT_S. */
-static double env_seconds(const char *name, double least, double default_s)
-{
-    const char *v = getenv(name);
-    char *end;
-    double s = v && *v ? strtod(v, &end) : 0;
-    return v && *v && !*end && s >= least ? s : default_s;
-}
-
+/* How long a node agent may be silent before its node is lost
+ * (DISTKERNEL_SLURM_HEARTBEAT, 10 s unless a site or a test sets its own):
+ * longer than on one machine's loopback (a busy network, a node swapping),
+ * still "within seconds", and well under Slurm's own node failure detection
+ * (SlurmdTimeout, 300 s by default). The agent sends its PINGs from its own
+ * loop, whatever its ranks do, so a node whose ranks hold the GIL (torch's
+ * rendezvous waiting for a late peer) is not silent. */
 static double heartbeat_s(void)
 {
-    return env_seconds(HEARTBEAT_ENV, 2.0, HEARTBEAT_S);
+    return dk_setting_number("DISTKERNEL_SLURM_HEARTBEAT");
 }
 
 /* How long a node agent may take to connect after the agents' srun started
  * before its node is taken for lost (dk_job_spec_t.connect_timeout_s): srun
  * and distkernel-agent start, no Python. A site with slow shared filesystems
- * or a slow controller may want more; in seconds (>= 10). */
-#define CONNECT_ENV "DISTKERNEL_SLURM_CONNECT_TIMEOUT"
-
+ * or a slow controller may want more (DISTKERNEL_SLURM_CONNECT_TIMEOUT). */
 static double connect_timeout_s(void)
 {
-    return env_seconds(CONNECT_ENV, 10.0, DK_JOB_CONNECT_DEFAULT_S);
+    return dk_setting_number("DISTKERNEL_SLURM_CONNECT_TIMEOUT");
 }
 
 struct dk_dist_slurm_t {

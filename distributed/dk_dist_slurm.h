@@ -77,7 +77,7 @@ dk_dist_slurm_t *dk_dist_slurm_allocate(const dk_dist_opts_t *opts, const dk_dis
  * (advertise_addr=, $DISTKERNEL_ADVERTISE_ADDR, or the route to the first
  * of them that is not this host), the seconds it has left, and the site's
  * heartbeat and connect timeout (DISTKERNEL_SLURM_HEARTBEAT,
- * DISTKERNEL_SLURM_CONNECT_TIMEOUT; see HEARTBEAT_S in the .c). What OUT
+ * DISTKERNEL_SLURM_CONNECT_TIMEOUT: dk_setting.h). What OUT
  * points to belongs to SELF. Returns 0, or -1 with a Python RuntimeError set
  * (the ranks do not fit its nodes; no address reaches them). */
 int dk_dist_slurm_describe(dk_dist_slurm_t *self, dk_dist_alloc_t *out);

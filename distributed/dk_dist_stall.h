@@ -34,9 +34,9 @@
 #include <stddef.h>
 
 /* Seconds between two samples while the silence lasts; DK_DIST_STALL_EVERY_ENV
- * (seconds; what is not a positive number leaves the default) changes it, for
- * a benchmark that measures what one sample costs (bench/stall_bench.py), not
- * for users. */
+ * (read by dk_setting_number, whose table says what it may be) changes it,
+ * for a benchmark that measures what one sample costs (bench/stall_bench.py),
+ * not for users. */
 #define DK_DIST_STALL_EVERY_S 5.0
 #define DK_DIST_STALL_EVERY_ENV "DISTKERNEL_STALL_EVERY"
 

@@ -4,12 +4,14 @@
  * A template that failed (an import error, or not ready within the wait) is
  * ended and its fingerprint remembered with the reason: the runs after it go
  * cold at once with that reason instead of paying for the same failure (up to
- * WARM_BUILD_WAIT_MS) each time, until something it was built from changes.
+ * DISTKERNEL_WARM_WAIT_S, 180 s) each time, until something it was built from
+ * changes.
  */
 #include "dk_pyabi.h"
 
 #include "dk_dist_warm.h"
 #include "dk_log.h"
+#include "dk_setting.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -20,23 +22,16 @@
 #include <time.h>
 #include <unistd.h>
 
-/* How long a run waits for its template to import before it goes cold
- * (DISTKERNEL_WARM_WAIT_S overrides it). */
-#define WARM_BUILD_WAIT_MS 180000
 #define WARM_SLICE_MS 100
 
 /* The fingerprint whose template failed, and why (under warm_lock). */
 static char failed_fp[128];
 static char failed_why[1024];
 
+/* How long a run waits for its template to import before it goes cold. */
 static int build_wait_ms(void)
 {
-    const char *v = getenv("DISTKERNEL_WARM_WAIT_S");
-    char *end;
-    double s = v && *v ? strtod(v, &end) : -1;
-    if (!v || !*v || *end || s < 0 || s > 86400)
-        return WARM_BUILD_WAIT_MS;
-    return (int)(s * 1000);
+    return (int)(dk_setting_number("DISTKERNEL_WARM_WAIT_S") * 1000);
 }
 
 /* torch (unless DISTKERNEL_WARM_TORCH=0), DISTKERNEL_WARM_MODULES, then

@@ -17,6 +17,7 @@
 #include "dk_logdir.h"
 #include "dk_mlflow.h"
 #include "dk_server.h"
+#include "dk_setting.h"
 #include "dk_spawn.h"
 
 #include <pwd.h>
@@ -26,8 +27,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-#define SERVER_START_TIMEOUT_S 60   /* DISTKERNEL_MLFLOW_START_TIMEOUT's default */
 
 /* What the kernel remembers between runs. Only the main thread touches it,
  * except `server`, which dk_tracking_stop_server may take from any thread. */
@@ -55,21 +54,16 @@ void dk_tracking_destroy(dk_tracking_t **self_p)
 
 static double request_timeout(void)
 {
-    const char *t = getenv("DISTKERNEL_MLFLOW_TIMEOUT");
-    double v = t ? atof(t) : 0;
-    return v > 0 ? v : 2.0;
+    return dk_setting_number("DISTKERNEL_MLFLOW_TIMEOUT");
 }
 
 /* How long the server the kernel starts has to answer /health (s):
- * DISTKERNEL_MLFLOW_START_TIMEOUT, a whole number from 1 to 3600, else 60.
- * MLflow 3 imports for 10-30 s on an idle 2-core machine and over a minute
- * on a loaded one; a busy login node may need longer. */
+ * DISTKERNEL_MLFLOW_START_TIMEOUT. MLflow 3 imports for 10-30 s on an idle
+ * 2-core machine and over a minute on a loaded one; a busy login node may
+ * need longer. */
 static int start_timeout(void)
 {
-    const char *t = getenv("DISTKERNEL_MLFLOW_START_TIMEOUT");
-    char *end;
-    long v = t && *t ? strtol(t, &end, 10) : 0;
-    return t && *t && !*end && v >= 1 && v <= 3600 ? (int) v : SERVER_START_TIMEOUT_S;
+    return (int)dk_setting_number("DISTKERNEL_MLFLOW_START_TIMEOUT");
 }
 
 /* Start `mlflow server` on a free loopback port with MLflow's own default
@@ -119,8 +113,8 @@ static const char *start_server(dk_tracking_t *self, char *note, size_t notelen)
     /* One worker: the server has one user, this kernel. MLflow's default of
      * 4 each import the server and open the store at their first request;
      * on 2 busy cores that doubled the time to answer (75 s against 35 s,
-     * past SERVER_START_TIMEOUT_S) and the first run's lookups outlasted
-     * their timeout, so the cell's first run went unrecorded. */
+     * past DISTKERNEL_MLFLOW_START_TIMEOUT's 60 s) and the first run's
+     * lookups outlasted their timeout, so the cell's first run went unrecorded. */
     const char *args[] = {"server", "--backend-store-uri", store, "--host", "127.0.0.1",
                           "--port", "{port}", "--workers", "1", NULL};
     dk_server_spec_t spec = {.program = "mlflow", .args = args, .name = "`mlflow server`",

@@ -28,6 +28,7 @@
  */
 #include "dk_kernel_state.h"
 #include "dk_err.h"
+#include "dk_setting.h"
 #include "dk_python.h"
 #include "dk_tidy.h"
 
@@ -395,17 +396,12 @@ char *dk_kernel_input(dk_kernel_t *k, const char *prompt, bool password)
 
 /* ---- setup and main loop ---------------------------------------------------- */
 
-#define DK_MAX_MESSAGE_MB 256
 #define DK_MAX_HEARTBEAT 65536
 #define DK_HANDSHAKE_MS 5000     /* ZeroMQ's default is 30 s of a descriptor per stranger */
 
 static int max_message_bytes(void)
 {
-    const char *v = getenv("DISTKERNEL_MAX_MESSAGE_MB");
-    long mb = v && *v ? strtol(v, NULL, 10) : DK_MAX_MESSAGE_MB;
-    if (mb <= 0 || mb > 2047)
-        mb = DK_MAX_MESSAGE_MB;
-    return (int)(mb << 20);
+    return (int)dk_setting_number("DISTKERNEL_MAX_MESSAGE_MB") << 20;
 }
 
 static zsock_t *bind_socket(dk_kernel_t *k, int type, dk_channel_t ch, char *err, size_t errlen)
@@ -421,7 +417,7 @@ static zsock_t *bind_socket(dk_kernel_t *k, int type, dk_channel_t ch, char *err
         zsock_set_router_handover(s, 1);
     /* A frame larger than this is not read into memory: ZeroMQ disconnects the
      * peer that sent it. Heartbeats are a few bytes; requests get
-     * DISTKERNEL_MAX_MESSAGE_MB (default DK_MAX_MESSAGE_MB), far above any
+     * DISTKERNEL_MAX_MESSAGE_MB (default 256 MiB), far above any
      * notebook's cell or comm message. */
     if (type == ZMQ_ROUTER || type == ZMQ_REP)
         zsock_set_maxmsgsize(s, type == ZMQ_REP ? DK_MAX_HEARTBEAT : max_message_bytes());

@@ -49,6 +49,7 @@
 #include "dk_frame.h"
 #include "dk_spawn.h"
 #include "dk_tidy.h"
+#include "dk_setting.h"
 #include "dk_tunnel.h"
 
 #include <limits.h>
@@ -62,30 +63,21 @@
 
 extern char **environ;
 
-static double env_double(const char *name, double fallback)
+/* SLURM_NODEID, the agent's node when the kernel does not name it: a whole
+ * number, else -1. */
+static int slurm_node_id(void)
 {
-    const char *v = getenv(name);
-    char *end;
-    double d = v && *v ? strtod(v, &end) : 0;
-    return v && *v && !*end && d > 0 ? d : fallback;
-}
-
-static int env_int(const char *name, int fallback)
-{
-    const char *v = getenv(name);
+    const char *v = getenv("SLURM_NODEID");
     char *end;
     long x = v && *v ? strtol(v, &end, 10) : -1;
-    return v && *v && !*end && x >= 0 && x <= INT_MAX ? (int) x : fallback;
+    return v && *v && !*end && x >= 0 && x <= INT_MAX ? (int) x : -1;
 }
 
-/* DISTKERNEL_WARM_WAIT_S, as the kernel reads it (dk_dist_warm.c): seconds
- * from 0 to a day; -1 (the default wait) otherwise. */
-static double warm_wait_s(void)
+/* DISTKERNEL_AGENT_NODE (what the kernel says), else SLURM_NODEID. */
+static int node_index(void)
 {
-    const char *v = getenv("DISTKERNEL_WARM_WAIT_S");
-    char *end;
-    double s = v && *v ? strtod(v, &end) : -1;
-    return v && *v && !*end && s >= 0 && s <= 86400 ? s : -1;
+    int node = (int)dk_setting_number("DISTKERNEL_AGENT_NODE");
+    return node >= 0 ? node : slurm_node_id();
 }
 
 /* The run's key, taken out of the environment: unsetenv alone would leave
@@ -259,7 +251,7 @@ static int serve(const where_t *w, dk_agent_spec_t *spec, const char *address, w
     }
     spec->nonce = nonce;
     spec->template = warm->template;
-    spec->warm_wait_s = warm_wait_s();
+    spec->warm_wait_s = dk_setting_number("DISTKERNEL_WARM_WAIT_S");
     spec->warm_failed = warm->failed[0] ? warm->failed : NULL;
     int rc = dk_agent_run(spec);
     close(spec->fd);
@@ -278,10 +270,10 @@ static int agent(int argc, char **argv, const char *key_hex)
      * (dk_spawn); the agent itself must not die of a write to a closed pipe. */
     signal(SIGPIPE, SIG_IGN);
     char host_buf[65];
-    where_t w = {env_int("DISTKERNEL_AGENT_NODE", env_int("SLURM_NODEID", -1)),
+    where_t w = {node_index(),
                  node_name(host_buf, sizeof host_buf)};
-    int world = env_int("DISTKERNEL_AGENT_WORLD", -1);
-    int per = env_int("DISTKERNEL_AGENT_PER_NODE", -1);
+    int world = (int)dk_setting_number("DISTKERNEL_AGENT_WORLD");
+    int per = (int)dk_setting_number("DISTKERNEL_AGENT_PER_NODE");
     const char *address = getenv("DISTKERNEL_BC");
     const char *run_id = getenv("DISTKERNEL_AGENT_RUN_ID");
     unsigned char key[DK_FRAME_KEY_LEN];
@@ -315,7 +307,7 @@ static int agent(int argc, char **argv, const char *key_hex)
     dk_tunnel_t *door = tracking_door(&w, key, base, &k, door_var, sizeof door_var);
     warm_t warm = {0};
     warm_start(&warm, program, base);
-    int port = env_int("DISTKERNEL_AGENT_MASTER_PORT", 0);
+    int port = (int)dk_setting_number("DISTKERNEL_AGENT_MASTER_PORT");
     dk_agent_spec_t spec = {
         .node = w.node, .host = w.host, .world_size = world, .ranks_per_node = per,
         .rank_exe = program, .rank_argv = argc > 1 ? argv + 1 : NULL,
@@ -327,11 +319,11 @@ static int agent(int argc, char **argv, const char *key_hex)
             .cwd = getenv("DISTKERNEL_CWD"),
         },
         .log_dir = getenv("DISTKERNEL_AGENT_LOG_DIR"),
-        .stacks = env_int("DISTKERNEL_AGENT_STACKS", 0) == 1,
+        .stacks = dk_setting_number("DISTKERNEL_AGENT_STACKS") == 1,
         .key = key,
-        .heartbeat_s = env_double("DISTKERNEL_BC_HEARTBEAT", DK_BC_HEARTBEAT_DEFAULT_S),
-        .connect_timeout_s = env_double("DISTKERNEL_BC_CONNECT_TIMEOUT", 120.0),
-        .grace_s = env_double("DISTKERNEL_AGENT_GRACE", 2.0),
+        .heartbeat_s = dk_setting_number("DISTKERNEL_BC_HEARTBEAT"),
+        .connect_timeout_s = dk_setting_number("DISTKERNEL_BC_CONNECT_TIMEOUT"),
+        .grace_s = dk_setting_number("DISTKERNEL_AGENT_GRACE"),
         .say_fd = STDERR_FILENO,
     };
     int rc = serve(&w, &spec, address, &warm);

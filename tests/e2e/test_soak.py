@@ -353,8 +353,9 @@ def tmp_contents(tmpdir, kernel_pid, cell_files=None):
                 continue
         elif (path.parent.parent == kernel_logs and path.is_file()
               and (path.name in ("rank-0.log", "rank-1.log")
-                   # A failed run's stacks, and its ranks by fate past what the error shows.
-                   or path.name in ("stacks.txt", "ranks.txt"))):
+                   # A failed run's stacks, its ranks by fate past what the error
+                   # shows, and its error as the cell showed it.
+                   or path.name in ("stacks.txt", "ranks.txt", "error.txt"))):
             continue
         unexpected.append(str(path.relative_to(tmpdir)))
     return runs, unexpected
@@ -372,8 +373,8 @@ def run_number(folder):
 
 def incomplete_runs(runs):
     """Kept run folders that lack a rank's log, or hold more than the logs and the
-    files a failed run's error names (its stacks, its ranks by fate)."""
-    extras = {"stacks.txt", "ranks.txt"}
+    files a failed run keeps (its stacks, its ranks by fate, its error)."""
+    extras = {"stacks.txt", "ranks.txt", "error.txt"}
     return [r.name for r in runs
             if sorted(p.name for p in r.iterdir() if p.name not in extras) != ["rank-0.log", "rank-1.log"]]
 
@@ -550,7 +551,7 @@ def test_soak(kernelspec_installed, tmp_path):
     # One file per distinct cell source at most (the soak's cells repeat).
     executed = EXECUTES + warm_executes + CELLS + len(warm_cells)
     assert 0 < len(cell_files) <= executed, (len(cell_files), executed)
-    assert incomplete == [], f"kept run folders without both rank logs, or with files beyond them, stacks.txt and ranks.txt: {incomplete}"
+    assert incomplete == [], f"kept run folders without both rank logs, or with files beyond them, stacks.txt, ranks.txt and error.txt: {incomplete}"
     expected_runs = list(range(runs_started - KEEP_RUNS + 1, runs_started + 1))
     assert sorted(map(run_number, runs_running)) == expected_runs, (
         f"the kept log folders are not those of the last {KEEP_RUNS} runs of "
