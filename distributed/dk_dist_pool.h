@@ -40,7 +40,7 @@ void dk_dist_pool_set_slurm(dk_dist_pool_t *self, dk_dist_slurm_t *slurm);
 
 /* On Slurm's nodes: when (dk_now_s) the allocation's time limit ends it, as
  * found at the ranks' start (0: no limit); and the seconds left of it now, -1
- * for none. A cell's timeout is cut to end before it (dk_dist_slurm_cut_timeout). */
+ * for none. A cell's timeout is cut to end before it (dk_dist_job_timeout). */
 void dk_dist_pool_set_slurm_end(dk_dist_pool_t *self, double end_s);
 double dk_dist_pool_slurm_left(const dk_dist_pool_t *self);
 /* The Slurm job the ranks are steps of, "" on this node. */

@@ -16,6 +16,7 @@
 #include "dk_be32.h"
 #include "dk_clock.h"
 #include "dk_err.h"
+#include "dk_setting.h"
 #include "dk_io.h"
 #include "dk_spawn.h"
 #include "dk_stackreq.h"
@@ -44,9 +45,6 @@
 /* What one exited rank's pipes are drained of before its EXIT goes: its last
  * words; a child that keeps writing is read on afterwards. */
 #define EXIT_DRAIN_MAX ((size_t) 4 << 20)
-/* How long the ranks wait for this node's template to import, by default
- * (the kernel's own template waits as long: dk_dist_warm.c). */
-#define DEFAULT_WARM_WAIT_S 180.0
 /* How often the wait for the template looks at the kernel's connection. */
 #define WARM_SLICE_MS 50
 
@@ -414,7 +412,9 @@ static const char *warm_socket(agent_t *a)
             say(a, "ranks start cold: %s", s->warm_failed);
         return NULL;
     }
-    double wait_s = s->warm_wait_s >= 0 ? s->warm_wait_s : DEFAULT_WARM_WAIT_S;
+    /* By default as long as the kernel waits for its own (the settings table's). */
+    double wait_s = s->warm_wait_s >= 0 ? s->warm_wait_s
+                                        : dk_setting_find("DISTKERNEL_WARM_WAIT_S")->value;
     /* The kernel takes ranks not connected by its connect deadline (counted
      * from the job's start, before ours) for lost: half of it is left to
      * start them cold and for them to connect. */

@@ -90,7 +90,8 @@ typedef struct {
      * could be (dk_template_start: it imports while the agent connects), or
      * NULL: the ranks start cold. The caller destroys it after the run. */
     dk_template_t *template;
-    /* The most to wait for it to be ready; < 0: 180 s. At most half of
+    /* The most to wait for it to be ready; < 0: DISTKERNEL_WARM_WAIT_S's
+     * default (dk_setting.h). At most half of
      * connect_timeout_s, past which the kernel takes ranks for lost. */
     double warm_wait_s;
     /* Why no template could be started although the run asked for one (said
